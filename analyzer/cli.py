@@ -1,0 +1,100 @@
+"""Thin Click commands over analyzer.api. Exit codes: 0 ok, 1 findings / gate failed,
+2 usage, input or configuration error. Errors are one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from analyzer import __version__
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.errors import TracecliffError
+from analyzer.output import write_atomic
+from analyzer.progress import ProgressBar
+
+EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
+
+
+def parse_steps(text: str | None) -> tuple[int, ...] | None:
+    """'3', '3,5', '3-6' or '3-6,9' -> ProfilerStep numbers."""
+    if not text:
+        return None
+    steps: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                steps.update(range(int(lo), int(hi) + 1))
+            elif part:
+                steps.add(int(part))
+    except ValueError:
+        raise click.BadParameter(f"expected step numbers like 3,5-7, got {text!r}") from None
+    return tuple(sorted(steps))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tracecliff")
+def cli() -> None:
+    """Explain distributed-training scaling cliffs from PyTorch profiler traces."""
+
+
+@cli.command("diagnose")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout.")
+@click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (default: all).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
+@click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count).")
+def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers) -> None:
+    """Measure exposed communication per rank and step in the traces at PATHS
+    (files, directories or globs)."""
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers)
+    result = diagnose(list(paths), options, progress=ProgressBar("reading traces"))
+    doc = result.to_dict()
+    text = _renderer(fmt).render(doc)
+    _emit(text, output, [i["path"] for i in doc["inputs"]])
+
+
+def _renderer(fmt: str):
+    if fmt == "json":
+        from analyzer.reports.json_report import JsonRenderer
+        return JsonRenderer()
+    from analyzer.reports.text import TextRenderer
+    return TextRenderer()
+
+
+def _emit(text: str, output: str | None, inputs: list[str]) -> None:
+    if output:
+        write_atomic(output, text, inputs)
+    else:
+        click.echo(text, nl=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: maps every failure to one line and an exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="tracecliff", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.UsageError as exc:
+        click.echo(f"tracecliff: {exc.format_message()}", err=True)
+        code = EXIT_INPUT
+    except click.Abort:
+        click.echo("tracecliff: aborted", err=True)
+        code = EXIT_INPUT
+    except TracecliffError as exc:
+        click.echo(f"tracecliff: {exc}", err=True)
+        code = EXIT_INPUT
+    except BrokenPipeError:
+        code = EXIT_OK
+    except Exception as exc:  # a bug: still one line, with a way to see more
+        if os.environ.get("TRACECLIFF_DEBUG"):
+            traceback.print_exc()
+        click.echo(f"tracecliff: internal error: {type(exc).__name__}: {exc} "
+                   "(set TRACECLIFF_DEBUG=1 for the traceback)", err=True)
+        code = EXIT_INPUT
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

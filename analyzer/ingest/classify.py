@@ -1,0 +1,96 @@
+"""Name-based classification of events. Documented defaults, overridable by the caller.
+
+Each function runs once per *unique* name (results are cached), never once per event.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from analyzer.trace import GpuKind, Marker
+
+GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
+CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
+
+# Communication kernels: NCCL and RCCL, whatever the version's naming
+# (ncclKernel_*, ncclDevKernel_*, ncclSymDevKernel_*); case-insensitive.
+DEFAULT_COMM_PATTERN = r"nccl|rccl"
+
+
+class KernelClassifier:
+    def __init__(self, comm_pattern: str = DEFAULT_COMM_PATTERN):
+        self._comm = re.compile(comm_pattern, re.IGNORECASE)
+        self._cache: dict[tuple[str, str], int] = {}
+
+    def __call__(self, cat: str, name: str) -> int:
+        key = (cat, name)
+        kind = self._cache.get(key)
+        if kind is None:
+            kind = self._cache[key] = int(self._classify(cat, name))
+        return kind
+
+    def _classify(self, cat: str, name: str) -> GpuKind:
+        if cat in ("gpu_memcpy", "gpu_memset"):
+            return GpuKind.MEMORY
+        if cat == "cuda_sync":
+            return GpuKind.SYNC
+        if self._comm.search(name):
+            return GpuKind.COMM
+        if name.startswith(("Memcpy", "Memset")):
+            return GpuKind.MEMORY
+        return GpuKind.COMPUTE
+
+
+_FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
+
+
+@lru_cache(maxsize=65536)
+def marker_kind(name: str) -> int | None:
+    """Marker kind of a CPU op name, or None when the op tells nothing about phase or step."""
+    if name.startswith("ProfilerStep#"):
+        return Marker.STEP
+    if name == "record_param_comms":
+        return Marker.COMM_PARAMS
+    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")):
+        return Marker.COMM_OP
+    if name.startswith("autograd::engine::evaluate_function"):
+        return Marker.BACKWARD
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return Marker.OPTIMIZER
+    lowered = name.lower()
+    if name.startswith("FSDP::"):
+        if _FSDP_FQN.match(name) and "backward" not in lowered and "forward" not in lowered:
+            return Marker.FSDP_UNIT
+        if "backward" in lowered:
+            return Marker.BACKWARD
+        if "forward" in lowered:
+            return Marker.FORWARD
+        return None
+    if name.startswith("FullyShardedDataParallel."):
+        if "backward" in lowered:
+            return Marker.BACKWARD
+        if "forward" in lowered:
+            return Marker.FORWARD
+        return None
+    if name in ("DistributedDataParallel.forward", "## forward ##"):
+        return Marker.FORWARD
+    if name == "## backward ##":
+        return Marker.BACKWARD
+    if name.startswith("## optimizer"):
+        return Marker.OPTIMIZER
+    return None
+
+
+def fsdp_module_of(name: str) -> str | None:
+    """The module fqn in an FSDP2 annotation such as ``FSDP::all_gather (layers.3)``."""
+    match = _FSDP_FQN.match(name)
+    return match.group(1) if match else None
+
+
+def step_number(name: str) -> int | None:
+    try:
+        return int(name.split("#", 1)[1])
+    except (IndexError, ValueError):
+        return None

@@ -1,0 +1,105 @@
+"""Interval algebra on numpy arrays: the one implementation every analysis uses.
+
+An interval set is a pair of int64 arrays (starts, ends). ``union`` returns the canonical form:
+sorted, disjoint, non-empty intervals; the other functions expect and return canonical sets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+IntervalSet = tuple[np.ndarray, np.ndarray]
+
+EMPTY: IntervalSet = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> IntervalSet:
+    """Merge possibly overlapping intervals into sorted disjoint ones (zero-length dropped)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    if len(starts) == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    running_end = np.maximum.accumulate(ends)
+    # A new merged interval begins where a start lies beyond every earlier end.
+    begins = np.empty(len(starts), dtype=bool)
+    begins[0] = True
+    begins[1:] = starts[1:] > running_end[:-1]
+    first = np.flatnonzero(begins)
+    last = np.append(first[1:] - 1, len(starts) - 1)
+    return starts[first], running_end[last]
+
+
+def total(intervals: IntervalSet) -> int:
+    starts, ends = intervals
+    return int((ends - starts).sum())
+
+
+def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
+    """Intersection of two canonical sets (linear merge, vectorised)."""
+    a_start, a_end = a
+    b_start, b_end = b
+    if len(a_start) == 0 or len(b_start) == 0:
+        return EMPTY
+    # For each a-interval, the b-intervals that can overlap it form a contiguous run.
+    lo = np.searchsorted(b_end, a_start, side="right")
+    hi = np.searchsorted(b_start, a_end, side="left")
+    counts = np.maximum(hi - lo, 0)
+    if counts.sum() == 0:
+        return EMPTY
+    a_index = np.repeat(np.arange(len(a_start)), counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    b_index = np.repeat(lo, counts) + offsets
+    starts = np.maximum(a_start[a_index], b_start[b_index])
+    ends = np.minimum(a_end[a_index], b_end[b_index])
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
+    """Parts of ``a`` not covered by ``b``."""
+    if len(a[0]) == 0 or len(b[0]) == 0:
+        return a
+    return _complement_within(a, intersect(a, b))
+
+
+def _complement_within(a: IntervalSet, covered: IntervalSet) -> IntervalSet:
+    # Boundaries of a and of the covered pieces interleave; keep the uncovered stretches.
+    points_start = np.concatenate([a[0], covered[1]])
+    points_end = np.concatenate([a[1], covered[0]])
+    starts = np.sort(points_start)
+    ends = np.sort(points_end)
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def covered_length(intervals: IntervalSet, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each query [s, e), how much of it the canonical set covers (vectorised)."""
+    set_start, set_end = intervals
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    if len(set_start) == 0:
+        return np.zeros(len(starts), dtype=np.int64)
+    lengths = set_end - set_start
+    prefix = np.concatenate([[0], np.cumsum(lengths)])
+    return _cumulative(set_start, lengths, prefix, ends) - _cumulative(set_start, lengths, prefix, starts)
+
+
+def _cumulative(set_start: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Covered length in (-inf, t] for each t."""
+    idx = np.searchsorted(set_start, t, side="right") - 1
+    safe = np.maximum(idx, 0)
+    inside = np.clip(t - set_start[safe], 0, lengths[safe])
+    return np.where(idx >= 0, prefix[safe] + inside, 0)
+
+
+def clip(intervals: IntervalSet, lo: int, hi: int) -> IntervalSet:
+    starts, ends = intervals
+    starts = np.maximum(starts, lo)
+    ends = np.minimum(ends, hi)
+    keep = ends > starts
+    return starts[keep], ends[keep]

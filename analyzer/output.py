@@ -1,0 +1,29 @@
+"""Atomic output files: write a temporary file beside the target, then rename over it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from analyzer.errors import InputError
+
+
+def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None = None) -> None:
+    target = Path(path)
+    for given in inputs or []:
+        if target.exists() and Path(given).exists() and os.path.samefile(target, given):
+            raise InputError(target, "refusing to overwrite an input trace")
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise InputError(target, f"cannot write: {exc.strerror or exc}") from None

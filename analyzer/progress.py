@@ -1,0 +1,30 @@
+"""Progress on stderr for long work: only on an interactive terminal, never in CI or a pipe."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def progress_enabled(stream=sys.stderr) -> bool:
+    if os.environ.get("CI") or os.environ.get("TRACECLIFF_NO_PROGRESS"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class ProgressBar:
+    def __init__(self, label: str, stream=sys.stderr):
+        self.label = label
+        self.stream = stream
+        self.enabled = progress_enabled(stream)
+
+    def __call__(self, done: int, total: int, item: str) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / max(total, 1))
+        name = os.path.basename(item)[-30:]
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<30}")
+        if done >= total:
+            self.stream.write("\r" + " " * (width + 80) + "\r")
+        self.stream.flush()

@@ -1,0 +1,158 @@
+"""Everything tracecliff measures on one rank, computed in one worker from one file.
+
+This is the "map" half of the job: it needs only that rank's trace, so ranks run in parallel
+workers and only this compact summary (not the event arrays) travels back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analyzer.comms import collectives_for_rank
+from analyzer.ingest.loader import load_rank_trace
+from analyzer.timeline import NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
+from analyzer.trace import GpuKind, Marker, RankTrace
+
+
+@dataclass
+class RankAnalysis:
+    path: str
+    rank: int
+    rank_source: str
+    world_size: int | None
+    host: str | None
+    backend: str | None
+    nccl_version: str | None
+    process_groups: list[dict[str, Any]]
+    devices: list[dict[str, Any]]
+    first_gpu_ns: int | None
+    metrics: dict[str, float]
+    steps: list[dict[str, Any]]
+    phases: dict[str, float]
+    collectives: list[dict[str, Any]]
+    markers_seen: dict[str, int]
+    gpu_event_count: int
+    event_count: int
+    warnings: list[str] = field(default_factory=list)
+    timeline: dict[str, Any] | None = None  # kernels of chosen steps, for the HTML report
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    comm_pattern: str = r"nccl|rccl"
+    max_inflate_bytes: int = 8 * 10**9
+    steps: tuple[int, ...] | None = None  # ProfilerStep numbers to keep (None: all)
+    keep_timeline: bool = False
+
+
+def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
+    trace = load_rank_trace(Path(path), options.comm_pattern, options.max_inflate_bytes)
+    return analyze_rank(trace, options, origin_ns)
+
+
+def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
+    att = attribute(trace)
+    warnings = list(trace.warnings)
+    gpu, keep = trace.gpu, None
+    if options.steps is not None:
+        keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
+        missing = sorted(set(options.steps) - set(np.unique(att.step[keep]).tolist()))
+        if missing:
+            warnings.append(f"requested step(s) {missing} not found in this trace")
+        gpu = gpu.take(np.flatnonzero(keep))
+        att = _take_attribution(att, np.flatnonzero(keep))
+        trace = _with_gpu(trace, gpu, keep)
+    first_gpu = int(gpu.ts.min()) if len(gpu) else None
+    origin = origin_ns if origin_ns is not None else (first_gpu or 0)
+    if len(gpu) == 0:
+        warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
+                        "and communication is reported from CPU-side ops only")
+    elif not (gpu.kind == GpuKind.COMM).any():
+        warnings.append("no NCCL/RCCL kernels found: communication is zero for this rank")
+    if len(gpu) and (att.launch_thread < 0).all():
+        warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
+    steps = _per_step(trace, att, gpu)
+    if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
+        warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
+    return RankAnalysis(
+        path=trace.path, rank=trace.rank, rank_source=trace.rank_source,
+        world_size=trace.world_size, host=trace.host, backend=trace.backend,
+        nccl_version=trace.nccl_version, process_groups=trace.process_groups, devices=trace.devices,
+        first_gpu_ns=first_gpu, metrics=breakdown(gpu), steps=steps,
+        phases=exposed_by_phase(gpu, att.phase),
+        collectives=collectives_for_rank(trace, att, origin),
+        markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
+        warnings=warnings,
+        timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
+    )
+
+
+def _take_attribution(att, index):
+    from analyzer.timeline import Attribution
+    return Attribution(att.launch_ts[index], att.launch_thread[index], att.step[index], att.phase[index])
+
+
+def _with_gpu(trace: RankTrace, gpu, keep) -> RankTrace:
+    rows = np.flatnonzero(keep)
+    remap = {int(old): new for new, old in enumerate(rows) if int(old) in trace.kernel_comm_args}
+    args = {remap[old]: value for old, value in trace.kernel_comm_args.items() if old in remap}
+    from dataclasses import replace
+    return replace(trace, gpu=gpu, kernel_comm_args=args)
+
+
+def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
+    numbers = sorted(int(s) for s in np.unique(att.step) if s != NO_STEP)
+    steps = []
+    firsts = {}
+    for number in numbers:
+        rows = np.flatnonzero(att.step == number)
+        sub = gpu.take(rows)
+        entry = {"step": number}
+        entry.update(breakdown(sub))
+        entry["phases"] = exposed_by_phase(sub, att.phase[rows])
+        firsts[number] = int(sub.ts.min())
+        steps.append(entry)
+    # Step time: from this step's first GPU activity to the next step's (the gap before the next
+    # step is this step's stall); the last step has no successor, so its span stands in.
+    for entry, nxt in zip(steps, steps[1:] + [None]):
+        if nxt is not None and nxt["step"] == entry["step"] + 1:
+            entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
+        else:
+            entry["step_time_us"] = entry["span_us"]
+    cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
+    cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
+    for entry in steps:
+        entry["cpu_step_us"] = cpu.get(entry["step"])
+    return steps
+
+
+def _markers_seen(trace: RankTrace) -> dict[str, int]:
+    """Counts of the framework markers present: the evidence for strategy detection."""
+    names = [trace.strings[i] for i in trace.markers.name]
+    seen = {
+        "ddp_forward": sum(n == "DistributedDataParallel.forward" for n in names),
+        "fsdp1": sum(n.startswith("FullyShardedDataParallel.") for n in names),
+        "fsdp2": sum(n.startswith("FSDP::") for n in names),
+        "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
+        "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
+    }
+    return seen
+
+
+def _timeline(trace: RankTrace, att, origin: int) -> dict[str, Any]:
+    gpu = trace.gpu
+    return {
+        "start_us": np.round((gpu.ts - origin) / 1000.0, 3).tolist(),
+        "dur_us": np.round((gpu.end - gpu.ts) / 1000.0, 3).tolist(),
+        "stream": gpu.stream.tolist(),
+        "kind": gpu.kind.tolist(),
+        "name": gpu.name.tolist(),
+        "step": att.step.tolist(),
+        "phase": att.phase.tolist(),
+        "strings": list(trace.strings),
+        "phases": list(PHASES),
+    }

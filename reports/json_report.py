@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.result_json import dumps
+
+
+class JsonRenderer:
+    name = "json"
+
+    def render(self, doc: dict[str, Any]) -> str:
+        return dumps(doc)

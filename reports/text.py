@@ -1,0 +1,105 @@
+"""Terminal view: fits a 100-column terminal; verdict first, then ranks, then collectives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+WIDTH = 100
+COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "comm_us"),
+           ("overlapped", "overlap_us"), ("exposed", "exposed_comm_us"), ("idle", "idle_us"))
+
+
+class TextRenderer:
+    name = "text"
+
+    def render(self, doc: dict[str, Any]) -> str:
+        lines: list[str] = []
+        lines += _header(doc)
+        lines += _findings(doc)
+        lines += _rank_table(doc)
+        lines += _top_collectives(doc)
+        lines += _warnings(doc)
+        return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines) + "\n"
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
+    job = doc["job"]
+    ranks = doc["ranks"]
+    parts = [f"{job['ranks_given']} rank(s)"]
+    if job.get("world_size"):
+        parts[0] += f" of {job['world_size']}"
+    parts.append(f"strategy {job['strategy']}")
+    if job.get("gpu"):
+        parts.append(str(job["gpu"]))
+    if job.get("nccl_version"):
+        parts.append(f"NCCL {job['nccl_version']}")
+    lines = ["tracecliff: " + ", ".join(parts)]
+    verdict = doc.get("verdict")
+    if verdict:
+        lines.insert(0, verdict)
+    comm = sum(r["comm_us"] for r in ranks)
+    exposed = sum(r["exposed_comm_us"] for r in ranks)
+    span = sum(r["span_us"] for r in ranks)
+    if span:
+        lines.append(f"exposed communication: {exposed / max(len(ranks), 1):,.0f} µs per rank "
+                     f"({100 * exposed / span:.1f}% of GPU span), overlap {100 * (comm - exposed) / comm if comm else 0:.1f}%")
+    return lines + [""]
+
+
+def _findings(doc: dict[str, Any]) -> list[str]:
+    findings = doc.get("findings") or []
+    if not findings:
+        return []
+    lines = ["Findings (by estimated gain):"]
+    for f in findings:
+        gain = f.get("estimated_gain_us")
+        gain_text = f"  ~{gain:,.0f} µs/step" if isinstance(gain, (int, float)) else ""
+        lines.append(f"  [{f.get('severity', '?'):7}] {f.get('rule')}: {f.get('summary', '')}{gain_text}")
+    return lines + [""]
+
+
+def _cell(value: float | None, span: float) -> str:
+    if value is None:
+        return f"{'-':>14}"
+    pct = 100.0 * value / span if span else 0.0
+    return f"{value:>9,.0f}{pct:>4.0f}%"
+
+
+def _rank_table(doc: dict[str, Any]) -> list[str]:
+    head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
+    lines = ["Per rank (µs, % of GPU span):", head]
+    for r in doc["ranks"]:
+        span = r["span_us"]
+        cells = " ".join(_cell(r.get(key), span) for _, key in COLUMNS)
+        lines.append(f"{r['rank']:>5} {cells}")
+    return lines + [""]
+
+
+def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
+    rows = [c for c in doc["collectives"] if c.get("exposed_us")]
+    rows.sort(key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
+    if not rows:
+        return ["No exposed communication." if doc["collectives"] else "No communication kernels.", ""]
+    lines = [f"Top {min(limit, len(rows))} collectives by exposed time:",
+             f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
+    for c in rows[:limit]:
+        size = _size(c.get("bytes"))
+        group = (c.get("group") or {}).get("description") or (c.get("group") or {}).get("name") or "?"
+        step = c["step"] if c.get("step") is not None else "-"
+        lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} {size:>10} "
+                     f"{c['dur_us']:>10,.0f} {c['exposed_us']:>11,.0f}  {group}")
+    return lines + [""]
+
+
+def _size(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _warnings(doc: dict[str, Any]) -> list[str]:
+    warnings = doc.get("warnings") or []
+    return [f"warning: {w}" for w in warnings]
