@@ -1,0 +1,723 @@
+"""The performance models of ``docs/models.md``: pure functions, nothing else computes a model.
+
+Units (one convention for the whole module, stated in every name that carries a unit):
+
+- sizes and volumes in **bytes** (``*_bytes``); 1 KB = 1e3 B, 1 GB = 1e9 B, 1 MiB = 2**20 B;
+- times in **microseconds** (``*_us``), α included;
+- bandwidths in **GB/s = 1e9 B/s** (``*_gbps``), *one-way, per GPU*, never bidirectional;
+- compute in TFLOPS (1e12 FLOP/s) for peaks, FLOPs for counts.
+
+A bandwidth of β GB/s moves S bytes in ``S / (β·1e3)`` µs, and α µs × β GB/s = α·β·1e3 bytes.
+
+Section numbers (§) refer to ``docs/models.md``; papers are listed there under "References".
+Every function validates its inputs and raises ``ValueError`` on nonsense (negative sizes,
+N < 1, non-finite numbers, unknown collective names).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "BYTES_PER_KB", "BYTES_PER_GB", "MIB", "DEFAULT_BUCKET_CAP_BYTES", "FIRST_BUCKET_BYTES",
+    "COLLECTIVE_KINDS", "STRATEGIES",
+    "alpha_beta_time", "crossover_bytes", "is_latency_bound",
+    "ring_allreduce_time", "ring_allgather_time", "ring_reduce_scatter_time",
+    "ring_alltoall_time", "pipelined_time", "point_to_point_time", "tree_allreduce_latency",
+    "collective_time", "busbw_factor", "algbw_gbps", "busbw_gbps",
+    "effective_beta_gbps", "nic_share_gbps", "hierarchical_allreduce_time",
+    "ddp_volume_bytes", "zero1_volume_bytes", "zero2_volume_bytes", "zero3_volume_bytes",
+    "hsdp_volume_bytes", "dp_volume_bytes",
+    "ddp_memory_bytes", "zero1_memory_bytes", "zero2_memory_bytes", "zero3_memory_bytes",
+    "hsdp_memory_bytes", "static_memory_bytes", "canonical_strategy",
+    "BucketPipeline", "ddp_bucket_pipeline", "assign_buckets", "bucket_ready_times",
+    "ddp_pipeline_for_cap", "OverlapBound", "critical_overlap", "BucketCapChoice",
+    "best_bucket_cap", "DEFAULT_CANDIDATE_CAPS_BYTES",
+    "FsdpSchedule", "fsdp_unit_schedule",
+    "flops_per_token", "hardware_flops_per_token", "achieved_tflops_per_gpu", "mfu", "hfu",
+    "scaling_efficiency", "roofline_intensity_threshold",
+]
+
+BYTES_PER_KB = 1e3
+BYTES_PER_GB = 1e9
+MIB = 2**20
+#: ``DistributedDataParallel(bucket_cap_mb=25)``: PyTorch multiplies by 2**20, so MiB.
+DEFAULT_BUCKET_CAP_BYTES = 25 * MIB
+#: ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``.
+FIRST_BUCKET_BYTES = MIB
+
+# µs per (byte / (GB/s)): S / (β·1e9 B/s) s = S / (β·1e3) µs.
+_US_PER_BYTE_AT_1_GBPS = 1e-3
+
+
+# ---------------------------------------------------------------- validation helpers
+def _finite(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _nonneg(name: str, value: float) -> float:
+    value = _finite(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _positive(name: str, value: float) -> float:
+    value = _finite(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _transfer_us(size_bytes: float, beta_gbps: float) -> float:
+    return size_bytes / beta_gbps * _US_PER_BYTE_AT_1_GBPS
+
+
+# ---------------------------------------------------------------- §1 alpha-beta
+def alpha_beta_time(size_bytes: float, alpha_us: float, beta_gbps: float) -> float:
+    """Hockney cost of one message: ``T = α + S/β`` (µs). §1; Hockney 1994.
+
+    size_bytes: S in bytes; alpha_us: start-up latency α in µs; beta_gbps: one-way β in GB/s.
+    """
+    size = _nonneg("size_bytes", size_bytes)
+    alpha = _nonneg("alpha_us", alpha_us)
+    beta = _positive("beta_gbps", beta_gbps)
+    return alpha + _transfer_us(size, beta)
+
+
+def crossover_bytes(alpha_us: float, beta_gbps: float) -> float:
+    """Crossover size ``S* = α·β`` in bytes (µs × GB/s = 1e3 B). §1; Hockney 1994.
+
+    At S* the latency and the bandwidth terms are equal; e.g. 0.8 µs × 450 GB/s = 360 KB.
+    """
+    alpha = _nonneg("alpha_us", alpha_us)
+    beta = _positive("beta_gbps", beta_gbps)
+    return alpha * beta / _US_PER_BYTE_AT_1_GBPS
+
+
+def is_latency_bound(size_bytes: float, alpha_us: float, beta_gbps: float) -> bool:
+    """True when ``S < S* = α·β``: α dominates, more bandwidth would not help. §1."""
+    size = _nonneg("size_bytes", size_bytes)
+    return size < crossover_bytes(alpha_us, beta_gbps)
+
+
+# ---------------------------------------------------------------- §2 ring collectives
+def _ring_time(steps_per_peer: int, size_bytes: float, n: int, alpha_us: float,
+               beta_gbps: float) -> float:
+    """``k(N-1)α + k(N-1)/N · S/β`` with k = 2 (all-reduce) or 1 (all-gather, ...)."""
+    size = _nonneg("size_bytes", size_bytes)
+    ranks = _count("n", n)
+    alpha = _nonneg("alpha_us", alpha_us)
+    beta = _positive("beta_gbps", beta_gbps)
+    hops = steps_per_peer * (ranks - 1)
+    return hops * alpha + hops / ranks * _transfer_us(size, beta)
+
+
+def ring_allreduce_time(size_bytes: float, n: int, alpha_us: float, beta_gbps: float) -> float:
+    """Ring all-reduce of S bytes on N ranks: ``2(N-1)α + 2(N-1)/N · S/β`` (µs).
+
+    §2; Thakur, Rabenseifner & Gropp 2005. N = 1 costs 0 (nothing to exchange).
+    """
+    return _ring_time(2, size_bytes, n, alpha_us, beta_gbps)
+
+
+def ring_allgather_time(size_bytes: float, n: int, alpha_us: float, beta_gbps: float) -> float:
+    """Ring all-gather with an *output* of S bytes: ``(N-1)α + (N-1)/N · S/β`` (µs). §2."""
+    return _ring_time(1, size_bytes, n, alpha_us, beta_gbps)
+
+
+def ring_reduce_scatter_time(size_bytes: float, n: int, alpha_us: float,
+                             beta_gbps: float) -> float:
+    """Ring reduce-scatter with an *input* of S bytes: ``(N-1)α + (N-1)/N · S/β`` (µs). §2."""
+    return _ring_time(1, size_bytes, n, alpha_us, beta_gbps)
+
+
+def ring_alltoall_time(size_bytes: float, n: int, alpha_us: float, beta_gbps: float) -> float:
+    """All-to-all of S bytes per rank: ``(N-1)α + (N-1)/N · S/β`` (µs). §2."""
+    return _ring_time(1, size_bytes, n, alpha_us, beta_gbps)
+
+
+def pipelined_time(size_bytes: float, n: int, alpha_us: float, beta_gbps: float) -> float:
+    """Pipelined broadcast / reduce of S bytes: ``≈ α + S/β`` (µs), 0 when N = 1. §2.
+
+    The ring pipeline's fill time (≈ (N-1) chunk hops) is neglected, as in models.md.
+    """
+    ranks = _count("n", n)
+    time = alpha_beta_time(size_bytes, alpha_us, beta_gbps)
+    return 0.0 if ranks == 1 else time
+
+
+def point_to_point_time(size_bytes: float, alpha_us: float, beta_gbps: float) -> float:
+    """send / recv / sendrecv of S bytes each way: ``α + S/β`` (µs); β is one-way. §1."""
+    return alpha_beta_time(size_bytes, alpha_us, beta_gbps)
+
+
+def tree_allreduce_latency(n: int, alpha_us: float) -> float:
+    """Latency term of a (double binary) tree all-reduce: ``2·⌈log2 N⌉·α`` (µs). §2.
+
+    Up the tree and back down, one α per level; the depth of a tree over N ranks is
+    ⌈log2 N⌉, so this equals models.md's ``2·log2(N)·α`` when N is a power of two.
+    """
+    ranks = _count("n", n)
+    alpha = _nonneg("alpha_us", alpha_us)
+    return 2 * math.ceil(math.log2(ranks)) * alpha
+
+
+_RING_TIME = {
+    "allreduce": ring_allreduce_time,
+    "allgather": ring_allgather_time,
+    "reduce_scatter": ring_reduce_scatter_time,
+    "alltoall": ring_alltoall_time,
+    "broadcast": pipelined_time,
+    "reduce": pipelined_time,
+}
+_POINT_TO_POINT = ("send", "recv", "sendrecv")
+COLLECTIVE_KINDS: tuple[str, ...] = (*_RING_TIME, *_POINT_TO_POINT)
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; expected one of {COLLECTIVE_KINDS}")
+    return kind
+
+
+def collective_time(kind: str, size_bytes: float, n: int, alpha_us: float,
+                    beta_gbps: float) -> float:
+    """Modelled time (µs) of one collective ``kind`` of S bytes on N ranks (ring algorithm).
+
+    kind ∈ COLLECTIVE_KINDS; S follows nccl-tests: all-reduce buffer, all-gather *output*,
+    reduce-scatter *input*, all-to-all bytes per rank, broadcast/reduce/p2p message. §2.
+    """
+    _check_kind(kind)
+    if kind in _POINT_TO_POINT:
+        _count("n", n)
+        return point_to_point_time(size_bytes, alpha_us, beta_gbps)
+    return _RING_TIME[kind](size_bytes, n, alpha_us, beta_gbps)
+
+
+def busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: all-reduce ``2(N-1)/N``; all-gather, reduce-scatter,
+    all-to-all ``(N-1)/N``; broadcast, reduce, send/recv ``1``. §2; nccl-tests PERFORMANCE.md.
+    """
+    _check_kind(kind)
+    ranks = _count("n", n)
+    if kind == "allreduce":
+        return 2 * (ranks - 1) / ranks
+    if kind in ("allgather", "reduce_scatter", "alltoall"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+def algbw_gbps(size_bytes: float, time_us: float) -> float:
+    """Algorithm bandwidth ``algbw = S / t`` in GB/s (S in bytes, t in µs). §2; nccl-tests."""
+    size = _nonneg("size_bytes", size_bytes)
+    time = _positive("time_us", time_us)
+    return size / time * _US_PER_BYTE_AT_1_GBPS
+
+
+def busbw_gbps(kind: str, size_bytes: float, time_us: float, n: int) -> float:
+    """Bus bandwidth ``busbw = algbw × busbw_factor(kind, N)`` in GB/s, comparable with the
+    link's one-way β whatever N is. §2; nccl-tests PERFORMANCE.md."""
+    return algbw_gbps(size_bytes, time_us) * busbw_factor(kind, n)
+
+
+# ---------------------------------------------------------------- §2 across nodes
+def effective_beta_gbps(cross_node: bool, nvlink_gbps: float, nic_gbps: float,
+                        nics_per_node: int) -> float:
+    """β (GB/s) that limits a ring collective's busbw. §2 "Across nodes".
+
+    Inside a node: the intra-node link (NVLink) β. Across nodes NCCL runs one ring per NIC,
+    so the node's *aggregate* NIC bandwidth limits busbw:
+    ``min(β_nvlink, nics_per_node × β_nic)``. ``nic_gbps`` is one NIC's achievable one-way
+    GB/s (e.g. ~45 for 400 Gb/s), not its line rate in Gb/s.
+    """
+    nvlink = _positive("nvlink_gbps", nvlink_gbps)
+    nic = _positive("nic_gbps", nic_gbps)
+    nics = _count("nics_per_node", nics_per_node)
+    return min(nvlink, nics * nic) if cross_node else nvlink
+
+
+def nic_share_gbps(nic_gbps: float, nics_per_node: int, gpus_per_node: int) -> float:
+    """NIC bandwidth (GB/s) available to each GPU when g GPUs share k NICs: ``k·β_nic / g``.
+
+    This is the ``β_nic`` of :func:`hierarchical_allreduce_time`. §2.
+    """
+    nic = _positive("nic_gbps", nic_gbps)
+    return _count("nics_per_node", nics_per_node) * nic / _count("gpus_per_node", gpus_per_node)
+
+
+def hierarchical_allreduce_time(size_bytes: float, g: int, m: int, alpha_nvl_us: float,
+                                beta_nvl_gbps: float, alpha_nic_us: float,
+                                beta_nic_gbps: float) -> float:
+    """Hierarchical all-reduce of S bytes, g GPUs per node, M nodes (µs). §2.
+
+    Intra-node ring reduce-scatter + all-gather over NVLink, then an inter-node ring
+    all-reduce of each GPU's S/g shard across the M nodes:
+    ``T = 2(g-1)/g · S/β_nvl + 2(M-1)/M · (S/g)/β_nic + 2(g-1)·α_nvl + 2(M-1)·α_nic``.
+    β_nic is the NIC bandwidth per GPU (one NIC's β with one NIC per GPU; see
+    :func:`nic_share_gbps` otherwise). The latency terms are those of the three ring phases.
+    """
+    size = _nonneg("size_bytes", size_bytes)
+    gpus = _count("g", g)
+    nodes = _count("m", m)
+    intra = (ring_reduce_scatter_time(size, gpus, alpha_nvl_us, beta_nvl_gbps)
+             + ring_allgather_time(size, gpus, alpha_nvl_us, beta_nvl_gbps))
+    inter = ring_allreduce_time(size / gpus, nodes, alpha_nic_us, beta_nic_gbps)
+    return intra + inter
+
+
+# ---------------------------------------------------------------- §3 data-parallel volumes
+def _shard_fraction(n: int) -> float:
+    ranks = _count("n", n)
+    return (ranks - 1) / ranks
+
+
+def _bytes_of(psi: float, bytes_per_elem: float) -> float:
+    return _nonneg("psi", psi) * _positive("bytes_per_elem", bytes_per_elem)
+
+
+def _grad_bytes_of(psi: float, bytes_per_elem: float, grad_bytes_per_elem: float | None) -> float:
+    return _bytes_of(psi, bytes_per_elem if grad_bytes_per_elem is None else grad_bytes_per_elem)
+
+
+def ddp_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
+                     grad_bytes_per_elem: float | None = None) -> float:
+    """DDP bytes each GPU sends per step: all-reduce of the gradients, ``2(N-1)/N · Ψ_b``.
+
+    ``grad_bytes_per_elem`` (default: ``bytes_per_elem``) is the communicated gradient dtype's
+    size; an fp32 reduce dtype with bf16 params doubles it. §3; Li et al. 2020.
+    """
+    return 2 * _shard_fraction(n) * _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
+
+
+def zero1_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
+                       grad_bytes_per_elem: float | None = None) -> float:
+    """ZeRO-1: reduce-scatter of gradients + all-gather of parameters,
+    ``(N-1)/N · Ψ_grad_b + (N-1)/N · Ψ_b`` = ``2(N-1)/N · Ψ_b`` for one dtype. §3; ZeRO."""
+    fraction = _shard_fraction(n)
+    grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
+    return fraction * grads + fraction * _bytes_of(psi, bytes_per_elem)
+
+
+def zero2_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
+                       grad_bytes_per_elem: float | None = None) -> float:
+    """ZeRO-2 / FSDP ``SHARD_GRAD_OP``: same collectives and volume as ZeRO-1,
+    ``2(N-1)/N · Ψ_b``. §3; ZeRO; Zhao et al. 2023."""
+    return zero1_volume_bytes(psi, bytes_per_elem, n, grad_bytes_per_elem=grad_bytes_per_elem)
+
+
+def zero3_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
+                       grad_bytes_per_elem: float | None = None) -> float:
+    """ZeRO-3 / FSDP ``FULL_SHARD``: all-gather (forward) + all-gather (backward) of the
+    parameters + reduce-scatter of the gradients, ``3(N-1)/N · Ψ_b`` for one dtype
+    (1.5× DDP). §3; ZeRO; Zhao et al. 2023."""
+    fraction = _shard_fraction(n)
+    grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
+    return 2 * fraction * _bytes_of(psi, bytes_per_elem) + fraction * grads
+
+
+def hsdp_volume_bytes(psi: float, bytes_per_elem: float, g: int, m: int, *,
+                      grad_bytes_per_elem: float | None = None) -> tuple[float, float]:
+    """FSDP ``HYBRID_SHARD`` (shard within g GPUs, replicate across M nodes) bytes per GPU
+    per step as ``(intra, inter)``: intra ``3(g-1)/g · Ψ_b`` over NVLink (FULL_SHARD in the
+    node); inter ``2(M-1)/M · Ψ_b/g`` over the NIC (all-reduce of each GPU's 1/g shard). §3.
+    """
+    gpus = _count("g", g)
+    intra = zero3_volume_bytes(psi, bytes_per_elem, gpus, grad_bytes_per_elem=grad_bytes_per_elem)
+    shard_grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem) / gpus
+    inter = 2 * _shard_fraction(m) * shard_grads
+    return intra, inter
+
+
+_STRATEGY_ALIASES = {
+    "ddp": "ddp",
+    "zero1": "zero1",
+    "zero2": "zero2", "fsdp-grad-op": "zero2", "shard_grad_op": "zero2",
+    "zero3": "zero3", "fsdp-full": "zero3", "full_shard": "zero3",
+    "hsdp": "hsdp", "hybrid_shard": "hsdp",
+}
+STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3", "hsdp")
+
+
+def canonical_strategy(strategy: str) -> str:
+    """Map a strategy name or alias (``fsdp-full``, ``FULL_SHARD``, ...) to one of STRATEGIES."""
+    key = strategy.strip().lower() if isinstance(strategy, str) else strategy
+    if key not in _STRATEGY_ALIASES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of "
+                         f"{sorted(_STRATEGY_ALIASES)}")
+    return _STRATEGY_ALIASES[key]
+
+
+def dp_volume_bytes(strategy: str, psi: float, bytes_per_elem: float, n: int,
+                    gpus_per_node: int | None = None, *,
+                    grad_bytes_per_elem: float | None = None) -> float:
+    """Total bytes each GPU sends per step for a strategy (name or alias) on N GPUs. §3.
+
+    HSDP needs ``gpus_per_node`` (= g, the shard group) dividing N and returns intra + inter;
+    use :func:`hsdp_volume_bytes` for the split.
+    """
+    name = canonical_strategy(strategy)
+    ranks = _count("n", n)
+    if name == "hsdp":
+        if gpus_per_node is None or ranks % _count("gpus_per_node", gpus_per_node):
+            raise ValueError(f"hsdp needs gpus_per_node dividing n={ranks}, "
+                             f"got {gpus_per_node!r}")
+        return sum(hsdp_volume_bytes(psi, bytes_per_elem, gpus_per_node, ranks // gpus_per_node,
+                                     grad_bytes_per_elem=grad_bytes_per_elem))
+    volume_fn = {"ddp": ddp_volume_bytes, "zero1": zero1_volume_bytes,
+                 "zero2": zero2_volume_bytes, "zero3": zero3_volume_bytes}[name]
+    return volume_fn(psi, bytes_per_elem, ranks, grad_bytes_per_elem=grad_bytes_per_elem)
+
+
+# Static memory, bf16 params and grads + AdamW with fp32 master weights, m and v:
+# 2 + 2 + (4 + 4 + 4) = 16 bytes per parameter (ZeRO paper, K = 12).
+_PARAM_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
+
+
+def ddp_memory_bytes(psi: float) -> float:
+    """DDP static memory per GPU: ``16Ψ`` bytes (bf16 params + grads, fp32 AdamW). §3; ZeRO."""
+    return (_PARAM_BYTES + _GRAD_BYTES + _OPTIMIZER_BYTES) * _nonneg("psi", psi)
+
+
+def zero1_memory_bytes(psi: float, n: int) -> float:
+    """ZeRO-1 static memory per GPU: ``4Ψ + 12Ψ/N`` bytes (optimizer state sharded). §3."""
+    params = _nonneg("psi", psi)
+    return (_PARAM_BYTES + _GRAD_BYTES) * params + _OPTIMIZER_BYTES * params / _count("n", n)
+
+
+def zero2_memory_bytes(psi: float, n: int) -> float:
+    """ZeRO-2 / SHARD_GRAD_OP static memory per GPU: ``2Ψ + 14Ψ/N`` bytes. §3."""
+    params = _nonneg("psi", psi)
+    return _PARAM_BYTES * params + (_GRAD_BYTES + _OPTIMIZER_BYTES) * params / _count("n", n)
+
+
+def zero3_memory_bytes(psi: float, n: int) -> float:
+    """ZeRO-3 / FULL_SHARD static memory per GPU: ``16Ψ/N`` bytes. §3."""
+    return ddp_memory_bytes(psi) / _count("n", n)
+
+
+def hsdp_memory_bytes(psi: float, g: int) -> float:
+    """HYBRID_SHARD static memory per GPU: ``16Ψ/g`` bytes; set by the shard group g, not by
+    the total GPU count. §3."""
+    return zero3_memory_bytes(psi, g)
+
+
+def static_memory_bytes(strategy: str, psi: float, n: int,
+                        gpus_per_node: int | None = None) -> float:
+    """Static memory per GPU (bytes) of a strategy on N GPUs; HSDP shards over ``gpus_per_node``."""
+    name = canonical_strategy(strategy)
+    if name == "ddp":
+        _count("n", n)
+        return ddp_memory_bytes(psi)
+    if name == "hsdp":
+        if gpus_per_node is None:
+            raise ValueError("hsdp needs gpus_per_node (the shard group size g)")
+        return hsdp_memory_bytes(psi, gpus_per_node)
+    return {"zero1": zero1_memory_bytes, "zero2": zero2_memory_bytes,
+            "zero3": zero3_memory_bytes}[name](psi, n)
+
+
+# ---------------------------------------------------------------- §4 DDP buckets
+@dataclass(frozen=True)
+class BucketPipeline:
+    """All-reduce start and end per bucket (µs, launch order) and the exposed tail (µs)."""
+
+    starts_us: tuple[float, ...]
+    ends_us: tuple[float, ...]
+    exposed_tail_us: float
+
+
+def _float_array(name: str, values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a flat sequence of numbers")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} must be finite")
+    return array
+
+
+def ddp_bucket_pipeline(ready_times_us: Sequence[float], bucket_bytes: Sequence[float],
+                        backward_end_us: float,
+                        allreduce_time_fn: Callable[[float], float]) -> BucketPipeline:
+    """DDP bucket pipeline (§4; Li et al. 2020), buckets in launch order:
+    ``s_i = max(r_i, e_{i-1})``, ``e_i = s_i + T_AR(S_i)``, exposed tail
+    ``max(0, e_last − t_backward_end)``. Times in µs, sizes in bytes; ``allreduce_time_fn``
+    maps a bucket's bytes to its all-reduce time in µs.
+
+    Closed form of the recurrence, with C_k = Σ_{i≤k} T_i:
+    ``e_k = C_k + max_{j≤k}(r_j − C_{j-1})``.
+    """
+    ready = _float_array("ready_times_us", ready_times_us)
+    sizes = _float_array("bucket_bytes", bucket_bytes)
+    if ready.shape != sizes.shape:
+        raise ValueError("ready_times_us and bucket_bytes must have the same length")
+    if np.any(sizes < 0):
+        raise ValueError("bucket_bytes must be >= 0")
+    backward_end = _finite("backward_end_us", backward_end_us)
+    if ready.size == 0:
+        return BucketPipeline((), (), 0.0)
+    durations = np.array([_nonneg("allreduce time", allreduce_time_fn(float(s))) for s in sizes])
+    done_before = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
+    ends = np.cumsum(durations) + np.maximum.accumulate(ready - done_before)
+    starts = ends - durations
+    tail = max(0.0, float(ends[-1]) - backward_end)
+    return BucketPipeline(tuple(starts.tolist()), tuple(ends.tolist()), tail)
+
+
+def assign_buckets(grad_sizes_bytes: Sequence[float], bucket_cap_bytes: float,
+                   first_bucket_bytes: float = FIRST_BUCKET_BYTES) -> tuple[tuple[int, ...], ...]:
+    """Group gradients (given in ready order) into DDP buckets, as DDP's
+    ``_compute_bucket_assignment_by_size`` does for one dtype and device: gradients are
+    appended in order and a bucket closes as soon as its size reaches its limit (so it may
+    overshoot by its last gradient); limits are ``first_bucket_bytes`` for the first bucket,
+    then ``bucket_cap_bytes``. Returns tuples of indices into ``grad_sizes_bytes``. §4.
+
+    PyTorch: ``bucket_cap_mb`` × 2**20 and a 1 MiB first bucket by default; recent versions
+    use the cap for the first bucket too when ``bucket_cap_mb`` is set explicitly.
+    """
+    sizes = _float_array("grad_sizes_bytes", grad_sizes_bytes)
+    if np.any(sizes < 0):
+        raise ValueError("grad_sizes_bytes must be >= 0")
+    limit = _positive("first_bucket_bytes", first_bucket_bytes)
+    cap = _positive("bucket_cap_bytes", bucket_cap_bytes)
+    buckets: list[tuple[int, ...]] = []
+    current: list[int] = []
+    filled = 0.0
+    for index, size in enumerate(sizes.tolist()):
+        current.append(index)
+        filled += size
+        if filled >= limit:
+            buckets.append(tuple(current))
+            current, filled, limit = [], 0.0, cap
+    if current:
+        buckets.append(tuple(current))
+    return tuple(buckets)
+
+
+def bucket_ready_times(grad_ready_times_us: Sequence[float],
+                       buckets: Sequence[Sequence[int]]) -> tuple[float, ...]:
+    """A bucket is ready when its last gradient is: ``r_b = max_{i∈b} r_i`` (µs). §4."""
+    ready = _float_array("grad_ready_times_us", grad_ready_times_us)
+    if any(len(bucket) == 0 for bucket in buckets):
+        raise ValueError("buckets must not be empty")
+    return tuple(float(ready[list(bucket)].max()) for bucket in buckets)
+
+
+def ddp_pipeline_for_cap(grad_sizes_bytes: Sequence[float], grad_ready_times_us: Sequence[float],
+                         backward_end_us: float, allreduce_time_fn: Callable[[float], float],
+                         bucket_cap_bytes: float,
+                         first_bucket_bytes: float | None = FIRST_BUCKET_BYTES) -> BucketPipeline:
+    """Bucket the gradients with a cap and run the pipeline model (§4).
+
+    ``first_bucket_bytes=None`` uses the cap for the first bucket too.
+    """
+    sizes = _float_array("grad_sizes_bytes", grad_sizes_bytes)
+    if len(grad_ready_times_us) != sizes.size:
+        raise ValueError("grad_sizes_bytes and grad_ready_times_us must have the same length")
+    first = bucket_cap_bytes if first_bucket_bytes is None else first_bucket_bytes
+    buckets = assign_buckets(sizes, bucket_cap_bytes, first)
+    ready = bucket_ready_times(grad_ready_times_us, buckets)
+    bucket_bytes = [float(sizes[list(bucket)].sum()) for bucket in buckets]
+    return ddp_bucket_pipeline(ready, bucket_bytes, backward_end_us, allreduce_time_fn)
+
+
+@dataclass(frozen=True)
+class OverlapBound:
+    """Critical-overlap verdict (µs): ``hidden`` iff slack ≥ 0; ``min_bubble_us`` is a lower
+    bound on the exposed communication; ``slack_us = T_bwd − T_first_wait − T_comm``."""
+
+    hidden: bool
+    min_bubble_us: float
+    slack_us: float
+
+
+def critical_overlap(t_comm_us: float, t_bwd_us: float,
+                     t_first_bucket_wait_us: float) -> OverlapBound:
+    """Critical overlap equation (§4; Li et al. 2020): communication can be hidden only if
+    ``T_comm ≤ T_bwd − T_first_bucket_wait``.
+
+    Communication cannot start before the first bucket is ready, so it ends no earlier than
+    ``T_first_bucket_wait + T_comm``: the exposed bubble is at least
+    ``max(0, T_comm + T_first_bucket_wait − T_bwd)`` (models.md's ``T_comm − T_bwd`` is the
+    weaker bound for a zero wait). Times in µs, measured from the start of backward.
+    """
+    comm = _nonneg("t_comm_us", t_comm_us)
+    backward = _nonneg("t_bwd_us", t_bwd_us)
+    wait = _nonneg("t_first_bucket_wait_us", t_first_bucket_wait_us)
+    if wait > backward:
+        raise ValueError(f"t_first_bucket_wait_us ({wait}) exceeds t_bwd_us ({backward})")
+    slack = backward - wait - comm
+    return OverlapBound(hidden=slack >= 0, min_bubble_us=max(0.0, -slack), slack_us=slack)
+
+
+DEFAULT_CANDIDATE_CAPS_BYTES: tuple[int, ...] = tuple(
+    mib * MIB for mib in (1, 2, 5, 10, 15, 25, 50, 100, 200))
+
+
+@dataclass(frozen=True)
+class BucketCapChoice:
+    """The cap with the smallest exposed tail and the tail of every candidate (µs)."""
+
+    cap_bytes: float
+    exposed_tail_us: float
+    tails_us: tuple[tuple[float, float], ...]  # (cap_bytes, exposed tail), caps ascending
+
+
+def best_bucket_cap(grad_sizes_bytes: Sequence[float], grad_ready_times_us: Sequence[float],
+                    backward_end_us: float, allreduce_time_fn: Callable[[float], float],
+                    candidate_caps_bytes: Sequence[float] = DEFAULT_CANDIDATE_CAPS_BYTES,
+                    first_bucket_bytes: float | None = None) -> BucketCapChoice:
+    """Search candidate bucket caps with the pipeline model; return the one with the smallest
+    exposed tail (ties, within 1e-9 µs: the larger cap, fewer α). §4.
+
+    ``first_bucket_bytes=None`` (default) makes the first bucket the cap, which is what
+    setting ``bucket_cap_mb`` explicitly does in recent PyTorch; pass ``FIRST_BUCKET_BYTES``
+    to keep a 1 MiB first bucket.
+    """
+    caps = sorted({_positive("candidate cap", c) for c in candidate_caps_bytes})
+    if not caps:
+        raise ValueError("candidate_caps_bytes is empty")
+    tails = tuple(
+        (cap, ddp_pipeline_for_cap(grad_sizes_bytes, grad_ready_times_us, backward_end_us,
+                                   allreduce_time_fn, cap, first_bucket_bytes).exposed_tail_us)
+        for cap in caps)
+    best_tail = min(tail for _, tail in tails)
+    best_cap = max(cap for cap, tail in tails if tail <= best_tail + 1e-9)
+    return BucketCapChoice(best_cap, dict(tails)[best_cap], tails)
+
+
+# ---------------------------------------------------------------- §5 FSDP units
+@dataclass(frozen=True)
+class FsdpSchedule:
+    """Per-unit all-gather and compute intervals (µs from the first all-gather's issue) and
+    the compute stream's total wait on all-gathers (µs)."""
+
+    ag_starts_us: tuple[float, ...]
+    ag_ends_us: tuple[float, ...]
+    compute_starts_us: tuple[float, ...]
+    compute_ends_us: tuple[float, ...]
+    exposed_ag_us: float
+
+
+def fsdp_unit_schedule(unit_compute_us: Sequence[float], unit_bytes: Sequence[float],
+                       ag_time_fn: Callable[[float], float], prefetch: bool) -> FsdpSchedule:
+    """FSDP unit schedule (§5; Zhao et al. 2023): units run in order on the compute stream,
+    their all-gathers serialize on the communication stream, and a unit computes only once
+    its parameters are gathered: ``c_i = max(ag_end_i, c_end_{i-1})``.
+
+    Without prefetch unit i's all-gather is issued when unit i-1's compute ends
+    (``ag_start_i = max(c_end_{i-1}, ag_end_{i-1})``: all-gathers serialize with compute).
+    With prefetch (``BACKWARD_PRE`` / ``forward_prefetch``) it is issued when unit i-1's
+    compute starts (``ag_start_i = max(c_{i-1}, ag_end_{i-1})``), one unit ahead.
+    Exposed all-gather time = compute stream idle = ``c_end_last − Σ compute``.
+    ``ag_time_fn`` maps a unit's bytes to its all-gather time in µs.
+    """
+    compute = _float_array("unit_compute_us", unit_compute_us)
+    sizes = _float_array("unit_bytes", unit_bytes)
+    if compute.shape != sizes.shape:
+        raise ValueError("unit_compute_us and unit_bytes must have the same length")
+    if np.any(compute < 0) or np.any(sizes < 0):
+        raise ValueError("unit_compute_us and unit_bytes must be >= 0")
+    ag_starts, ag_ends, c_starts, c_ends = [], [], [], []
+    comm_free = compute_free = prev_compute_start = 0.0
+    for duration, size in zip(compute.tolist(), sizes.tolist()):
+        issue = prev_compute_start if prefetch else compute_free
+        ag_start = max(issue, comm_free)
+        comm_free = ag_start + _nonneg("all-gather time", ag_time_fn(size))
+        prev_compute_start = max(comm_free, compute_free)
+        compute_free = prev_compute_start + duration
+        ag_starts.append(ag_start)
+        ag_ends.append(comm_free)
+        c_starts.append(prev_compute_start)
+        c_ends.append(compute_free)
+    exposed = compute_free - float(compute.sum()) if c_ends else 0.0
+    return FsdpSchedule(tuple(ag_starts), tuple(ag_ends), tuple(c_starts), tuple(c_ends),
+                        max(0.0, exposed))
+
+
+# ---------------------------------------------------------------- §6 compute
+def _attention_flops(n_layers: int | None, seq_len: int | None, d_model: int | None,
+                     passes: int) -> float:
+    """``passes · 4 · L · s · d`` per token: QKᵀ and AV cost 4·s·d FLOPs per layer forward."""
+    given = [v is not None for v in (n_layers, seq_len, d_model)]
+    if not any(given):
+        return 0.0
+    if not all(given):
+        raise ValueError("attention FLOPs need all of n_layers, seq_len and d_model")
+    return passes * 4.0 * _count("n_layers", n_layers) * _count("seq_len", seq_len) \
+        * _count("d_model", d_model)
+
+
+def flops_per_token(psi: float, n_layers: int | None = None, seq_len: int | None = None,
+                    d_model: int | None = None) -> float:
+    """Model training FLOPs per token: ``6Ψ`` (forward 2Ψ + backward 4Ψ), plus
+    ``12 · n_layers · seq_len · d_model`` attention when all three are given.
+    §6; Chowdhery et al. 2022 (PaLM) appendix B."""
+    return 6.0 * _nonneg("psi", psi) + _attention_flops(n_layers, seq_len, d_model, passes=3)
+
+
+def hardware_flops_per_token(psi: float, n_layers: int | None = None, seq_len: int | None = None,
+                             d_model: int | None = None, *, recompute: bool = True) -> float:
+    """FLOPs the hardware executes per token: with full activation recomputation the forward
+    runs twice, ``8Ψ + 16·L·s·d``; without, the model FLOPs ``6Ψ + 12·L·s·d``. §6; PaLM."""
+    passes = 4 if recompute else 3
+    return 2.0 * passes * _nonneg("psi", psi) + _attention_flops(n_layers, seq_len, d_model,
+                                                                 passes)
+
+
+def achieved_tflops_per_gpu(tokens_per_s: float, psi: float, n_gpus: int,
+                            n_layers: int | None = None, seq_len: int | None = None,
+                            d_model: int | None = None) -> float:
+    """Model TFLOPS per GPU: ``tokens/s × flops_per_token / N / 1e12`` (tokens/s of the whole
+    job). §6."""
+    tokens = _nonneg("tokens_per_s", tokens_per_s)
+    return tokens * flops_per_token(psi, n_layers, seq_len, d_model) / _count("n_gpus", n_gpus) \
+        / 1e12
+
+
+def mfu(tokens_per_s: float, psi: float, n_gpus: int, peak_tflops: float,
+        n_layers: int | None = None, seq_len: int | None = None,
+        d_model: int | None = None) -> float:
+    """Model FLOPs utilization (fraction): ``tokens/s × 6Ψ / (N × peak)``, tokens/s of the
+    whole job, peak in TFLOPS (bf16 dense); attention added when L, s, d are given.
+    §6; PaLM appendix B."""
+    peak = _positive("peak_tflops", peak_tflops)
+    return achieved_tflops_per_gpu(tokens_per_s, psi, n_gpus, n_layers, seq_len, d_model) / peak
+
+
+def hfu(tokens_per_s: float, psi: float, n_gpus: int, peak_tflops: float,
+        n_layers: int | None = None, seq_len: int | None = None, d_model: int | None = None,
+        *, recompute: bool = True) -> float:
+    """Hardware FLOPs utilization (fraction): ``tokens/s × 8Ψ / (N × peak)`` with full
+    recomputation (equal to MFU without). §6; PaLM appendix B."""
+    tokens = _nonneg("tokens_per_s", tokens_per_s)
+    flops = hardware_flops_per_token(psi, n_layers, seq_len, d_model, recompute=recompute)
+    return tokens * flops / (_count("n_gpus", n_gpus) * _positive("peak_tflops", peak_tflops)
+                             * 1e12)
+
+
+def scaling_efficiency(throughput_per_gpu_n: float, throughput_per_gpu_ref: float) -> float:
+    """Weak-scaling efficiency: per-GPU throughput at N ÷ per-GPU throughput at the
+    reference size (1.0 = perfect). §6."""
+    return _nonneg("throughput_per_gpu_n", throughput_per_gpu_n) / _positive(
+        "throughput_per_gpu_ref", throughput_per_gpu_ref)
+
+
+def roofline_intensity_threshold(peak_tflops: float, bw_gbps: float) -> float:
+    """Roofline ridge point in FLOPs per byte: ``peak / bandwidth`` (TFLOPS·1e12 ÷ GB/s·1e9);
+    an operation with a lower arithmetic intensity is bandwidth-bound. §6."""
+    return _positive("peak_tflops", peak_tflops) * 1e12 / (_positive("bw_gbps", bw_gbps) * 1e9)
