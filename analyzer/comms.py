@@ -15,7 +15,7 @@ import numpy as np
 
 from analyzer import intervals as iv
 from analyzer.ingest.classify import fsdp_module_of
-from analyzer.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker
+from analyzer.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
 from analyzer.trace import GpuKind, Marker, RankTrace
 
 # Canonical collective names (nccl-tests vocabulary).
@@ -84,14 +84,59 @@ def dtype_from_kernel_name(name: str) -> str | None:
 
 
 def message_bytes(collective: str | None, in_nelems: int | None, out_nelems: int | None,
-                  elem_bytes: int | None) -> int | None:
-    """Size S the models use: all-gather's output, reduce-scatter's input, otherwise the input."""
+                  elem_bytes: int | None, group_size: int | None = None) -> int | None:
+    """Size S the models use: all-gather's output, reduce-scatter's input, otherwise the input.
+    A missing side is derived from the other only through the group size, never guessed."""
     if elem_bytes is None:
         return None
-    nelems = out_nelems if collective == "allgather" else in_nelems
-    if nelems is None and collective != "allgather":
-        nelems = out_nelems
+    if collective == "allgather":
+        nelems = out_nelems if out_nelems is not None else _times(in_nelems, group_size)
+    elif collective == "reduce_scatter":
+        nelems = in_nelems if in_nelems is not None else _times(out_nelems, group_size)
+    else:
+        nelems = in_nelems if in_nelems is not None else out_nelems
     return None if nelems is None else int(nelems) * elem_bytes
+
+
+def _times(nelems: int | None, factor: int | None) -> int | None:
+    return None if nelems is None or not factor else nelems * factor
+
+
+def _tensor_elems(dims: Any) -> int | None:
+    """Elements of one recorded argument: a tensor's dims, or a TensorList's (summed)."""
+    if isinstance(dims, list) and dims and all(isinstance(d, int) and d >= 0 for d in dims):
+        count = 1
+        for d in dims:
+            count *= d
+        return count
+    if isinstance(dims, list) and dims and all(isinstance(d, list) for d in dims):
+        parts = [_tensor_elems(d) for d in dims]
+        return None if any(p is None for p in parts) else sum(parts)
+    return None
+
+
+# Which recorded arguments hold (output, input) in the c10d dispatcher ops' schemas;
+# the others (allreduce_, broadcast_, nccl:* ops...) record the message as argument 0.
+_OUT_IN_ARGS = {
+    "_allgather_base_": (0, 1), "allgather_into_tensor_coalesced_": (0, 1),
+    "_reduce_scatter_base_": (0, 1), "reduce_scatter_tensor_coalesced_": (0, 1),
+    "alltoall_base_": (0, 1), "allgather_": (0, 1), "reduce_scatter_": (0, 1),
+    "alltoall_": (0, 1),
+}
+
+
+def sizes_from_input_dims(op_name: str, dims: Any, types: Any) -> tuple[int | None, int | None, str | None]:
+    """(in_nelems, out_nelems, dtype) of a ``c10d::*`` or ``nccl:*`` op from its recorded shapes."""
+    if not isinstance(dims, list) or not dims:
+        return None, None, None
+    short = op_name.split("::", 1)[-1] if "::" in op_name else op_name.split(":", 1)[-1]
+    dtype = None
+    if isinstance(types, list):
+        dtype = next((canonical_dtype(t) for t in types if isinstance(t, str) and canonical_dtype(t)), None)
+    if short in _OUT_IN_ARGS and len(dims) > 1:
+        out_arg, in_arg = _OUT_IN_ARGS[short]
+        return _tensor_elems(dims[in_arg]), _tensor_elems(dims[out_arg]), dtype
+    return _tensor_elems(dims[0]), None, dtype
 
 
 def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> list[dict[str, Any]]:
@@ -160,12 +205,12 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name) -> d
     if collective is None:
         collective = collective_from_kernel_name(kernel_name)
     dtype = canonical_dtype(meta.get("dtype"))
-    if size_source is None and op_args and "input_dims_nelems" in op_args:
-        meta["in_nelems"] = op_args["input_dims_nelems"]
-        size_source = "Input Dims"
-        dtype = dtype or canonical_dtype(op_args.get("input_dims_dtype"))
-        if collective == "allgather" and meta.get("group_size"):
-            meta["out_nelems"] = meta["in_nelems"] * meta["group_size"]
+    if size_source is None and op_args and op_name and "input_dims" in op_args:
+        in_n, out_n, op_dtype = sizes_from_input_dims(op_name, op_args["input_dims"], op_args.get("input_types"))
+        if in_n is not None or out_n is not None:
+            meta["in_nelems"], meta["out_nelems"] = in_n, out_n
+            size_source = "Input Dims"
+        dtype = dtype or op_dtype
     if dtype is None:
         dtype = dtype_from_kernel_name(kernel_name)
     meta["collective"] = collective or "unknown"
@@ -184,7 +229,7 @@ def _row(rank: RankTrace, meta: dict[str, Any], timing: dict[str, Any]) -> dict[
         "dtype": meta["dtype"],
         "in_nelems": in_n,
         "out_nelems": out_n,
-        "bytes": message_bytes(meta["collective"], in_n, out_n, elem),
+        "bytes": message_bytes(meta["collective"], in_n, out_n, elem, group["size"]),
         "size_source": meta["size_source"],
         "group": group,
         "seq": meta.get("seq"),
@@ -205,38 +250,60 @@ def _group_of(rank: RankTrace, meta: dict[str, Any]) -> dict[str, Any]:
                 ranks = ranks if ranks is not None else pg["ranks"]
                 desc = desc or pg["description"]
                 size = size or pg["size"]
+    if name is None and ranks is None and len(rank.process_groups) == 1:
+        # The trace declares exactly one process group: every collective ran in it.
+        pg = rank.process_groups[0]
+        name, desc, ranks, size = pg["name"], pg["description"], pg["ranks"], size or pg["size"]
     if ranks is not None and size is None:
         size = len(ranks)
     return {"name": name, "description": desc, "ranks": ranks, "size": size}
 
 
 def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any]]:
-    """CPU-only traces (gloo): the record_param_comms ops are the only record of collectives."""
+    """CPU-only traces (gloo): the CPU ops that issue collectives are their only record.
+    record_param_comms when the trace has it, else the ``c10d::*`` dispatcher ops (gloo's own
+    ``gloo:*`` ranges run on worker threads and would count each collective twice)."""
     m = rank.markers
+    rows = np.flatnonzero(m.kind == Marker.COMM_PARAMS)
+    if not len(rows):
+        rows = np.array([r for r in np.flatnonzero(m.kind == Marker.COMM_OP)
+                         if rank.strings[m.name[r]].startswith("c10d::")], dtype=np.int64)
+    if not len(rows):
+        return []
+    step, phase = locate(rank, m.ts[rows], m.thread[rows])
     out = []
-    for row in np.flatnonzero(m.kind == Marker.COMM_PARAMS):
-        args = m.comm_args.get(int(row))
-        if not args or not args.get("collective"):
-            continue
-        meta = _merge_sources(None, args, None, None, "")
-        if meta["collective"] in ("unknown",):
+    for k, row in enumerate(rows):
+        name = rank.strings[m.name[row]]
+        args = m.comm_args.get(int(row), {})
+        if name == "record_param_comms":
+            meta = _merge_sources(None, args, None, None, "")
+        else:
+            meta = _merge_sources(None, None, args, name, "")
+        if meta["collective"] in ("unknown", "barrier"):
             continue
         dur = int(m.end[row] - m.ts[row])
         out.append(_row(rank, meta, {
-            "step": None, "phase": None, "stream": None,
+            "step": int(step[k]) if step[k] != NO_STEP else None,
+            "phase": PHASES[phase[k]], "stream": None,
             "start_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
             "dur_us": round(dur / 1000.0, 3), "exposed_us": None,
             "launch_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
-            "kernel": None, "module": None, "on_gpu": False,
+            "kernel": None, "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),
+            "on_gpu": False,
         }))
     return out
+
+
+def _module_at(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> str | None:
+    row = _module_markers(rank, ts, thread)[0]
+    return fsdp_module_of(rank.strings[rank.markers.name[row]]) if row >= 0 else None
 
 
 def gradient_buckets(collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """DDP buckets: a step's backward all-reduces in launch order (bucket 0 fills first)."""
     by_step: dict[tuple[int, Any], list[dict[str, Any]]] = {}
     for row in collectives:
-        if row["collective"] == "allreduce" and row["phase"] == "backward" and row["on_gpu"]:
+        if row["collective"] == "allreduce" and row["phase"] == "backward":
             by_step.setdefault((row["rank"], row["step"]), []).append(row)
     buckets = []
     for (rank, step), rows in sorted(by_step.items(), key=lambda kv: (kv[0][0], _step_key(kv[0][1]))):

@@ -80,11 +80,19 @@ def exposed_by_phase(gpu: GpuEvents, phase: np.ndarray) -> dict[str, float]:
 
 
 def attribute(rank: RankTrace) -> Attribution:
-    gpu = rank.gpu
     launch_ts, launch_thread = _link_launches(rank)
-    step = _steps(rank, launch_ts, launch_thread)
-    phase = _phases(rank, launch_ts, launch_thread, step)
+    step, phase = locate(rank, launch_ts, launch_thread)
+    linked = launch_thread >= 0
+    if len(linked) and not linked.all():
+        _fill_unlinked_by_stream(rank.gpu, step, linked)
+        _fill_unlinked_by_stream(rank.gpu, phase, linked)
     return Attribution(launch_ts, launch_thread, step, phase)
+
+
+def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown."""
+    step = _steps(rank, ts, thread)
+    return step, _phases(rank, ts, thread, step)
 
 
 def _link_launches(rank: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -124,8 +132,6 @@ def _steps(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray) ->
     idx = np.searchsorted(starts, launch_ts, side="right") - 1
     inside = linked & (idx >= 0) & (launch_ts <= ends[np.maximum(idx, 0)])
     step[inside] = numbers[idx[inside]]
-    if not linked.all():
-        _fill_unlinked_by_stream(rank.gpu, step, linked)
     return step
 
 
@@ -162,8 +168,6 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
         phase[on_bwd] = BACKWARD
         decided |= on_bwd
     _forward_before_backward(phase, decided, linked, launch_ts, step)
-    if not linked.all():
-        _fill_unlinked_by_stream(rank.gpu, phase, linked)
     return phase
 
 

@@ -126,7 +126,7 @@ def build_gpu_events(groups: dict[str, list[Event]], interner: Interner, classif
     if events and not on_stream.all():
         # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
         valid &= on_stream
-    kind = np.fromiter((classifier(e.cat, e.name or "") for e in events), dtype=np.int8, count=len(events))
+    kind = np.fromiter((classifier(e.cat, _text(e.name)) for e in events), dtype=np.int8, count=len(events))
     names = interner.ids(e.name for e in events)
     correlation = _ints((a.correlation if a is not None else None for a in args), len(events))
     keep = np.flatnonzero(valid)
@@ -208,12 +208,9 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
     if ranks is not None:
         info["pg_ranks"] = ranks
     if len(args.input_dims):
-        dims, types = _decode_raw(args.input_dims), _decode_raw(args.input_type)
-        nelems, dtype = first_tensor_size(dims, types)
-        if nelems is not None:
-            info["input_dims_nelems"] = nelems
-        if dtype:
-            info["input_dims_dtype"] = dtype
+        # Kept raw-decoded: which argument holds the message depends on the op (see comms).
+        info["input_dims"] = _decode_raw(args.input_dims)
+        info["input_types"] = _decode_raw(args.input_type)
     return info
 
 
@@ -224,20 +221,6 @@ def _decode_raw(raw: Any) -> Any:
         return json.loads(bytes(raw))
     except (ValueError, TypeError):
         return None
-
-
-def first_tensor_size(dims: Any, types: Any) -> tuple[int | None, str | None]:
-    """Element count and dtype of the first tensor argument in ``Input Dims``/``Input type``."""
-    if not isinstance(dims, list) or not dims:
-        return None, None
-    first = dims[0]
-    dtype = types[0] if isinstance(types, list) and types and isinstance(types[0], str) else None
-    if isinstance(first, list) and first and all(isinstance(d, int) and d >= 0 for d in first):
-        count = 1
-        for d in first:
-            count *= d
-        return count, dtype
-    return None, dtype
 
 
 def parse_ranks(value: Any) -> list[int] | None:
@@ -253,3 +236,7 @@ def parse_ranks(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value):
         return list(value)
     return None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))

@@ -13,7 +13,7 @@ from typing import Optional, Union
 import msgspec
 
 Num = Union[int, float, str, None]
-IntLike = Union[int, str, None]
+IntLike = Union[int, float, str, None]
 
 
 class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
@@ -41,7 +41,7 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
 class Event(msgspec.Struct, gc=False):
     ph: Optional[str] = None
     cat: Optional[str] = None
-    name: Optional[str] = None
+    name: Union[str, int, float, None] = None
     pid: Union[int, str, None] = None
     tid: Union[int, str, None] = None
     ts: Num = None
@@ -70,7 +70,7 @@ class DistributedInfo(msgspec.Struct, gc=False):
 
 class DeviceProperties(msgspec.Struct, gc=False):
     id: IntLike = None
-    name: Optional[str] = None
+    name: Union[str, int, float, None] = None
     totalGlobalMem: IntLike = None
     computeMajor: IntLike = None
     computeMinor: IntLike = None

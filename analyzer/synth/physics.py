@@ -1,0 +1,62 @@
+"""Link and collective cost model (models.md sections 1-2) and kernel durations from work.
+
+These formulas are the generator's own copy, deliberately independent of ``analyzer.models``
+(the thing under test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import JobSpec
+
+ALLREDUCE, ALLGATHER, REDUCE_SCATTER = "allreduce", "allgather", "reduce_scatter"
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha_us: float
+    beta_gbps: float
+    nodes: int
+
+    @property
+    def cross_node(self) -> bool:
+        return self.nodes > 1
+
+
+def group_link(spec: JobSpec, ranks: list[int]) -> Link:
+    """α/β of a process group: NVLink inside one node, NICs once it spans nodes.
+
+    Across nodes NCCL runs one ring per GPU of the node, so the node's aggregate NIC bandwidth
+    (nics_per_node x nic_gbps) is shared by the node's members of this group and by the sibling
+    groups that run at the same time: a group with k of the node's g GPUs gets k/g of it
+    (k = g for a world-spanning group; k = 1 for an HSDP replicate group, one NIC's worth each
+    with one NIC per GPU). It never exceeds NVLink.
+    """
+    nodes = sorted({spec.node_of(r) for r in ranks})
+    if len(nodes) == 1:
+        return Link(spec.nvlink_alpha_us, spec.nvlink_gbps, 1)
+    per_node = len(ranks) / len(nodes)
+    node_bw = spec.nics_per_node * spec.nic_gbps * per_node / spec.ranks_per_node
+    return Link(spec.nic_alpha_us, min(spec.nvlink_gbps, node_bw), len(nodes))
+
+
+def ring_time_us(kind: str, size_bytes: float, n: int, link: Link) -> float:
+    """NCCL ring: all-reduce 2(N-1)α + 2(N-1)/N·S/β; all-gather (output S) and reduce-scatter
+    (input S) (N-1)α + (N-1)/N·S/β. β in GB/s = 1e3 bytes/µs."""
+    if n <= 1:
+        return 0.0
+    hops = 2 * (n - 1) if kind == ALLREDUCE else n - 1
+    return hops * link.alpha_us + hops / n * size_bytes / (link.beta_gbps * 1e3)
+
+
+def gemm_us(spec: JobSpec, flops: float) -> float:
+    return flops / (spec.gpu_model.peak_bf16_tflops * 1e6 * spec.gemm_efficiency)
+
+
+def attention_us(spec: JobSpec, flops: float) -> float:
+    return flops / (spec.gpu_model.peak_bf16_tflops * 1e6 * spec.attn_efficiency)
+
+
+def memory_us(spec: JobSpec, nbytes: float) -> float:
+    return nbytes / (spec.gpu_model.hbm_gbps * 1e3 * spec.mem_efficiency)

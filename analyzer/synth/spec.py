@@ -1,0 +1,150 @@
+"""JobSpec: everything the synthetic generator needs to simulate one distributed training job."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+TORCH_DTYPE_NAME = {"bf16": "BFloat16", "fp16": "Half", "fp32": "Float"}
+NCCL_DTYPE_NAME = {"bf16": "bf16", "fp16": "f16", "fp32": "f32"}
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What the simulation needs to know about one GPU type (datasheet values)."""
+
+    name: str  # deviceProperties name, as CUDA reports it
+    arch: str  # kernel-name prefix: sm90 / sm80
+    peak_bf16_tflops: float  # dense
+    hbm_gbps: float
+    total_mem_bytes: int
+    num_sms: int
+    compute_major: int
+    shared_mem_optin: int
+    shared_mem_per_sm: int
+
+
+GPUS = {
+    "H100": GpuModel("NVIDIA H100 80GB HBM3", "sm90", 989.0, 3350.0, 85520809984, 132, 9, 232448, 233472),
+    "H200": GpuModel("NVIDIA H200", "sm90", 989.0, 4800.0, 150754820096, 132, 9, 232448, 233472),
+    "A100": GpuModel("NVIDIA A100-SXM4-80GB", "sm80", 312.0, 2039.0, 85198045184, 108, 8, 166912, 167936),
+}
+
+STRATEGIES = ("ddp", "fsdp1", "fsdp2")
+SHARDINGS = ("full_shard", "shard_grad_op", "hybrid_shard")
+WRAPS = ("per_layer", "none")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One data-parallel training job. Every field has a sensible default (a 1.9 B GPT on 8 H100s)."""
+
+    name: str = "job"
+    strategy: str = "ddp"  # ddp | fsdp1 | fsdp2
+    world_size: int = 8
+    gpus_per_node: int = 8
+    steps: int = 3
+    first_step: int = 5  # number of the first recorded ProfilerStep#N
+    # model: a GPT block stack (pre-LN, GELU MLP), untied embedding and output head
+    n_layers: int = 8
+    hidden: int = 4096
+    ffn_mult: int = 4
+    vocab_size: int = 32000
+    bias: bool = False  # linear/LayerNorm biases (many small tensors, as in GPT-2/BERT)
+    seq_len: int = 2048
+    micro_batch: int = 4
+    head_dim: int = 128
+    # compute: kernel time = work / (peak x efficiency); straggler multiplies it
+    gpu: str = "H100"
+    gemm_efficiency: float = 0.6
+    attn_efficiency: float = 0.45
+    mem_efficiency: float = 0.8
+    optimizer_bytes_per_param: float = 28.0  # fused AdamW: fp32 master + m + v reads/writes, bf16 copy
+    gpu_mem_bytes: int | None = None  # None: the GPU's own memory
+    # DDP
+    bucket_cap_mb: float = 25.0  # MiB, as torch
+    first_bucket_mb: float = 1.0  # MiB, dist._DEFAULT_FIRST_BUCKET_BYTES
+    grad_dtype: str = "bf16"  # dtype of the gradient all-reduce / reduce-scatter
+    param_dtype: str = "bf16"  # dtype of the FSDP all-gather (and of DDP params)
+    # FSDP
+    fsdp_wrap: str = "per_layer"  # per_layer | none
+    sharding: str = "full_shard"  # full_shard | shard_grad_op | hybrid_shard
+    backward_prefetch: bool = True
+    forward_prefetch: bool = True
+    # links (models.md section 1-2): one-way, per GPU
+    nvlink_alpha_us: float = 0.8
+    nvlink_gbps: float = 450.0
+    nic_alpha_us: float = 12.0
+    nic_gbps: float = 45.0  # achievable per NIC
+    nics_per_node: int = 8
+    # imbalance, host and noise
+    straggler_rank: int | None = None
+    straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
+    cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
+    noise: float = 0.01  # relative sigma of kernel durations (seeded; truth stays exact)
+    start_skew_us: float = 40.0  # ranks start their first step up to this much apart
+    seed: int = 0
+    # schema knobs
+    kernel_comm_args: bool = True  # newer Kineto copies collective args onto the NCCL kernel
+    emit_host_name: bool = True  # distributedInfo.host_name (not written by torch itself)
+    record_shapes: bool = True
+    torch_version: str = "2.13.0+cu128"
+    nccl_version: str = "2.27.5"
+
+    def __post_init__(self) -> None:
+        _check(self.strategy in STRATEGIES, f"strategy must be one of {STRATEGIES}")
+        _check(self.sharding in SHARDINGS, f"sharding must be one of {SHARDINGS}")
+        _check(self.fsdp_wrap in WRAPS, f"fsdp_wrap must be one of {WRAPS}")
+        _check(self.gpu in GPUS, f"gpu must be one of {sorted(GPUS)}")
+        _check(self.grad_dtype in DTYPE_BYTES and self.param_dtype in DTYPE_BYTES, "unknown dtype")
+        _check(self.world_size >= 1 and self.gpus_per_node >= 1, "world_size, gpus_per_node >= 1")
+        _check(
+            self.world_size <= self.gpus_per_node or self.world_size % self.gpus_per_node == 0,
+            "world_size must fill whole nodes",
+        )
+        _check(self.steps >= 1 and self.n_layers >= 1, "steps, n_layers >= 1")
+        _check(self.hidden % self.head_dim == 0, "hidden must be a multiple of head_dim")
+        _check(
+            self.straggler_rank is None or 0 <= self.straggler_rank < self.world_size,
+            "straggler_rank out of range",
+        )
+
+    # ---- derived quantities -------------------------------------------------------------
+    @property
+    def gpu_model(self) -> GpuModel:
+        return GPUS[self.gpu]
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.gpu_mem_bytes if self.gpu_mem_bytes is not None else self.gpu_model.total_mem_bytes
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.world_size, self.gpus_per_node)
+
+    @property
+    def n_nodes(self) -> int:
+        return max(1, self.world_size // self.gpus_per_node)
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def host_name(self, rank: int) -> str:
+        return f"node{self.node_of(rank)}"
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_mult * self.hidden
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"JobSpec: {message}")

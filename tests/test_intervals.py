@@ -1,0 +1,59 @@
+"""Interval algebra against a brute-force reference on a fine integer grid."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer import intervals as iv
+
+intervals_strategy = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60)), max_size=25)
+
+
+def grid(pairs, size=300):
+    mask = np.zeros(size, dtype=bool)
+    for start, length in pairs:
+        mask[start:start + length] = True
+    return mask
+
+
+def as_set(pairs):
+    starts = np.array([s for s, _ in pairs], dtype=np.int64)
+    ends = np.array([s + n for s, n in pairs], dtype=np.int64)
+    return iv.union(starts, ends)
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals_strategy, intervals_strategy)
+def test_algebra_matches_brute_force(a_pairs, b_pairs):
+    a, b = as_set(a_pairs), as_set(b_pairs)
+    ga, gb = grid(a_pairs), grid(b_pairs)
+    assert iv.total(a) == ga.sum()
+    assert iv.total(iv.intersect(a, b)) == (ga & gb).sum()
+    assert iv.total(iv.subtract(a, b)) == (ga & ~gb).sum()
+    # canonical form: sorted, disjoint, non-empty
+    starts, ends = a
+    assert np.all(ends > starts) and np.all(starts[1:] > ends[:-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(intervals_strategy, st.lists(st.tuples(st.integers(0, 250), st.integers(0, 80)), max_size=10))
+def test_covered_length_per_query(a_pairs, queries):
+    a, ga = as_set(a_pairs), grid(a_pairs, 400)
+    qs = np.array([q for q, _ in queries], dtype=np.int64)
+    qe = np.array([q + n for q, n in queries], dtype=np.int64)
+    got = iv.covered_length(a, qs, qe)
+    want = [ga[s:e].sum() for s, e in zip(qs, qe)]
+    assert got.tolist() == want
+
+
+def test_union_merges_touching_and_nested():
+    starts, ends = iv.union(np.array([0, 5, 10, 2]), np.array([5, 8, 12, 3]))
+    assert starts.tolist() == [0, 10] and ends.tolist() == [8, 12]
+
+
+def test_empty_inputs():
+    assert iv.total(iv.union(np.array([]), np.array([]))) == 0
+    a = as_set([(0, 10)])
+    assert iv.total(iv.intersect(a, iv.EMPTY)) == 0
+    assert iv.total(iv.subtract(a, iv.EMPTY)) == 10
+    assert iv.covered_length(iv.EMPTY, np.array([0]), np.array([5])).tolist() == [0]
