@@ -14,6 +14,7 @@ import numpy as np
 
 from analyzer.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
+from analyzer.step_facts import step_facts
 from analyzer.timeline import NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
 from analyzer.trace import GpuKind, Marker, RankTrace
 
@@ -114,6 +115,7 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
         entry = {"step": number}
         entry.update(breakdown(sub))
         entry["phases"] = exposed_by_phase(sub, att.phase[rows])
+        entry.update(step_facts(trace.strings, sub, att.phase[rows]))
         firsts[number] = int(sub.ts.min())
         steps.append(entry)
     # Step time: from this step's first GPU activity to the next step's (the gap before the next
