@@ -15,6 +15,10 @@ class InputError(TracecliffError):
         self.problem = " ".join(str(problem).split())  # one line, whatever the cause said
         super().__init__(f"{self.path}: {self.problem}")
 
+    def __reduce__(self):
+        # Rebuilt from (path, problem) when it crosses a process boundary (worker pools, Dask).
+        return (type(self), (self.path, self.problem))
+
 
 class ConfigError(TracecliffError):
     """A bad option or configuration value (unknown metric, rule, threshold...)."""
