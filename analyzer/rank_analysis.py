@@ -15,7 +15,7 @@ import numpy as np
 from analyzer.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.step_facts import step_facts
-from analyzer.timeline import NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
+from analyzer.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
 from analyzer.trace import GpuKind, Marker, RankTrace
 
 
@@ -67,7 +67,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         gpu = gpu.take(np.flatnonzero(keep))
         att = _take_attribution(att, np.flatnonzero(keep))
         trace = _with_gpu(trace, gpu, keep)
-    first_gpu = int(gpu.ts.min()) if len(gpu) else None
+    # The rank's time origin: its first GPU activity (a CPU-only trace: its first marked CPU op).
+    first_gpu = int(gpu.ts.min()) if len(gpu) else (int(trace.markers.ts.min()) if len(trace.markers.ts) else None)
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
     if len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
@@ -117,6 +118,9 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
         entry["phases"] = exposed_by_phase(sub, att.phase[rows])
         entry.update(step_facts(trace.strings, sub, att.phase[rows]))
         firsts[number] = int(sub.ts.min())
+        backward = (att.phase[rows] == BACKWARD) & (att.launch_thread[rows] >= 0)
+        # When backward began on the CPU: the origin of DDP's gradient-ready (bucket launch) times.
+        entry["backward_launch_ns"] = int(att.launch_ts[rows][backward].min()) if backward.any() else None
         steps.append(entry)
     # Step time: from this step's first GPU activity to the next step's (the gap before the next
     # step is this step's stall); the last step has no successor, so its span stands in.

@@ -1,13 +1,20 @@
-"""Turn decoded events into the columnar RankTrace (no per-event work beyond one split pass)."""
+"""Turn decoded events into the columnar RankTrace.
+
+Per-event work happens only in C-level passes (``map(attrgetter)``, ``np.fromiter``,
+``pandas.factorize``); Python-level logic runs once per *unique* name, thread or category.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
-from typing import Any, Iterable
+from itertools import count
+from operator import attrgetter, itemgetter
+from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
@@ -20,30 +27,51 @@ from analyzer.ingest.schema import Event, EventArgs
 from analyzer.trace import GpuEvents, GpuKind, Launches, Markers
 
 MISSING = -1
+NO_ARGS = EventArgs()
+
+_get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+
+
+def factorize(values) -> tuple[np.ndarray, list[Any]]:
+    """Codes and uniques of an iterable of hashables, in first-seen order, entirely at C level:
+    a defaultdict whose factory is a C counter assigns a code on first sight."""
+    table: defaultdict = defaultdict(count().__next__)
+    codes = np.fromiter(map(table.__getitem__, values), dtype=np.int64)
+    return codes, list(table)
+
+
+def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
+    if len(index) == 0:
+        return []
+    if len(index) == 1:
+        return [items[int(index[0])]]
+    return list(itemgetter(*index.tolist())(items))
 
 
 def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
-    """One pass over all events: complete ('X') events grouped by category."""
-    groups: dict[str, list[Event]] = defaultdict(list)
-    skipped = 0
-    for event in events:
-        if event.ph == "X":
-            groups[event.cat].append(event)
-        elif event.ph is None:
-            skipped += 1
-    groups["__no_ph__"] = [None] * skipped  # only counted, for a warning
+    """Events of the categories tracecliff reads, grouped by category (one C-level pass).
+
+    Kineto writes these categories as complete ('X') events; an event of them without a
+    duration (a B/E pair or an instant from another generator) is dropped later with a
+    warning, so no separate pass over 'ph' is needed."""
+    cat_codes, cat_values = factorize(map(_get["cat"], events))
+    groups = {}
+    for code, value in enumerate(cat_values):
+        if value in GPU_ACTIVITY_CATS or value in LAUNCH_CATS or value in CPU_OP_CATS:
+            groups[value] = _take(events, np.flatnonzero(cat_codes == code))
     return groups
 
 
 def times_ns(events: list[Event], warnings: list[str], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, valid mask) in int64 ns; events with missing, non-finite or negative
     ts/dur are marked invalid (and counted in a warning) instead of poisoning the sums."""
-    ts = _floats((e.ts for e in events), len(events))
-    dur = _floats((e.dur for e in events), len(events))
+    ts = _floats(list(map(_get["ts"], events)))
+    dur = _floats(list(map(_get["dur"], events)))
     valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
     bad = int(len(events) - valid.sum())
     if bad:
-        warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity or negative ts/dur were ignored")
+        warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity or negative "
+                        "ts/dur were ignored")
     ts = np.where(valid, ts, 0.0)
     dur = np.where(valid, dur, 0.0)
     start = _us_to_ns(ts)
@@ -56,21 +84,25 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
-def _floats(values: Iterable[Any], count: int) -> np.ndarray:
-    values = list(values)
+def _floats(values: list[Any]) -> np.ndarray:
     try:
-        return np.fromiter(values, dtype=np.float64, count=count)
+        return np.fromiter(values, dtype=np.float64, count=len(values))
     except (TypeError, ValueError):
-        return np.array([_to_float(v) for v in values], dtype=np.float64)
+        # Odd traces (None, numbers as strings, booleans): vectorised coercion, bad -> NaN.
+        series = pd.Series(values, dtype=object)
+        series[series.map(type) == bool] = None
+        return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def _to_float(value: Any) -> float:
-    if value is None or isinstance(value, bool):
-        return math.nan
+def _ints(values: list[Any]) -> np.ndarray:
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
+        return np.fromiter(values, dtype=np.int64, count=len(values))
+    except (TypeError, ValueError, OverflowError):
+        floats = _floats(values)
+        out = np.full(len(values), MISSING, dtype=np.int64)
+        ok = np.isfinite(floats) & (np.abs(floats) < 2**62)
+        out[ok] = floats[ok].astype(np.int64)
+        return out
 
 
 def to_int(value: Any, default: int = MISSING) -> int:
@@ -85,50 +117,62 @@ def to_int(value: Any, default: int = MISSING) -> int:
     return int(number) if math.isfinite(number) else default
 
 
-def _ints(values: Iterable[Any], count: int) -> np.ndarray:
-    values = list(values)
-    try:
-        return np.fromiter((MISSING if v is None else v for v in values), dtype=np.int64, count=count)
-    except (TypeError, ValueError, OverflowError):
-        return np.array([to_int(v) for v in values], dtype=np.int64)
+def _args_of(events: list[Event]) -> list[EventArgs]:
+    args = list(map(_get["args"], events))
+    if None in args:
+        args = [a if a is not None else NO_ARGS for a in args]
+    return args
 
 
 class Interner:
+    """One string table per rank; strings are factorized per column, then merged (few uniques)."""
+
     def __init__(self) -> None:
         self.index: dict[str, int] = {}
         self.strings: list[str] = []
 
-    def ids(self, names: Iterable[Any]) -> np.ndarray:
-        table = self.index
-        out = []
-        append = out.append
-        for name in names:
-            key = name if isinstance(name, str) else ("" if name is None else str(name))
-            idx = table.get(key)
-            if idx is None:
-                idx = table[key] = len(self.strings)
-                self.strings.append(key)
-            append(idx)
-        return np.asarray(out, dtype=np.int32)
+    def ids(self, values: list[Any]) -> np.ndarray:
+        if not values:
+            return np.empty(0, dtype=np.int32)
+        codes, uniques = factorize(values)
+        table = np.array([self._id(_text(u)) for u in uniques], dtype=np.int32)
+        return table[codes]
 
-    def id(self, name: str) -> int:
-        return int(self.ids([name])[0])
+    def _id(self, text: str) -> int:
+        idx = self.index.get(text)
+        if idx is None:
+            idx = self.index[text] = len(self.strings)
+            self.strings.append(text)
+        return idx
+
+
+def thread_ids(events: list[Event], threads: Interner) -> np.ndarray:
+    """Interned "pid:tid" per event, formatting each distinct pair once."""
+    if not events:
+        return np.empty(0, dtype=np.int32)
+    pair_codes, pairs = factorize(zip(map(_get["pid"], events), map(_get["tid"], events)))
+    labels = [threads._id(f"{pid}:{tid}") for pid, tid in pairs]
+    return np.asarray(labels, dtype=np.int32)[pair_codes]
 
 
 def build_gpu_events(groups: dict[str, list[Event]], interner: Interner, classifier: KernelClassifier,
                      warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
     events = [e for cat in sorted(GPU_ACTIVITY_CATS) for e in groups.get(cat, ())]
     start, end, valid = times_ns(events, warnings, "GPU")
-    args = [e.args for e in events]
-    stream = _ints((a.stream if a is not None and a.stream is not None else _tid_stream(e)
-                    for a, e in zip(args, events)), len(events))
-    on_stream = stream >= 0
-    if events and not on_stream.all():
-        # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
-        valid &= on_stream
-    kind = np.fromiter((classifier(e.cat, _text(e.name)) for e in events), dtype=np.int8, count=len(events))
-    names = interner.ids(e.name for e in events)
-    correlation = _ints((a.correlation if a is not None else None for a in args), len(events))
+    args = _args_of(events)
+    stream = _ints(list(map(attrgetter("stream"), args)))
+    no_stream = stream == MISSING
+    if no_stream.any():  # fall back to the row (tid) the event is drawn on
+        tids = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
+        stream[no_stream] = tids
+    # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
+    valid &= stream >= 0
+    names = interner.ids(list(map(_get["name"], events)))
+    cats = interner.ids(list(map(_get["cat"], events)))
+    pair_codes, pairs = factorize(zip(cats.tolist(), names.tolist()))
+    table = np.asarray([classifier(interner.strings[c], interner.strings[n]) for c, n in pairs], dtype=np.int8)
+    kind = table[pair_codes] if len(events) else np.empty(0, dtype=np.int8)
+    correlation = _ints(list(map(attrgetter("correlation"), args)))
     keep = np.flatnonzero(valid)
     gpu = GpuEvents(start, end, stream, kind, names, correlation).take(keep)
     order = np.lexsort((gpu.end, gpu.ts))
@@ -146,37 +190,39 @@ def _tid_stream(event: Event) -> int | None:
     return event.tid if isinstance(event.tid, int) else None
 
 
-def build_launches(groups: dict[str, list[Event]], threads: Interner, warnings: list[str]) -> Launches:
-    events = [e for cat in sorted(LAUNCH_CATS) for e in groups.get(cat, ())
-              if e.args is not None and e.args.correlation is not None]
+def build_launches(groups: dict[str, list[Event]], threads: Interner, warnings: list[str],
+                   wanted: np.ndarray | None = None) -> Launches:
+    """Launch calls by correlation id; with ``wanted`` (the GPU events' correlation ids, sorted)
+    only the calls that launched recorded GPU work are kept (most of them), cheaply."""
+    events = [e for cat in sorted(LAUNCH_CATS) for e in groups.get(cat, ())]
+    correlation = _ints(list(map(attrgetter("correlation"), _args_of(events))))
+    keep = correlation >= 0
+    if wanted is not None:
+        keep &= np.isin(correlation, wanted)
+    rows = np.flatnonzero(keep)
+    events = _take(events, rows)
+    correlation = correlation[rows]
     start, _, valid = times_ns(events, warnings, "CUDA runtime")
-    correlation = _ints((e.args.correlation for e in events), len(events))
-    thread = threads.ids(_thread_key(e) for e in events)
-    keep = np.flatnonzero(valid & (correlation >= 0))
-    order = np.argsort(correlation[keep], kind="stable")
-    rows = keep[order]
-    return Launches(correlation[rows], start[rows], thread[rows])
-
-
-def _thread_key(event: Event) -> str:
-    return f"{event.pid}:{event.tid}"
+    thread = thread_ids(events, threads)
+    order = np.flatnonzero(valid)[np.argsort(correlation[valid], kind="stable")]
+    return Launches(correlation[order], start[order], thread[order])
 
 
 def build_markers(groups: dict[str, list[Event]], interner: Interner, threads: Interner,
                   warnings: list[str]) -> Markers:
-    events, kinds = [], []
-    for cat in sorted(CPU_OP_CATS):
-        for event in groups.get(cat, ()):
-            kind = marker_kind(event.name) if isinstance(event.name, str) else None
-            if kind is not None:
-                events.append(event)
-                kinds.append(kind)
+    events = [e for cat in sorted(CPU_OP_CATS) for e in groups.get(cat, ())]
+    names_all = list(map(_get["name"], events))
+    codes, uniques = factorize(names_all)
+    unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
+    kind_all = unique_kind[codes] if len(events) else np.empty(0, np.int8)
+    rows = np.flatnonzero(kind_all >= 0)
+    events = _take(events, rows)
+    kind = kind_all[rows]
     start, end, valid = times_ns(events, warnings, "CPU op")
     keep = np.flatnonzero(valid)
-    kind = np.asarray(kinds, dtype=np.int8)
-    names = interner.ids(e.name for e in events)
-    thread = threads.ids(_thread_key(e) for e in events)
-    external = _ints((e.args.external_id if e.args is not None else None for e in events), len(events))
+    names = interner.ids(list(map(_get["name"], events)))
+    thread = thread_ids(events, threads)
+    external = _ints(list(map(attrgetter("external_id"), _args_of(events))))
     order = keep[np.lexsort((-end[keep], start[keep]))]
     markers = Markers(start[order], end[order], thread[order], kind[order], names[order], external[order])
     for row, source in enumerate(order):
@@ -185,6 +231,11 @@ def build_markers(groups: dict[str, list[Event]], interner: Interner, threads: I
             if info:
                 markers.comm_args[row] = info
     return markers
+
+
+def _marker_kind(name: Any) -> int:
+    kind = marker_kind(name) if isinstance(name, str) else None
+    return -1 if kind is None else int(kind)
 
 
 def comm_args_of(args: EventArgs | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from analyzer.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
@@ -64,11 +65,8 @@ def build_rank_trace(path: Path, doc: TraceFile, comm_pattern: str = DEFAULT_COM
     doc.traceEvents = None  # drop the decoded tree as soon as it is split
     names, threads = Interner(), Interner()
     gpu, kernel_args = build_gpu_events(groups, names, KernelClassifier(comm_pattern), warnings)
-    launches = build_launches(groups, threads, warnings)
+    launches = build_launches(groups, threads, warnings, np.unique(gpu.correlation))
     markers = build_markers(groups, names, threads, warnings)
-    no_ph = len(groups.get("__no_ph__", ()))
-    if no_ph:
-        warnings.append(f"{no_ph} event(s) without a 'ph' field were ignored")
     rank, source = _rank_of(path, info)
     return RankTrace(
         path=str(path),
