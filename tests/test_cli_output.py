@@ -1,0 +1,60 @@
+"""The diagnose command's outputs: deterministic bytes, 100-column text, --steps, -o files."""
+
+import json
+
+import pytest
+
+from analyzer.cli import main
+from builders import two_step_ddp
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def test_json_is_deterministic_and_sorted(tmp_path, capsys):
+    path = two_step_ddp().write(tmp_path / "rank-0.json")
+    _, first, _ = run(capsys, "diagnose", str(path), "--format", "json")
+    _, second, _ = run(capsys, "diagnose", str(path), "--format", "json")
+    assert first == second
+    doc = json.loads(first)
+    assert list(doc) == sorted(doc)
+    for key in ("schema_version", "tool", "inputs", "ranks", "collectives", "findings", "warnings"):
+        assert key in doc
+    rank = doc["ranks"][0]
+    for key in ("rank", "host", "world_size", "span_us", "busy_us", "compute_us", "comm_us", "overlap_us",
+                "exposed_comm_us", "idle_us", "overlap_pct", "steps", "phases"):
+        assert key in rank
+    assert doc["tool"]["name"] == "tracecliff"
+
+
+def test_text_fits_100_columns(tmp_path, capsys):
+    paths = [str(two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json")) for r in (0, 1)]
+    code, out, _ = run(capsys, "diagnose", *paths)
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "Per rank" in out and "Top" in out and "allreduce" in out
+
+
+def test_steps_option_selects_profiler_steps(tmp_path, capsys):
+    path = two_step_ddp().write(tmp_path / "rank-0.json")
+    _, out, _ = run(capsys, "diagnose", str(path), "--format", "json", "--steps", "2")
+    doc = json.loads(out)
+    assert [s["step"] for s in doc["ranks"][0]["steps"]] == [2]
+    assert doc["ranks"][0]["compute_us"] == 75.0
+    assert {c["step"] for c in doc["collectives"]} == {2}
+    code, _, err = run(capsys, "diagnose", str(path), "--steps", "x-y")
+    assert code == 2 and "step numbers" in err
+
+
+def test_output_file_written_atomically(tmp_path, capsys):
+    path = two_step_ddp().write(tmp_path / "rank-0.json")
+    target = tmp_path / "out" / "result.json"
+    target.parent.mkdir()
+    code, out, _ = run(capsys, "diagnose", str(path), "--format", "json", "-o", str(target))
+    assert code == 0 and out == ""
+    assert json.loads(target.read_text())["schema_version"] == 1
+    assert [p.name for p in target.parent.iterdir()] == ["result.json"]  # no temp file left behind
