@@ -6,8 +6,6 @@ ranks into one job Result (reduce) -> run the rules.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +14,8 @@ from analyzer import __version__
 from analyzer.comms import fsdp_units, gradient_buckets
 from analyzer.errors import InputError
 from analyzer.ingest.files import discover_trace_files
-from analyzer.rank_analysis import RankAnalysis, RankOptions, analyze_rank_file
+from analyzer.executors import map_ranks
+from analyzer.rank_analysis import RankAnalysis, RankOptions
 
 SCHEMA_VERSION = 1
 
@@ -31,6 +30,9 @@ class DiagnoseOptions:
     max_inflate_bytes: int = 8 * 10**9
     workers: int | None = None  # None: one per CPU, at most one per rank
     keep_timeline: bool = False
+    executor: str = "local"  # local | dask (analyzer.executors)
+    scheduler: str | None = None  # Dask scheduler address; None: a LocalCluster
+    cache_dir: str | None = None  # per-rank summary cache (analyzer.cache); None: no cache
 
     def rank_options(self) -> RankOptions:
         return RankOptions(self.comm_pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
@@ -61,21 +63,8 @@ def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = Diag
 
 
 def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progress | None = None) -> list[RankAnalysis]:
-    rank_options = options.rank_options()
-    workers = options.workers or min(len(files), os.cpu_count() or 1)
-    results: list[RankAnalysis] = []
-    if workers <= 1 or len(files) == 1:
-        for done, path in enumerate(files, 1):
-            results.append(analyze_rank_file(str(path), rank_options))
-            if progress:
-                progress(done, len(files), str(path))
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(analyze_rank_file, str(p), rank_options) for p in files]
-            for done, (path, future) in enumerate(zip(files, futures), 1):
-                results.append(future.result())
-                if progress:
-                    progress(done, len(files), str(path))
+    results = map_ranks(files, options.rank_options(), options.executor, options.scheduler,
+                        options.workers, options.cache_dir, progress)
     return resolve_ranks(results)
 
 

@@ -12,6 +12,7 @@ import click
 from analyzer import __version__
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.errors import TracecliffError
+from analyzer.executors import scale_options
 from analyzer.output import write_atomic
 from analyzer.progress import ProgressBar
 
@@ -49,10 +50,11 @@ def cli() -> None:
 @click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (default: all).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
 @click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count).")
-def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers) -> None:
+@scale_options
+def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale) -> None:
     """Measure exposed communication per rank and step in the traces at PATHS
     (files, directories or globs)."""
-    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers)
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale)
     result = diagnose(list(paths), options, progress=ProgressBar("reading traces"))
     doc = result.to_dict()
     text = _renderer(fmt).render(doc)
@@ -98,3 +100,8 @@ def main(argv: list[str] | None = None) -> None:
                    "(set TRACECLIFF_DEBUG=1 for the traceback)", err=True)
         code = EXIT_INPUT
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+from analyzer.gate import gate_command  # noqa: E402  (issue 6: CI gate)
+
+cli.add_command(gate_command)

@@ -1,0 +1,69 @@
+"""JUnit XML of a gate report: one testcase per check, so CI systems (GitLab, Jenkins, GitHub
+test reporters) show each assertion and each baseline comparison as a test.
+
+Error-level failures are <failure>; warn-level failures pass (a warning is not a failed test)
+with the warning in <system-out>; skipped checks (unavailable metric, allowed) are <skipped>.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+SUITES = (("assertion", "tracecliff.gate.assertions"), ("baseline", "tracecliff.gate.baseline"))
+
+
+def render_junit(report: dict[str, Any]) -> str:
+    root = ET.Element("testsuites", name="tracecliff gate")
+    totals = {"tests": 0, "failures": 0, "skipped": 0}
+    for kind, suite_name in SUITES:
+        checks = [c for c in report["checks"] if c["kind"] == kind]
+        if not checks:
+            continue
+        suite = ET.SubElement(root, "testsuite", name=suite_name)
+        counts = {"tests": len(checks), "failures": 0, "skipped": 0}
+        for check in checks:
+            outcome = _add_case(suite, suite_name, check)
+            if outcome in counts:
+                counts[outcome] += 1
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+        suite.set("errors", "0")
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("errors", "0")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _add_case(suite: ET.Element, suite_name: str, check: dict[str, Any]) -> str:
+    """Append the testcase; return its outcome: failures, skipped or passed."""
+    case = ET.SubElement(suite, "testcase", name=check["name"], classname=suite_name)
+    text = _describe(check)
+    if check["status"] == "fail":
+        failure = ET.SubElement(case, "failure", message=check["message"], type=f"{check['kind']}-{check['level']}")
+        failure.text = text
+        return "failures"
+    if check["status"] == "skip":
+        ET.SubElement(case, "skipped", message=check["message"])
+        return "skipped"
+    out = ET.SubElement(case, "system-out")
+    out.text = ("WARNING: " if check["status"] == "warn" else "") + text
+    return "passed"
+
+
+def _describe(check: dict[str, Any]) -> str:
+    parts = [f"{check['name']}: {check['status']}", f"level {check['level']}"]
+    if check.get("aggregate"):
+        parts.append(f"aggregate {check['aggregate']}")
+    parts.append(f"actual {_num(check.get('actual'))}")
+    if check["kind"] == "baseline":
+        parts.append(f"baseline {_num(check.get('base'))}")
+    parts.append(f"bound {check['bound']}")
+    parts.append(check["message"])
+    return "; ".join(parts)
+
+
+def _num(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.6g}"

@@ -1,0 +1,146 @@
+"""Per-rank summary cache: hits give the same bytes as a fresh run, any change misses,
+damage is recomputed, entries are plain JSON."""
+
+import json
+
+import pytest
+
+from analyzer import cache
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.rank_analysis import RankOptions
+from analyzer.result_json import dumps
+from builders import two_step_ddp
+
+
+def run(paths, cache_dir, **kw):
+    options = DiagnoseOptions(cache_dir=str(cache_dir) if cache_dir else None, workers=1, **kw)
+    return dumps(diagnose([str(p) for p in paths], options).to_dict())
+
+
+@pytest.fixture
+def job(tmp_path):
+    return [two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json") for r in (0, 1)]
+
+
+def entries(cache_dir):
+    return sorted(cache_dir.rglob("*.json"))
+
+
+def test_hit_is_identical_and_skips_analysis(job, tmp_path, monkeypatch):
+    store = tmp_path / "cache"
+    fresh = run(job, None)
+    assert run(job, store) == fresh
+    assert len(entries(store)) == 2
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a cache hit must not re-analyze the trace")
+    monkeypatch.setattr(cache, "analyze_rank_file", boom)
+    assert run(job, store) == fresh
+
+
+def test_key_changes_with_content_name_and_options(job, tmp_path):
+    options = RankOptions()
+    key = cache.cache_key(job[0], options)
+    assert cache.cache_key(job[0], options) == key
+    assert cache.cache_key(job[0], RankOptions(steps=(1,))) != key
+    assert cache.cache_key(job[0], RankOptions(comm_pattern="nccl")) != key
+    assert cache.cache_key(job[0], RankOptions(keep_timeline=True)) != key
+    # max_inflate_bytes only decides refusals, which are never cached
+    assert cache.cache_key(job[0], RankOptions(max_inflate_bytes=10**6)) == key
+    renamed = tmp_path / "rank-7.json"  # the rank may come from the name
+    renamed.write_bytes(job[0].read_bytes())
+    assert cache.cache_key(renamed, options) != key
+    changed = json.loads(job[0].read_text())
+    changed["traceEvents"][2]["dur"] += 1
+    job[0].write_text(json.dumps(changed))
+    assert cache.cache_key(job[0], options) != key
+
+
+def test_edit_misses_and_gives_new_numbers(job, tmp_path):
+    store = tmp_path / "cache"
+    before = json.loads(run(job, store))
+    doc = json.loads(job[0].read_text())
+    for event in doc["traceEvents"]:
+        if event["name"].startswith("ncclDevKernel"):
+            # all-reduce [60,100): compute covers [60,70) and the optimizer [90,95), so 25 µs
+            # per step are exposed instead of 20
+            event["dur"] = 40
+    job[0].write_text(json.dumps(doc))
+    after = json.loads(run(job, store))
+    assert after == json.loads(run(job, None))
+    assert before["ranks"][0]["exposed_comm_us"] == 40.0 and after["ranks"][0]["exposed_comm_us"] == 50.0
+
+
+def test_same_bytes_at_another_path_report_that_path(job, tmp_path):
+    store = tmp_path / "cache"
+    run(job, store)
+    other = tmp_path / "copy"
+    other.mkdir()
+    copies = []
+    for path in job:
+        copies.append(other / path.name)
+        copies[-1].write_bytes(path.read_bytes())
+    doc = json.loads(run(copies, store))
+    assert [i["path"] for i in doc["inputs"]] == [str(p) for p in copies]
+    assert run(copies, store) == run(copies, None)
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b'{"format": 1, "rank": {"path": 1}}', b"[1, 2]",
+                                    b'{"format": 999, "rank": {}}'])
+def test_damaged_entry_is_recomputed(job, tmp_path, damage):
+    store = tmp_path / "cache"
+    fresh = run(job, store)
+    for entry in entries(store):
+        entry.write_bytes(damage)
+    assert run(job, store) == fresh
+    assert all(json.loads(e.read_text())["format"] == cache.CACHE_FORMAT for e in entries(store))
+
+
+def test_entries_are_json_not_pickle(job, tmp_path):
+    store = tmp_path / "cache"
+    run(job, store)
+    for entry in entries(store):
+        raw = entry.read_bytes()
+        assert not raw.startswith(b"\x80")  # pickle protocol header
+        assert json.loads(raw)["rank"]["rank"] in (0, 1)
+
+
+def test_unwritable_cache_never_fails_the_run(job, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should be")
+    assert run(job, blocker) == run(job, None)
+
+
+def test_input_errors_are_not_cached(tmp_path):
+    store = tmp_path / "cache"
+    bad = tmp_path / "rank-0.json"
+    bad.write_text('{"traceEvents": [')
+    from analyzer.errors import InputError
+    for _ in range(2):
+        with pytest.raises(InputError, match="invalid JSON"):
+            diagnose([str(bad)], DiagnoseOptions(cache_dir=str(store)))
+    assert entries(store) == []
+
+
+def test_cli_flags(job, tmp_path, monkeypatch, capsys):
+    from analyzer.cli import main
+    monkeypatch.setenv("TRACECLIFF_CACHE_DIR", str(tmp_path / "env-cache"))
+    for args, where in ((["--cache-dir", str(tmp_path / "flag-cache")], "flag-cache"),
+                        ([], "env-cache")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["diagnose", *args, *map(str, job)])
+        assert exit_info.value.code == 0
+        assert len(entries(tmp_path / where)) == 2
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--no-cache", "--cache-dir", str(tmp_path / "unused"), *map(str, job)])
+    assert not (tmp_path / "unused").exists()
+    capsys.readouterr()
+
+
+def test_default_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRACECLIFF_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.default_cache_dir() == tmp_path / "tracecliff"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.default_cache_dir() == tmp_path / "home" / ".cache" / "tracecliff"

@@ -1,0 +1,127 @@
+"""Executors: the memory-aware local pool and Dask distributed give the same bytes as the
+in-process run; worker errors stay one-line input errors."""
+
+import json
+
+import pytest
+
+from analyzer import executors
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.errors import ConfigError, InputError
+from analyzer.result_json import dumps
+from builders import two_step_ddp
+
+
+@pytest.fixture
+def job(tmp_path):
+    return [str(two_step_ddp(rank=r, world_size=4, pg_ranks=range(4)).write(tmp_path / f"rank-{r}.json"))
+            for r in range(4)]
+
+
+def run(paths, **kw):
+    return dumps(diagnose(paths, DiagnoseOptions(**kw)).to_dict())
+
+
+def test_local_pool_matches_in_process(job, real_traces):
+    real = sorted(str(p) for p in (real_traces / "param_dlrm_ddp_8rank").iterdir())[:3]
+    for paths in (job, real):
+        assert run(paths, workers=2) == run(paths, workers=1)
+
+
+def test_worker_input_error_is_one_line(job, tmp_path):
+    bad = tmp_path / "rank-9.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": NaN}]}')
+    with pytest.raises(InputError) as info:
+        diagnose(job + [str(bad)], DiagnoseOptions(workers=2))
+    assert str(info.value).startswith(str(bad))
+
+
+def test_plan_workers_bounded_by_memory():
+    gib = 1 << 30
+    assert executors.plan_workers([gib] * 8, cpus=4, budget=None) == 4
+    assert executors.plan_workers([gib] * 8, cpus=4, budget=int(2.5 * gib)) == 2
+    assert executors.plan_workers([3 * gib, gib, gib], cpus=4, budget=2 * gib) == 1  # largest alone
+    assert executors.plan_workers([gib] * 2, cpus=16, budget=100 * gib) == 2  # never more than ranks
+
+
+def test_memory_gate_limits_ranks_in_flight(job, monkeypatch):
+    """With a budget for two estimated peaks, never more than two ranks run at once."""
+    peaks = {i: 10 for i in range(len(job))}
+    in_flight, seen = [], []
+    real_submit = executors.ProcessPoolExecutor.submit
+
+    def tracking_submit(pool, fn, *args):
+        in_flight.append(1)
+        seen.append(len(in_flight))
+        future = real_submit(pool, fn, *args)
+        future.add_done_callback(lambda _: in_flight.pop())
+        return future
+    monkeypatch.setattr(executors.ProcessPoolExecutor, "submit", tracking_submit)
+    from analyzer.rank_analysis import RankOptions
+    jobs = [(i, (p, RankOptions(), None, None)) for i, p in enumerate(job)]
+    done = dict(executors._memory_gated_pool(jobs, peaks, workers=4, budget=20))
+    assert sorted(done) == list(range(len(job))) and max(seen) <= 2
+    assert [done[i].rank for i in range(len(job))] == [0, 1, 2, 3]
+
+
+def test_inflated_size_estimates(tmp_path):
+    import gzip
+    plain = tmp_path / "a.json"
+    plain.write_bytes(b"x" * 1000)
+    packed = tmp_path / "b.json"  # gzip without .gz: sniffed, ISIZE trailer read
+    packed.write_bytes(gzip.compress(b"y" * 100_000))
+    assert executors.inflated_size(plain) == 1000
+    assert executors.inflated_size(packed) == 100_000
+    assert executors.estimated_peak_bytes(packed) > executors.estimated_peak_bytes(plain)
+
+
+def test_available_memory_is_positive():
+    available = executors.available_memory_bytes()
+    assert available is None or available > 0
+
+
+def test_bad_executor_settings():
+    with pytest.raises(ConfigError):
+        executors.map_ranks([], None, executor="spark")
+    with pytest.raises(ConfigError, match="--executor dask"):
+        executors.map_ranks([], None, executor="local", scheduler="tcp://127.0.0.1:1")
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=None)
+    yield cluster
+    cluster.close()
+
+
+def test_dask_matches_local(job, real_traces, dask_cluster, tmp_path):
+    real = [str(p) for p in sorted((real_traces / "hta_ddp_sampled_128rank").iterdir())]
+    for paths in (job, real):
+        local = run(paths, workers=1)
+        assert run(paths, executor="dask", scheduler=dask_cluster.scheduler_address) == local
+    # through the cache on the workers too
+    store = str(tmp_path / "cache")
+    for _ in range(2):
+        assert run(job, executor="dask", scheduler=dask_cluster.scheduler_address, cache_dir=store) == run(job)
+
+
+def test_dask_worker_error_is_input_error(job, dask_cluster, tmp_path):
+    bad = tmp_path / "rank-5.json"
+    bad.write_bytes(b"\x1f\x8b\x08\x00truncated")
+    with pytest.raises(InputError) as info:
+        diagnose(job + [str(bad)], DiagnoseOptions(executor="dask", scheduler=dask_cluster.scheduler_address))
+    assert str(info.value).startswith(str(bad))
+
+
+def test_dask_cli(job, dask_cluster, capsys):
+    from analyzer.cli import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diagnose", "--format", "json", "--no-cache", "--executor", "dask",
+              "--scheduler", dask_cluster.scheduler_address, *job])
+    assert exit_info.value.code == 0
+    assert [r["rank"] for r in json.loads(capsys.readouterr().out)["ranks"]] == [0, 1, 2, 3]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diagnose", "--scheduler", dask_cluster.scheduler_address, *job])
+    assert exit_info.value.code == 2 and "--executor dask" in capsys.readouterr().err

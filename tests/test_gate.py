@@ -1,0 +1,244 @@
+"""The CI gate: metrics worked out by hand on tests/builders.two_step_ddp, thresholds on both
+sides of each measured value, exit codes, baseline regressions, JUnit XML and the job summary.
+
+two_step_ddp, per rank: step 1 lasts 100 µs (next step starts 100 µs later), step 2 its span,
+95 µs; each has 20 µs of exposed all-reduce (30 µs, 10 under backward compute) and the GPU busy
+95 µs. So exposed_comm_pct = 20 and 20/95·100 = 21.0526 (median over 2 ranks × 2 steps:
+20.5263), overlap_pct = 33.33, idle_pct = 5 and 0 (median 2.5), step_time_us median 97.5.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from analyzer.cli import main
+from analyzer.errors import ConfigError
+from analyzer.gate import GateConfig, evaluate, parse_assertion, parse_gate_config, regression_pct
+from analyzer.metrics import aggregate, extract_samples, load_run
+from builders import two_step_ddp
+
+EXPOSED_MEDIAN = (20.0 + 2000.0 / 95.0) / 2
+
+
+def scaled(builder, factor: float):
+    """The same job run ``factor`` times slower: every timestamp and duration scaled."""
+    for event in builder.events:
+        event["ts"] = event["ts"] * factor
+        event["dur"] = event["dur"] * factor
+    return builder
+
+
+def write_job(directory, factor: float = 1.0):
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in (0, 1):
+        scaled(two_step_ddp(rank=rank), factor).write(directory / f"rank-{rank}.json")
+    return directory
+
+
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(list(map(str, args)))
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def write_config(path, assertions: str, gate: str = "") -> str:
+    path.write_text(f"[tool.tracecliff.gate]\n{gate}\n[tool.tracecliff.gate.assertions]\n{assertions}\n")
+    return str(path)
+
+
+@pytest.fixture()
+def job(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./pyproject.toml of the repo
+    return write_job(tmp_path / "job")
+
+
+def test_metrics_match_the_hand_worked_numbers(job):
+    samples = extract_samples(load_run([str(job)]))
+    values = {k: sorted(s.value for s in v) for k, v in samples.items()}
+    assert values["step_time_us"] == pytest.approx([95, 95, 100, 100])
+    assert values["exposed_comm_pct"] == pytest.approx([20, 20, 2000 / 95, 2000 / 95])
+    assert values["overlap_pct"] == pytest.approx([100 / 3] * 4, abs=1e-3)
+    assert values["idle_pct"] == pytest.approx([0, 0, 5, 5])
+    assert "mfu" not in samples
+    # busbw of a 2000-byte (1000 bf16) all-reduce over 2 ranks in 30 µs: 2000/30e-6/1e9 × 2·1/2
+    assert values["busbw_gbps:default_pg"] == pytest.approx([2000 / 30e-6 / 1e9] * 4)
+    assert aggregate(values["exposed_comm_pct"], "median") == pytest.approx(EXPOSED_MEDIAN)
+    assert aggregate([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "p90") == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("bound, level, code, status", [
+    ("max = 20.6", "error", 0, "PASS"),   # measured median 20.526: just under
+    ("max = 20.4", "error", 1, "FAIL"),   # just over
+    ("max = 20.4", "warn", 0, "WARN"),    # a warning never fails the gate
+    ("min = 20.4", "error", 0, "PASS"),
+    ("min = 20.6", "error", 1, "FAIL"),
+])
+def test_threshold_on_both_sides_of_the_measured_value(job, tmp_path, capsys, bound, level, code, status):
+    config = write_config(tmp_path / "g.toml", f'"exposed_comm_pct" = ["{level}", {{ {bound} }}]')
+    rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
+    assert rc == code
+    row = next(line for line in out.splitlines() if "exposed_comm_pct" in line)
+    assert row.split()[0] == status and "20.53%" in row
+
+
+@pytest.mark.parametrize("how, bound, code", [
+    ("max", "max = 21.06", 0), ("max", "max = 21.05", 1),     # max sample 21.0526
+    ("min", "min = 20.0", 0), ("min", "min = 20.01", 1),      # min sample 20
+    ("p90", "max = 21.06", 0),
+])
+def test_aggregations(job, tmp_path, capsys, how, bound, code):
+    config = write_config(tmp_path / "g.toml", f'"exposed_comm_pct" = ["error", {{ {bound}, aggregate = "{how}" }}]')
+    assert run_cli(["gate", job, "--config", config], capsys)[0] == code
+
+
+def test_baseline_catches_a_run_made_20_percent_slower(job, tmp_path, capsys):
+    base = tmp_path / "base.json"
+    assert run_cli(["diagnose", job, "--format", "json", "-o", base], capsys)[0] == 0
+    slow = write_job(tmp_path / "slow", factor=1.2)
+    rc, out, _ = run_cli(["gate", slow, "--baseline", base], capsys)
+    assert rc == 1
+    step = next(line for line in out.splitlines() if line.split()[1:2] == ["step_time_us"])
+    assert step.split()[0] == "FAIL" and "+20.00%" in step
+    # the ratios are unchanged by a uniform slow-down: compared, and within the limit
+    exposed = next(line for line in out.splitlines() if line.split()[1:2] == ["exposed_comm_pct"])
+    assert exposed.split()[0] == "PASS" and "+0.00%" in exposed
+    # a 25% allowance lets it through; the faster run against the slow one is an improvement
+    assert run_cli(["gate", slow, "--baseline", base, "--max-regression-pct", "25"], capsys)[0] == 0
+    slow_base = tmp_path / "slow.json"
+    run_cli(["diagnose", slow, "--format", "json", "-o", slow_base], capsys)
+    rc, out, _ = run_cli(["gate", base, "--baseline", slow_base], capsys)
+    assert rc == 0 and "IMPROVED  step_time_us" in out
+
+
+def test_per_metric_regression_override(job, tmp_path, capsys):
+    base = tmp_path / "base.json"
+    run_cli(["diagnose", job, "--format", "json", "-o", base], capsys)
+    slow = write_job(tmp_path / "slow", factor=1.2)
+    config = tmp_path / "g.toml"
+    config.write_text("[tool.tracecliff.gate]\nmax_regression_pct = 5\n"
+                      "[tool.tracecliff.gate.max_regression_pct_by_metric]\nstep_time_us = 21\n")
+    rc, out, _ = run_cli(["gate", slow, "--baseline", base, "--config", config], capsys)
+    # step time +20% is now allowed; bus bandwidth fell to 1/1.2 (-16.67%) and still fails
+    assert rc == 1 and "FAIL    busbw_gbps:default_pg" in out and "-16.67%" in out
+    config.write_text(config.read_text() + '"busbw_gbps:default_pg" = 17\n')
+    assert run_cli(["gate", slow, "--baseline", base, "--config", config], capsys)[0] == 0
+
+
+def test_regression_direction_and_zero_baseline():
+    assert regression_pct(100, 120, "lower") == pytest.approx(20)
+    assert regression_pct(100, 120, "higher") == pytest.approx(-20)
+    assert regression_pct(0, 0, "lower") == 0
+    assert regression_pct(0, 1, "lower") == float("inf")
+
+
+def test_unavailable_metric_fails_an_error_assertion_unless_allowed(job, tmp_path, capsys):
+    config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.3 }]')
+    rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
+    assert rc == 1 and "unavailable: MFU unknown" in out
+    config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.3, allow_unavailable = true }]')
+    rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
+    assert rc == 0 and "SKIP" in out
+
+
+def test_mfu_and_rule_assertions_on_a_result_document():
+    doc = {"schema_version": 1, "ranks": [], "mfu": {"mfu": 0.41},
+           "findings": [{"rule": "straggler-rank", "severity": "warning", "summary": "rank 3 late"}],
+           "rules": [{"rule": "straggler-rank", "status": "fired"}, {"rule": "fp32-gradient-comm", "status": "passed"},
+                     {"rule": "fsdp-no-prefetch", "status": "disabled", "reason": "disabled in configuration"}]}
+    config = GateConfig(assertions=(
+        parse_assertion("mfu", ["error", {"min": 0.4}], None),
+        parse_assertion("rule:straggler-rank", "error", None),
+        parse_assertion("rule:straggler-rank", ["error", {"severity": "error"}], None),
+        parse_assertion("rule:fp32-gradient-comm", "error", None),
+        parse_assertion("rule:fsdp-no-prefetch", "error", None),
+        parse_assertion("rule:fsdp-no-prefetch", ["warn", {"allow_unavailable": True}], None)))
+    statuses = [(c.name, c.status, c.actual) for c in evaluate(doc, config).checks]
+    assert statuses == [("mfu", "pass", 0.41), ("rule:straggler-rank", "fail", 1.0),
+                        ("rule:straggler-rank", "pass", 0.0), ("rule:fp32-gradient-comm", "pass", 0.0),
+                        ("rule:fsdp-no-prefetch", "fail", None), ("rule:fsdp-no-prefetch", "skip", None)]
+    del doc["rules"]  # a result the rules engine never saw
+    assert evaluate(doc, GateConfig(assertions=(parse_assertion("rule:straggler-rank", "error", None),))
+                    ).checks[0].message.startswith("unavailable: no rule results")
+
+
+@pytest.mark.parametrize("assertions, gate, message", [
+    ('"no_such_metric" = ["error", { max = 1 }]', "", "unknown gate metric 'no_such_metric'"),
+    ('"exposed_comm_pct" = ["fatal", { max = 1 }]', "", "unknown level 'fatal'"),
+    ('"exposed_comm_pct" = ["error", { maximum = 1 }]', "", "unknown option(s) maximum"),
+    ('"exposed_comm_pct" = "error"', "", "needs min and/or max"),
+    ('"exposed_comm_pct" = ["error", { max = 1, aggregate = "mean" }]', "", "unknown aggregate 'mean'"),
+    ('"exposed_comm_pct" = ["error", { max = "ten" }]', "", "max must be a number"),
+    ('"exposed_comm_pct" = ["error", { max = 1 }]', "preset = 'lenient'", "unknown preset 'lenient'"),
+    ('"exposed_comm_pct" = ["error", { max = 1 }]', "max_regression_pct = -1", "must be a number ≥ 0"),
+    ('"exposed_comm_pct" = ["error", { max = 1 ', "", "invalid TOML"),
+])
+def test_config_errors_exit_2(job, tmp_path, capsys, assertions, gate, message):
+    config = write_config(tmp_path / "g.toml", assertions, gate)
+    rc, out, err = run_cli(["gate", job, "--config", config], capsys)
+    assert rc == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_rule_name_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown rule 'ddp-bucket-huge'"):
+        parse_gate_config({"gate": {"assertions": {"rule:ddp-bucket-huge": "error"}}},
+                          rule_names=["ddp-bucket-oversized"])
+    known = parse_gate_config({"gate": {"assertions": {"rule:ddp-bucket-oversized": "error"}}},
+                              rule_names=["ddp-bucket-oversized"])
+    assert known.assertions[0].rule == "ddp-bucket-oversized"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "missing.toml"], "missing.toml: configuration file not found"),
+    ([], "nothing to check"),
+    (["--preset", "recommended", "--baseline", "nope.json"], "nope.json: no such file"),
+])
+def test_usage_and_input_errors_exit_2(job, capsys, args, message):
+    rc, _, err = run_cli(["gate", job, *args], capsys)
+    assert rc == 2 and message in err
+
+
+def test_preset_from_pyproject_in_the_current_directory(job, tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.tracecliff.gate]\npreset = "recommended"\n'
+                                              '[tool.tracecliff.gate.assertions]\n"idle_pct" = "off"\n')
+    rc, out, _ = run_cli(["gate", job], capsys)
+    # recommended: exposed ≤ 20% (20.53: warning), overlap ≥ 50% (33.3: warning); idle turned off
+    assert rc == 0
+    assert [line.split()[0] for line in out.splitlines() if "_pct" in line] == ["WARN", "WARN"]
+    assert "idle_pct" not in out
+
+
+def test_junit_xml_and_github_summary(job, tmp_path, capsys, monkeypatch):
+    base = tmp_path / "base.json"
+    run_cli(["diagnose", job, "--format", "json", "-o", base], capsys)
+    config = write_config(tmp_path / "g.toml", '"exposed_comm_pct" = ["error", { max = 10 }]\n'
+                          '"overlap_pct" = ["warn", { min = 50 }]\n"step_time_us" = ["error", { max = 1e6 }]\n'
+                          '"mfu" = ["warn", { min = 0.1, allow_unavailable = true }]')
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit = tmp_path / "gate.xml"
+    rc, _, _ = run_cli(["gate", base, "--config", config, "--baseline", base, "--junit", junit,
+                        "--github-summary"], capsys)
+    assert rc == 1
+    root = ET.parse(junit).getroot()
+    cases = root.findall("testsuite/testcase")
+    compared = len(extract_samples(json.loads(base.read_text())))
+    assert int(root.get("tests")) == len(cases) == 4 + compared
+    assert int(root.get("failures")) == len(root.findall(".//failure")) == 1
+    assert int(root.get("skipped")) == len(root.findall(".//skipped")) == 1
+    failed = root.find(".//failure/..")
+    assert failed.get("name") == "exposed_comm_pct" and failed.get("classname") == "tracecliff.gate.assertions"
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### tracecliff gate: ❌ FAIL")
+    assert text.count("\n| ") == 1 + len(cases)  # header + one row per check
+
+
+def test_saved_result_is_detected_by_content_and_gives_the_same_metrics(job, tmp_path, capsys):
+    saved = tmp_path / "renamed.trace.json"  # a trace-like name: content decides
+    run_cli(["diagnose", job, "--format", "json", "-o", saved], capsys)
+    assert extract_samples(load_run([str(saved)])) == extract_samples(load_run([str(job)]))
