@@ -14,6 +14,7 @@ from analyzer import __version__
 from analyzer.comms import fsdp_units, gradient_buckets
 from analyzer.errors import InputError
 from analyzer.ingest.files import discover_trace_files
+from analyzer.jobanalysis import analyze_job
 from analyzer.executors import map_ranks
 from analyzer.rank_analysis import RankAnalysis, RankOptions
 
@@ -33,6 +34,12 @@ class DiagnoseOptions:
     executor: str = "local"  # local | dask (analyzer.executors)
     scheduler: str | None = None  # Dask scheduler address; None: a LocalCluster
     cache_dir: str | None = None  # per-rank summary cache (analyzer.cache); None: no cache
+    # hardware and model facts the trace lacks (analyzer.jobanalysis): None = trace/profile value
+    gpu: str | None = None  # GPU profile id or name, e.g. "h100" (overrides deviceProperties)
+    nics_per_node: int | None = None
+    nic_gbps: float | None = None  # one NIC's achievable one-way GB/s (e.g. 45 for 400 Gb/s)
+    model_params: float | None = None  # Ψ, for MFU
+    tokens_per_step: float | None = None  # whole job's tokens per optimizer step, for MFU
 
     def rank_options(self) -> RankOptions:
         return RankOptions(self.comm_pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
@@ -59,7 +66,9 @@ def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = Diag
              progress: Progress | None = None) -> Result:
     files = discover_trace_files(paths)
     ranks = analyze_files(files, options, progress)
-    return build_result(ranks, options)
+    result = build_result(ranks, options)
+    analyze_job(result, options)
+    return result
 
 
 def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progress | None = None) -> list[RankAnalysis]:

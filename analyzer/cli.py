@@ -13,6 +13,7 @@ from analyzer import __version__
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.errors import TracecliffError
 from analyzer.executors import scale_options
+from analyzer.jobanalysis import job_options
 from analyzer.output import write_atomic
 from analyzer.progress import ProgressBar
 
@@ -51,10 +52,11 @@ def cli() -> None:
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
 @click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count).")
 @scale_options
-def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale) -> None:
+@job_options
+def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts) -> None:
     """Measure exposed communication per rank and step in the traces at PATHS
     (files, directories or globs)."""
-    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale)
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts)
     result = diagnose(list(paths), options, progress=ProgressBar("reading traces"))
     doc = result.to_dict()
     text = _renderer(fmt).render(doc)

@@ -18,6 +18,8 @@ class TextRenderer:
         lines += _findings(doc)
         lines += _rank_table(doc)
         lines += _top_collectives(doc)
+        lines += _groups(doc)
+        lines += _stragglers(doc)
         lines += _warnings(doc)
         return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines) + "\n"
 
@@ -98,6 +100,40 @@ def _size(nbytes: int | None) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
+
+
+def _groups(doc: dict[str, Any]) -> list[str]:
+    """Process groups: span, fitted α/β (or the profile's) with S*, median busbw."""
+    groups = doc.get("groups") or []
+    if not groups:
+        return []
+    lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile):",
+             f"{'group':<22} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
+             f"{'busbw med':>10}  how"]
+    for g in groups:
+        name = str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})")[:22]
+        nodes = "?" if g.get("nodes") is None else f"{g['nodes']}{'x' if g.get('cross_node') else ''}"
+        lines.append(f"{name:<22} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
+                     f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
+                     f"{_size(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
+                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10}  {g.get('fit_source', '')}")
+    return lines + [""]
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "?" if value is None else fmt.format(value)
+
+
+def _stragglers(doc: dict[str, Any]) -> list[str]:
+    s = doc.get("stragglers") or {}
+    if not s.get("method"):
+        return [f"Stragglers: {s['note']}", ""] if s.get("note") else []
+    if s.get("top_rank") is None:
+        return [f"Stragglers: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
+    share = 100 * (s.get("top_rank_last_share") or 0)
+    return [f"Straggler: rank {s['top_rank']} arrives last at {share:.0f}% of "
+            f"{s['matched_collectives']} matched collectives; others wait "
+            f"{s['top_rank_wait_caused_us']:,.0f} µs on it in all", ""]
 
 
 def _warnings(doc: dict[str, Any]) -> list[str]:

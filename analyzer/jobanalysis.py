@@ -1,0 +1,157 @@
+"""Job-level analyses run after the per-rank results are combined: topology, hardware, cross-rank
+waits and stragglers, per-collective bandwidth, per-group α/β, MFU.
+
+``analyze_job(result, options)`` stores them in ``result.extra`` (``topology``, ``hardware``,
+``groups``, ``stragglers``, ``collective_summary``, ``mfu``) and adds ``algbw_gbps``,
+``busbw_gbps``, ``bound`` and ``wait_us`` to every row of ``result.collectives``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analyzer import commfit, crossrank
+from analyzer.errors import ConfigError
+from analyzer.hardware import HardwareAssumptions, resolve_hardware
+from analyzer.mfu import compute_mfu, job_step_times
+from analyzer.topology import Topology, build_topology
+
+
+def analyze_job(result: Any, options: Any) -> None:
+    topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
+    hardware = resolve_job_hardware(result.ranks, topology, options)
+    world = result.job.get("world_size")
+    stragglers = crossrank.analyze(result.collectives, world)
+    groups = fit_groups(result.collectives, topology, hardware)
+    result.extra["topology"] = topology.to_dict()
+    result.extra["hardware"] = hardware.to_dict()
+    result.extra["stragglers"] = stragglers
+    result.extra["groups"] = groups
+    result.extra["collective_summary"] = commfit.summarize(result.collectives)
+    n_gpus = world or result.job.get("ranks_given")
+    result.extra["mfu"] = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
+                                      getattr(options, "tokens_per_step", None), n_gpus,
+                                      hardware.peak_tflops.to_dict())
+
+
+def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:
+    devices = next((r.devices for r in ranks if r.devices), [])
+    overrides = {"gpu": getattr(options, "gpu", None),
+                 "nics_per_node": getattr(options, "nics_per_node", None),
+                 "nic_gbps": getattr(options, "nic_gbps", None)}
+    if topology.gpus_per_node_source == "--gpus-per-node":
+        overrides["gpus_per_node"] = topology.gpus_per_node
+    measured = topology.gpus_per_node if topology.gpus_per_node_source == "host names" else None
+    try:
+        return resolve_hardware([d.get("name") for d in devices],
+                                [d.get("total_mem_bytes") for d in devices],
+                                overrides, gpus_per_node=measured)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _group_id(group: dict[str, Any], kind: str) -> tuple:
+    if group.get("name") is not None:
+        return ("name", str(group["name"]))
+    if group.get("ranks"):
+        return ("ranks", tuple(group["ranks"]))
+    return ("unknown", kind)
+
+
+def profile_link(cross_node: bool | None, ranks_per_node: float | None,
+                 hardware: HardwareAssumptions) -> tuple[float | None, float | None, str]:
+    """(α, β, where from) of a group from the hardware profile (models.md §2): NVLink inside a
+    node; across nodes α_nic and the node's aggregate NIC bandwidth shared by the group's members
+    on that node, ``min(β_nvlink, nics_per_node × β_nic × members_per_node / gpus_per_node)``."""
+    intra_alpha, intra_beta = hardware.intra_node_alpha_us.value, hardware.intra_node_gbps.value
+    if not cross_node:
+        return intra_alpha, intra_beta, "hardware profile (intra-node link)"
+    nic, nics, gpn = hardware.nic_gbps.value, hardware.nics_per_node.value, hardware.gpus_per_node.value
+    if nic is None or not nics or not gpn or intra_beta is None:
+        return hardware.nic_alpha_us.value, None, "hardware profile (NIC; β unknown)"
+    share = min(1.0, (ranks_per_node or gpn) / gpn)
+    beta = min(intra_beta, nics * nic * share)
+    return (hardware.nic_alpha_us.value, round(beta, 3),
+            f"hardware profile ({nics} NIC(s) per node x {nic} GB/s, shared by "
+            f"{ranks_per_node:g} of {gpn} GPUs per node)")
+
+
+def fit_groups(rows: list[dict[str, Any]], topology: Topology,
+               hardware: HardwareAssumptions) -> list[dict[str, Any]]:
+    """One entry per process group with collectives; annotates the rows with bandwidths and bound."""
+    members: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        members.setdefault(_group_id(row.get("group") or {}, row["collective"]), []).append(row)
+    groups = []
+    for key in sorted(members, key=str):
+        group_rows = members[key]
+        group = group_rows[0].get("group") or {}
+        n = group.get("size")
+        label = topology.label_group(group.get("ranks"))
+        fallback = profile_link(label["cross_node"], label["ranks_per_node"], hardware)
+        gpu_rows = [r for r in group_rows if r.get("on_gpu") and r.get("bytes")]
+        if not n:
+            ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
+        elif not gpu_rows:
+            ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
+        else:
+            ab = commfit.fit_alpha_beta([r["collective"] for r in gpu_rows], [r["bytes"] for r in gpu_rows],
+                                        [_transfer(r) for r in gpu_rows], n, fallback)
+        s_star = ab.s_star_bytes
+        for r in group_rows:
+            time = _transfer(r) if r.get("on_gpu") else r["dur_us"]
+            alg, bus = commfit.bandwidths(r["collective"], r.get("bytes"), time, n)
+            r["algbw_gbps"] = None if alg is None else round(alg, 4)
+            r["busbw_gbps"] = None if bus is None else round(bus, 4)
+            r["bound"] = commfit.bound_of(r["collective"], r.get("bytes"), n, s_star)
+        busbw = [r["busbw_gbps"] for r in gpu_rows if r["busbw_gbps"] is not None]
+        groups.append({
+            "name": group.get("name") if key[0] != "unknown" else None,
+            "description": group.get("description"),
+            "ranks": group.get("ranks"), "size": n,
+            "nodes": label["nodes"], "cross_node": label["cross_node"],
+            "collectives": len(group_rows),
+            "kinds": sorted({r["collective"] for r in group_rows}),
+            "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
+            "s_star_bytes": None if s_star is None else round(s_star, 1),
+            "fit": ab.fit, "fit_source": ab.source,
+            "busbw_median_gbps": round(float(np.median(busbw)), 3) if busbw else None,
+        })
+    return groups
+
+
+def _transfer(row: dict[str, Any]) -> float:
+    """Duration minus the wait for late ranks (the duration itself when unmatched)."""
+    return row["dur_us"] - (row.get("wait_us") or 0.0)
+
+
+def job_options(command):
+    """Click decorator adding --gpu, --nics-per-node, --nic-gbps, --model-params,
+    --tokens-per-step; the command receives them as one ``facts`` dict of DiagnoseOptions fields."""
+    import functools
+
+    import click
+
+    @functools.wraps(command)
+    def wrapper(*args, gpu, nics_per_node, nic_gbps, model_params, tokens_per_step, **kwargs):
+        facts = {"gpu": gpu, "nics_per_node": nics_per_node, "nic_gbps": nic_gbps,
+                 "model_params": model_params, "tokens_per_step": tokens_per_step}
+        return command(*args, facts=facts, **kwargs)
+
+    options = [
+        click.option("--gpu", help="GPU profile (e.g. h100, a100-sxm4-40gb) when deviceProperties "
+                                   "is missing or wrong."),
+        click.option("--nics-per-node", type=click.IntRange(min=1),
+                     help="NICs per node (default: one per GPU, an assumption the output states)."),
+        click.option("--nic-gbps", type=click.FloatRange(min=0, min_open=True),
+                     help="One NIC's achievable one-way GB/s (default: 45 = a 400 Gb/s NIC)."),
+        click.option("--model-params", type=click.FloatRange(min=0, min_open=True),
+                     help="Model parameters Ψ (e.g. 7e9), for MFU."),
+        click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True),
+                     help="Tokens per optimizer step of the whole job (global batch x sequence), for MFU."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
