@@ -14,6 +14,7 @@ import numpy as np
 
 from analyzer.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
+from analyzer.input_checks import partial_result_warnings
 from analyzer.step_facts import step_facts
 from analyzer.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
 from analyzer.trace import GpuKind, Marker, RankTrace
@@ -80,7 +81,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     steps = _per_step(trace, att, gpu)
     if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
         warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
-    return RankAnalysis(
+    analysis = RankAnalysis(
         path=trace.path, rank=trace.rank, rank_source=trace.rank_source,
         world_size=trace.world_size, host=trace.host, backend=trace.backend,
         nccl_version=trace.nccl_version, process_groups=trace.process_groups, devices=trace.devices,
@@ -91,6 +92,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings=warnings,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
     )
+    analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
+    return analysis
 
 
 def _take_attribution(att, index):
