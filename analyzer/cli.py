@@ -16,6 +16,7 @@ from analyzer.executors import scale_options
 from analyzer.jobanalysis import job_options
 from analyzer.output import write_atomic
 from analyzer.progress import ProgressBar
+from analyzer.reports.html_cli import html_document, html_options, render_html, wants_html
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
 
@@ -46,21 +47,27 @@ def cli() -> None:
 
 @cli.command("diagnose")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout.")
 @click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (default: all).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
 @click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count).")
 @scale_options
 @job_options
-def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts) -> None:
+@html_options
+def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts, html) -> None:
     """Measure exposed communication per rank and step in the traces at PATHS
     (files, directories or globs)."""
-    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts)
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts,
+                              keep_timeline=wants_html(fmt, html))
     result = diagnose(list(paths), options, progress=ProgressBar("reading traces"))
     doc = result.to_dict()
-    text = _renderer(fmt).render(doc)
-    _emit(text, output, [i["path"] for i in doc["inputs"]])
+    inputs = [i["path"] for i in doc["inputs"]]
+    html_text = render_html(html_document(doc, result, html), html) if wants_html(fmt, html) else None
+    text = html_text if fmt == "html" else _renderer(fmt).render(doc)
+    _emit(text, output, inputs)
+    if html.get("file"):
+        write_atomic(html["file"], html_text, inputs)
 
 
 def _renderer(fmt: str):

@@ -1,0 +1,649 @@
+"""Self-contained HTML diagnosis report: one file, no network, deterministic bytes.
+
+``HtmlRenderer().render(doc)`` turns the JSON document of ``diagnose`` into a page. Every section
+is built from whatever the document holds and says "not available: <why>" when its data is absent,
+so the report never fails on a missing key. Charts are inline SVG drawn here (printable, no
+script needed); the timeline's kernel names travel once in a JSON block (``|tojson``) that a small
+inline script reads for the hover tooltip. The templates run with autoescape on, so no trace string
+(kernel, host, path, group, finding text) can open a tag or a script.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from functools import lru_cache
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable
+
+import jinja2
+from markupsafe import Markup
+
+from analyzer import models
+from analyzer.reports.html_timeline import straggler_ranks, unavailable
+from analyzer.result_json import _clean
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
+BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
+                ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
+SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
+MAX_SCATTER_POINTS = 600
+BUSBW_KINDS = set(models.COLLECTIVE_KINDS)
+
+
+class HtmlRenderer:
+    name = "html"
+
+    def __init__(self, timestamp: str | None = None) -> None:
+        self.timestamp = timestamp  # shown only when asked for: the bytes stay deterministic
+
+    def render(self, doc: dict[str, Any]) -> str:
+        view = build_view(_clean(doc))
+        script = (TEMPLATES / "report.js").read_text(encoding="utf-8")
+        # The page's policy allows exactly this script (by hash): nothing injected could run.
+        view.update(timestamp=self.timestamp, script=Markup(script), script_hash=_sha256_source(script))
+        return _environment().get_template("report.html.j2").render(**view)
+
+
+def _sha256_source(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    # |tojson: sorted keys and ASCII only, so U+2028/U+2029 arrive as \u escapes; jinja2 escapes
+    # < > & ' on top, so no data can close the script element it sits in.
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True, "separators": (",", ":"),
+                                         "allow_nan": False}
+    env.filters.update(us=fmt_us, size=fmt_bytes, pct=fmt_pct, num=fmt_num, value=fmt_value)
+    env.globals["asset"] = lambda name: Markup((TEMPLATES / name).read_text(encoding="utf-8"))
+    return env
+
+
+# ----------------------------------------------------------------------------- formatting
+def fmt_us(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "–"
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:,.2f} s"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:,.1f} ms"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:,.2f} ms"
+    return f"{value:,.1f} µs"
+
+
+def fmt_bytes(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if value >= scale:
+            return f"{value / scale:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def fmt_pct(value: Any, digits: int = 1) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "–"
+    return f"{value:.{digits}f}%"
+
+
+def fmt_num(value: Any, digits: int = 2) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def fmt_value(value: Any, limit: int = 400) -> str:
+    """Any evidence value as one short line of text (numbers grouped, structures as JSON)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt_num(value)
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ----------------------------------------------------------------------------- view model
+def build_view(doc: dict[str, Any]) -> dict[str, Any]:
+    summary = _guarded(_summary, doc)
+    view = {"tool": doc.get("tool") or {}, "summary": summary}
+    for key, builder in SECTIONS:
+        view[key] = _guarded(builder, doc)
+    return view
+
+
+def _guarded(builder: Callable[[dict[str, Any]], dict[str, Any]], doc: dict[str, Any]) -> dict[str, Any]:
+    # A section whose upstream data changed shape must not take the whole report down.
+    try:
+        return builder(doc)
+    except Exception as exc:  # noqa: BLE001 - reported on the page, in that section
+        return unavailable(f"could not read this section's data ({type(exc).__name__}: {exc})")
+
+
+def _per_step(rank: dict[str, Any]) -> dict[str, float]:
+    """Mean per-step metrics of a rank (whole-trace figures when it has no steps)."""
+    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
+    if steps:
+        out = {k: sum(float(s.get(k) or 0.0) for s in steps) / len(steps) for k in METRIC_KEYS}
+        times = [s["step_time_us"] for s in steps if isinstance(s.get("step_time_us"), (int, float))]
+        out["step_time_us"] = sum(times) / len(times) if times else out["span_us"]
+    else:
+        out = {k: float(rank.get(k) or 0.0) for k in METRIC_KEYS}
+        out["step_time_us"] = out["span_us"]
+    return out
+
+
+def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+    job, ranks = doc.get("job") or {}, doc.get("ranks") or []
+    per_step = [_per_step(r) for r in ranks]
+    has_steps = any(r.get("steps") for r in ranks)
+    step_numbers = sorted({s.get("step") for r in ranks for s in r.get("steps") or [] if isinstance(s, dict)},
+                          key=lambda n: (n is None, n))
+    headline = []
+    if per_step:
+        step_time = median(p["step_time_us"] for p in per_step)
+        exposed = median(p["exposed_comm_us"] for p in per_step)
+        idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
+        comm = sum(float(r.get("comm_us") or 0) for r in ranks)
+        overlap = sum(float(r.get("overlap_us") or 0) for r in ranks)
+        label = "step time" if has_steps else "GPU span (no steps)"
+        headline += [
+            {"label": label, "value": fmt_us(step_time), "note": "median over ranks of the mean step"},
+            {"label": "exposed communication", "value": fmt_us(exposed),
+             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step"},
+            {"label": "overlap", "value": fmt_pct(100 * overlap / comm if comm else None),
+             "note": "communication hidden under compute"},
+            {"label": "GPU idle", "value": fmt_us(idle),
+             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step"},
+        ]
+    mfu = _mfu_text(doc.get("mfu"))
+    headline.append({"label": "MFU", "value": mfu[0], "note": mfu[1]})
+    return {
+        "available": True,
+        "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc),
+        "verdict_from_rules": bool(_verdict_text(doc.get("verdict"))),
+        "facts": _facts(doc, job, ranks, step_numbers),
+        "headline": headline,
+        "hardware": _hardware_rows(doc.get("hardware")),
+        "warnings": [str(w) for w in doc.get("warnings") or []][:50],
+        "warnings_more": max(len(doc.get("warnings") or []) - 50, 0),
+        "inputs": [str(i.get("path")) for i in doc.get("inputs") or [] if isinstance(i, dict)][:64],
+    }
+
+
+def _hardware_rows(hardware: Any) -> list[dict[str, str]]:
+    """Each hardware value with where it came from (measured from the trace, profile, assumed)."""
+    if not isinstance(hardware, dict):
+        return []
+    rows = []
+    for key, item in sorted(hardware.items()):
+        if isinstance(item, dict) and "value" in item:
+            rows.append({"key": key, "value": fmt_value(item["value"]), "origin": str(item.get("origin") or ""),
+                         "source": str(item.get("source") or "")})
+        elif not isinstance(item, (dict, list)):
+            rows.append({"key": key, "value": fmt_value(item), "origin": "", "source": ""})
+    return rows
+
+
+def _verdict_text(verdict: Any) -> str | None:
+    if isinstance(verdict, str):
+        return verdict or None
+    if isinstance(verdict, dict):
+        for key in ("text", "sentence", "summary", "verdict"):
+            if isinstance(verdict.get(key), str) and verdict[key]:
+                return verdict[key]
+    return None
+
+
+def _fallback_verdict(doc: dict[str, Any]) -> str:
+    ranks = doc.get("ranks") or []
+    if not ranks:
+        return "No ranks analysed."
+    per_step = [_per_step(r) for r in ranks]
+    step = median(p["step_time_us"] for p in per_step)
+    exposed = median(p["exposed_comm_us"] for p in per_step)
+    share = 100 * exposed / step if step else 0.0
+    return (f"No diagnosis rules ran on this report; measured: {share:.0f}% of each step is exposed "
+            f"communication ({fmt_us(exposed)} of {fmt_us(step)}).")
+
+
+def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
+    hosts = job.get("hosts") or (doc.get("topology") or {}).get("hosts") or []
+    world = job.get("world_size")
+    given = job.get("ranks_given", len(ranks))
+    facts = [("ranks", f"{given} of {world}" if world else str(given)),
+             ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
+                                          if hosts else "") if hosts else "unknown (no host names)"),
+             ("GPU", _gpu_text(doc, job)),
+             ("strategy detected", str(job.get("strategy") or "unknown")),
+             ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
+             ("backend", str(job.get("backend") or "unknown")),
+             ("NCCL", str(job.get("nccl_version") or "unknown")),
+             ("PyTorch", str(job.get("pytorch_version") or job.get("torch_version") or "unknown"))]
+    return [{"label": k, "value": v} for k, v in facts]
+
+
+def _gpu_text(doc, job) -> str:
+    gpu = job.get("gpu")
+    hardware = doc.get("hardware")
+    if not gpu and isinstance(hardware, dict):
+        gpu = _sourced(hardware.get("gpu_name") or hardware.get("gpu"))
+    if not gpu:
+        return "none seen (CPU-only trace)"
+    mem = job.get("gpu_mem_bytes")
+    return f"{gpu}" + (f", {mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
+
+
+def _sourced(value: Any) -> Any:
+    return value.get("value") if isinstance(value, dict) else value
+
+
+def _number_list(numbers: list[Any]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:10])
+    return shown + (" …" if len(numbers) > 10 else "")
+
+
+def _mfu_text(mfu: Any) -> tuple[str, str]:
+    if isinstance(mfu, (int, float)) and not isinstance(mfu, bool):
+        return fmt_pct(100 * mfu if mfu <= 1 else mfu), "model FLOPs utilisation"
+    if isinstance(mfu, dict):
+        value = _num(mfu.get("mfu_mean", mfu.get("mfu")))
+        if value is None:
+            return "–", "not available: " + str(mfu.get("note") or mfu.get("why") or "no FLOP count")
+        return fmt_pct(100 * value), "mean over steps; source: " + str(mfu.get("source") or "job analysis")
+    return "–", "not available: no FLOP count (pass --model-params and --tokens-per-step)"
+
+
+# ----------------------------------------------------------------------------- per-rank bars
+def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
+    ranks = doc.get("ranks") or []
+    if not ranks:
+        return unavailable("no ranks in the document")
+    stragglers = straggler_ranks(doc)
+    rows = []
+    for r in ranks:
+        p = _per_step(r)
+        parts = {
+            "compute_only": max(p["compute_us"] - p["overlap_us"], 0.0),
+            "overlapped": p["overlap_us"],
+            "exposed": p["exposed_comm_us"],
+            "other": max(p["busy_us"] - p["compute_us"] - p["exposed_comm_us"], 0.0),
+            "idle": max(p["step_time_us"] - p["busy_us"], 0.0),
+        }
+        rows.append({"rank": r.get("rank"), "host": r.get("host"), "parts": parts, "total": sum(parts.values()),
+                     "straggler": stragglers.get(r.get("rank"))})
+    return {"available": True, **_bar_geometry(rows),
+            "per": "mean per step" if any(r.get("steps") for r in ranks) else "whole trace (no steps marked)",
+            "stragglers": stragglers, "legend": [{"key": k, "label": v} for k, v in BAR_SEGMENTS]}
+
+
+def _bar_geometry(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    label_w, plot_w, row_h = 150, 960, 18
+    scale = plot_w / max(max(r["total"] for r in rows), 1e-9)
+    for i, row in enumerate(rows):
+        x, segments = label_w, []
+        for key, label in BAR_SEGMENTS:
+            width = row["parts"][key] * scale
+            segments.append({"key": key, "label": label, "x": round(x, 2), "w": round(width, 2),
+                             "us": row["parts"][key],
+                             "pct": 100 * row["parts"][key] / row["total"] if row["total"] else 0.0})
+            x += width
+        row.update(y=22 + i * row_h, segments=segments, end_x=round(x, 2))
+    return {"rows": rows, "width": label_w + plot_w + 100, "height": 30 + len(rows) * row_h,
+            "label_w": label_w, "row_h": row_h, "ticks": _linear_ticks(max(r["total"] for r in rows), scale, label_w)}
+
+
+def _linear_ticks(top: float, scale: float, x0: float) -> list[dict[str, Any]]:
+    if top <= 0:
+        return []
+    raw = top / 5
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw)
+    return [{"x": round(x0 + v * scale, 2), "label": fmt_us(v)} for v in _frange(0, top, step)]
+
+
+def _frange(lo: float, hi: float, step: float) -> list[float]:
+    count = int(math.floor((hi - lo) / step + 1e-9)) + 1
+    return [lo + i * step for i in range(count)]
+
+
+# ----------------------------------------------------------------------------- timeline
+def _timeline(doc: dict[str, Any]) -> dict[str, Any]:
+    data = doc.get("timeline")
+    if not isinstance(data, dict):
+        return unavailable("kernel-level data was not kept for this report (render with "
+                           "`tracecliff diagnose --format html`, which keeps it)")
+    if not data.get("available"):
+        return unavailable(str(data.get("why") or "no timeline data"))
+    label_w, plot_w, lane_h, head_h = 190, int(data.get("plot_width_px") or 1000), 16, 30
+    span = float(data["span_us"]) or 1e-3
+    scale = plot_w / span
+    y, groups, merged_lanes = 26, [], 0
+    for rank in data["ranks"]:
+        group = {"rank": rank["rank"], "host": rank.get("host"), "role": rank["role"], "y": y,
+                 "step_time_us": rank.get("step_time_us"), "lanes_dropped": rank.get("lanes_dropped", 0),
+                 "phases": [{"phase": p["phase"], "x": round(label_w + p["s"] * scale, 2),
+                             "w": round(max((p["e"] - p["s"]) * scale, 1), 2)} for p in rank["phases"]]}
+        y += head_h
+        lane_rows = []
+        for lane in rank["lanes"]:
+            merged_lanes += lane.get("merge_px", 1) > 1 or any(m["c"] > 1 for m in lane["marks"])
+            lane_rows.append({"label": f"stream {lane['stream']} · {lane['kind']}", "y": y, "kind": lane["kind"],
+                              "kernels": lane["kernels"], "marks": [_mark(m, label_w, scale) for m in lane["marks"]]})
+            y += lane_h
+        group["lanes"] = lane_rows
+        group["exposed"] = [{"x": round(label_w + s * scale, 2), "w": round(max((e - s) * scale, 0.5), 2)}
+                            for s, e in rank["exposed"]]
+        group["body_y"], group["body_h"] = group["y"] + head_h, y - group["y"] - head_h
+        groups.append(group)
+        y += 10
+    return {"available": True, "step": data.get("step"), "note": data.get("note"), "groups": groups,
+            "names": data.get("names") or [], "width": label_w + plot_w + 10, "height": y + 4,
+            "label_w": label_w, "lane_h": lane_h, "span_us": span,
+            "ticks": _linear_ticks(span, scale, label_w), "downsampled": merged_lanes > 0,
+            "steps_available": data.get("steps_available") or []}
+
+
+def _mark(m: dict[str, Any], x0: float, scale: float) -> dict[str, Any]:
+    return {"x": round(x0 + m["s"] * scale, 2), "w": round(max((m["e"] - m["s"]) * scale, 0.6), 2),
+            "k": m["k"], "n": m["n"], "d": m["d"], "c": m["c"]}
+
+
+# ----------------------------------------------------------------------------- findings
+def _findings(doc: dict[str, Any]) -> dict[str, Any]:
+    findings = doc.get("findings") or []
+    if not findings and "rules" not in doc and "verdict" not in doc:
+        return unavailable("the diagnosis rules did not run on this document")
+    step_time = _summary_step_time(doc)
+    cards = [_card(f, step_time) for f in findings if isinstance(f, dict)]
+    cards.sort(key=lambda c: (c["gain_us"] is None, -(c["gain_us"] or 0.0),
+                              SEVERITY_ORDER.get(c["severity"], 3), c["rule"]))
+    statuses = [{"rule": str(r.get("rule")), "status": str(r.get("status") or ""),
+                 "reason": fmt_value(r.get("reason")) if r.get("reason") else ""}
+                for r in doc.get("rules") or [] if isinstance(r, dict)]
+    return {"available": True, "cards": cards, "rules": statuses}
+
+
+def _summary_step_time(doc: dict[str, Any]) -> float | None:
+    ranks = doc.get("ranks") or []
+    return median(_per_step(r)["step_time_us"] for r in ranks) if ranks else None
+
+
+MODEL_ANCHORS = (("bucket", "model-buckets"), ("comm-bound", "model-buckets"), ("overlap", "model-buckets"),
+                 ("fullshard", "model-volume"), ("hsdp", "model-volume"), ("where-ddp", "model-volume"),
+                 ("fp32", "model-volume"), ("fsdp", "model-fsdp"), ("straggler", "model-alpha-beta"),
+                 ("mfu", "model-mfu"), ("latency", "model-alpha-beta"), ("cross-node", "model-cross-node"))
+
+
+def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
+    rule = str(f.get("rule") or "?")
+    gain = f.get("estimated_gain_us")
+    gain = float(gain) if isinstance(gain, (int, float)) and not isinstance(gain, bool) else None
+    fix_text, fix_snippet = _fix_parts(f.get("fix"))
+    anchor = next((a for key, a in MODEL_ANCHORS if key in rule.lower()), "models")
+    return {
+        "rule": rule, "code": str(f.get("code") or ""), "severity": str(f.get("severity") or "info"),
+        "title": str(f.get("title") or rule), "summary": str(f.get("summary") or ""),
+        "ranks": _short_list(f.get("ranks")), "steps": _short_list(f.get("steps")),
+        "evidence": _evidence_rows(f.get("evidence")), "model": _model_text(f.get("model")),
+        "fix_text": fix_text, "fix_snippet": fix_snippet, "gain_us": gain,
+        "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
+        "references": [fmt_value(r) for r in f.get("references") or []] if isinstance(f.get("references"), list)
+        else ([str(f["references"])] if f.get("references") else []),
+        "anchor": anchor,
+    }
+
+
+def _short_list(values: Any) -> str:
+    if not isinstance(values, list) or not values:
+        return ""
+    return ", ".join(str(v) for v in values[:16]) + (f" … ({len(values)} in all)" if len(values) > 16 else "")
+
+
+def _evidence_rows(evidence: Any) -> list[dict[str, str]]:
+    if isinstance(evidence, dict):
+        return [{"key": str(k), "value": fmt_value(v)} for k, v in sorted(evidence.items(), key=lambda kv: str(kv[0]))]
+    if isinstance(evidence, list):
+        return [{"key": str(i + 1), "value": fmt_value(v)} for i, v in enumerate(evidence[:30])]
+    return [{"key": "", "value": fmt_value(evidence)}] if evidence else []
+
+
+def _model_text(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    if isinstance(model, dict):
+        return "\n".join(f"{k}: {fmt_value(v, 1000)}" for k, v in sorted(model.items(), key=lambda kv: str(kv[0])))
+    if isinstance(model, list):
+        return "\n".join(fmt_value(v, 1000) for v in model)
+    return ""
+
+
+def _fix_parts(fix: Any) -> tuple[str, str]:
+    if isinstance(fix, str):
+        return fix, ""
+    if isinstance(fix, dict):
+        text = next((str(fix[k]) for k in ("text", "summary", "description") if fix.get(k)), "")
+        snippet = next((fix[k] for k in ("snippet", "config", "code") if fix.get(k)), "")
+        return text, snippet if isinstance(snippet, str) else fmt_value(snippet, 2000)
+    return "", ""
+
+
+# ----------------------------------------------------------------------------- collectives
+def _collectives(doc: dict[str, Any]) -> dict[str, Any]:
+    rows = [c for c in doc.get("collectives") or [] if isinstance(c, dict)]
+    if not rows:
+        return unavailable("no collective operations in the traces")
+    fits = {str(g.get("name")): g for g in doc.get("groups") or [] if isinstance(g, dict)}
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for c in rows:
+        by_group.setdefault(_group_name(c), []).append(c)
+    groups = [_group_view(name, by_group[name], fits.get(name)) for name in sorted(by_group, key=_natural)]
+    return {"available": True, "groups": groups, "fits_available": bool(fits),
+            "why_no_fits": "" if fits else "α/β fits per group are not in this document (job analyses did not run)"}
+
+
+def _natural(name: str) -> tuple[int, Any]:
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def _group_name(c: dict[str, Any]) -> str:
+    group = c.get("group") if isinstance(c.get("group"), dict) else {}
+    return str(group.get("name") if group.get("name") is not None else "unknown")
+
+
+def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str, Any]:
+    group = next((c["group"] for c in rows if isinstance(c.get("group"), dict)), {}) or {}
+    size = (fit or {}).get("size") or group.get("size")
+    beta = _num((fit or {}).get("beta_gbps"))
+    table: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for c in rows:
+        table.setdefault((str(c.get("collective") or "unknown"), _bucket_index(c.get("bytes"))), []).append(c)
+    lines = [_bucket_line(kind, bucket, table[(kind, bucket)], size, beta) for kind, bucket in sorted(table)]
+    return {"name": name, "description": str((fit or {}).get("description") or group.get("description") or ""),
+            "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
+            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit),
+            "on_gpu": any(c.get("on_gpu") for c in rows)}
+
+
+def _num(value: Any) -> float | None:
+    value = _sourced(value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not fit:
+        return None
+    return {"alpha_us": _num(fit.get("alpha_us")), "beta_gbps": _num(fit.get("beta_gbps")),
+            "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
+            "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
+            "busbw_median_gbps": _num(fit.get("busbw_median_gbps"))}
+
+
+def _bucket_index(nbytes: Any) -> int:
+    if not isinstance(nbytes, (int, float)) or isinstance(nbytes, bool):
+        return len(SIZE_EDGES) + 1  # size unknown: last
+    return sum(nbytes >= edge for edge in SIZE_EDGES)
+
+
+def _bucket_label(index: int) -> str:
+    if index > len(SIZE_EDGES):
+        return "size unknown"
+    lo = SIZE_EDGES[index - 1] if index else 0
+    if index == len(SIZE_EDGES):
+        return f"≥ {fmt_bytes(lo)}"
+    return f"{fmt_bytes(lo)} – {fmt_bytes(SIZE_EDGES[index])}" if index else f"< {fmt_bytes(SIZE_EDGES[0])}"
+
+
+def _bucket_line(kind, bucket, rows, group_size, beta) -> dict[str, Any]:
+    busbw = [b for b in (_busbw(c, kind, group_size) for c in rows) if b is not None]
+    mid = median(busbw) if busbw else None
+    bounds = sorted({str(c["bound"]) for c in rows if c.get("bound")})
+    waits = [float(c["wait_us"]) for c in rows if _num(c.get("wait_us")) is not None]
+    return {"collective": kind, "bucket": _bucket_label(bucket), "count": len(rows),
+            "total_us": sum(float(c.get("dur_us") or 0) for c in rows),
+            "exposed_us": sum(float(c.get("exposed_us") or 0) for c in rows),
+            "wait_us": sum(waits) if waits else None, "bound": ", ".join(bounds),
+            "busbw_gbps": mid, "beta_pct": 100 * mid / beta if mid is not None and beta else None}
+
+
+def _busbw(c: dict[str, Any], kind: str, group_size: Any) -> float | None:
+    if _num(c.get("busbw_gbps")) is not None:
+        return _num(c.get("busbw_gbps"))
+    size, dur = _num(c.get("bytes")), _num(c.get("dur_us"))
+    if kind not in BUSBW_KINDS or not size or not dur or not isinstance(group_size, int) or group_size < 1:
+        return None
+    return models.busbw_gbps(kind, size, dur, group_size)
+
+
+def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str, Any]:
+    points = sorted((float(c["bytes"]), float(c["dur_us"]), str(c.get("collective") or "unknown"))
+                    for c in rows if _num(c.get("bytes")) and _num(c.get("dur_us")))
+    if len(points) < 2:
+        return unavailable("fewer than two collectives with a known size")
+    total = len(points)
+    if total > MAX_SCATTER_POINTS:  # evenly spaced in size order: deterministic, keeps the spread
+        step = total / MAX_SCATTER_POINTS
+        points = [points[int(i * step)] for i in range(MAX_SCATTER_POINTS)]
+    w, h, left, bottom = 620, 300, 60, 36
+    xs = [p[0] for p in points] + ([fit["s_star_bytes"]] if fit and _num(fit.get("s_star_bytes")) else [])
+    ys = [p[1] for p in points]
+    xlo, xhi = _log_bounds(min(xs), max(xs))
+    ylo, yhi = _log_bounds(min(ys), max(ys))
+    fx = lambda v: left + (math.log10(v) - xlo) / (xhi - xlo) * (w - left - 10)  # noqa: E731
+    fy = lambda v: h - bottom - (math.log10(v) - ylo) / (yhi - ylo) * (h - bottom - 10)  # noqa: E731
+    kinds = sorted({p[2] for p in points})
+    view = {"available": True, "w": w, "h": h, "left": left, "plot_bottom": h - bottom, "shown": len(points),
+            "total": total, "kinds": kinds,
+            "points": [{"x": round(fx(s), 1), "y": round(fy(t), 1), "k": kinds.index(kind),
+                        "tip": f"{kind} {fmt_bytes(s)} in {fmt_us(t)}"} for s, t, kind in points],
+            "xticks": [{"x": round(fx(10 ** e), 1), "label": fmt_bytes(10 ** e)} for e in range(xlo, xhi + 1)],
+            "yticks": [{"y": round(fy(10 ** e), 1), "label": fmt_us(10 ** e)} for e in range(ylo, yhi + 1)],
+            "line": None, "s_star": None}
+    alpha, beta = (_num(fit.get("alpha_us")), _num(fit.get("beta_gbps"))) if fit else (None, None)
+    if alpha is not None and beta:
+        curve = []
+        for i in range(41):
+            size = 10 ** (xlo + (xhi - xlo) * i / 40)
+            t = models.alpha_beta_time(size, alpha, beta)
+            if 10 ** ylo <= t <= 10 ** yhi:
+                curve.append(f"{fx(size):.1f},{fy(t):.1f}")
+        view["line"] = " ".join(curve)
+        s_star = _num(fit.get("s_star_bytes")) or models.crossover_bytes(alpha, beta)
+        if s_star and 10 ** xlo <= s_star <= 10 ** xhi:
+            view["s_star"] = {"x": round(fx(s_star), 1), "label": f"S* = {fmt_bytes(s_star)}"}
+    return view
+
+
+def _log_bounds(lo: float, hi: float) -> tuple[int, int]:
+    a, b = math.floor(math.log10(max(lo, 1e-3))), math.ceil(math.log10(max(hi, 1e-3)))
+    return a, b if b > a else a + 1
+
+
+# ----------------------------------------------------------------------------- scaling what-if
+def _scaling(doc: dict[str, Any]) -> dict[str, Any]:
+    data = doc.get("scaling")
+    if not isinstance(data, dict):
+        return unavailable("no what-if projection in this document (the what-if model did not run)")
+    if data.get("available") is False:
+        return unavailable(str(data.get("why") or "what-if projection failed"))
+    series = [s for s in data.get("series") or [] if isinstance(s, dict) and s.get("points")]
+    if not series:
+        return unavailable("the what-if projection returned no points")
+    w, h, left, bottom, right = 720, 300, 56, 40, 200
+    gpus = sorted({int(p["gpus"]) for s in series for p in s["points"]})
+    lo, hi = math.log2(min(gpus)), math.log2(max(gpus))
+    hi = hi if hi > lo else lo + 1
+    top = max(1.0, max(float(p["efficiency"]) for s in series for p in s["points"])) * 1.05
+    fx = lambda g: left + (math.log2(g) - lo) / (hi - lo) * (w - left - right)  # noqa: E731
+    fy = lambda e: h - bottom - e / top * (h - bottom - 12)  # noqa: E731
+    out = []
+    for i, s in enumerate(series):
+        pts = sorted((int(p["gpus"]), float(p["efficiency"]), p.get("step_time_us")) for p in s["points"])
+        out.append({"label": str(s.get("label") or f"series {i + 1}"), "kind": str(s.get("kind") or "projection"),
+                    "index": i, "path": " ".join(f"{fx(g):.1f},{fy(e):.1f}" for g, e, _ in pts),
+                    "points": [{"x": round(fx(g), 1), "y": round(fy(e), 1),
+                                "tip": f"{g} GPUs: efficiency {100 * e:.0f}%" + (f", step {fmt_us(t)}" if t else "")}
+                               for g, e, t in pts],
+                    "legend_y": 20 + 18 * i})
+    return {"available": True, "w": w, "h": h, "left": left, "plot_right": w - right, "plot_bottom": h - bottom,
+            "series": out, "xticks": [{"x": round(fx(g), 1), "label": str(g)} for g in gpus],
+            "yticks": [{"y": round(fy(e), 1), "label": f"{100 * e:.0f}%"} for e in _frange(0, top, 0.25)],
+            "assumptions": [{"key": str(k), "value": fmt_value(v)} for k, v in sorted((data.get("assumptions") or {}).items())],
+            "note": str(data.get("note") or "")}
+
+
+# ----------------------------------------------------------------------------- models appendix
+def _appendix(doc: dict[str, Any]) -> dict[str, Any]:
+    """The worked examples of docs/models.md, computed by analyzer.models (so they agree with it)."""
+    ar = models.ring_allreduce_time(25e6, 8, 0.8, 450.0)
+    return {
+        "available": True,
+        "s_star_nvlink": models.crossover_bytes(0.8, 450.0),
+        "s_star_nic": models.crossover_bytes(12.0, 45.0),
+        "ar_latency": 14 * 0.8, "ar_bandwidth": ar - 14 * 0.8, "ar_total": ar,
+        "small_msg": models.alpha_beta_time(4e3, 10.0, 45.0),
+        # 7B, bf16 communication, 8 GPUs: bytes each GPU sends per step, and static memory per GPU.
+        "ddp_vol_7b": models.ddp_volume_bytes(7e9, 2, 8), "zero3_vol_7b": models.zero3_volume_bytes(7e9, 2, 8),
+        "ddp_mem_7b": models.ddp_memory_bytes(7e9), "zero1_mem_7b": models.zero1_memory_bytes(7e9, 8),
+        "zero2_mem_7b": models.zero2_memory_bytes(7e9, 8), "zero3_mem_7b": models.zero3_memory_bytes(7e9, 8),
+        "zero3_mem_70b": models.zero3_memory_bytes(70e9, 64), "hsdp_mem_70b": models.hsdp_memory_bytes(70e9, 8),
+        "tflops_7b": models.achieved_tflops_per_gpu(4200.0, 7e9, 1),
+        "mfu_7b": models.mfu(4200.0, 7e9, 1, 989.0),
+    }
+
+
+# ----------------------------------------------------------------------------- HTA deep dive
+def _deep_dive(doc: dict[str, Any]) -> dict[str, Any]:
+    data = doc.get("hta")
+    if not isinstance(data, dict):
+        return {"available": False, "requested": False,
+                "why": "not requested (run with --hta; needs the optional `hta` extra)"}
+    if data.get("available") is False:
+        return {"available": False, "requested": True, "why": str(data.get("why") or "HTA failed")}
+    idle = [{k: r.get(k) for k in ("rank", "stream", "host_wait_us", "kernel_wait_us", "other_wait_us")}
+            for r in data.get("idle") or [] if isinstance(r, dict)]
+    kinds = [{k: r.get(k) for k in ("rank", "kernel_type", "sum_us", "percentage")}
+             for r in data.get("kernel_types") or [] if isinstance(r, dict)]
+    return {"available": True, "requested": True, "source": str(data.get("source") or "HolisticTraceAnalysis"),
+            "seconds": _num(data.get("seconds")), "idle": idle, "kernel_types": kinds,
+            "all_ranks": [{k: r.get(k) for k in ("kernel_type", "sum_us", "percentage")}
+                          for r in data.get("all_ranks_kernel_types") or [] if isinstance(r, dict)],
+            "notes": [str(n) for n in data.get("notes") or []]}
+
+
+SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+    ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
+)
