@@ -1,0 +1,239 @@
+"""A small CPU/GPU-stream simulator, vectorised over ranks.
+
+Every rank runs the same program, so each recorded event holds one start time per rank (numpy
+int64, nanoseconds). CPU threads advance as they enter ops and launch work; each GPU stream runs
+its work in order: a kernel starts when it has been launched, its stream is free and the events
+it waits on have happened. A collective additionally ends, on every member of its group, at the
+latest member's start plus its transfer time, so early ranks wait for late ones.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAUNCH_LATENCY_NS = 2_500  # runtime call start -> earliest kernel start
+CUDA_LAUNCH_KERNEL, CUDA_LAUNCH_KERNEL_EXC, CUDA_MEMCPY_ASYNC, CUDA_MEMSET_ASYNC = 211, 430, 41, 51
+CUDA_EVENT_RECORD, CUDA_STREAM_WAIT_EVENT, CUDA_STREAM_SYNCHRONIZE = 135, 147, 131
+
+
+@dataclass
+class CpuRange:
+    name: str
+    cat: str  # cpu_op | user_annotation
+    thread: str  # main | autograd
+    start: np.ndarray
+    ext: int
+    args: dict
+    end: np.ndarray | None = None
+    comm: "CollectiveCall | None" = None  # record_param_comms carries the collective's args
+
+
+@dataclass
+class RuntimeCall:
+    name: str
+    thread: str
+    start: np.ndarray
+    dur: np.ndarray
+    corr: int
+    ext: int
+    cbid: int
+    launches_gpu: bool
+
+
+@dataclass
+class GpuEvent:
+    name: str
+    cat: str  # kernel | gpu_memcpy | gpu_memset
+    kind: str  # compute | comm | memory
+    stream: int
+    start: np.ndarray
+    dur: np.ndarray
+    corr: int
+    ext: int
+    step: int
+    phase: str
+    args: dict
+    comm: "CollectiveCall | None" = None
+
+
+@dataclass
+class GpuAnnotation:
+    name: str
+    stream: int
+    start: np.ndarray
+    dur: np.ndarray
+    ext: int
+
+
+@dataclass
+class CollectiveCall:
+    """Everything known about one collective, shared by its CPU op, kernel and the truth."""
+
+    kind: str  # allreduce | allgather | reduce_scatter
+    c10d_name: str  # record_param_comms "Collective name"
+    dtype: str  # bf16 | fp32 ...
+    in_nelems: int
+    out_nelems: int
+    size_bytes: int  # S of the cost model
+    role: str  # world | shard | replicate
+    transfer_ns: int
+    ready: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    seq_index: int = 0  # position among this role's collectives in the profile
+    tag: dict = field(default_factory=dict)  # bucket / unit for the truth
+
+
+class Engine:
+    def __init__(self, world_size: int, seed: int, noise: float, launch_us: float, op_us: float):
+        self.world_size = world_size
+        self.rng = np.random.default_rng(seed)
+        self.noise = noise
+        self.launch_us = launch_us
+        self.op_us = op_us
+        self.cpu = {"main": np.zeros(world_size, np.int64), "autograd": np.zeros(world_size, np.int64)}
+        self.tail: dict[int, np.ndarray] = {}
+        self.stack: dict[str, list[CpuRange]] = {"main": [], "autograd": []}
+        self.cpu_ranges: list[CpuRange] = []
+        self.runtime: list[RuntimeCall] = []
+        self.gpu: list[GpuEvent] = []
+        self.annotations: list[GpuAnnotation] = []
+        self.collectives: list[CollectiveCall] = []
+        self.step = 0
+        self.phase = "other"
+        self._next_ext = 1
+        self._next_corr = 1
+        self._role_counts: dict[str, int] = {}
+
+    # ---- time helpers ---------------------------------------------------------------------
+    def jitter_ns(self, us: float | np.ndarray, sigma: float | None = None) -> np.ndarray:
+        """us (scalar or per rank) as ns with seeded multiplicative noise, at least 1 ns."""
+        sigma = self.noise if sigma is None else sigma
+        factor = 1.0 + sigma * self.rng.standard_normal(self.world_size)
+        ns = np.rint(np.asarray(us, dtype=float) * 1e3 * np.clip(factor, 0.5, 1.5))
+        return np.maximum(ns.astype(np.int64), 1)
+
+    def stream_tail(self, stream: int) -> np.ndarray:
+        return self.tail.setdefault(stream, np.zeros(self.world_size, np.int64))
+
+    def advance(self, thread: str, us: float) -> None:
+        self.cpu[thread] = self.cpu[thread] + self.jitter_ns(us, 0.1)
+
+    # ---- CPU ranges -----------------------------------------------------------------------
+    @contextmanager
+    def op(self, name: str, thread: str = "main", cat: str = "cpu_op", args: dict | None = None):
+        rec = CpuRange(name, cat, thread, self.cpu[thread].copy(), self._ext(), dict(args or {}))
+        self.cpu_ranges.append(rec)
+        self.stack[thread].append(rec)
+        self.advance(thread, self.op_us)
+        try:
+            yield rec
+        finally:
+            self.advance(thread, self.op_us * 0.3)
+            rec.end = self.cpu[thread].copy()
+            self.stack[thread].pop()
+
+    def annotation(self, name: str, thread: str = "main"):
+        return self.op(name, thread, cat="user_annotation")
+
+    def _ext(self) -> int:
+        self._next_ext += 1
+        return self._next_ext - 1
+
+    def _linked_ext(self, thread: str) -> int:
+        """Kineto links GPU work to the innermost enclosing cpu_op (else the innermost range)."""
+        stack = self.stack[thread]
+        for rec in reversed(stack):
+            if rec.cat == "cpu_op":
+                return rec.ext
+        return stack[-1].ext if stack else 0
+
+    def _runtime(self, name: str, thread: str, cbid: int, launches_gpu: bool, us: float | None = None):
+        self._next_corr += 1
+        start = self.cpu[thread].copy()
+        dur = self.jitter_ns(self.launch_us if us is None else us, 0.15)
+        call = RuntimeCall(name, thread, start, dur, self._next_corr - 1, self._linked_ext(thread), cbid, launches_gpu)
+        self.runtime.append(call)
+        self.cpu[thread] = start + dur
+        return call
+
+    # ---- GPU work -------------------------------------------------------------------------
+    def launch(
+        self,
+        name: str,
+        stream: int,
+        dur_ns: np.ndarray,
+        thread: str = "main",
+        kind: str = "compute",
+        cat: str = "kernel",
+        args: dict | None = None,
+        after: np.ndarray | None = None,
+    ) -> GpuEvent:
+        api, cbid = {
+            "kernel": ("cudaLaunchKernel", CUDA_LAUNCH_KERNEL),
+            "gpu_memcpy": ("cudaMemcpyAsync", CUDA_MEMCPY_ASYNC),
+            "gpu_memset": ("cudaMemsetAsync", CUDA_MEMSET_ASYNC),
+        }[cat]
+        if kind == "comm":
+            api, cbid = "cudaLaunchKernelExC", CUDA_LAUNCH_KERNEL_EXC
+        call = self._runtime(api, thread, cbid, True)
+        start = np.maximum(call.start + LAUNCH_LATENCY_NS, self.stream_tail(stream))
+        if after is not None:
+            start = np.maximum(start, after)
+        event = GpuEvent(name, cat, kind, stream, start, np.asarray(dur_ns, np.int64), call.corr, call.ext,
+                         self.step, self.phase, dict(args or {}))
+        self.tail[stream] = start + event.dur
+        self.gpu.append(event)
+        return event
+
+    def record_event(self, stream: int, thread: str = "main") -> np.ndarray:
+        """cudaEventRecord: the time everything enqueued on the stream so far is done."""
+        self._runtime("cudaEventRecord", thread, CUDA_EVENT_RECORD, False, 1.0)
+        return self.stream_tail(stream).copy()
+
+    def depend_on(self, stream: int, thread: str = "main") -> np.ndarray:
+        """cudaEventRecord on `stream` + cudaStreamWaitEvent on another: returns when the other
+        stream may proceed (everything enqueued on `stream` so far is done)."""
+        ready = self.record_event(stream, thread)
+        self._runtime("cudaStreamWaitEvent", thread, CUDA_STREAM_WAIT_EVENT, False, 1.0)
+        return ready
+
+    def wait_event(self, stream: int, when: np.ndarray, thread: str = "main") -> None:
+        """cudaStreamWaitEvent: later work on the stream starts no earlier than `when`."""
+        self._runtime("cudaStreamWaitEvent", thread, CUDA_STREAM_WAIT_EVENT, False, 1.0)
+        self.tail[stream] = np.maximum(self.stream_tail(stream), when)
+
+    def synchronize(self, stream: int, thread: str = "main") -> None:
+        """cudaStreamSynchronize: the CPU blocks until the stream is idle."""
+        call = self._runtime("cudaStreamSynchronize", thread, CUDA_STREAM_SYNCHRONIZE, False, 2.0)
+        done = np.maximum(call.start + call.dur, self.stream_tail(stream) + 3_000)
+        call.dur = done - call.start
+        self.cpu[thread] = done
+
+    def collective(self, name: str, stream: int, call: CollectiveCall, thread: str) -> GpuEvent:
+        """Launch an NCCL kernel: start_r = max(launched, stream free, ready); every member of the
+        group ends at the latest member's start plus the transfer time."""
+        launch = self._runtime("cudaLaunchKernelExC", thread, CUDA_LAUNCH_KERNEL_EXC, True)
+        start = np.maximum(launch.start + LAUNCH_LATENCY_NS, self.stream_tail(stream))
+        start = np.maximum(start, call.ready)
+        latest = np.full(int(call.labels.max()) + 1, np.iinfo(np.int64).min)
+        np.maximum.at(latest, call.labels, start)
+        end = latest[call.labels] + call.transfer_ns
+        call.seq_index = self._role_counts.get(call.role, 0)
+        self._role_counts[call.role] = call.seq_index + 1
+        event = GpuEvent(name, "kernel", "comm", stream, start, end - start, launch.corr, launch.ext,
+                         self.step, self.phase, {}, call)
+        self.tail[stream] = end
+        self.gpu.append(event)
+        self.collectives.append(call)
+        return event
+
+    def annotate_gpu(self, name: str, ext: int, events: list[GpuEvent]) -> None:
+        """gpu_user_annotation over the GPU work a user annotation launched (Kineto pads 1 ns)."""
+        if not events:
+            return
+        start = np.min([e.start for e in events], axis=0)
+        end = np.max([e.start + e.dur for e in events], axis=0)
+        self.annotations.append(GpuAnnotation(name, events[0].stream, start - 1, end - start + 2, ext))

@@ -1,0 +1,381 @@
+"""Training-step programs: DDP and FSDP (FSDP1 / FSDP2 annotation names) on the Engine.
+
+Record-function names are those of torch 2.13: nn/parallel/distributed.py
+("DistributedDataParallel.forward"), distributed/fsdp/_runtime_utils.py and
+fully_sharded_data_parallel.py (FSDP1 "FullyShardedDataParallel.*"),
+distributed/fsdp/_fully_shard/_fsdp_state.py and _fsdp_param_group.py (FSDP2 "FSDP::* (fqn)").
+Collective op names are those of ProcessGroupNCCL (c10d::allreduce_ / _allgather_base_ /
+_reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotations).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compute import COMPUTE_STREAM, Compute
+from .engine import CollectiveCall, Engine, GpuEvent
+from .layout import Param, Unit, ddp_buckets, fsdp_units, model_params, process_groups
+from .physics import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, memory_us, ring_time_us
+from .spec import DTYPE_BYTES, NCCL_DTYPE_NAME, JobSpec
+
+T0_NS = 3_600_000_000_000  # the first step starts one hour after baseTimeNanoseconds
+STEP_GAP_US = 30.0  # profiler step bookkeeping between ProfilerStep ranges
+DDP_NCCL_STREAM, FSDP_NCCL_STREAM, REPLICATE_NCCL_STREAM, FSDP2_COPY_STREAM = 40, 20, 24, 20
+
+COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nccl annotation)
+    ALLREDUCE: ("c10d::allreduce_", "allreduce", "nccl:all_reduce"),
+    ALLGATHER: ("c10d::_allgather_base_", "_allgather_base", "nccl:_all_gather_base"),
+    REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
+}
+ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+SPLIT_COPY = (
+    "void at::native::(anonymous namespace)::split_with_sizes_copy_out_contiguous_no_cast_kernel<unsigned char>("
+    "char**, char**, long const*, long const*, long const*, long const*, long const*, long, long, long)"
+)
+COPY_IN = (
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::"
+    "OpaqueType<2u>, unsigned int, 1, 128, 1>(at::native::(anonymous namespace)::OpaqueType<2u>*, "
+    "at::native::(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::"
+    "OpaqueType<2u>, unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, "
+    "4u>, int, unsigned int)"
+)
+CHUNK_CAT = (
+    "void at::native::(anonymous namespace)::chunk_cat_cuda_kernel<c10::BFloat16, c10::BFloat16>(c10::BFloat16**, "
+    "c10::BFloat16*, long*, long*, long*, long*, long, long, long, long)"
+)
+
+
+def nccl_kernel_name(kind: str, dtype: str) -> str:
+    op = {ALLREDUCE: f"AllReduce_Sum_{NCCL_DTYPE_NAME[dtype]}", ALLGATHER: "AllGather",
+          REDUCE_SCATTER: f"ReduceScatter_Sum_{NCCL_DTYPE_NAME[dtype]}"}[kind]
+    return f"ncclDevKernel_{op}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+class Program:
+    """Common step skeleton; subclasses provide forward, backward and the optimizer's share."""
+
+    comm_stream = DDP_NCCL_STREAM
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.eng = Engine(spec.world_size, spec.seed, spec.noise, spec.launch_overhead_us, spec.cpu_op_overhead_us)
+        self.compute = Compute(self.eng, spec)
+        self.groups = process_groups(spec)
+        self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in ("world", "shard", "replicate")
+                       if role == "world" or getattr(self.groups, role)}
+        self.step_ranges: dict[int, object] = {}
+
+    def run(self) -> "Program":
+        skew = self.eng.rng.uniform(0, self.spec.start_skew_us * 1e3, self.spec.world_size)
+        self.eng.cpu["main"] = T0_NS + np.rint(skew).astype(np.int64)
+        for k in range(self.spec.steps):
+            self.run_step(self.spec.first_step + k)
+        return self
+
+    def run_step(self, step: int) -> None:
+        eng, compute = self.eng, self.compute
+        eng.step, eng.phase = step, "other"
+        with eng.annotation(f"ProfilerStep#{step}") as rec:
+            self.step_ranges[step] = rec
+            with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
+                pass
+            compute.copy_inputs()
+            eng.phase = "forward"
+            self.forward()
+            compute.loss_forward()
+            eng.phase = "backward"
+            self.run_backward()
+            eng.phase = "optimizer"
+            with eng.annotation("Optimizer.step#AdamW.step") as opt:
+                kernels = compute.optimizer_step(self.local_params())
+            eng.annotate_gpu(opt.name, opt.ext, kernels)
+            eng.phase = "other"
+            compute.loss_item()
+        eng.advance("main", STEP_GAP_US)
+
+    def run_backward(self) -> None:
+        """loss.backward(): the autograd thread runs the graph while the main thread waits."""
+        eng = self.eng
+        eng.cpu["autograd"] = eng.cpu["main"] + 5_000
+        self.backward()
+        eng.cpu["main"] = eng.cpu["autograd"] + 3_000
+
+    # ---- collectives ------------------------------------------------------------------------
+    def collective(self, kind: str, dtype: str, nelems: int, role: str, stream: int, thread: str,
+                   ready: np.ndarray, tag: dict) -> GpuEvent | None:
+        """Issue one collective as torch does: c10d op > record_param_comms (> stream wait)
+        > nccl:* annotation > cudaLaunchKernelExC. nelems: the full (unsharded) element count."""
+        group = self.groups.of(role, 0)  # all groups of one role have the same size and link
+        n = group.size
+        if n <= 1:
+            return None
+        in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
+                       REDUCE_SCATTER: (nelems, nelems // n)}[kind]
+        size = nelems * DTYPE_BYTES[dtype]
+        transfer_us = ring_time_us(kind, size, n, group.link) * (1 + self.spec.noise * abs(self.eng.rng.standard_normal()))
+        c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
+        call = CollectiveCall(kind, coll_name, dtype, in_n, out_n, size, role, int(round(transfer_us * 1e3)),
+                              ready=ready, labels=self.labels[role], tag=tag)
+        eng = self.eng
+        with eng.op(c10d_op, thread), eng.op("record_param_comms", thread) as rpc:
+            rpc.comm = call
+            eng.depend_on(COMPUTE_STREAM, thread)  # ProcessGroupNCCL syncStream; `ready` holds its time
+            with eng.annotation(annotation, thread) as ann:
+                kernel = eng.collective(nccl_kernel_name(kind, dtype), stream, call, thread)
+        eng.annotate_gpu(annotation, ann.ext, [kernel])
+        return kernel
+
+    def local_params(self) -> float:
+        raise NotImplementedError
+
+    def forward(self) -> None:
+        raise NotImplementedError
+
+    def backward(self) -> None:
+        raise NotImplementedError
+
+
+class DdpProgram(Program):
+    comm_stream = DDP_NCCL_STREAM
+
+    def __init__(self, spec: JobSpec):
+        super().__init__(spec)
+        self.buckets = ddp_buckets(spec)
+        self.bucket_of = {name: b.index for b in self.buckets for name in b.params}
+        self.params = model_params(spec)
+
+    def local_params(self) -> float:
+        return float(sum(p.numel for p in self.params))
+
+    def forward(self) -> None:
+        eng, compute = self.eng, self.compute
+        first = len(eng.gpu)
+        with eng.annotation("DistributedDataParallel.forward") as ann:
+            compute.embed_forward()
+            for _ in range(self.spec.n_layers):
+                compute.layer_forward()
+            compute.head_forward()
+        eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
+
+    def backward(self) -> None:
+        compute = self.compute
+        self.pending = {b.index: len(b.params) for b in self.buckets}
+        self.ends: list[np.ndarray] = []
+        compute.loss_backward()
+        compute.head_backward(self.grads_ready)
+        for i in reversed(range(self.spec.n_layers)):
+            compute.layer_backward(i, self.grads_ready)
+        compute.embed_backward(self.grads_ready)
+        # Reducer::finalize_backward: the compute stream waits for every bucket's all-reduce
+        if self.ends:
+            self.eng.wait_event(COMPUTE_STREAM, np.max(self.ends, axis=0), "autograd")
+
+    def grads_ready(self, params: list[Param], thread: str) -> None:
+        """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full."""
+        for p in params:
+            with self.eng.op(ACCUMULATE_GRAD, thread):
+                b = self.bucket_of[p.name]
+                self.pending[b] -= 1
+                if self.pending[b] == 0:
+                    self.launch_bucket(b, thread)
+
+    def launch_bucket(self, b: int, thread: str) -> None:
+        bucket = self.buckets[b]
+        ready = self.eng.stream_tail(COMPUTE_STREAM).copy()  # the bucket's last gradient
+        kernel = self.collective(ALLREDUCE, self.spec.grad_dtype, bucket.numel, "world", self.comm_stream,
+                                 thread, ready, {"bucket": b})
+        if kernel is not None:
+            self.ends.append(kernel.start + kernel.dur)
+
+
+class FsdpNames:
+    """Record-function names of FSDP1 (FullyShardedDataParallel.*) or FSDP2 (FSDP::* (fqn))."""
+
+    def __init__(self, fsdp2: bool):
+        self.fsdp2 = fsdp2
+
+    @staticmethod
+    def with_fqn(label: str, fqn: str) -> str:  # FSDPParamGroup._with_fqn
+        return f"{label} ({fqn})" if fqn else label
+
+    def pre_forward(self, fqn: str) -> str:
+        return self.with_fqn("FSDP::pre_forward", fqn) if self.fsdp2 else "FullyShardedDataParallel._pre_forward"
+
+    def post_forward(self, fqn: str) -> str:
+        return self.with_fqn("FSDP::post_forward", fqn) if self.fsdp2 else "FullyShardedDataParallel._post_forward"
+
+    def pre_backward(self, fqn: str) -> str:
+        return self.with_fqn("FSDP::pre_backward", fqn) if self.fsdp2 else "FullyShardedDataParallel._pre_backward_hook"
+
+    def prefetch(self, pass_type: str, target_fqn: str) -> str:
+        if self.fsdp2:
+            return f"FSDP::{pass_type}_prefetch for {target_fqn}"
+        return f"FullyShardedDataParallel._pre_{pass_type}_prefetch"
+
+    def post_backward(self, fqn: str) -> str:
+        return self.with_fqn("FSDP::post_backward_reduce", fqn) if self.fsdp2 else "FullyShardedDataParallel._post_backward_hook"
+
+
+class FsdpProgram(Program):
+    """FSDP units: all-gather before use (prefetched or not), reduce-scatter after backward;
+    HYBRID_SHARD adds an all-reduce of each shard across the replicate group."""
+
+    comm_stream = FSDP_NCCL_STREAM
+
+    def __init__(self, spec: JobSpec):
+        super().__init__(spec)
+        self.fsdp2 = spec.strategy == "fsdp2"
+        self.names = FsdpNames(self.fsdp2)
+        self.shard_size = self.groups.of("shard", 0).size
+        self.units = fsdp_units(spec, self.shard_size)
+        self.per_layer = spec.fsdp_wrap == "per_layer"
+        # the root is never resharded after forward (FSDP1 _post_forward_reshard, FSDP2 lazy init)
+        self.reshard_after_forward = spec.sharding != "shard_grad_op"
+
+    def local_params(self) -> float:
+        return float(sum(u.padded_numel // self.shard_size for u in self.units))
+
+    def layer_unit(self, i: int) -> Unit | None:
+        return self.units[1 + i] if self.per_layer and 0 <= i < self.spec.n_layers else None
+
+    # ---- all-gather / reduce-scatter ------------------------------------------------------
+    def all_gather(self, unit: Unit, thread: str, pass_type: str) -> None:
+        eng = self.eng
+        label = self.names.with_fqn("FSDP::all_gather", unit.fqn)
+        ready = eng.stream_tail(COMPUTE_STREAM).copy()  # the stream's work enqueued so far
+        with eng.annotation(label, thread) if self.fsdp2 else _nothing():
+            if self.fsdp2:
+                with eng.op("fsdp::all_gather_copy_in", thread):
+                    nbytes = 4.0 * unit.padded_numel // self.shard_size
+                    self.copy_kernel(COPY_IN, nbytes, FSDP2_COPY_STREAM, thread, after=ready)
+            kernel = self.collective(ALLGATHER, self.spec.param_dtype, unit.padded_numel, "shard", self.comm_stream,
+                                     thread, ready, {"unit": unit.index, "pass": pass_type})
+        self.gathered[unit.index] = kernel.start + kernel.dur if kernel is not None else ready
+
+    def wait_for_unshard(self, unit: Unit, thread: str) -> None:
+        """The compute stream waits for the unit's all-gather (FSDP2 also copies out)."""
+        eng = self.eng
+        eng.wait_event(COMPUTE_STREAM, self.gathered[unit.index], thread)
+        if self.fsdp2:
+            with eng.annotation(self.names.with_fqn("FSDP::all_gather_copy_out", unit.fqn), thread):
+                with eng.op("fsdp::split_with_sizes_copy", thread):
+                    self.copy_kernel(SPLIT_COPY, 4.0 * unit.padded_numel, COMPUTE_STREAM, thread)
+
+    def copy_kernel(self, name: str, nbytes: float, stream: int, thread: str, after=None) -> GpuEvent:
+        dur = self.eng.jitter_ns(max(1.5, memory_us(self.spec, nbytes)) * self.compute.slowdown)
+        args = {"grid": [int(max(1, nbytes // 65536)), 1, 1], "block": [128, 1, 1], "registers per thread": 32,
+                "shared memory": 0}
+        return self.eng.launch(name, stream, dur, thread, args=args, after=after)
+
+    def unshard(self, unit: Unit, thread: str, pass_type: str) -> None:
+        if unit.index not in self.gathered:
+            self.all_gather(unit, thread, pass_type)
+
+    def prefetch(self, unit: Unit | None, thread: str, pass_type: str) -> None:
+        enabled = self.spec.forward_prefetch if pass_type == "forward" else self.spec.backward_prefetch
+        if unit is None or not enabled or unit.index in self.gathered:
+            return
+        with self.eng.annotation(self.names.prefetch(pass_type, unit.fqn), thread):
+            self.all_gather(unit, thread, pass_type)
+
+    def reduce(self, unit: Unit, thread: str) -> None:
+        """Post-backward: reduce-scatter the unit's gradients (+ HSDP all-reduce of the shard)."""
+        eng, spec = self.eng, self.spec
+        with eng.annotation(self.names.post_backward(unit.fqn), thread):
+            ready = eng.stream_tail(COMPUTE_STREAM).copy()
+            if self.fsdp2:
+                with eng.op("fsdp::chunk_cat", thread):
+                    self.copy_kernel(CHUNK_CAT, 2.0 * DTYPE_BYTES[spec.grad_dtype] * unit.padded_numel,
+                                     self.comm_stream, thread, after=ready)
+            rs = self.collective(REDUCE_SCATTER, spec.grad_dtype, unit.padded_numel, "shard", self.comm_stream,
+                                 thread, ready, {"unit": unit.index, "pass": "backward"})
+            done = rs.start + rs.dur if rs is not None else ready
+            if spec.sharding == "hybrid_shard":
+                ar = self.collective(ALLREDUCE, spec.grad_dtype, unit.padded_numel // self.shard_size, "replicate",
+                                     REPLICATE_NCCL_STREAM, thread, done, {"unit": unit.index, "pass": "backward"})
+                done = ar.start + ar.dur if ar is not None else done
+        self.reduced.append(done)
+
+    # ---- passes ---------------------------------------------------------------------------
+    def forward(self) -> None:
+        eng, compute, root = self.eng, self.compute, self.units[0]
+        self.gathered: dict[int, np.ndarray] = {}
+        first = len(eng.gpu)
+        outer = eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else _nothing()
+        with outer as ann:
+            with eng.annotation("FSDP::root_pre_forward" if self.fsdp2 else "FullyShardedDataParallel._root_pre_forward"):
+                pass
+            with eng.annotation(self.names.pre_forward(root.fqn)):
+                self.unshard(root, "main", "forward")
+                self.wait_for_unshard(root, "main")
+                self.prefetch(self.layer_unit(0), "main", "forward")
+            compute.embed_forward()
+            for i in range(self.spec.n_layers):
+                self.layer_forward(i)
+            compute.head_forward()
+            with eng.annotation(self.names.post_forward(root.fqn)):
+                pass
+        if ann is not None:
+            eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
+
+    def layer_forward(self, i: int) -> None:
+        eng, unit = self.eng, self.layer_unit(i)
+        if unit is None:
+            self.compute.layer_forward()
+            return
+        with eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else _nothing():
+            with eng.annotation(self.names.pre_forward(unit.fqn)):
+                self.unshard(unit, "main", "forward")
+                self.wait_for_unshard(unit, "main")
+                self.prefetch(self.layer_unit(i + 1), "main", "forward")
+            self.compute.layer_forward()
+            with eng.annotation(self.names.post_forward(unit.fqn)):
+                if self.reshard_after_forward:
+                    del self.gathered[unit.index]
+
+    def backward(self) -> None:
+        eng, compute, root, a = self.eng, self.compute, self.units[0], "autograd"
+        self.reduced: list[np.ndarray] = []
+        with eng.annotation(self.names.pre_backward(root.fqn), a):
+            self.prefetch(self.layer_unit(self.spec.n_layers - 1), a, "backward")
+        compute.loss_backward()
+        compute.head_backward(_ignore)
+        for i in reversed(range(self.spec.n_layers)):
+            unit = self.layer_unit(i)
+            if unit is None:
+                compute.layer_backward(i, _ignore)
+                continue
+            with eng.annotation(self.names.pre_backward(unit.fqn), a):
+                self.unshard(unit, a, "backward")
+                self.wait_for_unshard(unit, a)
+                self.prefetch(self.layer_unit(i - 1), a, "backward")
+            compute.layer_backward(i, _ignore)
+            self.post_backward(unit)
+        compute.embed_backward(_ignore)
+        self.post_backward(root)
+        # FSDP1 _post_backward_final_callback has no record_function; FSDP2's callback has one
+        with eng.annotation("FSDP::root_post_backward_callback", a) if self.fsdp2 else _nothing():
+            eng.wait_event(COMPUTE_STREAM, np.max(self.reduced, axis=0), a)
+
+    def post_backward(self, unit: Unit) -> None:
+        node = "RegisterPostBackwardFunctionBackward" if self.fsdp2 else "torch::autograd::AccumulateGrad"
+        with self.eng.op(f"autograd::engine::evaluate_function: {node}", "autograd"):
+            self.reduce(unit, "autograd")
+
+
+class _nothing:
+    """A context manager that does nothing and yields None (an optional annotation)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _ignore(params: list[Param], thread: str) -> None:
+    """FSDP reduces per unit in its post-backward hook, not per gradient."""
+
+
+def build_program(spec: JobSpec) -> Program:
+    return (DdpProgram if spec.strategy == "ddp" else FsdpProgram)(spec).run()

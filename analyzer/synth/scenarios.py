@@ -1,0 +1,47 @@
+"""Named sample jobs: each shows one scaling problem, or is the healthy counterpart of one.
+
+Models: GPT_1_5B (d=4096, 6 blocks, 1.47 B parameters: 16Ψ = 23.5 GB fits an 80 GB H100, so DDP
+is the right tool), GPT_7B (d=9216, 6 blocks, 6.7 B: 16Ψ = 107 GB does not fit, so FSDP is) and
+GPT_SMALL (d=1024 with biases, 6 blocks, 0.18 B: many small tensors, the case where DDP bucket
+sizes matter). Few, wide blocks keep the traces small; kernel durations come from FLOPs and bytes.
+Two-node jobs are 2 x 8 GPUs, or 2 x 4 GPUs where the point is the network, not the rank count.
+"""
+
+from dataclasses import replace
+
+from .spec import JobSpec
+
+GPT_1_5B = JobSpec(n_layers=6, hidden=4096, vocab_size=32000, seq_len=2048, micro_batch=4)
+GPT_7B = JobSpec(n_layers=6, hidden=9216, vocab_size=32000, seq_len=2048, micro_batch=2)
+GPT_SMALL = JobSpec(n_layers=6, hidden=1024, vocab_size=50304, seq_len=1024, micro_batch=8, bias=True)
+TWO_NODES = {"world_size": 16, "gpus_per_node": 8}
+TWO_SMALL_NODES = {"world_size": 8, "gpus_per_node": 4}
+
+
+def _job(base: JobSpec, name: str, seed: int, **changes) -> JobSpec:
+    return replace(base, name=name, seed=seed, **changes)
+
+
+SCENARIOS: dict[str, JobSpec] = {
+    spec.name: spec
+    for spec in [
+        _job(GPT_1_5B, "ddp_healthy_8r", 1),
+        _job(GPT_1_5B, "ddp_2node_16r_healthy", 2, **TWO_NODES),
+        _job(GPT_1_5B, "ddp_bucket_oversized", 3, **TWO_SMALL_NODES, nics_per_node=2, bucket_cap_mb=1024.0),
+        _job(GPT_SMALL, "ddp_bucket_undersized", 4, **TWO_NODES, bucket_cap_mb=1.0, emit_host_name=False,
+             kernel_comm_args=False),
+        _job(GPT_1_5B, "ddp_comm_bound", 5, **TWO_SMALL_NODES, nics_per_node=1),
+        _job(GPT_1_5B, "ddp_straggler", 6, straggler_rank=5, straggler_slowdown=1.3),
+        _job(GPT_1_5B, "ddp_fp32_grads", 7, grad_dtype="fp32", param_dtype="fp32", kernel_comm_args=False),
+        _job(GPT_7B, "fsdp1_no_wrap", 8, strategy="fsdp1", fsdp_wrap="none"),
+        _job(GPT_7B, "fsdp2_no_wrap", 9, strategy="fsdp2", fsdp_wrap="none"),
+        _job(GPT_7B, "fsdp1_per_layer_healthy", 10, strategy="fsdp1"),
+        _job(GPT_7B, "fsdp2_per_layer_healthy", 11, strategy="fsdp2"),
+        _job(GPT_7B, "fsdp_fullshard_2node", 12, strategy="fsdp2", **TWO_NODES, nics_per_node=4, micro_batch=1),
+        _job(GPT_7B, "fsdp_hybrid_2node", 13, strategy="fsdp2", **TWO_NODES, nics_per_node=4, micro_batch=1,
+             sharding="hybrid_shard"),
+        _job(GPT_7B, "fsdp_no_prefetch", 14, strategy="fsdp1", micro_batch=1, backward_prefetch=False,
+             forward_prefetch=False),
+        _job(GPT_SMALL, "fsdp_small_model", 15, strategy="fsdp2", bias=False),
+    ]
+}

@@ -1,0 +1,248 @@
+"""The truth a simulated job carries: metrics from the generator's own bookkeeping.
+
+Definitions (issue 2, HTA's): per rank, over GPU activity (kernels, memcpy, memset on every
+stream): span = last end - first start; busy = |union of all|; compute = |union of non-NCCL
+kernels|; comm = |union of NCCL kernels|; overlap = |compute ∩ comm|; exposed = comm - overlap;
+idle = span - busy; overlap_pct = 100·overlap/comm (0 when comm is 0). Per step: the GPU work
+launched inside ProfilerStep#N. Exposed per phase: |union(comm kernels of that phase) \\ compute|.
+This module has its own interval algebra on purpose (analyzer.intervals is under test).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .engine import GpuEvent
+from .layout import fsdp_units, model_params
+from .programs import DdpProgram, FsdpProgram, Program
+from .spec import DTYPE_BYTES, TORCH_DTYPE_NAME
+
+PHASES = ("forward", "backward", "optimizer", "other")
+
+
+# ---- interval algebra (integer nanoseconds) -------------------------------------------------
+def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, disjoint union of [start, end) intervals."""
+    if len(starts) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > e[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], e[last]
+
+
+def length(iv: tuple[np.ndarray, np.ndarray]) -> int:
+    return int(np.sum(iv[1] - iv[0]))
+
+
+def intersection_length(a, b) -> int:
+    both = merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    return length(a) + length(b) - length(both)
+
+
+def covered(iv, start: int, end: int) -> int:
+    """How much of [start, end) the disjoint intervals iv cover."""
+    return int(np.sum(np.clip(iv[1], start, end) - np.clip(iv[0], start, end)))
+
+
+# ---- metrics ------------------------------------------------------------------------------
+def _us(ns) -> float:
+    return round(int(ns) / 1000, 3)
+
+
+def timeline_metrics(starts, ends, kinds) -> dict:
+    if len(starts) == 0:
+        zero = {k: 0.0 for k in ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
+                                 "idle_us", "overlap_pct")}
+        return zero
+    busy = merge(starts, ends)
+    compute = merge(starts[kinds == "compute"], ends[kinds == "compute"])
+    comm = merge(starts[kinds == "comm"], ends[kinds == "comm"])
+    span = int(ends.max() - starts.min())
+    overlap = intersection_length(compute, comm)
+    comm_len = length(comm)
+    return {
+        "span_us": _us(span), "busy_us": _us(length(busy)), "compute_us": _us(length(compute)),
+        "comm_us": _us(comm_len), "overlap_us": _us(overlap), "exposed_comm_us": _us(comm_len - overlap),
+        "idle_us": _us(span - length(busy)), "overlap_pct": round(100.0 * overlap / comm_len, 4) if comm_len else 0.0,
+    }
+
+
+def phase_exposure(starts, ends, kinds, phases) -> dict:
+    compute = merge(starts[kinds == "compute"], ends[kinds == "compute"])
+    out = {}
+    for phase in PHASES:
+        sel = (kinds == "comm") & (phases == phase)
+        comm = merge(starts[sel], ends[sel])
+        out[phase] = _us(length(comm) - intersection_length(comm, compute))
+    return out
+
+
+class TruthBuilder:
+    def __init__(self, program: Program):
+        self.p, self.spec = program, program.spec
+        gpu = program.eng.gpu
+        self.starts = np.stack([e.start for e in gpu])  # events x ranks
+        self.ends = self.starts + np.stack([e.dur for e in gpu])
+        self.kinds = np.array([e.kind for e in gpu])
+        self.steps = np.array([e.step for e in gpu])
+        self.phases = np.array([e.phase for e in gpu])
+        self.streams = np.array([e.stream for e in gpu])
+
+    def build(self) -> dict:
+        ranks = [self.rank_truth(r) for r in range(self.spec.world_size)]
+        step_numbers = sorted(self.p.step_ranges)
+        slowest = [max(rank["steps"][k]["step_time_us"] for rank in ranks) for k in range(len(step_numbers))]
+        return {
+            "spec": self.spec.to_dict(),
+            "definitions": __doc__.split("Definitions", 1)[1].split("This module", 1)[0].strip(),
+            "step_time_us": round(float(np.mean(slowest)), 3),
+            "step_time_slowest_rank_us": [round(x, 3) for x in slowest],
+            "model": self.model_facts(),
+            "memory": self.memory_facts(),
+            "topology": {
+                "nodes": self.spec.n_nodes, "gpus_per_node": self.spec.ranks_per_node,
+                "hosts": [self.spec.host_name(r) for r in range(self.spec.world_size)],
+                "host_name_in_trace": self.spec.emit_host_name,
+            },
+            "groups": self.group_facts(),
+            "comm_per_step": self.comm_facts(),
+            "straggler": {"rank": self.spec.straggler_rank, "slowdown": self.spec.straggler_slowdown},
+            "ddp_buckets": self.bucket_facts(),
+            "fsdp_units": self.unit_facts(),
+            "ranks": ranks,
+            "collectives": self.collective_table(),
+        }
+
+    # ---- per rank -----------------------------------------------------------------------
+    def rank_truth(self, r: int) -> dict:
+        s, e = self.starts[:, r], self.ends[:, r]
+        out = {"rank": r, "host": self.spec.host_name(r), "world_size": self.spec.world_size,
+               **timeline_metrics(s, e, self.kinds), "phases": phase_exposure(s, e, self.kinds, self.phases)}
+        out["steps"] = []
+        for step, rec in sorted(self.p.step_ranges.items()):
+            sel = self.steps == step
+            row = {"step": step, "step_time_us": _us(rec.end[r] - rec.start[r]),
+                   **timeline_metrics(s[sel], e[sel], self.kinds[sel]),
+                   "phases": phase_exposure(s[sel], e[sel], self.kinds[sel], self.phases[sel]),
+                   "backward_start_us": self.first_start(r, sel & (self.phases == "backward")),
+                   "forward_start_us": self.first_start(r, sel & (self.phases == "forward"))}
+            out["steps"].append(row)
+        return out
+
+    def first_start(self, r: int, sel: np.ndarray) -> float | None:
+        sel = sel & (self.streams == 7)
+        return _us(self.starts[sel, r].min()) if sel.any() else None
+
+    def collective_table(self) -> dict:
+        """One row per NCCL kernel per rank, stored column-wise (see collective_rows)."""
+        rows = self.collective_rows()
+        columns = sorted({key for row in rows for key in row})
+        return {"columns": columns, "rows": [[row.get(c) for c in columns] for row in rows]}
+
+    def collective_rows(self) -> list[dict]:
+        rows = []
+        compute = [merge(self.starts[self.kinds == "compute", r], self.ends[self.kinds == "compute", r])
+                   for r in range(self.spec.world_size)]
+        backward_start = {(r, step): self.first_start(r, (self.steps == step) & (self.phases == "backward"))
+                          for r in range(self.spec.world_size) for step in self.p.step_ranges}
+        for ev in self.p.eng.gpu:
+            if ev.comm is not None:
+                rows += [self.collective_row(ev, r, compute[r], backward_start) for r in range(self.spec.world_size)]
+        return rows
+
+    def collective_row(self, ev: GpuEvent, r: int, compute, backward_start) -> dict:
+        call = ev.comm
+        group = self.p.groups.of(call.role, r)
+        start, dur = int(ev.start[r]), int(ev.dur[r])
+        row = {  # group size, description, nodes: see truth["groups"] by name
+            "rank": r, "step": ev.step, "phase": ev.phase, "stream": ev.stream, "name": call.kind,
+            "dtype": TORCH_DTYPE_NAME[call.dtype], "bytes": call.size_bytes, "group": group.name,
+            "start_us": _us(start), "dur_us": _us(dur), "transfer_us": _us(call.transfer_ns),
+            "wait_us": _us(dur - call.transfer_ns), "exposed_us": _us(dur - covered(compute, start, start + dur)),
+            "ready_us": _us(call.ready[r]), **call.tag,
+        }
+        bwd = backward_start.get((r, ev.step))
+        if "bucket" in call.tag and bwd is not None:
+            row["ready_offset_us"] = round(row["ready_us"] - bwd, 3)
+            row["start_offset_us"] = round(row["start_us"] - bwd, 3)
+        return row
+
+    # ---- analytic facts -------------------------------------------------------------------
+    def model_facts(self) -> dict:
+        spec = self.spec
+        params = model_params(spec)
+        psi = sum(p.numel for p in params)
+        per_layer = sum(p.numel for p in params if p.name.startswith("layers.0."))
+        return {
+            "params": psi, "params_per_layer": per_layer, "n_layers": spec.n_layers, "hidden": spec.hidden,
+            "embedding_params": spec.vocab_size * spec.hidden, "n_tensors": len(params),
+            "param_bytes": psi * DTYPE_BYTES[spec.param_dtype], "grad_bytes": psi * DTYPE_BYTES[spec.grad_dtype],
+            "tokens_per_step_per_rank": spec.tokens_per_rank,
+            "flops_per_step_per_rank": self.p.compute.flops / spec.steps,
+            "model_flops_6psi_per_step_per_rank": 6.0 * psi * spec.tokens_per_rank,
+            "gpu": spec.gpu_model.name, "gpu_peak_tflops": spec.gpu_model.peak_bf16_tflops,
+        }
+
+    def memory_facts(self) -> dict:
+        spec = self.spec
+        psi = sum(p.numel for p in model_params(spec))
+        shard = self.p.groups.of("shard", 0).size if spec.strategy != "ddp" else 1
+        return {
+            "gpu_mem_bytes": spec.memory_bytes, "ddp_static_bytes": 16 * psi, "fsdp_static_bytes": 16 * psi // shard,
+            "ddp_fits": 16 * psi <= spec.memory_bytes, "shard_group_size": shard,
+        }
+
+    def group_facts(self) -> list[dict]:
+        groups = self.p.groups
+        unique = {g.name: g for r in range(self.spec.world_size) for g in groups.member_groups(r)}
+        out = []
+        for g in sorted(unique.values(), key=lambda g: int(g.name)):
+            out.append({"name": g.name, "desc": g.desc, "ranks": list(g.ranks), "size": g.size,
+                        "nodes": g.link.nodes, "cross_node": g.link.cross_node, "alpha_us": g.link.alpha_us,
+                        "beta_gbps": g.link.beta_gbps, "s_star_bytes": g.link.alpha_us * g.link.beta_gbps * 1e3})
+        return out
+
+    def comm_facts(self) -> dict:
+        """Per step, per rank: count, bytes (S) and ring volume sent, by collective kind."""
+        out: dict[str, dict] = {}
+        for call in self.p.eng.collectives:
+            n = self.p.groups.of(call.role, 0).size
+            hops = 2 * (n - 1) if call.kind == "allreduce" else n - 1
+            row = out.setdefault(call.kind, {"count": 0, "bytes": 0, "sent_bytes": 0.0, "transfer_us": 0.0})
+            row["count"] += 1
+            row["bytes"] += call.size_bytes
+            row["sent_bytes"] += hops / n * call.size_bytes
+            row["transfer_us"] += call.transfer_ns / 1e3
+        steps = self.spec.steps
+        return {k: {"count": v["count"] / steps, "bytes": v["bytes"] / steps,
+                    "sent_bytes": round(v["sent_bytes"] / steps, 1), "transfer_us": round(v["transfer_us"] / steps, 3)}
+                for k, v in sorted(out.items())}
+
+    def bucket_facts(self) -> list[dict] | None:
+        if not isinstance(self.p, DdpProgram):
+            return None
+        return [{"index": b.index, "bytes": b.nbytes, "numel": b.numel, "n_params": len(b.params),
+                 "first_param": b.params[0], "last_param": b.params[-1]} for b in self.p.buckets]
+
+    def unit_facts(self) -> list[dict] | None:
+        if not isinstance(self.p, FsdpProgram):
+            return None
+        spec, shard = self.spec, self.p.shard_size
+        return [{"index": u.index, "fqn": u.fqn, "numel": u.numel, "padded_numel": u.padded_numel,
+                 "n_params": len(u.params), "allgather_bytes": u.padded_numel * DTYPE_BYTES[spec.param_dtype],
+                 "reduce_scatter_bytes": u.padded_numel * DTYPE_BYTES[spec.grad_dtype]}
+                for u in fsdp_units(spec, shard)]
+
+
+def build_truth(program: Program) -> dict:
+    return TruthBuilder(program).build()
+
+
+def collective_rows(truth: dict) -> list[dict]:
+    """truth["collectives"] as one dict per (kernel, rank); keys absent from a row are dropped."""
+    table = truth["collectives"]
+    return [{c: v for c, v in zip(table["columns"], row) if v is not None} for row in table["rows"]]
