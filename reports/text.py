@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 WIDTH = 100
@@ -136,6 +137,12 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
             f"{s['top_rank_wait_caused_us']:,.0f} µs on it in all", ""]
 
 
-def _warnings(doc: dict[str, Any]) -> list[str]:
-    warnings = doc.get("warnings") or []
-    return [f"warning: {w}" for w in warnings]
+def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
+    """Wrapped, not cut at the terminal width: a warning must be readable in full (up to
+    ``longest`` characters: a hostile 100,000-character name must not flood the terminal)."""
+    lines = []
+    for w in doc.get("warnings") or []:
+        text = f"warning: {w}"
+        text = text if len(text) <= longest else text[:longest - 1] + "…"
+        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    return lines
