@@ -35,6 +35,7 @@ import click
 
 from analyzer.errors import ConfigError
 from analyzer.metrics import AGGREGATIONS, aggregate, extract_samples, metric_spec, unavailable_reason
+from analyzer.reports.diff_text import table
 
 LEVELS = ("off", "warn", "error")
 SEVERITIES = ("info", "warning", "error")
@@ -413,13 +414,13 @@ def render_text(report: GateReport) -> str:
     assertions = [c for c in report.checks if c.kind == "assertion"]
     if assertions:
         lines += ["", "Assertions:"]
-        lines += _table(["status", "level", "assertion", "aggregate", "actual", "bound", "detail"],
+        lines += table(["status", "level", "assertion", "aggregate", "actual", "bound", "detail"],
                         [[c.status.upper(), c.level, c.name, c.aggregate or "", _actual(c), c.bound, c.message]
                          for c in assertions])
     compared = [c for c in report.checks if c.kind == "baseline"]
     if compared:
         lines += ["", f"Baseline {report.baseline or ''}:".replace(" :", ":")]
-        lines += _table(["status", "metric", "aggregate", "baseline", "new", "change", "verdict"],
+        lines += table(["status", "metric", "aggregate", "baseline", "new", "change", "verdict"],
                         [[c.status.upper(), c.name, c.aggregate or "", _fmt(c.base, c.name),
                           _fmt(c.actual, c.name), _change(c.change_pct), c.message] for c in compared])
     if not report.checks:
@@ -437,12 +438,6 @@ def _change(value: float | None) -> str:
     if value is None:
         return ""
     return "new" if math.isinf(value) else f"{value:+.2f}%"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [" " + fmt.format(*header).rstrip()] + [" " + fmt.format(*r).rstrip() for r in rows]
 
 
 def render_markdown(report: GateReport) -> str:

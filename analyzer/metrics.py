@@ -95,19 +95,26 @@ def extract_samples(doc: dict[str, Any]) -> dict[str, list[Sample]]:
     return {name: found for name, found in sorted(samples.items()) if found}
 
 
+def step_records(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per (rank, step) with a positive step time: the windows every metric and the
+    diff's decomposition are taken over. A rank without steps gives one record, its whole trace
+    (span as the step time, ``step`` None)."""
+    records = []
+    for rank in doc.get("ranks") or []:
+        steps = rank.get("steps") or []
+        windows = steps if steps else [{**rank, "step": None, "step_time_us": rank.get("span_us")}]
+        for entry in windows:
+            time = _num(entry.get("step_time_us"))
+            if time is not None and time > 0:
+                records.append({**entry, "rank": rank.get("rank"), "step_time_us": time})
+    return records
+
+
 def _rank_samples(rank: dict[str, Any]) -> dict[str, list[Sample]]:
     out: dict[str, list[Sample]] = {"step_time_us": [], "exposed_comm_pct": [], "overlap_pct": [],
                                     "idle_pct": []}
-    number = rank.get("rank")
-    steps = rank.get("steps") or []
-    if steps:
-        windows = [(s.get("step"), s) for s in steps if _num(s.get("step_time_us")) is not None]
-    else:  # no ProfilerStep markers: the whole trace is one window, its span the "step"
-        windows = [(None, {**rank, "step_time_us": rank.get("span_us")})]
-    for step, entry in windows:
-        time = _num(entry.get("step_time_us"))
-        if time is None or time <= 0:
-            continue
+    for entry in step_records({"ranks": [rank]}):
+        number, step, time = entry["rank"], entry["step"], entry["step_time_us"]
         if step is not None:
             out["step_time_us"].append(Sample(number, step, time))
         exposed, busy = _num(entry.get("exposed_comm_us")), _num(entry.get("busy_us"))
@@ -140,7 +147,7 @@ def mfu_samples(doc: dict[str, Any]) -> list[Sample]:
 
 
 def _mfu_value(entry: dict[str, Any]) -> float | None:
-    for key, scale in (("mfu", 1.0), ("value", 1.0), ("mfu_pct", 0.01)):
+    for key, scale in (("mfu", 1.0), ("mfu_mean", 1.0), ("value", 1.0), ("mfu_pct", 0.01)):
         value = _num(entry.get(key))
         if value is not None:
             return value * scale
@@ -244,7 +251,3 @@ def load_run(paths: list[str] | tuple[str, ...], options=None) -> dict[str, Any]
                 return doc
     from analyzer.api import DiagnoseOptions, diagnose
     return diagnose(paths, options or DiagnoseOptions()).to_dict()
-
-
-def run_label(doc: dict[str, Any], given: list[str] | tuple[str, ...]) -> str:
-    return " ".join(str(p) for p in given) or "run"

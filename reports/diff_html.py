@@ -1,0 +1,53 @@
+"""Self-contained HTML view of ``tracecliff diff``: one file, no network, no script, in the
+diagnosis report's style (its stylesheet is inlined when installed). Autoescape is on and the
+diff's data travels in a JSON block written with ``|tojson``, so no trace string can open a tag.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from analyzer.reports.diff_text import SCOPE, fmt, pct, signed
+from analyzer.result_json import _clean
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+class DiffHtmlRenderer:
+    name = "html"
+
+    def render(self, doc: dict[str, Any]) -> str:
+        doc = _clean(doc)
+        css_file = TEMPLATES / "report.css"
+        css = css_file.read_text(encoding="utf-8") if css_file.is_file() else ""
+        return _environment().get_template("diff.html.j2").render(
+            doc=doc, css=Markup(css), rows=_decomposition_rows(doc["step_time"]), scope=SCOPE)
+
+
+def _decomposition_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
+    """Components and their parts, with a bar width (% of the largest |Δ|) for the chart."""
+    if not step.get("available"):
+        return []
+    rows = []
+    for c in step["components"]:
+        rows.append({**c, "depth": 0})
+        rows += [{**p, "depth": 1} for p in c.get("parts", []) if p["base_us"] or p["new_us"]]
+    largest = max((abs(r["delta_us"]) for r in rows), default=0.0) or 1.0
+    for r in rows:
+        r["bar_pct"] = round(100.0 * abs(r["delta_us"]) / largest, 2)
+    return rows
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True, "allow_nan": False}
+    env.filters.update(fmt=fmt, pct=pct, signed=signed)
+    return env

@@ -1,0 +1,127 @@
+"""Plain-text view of ``tracecliff diff`` (the dict of analyzer.diff.diff_runs)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SCOPE = {True: "cross", False: "intra", None: "?"}
+
+
+class DiffTextRenderer:
+    name = "text"
+
+    def render(self, doc: dict[str, Any]) -> str:
+        lines = _header(doc)
+        lines += _scaling(doc)
+        lines += _decomposition(doc["step_time"])
+        lines += _section("Metrics (median over ranks and steps)",
+                          ["metric", "base", "new", "change", ""],
+                          [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
+                            pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
+        lines += _section("Collectives per rank and step (count, bytes, time, exposed)",
+                          ["group", "collective", "scope", "count", "bytes", "time µs", "exposed µs"],
+                          [[c["group"], c["collective"], SCOPE[c["cross_node"]],
+                            _pair(c["count"], "n"), _pair(c["bytes"], "B"), _pair(c["time_us"], "µs"),
+                            _pair(c["exposed_us"], "µs")] for c in doc["collectives"]])
+        lines += _findings(doc["findings"])
+        lines += _section("Step time per rank (mean)", ["rank", "base", "new", "change"],
+                          [[str(r["rank"]), fmt(r["base_step_time_us"], "µs"), fmt(r["new_step_time_us"], "µs"),
+                            pct(r["delta_pct"])] for r in doc["ranks"]])
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
+    lines = ["tracecliff diff"]
+    for side in ("base", "new"):
+        f = doc[side]
+        lines.append(f" {side:<4} {f['label']}: {f['world_size'] or '?'} GPU(s) on {f['nodes'] or '?'} node(s)"
+                     f"{' (' + f['nodes_source'] + ')' if f['nodes_source'] else ''}, {f['strategy'] or '?'}, "
+                     f"{f['ranks_given']} rank trace(s), step {fmt(f['mean_step_time_us'], 'µs')}")
+    return lines
+
+
+def _scaling(doc: dict[str, Any]) -> list[str]:
+    s = doc["scaling"]
+    if s.get("efficiency") is None:
+        return ["", f"Scaling: {s.get('basis')}"]
+    name = "Weak-scaling efficiency" if s["kind"] == "weak scaling" else "Throughput ratio (new / base)"
+    return ["", f"{name}: {100 * s['efficiency']:.1f}% ({s['base_gpus']} → {s['new_gpus']} GPUs; "
+                f"per-GPU {s['throughput_unit']} {s['base_throughput_per_gpu']:.4g} → {s['new_throughput_per_gpu']:.4g}; "
+                f"basis: {s['basis']})"]
+
+
+def _decomposition(step: dict[str, Any]) -> list[str]:
+    if not step.get("available"):
+        return ["", f"Step-time change: unavailable ({step.get('reason')})"]
+    lines = ["", f"Step-time change: {fmt(step['base_step_time_us'], 'µs')} → {fmt(step['new_step_time_us'], 'µs')} "
+                 f"({signed(step['delta_us'])} µs), {step['per']}:"]
+    rows = []
+    for c in step["components"]:
+        rows.append([c["component"], fmt(c["base_us"], "µs"), fmt(c["new_us"], "µs"), signed(c["delta_us"]),
+                     pct(c["share_of_change_pct"], signed_=False), f"{c['efficiency_points']:+.1f}"])
+        for p in c.get("parts", []):
+            if p["base_us"] or p["new_us"]:
+                label = p["component"] + (f" [{SCOPE[p['cross_node']]}]" if "cross_node" in p and
+                                          p.get("collective") else "")
+                rows.append(["  " + label, fmt(p["base_us"], "µs"), fmt(p["new_us"], "µs"), signed(p["delta_us"]),
+                             pct(p["share_of_change_pct"], signed_=False), f"{p['efficiency_points']:+.1f}"])
+        for scope, delta in (c.get("by_scope") or {}).items():
+            rows.append([f"  = {scope} collectives", "", "", signed(delta), "", ""])
+    lines += table(["component", "base µs", "new µs", "Δ µs", "share", "eff. pts"], rows)
+    if not step["straggler_wait_measured"]:
+        lines.append(" (straggler wait not measured: no cross-rank wait_us; it stays in exposed communication)")
+    return lines
+
+
+def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
+    rows = []
+    for status in ("appeared", "resolved", "persisting"):
+        for f in findings[status]:
+            count = f"{f.get('base_count', '')}→{f['count']}" if status == "persisting" else str(f["count"])
+            rows.append([status, f["rule"], f["severity"] or "", count, (f.get("summary") or "")[:80]])
+    return _section("Findings", ["status", "rule", "severity", "count", "summary"], rows)
+
+
+def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["", f"{title}:"] + (table(header, rows) if rows else [" (none)"])
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns, one leading space (shared by the gate's table)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt_row = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [" " + fmt_row.format(*map(str, r)).rstrip() for r in [header, *rows]]
+
+
+def _pair(change: dict[str, Any], unit: str) -> str:
+    return f"{fmt(change['base'], unit)} → {fmt(change['new'], unit)}"
+
+
+def fmt(value: Any, unit: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if unit == "µs":
+        return f"{value:,.1f}"
+    if unit == "B":
+        for scale, suffix in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {suffix}"
+        return f"{value:.0f} B"
+    if unit == "%":
+        return f"{value:.2f}%"
+    if unit == "GB/s":
+        return f"{value:.3f} GB/s"
+    if unit == "n":
+        return f"{value:.3g}"
+    return f"{value:.4g}"
+
+
+def pct(value: float | None, signed_: bool = True) -> str:
+    if value is None:
+        return "–"
+    return f"{value:+.1f}%" if signed_ else f"{value:.1f}%"
+
+
+def signed(value: float) -> str:
+    return f"{value:+,.1f}"

@@ -1,0 +1,169 @@
+"""tracecliff diff: zero deltas against itself, a hand-worked slow-down, and a hand-worked
+scaling cliff (2 GPUs on one node -> 4 GPUs on two nodes with a slower, cross-node all-reduce).
+
+``ddp_job`` steps, per rank: forward compute [0,30), backward [30,70), all-reduce [60, 60+c),
+optimizer [60+c, 65+c), next step at 65+c. So step time 65+c, compute 75, exposed comm c−10,
+idle 0, and 75 + (c−10) = 65+c adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from analyzer.cli import main
+from analyzer.diff import diff_runs
+from analyzer.metrics import load_run
+from analyzer.reports.diff_html import DiffHtmlRenderer
+from analyzer.reports.diff_text import DiffTextRenderer
+from builders import AUTOGRAD, TraceBuilder, two_step_ddp
+
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def ddp_job(directory, world: int, gpus_per_node: int, comm_us: float):
+    directory.mkdir(parents=True, exist_ok=True)
+    period = 65.0 + comm_us
+    for rank in range(world):
+        b = TraceBuilder(rank=rank, world_size=world, pg_ranks=range(world), host=f"node{rank // gpus_per_node}")
+        for step, base in ((1, 1000.0), (2, 1000.0 + period)):
+            b.cpu(f"ProfilerStep#{step}", base - 10, period, cat="user_annotation")
+            b.cpu("DistributedDataParallel.forward", base - 9, 8)
+            b.kernel("sm90_xmma_gemm_bf16<128, 64>", base, 30, launch_ts=base - 8)
+            b.cpu("autograd::engine::evaluate_function: MmBackward0", base - 5, 4, tid=AUTOGRAD)
+            b.kernel("void at::native::elementwise<&>", base + 30, 40, launch_ts=base - 4, tid=AUTOGRAD)
+            b.cpu("record_param_comms", base - 2, 1, tid=AUTOGRAD, **{
+                "Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
+                "Group size": world, "dtype": "BFloat16", "Process Group Name": "0",
+                "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(world)))})
+            b.kernel(ALLREDUCE, base + 60, comm_us, stream=20, launch_ts=base - 1.5, tid=AUTOGRAD)
+            b.cpu("Optimizer.step#AdamW.step", base - 1, 1)
+            b.kernel("multi_tensor_apply_kernel", base + 60 + comm_us, 5, launch_ts=base - 0.5)
+        b.write(directory / f"rank-{rank}.json")
+    return str(directory)
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(list(map(str, args)))
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def cliff(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cliff")
+    base = load_run([ddp_job(root / "small", world=2, gpus_per_node=2, comm_us=30)])
+    new = load_run([ddp_job(root / "large", world=4, gpus_per_node=2, comm_us=60)])
+    return base, new
+
+
+def test_a_run_against_itself_has_zero_deltas(tmp_path):
+    for rank in (0, 1):
+        two_step_ddp(rank=rank).write(tmp_path / f"rank-{rank}.json")
+    doc = load_run([str(tmp_path)])
+    diff = diff_runs(doc, doc)
+    assert diff["metrics"] and all(m["delta"] == 0 and m["verdict"] == "same" for m in diff["metrics"])
+    assert diff["collectives"] and all(c[k]["delta"] == 0 for c in diff["collectives"]
+                                       for k in ("count", "bytes", "time_us", "exposed_us"))
+    assert diff["ranks"] and all(r["delta"] == 0 for r in diff["ranks"])
+    step = diff["step_time"]
+    assert step["delta_us"] == 0 and all(c["delta_us"] == 0 for c in step["components"])
+    assert diff["scaling"]["efficiency"] == 1.0 and diff["same_scale"]
+    assert diff["findings"] == {"appeared": [], "resolved": [], "persisting": []}
+
+
+def test_uniform_slowdown_is_decomposed_exactly(tmp_path):
+    """two_step_ddp scaled by 1.2: mean step 97.5 -> 117 µs; compute 75 -> 90, exposed 20 -> 24,
+    idle (5 and 0 µs) 2.5 -> 3 on average."""
+    from test_gate import write_job
+    base = load_run([str(write_job(tmp_path / "a"))])
+    slow = load_run([str(write_job(tmp_path / "b", factor=1.2))])
+    step = diff_runs(base, slow)["step_time"]
+    parts = {c["component"]: c for c in step["components"]}
+    assert step["delta_us"] == pytest.approx(19.5)
+    assert parts["compute"]["delta_us"] == pytest.approx(15.0)
+    assert parts["exposed communication"]["delta_us"] == pytest.approx(4.0)
+    assert parts["idle and straggler wait"]["delta_us"] == pytest.approx(0.5)
+    assert sum(c["delta_us"] for c in step["components"]) == pytest.approx(step["delta_us"])
+    assert diff_runs(base, slow)["scaling"]["efficiency"] == pytest.approx(97.5 / 117)
+
+
+def test_scaling_cliff_is_measured_and_attributed(cliff):
+    base, new = cliff
+    diff = diff_runs(base, new, "small", "large")
+    assert (diff["base"]["world_size"], diff["base"]["nodes"]) == (2, 1)
+    assert (diff["new"]["world_size"], diff["new"]["nodes"]) == (4, 2)
+    scaling = diff["scaling"]
+    assert scaling["kind"] == "weak scaling" and not diff["same_scale"]
+    assert scaling["efficiency"] == pytest.approx(95 / 125)  # equal per-GPU batch assumed
+    step = diff["step_time"]
+    parts = {c["component"]: c for c in step["components"]}
+    assert step["delta_us"] == pytest.approx(30.0)
+    assert parts["compute"]["delta_us"] == pytest.approx(0.0)
+    comm = parts["exposed communication"]
+    assert comm["delta_us"] == pytest.approx(30.0) and comm["share_of_change_pct"] == pytest.approx(100.0)
+    assert comm["efficiency_points"] == pytest.approx(100 * (1 - 95 / 125))
+    allreduce = next(p for p in comm["parts"] if p["collective"] == "allreduce")
+    assert allreduce["group"] == "default_pg" and allreduce["cross_node"] is True
+    assert allreduce["delta_us"] == pytest.approx(30.0)
+    assert comm["by_scope"] == {"cross-node": pytest.approx(30.0)}
+    row = diff["collectives"][0]
+    assert (row["group"], row["collective"]) == ("default_pg", "allreduce")
+    assert row["count"]["delta"] == 0 and row["time_us"]["base"] == 30 and row["time_us"]["new"] == 60
+    assert row["exposed_us"]["new"] == pytest.approx(50.0)
+    assert [r["rank"] for r in diff["ranks"]] == [0, 1, 2, 3]
+    assert diff["ranks"][2]["base_step_time_us"] is None and diff["ranks"][2]["verdict"] == "new"
+
+
+def test_efficiency_from_tokens_per_step(cliff):
+    base, new = (dict(d) for d in cliff)
+    base["mfu"] = {"tokens_per_step": 2 * 1000}
+    new["mfu"] = {"tokens_per_step": 4 * 1200}  # 20% more tokens per GPU per step
+    scaling = diff_runs(base, new)["scaling"]
+    assert scaling["throughput_unit"] == "tokens/s"
+    assert scaling["efficiency"] == pytest.approx(1.2 * 95 / 125)
+    assert scaling["base_throughput_per_gpu"] == pytest.approx(1000 / 95e-6)
+
+
+def test_findings_appeared_resolved_persisting(cliff):
+    base, new = (dict(d) for d in cliff)
+    base["findings"] = [{"rule": "ddp-bucket-oversized", "severity": "warning", "summary": "late"},
+                        {"rule": "straggler-rank", "severity": "warning", "summary": "rank 1"}]
+    new["findings"] = [{"rule": "straggler-rank", "severity": "error", "summary": "rank 3"},
+                       {"rule": "straggler-rank", "severity": "warning", "summary": "rank 2"},
+                       {"rule": "fsdp-fullshard-cross-node", "severity": "error", "summary": "x"}]
+    changes = diff_runs(base, new)["findings"]
+    assert [f["rule"] for f in changes["appeared"]] == ["fsdp-fullshard-cross-node"]
+    assert [f["rule"] for f in changes["resolved"]] == ["ddp-bucket-oversized"]
+    persisting = changes["persisting"][0]
+    assert (persisting["rule"], persisting["base_count"], persisting["count"], persisting["severity"]) == \
+        ("straggler-rank", 1, 2, "error")
+
+
+def test_text_and_html_views(cliff):
+    base, new = cliff
+    diff = diff_runs(base, new, "small", '<script>alert("x")</script>')
+    text = DiffTextRenderer().render(diff)
+    assert "Weak-scaling efficiency: 76.0% (2 → 4 GPUs" in text
+    assert re.search(r"default_pg allreduce \[cross\]\s+20\.0\s+50\.0\s+\+30\.0\s+100\.0%", text)
+    html = DiffHtmlRenderer().render(diff)
+    assert "<script>alert" not in html and "&lt;script&gt;alert" in html
+    block = re.search(r'<script type="application/json" id="tracecliff-diff">(.*?)</script>', html, re.S)
+    assert json.loads(block.group(1))["new"]["label"] == '<script>alert("x")</script>'
+    assert "http://" not in html and "https://" not in html  # self-contained
+
+
+def test_cli_formats_and_errors(tmp_path, capsys, cliff):
+    small = ddp_job(tmp_path / "small", world=2, gpus_per_node=2, comm_us=30)
+    saved = tmp_path / "small.json"
+    assert run_cli(["diagnose", small, "--format", "json", "-o", saved], capsys)[0] == 0
+    rc, out, _ = run_cli(["diff", saved, small, "--format", "json"], capsys)
+    assert rc == 0 and json.loads(out)["step_time"]["delta_us"] == 0  # saved result vs its traces
+    out_file = tmp_path / "d.html"
+    assert run_cli(["diff", saved, small, "--format", "html", "-o", out_file], capsys)[0] == 0
+    assert out_file.read_text().startswith("<!DOCTYPE html>")
+    rc, _, err = run_cli(["diff", saved, tmp_path / "missing"], capsys)
+    assert rc == 2 and "missing: no such file or directory" in err
