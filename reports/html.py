@@ -32,7 +32,7 @@ METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exp
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
-MAX_SCATTER_POINTS = 600
+MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
 BUSBW_KINDS = set(models.COLLECTIVE_KINDS)
 
 
@@ -449,7 +449,9 @@ def _collectives(doc: dict[str, Any]) -> dict[str, Any]:
     by_group: dict[str, list[dict[str, Any]]] = {}
     for c in rows:
         by_group.setdefault(_group_name(c), []).append(c)
-    groups = [_group_view(name, by_group[name], fits.get(name)) for name in sorted(by_group, key=_natural)]
+    # The scatter plots share one point budget, so many process groups cannot blow up the page.
+    budget = max(MIN_SCATTER_POINTS, min(MAX_SCATTER_POINTS, SCATTER_POINTS_TOTAL // len(by_group)))
+    groups = [_group_view(name, by_group[name], fits.get(name), budget) for name in sorted(by_group, key=_natural)]
     return {"available": True, "groups": groups, "fits_available": bool(fits),
             "why_no_fits": "" if fits else "α/β fits per group are not in this document (job analyses did not run)"}
 
@@ -463,7 +465,7 @@ def _group_name(c: dict[str, Any]) -> str:
     return str(group.get("name") if group.get("name") is not None else "unknown")
 
 
-def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str, Any]:
+def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int) -> dict[str, Any]:
     group = next((c["group"] for c in rows if isinstance(c.get("group"), dict)), {}) or {}
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
@@ -473,7 +475,7 @@ def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | Non
     lines = [_bucket_line(kind, bucket, table[(kind, bucket)], size, beta) for kind, bucket in sorted(table)]
     return {"name": name, "description": str((fit or {}).get("description") or group.get("description") or ""),
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
-            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit),
+            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget),
             "on_gpu": any(c.get("on_gpu") for c in rows)}
 
 
@@ -527,15 +529,14 @@ def _busbw(c: dict[str, Any], kind: str, group_size: Any) -> float | None:
     return models.busbw_gbps(kind, size, dur, group_size)
 
 
-def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str, Any]:
+def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int = 600) -> dict[str, Any]:
     points = sorted((float(c["bytes"]), float(c["dur_us"]), str(c.get("collective") or "unknown"))
                     for c in rows if _num(c.get("bytes")) and _num(c.get("dur_us")))
     if len(points) < 2:
         return unavailable("fewer than two collectives with a known size")
     total = len(points)
-    if total > MAX_SCATTER_POINTS:  # evenly spaced in size order: deterministic, keeps the spread
-        step = total / MAX_SCATTER_POINTS
-        points = [points[int(i * step)] for i in range(MAX_SCATTER_POINTS)]
+    if total > budget:
+        points = _thin_points(points, budget)
     w, h, left, bottom = 620, 300, 60, 36
     xs = [p[0] for p in points] + ([fit["s_star_bytes"]] if fit and _num(fit.get("s_star_bytes")) else [])
     ys = [p[1] for p in points]
@@ -564,6 +565,25 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None) -> dict[str
         if s_star and 10 ** xlo <= s_star <= 10 ** xhi:
             view["s_star"] = {"x": round(fx(s_star), 1), "label": f"S* = {fmt_bytes(s_star)}"}
     return view
+
+
+def _thin_points(points: list[tuple[float, float, str]], budget: int) -> list[tuple[float, float, str]]:
+    """Deterministic thinning that keeps the lower envelope (the fastest point of each size, what
+    the α-β fit rests on) and spreads the rest evenly in size order."""
+    fastest = [i for i, p in enumerate(points) if i == 0 or p[0] != points[i - 1][0]]
+    keep = _evenly(fastest, budget)
+    kept = set(keep)
+    rest = [i for i in range(len(points)) if i not in kept]
+    keep += _evenly(rest, budget - len(keep))
+    return [points[i] for i in sorted(keep)]
+
+
+def _evenly(items: list[int], count: int) -> list[int]:
+    if count <= 0:
+        return []
+    if len(items) <= count:
+        return list(items)
+    return [items[int(i * len(items) / count)] for i in range(count)]
 
 
 def _log_bounds(lo: float, hi: float) -> tuple[int, int]:

@@ -1,0 +1,256 @@
+"""HTML report: numbers against hand-worked traces, hostile strings, missing data, size, determinism.
+
+The browser-side checks (console, network, hover, screenshots) are in test_html_browser.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.cli import main
+from analyzer.reports.html import TEMPLATES, HtmlRenderer, build_view
+from analyzer.reports.html_cli import html_document
+from analyzer.reports.html_timeline import MAX_MARKS_PER_LANE, _downsample, timeline_data
+from builders import AUTOGRAD, TraceBuilder, two_step_ddp
+
+HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)>\u2028\u2029'\"&amp;"
+SECTION_IDS = ("verdict", "ranks", "timeline", "findings", "collectives", "scaling", "models", "deep-dive")
+
+
+class PageParser(HTMLParser):
+    """Collects what an attacker would need to change: elements, script bodies, attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self.attrs: list[tuple[str, str]] = []
+        self._in_script: dict | None = None
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(k, v or "") for k, v in attrs]
+        self.ids |= {v for k, v in attrs if k == "id"}
+        if tag == "script":
+            self._in_script = dict(attrs)
+            self.scripts.append((self._in_script, ""))
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            attrs, body = self.scripts[-1]
+            self.scripts[-1] = (attrs, body + data)
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+
+def parse(html: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(html)
+    return parser
+
+
+def render(doc: dict) -> str:
+    return HtmlRenderer().render(doc)
+
+
+def html_for(paths, step=None, **options) -> tuple[str, dict, object]:
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(keep_timeline=True, workers=1, **options))
+    doc = html_document(result.to_dict(), result, {"step": step})
+    return render(doc), doc, result
+
+
+@pytest.fixture()
+def ddp_pair(tmp_path):
+    return [two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json") for r in (0, 1)]
+
+
+# ----------------------------------------------------------------------------- numbers
+def test_bars_split_each_rank_step_into_its_parts(ddp_pair):
+    """two_step_ddp, worked by hand per step: compute [0,70)+[90,95) = 75, all-reduce [60,90):
+    10 overlapped, 20 exposed; busy 95. Step 1 lasts 100 (to step 2's first kernel), step 2 has
+    no successor so its span 95 stands in: mean step 97.5, idle (5 + 0) / 2 = 2.5."""
+    _, doc, _ = html_for(ddp_pair)
+    bars = build_view(doc)["bars"]
+    assert bars["available"] and [r["rank"] for r in bars["rows"]] == [0, 1]
+    parts = bars["rows"][0]["parts"]
+    assert parts == pytest.approx({"compute_only": 65.0, "overlapped": 10.0, "exposed": 20.0,
+                                   "other": 0.0, "idle": 2.5})
+    assert bars["rows"][0]["total"] == pytest.approx(97.5)
+
+
+def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):
+    """Step times are 100 (step 1) and 95 (step 2): the lower median is step 2. Within it the
+    all-reduce [60,90) is under backward compute until 70, so [70,90) is exposed."""
+    _, doc, _ = html_for(ddp_pair)
+    tl = doc["timeline"]
+    assert tl["available"] and tl["step"] == 2 and tl["span_us"] == pytest.approx(95.0)
+    rank = tl["ranks"][0]
+    assert [(lane["stream"], lane["kind"]) for lane in rank["lanes"]] == [(7, "compute"), (20, "NCCL")]
+    assert rank["exposed"] == [[70.0, 90.0]]
+    phases = {p["phase"]: (p["s"], p["e"]) for p in rank["phases"]}
+    assert phases == {"forward": (0.0, 30.0), "backward": (30.0, 90.0), "optimizer": (90.0, 95.0)}
+    names = [tl["names"][m["n"]] for lane in rank["lanes"] for m in lane["marks"]]
+    assert names[0] == "sm90_xmma_gemm_bf16<128, 64>" and names[-1].startswith("ncclDevKernel_AllReduce")
+    assert {r["role"] for r in tl["ranks"]} == {"slowest at this step", "typical (median step time)"}
+
+
+def test_step_option_chooses_and_explains_a_missing_step(ddp_pair):
+    _, doc, _ = html_for(ddp_pair, step=1)
+    assert doc["timeline"]["step"] == 1 and doc["timeline"]["note"] == "chosen with --step"
+    _, doc, _ = html_for(ddp_pair, step=9)
+    assert doc["timeline"]["step"] == 2 and "step 9 is not in the traces" in doc["timeline"]["note"]
+
+
+def test_downsampling_is_deterministic_and_conserves_kernels():
+    rng = np.random.default_rng(7)
+    start = np.sort(rng.uniform(0, 10_000, 20_000))
+    dur = rng.uniform(0.05, 2.0, 20_000)
+    dur[::997] = 400.0  # a few wide kernels stay individual
+    kind = np.zeros(20_000, dtype=int)
+    name = np.arange(20_000) % 5
+    marks, merge_px = _downsample(start, dur, kind, name, 10_500.0)
+    again, _ = _downsample(start, dur, kind, name, 10_500.0)
+    assert marks == again and len(marks) <= MAX_MARKS_PER_LANE and merge_px >= 1
+    assert sum(m["c"] for m in marks) == 20_000
+    assert sum(m["d"] for m in marks) == pytest.approx(dur.sum(), rel=1e-6)
+    wide = [m for m in marks if m["c"] == 1 and m["d"] == 400.0]
+    assert len(wide) == len(dur[::997])
+
+
+def test_models_appendix_reproduces_the_worked_examples():
+    """Figures stated in docs/models.md (the independent check): 25 MB all-reduce on 8 GPUs over
+    NVLink 4 = 11.2 + 97.2 ≈ 108 µs; S* 360 KB and 540 KB; 7B: 112 / 38.5 / 26.25 / 14 GB static
+    memory; 70B on 64: 17.5 GB, HSDP g=8: 140 GB; 4,200 tokens/s on 7B: 176.4 TFLOPS, 17.8% MFU."""
+    text = re.sub(r"<[^>]+>", "", render({}))
+    for expected in ("11.2 µs + 97.2 µs ≈ 108 µs", "S* = 360.0 KB", "S* = 540.0 KB",
+                     "DDP 112.0 GB, ZeRO-1 38.5 GB, ZeRO-2 26.2 GB, ZeRO-3 14.0 GB",
+                     "ZeRO-3 17.5 GB", "needs 140.0 GB", "176.4 TFLOPS per GPU = 17.8% MFU",
+                     "DDP sends 24.5 GB per GPU per step, FULL_SHARD 36.8 GB"):
+        assert expected in text, expected
+
+
+# ----------------------------------------------------------------------------- robustness
+def test_empty_document_renders_every_section_as_not_available():
+    html = render({})
+    page = parse(html)
+    assert set(SECTION_IDS) <= page.ids
+    assert html.count("Not available:") >= 5
+    assert "could not read" not in html
+
+
+def test_unexpected_shapes_degrade_to_a_message_not_a_crash():
+    doc = {"job": [], "ranks": [{"rank": 0}], "findings": ["not a dict", {"rule": 3, "evidence": [1, {"a": None}]}],
+           "collectives": [{"group": "x", "bytes": "12", "dur_us": None}], "groups": None,
+           "stragglers": [3, {"rank": "x"}], "hardware": {"gpu_name": {"value": 5}}, "mfu": "?",
+           "timeline": {"available": True}, "scaling": {"series": [{"points": []}]}, "hta": {"idle": 4}}
+    html = render(doc)
+    assert set(SECTION_IDS) <= parse(html).ids
+    assert "could not read this section" in html  # the malformed timeline says so, in its section
+
+
+def test_hostile_strings_cannot_open_tags_or_scripts(tmp_path):
+    """Kernel names, host names, file paths, group descriptions and finding text all carry markup,
+    quotes and U+2028/U+2029; the page keeps exactly its own two script elements."""
+    b = TraceBuilder(rank=0, world_size=2, host=HOSTILE)
+    b.doc["distributedInfo"]["pg_config"][0]["pg_desc"] = HOSTILE
+    b.cpu("ProfilerStep#1", 990, 200, cat="user_annotation")
+    b.kernel(HOSTILE, 1000, 50, launch_ts=991)
+    b.cpu("record_param_comms", 992, 1, tid=AUTOGRAD, **{
+        "Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000, "Group size": 2,
+        "dtype": "BFloat16", "Process Group Name": "0", "Process Group Description": HOSTILE,
+        "Process Group Ranks": "[0, 1]"})
+    b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL" + HOSTILE, 1040, 30, stream=20, launch_ts=993, tid=AUTOGRAD)
+    folder = tmp_path / "d'<b>x\u2028"
+    folder.mkdir()
+    _, doc, _ = html_for([b.write(folder / "rank-0.json")])
+    doc["findings"] = [{"rule": HOSTILE, "severity": "warning", "title": HOSTILE, "summary": HOSTILE,
+                        "evidence": {HOSTILE: HOSTILE, "n": [HOSTILE]}, "model": HOSTILE,
+                        "fix": {"text": HOSTILE, "snippet": HOSTILE}, "references": [HOSTILE],
+                        "estimated_gain_us": 5.0, "ranks": [0]}]
+    doc["verdict"] = HOSTILE
+    doc["stragglers"] = {"top_rank": 0, "top_rank_last_share": 1.0}
+    doc["groups"] = [{"name": "0", "description": HOSTILE, "fit": HOSTILE, "alpha_us": 1.0, "beta_gbps": 10.0}]
+    html = render(doc)
+    page = parse(html)
+    own_script = (TEMPLATES / "report.js").read_text(encoding="utf-8")
+    assert [(a.get("type"), a.get("id")) for a, _ in page.scripts] == [
+        ("application/json", "tc-timeline-names"), (None, None)]
+    assert page.scripts[1][1] == own_script
+    assert "img" not in page.tags and not any(k.startswith("on") for k, _ in page.attrs)
+    names_json = page.scripts[0][1]
+    assert "\u2028" not in names_json and "\u2029" not in names_json and "<" not in names_json
+    assert HOSTILE in json.loads(names_json)
+    assert "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown as text
+    # Every field shows up as text, escaped: verdict, host, path, group, finding parts.
+    assert html.count("&lt;img src=x onerror=alert(2)&gt;") >= 10
+
+
+def test_bytes_are_deterministic_and_timestamp_only_on_request(ddp_pair):
+    first, doc, _ = html_for(ddp_pair)
+    second, _, _ = html_for(ddp_pair)
+    assert first == second
+    assert " on " not in first.split("<footer>")[1].split("</footer>")[0]
+    stamped = HtmlRenderer(timestamp="2030-01-02 03:04 UTC").render(doc)
+    assert "on 2030-01-02 03:04 UTC" in stamped
+
+
+def test_no_reference_to_anything_outside_the_file(ddp_pair):
+    html, _, _ = html_for(ddp_pair)
+    page = parse(html)
+    for key, value in page.attrs:
+        if key in ("src", "href", "action", "xlink:href"):
+            assert value.startswith("#"), (key, value)
+    assert "@import" not in html and "url(" not in html
+    assert "default-src 'none'" in html  # and the page's own policy forbids any fetch
+
+
+# ----------------------------------------------------------------------------- real data, size, CLI
+def test_cpu_only_traces_render_with_reasons():
+    html, doc, _ = html_for(sorted((Path(__file__).parents[1] / "sample_traces/cpu_gloo/ddp").glob("*.json.gz")))
+    assert "Not available: the traces hold no GPU kernels (CPU-only profile?)" in html
+    assert "CPU-side operations only" in html
+    assert build_view(doc)["collectives"]["available"]
+
+
+@pytest.fixture(scope="module")
+def synthetic_straggler(tmp_path_factory):
+    from analyzer.synth import SCENARIOS, write_job
+    spec = dataclasses.replace(SCENARIOS["ddp_straggler"], n_layers=2, steps=3)
+    out = tmp_path_factory.mktemp("straggler")
+    write_job(spec, out)
+    return sorted(out.glob("rank-*.json.gz")), spec
+
+
+def test_synthetic_straggler_job_marks_the_straggler_and_stays_small(synthetic_straggler):
+    paths, spec = synthetic_straggler
+    html, doc, _ = html_for(paths)
+    assert len(paths) == 8 and len(html.encode()) < 2_000_000
+    view = build_view(doc)
+    assert view["bars"]["stragglers"].keys() == {spec.straggler_rank}
+    assert doc["timeline"]["ranks"][0] == dict(doc["timeline"]["ranks"][0], rank=spec.straggler_rank,
+                                               role="straggler")
+    group = view["collectives"]["groups"][0]
+    assert group["fit"]["beta_gbps"] and group["scatter"]["line"] and group["scatter"]["s_star"]
+
+
+def test_cli_writes_html_alone_and_next_to_the_text_view(ddp_pair, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    with pytest.raises(SystemExit) as done:
+        main(["diagnose", *map(str, ddp_pair), "--format", "html", "-o", str(out), "--no-cache", "--workers", "1"])
+    assert done.value.code == 0 and out.read_text().startswith("<!DOCTYPE html>")
+    beside = tmp_path / "beside.html"
+    with pytest.raises(SystemExit) as done:
+        main(["diagnose", *map(str, ddp_pair), "--html", str(beside), "--step", "1", "--no-cache", "--workers", "1"])
+    assert done.value.code == 0
+    assert "tracecliff" in capsys.readouterr().out  # the text view still goes to stdout
+    assert "Step 1 (chosen with --step)" in beside.read_text()
