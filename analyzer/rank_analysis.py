@@ -122,7 +122,6 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
         entry.update(step_facts(trace.strings, sub, att.phase[rows]))
         firsts[number] = int(sub.ts.min())
         backward = (att.phase[rows] == BACKWARD) & (att.launch_thread[rows] >= 0)
-        # When backward began on the CPU: the origin of DDP's gradient-ready (bucket launch) times.
         entry["backward_launch_ns"] = int(att.launch_ts[rows][backward].min()) if backward.any() else None
         steps.append(entry)
     # Step time: from this step's first GPU activity to the next step's (the gap before the next
@@ -136,6 +135,17 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
     for entry in steps:
         entry["cpu_step_us"] = cpu.get(entry["step"])
+    # When backward began on the CPU (first autograd function of the step, else the first
+    # backward launch): the origin of DDP's gradient-ready (bucket launch) times. CPU-only
+    # traces have no step entries (no GPU metrics), hence no offsets.
+    m = trace.markers
+    bwd_starts = m.ts[m.kind == Marker.BACKWARD]
+    for number, start, end in zip(cpu_numbers, cpu_starts, cpu_ends):
+        inside = bwd_starts[(bwd_starts >= start) & (bwd_starts <= end)]
+        if len(inside):
+            entry = next((e for e in steps if e["step"] == int(number)), None)
+            if entry is not None:
+                entry["backward_launch_ns"] = int(inside.min())
     return steps
 
 
