@@ -111,8 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
+from analyzer.annotate import annotate_command  # noqa: E402  (issue 6: annotated traces)
 from analyzer.diff import diff_command  # noqa: E402  (issue 6: run diff)
 from analyzer.gate import gate_command  # noqa: E402  (issue 6: CI gate)
 
 cli.add_command(gate_command)
 cli.add_command(diff_command)
+cli.add_command(annotate_command)
