@@ -83,6 +83,7 @@ class CollectiveCall:
     ready: np.ndarray | None = None
     labels: np.ndarray | None = None
     seq_index: int = 0  # position among this role's collectives in the profile
+    seq: int = 0  # ProcessGroupNCCL sequence number ("Seq"), set once the run is complete
     tag: dict = field(default_factory=dict)  # bucket / unit for the truth
 
 
@@ -104,7 +105,7 @@ class Engine:
         self.step = 0
         self.phase = "other"
         self._next_ext = 1
-        self._next_corr = 1
+        self._next_corr = 19_761  # CUPTI correlation ids count from process start, not from the profile
         self._role_counts: dict[str, int] = {}
 
     # ---- time helpers ---------------------------------------------------------------------

@@ -42,7 +42,6 @@ class RankRenderer:
         self.p, self.r, self.spec = program, rank, program.spec
         self.pid, self.device = os_pid(rank), rank % self.spec.gpus_per_node
         self.tids = {"main": self.pid, "autograd": autograd_tid(rank)}
-        self.seq_base = _seq_bases(program)
 
     # ---- top level --------------------------------------------------------------------------
     def trace(self) -> dict:
@@ -138,8 +137,8 @@ class RankRenderer:
         }
         if cpu_side:
             start, stride = _rank_stride(ranks)
-            seq = self.seq_base[call.role] + call.seq_index
-            args.update({"Rank": ranks.index(self.r), "Seq": seq, "Comms Id": _comms_id(group, seq, start, stride),
+            args.update({"Rank": ranks.index(self.r), "Seq": call.seq,
+                         "Comms Id": _comms_id(group, call.seq, start, stride),
                          "Is asynchronized op": int(call.kind == "allreduce" and self.spec.strategy == "ddp")})
             if start >= 0:
                 args["Global rank start"] = start
@@ -180,16 +179,6 @@ def render_rank(program: Program, rank: int) -> dict:
 def _by_time(rows: list[tuple[int, dict]]) -> list[dict]:
     order = sorted(range(len(rows)), key=lambda i: rows[i][0])  # stable: creation order breaks ties
     return [rows[i][1] for i in order]
-
-
-def _seq_bases(program: Program) -> dict[str, int]:
-    """ProcessGroupNCCL sequence numbers count from the group's creation: the steps before the
-    profiled window ran the same collectives, after 2 at initialisation."""
-    counts: dict[str, int] = {}
-    for call in program.eng.collectives:
-        counts[call.role] = counts.get(call.role, 0) + 1
-    spec = program.spec
-    return {role: 3 + spec.first_step * n // spec.steps for role, n in counts.items()}
 
 
 def _format_list(values: list[int]) -> str:

@@ -70,7 +70,18 @@ class Program:
         self.eng.cpu["main"] = T0_NS + np.rint(skew).astype(np.int64)
         for k in range(self.spec.steps):
             self.run_step(self.spec.first_step + k)
+        self.number_collectives()
         return self
+
+    def number_collectives(self) -> None:
+        """ProcessGroupNCCL sequence numbers count from the group's creation: the steps before the
+        profiled window ran the same collectives, after 2 at initialisation."""
+        counts: dict[str, int] = {}
+        for call in self.eng.collectives:
+            counts[call.role] = counts.get(call.role, 0) + 1
+        base = {role: 3 + self.spec.first_step * n // self.spec.steps for role, n in counts.items()}
+        for call in self.eng.collectives:
+            call.seq = base[call.role] + call.seq_index
 
     def run_step(self, step: int) -> None:
         eng, compute = self.eng, self.compute

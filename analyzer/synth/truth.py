@@ -160,7 +160,7 @@ class TruthBuilder:
         start, dur = int(ev.start[r]), int(ev.dur[r])
         row = {  # group size, description, nodes: see truth["groups"] by name
             "rank": r, "step": ev.step, "phase": ev.phase, "stream": ev.stream, "name": call.kind,
-            "dtype": TORCH_DTYPE_NAME[call.dtype], "bytes": call.size_bytes, "group": group.name,
+            "dtype": TORCH_DTYPE_NAME[call.dtype], "bytes": call.size_bytes, "group": group.name, "seq": call.seq,
             "start_us": _us(start), "dur_us": _us(dur), "transfer_us": _us(call.transfer_ns),
             "wait_us": _us(dur - call.transfer_ns), "exposed_us": _us(dur - covered(compute, start, start + dur)),
             "ready_us": _us(call.ready[r]), **call.tag,
