@@ -7,9 +7,11 @@ with the warning in <system-out>; skipped checks (unavailable metric, allowed) a
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 SUITES = (("assertion", "tracecliff.gate.assertions"), ("baseline", "tracecliff.gate.baseline"))
 
 
@@ -34,7 +36,10 @@ def render_junit(report: dict[str, Any]) -> str:
         root.set(key, str(value))
     root.set("errors", "0")
     ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    text = ET.tostring(root, encoding="unicode")
+    # ElementTree escapes markup but passes control characters through, which XML 1.0 forbids
+    # even escaped: a trace string holding one would make the whole file unreadable.
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _XML_INVALID.sub("\ufffd", text) + "\n"
 
 
 def _add_case(suite: ET.Element, suite_name: str, check: dict[str, Any]) -> str:
