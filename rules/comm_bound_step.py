@@ -1,0 +1,128 @@
+"""comm-bound-step (TC301)."""
+
+from __future__ import annotations
+
+from analyzer import models
+from analyzer.rules.ddp_model import ddp_steps
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+
+
+@register
+class CommBoundStep(Rule):
+    """Communication that backward (or the whole compute window) cannot hide.
+
+    What it detects:
+        Steps whose communication time exceeds what the compute can hide by the critical
+        overlap equation, T_comm ≤ T_bwd − T_first_bucket_wait, and whose measured exposed
+        communication (the bubble) is a large share of the step. T_comm is the transfer time of
+        the step's collectives (the shortest duration of each across ranks, so waiting for a
+        late rank does not count); for FSDP the window is forward plus backward, which the
+        all-gathers and reduce-scatters can overlap.
+
+    Why it matters:
+        Once T_comm exceeds the window, no bucket size, prefetch or stream trick can hide the
+        difference: the step is communication-bound and scaling out adds to it. The only fixes
+        reduce the bytes or the time per byte, or add compute per step.
+
+    Evidence:
+        T_comm, T_bwd (or the FSDP compute window), the first-bucket wait, the lower bound on
+        the bubble from the equation, and the measured exposed communication, per rank and step.
+
+    Fix:
+        Communicate fewer bytes (bf16 gradients or a compression hook; HYBRID_SHARD across
+        nodes), amortize them over more compute (larger micro-batch, gradient accumulation with
+        ``no_sync()``), or give the group more bandwidth (NICs per node, NCCL settings).
+
+    References:
+        docs/models.md §2 (collective costs), §3 (volumes), §4 (critical overlap equation);
+        Li et al., VLDB 2020; Thakur, Rabenseifner & Gropp, IJHPCA 2005.
+    """
+
+    name = "comm-bound-step"
+    code = "TC301"
+    title = "Communication fits under compute"
+    failure_title = "The step is communication-bound: communication exceeds what compute can hide"
+    severity = "warning"
+    needs = ("gpu_steps", "collectives")
+    thresholds = {
+        "bubble_fraction": Threshold(0.10, "measured exposed communication, as a fraction of the "
+                                     "step time, above which the rule looks", 0.0, 1.0),
+        "min_bubble_fraction": Threshold(0.03, "lower bound of the bubble from the critical overlap "
+                                         "equation, as a fraction of the step time", 0.0, 1.0),
+    }
+    references = ("docs/models.md §2-§4", "Li et al., PyTorch Distributed, VLDB 2020",
+                  "Thakur, Rabenseifner & Gropp, IJHPCA 2005")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        step_us = facts.typical_step_us
+        if not step_us:
+            return []
+        rows = self._ddp_rows(facts) if facts.strategy in ("ddp", "unknown") and facts.result.buckets \
+            else self._window_rows(facts)
+        if not rows:
+            return []
+        exposed = median(r["exposed_us"] for r in rows)
+        bubble = median(r["min_bubble_us"] for r in rows)
+        t = ctx.thresholds
+        if exposed < t["bubble_fraction"] * step_us or bubble < t["min_bubble_fraction"] * step_us:
+            return []
+        rep = min(rows, key=lambda r: (abs(r["min_bubble_us"] - bubble), r["rank"], str(r["step"])))
+        window = "T_bwd" if rep["kind"] == "ddp" else "T_fwd+bwd"
+        summary = (f"Communication takes {rep['t_comm_us']:,.0f} µs per step but the {window} window is "
+                   f"{rep['t_window_us']:,.0f} µs (first-bucket wait {rep['wait_us']:,.0f} µs): at least "
+                   f"{bubble:,.0f} µs cannot be hidden, and {exposed:,.0f} µs ({100 * exposed / step_us:.0f}% "
+                   f"of the step) is exposed.")
+        model = (f"critical overlap: T_comm ≤ {window} − T_first_wait ⇔ {rep['t_comm_us']:,.0f} µs ≤ "
+                 f"{rep['t_window_us']:,.0f} − {rep['wait_us']:,.0f} µs: false; bubble ≥ T_comm + T_first_wait "
+                 f"− {window} = {rep['min_bubble_us']:,.0f} µs (rank {rep['rank']}, step {rep['step']})")
+        hit = [r for r in rows if r["min_bubble_us"] >= t["min_bubble_fraction"] * step_us]
+        evidence = {
+            "representative": {"rank": rep["rank"], "step": rep["step"]},
+            "t_comm_us": round(rep["t_comm_us"], 1), "t_window_us": round(rep["t_window_us"], 1),
+            "window": window, "first_bucket_wait_us": round(rep["wait_us"], 1),
+            "min_bubble_us_median": round(bubble, 1), "exposed_comm_us_median": round(exposed, 1),
+            "step_time_us": round(step_us, 1),
+            "by_rank_step": [[r["rank"], r["step"], round(r["t_comm_us"], 1), round(r["t_window_us"], 1),
+                              round(r["exposed_us"], 1)] for r in rows],
+            "collectives": rep["collectives"],
+        }
+        return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
+                            evidence=evidence, estimated_gain_us=None, model=model,
+                            fix_text=("Reduce the bytes per step (bf16 gradients / comm hook, HYBRID_SHARD "
+                                      "across nodes), add compute per step (larger micro-batch, gradient "
+                                      "accumulation with no_sync()), or add network bandwidth."),
+                            fix_snippet=("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                                         "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"))]
+
+    @staticmethod
+    def _ddp_rows(facts):
+        rows = []
+        for s in ddp_steps(facts):
+            t_comm = sum(facts.transfer_us.get((s.rank, start), end - start)
+                         for start, end in zip(s.bucket_starts_us, s.bucket_ends_us))
+            bound = models.critical_overlap(t_comm, s.backward_us, s.first_wait_us)
+            view = facts.step_view(s.rank, s.step)
+            rows.append({"kind": "ddp", "rank": s.rank, "step": s.step, "t_comm_us": t_comm,
+                         "t_window_us": s.backward_us, "wait_us": s.first_wait_us,
+                         "min_bubble_us": bound.min_bubble_us, "exposed_us": view.exposed_comm_us,
+                         "collectives": "backward all-reduce (DDP gradient buckets)"})
+        return rows
+
+    @staticmethod
+    def _window_rows(facts):
+        rows = []
+        for view in facts.steps:
+            phases = [view.windows[p] for p in ("forward", "backward") if p in view.windows]
+            colls = [c for c in facts.collectives_of(view.rank, view.step) if c.get("on_gpu")]
+            if not phases or not colls:
+                continue
+            window = max(w[1] for w in phases) - min(w[0] for w in phases)
+            t_comm = sum(facts.transfer_us.get((c["rank"], c["start_us"]), c["dur_us"]) for c in colls)
+            bound = models.critical_overlap(t_comm, window, 0.0)
+            kinds = sorted({c["collective"] for c in colls})
+            rows.append({"kind": "window", "rank": view.rank, "step": view.step, "t_comm_us": t_comm,
+                         "t_window_us": window, "wait_us": 0.0, "min_bubble_us": bound.min_bubble_us,
+                         "exposed_us": view.exposed_comm_us, "collectives": ", ".join(kinds)})
+        return rows

@@ -1,0 +1,117 @@
+"""ddp-bucket-oversized (TC101)."""
+
+from __future__ import annotations
+
+import statistics
+
+from analyzer import models
+from analyzer.rules.ddp_model import allreduce_equation, ddp_steps, mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+
+
+@register
+class DdpBucketOversized(Rule):
+    """DDP gradient buckets so large that communication starts late and ends after backward.
+
+    What it detects:
+        A DDP step whose last gradient all-reduce ends well after the last backward kernel
+        (the exposed tail), with few, large buckets (at most ``max_buckets``; a bucket larger
+        than the cap holds a single gradient that no cap can split, so many buckets mean the
+        cap is not the limit): the first all-reduce waits for a whole
+        bucket of gradients, and a large all-reduce remains when backward is done. The bucket
+        pipeline model, fed with the measured gradient-ready times and the group's α/β, must
+        predict a smaller exposed tail for a smaller ``bucket_cap_mb``.
+
+    Why it matters:
+        DDP can only overlap an all-reduce with the backward kernels that run after its bucket
+        is ready. Oversized buckets delay the first launch (T_first_bucket_wait grows) and leave
+        a large all-reduce after the last gradient, which every step pays in full.
+
+    Evidence:
+        Bucket count and sizes, first-bucket wait (backward start to first all-reduce start),
+        the exposed tail per rank and step, the modelled tail for each candidate cap, and the
+        α/β used (fitted per group, else the hardware profile).
+
+    Fix:
+        Set ``bucket_cap_mb`` to the suggested value (recent PyTorch then uses it for the first
+        bucket too). Re-profile: the exposed tail should drop to about the predicted value.
+
+    References:
+        docs/models.md §4 (DDP buckets and the overlap bound; pipeline model);
+        S. Li et al., "PyTorch Distributed", VLDB 2020; Hockney 1994 (α-β cost).
+    """
+
+    name = "ddp-bucket-oversized"
+    code = "TC101"
+    title = "DDP buckets let all-reduces overlap backward"
+    failure_title = "DDP buckets are oversized: a large all-reduce is exposed after backward"
+    severity = "warning"
+    needs = ("gpu_steps", "ddp")
+    thresholds = {
+        "max_buckets": Threshold(8, "most buckets per step that still count as few (more buckets "
+                                 "give the pipeline enough granularity)", 1, 1e9),
+        "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
+                                   "as a fraction of the step time, above which the rule looks", 0.0, 1.0),
+        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
+                                       "time, worth a finding", 0.0, 1.0),
+    }
+    references = ("docs/models.md §4", "Li et al., PyTorch Distributed, VLDB 2020",
+                  "Hockney, Parallel Computing 1994")
+
+    def check(self, ctx):
+        steps = ddp_steps(ctx.facts)
+        step_us = ctx.facts.typical_step_us
+        if not steps or not step_us:
+            return []
+        tails = [s.measured_tail_us for s in steps]
+        tail = median(tails)
+        if tail < ctx.thresholds["tail_fraction"] * step_us:
+            return []
+        rep = min(steps, key=lambda s: (abs(s.measured_tail_us - tail), s.rank, str(s.step)))
+        if len(rep.bucket_bytes) > ctx.thresholds["max_buckets"]:
+            return []
+        largest = max(rep.bucket_bytes)
+        choice = rep.best_cap()
+        if choice.cap_bytes >= statistics.median(rep.bucket_bytes):
+            return []  # the model does not want smaller buckets: not an oversized-bucket problem
+        current = rep.modelled_current().exposed_tail_us
+        gain = current - choice.exposed_tail_us
+        if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            return []
+        cap_mib = choice.cap_bytes / models.MIB
+        hit = [s for s in steps if s.measured_tail_us >= ctx.thresholds["tail_fraction"] * step_us]
+        wait = rep.first_wait_us
+        summary = (f"{len(rep.bucket_bytes)} gradient buckets up to {mb(largest)}: the first all-reduce "
+                   f"starts {wait:,.0f} µs ({100 * wait / rep.backward_us:.0f}% of backward) after "
+                   f"backward begins and {tail:,.0f} µs of all-reduce ({100 * tail / step_us:.1f}% of the "
+                   f"step) runs after backward ends; bucket_cap_mb={cap_mib:g} is predicted to cut "
+                   f"the exposed tail to {choice.exposed_tail_us:,.0f} µs.")
+        model = (f"pipeline s_i = max(r_i, e_(i−1)), e_i = s_i + T_AR(S_i), tail = e_last − t_bwd_end "
+                 f"(rank {rep.rank}, step {rep.step}): measured {rep.measured_tail_us:,.0f} µs, modelled "
+                 f"{current:,.0f} µs with the current {len(rep.bucket_bytes)} buckets, "
+                 f"{choice.exposed_tail_us:,.0f} µs with bucket_cap_mb={cap_mib:g}; "
+                 + allreduce_equation(rep.link, largest))
+        evidence = {
+            "representative": {"rank": rep.rank, "step": rep.step},
+            "bucket_count": len(rep.bucket_bytes),
+            "bucket_bytes": [int(b) for b in rep.bucket_bytes],
+            "first_bucket_wait_us": round(wait, 1),
+            "backward_us": round(rep.backward_us, 1),
+            "backward_window_us": [round(rep.backward_start_us, 1), round(rep.backward_end_us, 1)],
+            "exposed_tail_us_median": round(tail, 1),
+            "exposed_tail_us_by_rank_step": [[s.rank, s.step, round(s.measured_tail_us, 1)] for s in steps],
+            "modelled_tail_us": round(current, 1),
+            "suggested_bucket_cap_mb": cap_mib,
+            "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
+            "predicted_step_time_us": round(step_us - gain, 1),
+            "step_time_us": round(step_us, 1),
+            "link": rep.link.evidence(),
+            "collectives": "backward all-reduce (DDP gradient buckets)",
+        }
+        return [ctx.finding(summary=summary, ranks=[s.rank for s in hit], steps=[s.step for s in hit],
+                            evidence=evidence, estimated_gain_us=gain, model=model,
+                            fix_text=(f"Set bucket_cap_mb={cap_mib:g} so the first all-reduce starts "
+                                      "early and the last one is small."),
+                            fix_snippet=f"model = DistributedDataParallel(model, bucket_cap_mb={cap_mib:g})")]
+

@@ -1,0 +1,120 @@
+"""ddp-bucket-undersized (TC102)."""
+
+from __future__ import annotations
+
+import statistics
+
+from analyzer import models
+from analyzer.rules.ddp_model import ddp_steps, mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+
+
+@register
+class DdpBucketUndersized(Rule):
+    """Many small DDP gradient all-reduces, latency-bound against the group's S* = α·β.
+
+    What it detects:
+        A DDP step with many gradient buckets most of which are latency-bound: a ring
+        all-reduce sends each of its 2(N−1) steps a chunk of S/N bytes, so it is latency-bound
+        when S/N < S* (its latency term 2(N−1)α exceeds its bandwidth term 2(N−1)/N·S/β, i.e.
+        S < N·S*). The rule needs α to be a large share of the all-reduce time and the bucket
+        pipeline model to predict a smaller exposed tail with larger buckets.
+
+    Why it matters:
+        Below S* a message is latency-bound: more bandwidth does not help, fewer and larger
+        messages do. Each bucket adds 2(N−1)·α; with hundreds of buckets the all-reduces fall
+        behind backward and their backlog is exposed after it.
+
+    Evidence:
+        Bucket count and median size, S* of the group, the share of buckets below S*, the α share
+        of the modelled all-reduce time, and the modelled exposed tail now and with the
+        suggested cap.
+
+    Fix:
+        Raise ``bucket_cap_mb`` to the suggested value (and make sure no custom comm hook or
+        ``static_graph`` setting splits buckets per parameter).
+
+    References:
+        docs/models.md §1 (α-β and S*), §4 (DDP buckets); Hockney 1994; Li et al., VLDB 2020.
+    """
+
+    name = "ddp-bucket-undersized"
+    code = "TC102"
+    title = "DDP buckets are large enough to be bandwidth-bound"
+    failure_title = "DDP buckets are undersized: all-reduces are latency-bound (below S*)"
+    severity = "warning"
+    needs = ("gpu_steps", "ddp")
+    thresholds = {
+        "min_buckets": Threshold(8, "fewest buckets per step for the rule to look", 1, 1e9),
+        "small_fraction": Threshold(0.5, "share of latency-bound buckets (S/N < S*) above which "
+                                    "buckets count as undersized", 0.0, 1.0),
+        "latency_share": Threshold(0.25, "share of the modelled all-reduce time spent in α "
+                                   "(2(N−1)α per bucket) above which α dominates", 0.0, 1.0),
+        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
+                                       "time, worth a finding", 0.0, 1.0),
+    }
+    references = ("docs/models.md §1, §4", "Hockney, Parallel Computing 1994",
+                  "Li et al., PyTorch Distributed, VLDB 2020")
+
+    def check(self, ctx):
+        steps = ddp_steps(ctx.facts)
+        step_us = ctx.facts.typical_step_us
+        if not steps or not step_us:
+            return []
+        t = ctx.thresholds
+        counts = [len(s.bucket_bytes) for s in steps]
+        if median(counts) < t["min_buckets"]:
+            return []
+        rep = min(steps, key=lambda s: (abs(len(s.bucket_bytes) - median(counts)), s.rank, str(s.step)))
+        link = rep.link
+        s_star = link.s_star_bytes
+        crossover = link.n * s_star  # 2(N−1)α = 2(N−1)/N·S/β
+        small = sum(b < crossover for b in rep.bucket_bytes) / len(rep.bucket_bytes)
+        latency_us = len(rep.bucket_bytes) * 2 * (link.n - 1) * link.alpha_us
+        total_us = sum(rep.allreduce_us(b) for b in rep.bucket_bytes)
+        latency_share = latency_us / total_us if total_us else 0.0
+        if small < t["small_fraction"] or latency_share < t["latency_share"]:
+            return []
+        choice = rep.best_cap()
+        median_bucket = statistics.median(rep.bucket_bytes)
+        if choice.cap_bytes <= median_bucket:
+            return []
+        current = rep.modelled_current().exposed_tail_us
+        gain = current - choice.exposed_tail_us
+        if gain < t["min_gain_fraction"] * step_us:
+            return []
+        cap_mib = choice.cap_bytes / models.MIB
+        n = link.n
+        summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {mb(median_bucket)}, "
+                   f"{100 * small:.0f}% latency-bound (S/N below S* = {mb(s_star)}): α is {100 * latency_share:.0f}% of the "
+                   f"all-reduce time and {rep.measured_tail_us:,.0f} µs is exposed after backward; "
+                   f"bucket_cap_mb={cap_mib:g} is predicted to cut that to {choice.exposed_tail_us:,.0f} µs.")
+        model = (f"S* = α·β = {link.alpha_us:.3g} µs × {link.beta_gbps:.4g} GB/s = {mb(s_star)}, "
+                 f"all-reduce crossover N·S* = {mb(crossover)}; "
+                 f"latency per step = buckets·2(N−1)α = {len(rep.bucket_bytes)}·2·{n - 1}·{link.alpha_us:.3g} µs "
+                 f"= {latency_us:,.0f} µs of {total_us:,.0f} µs modelled all-reduce time; pipeline tail "
+                 f"(rank {rep.rank}, step {rep.step}) {current:,.0f} µs now, {choice.exposed_tail_us:,.0f} µs "
+                 f"with bucket_cap_mb={cap_mib:g}")
+        evidence = {
+            "representative": {"rank": rep.rank, "step": rep.step},
+            "bucket_count": len(rep.bucket_bytes),
+            "median_bucket_bytes": int(median_bucket),
+            "s_star_bytes": round(s_star),
+            "allreduce_crossover_bytes": round(crossover),
+            "share_latency_bound": round(small, 3),
+            "latency_share": round(latency_share, 3),
+            "measured_tail_us": round(rep.measured_tail_us, 1),
+            "modelled_tail_us": round(current, 1),
+            "suggested_bucket_cap_mb": cap_mib,
+            "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
+            "predicted_step_time_us": round(step_us - gain, 1),
+            "step_time_us": round(step_us, 1),
+            "link": link.evidence(),
+            "collectives": "backward all-reduce (DDP gradient buckets)",
+        }
+        return [ctx.finding(summary=summary, ranks=sorted({s.rank for s in steps}),
+                            steps=sorted({s.step for s in steps}), evidence=evidence,
+                            estimated_gain_us=gain, model=model,
+                            fix_text=f"Raise bucket_cap_mb to {cap_mib:g}: fewer, larger all-reduces above S*.",
+                            fix_snippet=f"model = DistributedDataParallel(model, bucket_cap_mb={cap_mib:g})")]

@@ -1,0 +1,198 @@
+"""The rules engine: a registry of rules (one file per rule in this package), their settings,
+and ``run_rules`` which turns a diagnosed Result into findings.
+
+A rule is a class with a stable ``name`` (public contract), a short ``code``, a ``title`` (what
+it checks) and a ``failure_title`` (what a finding says), a default ``severity``, configurable
+``thresholds``, the analyses it ``needs``, and docs in its docstring with the sections of
+``DOC_SECTIONS``. ``check(ctx)`` returns plain data: a list of finding dicts built with
+``ctx.finding(...)``. A rule that raises becomes an ``error`` finding for that rule and the run
+goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import traceback
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from analyzer.config import rule_settings
+from analyzer.rules.facts import JobFacts
+
+DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+MODELS_DOC = "docs/models.md"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A configurable number with its default, meaning and accepted range."""
+
+    default: float
+    help: str
+    minimum: float = 0.0
+    maximum: float = math.inf
+
+
+class Rule:
+    name: ClassVar[str]
+    code: ClassVar[str]
+    title: ClassVar[str]
+    failure_title: ClassVar[str]
+    severity: ClassVar[str] = "warning"
+    thresholds: ClassVar[dict[str, Threshold]] = {}
+    needs: ClassVar[tuple[str, ...]] = ()
+    references: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, ctx: "RuleContext") -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    @classmethod
+    def docs(cls) -> str:
+        return _dedent(cls.__doc__ or "")
+
+    @classmethod
+    def doc_sections(cls) -> dict[str, str]:
+        """The docstring's sections, by heading (a heading is a line ending with ':')."""
+        sections: dict[str, list[str]] = {}
+        current = None
+        for line in cls.docs().splitlines():
+            heading = line.strip().rstrip(":")
+            if line.strip().endswith(":") and heading in DOC_SECTIONS:
+                current = heading
+                sections[current] = []
+            elif current is not None:
+                sections[current].append(line)
+        return {k: "\n".join(v).strip() for k, v in sections.items()}
+
+
+RULES: dict[str, type[Rule]] = {}
+_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: add a rule to the registry (names and codes must be unique)."""
+    if not _NAME.match(cls.name):
+        raise ValueError(f"rule name {cls.name!r} must be kebab-case")
+    if cls.name in RULES or any(r.code == cls.code for r in RULES.values()):
+        raise ValueError(f"duplicate rule {cls.name} / {cls.code}")
+    RULES[cls.name] = cls
+    return cls
+
+
+def all_rules() -> dict[str, type[Rule]]:
+    """Every registered rule, by name (importing the package registers them)."""
+    import analyzer.rules  # noqa: F401  (registers the rule modules)
+    return dict(sorted(RULES.items()))
+
+
+class RuleContext:
+    """What a rule sees: the Result, shared facts, and its own settings."""
+
+    def __init__(self, rule: type[Rule], facts: JobFacts, settings: dict[str, Any]):
+        self.rule = rule
+        self.facts = facts
+        self.result = facts.result
+        self.thresholds = settings["thresholds"]
+        self.severity = settings["severity"]
+
+    def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
+                estimated_gain_us: float | None, model: str | None, fix_text: str,
+                fix_snippet: str | None = None, severity: str | None = None) -> dict[str, Any]:
+        gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)
+        return {
+            "rule": self.rule.name, "code": self.rule.code,
+            "severity": severity or self.severity,
+            "title": self.rule.failure_title,
+            "summary": summary,
+            "ranks": sorted(set(int(r) for r in ranks)),
+            "steps": sorted(set(steps), key=lambda s: (not isinstance(s, int), str(s))),
+            "evidence": evidence,
+            "estimated_gain_us": gain,
+            "model": model,
+            "fix": {"text": fix_text, "snippet": fix_snippet},
+            "references": list(self.rule.references),
+        }
+
+
+def run_rules(result: Any, config: dict[str, Any] | None = None,
+              source: str = "configuration") -> list[dict[str, Any]]:
+    """Run every enabled rule on ``result``; store and return the findings, sorted by estimated
+    gain (largest first; findings without a gain after, by severity), and set
+    ``result.extra["rules"]`` (each rule's status) and ``result.extra["verdict"]``."""
+    rules = all_rules()
+    settings = rule_settings(config or {}, rules, source)
+    facts = JobFacts(result)
+    findings: list[dict[str, Any]] = []
+    statuses = []
+    for name, rule in rules.items():
+        status = {"rule": name, "code": rule.code}
+        if not settings[name]["enabled"]:
+            statuses.append({**status, "status": "disabled", "reason": "disabled in configuration"})
+            continue
+        missing = facts.missing(rule.needs)
+        if missing:
+            statuses.append({**status, "status": "not_applicable", "reason": missing})
+            continue
+        ctx = RuleContext(rule, facts, settings[name])
+        try:
+            produced = list(rule().check(ctx) or [])
+        except Exception as exc:  # a broken rule must not hide the others' findings
+            produced = [_error_finding(rule, exc)]
+        findings.extend(produced)
+        statuses.append({**status, "status": "fired" if produced else "passed",
+                         "reason": None})
+    findings.sort(key=_finding_order)
+    result.findings = findings
+    result.extra["rules"] = statuses
+    result.extra["verdict"] = verdict(findings, facts)
+    return findings
+
+
+def _finding_order(f: dict[str, Any]) -> tuple:
+    gain = f.get("estimated_gain_us")
+    return (gain is None, -(gain or 0.0), SEVERITY_ORDER.get(f["severity"], 3), f["rule"],
+            tuple(f.get("ranks") or ()))
+
+
+def _error_finding(rule: type[Rule], exc: Exception) -> dict[str, Any]:
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    location = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
+    return {
+        "rule": rule.name, "code": rule.code, "severity": "error",
+        "title": f"rule {rule.name} failed",
+        "summary": f"The rule raised {type(exc).__name__}: {exc}{location}; its check was skipped.",
+        "ranks": [], "steps": [], "evidence": {"exception": type(exc).__name__, "message": str(exc)},
+        "estimated_gain_us": None, "model": None,
+        "fix": {"text": "Report this as a tracecliff bug with the trace that triggers it.",
+                "snippet": None},
+        "references": [],
+    }
+
+
+def verdict(findings: list[dict[str, Any]], facts: JobFacts) -> str:
+    """One sentence: the biggest problem and its cost, or why the run looks healthy."""
+    step = facts.typical_step_us
+    problems = [f for f in findings if not f["title"].startswith("rule ")]
+    if problems:
+        top = problems[0]
+        gain = top.get("estimated_gain_us")
+        cost = ""
+        if gain and step:
+            cost = f" (about {gain / 1000:.1f} ms of a {step / 1000:.1f} ms step)"
+        more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
+        return f"{len(problems)} problem(s) found: {top['title']}{cost}{more}."
+    if findings:
+        return "No problem found, but a rule failed (see findings)."
+    if step:
+        exposed = facts.typical_exposed_us or 0.0
+        return (f"No scaling problem found: exposed communication is {100 * exposed / step:.1f}% "
+                f"of a {step / 1000:.1f} ms step.")
+    return "No scaling problem found (no GPU steps in the traces: only structural checks ran)."
+
+
+def _dedent(text: str) -> str:
+    lines = text.expandtabs().splitlines()
+    indent = min((len(l) - len(l.lstrip()) for l in lines[1:] if l.strip()), default=0)
+    return "\n".join([lines[0].strip()] + [l[indent:] for l in lines[1:]]).strip() if lines else ""

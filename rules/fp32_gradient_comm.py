@@ -1,0 +1,126 @@
+"""fp32-gradient-comm (TC103)."""
+
+from __future__ import annotations
+
+from analyzer.rules.ddp_model import ddp_steps, mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind
+
+LOW_PRECISION = ("bf16", "f16")
+
+
+@register
+class Fp32GradientComm(Rule):
+    """Gradients communicated in fp32 while the model computes in bf16 / fp16.
+
+    What it detects:
+        Gradient collectives (DDP's backward all-reduces, FSDP's reduce-scatters) in fp32 in a
+        job whose compute runs in low precision: most GPU compute time in bf16/fp16 kernels
+        (from the kernel names), or FSDP all-gathering its parameters in bf16/fp16.
+
+    Why it matters:
+        fp32 doubles the gradient bytes of every step against bf16 (models.md §3: an fp32
+        reduce dtype with bf16 parameters doubles the reduce-scatter or all-reduce volume).
+        Where that communication is exposed, the step pays for it directly.
+
+    Evidence:
+        The gradient collectives' dtype and bytes per step, the low-precision share of compute,
+        and the modelled exposed communication with the same collectives at half the bytes.
+
+    Fix:
+        DDP: register the bf16 compression hook. FSDP1: ``MixedPrecision(reduce_dtype=
+        torch.bfloat16)``; FSDP2: ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``. Keep fp32
+        where convergence needs it (very large data-parallel degrees summing many gradients).
+
+    References:
+        docs/models.md §3 (volumes; reduce dtype); Zhao et al., "PyTorch FSDP", VLDB 2023;
+        Li et al., VLDB 2020.
+    """
+
+    name = "fp32-gradient-comm"
+    code = "TC103"
+    title = "Gradients are communicated in the compute precision"
+    failure_title = "Gradients are communicated in fp32 while compute runs in bf16/fp16"
+    severity = "warning"
+    needs = ("collectives",)
+    thresholds = {
+        "low_precision_share": Threshold(0.5, "share of GPU compute time in bf16/fp16 kernels from "
+                                         "which compute counts as low precision", 0.0, 1.0),
+        "min_gain_fraction": Threshold(0.01, "modelled saving, as a fraction of the step time, below "
+                                       "which the finding is only informational", 0.0, 1.0),
+    }
+    references = ("docs/models.md §3", "Zhao et al., PyTorch FSDP, VLDB 2023",
+                  "Li et al., PyTorch Distributed, VLDB 2020")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        fsdp = facts.strategy.startswith("fsdp")
+        kind = "reduce_scatter" if fsdp else "allreduce"
+        grads = [c for c in facts.result.collectives if c["collective"] == kind
+                 and c["phase"] == "backward"]
+        if not grads or not all(c["dtype"] == "f32" for c in grads):
+            return []
+        low_share = median(v.low_precision_compute_us / v.compute_us for v in facts.steps if v.compute_us)
+        gathered = {c["dtype"] for c in facts.result.collectives if c["collective"] == "allgather"}
+        low_params = bool(gathered) and gathered <= set(LOW_PRECISION)
+        if not low_params and (low_share is None or low_share < ctx.thresholds["low_precision_share"]):
+            return []
+        step_us = facts.typical_step_us
+        gain, model = self._gain(facts, fsdp)
+        per_step = median(self._bytes_per_step(grads).values()) or 0.0
+        severity = None
+        if gain is None or not step_us or gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            severity = "info"
+        why = (f"parameters are all-gathered in {'/'.join(sorted(gathered))}" if low_params else
+               f"{100 * low_share:.0f}% of compute time is in bf16/fp16 kernels")
+        saving = f"; bf16 is predicted to save {gain:,.0f} µs per step" if gain is not None else ""
+        summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} move {mb(per_step)} of fp32 "
+                   f"gradients per step and rank while {why}: half of those bytes are avoidable{saving}.")
+        evidence = {
+            "collective": kind, "dtype": "f32", "grad_bytes_per_step": round(per_step),
+            "low_precision_compute_share": None if low_share is None else round(low_share, 3),
+            "allgather_dtypes": sorted(d for d in gathered if d),
+            "step_time_us": round(step_us, 1) if step_us else None,
+            "predicted_step_time_us": round(step_us - gain, 1) if step_us and gain is not None else None,
+            "collectives": f"backward {kind} in f32",
+        }
+        fix = ("model.register_comm_hook(None, default_hooks.bf16_compress_hook)" if not fsdp else
+               "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP1\n"
+               "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP2")
+        return [ctx.finding(summary=summary, ranks=sorted({c["rank"] for c in grads}),
+                            steps=sorted({c["step"] for c in grads if c["step"] is not None}),
+                            evidence=evidence, estimated_gain_us=gain, model=model,
+                            fix_text="Communicate gradients in bf16: half the bytes of every gradient collective.",
+                            fix_snippet=fix, severity=severity)]
+
+    @staticmethod
+    def _bytes_per_step(grads):
+        out: dict = {}
+        for c in grads:
+            if c["bytes"] is not None:
+                out[(c["rank"], c["step"])] = out.get((c["rank"], c["step"]), 0) + c["bytes"]
+        return out
+
+    @staticmethod
+    def _gain(facts, fsdp):
+        if not fsdp:
+            steps = ddp_steps(facts)
+            if not steps:
+                return None, None
+            tails = [(s.modelled_current().exposed_tail_us, s.modelled_current(0.5).exposed_tail_us, s)
+                     for s in steps]
+            now, half, rep = sorted(tails, key=lambda t: (t[0] - t[1], t[2].rank, str(t[2].step)))[len(tails) // 2]
+            return now - half, (f"pipeline tail (rank {rep.rank}, step {rep.step}) with fp32 buckets "
+                                f"{now:,.0f} µs, with the same buckets at half the bytes {half:,.0f} µs")
+        steps = fsdp_steps(facts)
+        if not steps:
+            return None, None
+        rep = steps[len(steps) // 2]
+        links = {k: facts.link(group_of_kind(facts, rep.rank, rep.step, k)) for k in ("allgather", "reduce_scatter")}
+        if None in links.values():
+            return None, None
+        comm = lambda kind, size: links[kind].time_us(kind, size)  # noqa: E731
+        now, half = rep.exposed_us(comm), rep.exposed_us(comm, rs_scale=0.5)
+        return now - half, (f"FSDP unit schedule (rank {rep.rank}, step {rep.step}): exposed "
+                            f"{now:,.0f} µs with fp32 reduce-scatters, {half:,.0f} µs at half the bytes")

@@ -1,0 +1,134 @@
+"""fsdp-fullshard-cross-node (TC202)."""
+
+from __future__ import annotations
+
+from analyzer import models
+from analyzer.rules.ddp_model import mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count
+
+
+@register
+class FsdpFullShardCrossNode(Rule):
+    """FULL_SHARD whose shard group spans nodes: every per-unit collective crosses the NICs.
+
+    What it detects:
+        FSDP all-gathers and reduce-scatters in a process group that spans more than one node,
+        with a material share of the step exposed. The rule projects HYBRID_SHARD (shard within
+        the node over the intra-node link, all-reduce each GPU's gradient shard across the
+        nodes) with the FSDP unit schedule and the measured units, and checks that the
+        HYBRID_SHARD state, 16Ψ/g, fits the GPU.
+
+    Why it matters:
+        FULL_SHARD moves 3(N−1)/N·Ψ_b per GPU per step, all of it over the slowest link when
+        the group spans nodes, in many per-unit messages that each pay the cross-node α.
+        HYBRID_SHARD keeps the per-unit traffic on NVLink and sends only 2(M−1)/M·Ψ_b/g per GPU
+        across nodes (models.md §3).
+
+    Evidence:
+        The group (size, nodes, α/β), the exposed all-gather / reduce-scatter time, the
+        modelled exposed time under FULL_SHARD and HYBRID_SHARD, the projected step time, and
+        the memory check.
+
+    Fix:
+        ``ShardingStrategy.HYBRID_SHARD`` (FSDP1) or a 2-D device mesh
+        ``init_device_mesh("cuda", (nodes, gpus_per_node))`` with ``fully_shard(..., mesh=mesh)``
+        (FSDP2, HSDP), when 16Ψ/g plus activations fits the GPU.
+
+    References:
+        docs/models.md §2 (across nodes), §3 (FULL_SHARD vs HYBRID_SHARD volumes and memory),
+        §5; Zhao et al., "PyTorch FSDP", VLDB 2023; Rajbhandari et al., "ZeRO", SC 2020.
+    """
+
+    name = "fsdp-fullshard-cross-node"
+    code = "TC202"
+    title = "FSDP shards within the node"
+    failure_title = "FSDP FULL_SHARD spans nodes: per-layer collectives cross the network"
+    severity = "warning"
+    needs = ("gpu_steps", "fsdp")
+    thresholds = {
+        "exposed_fraction": Threshold(0.05, "exposed all-gather / reduce-scatter time, as a fraction "
+                                      "of the step time, above which the rule looks", 0.0, 1.0),
+        "memory_fraction": Threshold(0.8, "share of GPU memory the HYBRID_SHARD static state 16Ψ/g "
+                                     "may take (the rest is left for activations)", 0.0, 1.0),
+        "min_gain_fraction": Threshold(0.02, "smallest projected saving, as a fraction of the step "
+                                       "time, worth a finding", 0.0, 1.0),
+    }
+    references = ("docs/models.md §2, §3, §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
+                  "Rajbhandari et al., ZeRO, SC 2020")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        step_us = facts.typical_step_us
+        steps = fsdp_steps(facts)
+        if not step_us or not steps:
+            return []
+        rep = steps[len(steps) // 2]
+        group = group_of_kind(facts, rep.rank, rep.step, "allgather")
+        link = facts.link(group)
+        if link is None or not link.cross_node:
+            return []
+        exposed = median(self._exposed_per_step(facts).values()) or 0.0
+        if exposed < ctx.thresholds["exposed_fraction"] * step_us:
+            return []
+        g = max(1, link.n // link.nodes)
+        nodes = link.nodes
+        intra = facts.profile_link(g, 1)
+        node_nic = link.beta_gbps * g / (link.n / link.nodes)  # aggregate NIC bandwidth of a node
+        replicate_beta = node_nic / g  # each GPU's replicate ring gets its share of the node's NICs
+        if intra is None:
+            return []
+        current = lambda kind, size: link.time_us(kind, size)  # noqa: E731
+        hybrid = lambda kind, size: intra.time_us(kind, size)  # noqa: E731
+        replicate = lambda size: models.ring_allreduce_time(size / g, nodes, link.alpha_us, replicate_beta)  # noqa: E731
+        now = rep.exposed_us(current)
+        projected = rep.exposed_us(hybrid, replicate_time=replicate)
+        gain = now - projected
+        if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            return []
+        psi, psi_source = parameter_count(facts)
+        memory = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value
+        need = models.hsdp_memory_bytes(psi, g) if psi else None
+        fits = need is not None and memory is not None and need <= ctx.thresholds["memory_fraction"] * memory
+        if need is not None and memory and not fits:
+            return []  # HYBRID_SHARD would not fit: nothing to suggest
+        step_after = step_us - gain
+        memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {mb(need)} of {mb(memory)} per GPU" if need and memory
+                       else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
+        summary = (f"FULL_SHARD all-gathers and reduce-scatters run in a {link.n}-rank group across "
+                   f"{nodes} nodes with {exposed:,.0f} µs exposed per step ({100 * exposed / step_us:.0f}%); "
+                   f"HYBRID_SHARD (shard over {g} GPUs per node) is projected to cut the step from "
+                   f"{step_us / 1000:,.1f} to {step_after / 1000:,.1f} ms{memory_text}.")
+        model = (f"FSDP unit schedule (rank {rep.rank}, step {rep.step}): exposed {now:,.0f} µs with "
+                 f"T_AG = (N−1)α + (N−1)/N·S/β, N = {link.n}, α = {link.alpha_us:.3g} µs, β = {link.beta_gbps:.4g} GB/s; "
+                 f"{projected:,.0f} µs with HYBRID_SHARD: N = {g}, α = {intra.alpha_us:.3g} µs, β = {intra.beta_gbps:.4g} GB/s "
+                 f"plus a replicate all-reduce of S/{g} over {nodes} nodes at β = {replicate_beta:.4g} GB/s per GPU"
+                 + (f"; memory 16Ψ/g = 16·{psi:,.0f}/{g} = {mb(need)}" if need else ""))
+        evidence = {
+            "group": {"name": group.get("name"), "size": link.n, "nodes": nodes},
+            "link": link.evidence(), "intra_node_link": intra.evidence(),
+            "exposed_ag_rs_us_median": round(exposed, 1),
+            "modelled_exposed_us_full_shard": round(now, 1),
+            "modelled_exposed_us_hybrid_shard": round(projected, 1),
+            "projected_step_time_us": round(step_after, 1), "step_time_us": round(step_us, 1),
+            "parameters": psi, "parameters_source": psi_source,
+            "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
+            "collectives": "all-gather, reduce-scatter",
+        }
+        snippet = ("FullyShardedDataParallel(model, ..., sharding_strategy=ShardingStrategy.HYBRID_SHARD)  # FSDP1\n"
+                   f"mesh = init_device_mesh(\"cuda\", ({nodes}, {g}), mesh_dim_names=(\"replicate\", \"shard\"))\n"
+                   "fully_shard(block, mesh=mesh)  # FSDP2 (HSDP)")
+        return [ctx.finding(summary=summary, ranks=sorted(facts.group_ranks(group)),
+                            steps=sorted({s.step for s in steps}), evidence=evidence,
+                            estimated_gain_us=gain, model=model,
+                            fix_text=f"Shard within each node and replicate across the {nodes} nodes (HYBRID_SHARD).",
+                            fix_snippet=snippet)]
+
+    @staticmethod
+    def _exposed_per_step(facts):
+        out: dict = {}
+        for u in facts.result.fsdp_units:
+            if u["exposed_us"] is not None:
+                out[(u["rank"], u["step"])] = out.get((u["rank"], u["step"]), 0.0) + u["exposed_us"]
+        return out

@@ -1,0 +1,97 @@
+"""fsdp-missing-wrap-policy (TC201)."""
+
+from __future__ import annotations
+
+from analyzer.comms import DTYPE_BYTES
+from analyzer.rules.ddp_model import mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+from analyzer.rules.fsdp_model import parameter_count
+
+
+@register
+class FsdpMissingWrapPolicy(Rule):
+    """FSDP with a single unit: the whole model is all-gathered at once, every pass.
+
+    What it detects:
+        An FSDP1 or FSDP2 job whose forward pass issues one all-gather per step (at most
+        ``max_units``): without an auto-wrap policy (FSDP1) or ``fully_shard`` on each block
+        (FSDP2) the root is the only unit, so its all-gather holds about the whole model. Works
+        on CPU-only (gloo) traces too: only the collectives' count and sizes are needed.
+
+    Why it matters:
+        With one unit nothing can overlap the all-gather (there is no earlier unit to compute
+        while it runs), and the unsharded peak is the full parameter set on every GPU: FSDP
+        then saves no parameter memory during the pass and hides none of its communication.
+
+    Evidence:
+        All-gathers per pass, the all-gather bytes against the parameter bytes (Ψ from the
+        reduce-scatter inputs), the unsharded peak, and the exposed all-gather time on GPU.
+
+    Fix:
+        FSDP1: pass ``auto_wrap_policy=ModuleWrapPolicy({Block})`` (your transformer block
+        class). FSDP2: call ``fully_shard(block)`` on every block before ``fully_shard(model)``.
+
+    References:
+        docs/models.md §5 (FSDP units and prefetch); Zhao et al., "PyTorch FSDP", VLDB 2023;
+        Rajbhandari et al., "ZeRO", SC 2020.
+    """
+
+    name = "fsdp-missing-wrap-policy"
+    code = "TC201"
+    title = "FSDP shards the model into several units"
+    failure_title = "FSDP has no wrap policy: one all-gather of the whole model per pass"
+    severity = "warning"
+    needs = ("fsdp",)
+    thresholds = {
+        "max_units": Threshold(1, "all-gathers per forward pass at or below which the model counts "
+                               "as a single unit", 1, 1e9),
+    }
+    references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
+                  "Rajbhandari et al., ZeRO, SC 2020")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        passes = facts.units_by_pass()
+        forward = {(r, s): rows for (r, s, phase, kind), rows in passes.items()
+                   if phase == "forward" and kind == "allgather"}
+        if not forward:
+            return []
+        units = median(len(rows) for rows in forward.values())
+        if units > ctx.thresholds["max_units"]:
+            return []
+        psi, psi_source = parameter_count(facts)
+        gathered = [u["bytes"] for rows in forward.values() for u in rows if u["bytes"] is not None]
+        ag_bytes = median(gathered)
+        dtypes = [c["dtype"] for c in facts.result.collectives if c["collective"] == "allgather" and c["dtype"]]
+        param_elem = DTYPE_BYTES.get(dtypes[0]) if dtypes else None
+        rs_dtypes = [c["dtype"] for c in facts.result.collectives if c["collective"] == "reduce_scatter" and c["dtype"]]
+        elem = param_elem or (DTYPE_BYTES.get(rs_dtypes[0]) if rs_dtypes else None)
+        param_bytes = psi * elem if psi and elem else None
+        exposed = [u["exposed_us"] for rows in forward.values() for u in rows if u.get("exposed_us") is not None]
+        exposed_us = median(exposed)
+        size_text = f"{mb(ag_bytes)}" if ag_bytes else "the whole model"
+        share = f" ({100 * ag_bytes / param_bytes:.0f}% of the {mb(param_bytes)} of parameters)" \
+            if ag_bytes and param_bytes else (f" (parameters: {mb(param_bytes)})" if param_bytes else "")
+        summary = (f"{units:g} all-gather per forward pass of {size_text}{share}: FSDP runs as a single "
+                   f"unit, so the full model is materialized on every rank and nothing overlaps its "
+                   f"all-gather" + (f" ({exposed_us:,.0f} µs exposed per pass)." if exposed_us else "."))
+        model = (f"units = {units:g}; unsharded peak ≈ Ψ·bytes = {mb(param_bytes)}" if param_bytes else
+                 f"units = {units:g}") + f" (Ψ = {psi:,.0f} from {psi_source})" if psi else f"units = {units:g}"
+        evidence = {
+            "units_per_forward_pass": units,
+            "allgather_bytes": ag_bytes, "parameter_bytes": param_bytes,
+            "parameters": psi, "parameters_source": psi_source,
+            "unsharded_peak_bytes": param_bytes or ag_bytes,
+            "exposed_allgather_us": exposed_us,
+            "collectives": "forward all-gather",
+        }
+        strategy = facts.strategy
+        snippet = ("for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)" if strategy == "fsdp2" else
+                   "FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))")
+        return [ctx.finding(summary=summary, ranks=sorted({r for r, _ in forward}),
+                            steps=sorted({s for _, s in forward if s is not None}),
+                            evidence=evidence, estimated_gain_us=None, model=model,
+                            fix_text="Wrap each transformer block as its own FSDP unit so all-gathers "
+                                     "overlap compute and only one block is unsharded at a time.",
+                            fix_snippet=snippet)]

@@ -1,0 +1,110 @@
+"""fsdp-no-prefetch (TC203)."""
+
+from __future__ import annotations
+
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind
+
+
+@register
+class FsdpNoPrefetch(Rule):
+    """FSDP all-gathers that wait for the previous unit's compute instead of running under it.
+
+    What it detects:
+        An FSDP pass with several units whose all-gathers are almost entirely exposed
+        (``serialized_share`` of their time outside compute): each unit's all-gather is issued
+        only after the previous unit's compute, so communication and compute alternate. The
+        FSDP unit schedule, fed with the measured unit sizes, the group's α/β and the measured
+        compute, must predict a material saving with prefetch.
+
+    Why it matters:
+        With ``backward_prefetch=BACKWARD_PRE`` / ``forward_prefetch`` (FSDP1; FSDP2 prefetches
+        by default unless its hooks are disabled) unit i+1's all-gather overlaps unit i's
+        compute; without it the whole all-gather time adds to the step.
+
+    Evidence:
+        Units per pass, the exposed share of the all-gather time, and the modelled exposed
+        communication with and without prefetch.
+
+    Fix:
+        FSDP1: ``backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True``.
+        FSDP2: keep the default implicit prefetching (or ``set_modules_to_forward_prefetch`` /
+        ``set_modules_to_backward_prefetch``), and do not call ``unshard()`` synchronously.
+
+    References:
+        docs/models.md §5 (FSDP units and prefetch); Zhao et al., "PyTorch FSDP", VLDB 2023.
+    """
+
+    name = "fsdp-no-prefetch"
+    code = "TC203"
+    title = "FSDP all-gathers are prefetched under compute"
+    failure_title = "FSDP all-gathers are serialized with compute: prefetch is off"
+    severity = "warning"
+    needs = ("gpu_steps", "fsdp")
+    thresholds = {
+        "min_units": Threshold(3, "fewest all-gathers in a pass for prefetch to matter", 2, 1e9),
+        "serialized_share": Threshold(0.8, "share of the pass's all-gather time outside compute "
+                                      "from which the pass counts as serialized", 0.0, 1.0),
+        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
+                                       "time, worth a finding", 0.0, 1.0),
+    }
+    references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        step_us = facts.typical_step_us
+        t = ctx.thresholds
+        shares = []
+        for (rank, step, phase, kind), rows in facts.units_by_pass().items():
+            if kind != "allgather" or len(rows) < t["min_units"] or not all(u["on_gpu"] for u in rows):
+                continue
+            total = sum(u["dur_us"] for u in rows)
+            shares.append((sum(u["exposed_us"] or 0.0 for u in rows) / total if total else 0.0, rank, step, phase))
+        if not shares or not step_us:
+            return []
+        share = median(s[0] for s in shares)
+        if share < t["serialized_share"]:
+            return []
+        steps = fsdp_steps(facts, prefetch=False)
+        if not steps:
+            return []
+        rep = steps[len(steps) // 2]
+        links = {k: facts.link(group_of_kind(facts, rep.rank, rep.step, k)) for k in ("allgather", "reduce_scatter")}
+        if None in links.values():
+            return []
+        comm = lambda kind, size: links[kind].time_us(kind, size)  # noqa: E731
+        serial, overlapped = rep.exposed_us(comm, prefetch=False), rep.exposed_us(comm, prefetch=True)
+        gain = serial - overlapped
+        if gain < t["min_gain_fraction"] * step_us:
+            return []
+        units = len(rep.forward_ag_bytes)
+        summary = (f"{100 * share:.0f}% of the FSDP all-gather time is outside compute across {units} units "
+                   f"per forward pass: each all-gather waits for the previous unit; prefetching is "
+                   f"predicted to save {gain:,.0f} µs per step ({100 * gain / step_us:.0f}%).")
+        model = (f"FSDP unit schedule (rank {rep.rank}, step {rep.step}): c_i = max(ag_end_i, c_end_(i−1)); "
+                 f"without prefetch ag_start_i = c_end_(i−1): exposed {serial:,.0f} µs; with prefetch "
+                 f"ag_start_i = c_(i−1): exposed {overlapped:,.0f} µs; all-gather "
+                 f"T = (N−1)α + (N−1)/N·S/β with α = {links['allgather'].alpha_us:.3g} µs, "
+                 f"β = {links['allgather'].beta_gbps:.4g} GB/s, N = {links['allgather'].n}")
+        evidence = {
+            "units_per_forward_pass": units,
+            "serialized_share_median": round(share, 3),
+            "by_pass": [[r, s, p, round(x, 3)] for x, r, s, p in sorted(shares, key=lambda v: (v[1], str(v[2]), v[3]))],
+            "modelled_exposed_us_without_prefetch": round(serial, 1),
+            "modelled_exposed_us_with_prefetch": round(overlapped, 1),
+            "predicted_step_time_us": round(step_us - gain, 1),
+            "step_time_us": round(step_us, 1),
+            "link": links["allgather"].evidence(),
+            "collectives": "forward and backward all-gather",
+        }
+        snippet = ("FullyShardedDataParallel(model, auto_wrap_policy=...,\n"
+                   "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)"
+                   if facts.strategy != "fsdp2" else
+                   "# FSDP2 prefetches one unit ahead by default; to go further:\n"
+                   "blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])")
+        return [ctx.finding(summary=summary, ranks=sorted({s[1] for s in shares}),
+                            steps=sorted({s[2] for s in shares if s[2] is not None}), evidence=evidence,
+                            estimated_gain_us=gain, model=model,
+                            fix_text="Turn on FSDP prefetching so the next unit's all-gather runs under "
+                                     "the current unit's compute.", fix_snippet=snippet)]

@@ -1,0 +1,127 @@
+"""fsdp-where-ddp-fits (TC204)."""
+
+from __future__ import annotations
+
+from analyzer import models
+from analyzer.rules.ddp_model import mb
+from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.facts import median
+from analyzer.rules.fsdp_model import group_of_kind, parameter_count
+
+
+@register
+class FsdpWhereDdpFits(Rule):
+    """FSDP on a model whose full DDP state fits the GPU: 1.5× the communication for nothing.
+
+    What it detects:
+        An FSDP job whose parameter count Ψ (from the reduce-scatter inputs) gives a DDP static
+        state of 16Ψ (bf16 parameters and gradients, fp32 AdamW master, m, v) that fits within
+        ``memory_fraction`` of the GPU memory (``deviceProperties.totalGlobalMem``), leaving the
+        rest for activations. The DDP step is projected with the bucket pipeline model (25 MiB
+        buckets, gradients produced at the measured backward pace) and the full, unsharded
+        optimizer step.
+
+    Why it matters:
+        FULL_SHARD sends 3(N−1)/N·Ψ_b per GPU per step against DDP's 2(N−1)/N·Ψ_b, in many
+        per-unit collectives that must be waited for in forward and backward. When memory is not
+        the constraint, that is 1.5× the communication and more exposed time for nothing.
+
+    Evidence:
+        Ψ and its source, 16Ψ against the GPU memory, the FSDP and DDP volumes per GPU, the
+        measured exposed communication and the projected DDP step.
+
+    Fix:
+        Use ``DistributedDataParallel`` (bf16 autocast or bf16 parameters), or FSDP
+        ``SHARD_GRAD_OP`` / ``reshard_after_forward=False`` if some sharding is still wanted.
+
+    References:
+        docs/models.md §3 (volumes and static memory), §4 (DDP pipeline);
+        Rajbhandari et al., "ZeRO", SC 2020; Zhao et al., "PyTorch FSDP", VLDB 2023.
+    """
+
+    name = "fsdp-where-ddp-fits"
+    code = "TC204"
+    title = "FSDP is needed for memory"
+    failure_title = "FSDP on a model that fits in DDP: 1.5× the communication for nothing"
+    severity = "warning"
+    needs = ("gpu_steps", "fsdp")
+    thresholds = {
+        "memory_fraction": Threshold(0.5, "share of GPU memory the DDP static state 16Ψ may take "
+                                     "(the rest is left for activations)", 0.0, 1.0),
+    }
+    references = ("docs/models.md §3, §4", "Rajbhandari et al., ZeRO, SC 2020",
+                  "Zhao et al., PyTorch FSDP, VLDB 2023")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        step_us = facts.typical_step_us
+        psi, psi_source = parameter_count(facts)
+        memory = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value
+        if not psi or not memory or not step_us:
+            return []
+        ddp_state = models.ddp_memory_bytes(psi)
+        if ddp_state > ctx.thresholds["memory_fraction"] * memory:
+            return []
+        n = facts.world_size
+        rs = [c for c in facts.result.collectives if c["collective"] == "reduce_scatter" and c["dtype"]]
+        grad_elem = {"f32": 4}.get(rs[0]["dtype"], 2) if rs else 2
+        fsdp_volume = models.zero3_volume_bytes(psi, 2, n, grad_bytes_per_elem=grad_elem)
+        ddp_volume = models.ddp_volume_bytes(psi, 2, n, grad_bytes_per_elem=grad_elem)
+        projection = self._ddp_projection(facts, psi * grad_elem)
+        exposed = facts.typical_exposed_us or 0.0
+        gain = None
+        ddp_step = None
+        if projection is not None:
+            tail, optimizer_extra = projection
+            ddp_step = step_us - exposed + tail + optimizer_extra
+            gain = step_us - ddp_step
+        summary = (f"The model has {psi / 1e9:.2f} B parameters: DDP's 16Ψ = {mb(ddp_state)} fits in "
+                   f"{100 * ddp_state / memory:.0f}% of the {mb(memory)} GPU, yet FSDP sends "
+                   f"{mb(fsdp_volume)} per GPU per step instead of DDP's {mb(ddp_volume)}"
+                   + (f"; DDP is projected at {ddp_step / 1000:,.1f} ms per step against "
+                      f"{step_us / 1000:,.1f} ms." if ddp_step is not None else "."))
+        model = (f"16Ψ = 16·{psi:,.0f} = {mb(ddp_state)} ≤ {ctx.thresholds['memory_fraction']:g}·{mb(memory)}; "
+                 f"volume FULL_SHARD 3(N−1)/N·Ψ_b = {mb(fsdp_volume)}, DDP 2(N−1)/N·Ψ_b = {mb(ddp_volume)} (N = {n})"
+                 + (f"; DDP step ≈ step − exposed + pipeline tail + (N−1)·sharded optimizer = "
+                    f"{step_us:,.0f} − {exposed:,.0f} + {projection[0]:,.0f} + {projection[1]:,.0f} µs"
+                    if projection else ""))
+        evidence = {
+            "parameters": psi, "parameters_source": psi_source,
+            "ddp_static_bytes": ddp_state, "gpu_memory_bytes": memory,
+            "fsdp_volume_bytes": round(fsdp_volume), "ddp_volume_bytes": round(ddp_volume),
+            "exposed_comm_us": round(exposed, 1), "step_time_us": round(step_us, 1),
+            "projected_ddp_step_time_us": None if ddp_step is None else round(ddp_step, 1),
+            "collectives": "all-gather, reduce-scatter",
+        }
+        return [ctx.finding(summary=summary, ranks=sorted({r.rank for r in facts.result.ranks}),
+                            steps=sorted({v.step for v in facts.steps}), evidence=evidence,
+                            estimated_gain_us=gain, model=model,
+                            fix_text="Train with DistributedDataParallel (the model fits; DDP moves 2/3 of "
+                                     "FSDP's bytes in one overlapped all-reduce pipeline), or keep the sharded "
+                                     "optimizer with SHARD_GRAD_OP, which moves the same bytes as DDP.",
+                            fix_snippet=("model = DistributedDataParallel(model.cuda(), device_ids=[local_rank])
+"
+                                         "# or: FSDP1 sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+"
+                                         "#     FSDP2 fully_shard(block, reshard_after_forward=False)"),
+                            severity=None if gain is not None and gain > 0 else "info")]
+
+    @staticmethod
+    def _ddp_projection(facts, grad_bytes):
+        """(exposed tail of a DDP bucket pipeline at the measured backward pace, extra optimizer
+        time of an unsharded optimizer) in µs, for the median rank-step."""
+        views = [v for v in facts.steps if "backward" in v.windows]
+        if not views:
+            return None
+        view = views[len(views) // 2]
+        link = facts.link(group_of_kind(facts, view.rank, view.step, "reduce_scatter"))
+        if link is None:
+            return None
+        start, end, _ = view.windows["backward"]
+        pieces = max(1, int(grad_bytes // models.MIB))
+        sizes = [grad_bytes / pieces] * pieces
+        ready = [start + (end - start) * (i + 1) / pieces for i in range(pieces)]
+        tail = models.ddp_pipeline_for_cap(sizes, ready, end, lambda s: link.time_us("allreduce", s),
+                                           models.DEFAULT_BUCKET_CAP_BYTES).exposed_tail_us
+        optimizer = view.windows.get("optimizer", (0.0, 0.0, 0.0))[2]
+        return tail, optimizer * (facts.world_size - 1)
