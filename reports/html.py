@@ -530,44 +530,67 @@ def _busbw(c: dict[str, Any], kind: str, group_size: Any) -> float | None:
 
 
 def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int = 600) -> dict[str, Any]:
-    points = sorted((float(c["bytes"]), float(c["dur_us"]), str(c.get("collective") or "unknown"))
-                    for c in rows if _num(c.get("bytes")) and _num(c.get("dur_us")))
+    """Collectives in the coordinates of the group's α-β fit (analyzer.commfit): bytes per ring
+    step x = S·busbw_factor/hops (S/N on a ring) against time per step y = transfer time/hops,
+    so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x."""
+    points = sorted(p for p in (_per_hop_point(c) for c in rows) if p is not None)
     if len(points) < 2:
-        return unavailable("fewer than two collectives with a known size")
+        return unavailable("fewer than two collectives with a known size, kind and group size")
     total = len(points)
     if total > budget:
         points = _thin_points(points, budget)
-    w, h, left, bottom = 620, 300, 60, 36
-    xs = [p[0] for p in points] + ([fit["s_star_bytes"]] if fit and _num(fit.get("s_star_bytes")) else [])
-    ys = [p[1] for p in points]
+    w, h, left, bottom, right = 640, 300, 64, 36, 34
+    s_star = _num(fit.get("s_star_bytes")) if fit else None
+    alpha, beta = (_num(fit.get("alpha_us")), _num(fit.get("beta_gbps"))) if fit else (None, None)
+    # The axes reach down to α and S*, so the line's latency floor and its knee are visible.
+    xs = [p[0] for p in points] + ([s_star / 10] if s_star else [])
+    ys = [p[1] for p in points] + ([alpha] if alpha else [])
     xlo, xhi = _log_bounds(min(xs), max(xs))
     ylo, yhi = _log_bounds(min(ys), max(ys))
-    fx = lambda v: left + (math.log10(v) - xlo) / (xhi - xlo) * (w - left - 10)  # noqa: E731
+    fx = lambda v: left + (math.log10(v) - xlo) / (xhi - xlo) * (w - left - right)  # noqa: E731
     fy = lambda v: h - bottom - (math.log10(v) - ylo) / (yhi - ylo) * (h - bottom - 10)  # noqa: E731
     kinds = sorted({p[2] for p in points})
-    view = {"available": True, "w": w, "h": h, "left": left, "plot_bottom": h - bottom, "shown": len(points),
-            "total": total, "kinds": kinds,
-            "points": [{"x": round(fx(s), 1), "y": round(fy(t), 1), "k": kinds.index(kind),
-                        "tip": f"{kind} {fmt_bytes(s)} in {fmt_us(t)}"} for s, t, kind in points],
+    view = {"available": True, "w": w, "h": h, "left": left, "plot_right": w - right, "plot_bottom": h - bottom,
+            "shown": len(points), "total": total, "kinds": kinds,
+            "points": [{"x": round(fx(x), 1), "y": round(fy(y), 1), "k": kinds.index(kind), "tip": tip}
+                       for x, y, kind, tip in points],
             "xticks": [{"x": round(fx(10 ** e), 1), "label": fmt_bytes(10 ** e)} for e in range(xlo, xhi + 1)],
             "yticks": [{"y": round(fy(10 ** e), 1), "label": fmt_us(10 ** e)} for e in range(ylo, yhi + 1)],
             "line": None, "s_star": None}
-    alpha, beta = (_num(fit.get("alpha_us")), _num(fit.get("beta_gbps"))) if fit else (None, None)
     if alpha is not None and beta:
         curve = []
-        for i in range(41):
-            size = 10 ** (xlo + (xhi - xlo) * i / 40)
+        for i in range(61):
+            size = 10 ** (xlo + (xhi - xlo) * i / 60)
             t = models.alpha_beta_time(size, alpha, beta)
             if 10 ** ylo <= t <= 10 ** yhi:
                 curve.append(f"{fx(size):.1f},{fy(t):.1f}")
         view["line"] = " ".join(curve)
-        s_star = _num(fit.get("s_star_bytes")) or models.crossover_bytes(alpha, beta)
+        s_star = s_star or models.crossover_bytes(alpha, beta)
         if s_star and 10 ** xlo <= s_star <= 10 ** xhi:
             view["s_star"] = {"x": round(fx(s_star), 1), "label": f"S* = {fmt_bytes(s_star)}"}
     return view
 
 
-def _thin_points(points: list[tuple[float, float, str]], budget: int) -> list[tuple[float, float, str]]:
+def _per_hop_point(c: dict[str, Any]) -> tuple[float, float, str, str] | None:
+    from analyzer.commfit import hops
+
+    kind, size, dur = str(c.get("collective") or ""), _num(c.get("bytes")), _num(c.get("dur_us"))
+    n = (c.get("group") or {}).get("size") if isinstance(c.get("group"), dict) else None
+    if kind not in BUSBW_KINDS or not size or not dur or not isinstance(n, int) or n < 1:
+        return None
+    steps = hops(kind, n)
+    if steps < 1 or (n < 2 and kind not in ("send", "recv", "sendrecv")):
+        return None
+    wait = _num(c.get("wait_us")) or 0.0
+    transfer = dur - wait if 0 <= wait < dur else dur  # waiting for late ranks is not transfer
+    x, y = size * models.busbw_factor(kind, n) / steps, transfer / steps
+    tip = (f"{kind} of {fmt_bytes(size)} on {n} ranks: transfer {fmt_us(transfer)}"
+           + (f" (+{fmt_us(wait)} waiting)" if wait and wait < dur else "")
+           + f" = {steps} step(s) of {fmt_bytes(x)} in {fmt_us(y)}")
+    return x, y, kind, tip
+
+
+def _thin_points(points: list[tuple], budget: int) -> list[tuple]:
     """Deterministic thinning that keeps the lower envelope (the fastest point of each size, what
     the α-β fit rests on) and spreads the rest evenly in size order."""
     fastest = [i for i, p in enumerate(points) if i == 0 or p[0] != points[i - 1][0]]

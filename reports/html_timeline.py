@@ -146,13 +146,13 @@ def _choose_ranks(ranks, step_time, stragglers, step) -> list[tuple[Any, str]]:
     if straggler is not None:
         picked.append((straggler, "straggler"))
     elif len(order) > 1:
-        picked.append((order[-1], "slowest at this step"))
+        picked.append((order[-1], "slowest"))
     rest = [k for k in order if k not in {p for p, _ in picked}]
     if rest:
-        picked.append((rest[(len(rest) - 1) // 2], "typical (median step time)"))
+        picked.append((rest[(len(rest) - 1) // 2], "typical"))
     rest = [k for k in order if k not in {p for p, _ in picked}]
     if rest and len(picked) < MAX_RANKS:
-        picked.append((rest[0], "fastest at this step"))
+        picked.append((rest[0], "fastest"))
     return [(by_rank[k], role) for k, role in picked]
 
 

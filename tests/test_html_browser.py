@@ -1,0 +1,164 @@
+"""The HTML report in a real browser: headless Chromium (Debian package) driven by playwright.
+
+No console errors, no request leaves file://, every section is there, the timeline has the
+expected lanes, hover shows a kernel's name and duration, hostile names stay text. Screenshots
+(light, dark, print) go to test-artifacts/ for a human to look at."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.reports.html import HtmlRenderer
+from analyzer.reports.html_cli import html_document
+from builders import TraceBuilder
+
+CHROMIUM = os.environ.get("TRACECLIFF_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+SECTIONS = {"verdict": "Verdict", "ranks": "Where the time went", "timeline": "Timeline",
+            "findings": "Findings", "collectives": "Collectives", "scaling": "Scaling what-if",
+            "models": "Models appendix", "deep-dive": "Deep dive"}
+HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)>\u2028"
+
+
+def _browser_or_skip():
+    if not (os.path.exists(CHROMIUM) and shutil.which(CHROMIUM)):
+        if os.environ.get("CI"):
+            pytest.fail(f"chromium missing at {CHROMIUM}: CI must install it (apt-get install chromium)")
+        pytest.skip(f"chromium not installed at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("playwright is not installed")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+class Page:
+    """A loaded report with everything the page did on the way: console, requests, dialogs."""
+
+    def __init__(self, browser, path: Path, color_scheme: str = "light"):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme)
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+        def route(r):
+            self.requests.append(r.request.url)
+            r.continue_() if r.request.url.startswith("file://") else r.abort()
+
+        self.page.route("**/*", route)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def close(self):
+        self.page.close()
+
+
+def _write_report(tmp: Path, paths, name: str, **doc_changes) -> Path:
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(keep_timeline=True, workers=1))
+    doc = html_document(result.to_dict(), result, {})
+    doc.update(doc_changes)
+    out = tmp / f"{name}.html"
+    out.write_text(HtmlRenderer().render(doc), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def straggler_report(tmp_path_factory):
+    from analyzer.synth import SCENARIOS, write_job
+    folder = tmp_path_factory.mktemp("synthetic")
+    write_job(dataclasses.replace(SCENARIOS["ddp_straggler"], n_layers=2, steps=3), folder)
+    return _write_report(folder, sorted(folder.glob("rank-*.json.gz")), "straggler")
+
+
+def test_report_loads_offline_with_every_section(browser, straggler_report):
+    view = Page(browser, straggler_report)
+    try:
+        assert view.errors == [] and view.dialogs == []
+        assert view.requests == [straggler_report.as_uri()]  # the file itself, nothing else
+        for section_id, heading in SECTIONS.items():
+            section = view.page.locator(f"section#{section_id}")
+            assert section.count() == 1 and heading in section.locator("h2").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        view.page.screenshot(path=str(ARTIFACTS / "html-report-light.png"), full_page=True)
+        view.page.locator("section#timeline").screenshot(path=str(ARTIFACTS / "html-timeline.png"))
+    finally:
+        view.close()
+
+
+def test_timeline_lanes_and_hover(browser, straggler_report):
+    """Three ranks (straggler, typical, fastest), each with its compute and its NCCL stream."""
+    view = Page(browser, straggler_report)
+    try:
+        ranks = view.page.locator("#timeline-svg g.tl-rank")
+        assert ranks.count() == 3
+        assert ranks.first.get_attribute("data-rank") == "5"  # the scenario's straggler, first
+        kinds = [ranks.nth(i).locator("g.lane").evaluate_all("els => els.map(e => e.dataset.kind)")
+                 for i in range(3)]
+        assert kinds == [["compute", "NCCL"]] * 3
+        nccl = view.page.locator("#timeline-svg g.lane[data-kind=NCCL] rect[data-n]").first
+        nccl.hover()
+        tip = view.page.locator("#tc-tip")
+        assert tip.is_visible()
+        text = tip.inner_text()
+        assert text.startswith("ncclDevKernel_AllReduce") and ("µs" in text or " ms" in text)
+        assert view.page.locator("#timeline-svg rect.shade").count() > 0  # exposed comm shaded
+        assert view.errors == []
+    finally:
+        view.close()
+
+
+def test_dark_and_print_renderings(browser, straggler_report):
+    view = Page(browser, straggler_report, color_scheme="dark")
+    try:
+        background = view.page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+        assert background == "rgb(20, 23, 29)"
+        ARTIFACTS.mkdir(exist_ok=True)
+        view.page.screenshot(path=str(ARTIFACTS / "html-report-dark.png"), full_page=True)
+        view.page.emulate_media(media="print", color_scheme="light")
+        assert view.page.locator("nav").is_hidden()
+        view.page.screenshot(path=str(ARTIFACTS / "html-report-print.png"), full_page=True)
+        assert view.errors == []
+    finally:
+        view.close()
+
+
+def test_hostile_names_stay_text(browser, tmp_path):
+    b = TraceBuilder(rank=0, world_size=1, pg_ranks=(0,), host=HOSTILE)
+    b.doc["distributedInfo"]["pg_config"][0]["pg_desc"] = HOSTILE
+    b.cpu("ProfilerStep#1", 990, 200, cat="user_annotation")
+    b.kernel(HOSTILE, 1000, 50, launch_ts=991)
+    b.kernel("ncclDevKernel_AllReduce" + HOSTILE, 1040, 30, stream=20, launch_ts=993)
+    finding = {"rule": "x", "severity": "error", "title": HOSTILE, "summary": HOSTILE, "model": HOSTILE,
+               "evidence": {HOSTILE: HOSTILE}, "fix": {"text": HOSTILE, "snippet": HOSTILE}, "references": [HOSTILE]}
+    report = _write_report(tmp_path, [b.write(tmp_path / "rank-0.json")], "hostile", verdict=HOSTILE,
+                           findings=[finding])
+    view = Page(browser, report)
+    try:
+        assert view.dialogs == [] and view.errors == []
+        assert view.requests == [report.as_uri()]  # <img src=x> never became an element
+        assert view.page.locator("img").count() == 0 and view.page.locator("script").count() == 2
+        assert "</script><script>alert(1)</script>" in view.page.locator("#findings").inner_text()
+        view.page.locator("#timeline-svg g.lane[data-kind=compute] rect[data-n]").first.hover()
+        assert view.page.locator("#tc-tip").inner_text().startswith(HOSTILE.replace("\u2028", ""))
+    finally:
+        view.close()
