@@ -99,10 +99,8 @@ class FsdpWhereDdpFits(Rule):
                             fix_text="Train with DistributedDataParallel (the model fits; DDP moves 2/3 of "
                                      "FSDP's bytes in one overlapped all-reduce pipeline), or keep the sharded "
                                      "optimizer with SHARD_GRAD_OP, which moves the same bytes as DDP.",
-                            fix_snippet=("model = DistributedDataParallel(model.cuda(), device_ids=[local_rank])
-"
-                                         "# or: FSDP1 sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
-"
+                            fix_snippet=("model = DistributedDataParallel(model.cuda(), device_ids=[local_rank])\n"
+                                         "# or: FSDP1 sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,\n"
                                          "#     FSDP2 fully_shard(block, reshard_after_forward=False)"),
                             severity=None if gain is not None and gain > 0 else "info")]
 
