@@ -17,6 +17,7 @@ from analyzer.ingest.files import discover_trace_files
 from analyzer.jobanalysis import analyze_job
 from analyzer.executors import map_ranks
 from analyzer.rank_analysis import RankAnalysis, RankOptions
+from analyzer.rules.engine import run_rules
 
 SCHEMA_VERSION = 1
 
@@ -63,11 +64,13 @@ class Result:
 
 
 def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = DiagnoseOptions(),
-             progress: Progress | None = None) -> Result:
+             progress: Progress | None = None, config: dict[str, Any] | None = None) -> Result:
+    """``config``: the ``[tool.tracecliff]`` table (analyzer.config.load_config) for the rules."""
     files = discover_trace_files(paths)
     ranks = analyze_files(files, options, progress)
     result = build_result(ranks, options)
     analyze_job(result, options)
+    run_rules(result, config)
     return result
 
 

@@ -17,6 +17,7 @@ from analyzer.jobanalysis import job_options
 from analyzer.output import write_atomic
 from analyzer.progress import ProgressBar
 from analyzer.reports.html_cli import html_document, html_options, render_html, wants_html
+from analyzer.rules_cli import exit_code, explain_command, rules_command, rules_options
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
 
@@ -55,12 +56,13 @@ def cli() -> None:
 @scale_options
 @job_options
 @html_options
-def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts, html) -> None:
+@rules_options
+def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts, html, rules) -> int:
     """Measure exposed communication per rank and step in the traces at PATHS
     (files, directories or globs)."""
     options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts,
                               keep_timeline=wants_html(fmt, html))
-    result = diagnose(list(paths), options, progress=ProgressBar("reading traces"))
+    result = diagnose(list(paths), options, progress=ProgressBar("reading traces"), config=rules["config"])
     doc = result.to_dict()
     inputs = [i["path"] for i in doc["inputs"]]
     html_text = render_html(html_document(doc, result, html), html) if wants_html(fmt, html) else None
@@ -68,6 +70,7 @@ def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, f
     _emit(text, output, inputs)
     if html.get("file"):
         write_atomic(html["file"], html_text, inputs)
+    return exit_code(result.findings, rules["fail_on"])
 
 
 def _renderer(fmt: str):
@@ -83,6 +86,10 @@ def _emit(text: str, output: str | None, inputs: list[str]) -> None:
         write_atomic(output, text, inputs)
     else:
         click.echo(text, nl=False)
+
+
+cli.add_command(rules_command)  # issue 4: diagnosis rules
+cli.add_command(explain_command)
 
 
 def main(argv: list[str] | None = None) -> None:
