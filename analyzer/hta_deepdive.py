@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from typing import Any, Mapping
 
 
@@ -83,8 +84,9 @@ def _hta_version() -> str:
 
 @contextlib.contextmanager
 def _quiet():
-    """HTA prints progress on stdout; keep stdout for the report itself."""
-    with contextlib.redirect_stdout(sys.stderr):
+    """HTA prints progress on stdout (keep stdout for the report) and pandas deprecation warnings."""
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         yield
 
 

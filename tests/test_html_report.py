@@ -254,3 +254,37 @@ def test_cli_writes_html_alone_and_next_to_the_text_view(ddp_pair, tmp_path, cap
     assert done.value.code == 0
     assert "tracecliff" in capsys.readouterr().out  # the text view still goes to stdout
     assert "Step 1 (chosen with --step)" in beside.read_text()
+
+
+# ----------------------------------------------------------------------------- HTA deep dive
+def test_hta_deep_dive_comes_from_hta_and_agrees_with_our_kernel_sums(tmp_path):
+    """HTA's COMMUNICATION kernel time per rank is the sum of the NCCL kernel durations, which
+    tracecliff measures independently (collective rows)."""
+    pytest.importorskip("hta")
+    from analyzer.hta_deepdive import deep_dive
+    from analyzer.synth import SCENARIOS, write_job
+    spec = dataclasses.replace(SCENARIOS["ddp_healthy_8r"], world_size=2, n_layers=1, steps=2)
+    write_job(spec, tmp_path)
+    paths = sorted(tmp_path.glob("rank-*.json.gz"))
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(workers=1))
+    data = deep_dive({r.rank: r.path for r in result.ranks})
+    assert data["available"], data.get("why")
+    assert data["source"].startswith("HolisticTraceAnalysis") and data["seconds"] > 0
+    comm = {row["rank"]: row["sum_us"] for row in data["kernel_types"] if row["kernel_type"] == "COMMUNICATION"}
+    ours = {r: sum(c["dur_us"] for c in result.collectives if c["rank"] == r and c["on_gpu"]) for r in (0, 1)}
+    assert comm == pytest.approx(ours, rel=1e-3)
+    streams = {(c["rank"], c["stream"]) for c in result.collectives}
+    assert streams <= {(row["rank"], row["stream"]) for row in data["idle"]}
+    assert all(row[k] >= 0 for row in data["idle"] for k in ("host_wait_us", "kernel_wait_us", "other_wait_us"))
+    html = HtmlRenderer().render({"hta": data})
+    assert "Computed by HolisticTraceAnalysis" in html and "get_idle_time_breakdown" in html
+
+
+def test_hta_missing_is_a_clear_line(monkeypatch):
+    import sys
+    from analyzer.hta_deepdive import deep_dive
+    monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import now raises ImportError
+    data = deep_dive({0: "rank-0.json"})
+    assert data == {"available": False,
+                    "why": "HTA is not installed: pip install 'tracecliff[hta]' (holistictraceanalysis)"}
+    assert "Not available: HTA is not installed" in HtmlRenderer().render({"hta": data})
