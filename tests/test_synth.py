@@ -215,6 +215,18 @@ def test_fsdp_without_wrap_gathers_the_whole_model_once_per_step():
     assert rows[0]["phase"] == "forward" and rows[1]["phase"] == "backward"
 
 
+def test_shard_grad_op_skips_the_backward_all_gathers():
+    full = simulate(replace(TINY, strategy="fsdp2", steps=1))
+    grad_op = simulate(replace(TINY, strategy="fsdp2", steps=1, sharding="shard_grad_op"))
+    passes = [[(r["name"], r["pass"]) for r in collective_rows(sim.truth) if r["rank"] == 0] for sim in (full, grad_op)]
+    n_units = len(full.truth["fsdp_units"])
+    # the root stays unsharded after forward in both; FULL_SHARD gathers the blocks again for backward
+    assert passes[0].count(("allgather", "backward")) == n_units - 1
+    assert passes[1].count(("allgather", "backward")) == 0
+    assert passes[0].count(("allgather", "forward")) == passes[1].count(("allgather", "forward")) == n_units
+    assert passes[1].count(("reduce_scatter", "backward")) == n_units
+
+
 def test_hybrid_shard_all_reduces_shards_across_nodes_on_a_second_stream(hsdp_sim):
     rows = collective_rows(hsdp_sim.truth)
     groups = {g["name"]: g for g in hsdp_sim.truth["groups"]}
@@ -288,6 +300,14 @@ def test_trace_follows_the_kineto_schema(ddp_sim):
     main_tid = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
     autograd = {e["tid"] for e in events if e.get("name", "").startswith("autograd::engine")}
     assert autograd == {e["tid"] for e in events if e.get("name") == "c10d::allreduce_"} != {main_tid}
+
+
+def test_large_groups_are_truncated_in_the_collective_args_like_torch():
+    sim = simulate(replace(TINY, world_size=64, n_layers=1, steps=1))
+    args = next(e["args"] for e in sim.rank_traces[40]["traceEvents"] if e.get("name") == "record_param_comms")
+    assert args["Process Group Ranks"] == "[" + ", ".join(map(str, range(30))) + ", ...]"
+    assert args["Rank"] == 40 and args["Group size"] == 64
+    assert sim.rank_traces[40]["distributedInfo"]["pg_config"][0]["ranks"] == list(range(64))
 
 
 def test_fsdp2_annotations_and_optional_fields():

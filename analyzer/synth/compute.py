@@ -28,7 +28,8 @@ GELU_FWD = (
     "operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>)"
 )
 GELU_BWD = GELU_FWD.replace("GeluCUDAKernelImpl", "GeluBackwardCUDAKernelImpl").replace(
-    "{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>", "{lambda(c10::BFloat16, c10::BFloat16)#1}, std::array<char*, 3ul>"
+    "{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>",
+    "{lambda(c10::BFloat16, c10::BFloat16)#1}, std::array<char*, 3ul>",
 )
 LN_FWD = (
     "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
@@ -51,7 +52,10 @@ BIAS_GRAD = (
     "at::native::func_wrapper_t<float, at::native::sum_functor<c10::BFloat16, float, c10::BFloat16>::"
     "operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, c10::BFloat16, 4, 4>)"
 )
-_FLASH_TRAITS = "Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >"
+_FLASH_TRAITS = (
+    "Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t, "
+    "Flash_kernel_traits<128, 64, 128, 8, cutlass::bfloat16_t> >"
+)
 FLASH_FWD = (
     "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
     "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, false, "
@@ -159,8 +163,8 @@ class Compute:
                 self.matmul(t, d_in, d_out, thread, "fwd")
 
     def layer_norm(self, thread: str = "main") -> None:
-        t, d = self.spec.tokens_per_rank, self.spec.hidden
-        with self.eng.op("aten::layer_norm", thread, args=self._dims((self.spec.micro_batch, self.spec.seq_len, d), (d,))):
+        s, t, d = self.spec, self.spec.tokens_per_rank, self.spec.hidden
+        with self.eng.op("aten::layer_norm", thread, args=self._dims((s.micro_batch, s.seq_len, d), (d,))):
             with self.eng.op("aten::native_layer_norm", thread):
                 self.elementwise(LN_FWD, 4.0 * t * d, thread)
 
@@ -207,7 +211,8 @@ class Compute:
     def loss_forward(self) -> None:
         s = self.spec
         logits = 2.0 * s.tokens_per_rank * s.vocab_size
-        with self.eng.op("aten::cross_entropy_loss", args=self._dims((s.tokens_per_rank, s.vocab_size), (s.tokens_per_rank,))):
+        dims = self._dims((s.tokens_per_rank, s.vocab_size), (s.tokens_per_rank,))
+        with self.eng.op("aten::cross_entropy_loss", args=dims):
             self.simple("aten::log_softmax", LOG_SOFTMAX_FWD, 3.0 * logits)
             self.simple("aten::nll_loss_nd", NLL_FWD, logits)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 LAUNCH_LATENCY_NS = 2_500  # runtime call start -> earliest kernel start
+STREAM_GAP_US = 1.2  # a queued kernel starts ~1 µs after the previous one on its stream ends
 CUDA_LAUNCH_KERNEL, CUDA_LAUNCH_KERNEL_EXC, CUDA_MEMCPY_ASYNC, CUDA_MEMSET_ASYNC = 211, 430, 41, 51
 CUDA_EVENT_RECORD, CUDA_STREAM_WAIT_EVENT, CUDA_STREAM_SYNCHRONIZE = 135, 147, 131
 
@@ -119,6 +120,10 @@ class Engine:
     def stream_tail(self, stream: int) -> np.ndarray:
         return self.tail.setdefault(stream, np.zeros(self.world_size, np.int64))
 
+    def queue_free(self, stream: int) -> np.ndarray:
+        """When the stream can start its next kernel: after the previous one, plus a small gap."""
+        return self.stream_tail(stream) + self.jitter_ns(STREAM_GAP_US, 0.3)
+
     def advance(self, thread: str, us: float) -> None:
         self.cpu[thread] = self.cpu[thread] + self.jitter_ns(us, 0.1)
 
@@ -180,7 +185,7 @@ class Engine:
         if kind == "comm":
             api, cbid = "cudaLaunchKernelExC", CUDA_LAUNCH_KERNEL_EXC
         call = self._runtime(api, thread, cbid, True)
-        start = np.maximum(call.start + LAUNCH_LATENCY_NS, self.stream_tail(stream))
+        start = np.maximum(call.start + LAUNCH_LATENCY_NS, self.queue_free(stream))
         if after is not None:
             start = np.maximum(start, after)
         event = GpuEvent(name, cat, kind, stream, start, np.asarray(dur_ns, np.int64), call.corr, call.ext,
@@ -217,7 +222,7 @@ class Engine:
         """Launch an NCCL kernel: start_r = max(launched, stream free, ready); every member of the
         group ends at the latest member's start plus the transfer time."""
         launch = self._runtime("cudaLaunchKernelExC", thread, CUDA_LAUNCH_KERNEL_EXC, True)
-        start = np.maximum(launch.start + LAUNCH_LATENCY_NS, self.stream_tail(stream))
+        start = np.maximum(launch.start + LAUNCH_LATENCY_NS, self.queue_free(stream))
         start = np.maximum(start, call.ready)
         latest = np.full(int(call.labels.max()) + 1, np.iinfo(np.int64).min)
         np.maximum.at(latest, call.labels, start)

@@ -5,20 +5,42 @@ from __future__ import annotations
 import gzip as gzip_module
 import io
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .kineto import render_rank
-from .programs import build_program
+from .programs import Program, build_program
 from .spec import JobSpec
 from .truth import build_truth
+
+
+class RankTraces(Mapping):
+    """rank -> Kineto trace object, rendered on first access (what-if checks need only the truth)."""
+
+    def __init__(self, program: Program):
+        self._program = program
+        self._cache: dict[int, dict] = {}
+
+    def __getitem__(self, rank: int) -> dict:
+        if not isinstance(rank, int) or not 0 <= rank < len(self):
+            raise KeyError(rank)
+        if rank not in self._cache:
+            self._cache[rank] = render_rank(self._program, rank)
+        return self._cache[rank]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self)))
+
+    def __len__(self) -> int:
+        return self._program.spec.world_size
 
 
 @dataclass(frozen=True)
 class Simulation:
     spec: JobSpec
     truth: dict  # JSON-able
-    rank_traces: dict[int, dict]  # rank -> Kineto trace object
+    rank_traces: Mapping[int, dict]  # rank -> Kineto trace object (rendered lazily)
 
     @property
     def step_time_us(self) -> float:
@@ -29,8 +51,7 @@ class Simulation:
 def simulate(spec: JobSpec) -> Simulation:
     """Run the job's simulation (pure: no I/O, deterministic for a given spec)."""
     program = build_program(spec)
-    traces = {r: render_rank(program, r) for r in range(spec.world_size)}
-    return Simulation(spec, build_truth(program), traces)
+    return Simulation(spec, build_truth(program), RankTraces(program))
 
 
 def dumps(obj) -> bytes:
@@ -49,7 +70,8 @@ def write_job(spec: JobSpec, outdir: str | Path, gzip: bool = True) -> Path:
             (out / f"rank-{rank}.json.gz").write_bytes(_gzip(data))
         else:
             (out / f"rank-{rank}.json").write_bytes(data)
-    (out / "truth.json").write_bytes(json.dumps(sim.truth, sort_keys=True, indent=None, separators=(",", ":")).encode() + b"\n")
+    truth = json.dumps(sim.truth, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    (out / "truth.json").write_bytes(truth.encode() + b"\n")
     return out
 
 

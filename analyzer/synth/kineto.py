@@ -181,8 +181,10 @@ def _by_time(rows: list[tuple[int, dict]]) -> list[dict]:
     return [rows[i][1] for i in order]
 
 
-def _format_list(values: list[int]) -> str:
-    return "[" + ", ".join(str(v) for v in values) + "]"
+def _format_list(values: list[int], limit: int = 30) -> str:
+    """torch's format_list: "[0, 1, 2]", cut to the first 30 entries then ", ..." (kTruncatLength)."""
+    head = ", ".join(str(v) for v in values[:limit])
+    return f"[{head}, ...]" if len(values) > limit else f"[{head}]"
 
 
 def _rank_stride(ranks: list[int]) -> tuple[int, int]:

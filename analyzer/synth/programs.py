@@ -10,6 +10,8 @@ _reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotation
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 
 from .compute import COMPUTE_STREAM, Compute
@@ -61,8 +63,8 @@ class Program:
         self.eng = Engine(spec.world_size, spec.seed, spec.noise, spec.launch_overhead_us, spec.cpu_op_overhead_us)
         self.compute = Compute(self.eng, spec)
         self.groups = process_groups(spec)
-        self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in ("world", "shard", "replicate")
-                       if role == "world" or getattr(self.groups, role)}
+        roles = ["world"] + [role for role in ("shard", "replicate") if getattr(self.groups, role)]
+        self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in roles}
         self.step_ranges: dict[int, object] = {}
 
     def run(self) -> "Program":
@@ -123,7 +125,8 @@ class Program:
         in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
-        transfer_us = ring_time_us(kind, size, n, group.link) * (1 + self.spec.noise * abs(self.eng.rng.standard_normal()))
+        contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
+        transfer_us = ring_time_us(kind, size, n, group.link) * contention
         c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
         call = CollectiveCall(kind, coll_name, dtype, in_n, out_n, size, role, int(round(transfer_us * 1e3)),
                               ready=ready, labels=self.labels[role], tag=tag)
@@ -209,6 +212,10 @@ class FsdpNames:
     def with_fqn(label: str, fqn: str) -> str:  # FSDPParamGroup._with_fqn
         return f"{label} ({fqn})" if fqn else label
 
+    @property
+    def root_pre_forward(self) -> str:
+        return "FSDP::root_pre_forward" if self.fsdp2 else "FullyShardedDataParallel._root_pre_forward"
+
     def pre_forward(self, fqn: str) -> str:
         return self.with_fqn("FSDP::pre_forward", fqn) if self.fsdp2 else "FullyShardedDataParallel._pre_forward"
 
@@ -224,7 +231,9 @@ class FsdpNames:
         return f"FullyShardedDataParallel._pre_{pass_type}_prefetch"
 
     def post_backward(self, fqn: str) -> str:
-        return self.with_fqn("FSDP::post_backward_reduce", fqn) if self.fsdp2 else "FullyShardedDataParallel._post_backward_hook"
+        if self.fsdp2:
+            return self.with_fqn("FSDP::post_backward_reduce", fqn)
+        return "FullyShardedDataParallel._post_backward_hook"
 
 
 class FsdpProgram(Program):
@@ -254,7 +263,7 @@ class FsdpProgram(Program):
         eng = self.eng
         label = self.names.with_fqn("FSDP::all_gather", unit.fqn)
         ready = eng.stream_tail(COMPUTE_STREAM).copy()  # the stream's work enqueued so far
-        with eng.annotation(label, thread) if self.fsdp2 else _nothing():
+        with eng.annotation(label, thread) if self.fsdp2 else nullcontext():
             if self.fsdp2:
                 with eng.op("fsdp::all_gather_copy_in", thread):
                     nbytes = 4.0 * unit.padded_numel // self.shard_size
@@ -312,9 +321,9 @@ class FsdpProgram(Program):
         eng, compute, root = self.eng, self.compute, self.units[0]
         self.gathered: dict[int, np.ndarray] = {}
         first = len(eng.gpu)
-        outer = eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else _nothing()
+        outer = eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else nullcontext()
         with outer as ann:
-            with eng.annotation("FSDP::root_pre_forward" if self.fsdp2 else "FullyShardedDataParallel._root_pre_forward"):
+            with eng.annotation(self.names.root_pre_forward):
                 pass
             with eng.annotation(self.names.pre_forward(root.fqn)):
                 self.unshard(root, "main", "forward")
@@ -334,7 +343,7 @@ class FsdpProgram(Program):
         if unit is None:
             self.compute.layer_forward()
             return
-        with eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else _nothing():
+        with eng.annotation("FullyShardedDataParallel.forward") if not self.fsdp2 else nullcontext():
             with eng.annotation(self.names.pre_forward(unit.fqn)):
                 self.unshard(unit, "main", "forward")
                 self.wait_for_unshard(unit, "main")
@@ -365,23 +374,13 @@ class FsdpProgram(Program):
         compute.embed_backward(_ignore)
         self.post_backward(root)
         # FSDP1 _post_backward_final_callback has no record_function; FSDP2's callback has one
-        with eng.annotation("FSDP::root_post_backward_callback", a) if self.fsdp2 else _nothing():
+        with eng.annotation("FSDP::root_post_backward_callback", a) if self.fsdp2 else nullcontext():
             eng.wait_event(COMPUTE_STREAM, np.max(self.reduced, axis=0), a)
 
     def post_backward(self, unit: Unit) -> None:
         node = "RegisterPostBackwardFunctionBackward" if self.fsdp2 else "torch::autograd::AccumulateGrad"
         with self.eng.op(f"autograd::engine::evaluate_function: {node}", "autograd"):
             self.reduce(unit, "autograd")
-
-
-class _nothing:
-    """A context manager that does nothing and yields None (an optional annotation)."""
-
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _ignore(params: list[Param], thread: str) -> None:
