@@ -29,6 +29,8 @@ import numpy as np
 
 from analyzer import intervals as iv
 from analyzer.errors import InputError
+from analyzer.executors import scale_options
+from analyzer.jobanalysis import job_options
 from analyzer.trace import GpuKind
 
 CATEGORY = "tracecliff"
@@ -230,15 +232,17 @@ def annotated_bytes(document: Any, extra: dict[str, list[dict[str, Any]]], gz: b
     return gzip.compress(data, compresslevel=6, mtime=0) if gz else data
 
 
-def annotate(paths: list[str] | tuple[str, ...], outdir: str | Path, options=None) -> list[dict[str, Any]]:
-    """Write one annotated copy of each rank's trace into ``outdir``; returns what was written."""
+def annotate(paths: list[str] | tuple[str, ...], outdir: str | Path, options=None,
+             config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Write one annotated copy of each rank's trace into ``outdir``; returns what was written.
+    ``config``: the ``[tool.tracecliff]`` table, for the rules whose findings are marked."""
     from analyzer.api import DiagnoseOptions, diagnose
     from analyzer.ingest.files import discover_trace_files
     from analyzer.output import write_atomic
     outdir = Path(outdir)
     files = discover_trace_files(paths)
     targets = output_paths(files, outdir)
-    result = diagnose(paths, replace(options or DiagnoseOptions(), keep_timeline=True))
+    result = diagnose(paths, replace(options or DiagnoseOptions(), keep_timeline=True), config=config)
     origin = int(result.job.get("time_origin_ns") or 0)
     try:
         outdir.mkdir(parents=True, exist_ok=True)
@@ -271,11 +275,18 @@ def rank_tracks(rank, findings: list[dict[str, Any]], origin_ns: int) -> dict[st
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False),
               help="Directory for the annotated copies (created; never an input's directory).")
 @click.option("--steps", help="ProfilerStep numbers to annotate, e.g. 3,5-7 (default: all).")
-def annotate_command(paths, outdir, steps) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="TOML file with [tool.tracecliff] tables for the rules (default: ./pyproject.toml).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
+@scale_options
+@job_options
+def annotate_command(paths, outdir, steps, config_path, gpus_per_node, scale, facts) -> None:
     """Write each rank's trace at PATHS to OUTDIR with extra tracks (exposed communication,
     findings, steps, phases) for Perfetto UI and chrome://tracing."""
     from analyzer.api import DiagnoseOptions
     from analyzer.cli import parse_steps
-    for item in annotate(list(paths), outdir, DiagnoseOptions(steps=parse_steps(steps))):
+    from analyzer.config import load_config
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, **scale, **facts)
+    for item in annotate(list(paths), outdir, options, load_config(config_path)):
         counts = ", ".join(f"{n} {k}" for k, n in item["windows"].items())
         click.echo(f"rank {item['rank']}: {item['output']} ({counts})")

@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from analyzer.executors import scale_options
+from analyzer.jobanalysis import job_options
 from analyzer.metrics import extract_samples, group_label, metric_spec, step_records
 
 DIFF_SCHEMA_VERSION = 1
@@ -199,6 +201,7 @@ def collective_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[st
         b, a = before.get(key), after.get(key)
         either = a or b
         row = {"group": key[0], "collective": key[1], "cross_node": either["cross_node"],
+               "base_cross_node": b["cross_node"] if b else None,
                "cross_node_source": either["cross_node_source"], "per": "rank-step"}
         for field in ("count", "bytes", "time_us", "exposed_us"):
             bv, av = (b or {}).get(field), (a or {}).get(field)
@@ -255,7 +258,7 @@ def step_components(doc: dict[str, Any]) -> dict[str, Any]:
         "compute_us": mean["compute_us"],
         "exposed_comm_us": transfer,
         "by_collective": by_collective,
-        "residual_us": transfer - sum(by_collective.values()),
+        "residual_us": round(transfer - sum(by_collective.values()), 3),  # whole ns: no float dust
         "cross_node": {key: t["cross_node"] for key, t in totals.items()},
         "idle_us": idle,
         "straggler_wait_us": wait,
@@ -281,10 +284,11 @@ def decompose(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
     keys = sorted(set(b["by_collective"]) | set(a["by_collective"]))
     comm_parts = [part(f"{g} {c}", b["by_collective"].get((g, c), 0.0), a["by_collective"].get((g, c), 0.0),
-                       group=g, collective=c, cross_node=a["cross_node"].get((g, c), b["cross_node"].get((g, c))))
+                       group=g, collective=c, cross_node=a["cross_node"].get((g, c), b["cross_node"].get((g, c))),
+                       base_cross_node=b["cross_node"].get((g, c)))
                   for g, c in keys]
     comm_parts.append(part(RESIDUAL, b["residual_us"], a["residual_us"], group=None, collective=None,
-                           cross_node=None))
+                           cross_node=None, base_cross_node=None))
     wait_b, wait_a = b["straggler_wait_us"] or 0.0, a["straggler_wait_us"] or 0.0
     idle_parts = [part("GPU idle", b["idle_us"], a["idle_us"])]
     if b["straggler_wait_us"] is not None or a["straggler_wait_us"] is not None:
@@ -355,12 +359,21 @@ def _num(value: Any) -> float | None:
 @click.argument("new")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to FILE (atomically) instead of stdout.")
-def diff_command(base, new, fmt, output) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="TOML file with [tool.tracecliff] tables for the rules (default: ./pyproject.toml).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
+@scale_options
+@job_options
+def diff_command(base, new, fmt, output, config_path, gpus_per_node, scale, facts) -> None:
     """Compare run BASE with run NEW (each: a trace file, directory or glob, or a saved
-    `diagnose --format json` result)."""
+    `diagnose --format json` result). Options apply to both runs when they are traces."""
+    from analyzer.api import DiagnoseOptions
+    from analyzer.config import load_config
     from analyzer.metrics import load_run
     from analyzer.output import write_atomic
-    base_doc, new_doc = load_run([base]), load_run([new])
+    config = load_config(config_path)
+    options = DiagnoseOptions(gpus_per_node=gpus_per_node, **scale, **facts)
+    base_doc, new_doc = load_run([base], options, config), load_run([new], options, config)
     doc = diff_runs(base_doc, new_doc, base, new)
     if fmt == "json":
         from analyzer.result_json import dumps

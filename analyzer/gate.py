@@ -33,7 +33,10 @@ from typing import Any
 
 import click
 
+from analyzer.config import load_config
 from analyzer.errors import ConfigError
+from analyzer.executors import scale_options
+from analyzer.jobanalysis import job_options
 from analyzer.metrics import AGGREGATIONS, aggregate, extract_samples, metric_spec, unavailable_reason
 from analyzer.reports.diff_text import table
 
@@ -124,29 +127,6 @@ class GateReport:
 
 
 # ---------------------------------------------------------------- configuration
-
-
-def load_tool_config(path: str | None) -> dict[str, Any]:
-    """``[tool.tracecliff]`` of ``path`` (or ./pyproject.toml), via the shared config loader."""
-    try:
-        from analyzer.config import load_config
-    except ImportError:  # pragma: no cover - the shared loader ships with the rules engine
-        return _read_tool_table(path)
-    return load_config(path)
-
-
-def _read_tool_table(path: str | None) -> dict[str, Any]:
-    import tomllib
-    source = Path(path) if path else Path("pyproject.toml")
-    if not source.is_file():
-        if path:
-            raise ConfigError(f"{path}: configuration file not found")
-        return {}
-    try:
-        data = tomllib.loads(source.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
-    return data.get("tool", {}).get("tracecliff", {})
 
 
 def parse_gate_config(tool: dict[str, Any], preset: str | None = None,
@@ -263,12 +243,8 @@ def _non_negative(name: str, value: Any) -> float:
     return float(value)
 
 
-def registered_rule_names() -> list[str] | None:
-    """Names of the registered rules, or None when the rules engine is not installed."""
-    try:
-        from analyzer.rules.engine import all_rules
-    except ImportError:
-        return None
+def registered_rule_names() -> list[str]:
+    from analyzer.rules.engine import all_rules
     return sorted(all_rules())
 
 
@@ -484,9 +460,12 @@ def append_github_summary(report: GateReport) -> bool:
 @click.option("--max-regression-pct", type=click.FloatRange(min=0), help="Allowed regression against the baseline.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (traces only).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="GPUs per node when traces lack host names.")
+@scale_options
+@job_options
 @click.pass_context
 def gate_command(ctx, paths, config_path, baseline, junit_path, github_summary, preset,
-                 max_regression_pct, fmt, steps) -> None:
+                 max_regression_pct, fmt, steps, gpus_per_node, scale, facts) -> None:
     """Check a run (trace PATHS or a saved JSON result) against the assertions of
     [tool.tracecliff.gate] and, with --baseline, against a previous run.
     Exit 0 pass, 1 failed, 2 usage/input/config error."""
@@ -494,13 +473,14 @@ def gate_command(ctx, paths, config_path, baseline, junit_path, github_summary, 
     from analyzer.cli import parse_steps
     from analyzer.metrics import load_run
     rule_names = registered_rule_names()
-    config = parse_gate_config(load_tool_config(config_path), preset, max_regression_pct, rule_names)
+    tool = load_config(config_path)
+    config = parse_gate_config(tool, preset, max_regression_pct, rule_names)
     if not config.assertions and baseline is None:
         raise ConfigError("nothing to check: no [tool.tracecliff.gate] assertions "
                           f"in {config_path or './pyproject.toml'}, no --preset and no --baseline")
-    options = DiagnoseOptions(steps=parse_steps(steps))
-    doc = load_run(paths, options)
-    base_doc = load_run([baseline], options) if baseline else None
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, **scale, **facts)
+    doc = load_run(paths, options, tool)
+    base_doc = load_run([baseline], options, tool) if baseline else None
     report = evaluate(doc, config, base_doc, baseline)
     if fmt == "json":
         from analyzer.result_json import dumps

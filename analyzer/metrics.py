@@ -221,11 +221,12 @@ def is_result_doc(doc: Any) -> bool:
 
 
 def read_result_file(path: Path) -> dict[str, Any] | None:
-    """The result document in ``path``, or None when the file is a trace (decided by content)."""
+    """The result document in ``path``, or None when the file is a trace (decided by content:
+    traces name their event list within the first MB, results never contain that key)."""
     from analyzer.ingest.files import read_trace_bytes
+    if b'"traceEvents"' in _head(path, 1 << 20):
+        return None
     data = read_trace_bytes(path)
-    if b'"traceEvents"' in data[: 1 << 20]:
-        return None  # traces name their event list early; results never contain that key
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -233,9 +234,25 @@ def read_result_file(path: Path) -> dict[str, Any] | None:
     return doc if is_result_doc(doc) else None
 
 
-def load_run(paths: list[str] | tuple[str, ...], options=None) -> dict[str, Any]:
+def _head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of the (possibly gzip) file's content, without reading it all."""
+    import gzip
+    import zlib
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(size)
+        if raw[:2] != b"\x1f\x8b":
+            return raw
+        with gzip.open(path, "rb") as handle:
+            return handle.read(size)
+    except (OSError, EOFError, zlib.error):
+        return b""  # unreadable or corrupt: the full reader reports it
+
+
+def load_run(paths: list[str] | tuple[str, ...], options=None, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Result document of a run: a saved ``diagnose --format json`` file, or the diagnosis of
-    trace paths (files, directories, globs)."""
+    trace paths (files, directories, globs) with ``options`` (DiagnoseOptions) and ``config``
+    (the ``[tool.tracecliff]`` table, for the rules)."""
     paths = list(paths)
     if not paths:
         raise InputError("<arguments>", "no trace or result path given")
@@ -250,4 +267,4 @@ def load_run(paths: list[str] | tuple[str, ...], options=None) -> dict[str, Any]
                     raise InputError(raw, "result document has no 'ranks' list")
                 return doc
     from analyzer.api import DiagnoseOptions, diagnose
-    return diagnose(paths, options or DiagnoseOptions()).to_dict()
+    return diagnose(paths, options or DiagnoseOptions(), config=config).to_dict()

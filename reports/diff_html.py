@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from analyzer.reports.diff_text import SCOPE, fmt, pct, signed
+from analyzer.reports.diff_text import SCOPE, fmt, pct, scope_label, signed
 from analyzer.result_json import _clean
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -49,5 +49,5 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True, "allow_nan": False}
-    env.filters.update(fmt=fmt, pct=pct, signed=signed)
+    env.filters.update(fmt=fmt, pct=pct, signed=signed, scope_label=scope_label)
     return env

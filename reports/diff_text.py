@@ -21,7 +21,7 @@ class DiffTextRenderer:
                             pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
         lines += _section("Collectives per rank and step (count, bytes, time, exposed)",
                           ["group", "collective", "scope", "count", "bytes", "time µs", "exposed µs"],
-                          [[c["group"], c["collective"], SCOPE[c["cross_node"]],
+                          [[c["group"], c["collective"], scope_label(c),
                             _pair(c["count"], "n"), _pair(c["bytes"], "B"), _pair(c["time_us"], "µs"),
                             _pair(c["exposed_us"], "µs")] for c in doc["collectives"]])
         lines += _findings(doc["findings"])
@@ -62,8 +62,7 @@ def _decomposition(step: dict[str, Any]) -> list[str]:
                      pct(c["share_of_change_pct"], signed_=False), f"{c['efficiency_points']:+.1f}"])
         for p in c.get("parts", []):
             if p["base_us"] or p["new_us"]:
-                label = p["component"] + (f" [{SCOPE[p['cross_node']]}]" if "cross_node" in p and
-                                          p.get("collective") else "")
+                label = p["component"] + (f" [{scope_label(p)}]" if p.get("collective") else "")
                 rows.append(["  " + label, fmt(p["base_us"], "µs"), fmt(p["new_us"], "µs"), signed(p["delta_us"]),
                              pct(p["share_of_change_pct"], signed_=False), f"{p['efficiency_points']:+.1f}"])
         for scope, delta in (c.get("by_scope") or {}).items():
@@ -72,6 +71,14 @@ def _decomposition(step: dict[str, Any]) -> list[str]:
     if not step["straggler_wait_measured"]:
         lines.append(" (straggler wait not measured: no cross-rank wait_us; it stays in exposed communication)")
     return lines
+
+
+def scope_label(part: dict[str, Any]) -> str:
+    """intra / cross, or base→new when the group changed scope (the scaling-cliff signature)."""
+    new, base = part.get("cross_node"), part.get("base_cross_node")
+    if base is not None and base != new:
+        return f"{SCOPE[base]}→{SCOPE[new]}"
+    return SCOPE[new]
 
 
 def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -72,7 +72,9 @@ def test_a_run_against_itself_has_zero_deltas(tmp_path):
     step = diff["step_time"]
     assert step["delta_us"] == 0 and all(c["delta_us"] == 0 for c in step["components"])
     assert diff["scaling"]["efficiency"] == 1.0 and diff["same_scale"]
-    assert diff["findings"] == {"appeared": [], "resolved": [], "persisting": []}
+    changes = diff["findings"]
+    assert changes["appeared"] == changes["resolved"] == []
+    assert all(f["count"] == f["base_count"] for f in changes["persisting"])
 
 
 def test_uniform_slowdown_is_decomposed_exactly(tmp_path):
@@ -108,6 +110,7 @@ def test_scaling_cliff_is_measured_and_attributed(cliff):
     assert comm["efficiency_points"] == pytest.approx(100 * (1 - 95 / 125))
     allreduce = next(p for p in comm["parts"] if p["collective"] == "allreduce")
     assert allreduce["group"] == "default_pg" and allreduce["cross_node"] is True
+    assert allreduce["base_cross_node"] is False  # one node before, two after
     assert allreduce["delta_us"] == pytest.approx(30.0)
     assert comm["by_scope"] == {"cross-node": pytest.approx(30.0)}
     row = diff["collectives"][0]
@@ -148,7 +151,7 @@ def test_text_and_html_views(cliff):
     diff = diff_runs(base, new, "small", '<script>alert("x")</script>')
     text = DiffTextRenderer().render(diff)
     assert "Weak-scaling efficiency: 76.0% (2 → 4 GPUs" in text
-    assert re.search(r"default_pg allreduce \[cross\]\s+20\.0\s+50\.0\s+\+30\.0\s+100\.0%", text)
+    assert re.search(r"default_pg allreduce \[intra→cross\]\s+20\.0\s+50\.0\s+\+30\.0\s+100\.0%", text)
     html = DiffHtmlRenderer().render(diff)
     assert "<script>alert" not in html and "&lt;script&gt;alert" in html
     block = re.search(r'<script type="application/json" id="tracecliff-diff">(.*?)</script>', html, re.S)

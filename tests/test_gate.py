@@ -242,3 +242,32 @@ def test_saved_result_is_detected_by_content_and_gives_the_same_metrics(job, tmp
     saved = tmp_path / "renamed.trace.json"  # a trace-like name: content decides
     run_cli(["diagnose", job, "--format", "json", "-o", saved], capsys)
     assert extract_samples(load_run([str(saved)])) == extract_samples(load_run([str(job)]))
+
+
+def test_baseline_catches_a_synthetic_job_with_20_percent_slower_compute(tmp_path, capsys, monkeypatch):
+    """The generator's own truth says how much slower the step is; the gate must see the same."""
+    from dataclasses import replace
+
+    from analyzer.synth import JobSpec, write_job as write_synthetic
+    monkeypatch.chdir(tmp_path)
+    spec = JobSpec(world_size=2, gpus_per_node=2, n_layers=2, steps=3)
+    slow_spec = replace(spec, gemm_efficiency=spec.gemm_efficiency / 1.2,
+                        attn_efficiency=spec.attn_efficiency / 1.2, mem_efficiency=spec.mem_efficiency / 1.2)
+    fast, slow = write_synthetic(spec, tmp_path / "fast"), write_synthetic(slow_spec, tmp_path / "slow")
+    truth = [json.loads((d / "truth.json").read_text())["step_time_us"] for d in (fast, slow)]
+    base = tmp_path / "base.json"
+    assert run_cli(["diagnose", fast / "rank-*", "--format", "json", "-o", base], capsys)[0] == 0
+    rc, out, _ = run_cli(["gate", slow / "rank-*", "--baseline", base, "--format", "json"], capsys)
+    step = next(c for c in json.loads(out)["checks"] if c["name"] == "step_time_us")
+    assert rc == 1 and step["status"] == "fail"
+    assert step["change_pct"] == pytest.approx(100 * (truth[1] / truth[0] - 1), abs=0.5)
+
+
+def test_mfu_from_model_size_and_tokens(job, tmp_path, capsys):
+    """6Ψ FLOPs/token, Ψ = 1e6, 1000 tokens per step on 2 H100s (989 TFLOPS): steps of 100 and
+    95 µs give MFU 6e6·1e3/100e-6/2/989e12 = 0.030334 and 0.031930; median 0.031132."""
+    config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.0311, max = 0.0312 }]')
+    rc, out, _ = run_cli(["gate", job, "--config", config, "--model-params", "1e6", "--tokens-per-step", "1000",
+                          "--format", "json"], capsys)
+    check = json.loads(out)["checks"][0]
+    assert rc == 0 and check["actual"] == pytest.approx((6e9 / 100e-6 + 6e9 / 95e-6) / 2 / 2 / 989e12, rel=1e-4)
