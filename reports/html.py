@@ -230,8 +230,10 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),
-             ("NCCL", str(job.get("nccl_version") or "unknown")),
-             ("PyTorch", str(job.get("pytorch_version") or job.get("torch_version") or "unknown"))]
+             ("NCCL", str(job.get("nccl_version") or "unknown"))]
+    torch_version = job.get("pytorch_version") or job.get("torch_version")
+    if torch_version:
+        facts.append(("PyTorch", str(torch_version)))
     return [{"label": k, "value": v} for k, v in facts]
 
 

@@ -288,3 +288,26 @@ def test_hta_missing_is_a_clear_line(monkeypatch):
     assert data == {"available": False,
                     "why": "HTA is not installed: pip install 'tracecliff[hta]' (holistictraceanalysis)"}
     assert "Not available: HTA is not installed" in HtmlRenderer().render({"hta": data})
+
+
+# ----------------------------------------------------------------------------- scaling what-if
+def test_scaling_curve_from_the_whatif_model_with_the_suggested_fix(tmp_path):
+    """The measured point is 100% by definition; the what-if projection of the trace onto its own
+    size reproduces it (issue 3: within 5%); the suggested bucket_cap_mb, which shortens the
+    exposed cross-node all-reduce tail, projects a higher efficiency than the configuration as
+    measured at the measured size and beyond (below it, 4 GPUs fit in one node and the tail is
+    short either way)."""
+    pytest.importorskip("analyzer.whatif")
+    from analyzer.reports.html_cli import scaling_data
+    from analyzer.synth import SCENARIOS, write_job
+    write_job(SCENARIOS["ddp_bucket_oversized"], tmp_path)
+    result = diagnose([str(p) for p in sorted(tmp_path.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    data = scaling_data(result)
+    assert data["available"], data
+    series = {s["kind"]: {p["gpus"]: p["efficiency"] for p in s["points"]} for s in data["series"]}
+    assert series["measured"] == {8: 1.0}
+    assert series["projection"][8] == pytest.approx(1.0, abs=0.05)
+    assert set(series["fix"]) == set(series["projection"]) and len(series["fix"]) >= 3
+    assert all(series["fix"][g] > series["projection"][g] for g in series["fix"] if g >= 8)
+    view = build_view({"scaling": data})["scaling"]
+    assert view["available"] and [s["kind"] for s in view["series"]] == ["measured", "projection", "fix"]
