@@ -11,6 +11,8 @@ from typing import Any
 
 from analyzer import models
 
+POINT_TO_POINT = ("send", "recv", "sendrecv")
+
 
 @dataclass(frozen=True)
 class StepView:
@@ -110,11 +112,12 @@ class JobFacts:
     @cached_property
     def matched(self) -> dict[tuple, dict[int, dict[str, Any]]]:
         """The same collective on every rank that has it: by (group, Seq) when recorded, else by
-        (group, collective, step, occurrence on that rank). GPU collectives only."""
+        (group, collective, step, occurrence on that rank). GPU collectives only; point-to-point
+        transfers are left out (a send and its recv do not end together on every rank)."""
         out: dict[tuple, dict[int, dict[str, Any]]] = {}
         seen: dict[tuple, int] = {}
         for row in self.result.collectives:  # sorted by rank, then start
-            if not row.get("on_gpu"):
+            if not row.get("on_gpu") or row["collective"] in POINT_TO_POINT:
                 continue
             group = (row.get("group") or {}).get("name")
             if row.get("seq") is not None:
@@ -237,6 +240,8 @@ class JobFacts:
             "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units),
                      "not an FSDP job"),
             "multi_rank": (lambda: len(self.result.ranks) >= 2, "needs at least 2 ranks' traces"),
+            "all_ranks": (lambda: len(self.result.ranks) >= max(2, self.world_size),
+                          "needs every rank's trace (the last arrival may be a rank not given)"),
             "collectives": (lambda: bool(self.result.collectives), "no collectives in the traces"),
         }
         for need in needs:

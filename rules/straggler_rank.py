@@ -19,7 +19,9 @@ class StragglerRank(Rule):
         so every other rank's duration is its wait plus the transfer. The rule fires when one
         rank is the last arrival in most collectives and the wait it causes on the median other
         rank (the part of each wait not hidden under that rank's own compute) is a material
-        share of the step. Clock offsets between hosts do not matter: only
+        share of the step. It needs every rank's trace (with a subset, the shortest kernel
+        belongs to the last rank *given*, not necessarily the last to arrive) and leaves out
+        point-to-point transfers. Clock offsets between hosts do not matter: only
         durations are compared.
 
     Why it matters:
@@ -46,7 +48,7 @@ class StragglerRank(Rule):
     title = "No rank holds the others back"
     failure_title = "A straggler rank makes the others wait at every collective"
     severity = "warning"
-    needs = ("gpu_steps", "multi_rank", "collectives")
+    needs = ("gpu_steps", "all_ranks", "collectives")
     thresholds = {
         "consistency": Threshold(0.6, "share of the collectives with a material wait in which the "
                                  "same rank arrives last", 0.0, 1.0),

@@ -1,0 +1,193 @@
+"""The rules engine: rule declarations and docs, settings from configuration, a failing rule,
+ordering, the CLI (rules, explain, --config, --fail-on), and the DDP pipeline fed with a
+hand-worked step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analyzer import models
+from analyzer.cli import main
+from analyzer.config import ConfigError, load_config, rule_settings
+from analyzer.rules.ddp_model import DdpStep
+from analyzer.rules.engine import DOC_SECTIONS, RULES, all_rules, run_rules
+from analyzer.rules.facts import Link
+from rule_cases_lib import diagnosed, sample_traces
+
+REQUIRED = {"ddp-bucket-oversized", "ddp-bucket-undersized", "comm-bound-step",
+            "fsdp-missing-wrap-policy", "fsdp-fullshard-cross-node", "fsdp-no-prefetch",
+            "fsdp-where-ddp-fits", "straggler-rank", "fp32-gradient-comm"}
+
+
+def test_required_rules_are_registered_with_unique_codes():
+    rules = all_rules()
+    assert REQUIRED <= set(rules)
+    assert len({r.code for r in rules.values()}) == len(rules)
+
+
+@pytest.mark.parametrize("name", sorted(all_rules()))
+def test_rule_declaration_and_docs(name):
+    rule = all_rules()[name]
+    assert rule.name == name and rule.code.startswith("TC") and rule.title and rule.failure_title
+    assert rule.severity in ("error", "warning", "info")
+    sections = rule.doc_sections()
+    assert list(sections) == list(DOC_SECTIONS), name
+    assert all(len(text) > 40 for text in sections.values())
+    assert "models.md" in sections["References"]
+    for key, spec in rule.thresholds.items():
+        assert spec.minimum <= spec.default <= spec.maximum and spec.help, key
+
+
+# ---------------------------------------------------------------- configuration
+def test_load_config_reads_tool_table(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[tool.tracecliff.rules.straggler-rank]\nconsistency = 0.9\n'
+        '[tool.tracecliff.gate]\nmax_regression_pct = 5.0\n')
+    monkeypatch.chdir(tmp_path)
+    config = load_config()
+    assert config["gate"] == {"max_regression_pct": 5.0}
+    settings = rule_settings(config, all_rules())
+    assert settings["straggler-rank"]["thresholds"]["consistency"] == 0.9
+    assert settings["straggler-rank"]["thresholds"]["wait_fraction"] == 0.03
+    assert load_config(tmp_path / "pyproject.toml") == config
+
+
+def test_no_pyproject_means_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config() == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[tool.tracecliff.rules.no-such-rule]\nenabled = false\n", "unknown rule(s) no-such-rule"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistensy = 0.5\n", "unknown key(s) consistensy"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = 1.5\n", "between 0 and 1"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = true\n", "must be a number"),
+    ("[tool.tracecliff.rules.straggler-rank]\nenabled = 1\n", "true or false"),
+    ("[tool.tracecliff.rules.straggler-rank]\nseverity = \"fatal\"\n", "severity must be one of"),
+    ("[tool.tracecliff.rules\n", "invalid TOML"),
+])
+def test_bad_configuration_is_one_line_config_error(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        rule_settings(load_config(path), all_rules(), str(path))
+    assert message in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+# ---------------------------------------------------------------- engine behaviour
+def _fresh(trace):
+    import copy
+    return copy.deepcopy(diagnosed(trace))
+
+
+def test_disabled_rule_and_severity_override():
+    result = _fresh("synthetic/ddp_straggler")
+    config = {"rules": {"straggler-rank": {"severity": "error"}}}
+    assert [f["severity"] for f in run_rules(result, config)] == ["error"]
+    config = {"rules": {"straggler-rank": {"enabled": False}}}
+    assert run_rules(result, config) == []
+    status = {s["rule"]: s["status"] for s in result.extra["rules"]}
+    assert status["straggler-rank"] == "disabled"
+    assert result.extra["verdict"].startswith("No scaling problem found")
+
+
+def test_threshold_changes_the_verdict():
+    result = _fresh("synthetic/ddp_straggler")
+    wait = run_rules(result)[0]["evidence"]["wait_per_step_us"]
+    step = result.findings[0]["evidence"]["step_time_us"]
+    above = {"rules": {"straggler-rank": {"wait_fraction": wait / step * 1.01}}}
+    below = {"rules": {"straggler-rank": {"wait_fraction": wait / step * 0.99}}}
+    assert run_rules(result, above) == []
+    assert [f["rule"] for f in run_rules(result, below)] == ["straggler-rank"]
+
+
+def test_a_rule_that_raises_becomes_an_error_finding(monkeypatch):
+    result = _fresh("synthetic/ddp_straggler")
+
+    def broken(self, ctx):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(RULES["comm-bound-step"], "check", broken)
+    findings = run_rules(result)
+    errors = [f for f in findings if f["rule"] == "comm-bound-step"]
+    assert len(errors) == 1 and errors[0]["severity"] == "error"
+    assert "ZeroDivisionError: boom" in errors[0]["summary"]
+    assert "straggler-rank" in {f["rule"] for f in findings}  # the run went on
+
+
+def test_findings_sorted_by_gain_then_without_gain():
+    result = _fresh("synthetic/ddp_bucket_undersized")
+    rules = [f["rule"] for f in run_rules(result)]
+    assert rules == ["ddp-bucket-undersized", "comm-bound-step"]  # gain first, then no gain
+    assert result.extra["verdict"].startswith("2 problem(s) found: DDP buckets are undersized")
+
+
+# ---------------------------------------------------------------- CLI
+def _run(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+def test_rules_and_explain_commands(capsys):
+    code, out, _ = _run(["rules"], capsys)
+    assert code == 0 and all(name in out for name in REQUIRED)
+    code, out, _ = _run(["explain", "fsdp-no-prefetch"], capsys)
+    assert code == 0
+    assert all(section + ":" in out for section in DOC_SECTIONS)
+    assert "[tool.tracecliff.rules.fsdp-no-prefetch]" in out and "serialized_share = 0.8" in out
+    code, out, _ = _run(["explain", "TC302"], capsys)
+    assert code == 0 and out.startswith("straggler-rank (TC302")
+    code, _, err = _run(["explain", "no-such-rule"], capsys)
+    assert code == 2 and "unknown rule" in err
+
+
+def test_fail_on_exit_codes(capsys, tmp_path):
+    files = sample_traces()["cpu_gloo/fsdp1_nowrap"]  # fires fsdp-missing-wrap-policy (warning)
+    code, out, _ = _run(["diagnose", *files, "--workers", "1"], capsys)
+    assert code == 0 and out.splitlines()[0].startswith("1 problem(s) found: FSDP has no wrap policy")
+    assert _run(["diagnose", *files, "--workers", "1", "--fail-on", "warning"], capsys)[0] == 1
+    assert _run(["diagnose", *files, "--workers", "1", "--fail-on", "error"], capsys)[0] == 0
+    config = tmp_path / "tc.toml"
+    config.write_text('[tool.tracecliff.rules.fsdp-missing-wrap-policy]\nseverity = "error"\n')
+    assert _run(["diagnose", *files, "--workers", "1", "--config", str(config), "--fail-on", "error"],
+                capsys)[0] == 1
+    config.write_text('[tool.tracecliff.rules.fsdp-missing-wrap-polcy]\nenabled = false\n')
+    code, _, err = _run(["diagnose", *files, "--config", str(config)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "unknown rule(s) fsdp-missing-wrap-polcy" in err
+
+
+# ---------------------------------------------------------------- the DDP pipeline, by hand
+def test_ddp_step_model_hand_worked():
+    # 8 ranks, α = 1 µs, β = 100 GB/s: T_AR(S) = 14 µs + 1.75·S/1e5 µs.
+    link = Link(1.0, 100.0, 8, False, 1, "test")
+    mib = models.MIB
+    # Backward 0..1000 µs; two buckets of 100 MiB; the first starts on an idle stream at 400 µs
+    # (a ready time), the second queues behind it.
+    step = DdpStep(0, 1, 0.0, 1000.0, (100 * mib, 100 * mib), (400.0, 2249.0), (2249.0, 4098.0), link, "bf16")
+    bytes_, times = step.ready_curve()
+    assert bytes_.tolist() == [0.0, 100 * mib, 200 * mib]
+    assert times.tolist() == [0.0, 400.0, 1000.0]
+    t_ar = 14 + 1.75 * 100 * mib / 1e5
+    assert step.allreduce_us(100 * mib) == pytest.approx(t_ar)
+    pipeline = step.modelled_current()
+    # e_0 = 400 + T, e_1 = max(1000, e_0) + T; tail = e_1 - 1000
+    assert pipeline.exposed_tail_us == pytest.approx(400 + 2 * t_ar - 1000)
+    assert step.measured_tail_us == pytest.approx(3098.0)
+    assert step.first_wait_us == 400.0
+    # Gradients arrive at 0.25 MiB/µs before 400 µs, then 100 MiB / 600 µs: a 50 MiB cap gives
+    # buckets ready at 200, 400, 700, 1000 µs; the last one alone is exposed after its chain.
+    tail_50 = step.tail_for_cap(50 * mib)
+    t50 = 14 + 1.75 * 50 * mib / 1e5
+    ends = []
+    for ready in (200.0, 400.0, 700.0, 1000.0):
+        ends.append(max(ready, ends[-1] if ends else -math.inf) + t50)
+    assert tail_50 == pytest.approx(ends[-1] - 1000.0)
