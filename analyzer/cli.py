@@ -125,3 +125,7 @@ from analyzer.gate import gate_command  # noqa: E402  (issue 6: CI gate)
 cli.add_command(gate_command)
 cli.add_command(diff_command)
 cli.add_command(annotate_command)
+
+from analyzer.whatif import whatif_command  # noqa: E402  (issue 3: scaling what-if)
+
+cli.add_command(whatif_command)

@@ -72,7 +72,7 @@ class AlphaBeta:
     alpha_us: float | None
     beta_gbps: float | None
     fit: str  # how they were obtained, in words
-    source: str  # "fit" | "profile" | "none"
+    source: str  # "fit" | "profile-alpha" (α from the profile, β measured) | "profile" | "none"
     points: int = 0  # envelope points the fit used
 
     @property
@@ -133,8 +133,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
-        return AlphaBeta(alpha_fb, beta_fb, f"{where}: only {distinct} distinct message size(s) "
-                         f"(a fit needs {MIN_DISTINCT_SIZES})", source)
+        return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
     x, y = envelope(np.array([p[0] for p in points], float), np.array([p[1] for p in points], float))
     line = lower_line(x, y)
     if line is None:
@@ -145,6 +144,20 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
     return AlphaBeta(round(alpha, 4), round(beta, 3),
                      f"lower-envelope fit of {len(points)} collectives ({distinct} distinct sizes, "
                      f"{len(x)} size buckets)", "fit", len(x))
+
+
+def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
+    """Too few sizes for a line: α from the profile; β from the fastest collective with that α
+    when its transfer time is clearly above α (else the profile's β too)."""
+    why = f"only {distinct} distinct message size(s) (a fit needs {MIN_DISTINCT_SIZES})"
+    if alpha_fb is None or not points:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: {why}", source)
+    betas = [x * 1e-3 / (y - alpha_fb) for x, y in points if x > 0 and y > 2 * alpha_fb]
+    if not betas:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: {why}; transfers too short to measure β", source)
+    return AlphaBeta(alpha_fb, round(max(betas), 3),
+                     f"α from the {where}; β from the fastest of {len(points)} collectives "
+                     f"with that α: {why}", "profile-alpha", 1)
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,98 @@
+"""Cross-rank matching: waits, transfer time, arrival skew and the straggler."""
+
+import copy
+
+import pytest
+
+from analyzer.crossrank import analyze, match
+
+
+def row(rank, start, dur, step=1, kind="allreduce", group="0", **extra):
+    return {"rank": rank, "start_us": start, "dur_us": dur, "step": step, "collective": kind,
+            "group": {"name": group, "ranks": [0, 1, 2], "size": 3, "description": "default_pg"},
+            "seq": None, "comms_id": None, **extra}
+
+
+def three_ranks():
+    """Two all-reduces per step, transfer 100 µs. Step 1: rank 2 arrives 300 µs after rank 0
+    and 200 µs after rank 1 at both; step 2: rank 0 arrives 50 µs late once."""
+    rows = []
+    for base in (1000.0, 5000.0):
+        end = base + 300 + 100
+        rows += [row(0, base, end - base), row(1, base + 100, end - base - 100),
+                 row(2, base + 300, 100.0)]
+    end = 9000.0 + 50 + 100
+    rows += [row(0, 9050.0, 100.0, step=2), row(1, 9000.0, 150.0, step=2),
+             row(2, 9000.0, 150.0, step=2)]
+    return rows
+
+
+def test_waits_transfer_and_straggler_by_hand():
+    rows = three_ranks()
+    summary = analyze(rows, world_size=3)
+    assert summary["method"] == "order" and summary["matched_collectives"] == 3
+    assert [r["wait_us"] for r in rows[:3]] == [300.0, 200.0, 0.0]
+    assert [r["wait_us"] for r in rows[6:]] == [0.0, 50.0, 50.0]
+    step1, step2 = summary["per_step"]
+    assert (step1["step"], step1["last_rank"], step1["wait_caused_us"], step1["max_skew_us"]) == (1, 2, 1000.0, 300.0)
+    assert (step2["last_rank"], step2["wait_caused_us"]) == (0, 100.0)
+    by_rank = {r["rank"]: r for r in summary["by_rank"]}
+    assert by_rank[2]["times_last"] == 2 and by_rank[2]["wait_caused_us"] == 1000.0
+    assert by_rank[0]["wait_incurred_us"] == 600.0
+    assert summary["top_rank"] == 2 and summary["top_rank_last_share"] == pytest.approx(2 / 3, abs=1e-4)
+    assert summary["note"] is None
+
+
+def test_clock_offset_of_one_host_is_removed():
+    # Rank 2's clock runs 10 ms ahead: its starts and ends shift, durations do not.
+    plain = three_ranks()
+    shifted = copy.deepcopy(plain)
+    for r in shifted:
+        if r["rank"] == 2:
+            r["start_us"] += 10_000.0
+    s1, s2 = analyze(plain), analyze(shifted)
+    assert [r["wait_us"] for r in shifted] == [r["wait_us"] for r in plain]
+    assert s2["per_step"] == s1["per_step"]
+    assert [r["clock_offset_us"] for r in s1["by_rank"]] == [0.0, 0.0, 0.0]
+    assert [r["clock_offset_us"] for r in s2["by_rank"]] == [0.0, 0.0, 10_000.0]
+
+
+def test_match_prefers_comms_id_then_seq_and_rejects_duplicates():
+    rows = [row(0, 0, 10, comms_id=7, seq=1), row(1, 5, 5, comms_id=7, seq=1),
+            row(0, 100, 10, comms_id=8, seq=2), row(1, 103, 7, comms_id=8, seq=2)]
+    assert match(rows)[0] == "comms_id"
+    per_rank_ids = copy.deepcopy(rows)
+    for k, r in enumerate(per_rank_ids):
+        r["comms_id"] = k  # ids unique per rank never match: fall back to Seq
+    assert match(per_rank_ids)[0] == "seq"
+    repeated = copy.deepcopy(rows)
+    for r in repeated:
+        r["seq"] = 0  # a Seq that repeats on one rank is not an identity: fall back to order
+    for r in repeated:
+        r["comms_id"] = None
+    method, sets = match(repeated)
+    assert method == "order" and len(sets) == 2
+
+
+def test_point_to_point_is_not_matched_by_order():
+    rows = [row(0, 0, 10, kind="send"), row(1, 0, 10, kind="recv")]
+    assert analyze(rows)["method"] is None
+    assert all(r["wait_us"] is None for r in rows)
+
+
+def test_one_rank_or_subset():
+    rows = [row(0, 0, 10)]
+    assert analyze(rows)["method"] is None and rows[0]["wait_us"] is None
+    rows = three_ranks()
+    assert "lower bounds" in analyze(rows, world_size=128)["note"]
+
+
+def test_real_traces(real_traces):
+    from analyzer.api import DiagnoseOptions, diagnose
+    dlrm = diagnose([str(real_traces / "param_dlrm_ddp_8rank")], DiagnoseOptions(workers=1))
+    s = dlrm.extra["stragglers"]
+    assert s["method"] == "order" and s["ranks_compared"] == list(range(8))
+    matched = [r for r in dlrm.collectives if r["wait_us"] is not None]
+    assert matched and all(r["wait_us"] >= 0 for r in matched)
+    sampled = diagnose([str(real_traces / "hta_ddp_sampled_128rank")], DiagnoseOptions(workers=1))
+    assert "2 of 128" in sampled.extra["stragglers"]["note"]

@@ -1,0 +1,140 @@
+"""Scaling what-if, validated against the generator's own simulation of the target configuration
+(analyzer.synth.simulate): the projection only sees the measured trace, the generator runs the
+target job from scratch."""
+
+import dataclasses
+import json
+
+import pytest
+
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.cli import main
+from analyzer.errors import ConfigError
+from analyzer.synth import SCENARIOS, simulate, write_job
+from analyzer.whatif import Scenario, project
+
+SMALL = {"n_layers": 2, "steps": 2}
+
+
+def measured(tmp_path_factory, name, **changes):
+    spec = dataclasses.replace(SCENARIOS[name], **SMALL, **changes)
+    folder = write_job(spec, tmp_path_factory.mktemp(name))
+    files = sorted(str(p) for p in folder.glob("rank-*.json.gz"))
+    truth = json.loads((folder / "truth.json").read_text())
+    return spec, files, diagnose(files, DiagnoseOptions(workers=2)), truth["step_time_us"]
+
+
+@pytest.fixture(scope="module")
+def ddp_two_nodes(tmp_path_factory):  # 16 H100s on 2 nodes, 8 NICs per node
+    return measured(tmp_path_factory, "ddp_2node_16r_healthy")
+
+
+@pytest.fixture(scope="module")
+def ddp_one_nic(tmp_path_factory):  # 2 nodes x 4 GPUs sharing 1 NIC per node
+    return measured(tmp_path_factory, "ddp_comm_bound")
+
+
+@pytest.fixture(scope="module")
+def fsdp_two_nodes(tmp_path_factory):  # FSDP2 FULL_SHARD on 2 nodes x 8, 4 NICs per node
+    return measured(tmp_path_factory, "fsdp_fullshard_2node")
+
+
+def target_step_us(spec, **changes):
+    return simulate(dataclasses.replace(spec, **changes)).step_time_us
+
+
+@pytest.mark.parametrize("job", ["ddp_two_nodes", "ddp_one_nic", "fsdp_two_nodes"])
+def test_own_configuration_reproduces_the_measured_step(job, request):
+    spec, _, result, truth_us = request.getfixturevalue(job)
+    projection = project(result)
+    assert projection.projected["step_time_us"] == pytest.approx(projection.measured["step_time_us"], rel=0.05)
+    assert projection.measured["step_time_us"] == pytest.approx(truth_us, rel=0.02)
+    assert projection.projected["gpus"] == spec.world_size
+
+
+def test_ddp_16_to_64_gpus_matches_the_generator(ddp_two_nodes):
+    spec, _, result, _ = ddp_two_nodes
+    projection = project(result, Scenario(gpus=64))
+    assert projection.assumptions["nodes"]["value"] == 8
+    truth = target_step_us(spec, world_size=64)
+    assert projection.projected["step_time_us"] == pytest.approx(truth, rel=0.10)
+    assert projection.projected["exposed_comm_us"] > projection.measured["exposed_comm_us"]
+    assert projection.projected["scaling_efficiency"] < 1
+
+
+def test_one_nic_to_four_nics_per_node_matches_the_generator(ddp_one_nic):
+    spec, _, result, _ = ddp_one_nic
+    projection = project(result, Scenario(nics_per_node=4))
+    # The trace does not say how many NICs it had: inferred from the fitted cross-node busbw.
+    assert projection.assumptions["measured_nics_per_node"]["value"] == 1
+    assert projection.assumptions["measured_nics_per_node"]["origin"] == "measured"
+    truth = target_step_us(spec, nics_per_node=4)
+    assert projection.projected["step_time_us"] == pytest.approx(truth, rel=0.10)
+    assert projection.projected["step_time_us"] < 0.85 * projection.measured["step_time_us"]
+
+
+def test_ddp_bucket_cap_matches_the_generator(ddp_one_nic):
+    spec, _, result, _ = ddp_one_nic
+    projection = project(result, Scenario(bucket_mb=100))
+    assert projection.projected["step_time_us"] == pytest.approx(target_step_us(spec, bucket_cap_mb=100.0), rel=0.10)
+
+
+def test_full_shard_to_hybrid_shard_matches_the_generator(fsdp_two_nodes):
+    spec, _, result, _ = fsdp_two_nodes
+    projection = project(result, Scenario(strategy="hsdp"))
+    truth = target_step_us(spec, sharding="hybrid_shard")
+    assert projection.projected["step_time_us"] == pytest.approx(truth, rel=0.10)
+    assert projection.projected["step_time_us"] < 0.9 * projection.measured["step_time_us"]
+
+
+def test_fsdp_more_nodes_matches_the_generator(fsdp_two_nodes):
+    spec, _, result, _ = fsdp_two_nodes
+    projection = project(result, Scenario(gpus=32))
+    assert projection.projected["step_time_us"] == pytest.approx(target_step_us(spec, world_size=32), rel=0.10)
+
+
+def test_unsupported_projections_are_config_errors(ddp_two_nodes, fsdp_two_nodes):
+    with pytest.raises(ConfigError, match="cannot project a ddp trace onto hsdp"):
+        project(ddp_two_nodes[2], Scenario(strategy="hsdp"))
+    with pytest.raises(ConfigError, match="DDP only"):
+        project(fsdp_two_nodes[2], Scenario(bucket_mb=50))
+    with pytest.raises(ConfigError, match="whole nodes"):
+        project(ddp_two_nodes[2], Scenario(gpus=12))
+
+
+def test_mfu_with_model_size(ddp_two_nodes):
+    spec, _, result, _ = ddp_two_nodes
+    tokens = spec.world_size * spec.micro_batch * spec.seq_len
+    projection = project(result, Scenario(gpus=64, model_params=1.5e9, tokens_per_step=tokens))
+    m, p = projection.measured, projection.projected
+    expected = tokens / (m["step_time_us"] * 1e-6) * 6 * 1.5e9 / (16 * 989e12)
+    assert m["mfu"] == pytest.approx(expected, rel=1e-4)
+    # weak scaling: 4x the tokens on 4x the GPUs, so MFU falls exactly as the step time grows
+    assert p["mfu"] == pytest.approx(m["mfu"] * m["step_time_us"] / p["step_time_us"], rel=1e-4)
+
+
+def test_cli_json_and_text(ddp_one_nic, capsys):
+    _, files, _, _ = ddp_one_nic
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--nics-per-node", "4", "--format", "json"])
+    assert code.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"measured", "projected", "assumptions", "notes"}
+    assert {"step_time_us", "exposed_comm_us", "compute_us"} <= set(doc["projected"])
+    assert doc["assumptions"]["nics_per_node"] == {"origin": "user", "source": "what-if option", "value": 4}
+    with pytest.raises(SystemExit):
+        main(["whatif", *files])
+    text = capsys.readouterr().out
+    assert "Assumptions" in text and "step time" in text
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--strategy", "fsdp-full"])
+    assert code.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracecliff: cannot project") and err.count("\n") == 1
+
+
+def test_real_traces_project_onto_themselves(real_traces):
+    for folder in ("hta_ddp_rank0_of_2", "hta_ddp_sampled_128rank", "param_dlrm_ddp_8rank"):
+        result = diagnose([str(real_traces / folder)], DiagnoseOptions(workers=1))
+        projection = project(result)
+        assert projection.projected["step_time_us"] == pytest.approx(projection.measured["step_time_us"], rel=0.05)
