@@ -39,7 +39,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
     lines = ["tracecliff: " + ", ".join(parts)]
     verdict = doc.get("verdict")
     if verdict:
-        lines.insert(0, verdict)
+        lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)
     span = sum(r["span_us"] for r in ranks)
@@ -50,15 +50,21 @@ def _header(doc: dict[str, Any]) -> list[str]:
 
 
 def _findings(doc: dict[str, Any]) -> list[str]:
+    """Each finding: severity, code, rule and gain; its summary and fix wrapped to the width."""
     findings = doc.get("findings") or []
     if not findings:
         return []
     lines = ["Findings (by estimated gain):"]
     for f in findings:
         gain = f.get("estimated_gain_us")
-        gain_text = f"  ~{gain:,.0f} µs/step" if isinstance(gain, (int, float)) else ""
-        lines.append(f"  [{f.get('severity', '?'):7}] {f.get('rule')}: {f.get('summary', '')}{gain_text}")
-    return lines + [""]
+        gain_text = f"  ~{gain / 1000:,.1f} ms/step" if isinstance(gain, (int, float)) else ""
+        lines.append(f"  [{f.get('severity', '?')}] {f.get('code', '')} {f.get('rule')}{gain_text}")
+        wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+        lines += textwrap.wrap(f.get("summary", ""), **wrap)
+        fix = (f.get("fix") or {}).get("text")
+        if fix:
+            lines += textwrap.wrap(f"fix: {fix}", **wrap)
+    return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
 
 
 def _cell(value: float | None, span: float) -> str:

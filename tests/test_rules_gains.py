@@ -43,5 +43,7 @@ def test_predicted_step_time_matches_resimulation(rule):
     finding = next(f for f in result.findings if f["rule"] == rule)
     assert finding["estimated_gain_us"] is not None
     predicted = finding["evidence"]["step_time_us"] - finding["estimated_gain_us"]
+    if "predicted_step_us" in case["fix"]:
+        predicted = finding["evidence"][case["fix"]["predicted_step_us"].split(":", 1)[1]]
     actual = resimulated_step_us(fixed_spec(case, finding))
     assert abs(predicted - actual) <= 0.15 * actual, (predicted, actual)
