@@ -19,12 +19,12 @@ own µs clock through integer nanoseconds, so a boundary lands on the kernel edg
 from __future__ import annotations
 
 import gzip
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
+import msgspec
 import numpy as np
 
 from analyzer import intervals as iv
@@ -203,33 +203,44 @@ def output_paths(files: list[Path], outdir: Path) -> dict[Path, Path]:
     return {f: outdir / f.name for f in files}
 
 
-def read_trace_document(path: Path) -> tuple[Any, bool]:
-    """The whole JSON document (every key kept), and whether the file was gzip."""
-    import msgspec
+class _PidOnly(msgspec.Struct, gc=False):
+    pid: Any = None
+
+
+def annotated_trace(path: Path, tracks: dict[str, list[dict[str, Any]]]) -> bytes:
+    """The file's bytes with the track events appended to its event list: every original event
+    and every other top-level value is copied byte for byte (msgspec.Raw), never re-encoded.
+    gzip in, gzip out (decided by content, as the reader does)."""
     from analyzer.ingest.files import GZIP_MAGIC, read_trace_bytes
     with open(path, "rb") as handle:
         gz = handle.read(2) == GZIP_MAGIC
     data = read_trace_bytes(path)
     try:
-        return msgspec.json.decode(data), gz
-    except (msgspec.DecodeError, ValueError):  # NaN literals, huge ints: the slower, lenient reader
-        try:
-            return json.loads(data), gz
-        except ValueError as exc:
-            raise InputError(path, f"invalid JSON: {exc}") from None
+        out = _spliced(data, tracks)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # ingest accepted it: unlikely
+        raise InputError(path, f"cannot rewrite this trace: {exc}") from None
+    return gzip.compress(out, compresslevel=6, mtime=0) if gz else out
 
 
-def annotated_bytes(document: Any, extra: dict[str, list[dict[str, Any]]], gz: bool) -> bytes:
-    events = document if isinstance(document, list) else document["traceEvents"]
-    pid = max((e["pid"] for e in events if isinstance(e, dict) and isinstance(e.get("pid"), int)
-               and not isinstance(e.get("pid"), bool)), default=0) + 1
-    events.extend(track_events(extra, pid))
-    try:
-        import msgspec
-        data = msgspec.json.encode(document)
-    except (TypeError, OverflowError, ValueError):
-        data = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return gzip.compress(data, compresslevel=6, mtime=0) if gz else data
+def _spliced(data: bytes, tracks: dict[str, list[dict[str, Any]]]) -> bytes:
+    if data.lstrip()[:1] == b"[":  # a bare event array (the Trace Event Format allows it)
+        return _append(msgspec.json.decode(data, type=msgspec.Raw), tracks)
+    top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    if "traceEvents" not in top:
+        raise msgspec.ValidationError("no traceEvents")
+    top["traceEvents"] = msgspec.Raw(_append(top["traceEvents"], tracks))
+    return msgspec.json.encode(top)
+
+
+def _append(events: msgspec.Raw, tracks: dict[str, list[dict[str, Any]]]) -> bytes:
+    raw = bytes(events)
+    pids = [e.pid for e in msgspec.json.decode(raw, type=list[_PidOnly])]
+    pid = max((p for p in pids if isinstance(p, int) and not isinstance(p, bool)), default=0) + 1
+    added = msgspec.json.encode(track_events(tracks, pid))[1:-1]
+    body = raw[:raw.rindex(b"]")]
+    if not added:
+        return raw
+    return body + (b"," if body[1:].strip() else b"") + added + b"]"
 
 
 def annotate(paths: list[str] | tuple[str, ...], outdir: str | Path, options=None,
@@ -252,9 +263,8 @@ def annotate(paths: list[str] | tuple[str, ...], outdir: str | Path, options=Non
     written = []
     for rank in result.ranks:
         tracks = rank_tracks(rank, result.findings, origin)
-        document, gz = read_trace_document(Path(rank.path))
         target = by_path[Path(rank.path).resolve()]
-        write_atomic(target, annotated_bytes(document, tracks, gz), [str(f) for f in files])
+        write_atomic(target, annotated_trace(Path(rank.path), tracks), [str(f) for f in files])
         written.append({"rank": rank.rank, "input": rank.path, "output": str(target),
                         "windows": {k: len(v) for k, v in tracks.items()}})
     return written

@@ -89,6 +89,10 @@ def test_tracks_on_the_hand_worked_job(job, tmp_path, capsys):
         assert windows(events, "steps") == [("ProfilerStep#1", 1000.0, 1095.0), ("ProfilerStep#2", 1100.0, 1195.0)]
         assert windows(events, "phases")[:3] == [("forward", 1000.0, 1030.0), ("backward", 1030.0, 1090.0),
                                                  ("optimizer", 1090.0, 1095.0)]
+    # the original event list is copied byte for byte, not re-encoded
+    original_events = json.dumps(read_json(job / "rank-0.json")["traceEvents"]).encode()
+    assert original_events[:-1] + b", {" not in (out / "rank-0.json").read_bytes()  # compact join...
+    assert original_events[:-1] + b",{" in (out / "rank-0.json").read_bytes()  # ...after the verbatim list
 
 
 def test_no_track_row_holds_overlapping_slices(tmp_path):

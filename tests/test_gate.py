@@ -175,6 +175,8 @@ def test_mfu_and_rule_assertions_on_a_result_document():
     ('"exposed_comm_pct" = ["error", { max = 1 }]', "preset = 'lenient'", "unknown preset 'lenient'"),
     ('"exposed_comm_pct" = ["error", { max = 1 }]', "max_regression_pct = -1", "must be a number ≥ 0"),
     ('"exposed_comm_pct" = ["error", { max = 1 ', "", "invalid TOML"),
+    ('"rule:ddp-bucket-huge" = "error"', "", "unknown rule 'ddp-bucket-huge'"),  # checked against the registry
+    ('"rule:straggler-rank" = ["error", { max = 0.5 }]', "", "max must be a whole number"),
 ])
 def test_config_errors_exit_2(job, tmp_path, capsys, assertions, gate, message):
     config = write_config(tmp_path / "g.toml", assertions, gate)
