@@ -535,7 +535,7 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
     """Collectives in the coordinates of the group's α-β fit (analyzer.commfit): bytes per ring
     step x = S·busbw_factor/hops (S/N on a ring) against time per step y = transfer time/hops,
     so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x."""
-    points = sorted(p for p in (_per_hop_point(c) for c in rows) if p is not None)
+    points = sorted(p for p in (_per_hop_point(c, i) for i, c in enumerate(rows)) if p is not None)
     if len(points) < 2:
         return unavailable("fewer than two collectives with a known size, kind and group size")
     total = len(points)
@@ -554,8 +554,8 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
     kinds = sorted({p[2] for p in points})
     view = {"available": True, "w": w, "h": h, "left": left, "plot_right": w - right, "plot_bottom": h - bottom,
             "shown": len(points), "total": total, "kinds": kinds,
-            "points": [{"x": round(fx(x), 1), "y": round(fy(y), 1), "k": kinds.index(kind), "tip": tip}
-                       for x, y, kind, tip in points],
+            "points": [{"x": round(fx(x), 1), "y": round(fy(y), 1), "k": kinds.index(kind), "tip": _hop_tip(rows[i])}
+                       for x, y, kind, i in points],
             "xticks": [{"x": round(fx(10 ** e), 1), "label": fmt_bytes(10 ** e)} for e in range(xlo, xhi + 1)],
             "yticks": [{"y": round(fy(10 ** e), 1), "label": fmt_us(10 ** e)} for e in range(ylo, yhi + 1)],
             "line": None, "s_star": None}
@@ -573,7 +573,8 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
     return view
 
 
-def _per_hop_point(c: dict[str, Any]) -> tuple[float, float, str, str] | None:
+def _hop_geometry(c: dict[str, Any]) -> tuple[str, float, float, int, int, float] | None:
+    """(kind, S, transfer µs, ring steps, N, waited µs) of a collective the fit can place."""
     from analyzer.commfit import hops
 
     kind, size, dur = str(c.get("collective") or ""), _num(c.get("bytes")), _num(c.get("dur_us"))
@@ -584,12 +585,23 @@ def _per_hop_point(c: dict[str, Any]) -> tuple[float, float, str, str] | None:
     if steps < 1 or (n < 2 and kind not in ("send", "recv", "sendrecv")):
         return None
     wait = _num(c.get("wait_us")) or 0.0
-    transfer = dur - wait if 0 <= wait < dur else dur  # waiting for late ranks is not transfer
-    x, y = size * models.busbw_factor(kind, n) / steps, transfer / steps
-    tip = (f"{kind} of {fmt_bytes(size)} on {n} ranks: transfer {fmt_us(transfer)}"
-           + (f" (+{fmt_us(wait)} waiting)" if wait and wait < dur else "")
-           + f" = {steps} step(s) of {fmt_bytes(x)} in {fmt_us(y)}")
-    return x, y, kind, tip
+    wait = wait if 0 <= wait < dur else 0.0  # waiting for late ranks is not transfer
+    return kind, size, dur - wait, steps, n, wait
+
+
+def _per_hop_point(c: dict[str, Any], index: int) -> tuple[float, float, str, int] | None:
+    geometry = _hop_geometry(c)
+    if geometry is None:
+        return None
+    kind, size, transfer, steps, n, _ = geometry
+    return size * models.busbw_factor(kind, n) / steps, transfer / steps, kind, index
+
+
+def _hop_tip(c: dict[str, Any]) -> str:
+    kind, size, transfer, steps, n, wait = _hop_geometry(c)
+    return (f"{kind} of {fmt_bytes(size)} on {n} ranks: transfer {fmt_us(transfer)}"
+            + (f" (+{fmt_us(wait)} waiting)" if wait else "")
+            + f" = {steps} step(s) of {fmt_bytes(size * models.busbw_factor(kind, n) / steps)} in {fmt_us(transfer / steps)}")
 
 
 def _thin_points(points: list[tuple], budget: int) -> list[tuple]:

@@ -311,3 +311,38 @@ def test_scaling_curve_from_the_whatif_model_with_the_suggested_fix(tmp_path):
     assert all(series["fix"][g] > series["projection"][g] for g in series["fix"] if g >= 8)
     view = build_view({"scaling": data})["scaling"]
     assert view["available"] and [s["kind"] for s in view["series"]] == ["measured", "projection", "fix"]
+
+
+# ----------------------------------------------------------------------------- size bounds
+def _fake_rank(rank: int, timeline: dict) -> object:
+    from types import SimpleNamespace
+    steps = [{"step": s, "step_time_us": 100_000.0 + rank + s, "span_us": 100_000.0} for s in (1, 2, 3)]
+    return SimpleNamespace(rank=rank, host=f"node{rank // 8}", timeline=timeline, steps=steps,
+                           metrics={"span_us": 300_000.0})
+
+
+def test_worst_case_64_rank_page_stays_under_5_mb():
+    """64 ranks, 8 streams each with 30,000 kernels per step (mostly sub-pixel), 64 process
+    groups of 400 collectives, 20 findings: the timeline and scatter budgets keep it small."""
+    rng = np.random.default_rng(1)
+    n = 240_000
+    start = np.sort(rng.uniform(0, 300_000, n))
+    kinds = rng.integers(0, 2, n)
+    timeline = {"start_us": start.round(3).tolist(), "dur_us": rng.uniform(0.5, 40, n).round(3).tolist(),
+                "stream": (7 + rng.integers(0, 8, n)).tolist(), "kind": kinds.tolist(),
+                "name": rng.integers(0, 500, n).tolist(), "step": (1 + (start // 100_000)).astype(int).tolist(),
+                "phase": rng.integers(0, 4, n).tolist(), "phases": ["forward", "backward", "optimizer", "other"],
+                "strings": [f"kernel_{i}_" + "x" * 150 for i in range(500)]}
+    ranks = [_fake_rank(r, timeline) for r in range(64)]
+    doc = {"ranks": [{"rank": r.rank, "host": r.host, "steps": r.steps, "span_us": 300_000.0} for r in ranks],
+           "findings": [{"rule": f"rule-{i}", "title": "t" * 100, "evidence": {f"k{j}": list(range(200)) for j in range(20)},
+                         "model": "m" * 1000, "estimated_gain_us": float(i)} for i in range(20)],
+           "collectives": [{"rank": g % 64, "collective": "allreduce", "bytes": int(2 ** (10 + i % 18)),
+                            "dur_us": 5.0 + i, "exposed_us": 1.0, "group": {"name": str(g), "size": 8}}
+                           for g in range(64) for i in range(400)]}
+    doc["timeline"] = timeline_data(ranks, doc)
+    html = render(doc)
+    assert len(html.encode()) < 5_000_000, len(html.encode())
+    lanes = [lane for rank in doc["timeline"]["ranks"] for lane in rank["lanes"]]
+    assert len(lanes) == 3 * 6 and all(len(lane["marks"]) <= MAX_MARKS_PER_LANE for lane in lanes)
+    assert "Downsampled:" in html and "more stream(s) not drawn" in html
