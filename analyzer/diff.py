@@ -152,18 +152,24 @@ def rank_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any
 # ---------------------------------------------------------------- collectives
 
 
-def _rows_in_windows(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    """Collective rows inside the run's (rank, step) windows, and the number of windows."""
+def _rows_in_windows(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], int, str]:
+    """Collective rows inside the run's (rank, step) windows, the number of windows and what a
+    window is. A run without GPU windows (CPU-only traces) counts whole traces per rank."""
     records = step_records(doc)
+    rows = doc.get("collectives") or []
+    if not records:
+        ranks = {r.get("rank") for r in doc.get("ranks") or []}
+        return [row for row in rows if row.get("rank") in ranks], max(len(ranks), 1), "rank"
     windows = {(r["rank"], r["step"]) for r in records}
-    rows = [row for row in doc.get("collectives") or []
+    rows = [row for row in rows
             if (row.get("rank"), row.get("step")) in windows or (row.get("rank"), None) in windows]
-    return rows, len(records)
+    return rows, len(records), "rank-step"
 
 
 def collective_totals(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per (group, collective): count, bytes, time, exposed and wait per (rank, step) window."""
-    rows, windows = _rows_in_windows(doc)
+    """Per (group, collective): count, bytes, time, exposed and wait per (rank, step) window
+    (per rank when the run has no GPU step windows)."""
+    rows, windows, per = _rows_in_windows(doc)
     sums: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         key = (group_label(row.get("group")) or "(unknown group)", row.get("collective") or "unknown")
@@ -179,10 +185,13 @@ def collective_totals(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, An
         if wait is not None:
             entry["wait_us"] = (entry["wait_us"] or 0.0) + wait
     for entry in sums.values():
+        if entry["bytes_unknown"] == entry["count"]:
+            entry["bytes"] = None  # no size known at all: not "0 bytes"
         for key in ("count", "bytes", "time_us", "exposed_us", "wait_us"):
             if entry[key] is not None:
                 entry[key] = entry[key] / windows
         entry["cross_node"], entry["cross_node_source"] = cross_node_of(doc, entry.pop("group"))
+        entry["per"] = per
     return sums
 
 
@@ -202,7 +211,8 @@ def collective_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[st
         either = a or b
         row = {"group": key[0], "collective": key[1], "cross_node": either["cross_node"],
                "base_cross_node": b["cross_node"] if b else None,
-               "cross_node_source": either["cross_node_source"], "per": "rank-step"}
+               "cross_node_source": either["cross_node_source"],
+               "per": either["per"] if not (a and b) or a["per"] == b["per"] else "mixed"}
         for field in ("count", "bytes", "time_us", "exposed_us"):
             bv, av = (b or {}).get(field), (a or {}).get(field)
             row[field] = {"base": bv, "new": av, **_change(bv if b else None, av if a else None)}

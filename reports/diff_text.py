@@ -19,7 +19,8 @@ class DiffTextRenderer:
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
                             pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
-        lines += _section("Collectives per rank and step (count, bytes, time, exposed)",
+        per = {c["per"] for c in doc["collectives"]}
+        lines += _section(f"Collectives per {' and '.join(sorted(per)) or 'rank-step'} (count, bytes, time, exposed)",
                           ["group", "collective", "scope", "count", "bytes", "time µs", "exposed µs"],
                           [[c["group"], c["collective"], scope_label(c),
                             _pair(c["count"], "n"), _pair(c["bytes"], "B"), _pair(c["time_us"], "µs"),
@@ -35,7 +36,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
     lines = ["tracecliff diff"]
     for side in ("base", "new"):
         f = doc[side]
-        lines.append(f" {side:<4} {f['label']}: {f['world_size'] or '?'} GPU(s) on {f['nodes'] or '?'} node(s)"
+        lines.append(f" {side:<4} {f['label']}: {f['world_size'] or '?'} rank(s) on {f['nodes'] or '?'} node(s)"
                      f"{' (' + f['nodes_source'] + ')' if f['nodes_source'] else ''}, {f['strategy'] or '?'}, "
                      f"{f['ranks_given']} rank trace(s), step {fmt(f['mean_step_time_us'], 'µs')}")
     return lines
