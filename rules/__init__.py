@@ -11,6 +11,7 @@ from analyzer.rules import (  # noqa: F401  (each module registers its rule)
     fsdp_no_prefetch,
     fsdp_fullshard_cross_node,
     fsdp_where_ddp_fits,
+    gpu_idle_host_bound,
 )
 from analyzer.rules.engine import RULES, Rule, all_rules, run_rules
 

@@ -29,6 +29,7 @@ class StepView:
     busy_us: float
     windows: dict[str, tuple[float, float, float]]
     low_precision_compute_us: float
+    cpu_step_us: float | None = None  # the ProfilerStep range on the CPU
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class JobFacts:
                                    w["compute_us"]) for phase, w in (s.get("phase_windows") or {}).items()}
                 views.append(StepView(r.rank, s["step"], s["step_time_us"], s["compute_us"], s["comm_us"],
                                       s["exposed_comm_us"], s["idle_us"], s["busy_us"], windows,
-                                      s.get("low_precision_compute_us") or 0.0))
+                                      s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us")))
         return views
 
     @cached_property

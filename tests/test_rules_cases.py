@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.rules.engine import all_rules
+from analyzer.synth import JobSpec, write_job
 from rule_cases_lib import load_cases, sample_traces, diagnosed
 
 CASES = load_cases()
@@ -26,7 +28,7 @@ def test_one_case_file_per_rule():
 def test_case_file_is_complete(name):
     case = CASES[name]
     synthetic = [t for t in case["fires_on"] if t.startswith("synthetic/")]
-    assert synthetic, "every rule needs a synthetic trace where it must fire"
+    assert synthetic or "generated" in case, "every rule needs a synthetic trace where it must fire"
     assert case["healthy_counterpart"] in TRACES
     assert case["healthy_counterpart"] not in case["fires_on"]
     for trace in case["fires_on"]:
@@ -61,3 +63,12 @@ def test_findings_follow_the_contract(trace):
     gains = [f["estimated_gain_us"] for f in result.findings if f["estimated_gain_us"] is not None]
     assert gains == sorted(gains, reverse=True)
     assert result.extra["verdict"].endswith(".")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "generated" in c))
+def test_generated_case_fires_exactly_its_rule(name, tmp_path):
+    """A rule whose problem no bundled sample shows: its case file carries the JobSpec."""
+    generated = CASES[name]["generated"]
+    out = write_job(JobSpec(name=generated["name"], **generated["spec"]), tmp_path / generated["name"])
+    result = diagnose(sorted(str(p) for p in out.glob("rank-*.json.gz")), DiagnoseOptions(workers=1))
+    assert {f["rule"] for f in result.findings} == {name}
