@@ -170,3 +170,19 @@ def test_cli_formats_and_errors(tmp_path, capsys, cliff):
     assert out_file.read_text().startswith("<!DOCTYPE html>")
     rc, _, err = run_cli(["diff", saved, tmp_path / "missing"], capsys)
     assert rc == 2 and "missing: no such file or directory" in err
+
+
+def test_cpu_only_runs_compare_collectives_per_rank(capsys):
+    """The real gloo traces have no GPU steps: collectives are compared per rank (whole trace),
+    and a size the trace does not record stays unknown."""
+    from conftest import SAMPLES
+    ddp = load_run([str(SAMPLES / "cpu_gloo" / "ddp")])
+    diff = diff_runs(ddp, ddp)
+    assert diff["step_time"]["available"] is False and diff["scaling"]["efficiency"] is None
+    rows = diff["collectives"]
+    assert rows and {r["per"] for r in rows} == {"rank"}
+    expected = sum(1 for c in ddp["collectives"] if c["collective"] == rows[0]["collective"]) / len(ddp["ranks"])
+    assert rows[0]["count"]["base"] == expected and all(r["count"]["delta"] == 0 for r in rows)
+    unknown = [r for r in rows if all(c.get("bytes") is None for c in ddp["collectives"]
+                                      if c["collective"] == r["collective"])]
+    assert all(r["bytes"]["base"] is None for r in unknown)

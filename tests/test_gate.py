@@ -198,10 +198,19 @@ def test_unknown_rule_name_is_a_config_error():
     (["--config", "missing.toml"], "missing.toml: configuration file not found"),
     ([], "nothing to check"),
     (["--preset", "recommended", "--baseline", "nope.json"], "nope.json: no such file"),
+    (["--preset", "nope"], "Invalid value for '--preset'"),
 ])
 def test_usage_and_input_errors_exit_2(job, capsys, args, message):
     rc, _, err = run_cli(["gate", job, *args], capsys)
     assert rc == 2 and message in err
+
+
+def test_no_path_and_unreadable_trace_exit_2(tmp_path, capsys):
+    assert run_cli(["gate"], capsys)[0] == 2
+    bad = tmp_path / "rank-0.json"
+    bad.write_text('{"traceEvents": [')
+    rc, _, err = run_cli(["gate", bad, "--preset", "recommended"], capsys)
+    assert rc == 2 and str(bad) in err and "invalid JSON" in err
 
 
 def test_preset_from_pyproject_in_the_current_directory(job, tmp_path, capsys):
