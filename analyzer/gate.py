@@ -13,11 +13,12 @@ Configuration (``[tool.tracecliff.gate]`` of ./pyproject.toml, or of ``--config 
     "overlap_pct" = ["warn", { min = 60.0 }]
     "rule:ddp-bucket-oversized" = "error"
 
-A metric assertion is ``[level, {min?, max?, aggregate?, allow_unavailable?}]``; a rule assertion
-is ``level`` or ``[level, {max?, severity?, allow_unavailable?}]`` and fails when the run has more than ``max``
-(default 0) findings of that rule at or above ``severity`` (default: any). A metric the run cannot
-measure (or a rule that did not run) fails an error-level assertion (a gate must not pass on data it never saw) unless
-``allow_unavailable = true``, which skips it.
+A metric assertion is ``[level, {min?, max?, aggregate?, allow_unavailable?}]``; a rule
+assertion is ``level`` or ``[level, {max?, severity?, allow_unavailable?}]`` and fails when the
+run has more than ``max`` (default 0) findings of that rule at or above ``severity`` (default:
+any). A metric the run cannot measure (or a rule that did not run) fails an error-level
+assertion -- a gate must not pass on data it never saw -- unless ``allow_unavailable = true``,
+which skips it.
 
 Exit codes: 0 pass (warnings allowed), 1 an error-level assertion or a baseline comparison failed,
 2 usage, input or configuration error.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import click
@@ -43,7 +43,7 @@ from analyzer.reports.diff_text import table
 LEVELS = ("off", "warn", "error")
 SEVERITIES = ("info", "warning", "error")
 DEFAULT_MAX_REGRESSION_PCT = 5.0
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.main
 
 # Presets: defaults a project's own assertions override key by key. Metric entries skip
 # quietly when the run cannot measure them (single GPU: no overlap to speak of).
@@ -453,8 +453,10 @@ def append_github_summary(report: GateReport) -> bool:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="TOML file with [tool.tracecliff.gate] (default: ./pyproject.toml).")
-@click.option("--baseline", type=click.Path(), help="Saved `diagnose --format json` result (or traces) to compare against.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML (one testcase per check).")
+@click.option("--baseline", type=click.Path(),
+              help="Saved `diagnose --format json` result (or traces) to compare against.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False),
+              help="Write JUnit XML (one testcase per check).")
 @click.option("--github-summary", is_flag=True, help="Append a markdown summary to $GITHUB_STEP_SUMMARY.")
 @click.option("--preset", type=click.Choice(PRESETS), help="Start from a preset (overrides the file's).")
 @click.option("--max-regression-pct", type=click.FloatRange(min=0), help="Allowed regression against the baseline.")

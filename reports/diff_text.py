@@ -47,9 +47,9 @@ def _scaling(doc: dict[str, Any]) -> list[str]:
     if s.get("efficiency") is None:
         return ["", f"Scaling: {s.get('basis')}"]
     name = "Weak-scaling efficiency" if s["kind"] == "weak scaling" else "Throughput ratio (new / base)"
+    per_gpu = f"{s['base_throughput_per_gpu']:.4g} → {s['new_throughput_per_gpu']:.4g}"
     return ["", f"{name}: {100 * s['efficiency']:.1f}% ({s['base_gpus']} → {s['new_gpus']} GPUs; "
-                f"per-GPU {s['throughput_unit']} {s['base_throughput_per_gpu']:.4g} → {s['new_throughput_per_gpu']:.4g}; "
-                f"basis: {s['basis']})"]
+                f"per-GPU {s['throughput_unit']} {per_gpu}; basis: {s['basis']})"]
 
 
 def _decomposition(step: dict[str, Any]) -> list[str]:
