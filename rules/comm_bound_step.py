@@ -99,7 +99,7 @@ class CommBoundStep(Rule):
     @staticmethod
     def _ddp_rows(facts):
         rows = []
-        for s in ddp_steps(facts):
+        for s in ddp_steps(facts, need_link=False):  # measured times only
             t_comm = sum(facts.transfer_us.get((s.rank, start), end - start)
                          for start, end in zip(s.bucket_starts_us, s.bucket_ends_us))
             bound = models.critical_overlap(t_comm, s.backward_us, s.first_wait_us)

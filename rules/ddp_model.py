@@ -32,7 +32,7 @@ class DdpStep:
     bucket_bytes: tuple[float, ...]
     bucket_starts_us: tuple[float, ...]
     bucket_ends_us: tuple[float, ...]
-    link: Link
+    link: Link | None
     dtype: str | None
 
     @property
@@ -103,8 +103,9 @@ class DdpStep:
                                            cap_bytes, first_bucket_bytes=None).exposed_tail_us
 
 
-def ddp_steps(facts) -> list[DdpStep]:
-    """One DdpStep per (rank, step) whose buckets have known sizes and a backward window."""
+def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
+    """One DdpStep per (rank, step) whose buckets have known sizes and a backward window (and,
+    with ``need_link``, a known α/β for their group)."""
     out = []
     for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         view: StepView | None = facts.step_view(rank, step)
@@ -115,7 +116,7 @@ def ddp_steps(facts) -> list[DdpStep]:
         group = next((row["group"] for row in facts.collectives_of(rank, step)
                       if row["collective"] == "allreduce" and row["phase"] == "backward"), {})
         link = facts.link(group)
-        if link is None:
+        if link is None and need_link:
             continue
         start, end, _ = view.windows["backward"]
         out.append(DdpStep(rank, step, start, end,
