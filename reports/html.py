@@ -638,7 +638,7 @@ def _scaling(doc: dict[str, Any]) -> dict[str, Any]:
     series = [s for s in data.get("series") or [] if isinstance(s, dict) and s.get("points")]
     if not series:
         return unavailable("the what-if projection returned no points")
-    w, h, left, bottom, right = 720, 300, 56, 40, 200
+    w, h, left, bottom, right = 780, 300, 56, 40, 260
     gpus = sorted({int(p["gpus"]) for s in series for p in s["points"]})
     lo, hi = math.log2(min(gpus)), math.log2(max(gpus))
     hi = hi if hi > lo else lo + 1

@@ -6,7 +6,6 @@ expected lanes, hover shows a kernel's name and duration, hostile names stay tex
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -20,9 +19,11 @@ from builders import TraceBuilder
 
 CHROMIUM = os.environ.get("TRACECLIFF_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic"
 SECTIONS = {"verdict": "Verdict", "ranks": "Where the time went", "timeline": "Timeline",
             "findings": "Findings", "collectives": "Collectives", "scaling": "Scaling what-if",
             "models": "Models appendix", "deep-dive": "Deep dive"}
+STRAGGLER = 5  # SCENARIOS["ddp_straggler"].straggler_rank
 HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)>\u2028"
 
 
@@ -82,12 +83,26 @@ def _write_report(tmp: Path, paths, name: str, **doc_changes) -> Path:
     return out
 
 
+def _sample_job(tmp: Path, name: str) -> list[Path]:
+    """The committed synthetic sample, else the same scenario generated afresh."""
+    paths = sorted((SAMPLES / name).glob("rank-*.json.gz"))
+    if paths:
+        return paths
+    from analyzer.synth import SCENARIOS, write_job
+    write_job(SCENARIOS[name], tmp / name)
+    return sorted((tmp / name).glob("rank-*.json.gz"))
+
+
 @pytest.fixture(scope="module")
 def straggler_report(tmp_path_factory):
-    from analyzer.synth import SCENARIOS, write_job
-    folder = tmp_path_factory.mktemp("synthetic")
-    write_job(dataclasses.replace(SCENARIOS["ddp_straggler"], n_layers=2, steps=3), folder)
-    return _write_report(folder, sorted(folder.glob("rank-*.json.gz")), "straggler")
+    tmp = tmp_path_factory.mktemp("straggler")
+    return _write_report(tmp, _sample_job(tmp, "ddp_straggler"), "straggler")
+
+
+@pytest.fixture(scope="module")
+def oversized_report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("oversized")
+    return _write_report(tmp, _sample_job(tmp, "ddp_bucket_oversized"), "oversized")
 
 
 def test_report_loads_offline_with_every_section(browser, straggler_report):
@@ -111,7 +126,7 @@ def test_timeline_lanes_and_hover(browser, straggler_report):
     try:
         ranks = view.page.locator("#timeline-svg g.tl-rank")
         assert ranks.count() == 3
-        assert ranks.first.get_attribute("data-rank") == "5"  # the scenario's straggler, first
+        assert ranks.first.get_attribute("data-rank") == str(STRAGGLER)  # the scenario's straggler, first
         kinds = [ranks.nth(i).locator("g.lane").evaluate_all("els => els.map(e => e.dataset.kind)")
                  for i in range(3)]
         assert kinds == [["compute", "NCCL"]] * 3
@@ -160,5 +175,39 @@ def test_hostile_names_stay_text(browser, tmp_path):
         assert "</script><script>alert(1)</script>" in view.page.locator("#findings").inner_text()
         view.page.locator("#timeline-svg g.lane[data-kind=compute] rect[data-n]").first.hover()
         assert view.page.locator("#tc-tip").inner_text().startswith(HOSTILE.replace("\u2028", ""))
+    finally:
+        view.close()
+
+
+def test_findings_cards_and_scaling_chart(browser, oversized_report):
+    """ddp_bucket_oversized: the bucket finding's card links to the bucket model in the appendix;
+    the what-if chart (when the what-if model is present) draws measured, projection and fix."""
+    view = Page(browser, oversized_report)
+    try:
+        card = view.page.locator("article.card[data-rule=ddp-bucket-oversized]")
+        assert card.count() == 1 and "Predicted gain" in card.inner_text()
+        assert "bucket_cap_mb=" in card.locator("pre.fix").inner_text()
+        card.locator("a[href='#model-buckets']").first.click()
+        assert view.page.locator("#model-buckets").is_visible()
+        if view.page.locator("#scaling-svg").count():
+            kinds = view.page.locator("#scaling-svg g[class^=series-]").evaluate_all(
+                "els => els.map(e => e.getAttribute('class'))")
+            assert kinds == ["series-measured", "series-projection", "series-fix"]
+        assert view.errors == [] and view.requests == [oversized_report.as_uri()]
+        ARTIFACTS.mkdir(exist_ok=True)
+        view.page.locator("#findings").screenshot(path=str(ARTIFACTS / "html-findings.png"))
+        view.page.locator("#scaling").screenshot(path=str(ARTIFACTS / "html-scaling.png"))
+    finally:
+        view.close()
+
+
+def test_real_cpu_only_traces(browser, tmp_path):
+    """Real gloo traces (no GPU): every section renders, the GPU ones say why they are empty."""
+    report = _write_report(tmp_path, sorted((SAMPLES.parent / "cpu_gloo" / "fsdp2").glob("*.json.gz")), "gloo")
+    view = Page(browser, report)
+    try:
+        assert view.errors == [] and view.requests == [report.as_uri()]
+        assert "no GPU kernels" in view.page.locator("#timeline").inner_text()
+        assert view.page.locator("#collectives table.buckets").count() >= 1
     finally:
         view.close()
