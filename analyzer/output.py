@@ -9,6 +9,15 @@ from pathlib import Path
 from analyzer.errors import InputError
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # once, at import: os.umask is process-wide, not thread-safe
+
+
 def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None = None) -> None:
     target = Path(path)
     for given in inputs or []:
@@ -23,6 +32,7 @@ def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None =
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, target)
     except OSError as exc:
         os.unlink(tmp)
