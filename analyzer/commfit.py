@@ -24,6 +24,7 @@ import numpy as np
 from analyzer import models
 
 MIN_DISTINCT_SIZES = 3
+MAX_MEDIAN_GAP = 0.5  # envelope points this far above the fitted line: the model does not fit
 _RING_HOPS = {"allreduce": 2, "allgather": 1, "reduce_scatter": 1, "alltoall": 1}
 
 
@@ -140,6 +141,10 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
         return AlphaBeta(alpha_fb, beta_fb, f"{where}: transfer times do not grow with size, "
                          "no α/β fit", source)
     alpha, c = line
+    gap = float(np.median((y - (alpha + c * x)) / y))
+    if gap > MAX_MEDIAN_GAP:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: the fastest transfers do not follow α + S/β "
+                         f"(median gap {100 * gap:.0f}% to the best line)", source)
     beta = 1e-3 / c  # y µs = x B · c  ->  β GB/s = 1e-3 / c
     return AlphaBeta(round(alpha, 4), round(beta, 3),
                      f"lower-envelope fit of {len(points)} collectives ({distinct} distinct sizes, "

@@ -202,7 +202,9 @@ def measured_config(result: Any, scenario: Scenario, notes: list[str]) -> tuple[
     for key, value in (("nic_alpha_us", nic_alpha), ("nic_gbps", nic_gbps), ("nics_per_node", nics)):
         assumptions[f"measured_{key}"] = _value(value, *nic_src[key])
     strategy = measured_strategy(result)
-    assumptions["measured_strategy"] = _value(strategy, "measured", f"trace markers ({result.job.get('strategy')})")
+    assumptions["measured_strategy"] = _value(
+        strategy, "measured", f"trace markers ({result.job.get('strategy')}) and collectives: HYBRID_SHARD = "
+        "all-reduces in a one-GPU-per-node group; SHARD_GRAD_OP = no backward all-gathers (as a root-only unit)")
     config = Config(strategy, gpus, g, nodes, int(nics), nic_gbps, intra, nic_alpha)
     return config, assumptions
 
