@@ -691,10 +691,17 @@ def _deep_dive(doc: dict[str, Any]) -> dict[str, Any]:
         return {"available": False, "requested": True, "why": str(data.get("why") or "HTA failed")}
     idle = [{k: r.get(k) for k in ("rank", "stream", "host_wait_us", "kernel_wait_us", "other_wait_us")}
             for r in data.get("idle") or [] if isinstance(r, dict)]
-    kinds = [{k: r.get(k) for k in ("rank", "kernel_type", "sum_us", "percentage")}
-             for r in data.get("kernel_types") or [] if isinstance(r, dict)]
+    # One row per rank, one column per kernel type: readable at 64 ranks.
+    by_rank: dict[Any, dict[str, dict[str, Any]]] = {}
+    for r in data.get("kernel_types") or []:
+        if isinstance(r, dict):
+            by_rank.setdefault(r.get("rank"), {})[str(r.get("kernel_type"))] = {
+                "us": r.get("sum_us"), "pct": r.get("percentage")}
+    types = sorted({t for cells in by_rank.values() for t in cells})
+    kinds = [{"rank": rank, "cells": [by_rank[rank].get(t, {"us": None, "pct": None}) for t in types]}
+             for rank in sorted(by_rank, key=str)]
     return {"available": True, "requested": True, "source": str(data.get("source") or "HolisticTraceAnalysis"),
-            "seconds": _num(data.get("seconds")), "idle": idle, "kernel_types": kinds,
+            "seconds": _num(data.get("seconds")), "idle": idle, "kernel_types": kinds, "types": types,
             "all_ranks": [{k: r.get(k) for k in ("kernel_type", "sum_us", "percentage")}
                           for r in data.get("all_ranks_kernel_types") or [] if isinstance(r, dict)],
             "notes": [str(n) for n in data.get("notes") or []]}
