@@ -82,7 +82,7 @@ def main() -> None:
     rows = {}
     rows["bare msgspec decode"] = min((measure([py, "-c", BARE_DECODE, str(trace)]) for _ in range(args.repeat)))
     rows["tracecliff diagnose"] = min((measure([py, "-m", "analyzer", "diagnose", str(trace), "--format", "json",
-                                               "-o", os.devnull]) for _ in range(args.repeat)))
+                                               "--no-cache", "-o", os.devnull]) for _ in range(args.repeat)))
     if not args.no_hta:
         rows["HTA TraceAnalysis load"] = measure([py, "-c", HTA_LOAD, str(trace)])
     print(f"\ntrace: {trace} ({size_mb:,.0f} MB)")

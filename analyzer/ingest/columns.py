@@ -62,16 +62,12 @@ def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
     return groups
 
 
-def times_ns(events: list[Event], warnings: list[str], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, valid mask) in int64 ns; events with missing, non-finite or negative
-    ts/dur are marked invalid (and counted in a warning) instead of poisoning the sums."""
+    ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
     ts = _floats(list(map(_get["ts"], events)))
     dur = _floats(list(map(_get["dur"], events)))
-    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
-    bad = int(len(events) - valid.sum())
-    if bad:
-        warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity or negative "
-                        "ts/dur were ignored")
+    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52)
     ts = np.where(valid, ts, 0.0)
     dur = np.where(valid, dur, 0.0)
     start = _us_to_ns(ts)
@@ -155,82 +151,169 @@ def thread_ids(events: list[Event], threads: Interner) -> np.ndarray:
     return np.asarray(labels, dtype=np.int32)[pair_codes]
 
 
-def build_gpu_events(groups: dict[str, list[Event]], interner: Interner, classifier: KernelClassifier,
-                     warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
-    events = [e for cat in sorted(GPU_ACTIVITY_CATS) for e in groups.get(cat, ())]
-    start, end, valid = times_ns(events, warnings, "GPU")
-    args = _args_of(events)
-    stream = _ints(list(map(attrgetter("stream"), args)))
-    no_stream = stream == MISSING
-    if no_stream.any():  # fall back to the row (tid) the event is drawn on
-        tids = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
-        stream[no_stream] = tids
-    # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
-    valid &= stream >= 0
-    names = interner.ids(list(map(_get["name"], events)))
-    cats = interner.ids(list(map(_get["cat"], events)))
-    pair_codes, pairs = factorize(zip(cats.tolist(), names.tolist()))
-    table = np.asarray([classifier(interner.strings[c], interner.strings[n]) for c, n in pairs], dtype=np.int8)
-    kind = table[pair_codes] if len(events) else np.empty(0, dtype=np.int8)
-    correlation = _ints(list(map(attrgetter("correlation"), args)))
-    keep = np.flatnonzero(valid)
-    gpu = GpuEvents(start, end, stream, kind, names, correlation).take(keep)
-    order = np.lexsort((gpu.end, gpu.ts))
-    gpu = gpu.take(order)
-    kept_rows = keep[order]
-    kernel_args = {}
-    for row in np.flatnonzero(gpu.kind == GpuKind.COMM):
-        info = comm_args_of(args[kept_rows[row]])
-        if info:
-            kernel_args[int(row)] = info
-    return gpu, kernel_args
+class ColumnBuilder:
+    """One rank's columns, built from batches of events (streaming ingest) and finished once.
+
+    Each batch is split by category and reduced at once to compact arrays of its valid rows
+    (plus the collective args of the few communication rows), so the decoded events of a batch
+    can be dropped before the next one is read."""
+
+    def __init__(self, classifier: KernelClassifier) -> None:
+        self.classifier = classifier
+        self.names, self.threads = Interner(), Interner()
+        self.event_count = 0
+        self.invalid = {"GPU": 0, "CUDA runtime": 0, "CPU op": 0}
+        self._gpu: list[tuple[np.ndarray, ...]] = []
+        self._launches: list[tuple[np.ndarray, ...]] = []
+        self._markers: list[tuple[np.ndarray, ...]] = []
+        self._gpu_args: dict[int, dict[str, Any]] = {}  # by row among all kept GPU rows so far
+        self._marker_args: dict[int, dict[str, Any]] = {}
+        self._gpu_rows = self._marker_rows = 0
+
+    def add(self, events: list[Event]) -> None:
+        self.event_count += len(events)
+        groups = split_by_category(events)
+        self._add_gpu([e for cat in sorted(GPU_ACTIVITY_CATS) for e in groups.get(cat, ())])
+        self._add_launches([e for cat in sorted(LAUNCH_CATS) for e in groups.get(cat, ())])
+        self._add_markers([e for cat in sorted(CPU_OP_CATS) for e in groups.get(cat, ())])
+
+    def _add_gpu(self, events: list[Event]) -> None:
+        if not events:
+            return
+        start, end, valid = times_ns(events)
+        args = _args_of(events)
+        stream = _ints(list(map(attrgetter("stream"), args)))
+        no_stream = stream == MISSING
+        if no_stream.any():  # fall back to the row (tid) the event is drawn on
+            stream[no_stream] = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
+        self.invalid["GPU"] += int(len(events) - valid.sum())
+        # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
+        keep = np.flatnonzero(valid & (stream >= 0))
+        names = self.names.ids(list(map(_get["name"], events)))
+        cats = self.names.ids(list(map(_get["cat"], events)))
+        pair_codes, pairs = factorize(zip(cats.tolist(), names.tolist()))
+        strings = self.names.strings
+        table = np.asarray([self.classifier(strings[c], strings[n]) for c, n in pairs], dtype=np.int8)
+        kind = table[pair_codes]
+        correlation = _ints(list(map(attrgetter("correlation"), args)))
+        self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
+        for row in np.flatnonzero(kind[keep] == GpuKind.COMM):
+            info = comm_args_of(args[keep[row]])
+            if info:
+                self._gpu_args[self._gpu_rows + int(row)] = info
+        self._gpu_rows += len(keep)
+
+    def _add_launches(self, events: list[Event]) -> None:
+        correlation = _ints(list(map(attrgetter("correlation"), _args_of(events))))
+        rows = np.flatnonzero(correlation >= 0)
+        if not len(rows):
+            return
+        events = _take(events, rows)
+        start, _, valid = times_ns(events)
+        self.invalid["CUDA runtime"] += int(len(events) - valid.sum())
+        thread = thread_ids(events, self.threads)
+        self._launches.append((correlation[rows][valid], start[valid], thread[valid]))
+
+    def _add_markers(self, events: list[Event]) -> None:
+        if not events:
+            return
+        codes, uniques = factorize(map(_get["name"], events))
+        unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
+        kind_all = unique_kind[codes]
+        rows = np.flatnonzero(kind_all >= 0)
+        events = _take(events, rows)
+        kind = kind_all[rows]
+        start, end, valid = times_ns(events)
+        self.invalid["CPU op"] += int(len(events) - valid.sum())
+        keep = np.flatnonzero(valid)
+        names = self.names.ids(list(map(_get["name"], events)))
+        thread = thread_ids(events, self.threads)
+        external = _ints(list(map(attrgetter("external_id"), _args_of(events))))
+        self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
+        for row in np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5)):  # COMM_PARAMS, COMM_OP
+            info = comm_args_of(events[keep[row]].args)
+            if info:
+                self._marker_args[self._marker_rows + int(row)] = info
+        self._marker_rows += len(keep)
+
+    def finish(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]], Launches, Markers]:
+        for what, bad in self.invalid.items():
+            if bad:
+                warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity or negative "
+                                "ts/dur were ignored")
+        gpu, kernel_args = self._finish_gpu(warnings)
+        return gpu, kernel_args, self._finish_launches(np.unique(gpu.correlation)), self._finish_markers(warnings)
+
+    def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
+        columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),
+                                     warnings, "GPU event(s) (same stream, start, end, name and correlation)")
+        self._gpu = []
+        order = kept[np.lexsort((columns[1][kept], columns[0][kept]))]
+        gpu = GpuEvents(*(c[order] for c in columns))
+        return gpu, _remap(self._gpu_args, order)
+
+    def _finish_launches(self, wanted: np.ndarray) -> Launches:
+        correlation, start, thread = _concat(self._launches, (np.int64, np.int64, np.int32))
+        self._launches = []
+        # Only the calls that launched recorded GPU work matter (most of them).
+        rows = np.flatnonzero(np.isin(correlation, wanted))
+        rows = rows[np.argsort(correlation[rows], kind="stable")]
+        return Launches(correlation[rows], start[rows], thread[rows])
+
+    def _finish_markers(self, warnings: list[str]) -> Markers:
+        columns, kept = _unique_rows(self._markers, (np.int64, np.int64, np.int32, np.int8, np.int32, np.int64),
+                                     warnings, "CPU op(s) (same thread, start, end and name)")
+        self._markers = []
+        start, end = columns[0], columns[1]
+        order = kept[np.lexsort((-end[kept], start[kept]))]
+        markers = Markers(*(c[order] for c in columns))
+        markers.comm_args = _remap(self._marker_args, order)
+        return markers
+
+
+def _unique_rows(parts, dtypes, warnings: list[str], what: str) -> tuple[list[np.ndarray], np.ndarray]:
+    """The batches' columns joined, and the rows to keep: exact duplicates (a trace merged or
+    written twice) count once, so they double no time, collective or bucket."""
+    columns = _concat(parts, dtypes)
+    kept = _first_of_duplicates(columns)
+    if len(kept) < len(columns[0]):
+        warnings.append(f"{len(columns[0]) - len(kept)} duplicate {what} were dropped: each counts once")
+    return columns, kept
+
+
+def _concat(parts: list[tuple[np.ndarray, ...]], dtypes: tuple) -> list[np.ndarray]:
+    if not parts:
+        return [np.empty(0, dtype=d) for d in dtypes]
+    return [np.concatenate([p[i] for p in parts]).astype(d, copy=False) for i, d in enumerate(dtypes)]
+
+
+def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
+    """Rows to keep, ascending: the first of each group of rows equal in every column."""
+    count = len(columns[0])
+    if count < 2:
+        return np.arange(count)
+    order = np.lexsort(columns[::-1])  # stable: among equal rows the earliest comes first
+    same = np.ones(count - 1, dtype=bool)
+    for column in columns:
+        ranked = column[order]
+        same &= ranked[1:] == ranked[:-1]
+    drop = np.zeros(count, dtype=bool)
+    drop[order[1:][same]] = True
+    return np.flatnonzero(~drop)
+
+
+def _remap(args: dict[int, dict[str, Any]], order: np.ndarray) -> dict[int, dict[str, Any]]:
+    """Row-keyed args after the rows were reordered (and some dropped) by ``order``."""
+    if not args:
+        return {}
+    new_row = np.full(int(order.max(initial=-1)) + 1 if len(order) else 0, -1, dtype=np.int64)
+    new_row[order] = np.arange(len(order))
+    return {int(new_row[old]): info for old, info in sorted(args.items())
+            if old < len(new_row) and new_row[old] >= 0}
 
 
 def _tid_stream(event: Event) -> int | None:
     return event.tid if isinstance(event.tid, int) else None
-
-
-def build_launches(groups: dict[str, list[Event]], threads: Interner, warnings: list[str],
-                   wanted: np.ndarray | None = None) -> Launches:
-    """Launch calls by correlation id; with ``wanted`` (the GPU events' correlation ids, sorted)
-    only the calls that launched recorded GPU work are kept (most of them), cheaply."""
-    events = [e for cat in sorted(LAUNCH_CATS) for e in groups.get(cat, ())]
-    correlation = _ints(list(map(attrgetter("correlation"), _args_of(events))))
-    keep = correlation >= 0
-    if wanted is not None:
-        keep &= np.isin(correlation, wanted)
-    rows = np.flatnonzero(keep)
-    events = _take(events, rows)
-    correlation = correlation[rows]
-    start, _, valid = times_ns(events, warnings, "CUDA runtime")
-    thread = thread_ids(events, threads)
-    order = np.flatnonzero(valid)[np.argsort(correlation[valid], kind="stable")]
-    return Launches(correlation[order], start[order], thread[order])
-
-
-def build_markers(groups: dict[str, list[Event]], interner: Interner, threads: Interner,
-                  warnings: list[str]) -> Markers:
-    events = [e for cat in sorted(CPU_OP_CATS) for e in groups.get(cat, ())]
-    names_all = list(map(_get["name"], events))
-    codes, uniques = factorize(names_all)
-    unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
-    kind_all = unique_kind[codes] if len(events) else np.empty(0, np.int8)
-    rows = np.flatnonzero(kind_all >= 0)
-    events = _take(events, rows)
-    kind = kind_all[rows]
-    start, end, valid = times_ns(events, warnings, "CPU op")
-    keep = np.flatnonzero(valid)
-    names = interner.ids(list(map(_get["name"], events)))
-    thread = thread_ids(events, threads)
-    external = _ints(list(map(attrgetter("external_id"), _args_of(events))))
-    order = keep[np.lexsort((-end[keep], start[keep]))]
-    markers = Markers(start[order], end[order], thread[order], kind[order], names[order], external[order])
-    for row, source in enumerate(order):
-        if kind[source] in (4, 5):  # Marker.COMM_PARAMS, Marker.COMM_OP
-            info = comm_args_of(events[source].args)
-            if info:
-                markers.comm_args[row] = info
-    return markers
 
 
 def _marker_kind(name: Any) -> int:

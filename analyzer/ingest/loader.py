@@ -6,22 +6,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import msgspec
-import numpy as np
-
 from analyzer.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
-from analyzer.ingest.columns import (
-    Interner,
-    build_gpu_events,
-    build_launches,
-    build_markers,
-    parse_ranks,
-    split_by_category,
-    to_int,
-)
-from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, read_trace_bytes
-from analyzer.ingest.schema import TRACE_DECODER, TraceFile
+from analyzer.ingest.columns import ColumnBuilder, parse_ranks, to_int
+from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
+from analyzer.ingest.schema import TraceFile
+from analyzer.ingest.stream import Decoding, decode_stream
 from analyzer.trace import RankTrace
 
 # rank-3, rank_3, rank3, worker3, worker_3, trainer-3, proc3 ... (the last match wins: dirs first)
@@ -29,18 +19,12 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker|trainer|proc|process|gpu)[-_]?(\d+)"
 
 
 def decode_trace(path: Path, data: bytes) -> TraceFile:
-    try:
-        doc = TRACE_DECODER.decode(data)
-    except msgspec.ValidationError as exc:
-        raise InputError(path, f"not a Kineto trace: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InputError(path, f"invalid JSON: {exc}") from None
-    if isinstance(doc, list):
-        doc = TraceFile(traceEvents=doc)
-    if doc.traceEvents is None:
-        raise InputError(path, "not a Kineto trace: no traceEvents list")
-    if not doc.traceEvents:
+    """The whole document in one decode (small inputs and tests; files stream instead)."""
+    events: list = []
+    doc, _ = decode_stream(path, iter([data]), events.extend)
+    if not events:
         raise InputError(path, "empty traceEvents: the profiler recorded nothing")
+    doc.traceEvents = events
     return doc
 
 
@@ -51,41 +35,60 @@ def rank_from_name(path: Path) -> int | None:
 
 def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
                     max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> RankTrace:
-    data = read_trace_bytes(path, max_inflate_bytes)
-    doc = decode_trace(path, data)
-    del data
-    return build_rank_trace(path, doc, comm_pattern)
+    """Stream the file: inflate and decode it in batches, folding each into the columns, so
+    peak memory follows the columns (tens of bytes an event), not the JSON (hundreds)."""
+    builder = ColumnBuilder(KernelClassifier(comm_pattern))
+    chunks = iter_trace_chunks(path, max_inflate_bytes)
+    try:
+        meta, decoding = decode_stream(path, chunks, builder.add)
+    except InputError:
+        for _ in chunks:  # a damaged file (truncated gzip, bomb) is the problem to report, not
+            pass          # the JSON error it causes further on
+        raise
+    return _rank_trace(path, meta, builder, decoding)
 
 
 def build_rank_trace(path: Path, doc: TraceFile, comm_pattern: str = DEFAULT_COMM_PATTERN) -> RankTrace:
+    """A RankTrace from an already decoded document."""
+    builder = ColumnBuilder(KernelClassifier(comm_pattern))
+    builder.add(doc.traceEvents or [])
+    doc.traceEvents = None  # drop the decoded tree as soon as it is folded in
+    return _rank_trace(path, doc, builder, None)
+
+
+def _rank_trace(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding: Decoding | None) -> RankTrace:
+    if builder.event_count == 0:
+        raise InputError(path, "empty traceEvents: the profiler recorded nothing")
     warnings: list[str] = []
-    info = doc.distributedInfo
-    groups = split_by_category(doc.traceEvents)
-    event_count = len(doc.traceEvents)
-    doc.traceEvents = None  # drop the decoded tree as soon as it is split
-    names, threads = Interner(), Interner()
-    gpu, kernel_args = build_gpu_events(groups, names, KernelClassifier(comm_pattern), warnings)
-    launches = build_launches(groups, threads, warnings, np.unique(gpu.correlation))
-    markers = build_markers(groups, names, threads, warnings)
+    if decoding and decoding.replaced_utf8:
+        warnings.append("the trace holds bytes that are not valid UTF-8: replaced by U+FFFD in names "
+                        "(times and sizes are unaffected)")
+    if decoding and decoding.replaced_nonfinite:
+        warnings.append("the trace holds NaN/Infinity literals (not JSON): read as null, so events "
+                        "whose ts or dur was one are ignored")
+    info = meta.distributedInfo
+    if info is None:
+        warnings.append("no distributedInfo in the trace: world size and process groups are unknown")
+    gpu, kernel_args, launches, markers = builder.finish(warnings)
     rank, source = _rank_of(path, info)
     return RankTrace(
         path=str(path),
         rank=rank,
         rank_source=source,
         world_size=_positive(info.world_size) if info else None,
-        host=_host_of(doc),
+        host=_host_of(meta),
         backend=info.backend if info else None,
         nccl_version=info.nccl_version if info else None,
         process_groups=_process_groups(info),
-        devices=_devices(doc),
-        strings=names.strings,
-        threads=threads.strings,
+        devices=_devices(meta),
+        strings=builder.names.strings,
+        threads=builder.threads.strings,
         gpu=gpu,
         launches=launches,
         markers=markers,
         kernel_comm_args=kernel_args,
         warnings=warnings,
-        event_count=event_count,
+        event_count=builder.event_count,
     )
 
 

@@ -1,0 +1,289 @@
+"""Streaming decode: the ``traceEvents`` array in batches of whole events, never the whole file.
+
+The inflated JSON arrives in chunks (:func:`analyzer.ingest.files.iter_trace_chunks`). Once the
+array's opening ``[`` is found, each step cuts the buffered text after the last ``}`` that is
+followed by a comma and decodes that slice, wrapped in ``[...]``, as a list of typed events. A
+cut that falls inside a string or a nested object cannot decode as a complete array (the string
+or the brackets stay open), so msgspec itself validates every cut; when a slice fails, an exact
+scanner (string-, escape- and depth-aware, numpy-vectorised) finds the true last boundary and
+tells a bad cut from bad data. Whatever follows the last cut (the final events, the closing
+``]`` and any later keys) is decoded together with the text before the array, which also yields
+the metadata (``distributedInfo``, ``deviceProperties``...). Peak memory is a few chunks plus
+the columns, whatever the file size.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterator
+
+import msgspec
+import numpy as np
+
+from analyzer.errors import InputError
+from analyzer.ingest.schema import TRACE_DECODER, Event, TraceFile
+
+EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+HEAD_LIMIT = 64 << 20  # the array must open within this many bytes, else one whole-file decode
+MAX_EVENT_BYTES = 256 << 20  # no real event is this long: past it, unbalanced text is an error
+_CANDIDATE_CUT = re.compile(rb"\}[ \t\r\n]*,")
+_COMMA_AFTER = re.compile(rb"[ \t\r\n]*,")
+_KEY = b'"traceEvents"'
+_WS = b" \t\r\n"
+_SCAN_BLOCK = 4 << 20
+# A NaN/Infinity literal in value position (after ':', ',' or '[', before ',', '}' or ']').
+_NONFINITE = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(?:-?Infinity|NaN)(?=[ \t\r\n]*[,\]}])")
+
+OnEvents = Callable[[list], None]
+
+
+class Decoding:
+    """Where a decode stands, for error messages that point into the file."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+        self.events_seen = 0
+        self.replaced_utf8 = 0  # slices whose invalid UTF-8 was replaced (names only)
+        self.replaced_nonfinite = 0  # slices whose NaN/Infinity literals were read as null
+        self.array_closed = False  # the traceEvents array ended: the rest is one final decode
+
+    def decode(self, decoder, data: bytes):
+        """Decode, tolerating two common departures from JSON, each once and with a warning:
+        invalid UTF-8 in strings, and NaN/Infinity literals (Python's json.dump writes them)."""
+        fixed_utf8 = fixed_nonfinite = False
+        while True:
+            try:
+                return decoder.decode(data)
+            except msgspec.DecodeError as exc:
+                message = str(exc)
+                if "UTF-8" in message and not fixed_utf8:
+                    data, fixed_utf8 = data.decode("utf-8", "replace").encode("utf-8"), True
+                    self.replaced_utf8 += 1
+                    continue
+                match = re.search(r"\(byte (\d+)\)", message)
+                if match and not fixed_nonfinite and _nonfinite_literal_at(data, int(match.group(1))):
+                    data, fixed_nonfinite = _NONFINITE.sub(rb"\1null", data), True
+                    self.replaced_nonfinite += 1
+                    continue
+                raise
+
+    def error(self, exc: msgspec.MsgspecError, data: bytes, to_file_offset: Callable[[int], int],
+              events_before: int) -> InputError:
+        message = str(exc)
+        if isinstance(exc, msgspec.ValidationError):
+            where = r"\$\[(\d+)\]" if "$[" in message else r"\$\.traceEvents\[(\d+)\]"
+            message = re.sub(where, lambda m: f"$.traceEvents[{events_before + int(m.group(1))}]", message)
+            return InputError(self.path, f"not a Kineto trace: {message}")
+        match = re.search(r"\(byte (\d+)\)", message)
+        if match:
+            at = int(match.group(1))
+            message = message.replace(match.group(0), f"(byte {to_file_offset(at):,} of the JSON text)")
+        if "truncated" in message:
+            return InputError(self.path, "invalid JSON: the text ends early (truncated file?)")
+        return InputError(self.path, f"invalid JSON: {message}")
+
+
+def _nonfinite_literal_at(data: bytes, at: int) -> bool:
+    window = data[max(at - 1, 0):at + 9]
+    return any(literal in window for literal in (b"NaN", b"Infinity"))
+
+
+def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[TraceFile, Decoding]:
+    """Feed ``on_events`` every event of the trace in order, batch by batch; return the trace's
+    metadata (``traceEvents`` emptied) and the decoding record (for warnings)."""
+    state = Decoding(path)
+    buf = bytearray()
+    chunks = iter(chunks)
+    array_at = None
+    for chunk in chunks:
+        buf += chunk
+        array_at = events_array_start(buf)
+        if array_at is not None or len(buf) > HEAD_LIMIT:
+            break
+    if array_at is None or array_at < 0:  # no array start found early: one whole decode
+        for chunk in chunks:
+            buf += chunk
+        return _decode_final(state, bytes(buf), b"", 0, on_events), state
+    head = bytes(buf[:array_at])  # up to and including the array's "["
+    del buf[:array_at]
+    offset = array_at  # file offset of buf[0]
+    while True:
+        consumed = _decode_batches(state, buf, offset, on_events)
+        del buf[:consumed]
+        offset += consumed
+        chunk = next(chunks, None)
+        if chunk is None:
+            break
+        buf += chunk
+    return _decode_final(state, head + bytes(buf), head, offset, on_events), state
+
+
+def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnEvents) -> int:
+    """Decode the whole events at the start of ``buf``; return how many bytes were consumed
+    (0: no whole event yet, wait for more text)."""
+    if state.array_closed:
+        return 0
+    cut = _last_candidate_cut(buf)
+    if cut is not None:
+        brace, after_comma = cut
+        data = _slice(buf, brace)
+        try:
+            events = state.decode(EVENTS_DECODER, data)
+        except msgspec.MsgspecError as exc:
+            events, after_comma = _decode_exact(state, buf, offset, exc, data, brace)
+    elif len(buf) > MAX_EVENT_BYTES:
+        events, after_comma = _decode_exact(state, buf, offset, None, b"", -1)
+    else:
+        return 0
+    if events is None:
+        return 0
+    on_events(events)
+    state.events_seen += len(events)
+    return after_comma
+
+
+def _last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
+    """(offset of the last "}" followed by a comma, offset after that comma), or None."""
+    window = 1 << 16
+    while True:
+        start = max(0, len(buf) - window)
+        last = None
+        for last in _CANDIDATE_CUT.finditer(buf, start):
+            pass
+        if last is not None:
+            return last.start(), last.end()
+        if start == 0:
+            return None
+        window *= 8
+
+
+def _slice(buf: bytearray, brace: int) -> bytes:
+    return b"[" + bytes(buf[:brace + 1]) + b"]"
+
+
+def _decode_exact(state: Decoding, buf: bytearray, offset: int, error, data: bytes, brace: int):
+    """After a failed cut: the true last event boundary (exact scan) tells a cut inside a string
+    or a nested object (decode up to the true boundary, or wait for more text) from bad data."""
+    def to_file(at: int) -> int:
+        return offset + at - 1
+
+    exact, closed = last_element_end(buf, len(buf))
+    if closed:  # the events end in this buffer: the final decode takes the rest, metadata too
+        state.array_closed = True
+        return None, 0
+    after = _COMMA_AFTER.match(buf, exact + 1) if exact is not None else None
+    if exact is not None and exact != brace and after:
+        data = _slice(buf, exact)
+        try:
+            return state.decode(EVENTS_DECODER, data), after.end()
+        except msgspec.MsgspecError as exc:
+            error = exc
+    elif len(buf) <= MAX_EVENT_BYTES and (exact is None or exact > brace):
+        return None, 0  # the event goes on past the buffer: wait for more text
+    if error is None:
+        raise InputError(state.path, f"invalid JSON: no complete event in the {len(buf):,} bytes after byte "
+                                     f"{offset:,} of the JSON text")
+    raise state.error(error, data, to_file, state.events_seen) from None
+
+
+def _decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_events: OnEvents) -> TraceFile:
+    def to_file(at: int) -> int:
+        return at if at < len(head) else offset + at - len(head)
+
+    try:
+        doc = state.decode(TRACE_DECODER, data)
+    except msgspec.MsgspecError as exc:
+        raise state.error(exc, data, to_file, state.events_seen) from None
+    if isinstance(doc, list):
+        doc = TraceFile(traceEvents=doc)
+    if doc.traceEvents is None:
+        if state.events_seen:
+            raise InputError(state.path, "invalid JSON: the traceEvents array is not closed")
+        raise InputError(state.path, "not a Kineto trace: no traceEvents list")
+    if doc.traceEvents:
+        on_events(doc.traceEvents)
+        state.events_seen += len(doc.traceEvents)
+    doc.traceEvents = None
+    return doc
+
+
+def events_array_start(buf: bytearray) -> int | None:
+    """Offset just after the ``[`` that opens the traceEvents array (or a bare top-level array);
+    None: not in ``buf`` yet; -1: this document cannot be streamed (decode it whole)."""
+    first = next((i for i, c in enumerate(buf[:4096]) if c not in _WS), None)
+    if first is None:
+        return None if len(buf) < 4096 else -1
+    if buf[first] == ord("["):
+        return first + 1
+    if buf[first] != ord("{"):
+        return -1
+    at = buf.find(_KEY, first)
+    while at >= 0:
+        depth, in_string = scan_state(buf, first, at)
+        if depth == 1 and not in_string:
+            colon = _skip_blanks(buf, at + len(_KEY))
+            if colon == len(buf):
+                return None
+            if buf[colon] == ord(":"):  # a key, not a value that happens to read "traceEvents"
+                value = _skip_blanks(buf, colon + 1)
+                if value == len(buf):
+                    return None
+                return value + 1 if buf[value] == ord("[") else -1  # not a list: decode whole
+        at = buf.find(_KEY, at + 1)
+    return None
+
+
+def _skip_blanks(buf, at: int) -> int:
+    while at < len(buf) and buf[at] in _WS:
+        at += 1
+    return at
+
+
+# -- exact scanner: string-, escape- and depth-aware, vectorised, in bounded blocks ----------
+
+def _scan_block(block: np.ndarray, in_string: bool, escaped: bool, depth: int):
+    """Per-byte (outside-string structural depth after the byte, is-closing) for one block,
+    and the state carried into the next block."""
+    backslash = block == 92
+    index = np.arange(len(block), dtype=np.int64)
+    # Backslashes right before each byte: a quote after an odd run is escaped.
+    last_plain = np.maximum.accumulate(np.where(backslash, -1 if not escaped else -2, index))
+    run_before = np.empty(len(block), dtype=np.int64)
+    run_before[0] = 1 if escaped else 0
+    run_before[1:] = index[:-1] - last_plain[:-1]
+    quote = (block == 34) & (run_before % 2 == 0)
+    string_parity = (np.cumsum(quote, dtype=np.int64) + int(in_string)) % 2 == 1
+    inside = string_parity | quote  # a quote byte itself is never structural
+    opens = ((block == 123) | (block == 91)) & ~inside
+    closes = ((block == 125) | (block == 93)) & ~inside
+    depths = depth + np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
+    trailing = len(block) - 1 - last_plain[-1] if len(block) else 0
+    carried_escape = bool(trailing % 2) if len(block) else escaped
+    return depths, closes, bool(string_parity[-1]) if len(block) else in_string, carried_escape, \
+        int(depths[-1]) if len(block) else depth
+
+
+def scan_state(buf, start: int, stop: int) -> tuple[int, bool]:
+    """(bracket depth, inside a string) at ``stop``, scanning from ``start`` (outside strings)."""
+    in_string, escaped, depth = False, False, 0
+    for lo in range(start, stop, _SCAN_BLOCK):
+        block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
+        _, _, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
+    return depth, in_string
+
+
+def last_element_end(buf, stop: int) -> tuple[int | None, bool]:
+    """(offset of the last byte closing a top-level element in ``buf[:stop]`` or None, whether
+    the enclosing array closes in it); the buffer starts at an element boundary."""
+    in_string, escaped, depth, last = False, False, 0, None
+    for lo in range(0, stop, _SCAN_BLOCK):
+        block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
+        depths, closes, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
+        below = np.flatnonzero(depths < 0)  # the enclosing array closed: nothing after counts
+        limit = int(below[0]) if len(below) else len(block)
+        ends = np.flatnonzero(closes[:limit] & (depths[:limit] == 0))
+        if len(ends):
+            last = lo + int(ends[-1])
+        if len(below):
+            return last, True
+    return last, False

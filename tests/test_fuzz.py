@@ -1,0 +1,233 @@
+"""Fuzzing: property tests of the per-rank figures against a brute-force time grid, and a
+mutation fuzzer over real and sample traces (zero crashes: every input gives a result or an
+InputError).
+
+A few hundred cases per test in CI; the documented long run (docs/scale.md) is
+``TRACECLIFF_FUZZ_EXAMPLES=10000 pytest tests/test_fuzz.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.errors import TracecliffError
+from analyzer.reports.json_report import JsonRenderer
+from analyzer.reports.text import TextRenderer
+from builders import AUTOGRAD, MAIN, TraceBuilder
+from conftest import SAMPLES
+
+EXAMPLES = int(os.environ.get("TRACECLIFF_FUZZ_EXAMPLES", "0")) or None
+FUZZ = settings(max_examples=EXAMPLES or 150, deadline=None, derandomize=EXAMPLES is None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SCRATCH = Path(tempfile.mkdtemp(prefix="tracecliff-fuzz-"))
+GRID = 4  # time grid: quarter microseconds (Kineto writes µs with decimals)
+STEP_US = 1000  # ProfilerStep k spans [k*STEP_US, k*STEP_US + 900) on the CPU timeline
+METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
+
+
+def analyze(path: Path):
+    return diagnose([str(path)], DiagnoseOptions(workers=1))
+
+
+# -- property: figures equal a brute-force grid ------------------------------------------------
+
+gpu_event = st.tuples(
+    st.sampled_from(["compute", "comm", "memcpy"]),
+    st.integers(0, 400 * GRID),  # start, in grid units
+    st.integers(0, 80 * GRID),  # duration, in grid units (zero-length allowed)
+    st.sampled_from([7, 13, 20]),  # stream
+    st.integers(0, 2),  # ProfilerStep of its launch (0: launched before any step)
+)
+
+
+def build(events) -> TraceBuilder:
+    b = TraceBuilder()
+    for step in (1, 2):
+        b.cpu(f"ProfilerStep#{step}", step * STEP_US, 900, cat="user_annotation")
+    for k, (kind, start, dur, stream, step) in enumerate(events):
+        name = {"compute": f"gemm_{k}", "comm": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                "memcpy": "Memcpy HtoD (Pageable -> Device)"}[kind]
+        cat = "gpu_memcpy" if kind == "memcpy" else "kernel"
+        launch = step * STEP_US + 1 + k * 0.25 if step else 10 + k * 0.25
+        b.kernel(name, start / GRID, dur / GRID, stream=stream, launch_ts=launch,
+                 tid=AUTOGRAD if k % 2 else MAIN, cat=cat)
+    return b
+
+
+def reference(events) -> dict[str, float]:
+    """The definitions, evaluated cell by cell on the grid (no interval algebra)."""
+    if not events:
+        return {k: 0.0 for k in METRICS}
+    size = max(s + d for _, s, d, _, _ in events) + 1
+    masks = {kind: np.zeros(size, dtype=bool) for kind in ("compute", "comm", "memcpy")}
+    for kind, start, dur, _, _ in events:
+        masks[kind][start:start + dur] = True
+    busy = masks["compute"] | masks["comm"] | masks["memcpy"]
+    overlap = masks["compute"] & masks["comm"]
+    span = max(s + d for _, s, d, _, _ in events) - min(s for _, s, _, _, _ in events)
+    cells = {"span_us": span, "busy_us": busy.sum(), "compute_us": masks["compute"].sum(),
+             "comm_us": masks["comm"].sum(), "overlap_us": overlap.sum(),
+             "exposed_comm_us": (masks["comm"] & ~masks["compute"]).sum(), "idle_us": span - busy.sum()}
+    return {k: float(v) / GRID for k, v in cells.items()}
+
+
+@FUZZ
+@given(st.lists(gpu_event, max_size=30))
+def test_figures_match_brute_force_grid(events):
+    path = build(events).write(SCRATCH / "rank-0.json")
+    rank = analyze(path).ranks[0]
+    want = reference(events)
+    assert {k: rank.metrics[k] for k in METRICS} == want
+    comm = want["comm_us"]
+    assert rank.metrics["overlap_pct"] == (round(100.0 * want["overlap_us"] / comm, 4) if comm else 0.0)
+    # per step: the events launched inside that ProfilerStep
+    got_steps = {s["step"]: {k: s[k] for k in METRICS} for s in rank.steps}
+    for step in (1, 2):
+        mine = [e for e in events if e[4] == step]
+        if mine:
+            assert got_steps[step] == reference(mine)
+        else:
+            assert step not in got_steps
+
+
+# -- mutation fuzzer over real and sample traces -----------------------------------------------
+
+def _load(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+
+
+def _window(doc: dict, count: int = 400) -> dict:
+    """A small, still coherent seed: the events of a time window (launches, kernels and the
+    markers around them stay together), with the trace's metadata."""
+    events = [e for e in doc["traceEvents"] if isinstance(e.get("ts"), (int, float))]
+    events.sort(key=lambda e: e["ts"])
+    mid = len(events) // 2
+    lo, hi = events[max(mid - count // 2, 0)]["ts"], events[min(mid + count // 2, len(events) - 1)]["ts"]
+    seed = {k: v for k, v in doc.items() if k != "traceEvents"}
+    seed["traceEvents"] = [e for e in doc["traceEvents"]
+                           if not isinstance(e.get("ts"), (int, float)) or lo <= e["ts"] <= hi
+                           or e.get("name", "").startswith("ProfilerStep#")]
+    return seed
+
+
+class Seeds(list):
+    def __repr__(self) -> str:  # keep hypothesis' failure report readable
+        return f"<{len(self)} seed traces>"
+
+
+@pytest.fixture(scope="module")
+def seeds(real_traces) -> Seeds:
+    files = sorted(real_traces.rglob("*.json*"))[:4]
+    files += sorted(SAMPLES.glob("cpu_gloo/*/rank-0.*"))
+    files += sorted(SAMPLES.glob("synthetic/*/rank-1.*"))[:4]
+    return Seeds(_window(_load(f)) for f in files)
+
+
+HOSTILE_VALUES = [None, "", "abc", "1e400", -1, -1e300, 1e300, 2**70, 0.5, True, [], {}, [1, "x"],
+                  "\u0000\ud7ff\uffff", "<script>alert(1)</script>", "x" * 5000, "NaN", "-0"]
+EVENT_KEYS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
+ARG_KEYS = ["correlation", "External id", "stream", "device", "Collective name", "In msg nelems",
+            "Out msg nelems", "Group size", "dtype", "Process Group Name", "Process Group Ranks",
+            "Input Dims", "Input type", "Seq"]
+
+
+def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
+    doc = copy.deepcopy(doc)
+    events = doc["traceEvents"]
+    for _ in range(rounds):
+        op = rng.randrange(9)
+        if not events:
+            events.append({"ph": "X"})
+        i = rng.randrange(len(events))
+        event = events[i]
+        if op == 0 and isinstance(event, dict):
+            event.pop(rng.choice(EVENT_KEYS), None)
+        elif op == 1 and isinstance(event, dict):
+            event[rng.choice(EVENT_KEYS)] = rng.choice(HOSTILE_VALUES)
+        elif op == 2 and isinstance(event, dict):
+            args = event.setdefault("args", {}) if isinstance(event.get("args"), dict) else {}
+            args[rng.choice(ARG_KEYS)] = rng.choice(HOSTILE_VALUES)
+            event["args"] = args
+        elif op == 3:
+            events.insert(rng.randrange(len(events) + 1), copy.deepcopy(event))  # duplicate
+        elif op == 4:
+            del events[i]
+        elif op == 5:
+            rng.shuffle(events)
+        elif op == 6 and isinstance(event, dict) and isinstance(event.get("ts"), (int, float)):
+            event["ts"] += rng.choice([-1e9, -1, 1e-3, 1e6, 1e12])
+        elif op == 7:
+            doc[rng.choice(["distributedInfo", "deviceProperties", "traceEvents"])] = rng.choice(
+                HOSTILE_VALUES + [{"rank": rng.choice(HOSTILE_VALUES)}, [{"name": 5}]])
+            if not isinstance(doc.get("traceEvents"), list):
+                return doc
+            events = doc["traceEvents"]
+        elif op == 8 and isinstance(event, dict):
+            event["cat"] = rng.choice(["kernel", "gpu_memcpy", "cuda_runtime", "cpu_op", "user_annotation",
+                                       "cuda_sync", "ac2g"])
+    return doc
+
+
+def mutate_bytes(data: bytes, rng: random.Random, rounds: int) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rounds):
+        if not buf:
+            break
+        op = rng.randrange(6)
+        i = rng.randrange(len(buf))
+        if op == 0:
+            del buf[i:]  # truncation
+        elif op == 1:
+            buf[i] = rng.randrange(256)
+        elif op == 2:
+            buf[i:i] = rng.choice([b"NaN", b"\xff\xfe", b'"', b"\\", b"{", b"]", b",", b"-1e999", b"\x00"])
+        elif op == 3:
+            j = min(len(buf), i + rng.randrange(1, 200))
+            buf[i:i] = buf[i:j]  # duplicated span
+        elif op == 4:
+            del buf[i:i + rng.randrange(1, 50)]
+        elif op == 5 and buf[i:i + 1].isdigit():
+            buf[i] = ord(rng.choice("x-.eE"))
+    return bytes(buf)
+
+
+def must_not_crash(path: Path) -> None:
+    try:
+        result = analyze(path)
+    except TracecliffError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        return
+    doc = result.to_dict()
+    JsonRenderer().render(doc)  # canonical JSON: raises on NaN or a non-serialisable value
+    TextRenderer().render(doc)
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_traces_never_crash(seeds, data):
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="rng"))
+    seed = seeds[data.draw(st.integers(0, len(seeds) - 1), label="seed")]
+    mode = data.draw(st.sampled_from(["structure", "bytes", "both", "gzip"]), label="mode")
+    rounds = data.draw(st.integers(1, 12), label="rounds")
+    doc = mutate_structure(seed, rng, rounds) if mode in ("structure", "both") else seed
+    raw = json.dumps(doc, allow_nan=rng.random() < 0.2).encode()
+    if mode in ("bytes", "both"):
+        raw = mutate_bytes(raw, rng, rounds)
+    if mode == "gzip":
+        raw = mutate_bytes(gzip.compress(raw, mtime=0), rng, 1 + rounds // 4)
+    path = SCRATCH / "rank-3.json"
+    path.write_bytes(raw)
+    must_not_crash(path)

@@ -1,0 +1,182 @@
+"""Streaming ingest: however the JSON text is cut into chunks, the columns equal those of one
+whole decode, on real traces and on events built to fool a boundary finder."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer.ingest import stream
+from analyzer.ingest.classify import KernelClassifier
+from analyzer.ingest.columns import ColumnBuilder
+from analyzer.ingest.files import iter_trace_chunks, read_trace_bytes
+from analyzer.ingest.loader import load_rank_trace
+from builders import two_step_ddp
+from conftest import SAMPLES
+
+TRICKY_NAMES = [
+    '},{"ph":"X","cat":"kernel","name":"fake","ts":1,"dur":1000000,"args":{"stream":7}},{',
+    'ends with backslash \\',
+    'quote \\" then }, {"ph": "X"} ',
+    '\\\\"}, {',
+    "brackets [[[ {{{ ]]] }}}",
+    "unicode \u007d, \u2028 \u00e9 \U0001f600",
+    "x" * 3000 + "},",
+]
+
+
+def columns(path: Path, pieces: list[bytes]):
+    builder = ColumnBuilder(KernelClassifier())
+    meta, decoding = stream.decode_stream(path, iter(pieces), builder.add)
+    warnings: list[str] = []
+    gpu, kernel_args, launches, markers = builder.finish(warnings)
+    # String ids follow the order names were first met, which depends on the batches: compare
+    # the names themselves.
+    names, threads = np.array(builder.names.strings, dtype=object), np.array(builder.threads.strings, dtype=object)
+    resolved = {"gpu": dict(vars(gpu), name=names[gpu.name]),
+                "launches": dict(vars(launches), thread=threads[launches.thread]),
+                "markers": dict(vars(markers), name=names[markers.name], thread=threads[markers.thread])}
+    return {**resolved, "args": kernel_args, "strings": set(builder.names.strings),
+            "threads": set(builder.threads.strings), "events": builder.event_count,
+            "warnings": warnings, "meta": meta.distributedInfo}
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict) and key in ("gpu", "launches", "markers"):
+            for name, column in a[key].items():
+                if isinstance(column, np.ndarray):
+                    np.testing.assert_array_equal(column, b[key][name], err_msg=f"{key}.{name}")
+                else:
+                    assert column == b[key][name], f"{key}.{name}"
+        else:
+            assert a[key] == b[key], key
+
+
+def split(data: bytes, sizes: list[int]) -> list[bytes]:
+    pieces, at = [], 0
+    for size in sizes:
+        if at >= len(data):
+            break
+        pieces.append(data[at:at + size])
+        at += size
+    if at < len(data):
+        pieces.append(data[at:])
+    return pieces
+
+
+def tricky_trace(names=TRICKY_NAMES, bare_array=False, events_first=False) -> bytes:
+    b = two_step_ddp()
+    for k, name in enumerate(names):
+        b.kernel(name, 2000 + 10 * k, 5, launch_ts=1999 + 10 * k, extra={"a": {"b": [1, {"c": "},"}]}, "d": name})
+        b.cpu(name, 1999 + 10 * k, 1)
+    if bare_array:
+        return json.dumps(b.events).encode()
+    doc = dict(b.doc)
+    if events_first:
+        doc = {"traceEvents": doc.pop("traceEvents"), **doc}
+    return json.dumps(doc, indent=1 if events_first else None).encode()
+
+
+@pytest.mark.parametrize("layout", ["meta_first", "events_first", "bare_array"])
+def test_tricky_boundaries_any_chunking(tmp_path, layout):
+    data = tricky_trace(bare_array=layout == "bare_array", events_first=layout == "events_first")
+    path = tmp_path / "rank-0.json"
+    whole = columns(path, [data])
+    assert whole["events"] > 40 and "fake" not in whole["strings"]
+    for size in (7, 61, 500, 4096):
+        assert_same(columns(path, split(data, [size] * (len(data) // size + 1))), whole)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=60))
+def test_random_chunking_equals_whole_decode(sizes):
+    data = tricky_trace()
+    path = Path("rank-0.json")
+    assert_same(columns(path, split(data, sizes)), columns(path, [data]))
+
+
+def real_and_sample_files():
+    from conftest import REAL_TRACES
+    files = sorted(REAL_TRACES.rglob("*.json*"))[:3] if REAL_TRACES.is_dir() else []
+    return files + sorted(SAMPLES.glob("*/*/rank-0.*json*"))[:3]
+
+
+@pytest.mark.parametrize("path", real_and_sample_files(), ids=lambda p: p.parent.name)
+def test_real_traces_stream_like_whole(path):
+    data = read_trace_bytes(path)
+    whole = columns(path, [data])
+    rng = random.Random(7)
+    assert_same(columns(path, split(data, [rng.randrange(1 << 14, 1 << 17) for _ in range(len(data) >> 13)])), whole)
+    assert whole["events"] > 1000
+
+
+def test_load_uses_small_chunks_and_gzip(tmp_path, monkeypatch):
+    """End to end through the file reader, with chunks far smaller than the file."""
+    data = tricky_trace()
+    plain = tmp_path / "rank-0.json"
+    plain.write_bytes(data)
+    packed = tmp_path / "rank-0.json.gz"
+    packed.write_bytes(gzip.compress(data))
+    seen = []
+
+    def small_chunks(path, cap):
+        for piece in iter_trace_chunks(path, cap, chunk_bytes=997):
+            seen.append(len(piece))
+            yield piece
+    import analyzer.ingest.loader as loader
+    whole = load_rank_trace(plain)
+    monkeypatch.setattr(loader, "iter_trace_chunks", small_chunks)
+    for path in (plain, packed):
+        seen.clear()
+        streamed = load_rank_trace(path)
+        assert len(seen) > 5 and max(seen) <= 4 << 20
+        np.testing.assert_array_equal(streamed.gpu.ts, whole.gpu.ts)
+        assert [streamed.strings[i] for i in streamed.gpu.name] == [whole.strings[i] for i in whole.gpu.name]
+        assert streamed.kernel_comm_args == whole.kernel_comm_args
+
+
+@pytest.mark.parametrize("text, problem", [
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": 5}]}', "$.traceEvents[1].ph"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"} {"ph": "X"}]}', "invalid JSON"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}', "ends early"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": "unterminated}]}', "ends early"),
+    (b'{"traceEvents": [] , "traceEvents" : 3}', "traceEvents"),
+])
+def test_errors_point_into_the_file_whatever_the_chunking(tmp_path, text, problem):
+    from analyzer.errors import InputError
+    path = tmp_path / "rank-0.json"
+    messages = set()
+    for size in (3, 11, len(text)):
+        with pytest.raises(InputError) as info:
+            columns(path, split(text, [size] * len(text)))
+        assert str(info.value).startswith(str(path)) and problem in str(info.value)
+        messages.add(str(info.value))
+    assert len(messages) == 1  # the same message however the text arrived
+
+
+def test_scanner_finds_true_element_ends():
+    text = b'{"a":"}\\"}"}, [1,{"b":[]}], "s\\\\", {"c":{}}] , {"tail": {}}'
+    ends = []
+    buf = bytearray(text)
+    stop = len(buf)
+    while True:
+        end, closed = stream.last_element_end(buf, stop)
+        assert closed == (stop == len(buf))  # only the whole text holds the array's "]"
+        if end is None:
+            break
+        ends.append(end)
+        stop = end
+    # elements: an object, an array, a string, an object; a string ends with no bracket
+    assert [text[e:e + 1] for e in ends] == [b"}", b"]", b"}"]
+    assert ends[0] == text.index(b"}] ,")
+    depth, in_string = stream.scan_state(buf, 0, text.index(b"\\\\") + 1)
+    assert in_string and depth == 0
