@@ -151,6 +151,9 @@ def test_dark_and_print_renderings(browser, straggler_report):
         view.page.screenshot(path=str(ARTIFACTS / "html-report-dark.png"), full_page=True)
         view.page.emulate_media(media="print", color_scheme="light")
         assert view.page.locator("nav").is_hidden()
+        view.page.evaluate("window.dispatchEvent(new Event('beforeprint'))")
+        assert view.page.locator("details").count() > 0
+        assert view.page.locator("details:not([open])").count() == 0  # folded parts print open
         view.page.screenshot(path=str(ARTIFACTS / "html-report-print.png"), full_page=True)
         assert view.errors == []
     finally:

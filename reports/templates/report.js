@@ -39,4 +39,9 @@
   document.addEventListener("mouseover", show);
   document.addEventListener("mousemove", show);
   document.addEventListener("mouseout", hide);
+  // A printout cannot be clicked: show the folded details (hardware, rules, assumptions).
+  window.addEventListener("beforeprint", function () {
+    var folded = document.querySelectorAll("details");
+    for (var i = 0; i < folded.length; i++) { folded[i].open = true; }
+  });
 })();
