@@ -25,6 +25,7 @@ is unknown keep their measured duration. Then, per rank and step:
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -110,37 +111,42 @@ class Config:
 
 
 def measured_strategy(result: Any) -> str:
+    index = GroupIndex(result)
     strategy = result.job.get("strategy", "unknown")
     rows = result.collectives
     if strategy == "ddp" or (strategy == "unknown" and not any(r["collective"] == "allgather" for r in rows)):
         return "ddp"
-    if any(r["collective"] == "allreduce" and _role(r, result) == "replicate" for r in rows):
+    if any(r["collective"] == "allreduce" and index.role(r) == "replicate" for r in rows):
         return "hsdp"
     if any(r["collective"] == "allgather" and r["phase"] == "backward" for r in rows):
         return "fsdp-full"
     return "fsdp-grad-op"
 
 
-def _group_entry(row: dict[str, Any], result: Any) -> dict[str, Any] | None:
-    group = row.get("group") or {}
-    for g in result.extra.get("groups", []):
-        if g["name"] is not None and g["name"] == group.get("name") and g["ranks"] == group.get("ranks"):
-            return g
-    return None
+class GroupIndex:
+    """The ``groups`` entry of a collective row, and the role of its group: ``world`` (every
+    rank), ``shard`` (inside one node), ``replicate`` (one rank per node), else ``other``."""
 
+    def __init__(self, result: Any):
+        self.world = result.job.get("world_size")
+        self.by_key = {(g["name"], tuple(g["ranks"] or ())): g for g in result.extra.get("groups", [])
+                       if g["name"] is not None}
 
-def _role(row: dict[str, Any], result: Any) -> str:
-    entry = _group_entry(row, result)
-    world = result.job.get("world_size")
-    if entry is None or not entry.get("size"):
+    def entry(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        group = row.get("group") or {}
+        return self.by_key.get((group.get("name"), tuple(group.get("ranks") or ())))
+
+    def role(self, row: dict[str, Any]) -> str:
+        entry = self.entry(row)
+        if entry is None or not entry.get("size"):
+            return "other"
+        if entry["size"] == self.world:
+            return "world"
+        if entry.get("nodes") and entry["nodes"] > 1 and entry["size"] == entry["nodes"]:
+            return "replicate"
+        if entry.get("nodes") == 1:
+            return "shard"
         return "other"
-    if entry["size"] == world:
-        return "world"
-    if entry.get("nodes") and entry["nodes"] > 1 and entry["size"] == entry["nodes"]:
-        return "replicate"
-    if entry.get("nodes") == 1:
-        return "shard"
-    return "other"
 
 
 def _best_fit(result: Any, cross: bool) -> dict[str, Any] | None:
@@ -242,8 +248,7 @@ def _model_time(kind: str, size: float, n: int, link: Link) -> float:
     return models.collective_time(kind, size, n, link.alpha_us, link.beta_gbps)
 
 
-def _measured_link(row: dict[str, Any], result: Any, base: Config) -> tuple[Link, int] | None:
-    entry = _group_entry(row, result)
+def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | None, int] | None:
     if entry is None or not entry.get("size"):
         return None
     if entry.get("alpha_us") is not None and entry.get("beta_gbps"):
@@ -257,11 +262,12 @@ class Durations:
 
     def __init__(self, result: Any, base: Config, target: Config, notes: list[str]):
         self.result, self.base, self.target = result, base, target
+        self.groups = GroupIndex(result)
         self.kept = 0
         self.notes = notes
 
     def role(self, row: dict[str, Any]) -> str:
-        role = _role(row, self.result)
+        role = self.groups.role(row)
         if row["collective"] in ("allgather", "reduce_scatter") and role == "world":
             return "shard"
         return role
@@ -269,7 +275,7 @@ class Durations:
     def ratio(self, row: dict[str, Any], role: str | None = None) -> float | None:
         """T_model(target) / T_model(measured) of a row, None when it cannot be modelled."""
         kind, size = row["collective"], row.get("bytes")
-        measured = _measured_link(row, self.result, self.base)
+        measured = _measured_link(self.groups.entry(row), self.base)
         if kind not in models.COLLECTIVE_KINDS or not size or measured is None or not row.get("on_gpu"):
             return None
         link, n = measured
@@ -460,15 +466,18 @@ def _fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
 def _comm_dependencies(comm, ends) -> list[int | None]:
     """A collective that starts, on an idle stream, as another stream's collective ends was
     waiting for it (HYBRID_SHARD's all-reduce after the reduce-scatter): index of that one."""
+    order = sorted(range(len(comm)), key=lambda j: ends[j])
+    sorted_ends = [ends[j] for j in order]
     out: list[int | None] = []
     last_end: dict[Any, float] = {}
     for k, r in enumerate(comm):
         start = r["start_us"]
         found = None
         if start > last_end.get(r["stream"], -math.inf) + _EPS_US:
-            candidates = [j for j in range(k) if comm[j]["stream"] != r["stream"]
-                          and start - _EPS_US <= ends[j] <= start]
-            found = max(candidates, key=lambda j: ends[j]) if candidates else None
+            lo, hi = bisect_left(sorted_ends, start - _EPS_US), bisect_right(sorted_ends, start)
+            candidates = [order[i] for i in range(lo, hi)
+                          if order[i] < k and comm[order[i]]["stream"] != r["stream"]]
+            found = max(candidates, key=lambda j: (ends[j], j)) if candidates else None
         out.append(found)
         last_end[r["stream"]] = max(last_end.get(r["stream"], -math.inf), ends[k])
     return out
@@ -592,11 +601,16 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
             before, after = change if change is not None else (0.0, 0.0)
             optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
             extra_compute = optimizer * (optimizer_factor - 1.0)
-            measured.append((step["step"], rank.rank, step["step_time_us"], before, step["compute_us"]))
+            exposed = step.get("exposed_comm_us") or 0.0
+            waits = sum(r.get("wait_us") or 0.0 for r in rows)
+            measured.append((step["step"], rank.rank, step["step_time_us"], exposed, step["compute_us"], waits))
             projected.append((step["step"], rank.rank, step["step_time_us"] - before + after + extra_compute,
-                              after, step["compute_us"] + extra_compute))
+                              max(0.0, exposed - before + after), step["compute_us"] + extra_compute, 0.0))
     if not measured:
         raise ConfigError("no profiler steps in the trace: nothing to project")
+    if any(entry[5] for entry in measured):
+        notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
+                     "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
     if durations.kept:
         notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
     _assumption_notes(assumptions, scenario, base, target, optimizer_factor)
@@ -638,6 +652,7 @@ def _summary(entries: list[tuple]) -> dict[str, Any]:
     return {"step_time_us": round(float(np.mean(slowest)), 3),
             "exposed_comm_us": round(float(np.mean([e[3] for e in entries])), 3),
             "compute_us": round(float(np.mean([e[4] for e in entries])), 3),
+            "wait_us": round(float(np.mean([e[5] for e in entries])), 3),
             "steps": len(by_step), "rank_steps": len(entries)}
 
 
