@@ -138,9 +138,8 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     if s.get("top_rank") is None:
         return [f"Stragglers: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
     share = 100 * (s.get("top_rank_last_share") or 0)
-    return [f"Straggler: rank {s['top_rank']} arrives last at {share:.0f}% of "
-            f"{s['matched_collectives']} matched collectives; others wait "
-            f"{s['top_rank_wait_caused_us']:,.0f} µs on it in all", ""]
+    return [f"Straggler: rank {s['top_rank']} last at {share:.0f}% of {s['matched_collectives']} "
+            f"matched collectives; {s['top_rank_wait_caused_us']:,.0f} µs of others' waiting", ""]
 
 
 def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
