@@ -6,7 +6,7 @@ import statistics
 
 from analyzer import models
 from analyzer.rules.ddp_model import allreduce_equation, ddp_steps, mb
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
 
 
@@ -53,8 +53,7 @@ class DdpBucketOversized(Rule):
                                  "give the pipeline enough granularity)", 1, 1e9),
         "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),
-        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
-                                       "time, worth a finding", 0.0, 1.0),
+        "min_gain_fraction": MIN_GAIN_FRACTION,
     }
     references = ("docs/models.md §4", "Li et al., PyTorch Distributed, VLDB 2020",
                   "Hockney, Parallel Computing 1994")

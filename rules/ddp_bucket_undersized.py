@@ -6,7 +6,7 @@ import statistics
 
 from analyzer import models
 from analyzer.rules.ddp_model import ddp_steps, mb
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
 
 
@@ -51,8 +51,7 @@ class DdpBucketUndersized(Rule):
                                     "buckets count as undersized", 0.0, 1.0),
         "latency_share": Threshold(0.25, "share of the modelled all-reduce time spent in α "
                                    "(2(N−1)α per bucket) above which α dominates", 0.0, 1.0),
-        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
-                                       "time, worth a finding", 0.0, 1.0),
+        "min_gain_fraction": MIN_GAIN_FRACTION,
     }
     references = ("docs/models.md §1, §4", "Hockney, Parallel Computing 1994",
                   "Li et al., PyTorch Distributed, VLDB 2020")

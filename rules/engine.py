@@ -35,6 +35,11 @@ class Threshold:
     maximum: float = math.inf
 
 
+#: The smallest modelled saving worth a finding, shared by the rules that predict a gain.
+MIN_GAIN_FRACTION = Threshold(0.02, "smallest modelled saving, as a fraction of the step time, "
+                              "worth a finding", 0.0, 1.0)
+
+
 class Rule:
     name: ClassVar[str]
     code: ClassVar[str]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analyzer import models
 from analyzer.rules.ddp_model import mb
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
 from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count
 
@@ -52,8 +52,7 @@ class FsdpFullShardCrossNode(Rule):
                                       "of the step time, above which the rule looks", 0.0, 1.0),
         "memory_fraction": Threshold(0.8, "share of GPU memory the HYBRID_SHARD static state 16Ψ/g "
                                      "may take (the rest is left for activations)", 0.0, 1.0),
-        "min_gain_fraction": Threshold(0.02, "smallest projected saving, as a fraction of the step "
-                                       "time, worth a finding", 0.0, 1.0),
+        "min_gain_fraction": MIN_GAIN_FRACTION,
     }
     references = ("docs/models.md §2, §3, §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Rajbhandari et al., ZeRO, SC 2020")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
 from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind
 
@@ -46,8 +46,7 @@ class FsdpNoPrefetch(Rule):
         "min_units": Threshold(3, "fewest all-gathers in a pass for prefetch to matter", 2, 1e9),
         "serialized_share": Threshold(0.8, "share of the pass's all-gather time outside compute "
                                       "from which the pass counts as serialized", 0.0, 1.0),
-        "min_gain_fraction": Threshold(0.02, "smallest modelled saving, as a fraction of the step "
-                                       "time, worth a finding", 0.0, 1.0),
+        "min_gain_fraction": MIN_GAIN_FRACTION,
     }
     references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023")
 

@@ -191,3 +191,25 @@ def test_ddp_step_model_hand_worked():
     for ready in (200.0, 400.0, 700.0, 1000.0):
         ends.append(max(ready, ends[-1] if ends else -math.inf) + t50)
     assert tail_50 == pytest.approx(ends[-1] - 1000.0)
+
+
+# ---------------------------------------------------------------- the FSDP schedule, by hand
+def test_fsdp_step_model_hand_worked():
+    from analyzer.rules.fsdp_model import FsdpStep
+
+    # Forward only: 3 units of 100 µs compute, each all-gather 50 µs.
+    step = FsdpStep(0, 1, 300.0, 0.0, (1.0, 1.0, 1.0), (), (), prefetch=False)
+    fifty = lambda kind, size: 50.0  # noqa: E731
+    # No prefetch: ag 0-50, c 50-150, ag 150-200, c 200-300, ag 300-350, c 350-450 -> 150 exposed.
+    assert step.exposed_us(fifty) == pytest.approx(150.0)
+    # Prefetch: ag_i issued at c_(i-1)'s start: only the first all-gather is exposed.
+    assert step.exposed_us(fifty, prefetch=True) == pytest.approx(50.0)
+
+    # Backward: 2 units of 100 µs, free all-gathers, reduce-scatters 10 µs, and (HYBRID_SHARD)
+    # replicate all-reduces of 30 µs: compute 0-100 and 100-200 (RS 0 fetched under unit 1),
+    # the last RS 200-210 is exposed, replicate 0 runs 110-140, replicate 1 210-240: 30 more.
+    back = FsdpStep(0, 1, 0.0, 200.0, (), (0.0, 0.0), (8.0, 8.0), prefetch=True)
+    times = {"allgather": 0.0, "reduce_scatter": 10.0}
+    comm = lambda kind, size: times[kind]  # noqa: E731
+    assert back.exposed_us(comm) == pytest.approx(10.0)
+    assert back.exposed_us(comm, replicate_time=lambda size: 30.0) == pytest.approx(40.0)
