@@ -591,6 +591,7 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
         rows_by.setdefault((row["rank"], row["step"]), []).append(row)
     optimizer_factor = _optimizer_factor(base, target)
     measured, projected = [], []
+    unmodelled = 0
     for rank in result.ranks:
         for step in rank.steps:
             rows = rows_by.get((rank.rank, step["step"]), [])
@@ -598,6 +599,8 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
                 change = _ddp_step(rows, step, origin, durations, scenario)
             else:
                 change = _fsdp_step(rows, step, origin, durations, base, target)
+            if change is None:
+                unmodelled += 1
             before, after = change if change is not None else (0.0, 0.0)
             optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
             extra_compute = optimizer * (optimizer_factor - 1.0)
@@ -611,6 +614,9 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     if any(entry[5] for entry in measured):
         notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
                      "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
+    if unmodelled:
+        what = "backward all-reduces (DDP buckets)" if base.strategy == "ddp" else "GPU collectives"
+        notes.append(f"{unmodelled} rank-step(s) have no {what}: their step time is kept as measured")
     if durations.kept:
         notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
     _assumption_notes(assumptions, scenario, base, target, optimizer_factor)

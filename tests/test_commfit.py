@@ -105,6 +105,10 @@ def two_node_ddp(tmp_path_factory):
 def test_synthetic_job_groups_recover_the_generator_links(two_node_ddp):
     spec, result = two_node_ddp
     (group,) = result.extra["groups"]
+    assert {"name", "description", "ranks", "size", "nodes", "cross_node", "alpha_us", "beta_gbps",
+            "s_star_bytes", "fit", "busbw_median_gbps"} <= set(group)
+    assert group["ranks"] == list(range(16)) and group["description"] == "default_pg"
+    assert {"algbw_gbps", "busbw_gbps", "bound", "wait_us"} <= set(result.collectives[0])
     assert (group["size"], group["nodes"], group["cross_node"], group["fit_source"]) == (16, 2, True, "fit")
     # cross-node ring: α_nic, β = min(NVLink, 8 NICs x 45 GB/s)
     assert group["alpha_us"] == pytest.approx(spec.nic_alpha_us, rel=0.05)
