@@ -33,6 +33,7 @@ BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped com
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
 MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
+OPEN_GROUPS = 2
 BUSBW_KINDS = set(models.COLLECTIVE_KINDS)
 
 
@@ -454,7 +455,11 @@ def _collectives(doc: dict[str, Any]) -> dict[str, Any]:
     # The scatter plots share one point budget, so many process groups cannot blow up the page.
     budget = max(MIN_SCATTER_POINTS, min(MAX_SCATTER_POINTS, SCATTER_POINTS_TOTAL // len(by_group)))
     groups = [_group_view(name, by_group[name], fits.get(name), budget) for name in sorted(by_group, key=_natural)]
-    return {"available": True, "groups": groups, "fits_available": bool(fits),
+    # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
+    ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
+    for g in groups:
+        g["open"] = g in ranked[:OPEN_GROUPS]
+    return {"available": True, "groups": groups, "fits_available": bool(fits), "open_count": OPEN_GROUPS,
             "why_no_fits": "" if fits else "α/β fits per group are not in this document (job analyses did not run)"}
 
 
@@ -477,7 +482,8 @@ def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | Non
     lines = [_bucket_line(kind, bucket, table[(kind, bucket)], size, beta) for kind, bucket in sorted(table)]
     return {"name": name, "description": str((fit or {}).get("description") or group.get("description") or ""),
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
-            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget),
+            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget), "count": len(rows),
+            "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
             "on_gpu": any(c.get("on_gpu") for c in rows)}
 
 
@@ -491,6 +497,7 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"alpha_us": _num(fit.get("alpha_us")), "beta_gbps": _num(fit.get("beta_gbps")),
             "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
+            "source": str(fit.get("fit_source") or ""),
             "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
             "busbw_median_gbps": _num(fit.get("busbw_median_gbps"))}
 

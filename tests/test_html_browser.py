@@ -212,5 +212,22 @@ def test_real_cpu_only_traces(browser, tmp_path):
         assert view.errors == [] and view.requests == [report.as_uri()]
         assert "no GPU kernels" in view.page.locator("#timeline").inner_text()
         assert view.page.locator("#collectives table.buckets").count() >= 1
+        assert view.page.locator("#collectives table.groups a").count() >= 1
+    finally:
+        view.close()
+
+
+def test_group_links_open_folded_groups(browser, tmp_path):
+    """HSDP on 16 ranks has 10 process groups: 2 open, the others folded until their link is used."""
+    report = _write_report(tmp_path, _sample_job(tmp_path, "fsdp_hybrid_2node"), "hsdp")
+    view = Page(browser, report)
+    try:
+        groups = view.page.locator("details.group")
+        assert groups.count() == 10 and view.page.locator("details.group[open]").count() == 2
+        folded = view.page.locator("details.group:not([open])").first
+        group_id = folded.get_attribute("id")
+        view.page.locator(f"table.groups a[href='#{group_id}']").click()
+        assert view.page.locator(f"details#{group_id}").get_attribute("open") is not None
+        assert view.errors == []
     finally:
         view.close()

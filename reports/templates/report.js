@@ -39,6 +39,13 @@
   document.addEventListener("mouseover", show);
   document.addEventListener("mousemove", show);
   document.addEventListener("mouseout", hide);
+  // A link to a folded group opens it.
+  function openTarget() {
+    var target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+    if (target && target.tagName === "DETAILS") { target.open = true; }
+  }
+  window.addEventListener("hashchange", openTarget);
+  openTarget();
   // A printout cannot be clicked: show the folded details (hardware, rules, assumptions).
   window.addEventListener("beforeprint", function () {
     var folded = document.querySelectorAll("details");
