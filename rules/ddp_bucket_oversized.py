@@ -104,6 +104,7 @@ class DdpBucketOversized(Rule):
             "suggested_bucket_cap_mb": cap_mib,
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
+            "whatif_step_time_us": ctx.facts.whatif_step_us(bucket_mb=cap_mib),
             "step_time_us": round(step_us, 1),
             "link": rep.link.evidence(),
             "collectives": "backward all-reduce (DDP gradient buckets)",

@@ -108,6 +108,7 @@ class DdpBucketUndersized(Rule):
             "suggested_bucket_cap_mb": cap_mib,
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
+            "whatif_step_time_us": ctx.facts.whatif_step_us(bucket_mb=cap_mib),
             "step_time_us": round(step_us, 1),
             "link": link.evidence(),
             "collectives": "backward all-reduce (DDP gradient buckets)",

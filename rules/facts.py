@@ -230,6 +230,18 @@ class JobFacts:
     def _fitted_groups(self) -> dict[Any, dict[str, Any]]:
         return {g.get("name"): g for g in self.result.extra.get("groups") or [] if isinstance(g, dict)}
 
+    def whatif_step_us(self, **scenario: Any) -> float | None:
+        """Step time projected by the what-if model (analyzer.whatif) for a changed
+        configuration: an independent cross-check of a rule's own projection (None when it
+        cannot project this trace)."""
+        try:
+            from analyzer.errors import TracecliffError
+            from analyzer.whatif import Scenario, project
+            projected = project(self.result, Scenario(**scenario)).projected.get("step_time_us")
+        except (ImportError, TracecliffError, ValueError):
+            return None
+        return round(float(projected), 1) if projected is not None else None
+
     # ---------------------------------------------------------------- applicability
     def missing(self, needs: tuple[str, ...]) -> str | None:
         """Why a rule with these needs cannot run on this job (None when it can)."""

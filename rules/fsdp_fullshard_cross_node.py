@@ -111,6 +111,7 @@ class FsdpFullShardCrossNode(Rule):
             "modelled_exposed_us_full_shard": round(now, 1),
             "modelled_exposed_us_hybrid_shard": round(projected, 1),
             "projected_step_time_us": round(step_after, 1), "step_time_us": round(step_us, 1),
+            "whatif_step_time_us": facts.whatif_step_us(strategy="hsdp"),
             "parameters": psi, "parameters_source": psi_source,
             "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
             "collectives": "all-gather, reduce-scatter",
