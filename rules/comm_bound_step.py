@@ -17,7 +17,7 @@ class CommBoundStep(Rule):
         overlap equation, T_comm ≤ T_bwd − T_first_bucket_wait, and whose measured exposed
         communication (the bubble) is a large share of the step. T_comm is the transfer time of
         the step's collectives (the shortest duration of each across ranks, so waiting for a
-        late rank does not count); for FSDP the window is forward plus backward, which the
+        late rank does not count; capped by the α-β model when some ranks' traces are missing); for FSDP the window is forward plus backward, which the
         all-gathers and reduce-scatters can overlap.
 
     Why it matters:
@@ -99,9 +99,10 @@ class CommBoundStep(Rule):
     @staticmethod
     def _ddp_rows(facts):
         rows = []
-        for s in ddp_steps(facts, need_link=False):  # measured times only
-            t_comm = sum(facts.transfer_us.get((s.rank, start), end - start)
-                         for start, end in zip(s.bucket_starts_us, s.bucket_ends_us))
+        for s in ddp_steps(facts, need_link=False):
+            grads = [c for c in facts.collectives_of(s.rank, s.step)
+                     if c["collective"] == "allreduce" and c["phase"] == "backward"]
+            t_comm = sum(facts.transfer_time(c) for c in grads)
             bound = models.critical_overlap(t_comm, s.backward_us, s.first_wait_us)
             view = facts.step_view(s.rank, s.step)
             rows.append({"kind": "ddp", "rank": s.rank, "step": s.step, "t_comm_us": t_comm,
@@ -119,7 +120,7 @@ class CommBoundStep(Rule):
             if not phases or not colls:
                 continue
             window = max(w[1] for w in phases) - min(w[0] for w in phases)
-            t_comm = sum(facts.transfer_us.get((c["rank"], c["start_us"]), c["dur_us"]) for c in colls)
+            t_comm = sum(facts.transfer_time(c) for c in colls)
             bound = models.critical_overlap(t_comm, window, 0.0)
             kinds = sorted({c["collective"] for c in colls})
             rows.append({"kind": "window", "rank": view.rank, "step": view.step, "t_comm_us": t_comm,

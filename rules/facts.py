@@ -142,6 +142,17 @@ class JobFacts:
                 out[(rank, row["start_us"])] = shortest
         return out
 
+    def transfer_time(self, row: dict[str, Any]) -> float:
+        """A collective's transfer time (µs): the shortest duration across the ranks given.
+        When some ranks are missing that minimum may still include waiting for one of them, so
+        it is capped by the α-β model time when the group's link is known."""
+        measured = self.transfer_us.get((row["rank"], row["start_us"]), row["dur_us"])
+        if len(self.result.ranks) >= self.world_size or not row.get("bytes") \
+                or row["collective"] not in models.COLLECTIVE_KINDS:
+            return measured
+        link = self.link(row.get("group") or {})
+        return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
     def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
         out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
         for b in self.result.buckets:

@@ -213,3 +213,15 @@ def test_fsdp_step_model_hand_worked():
     comm = lambda kind, size: times[kind]  # noqa: E731
     assert back.exposed_us(comm) == pytest.approx(10.0)
     assert back.exposed_us(comm, replicate_time=lambda size: 30.0) == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("trace, expected", [
+    ("synthetic/ddp_straggler", set()),  # straggler not given: its wait must not look like transfer
+    ("synthetic/ddp_comm_bound", {"comm-bound-step"}),
+])
+def test_subset_of_ranks(trace, expected):
+    from analyzer.api import DiagnoseOptions, diagnose
+    result = diagnose(sample_traces()[trace][:2], DiagnoseOptions(workers=1))
+    assert {f["rule"] for f in result.findings} == expected
+    status = {s["rule"]: s["status"] for s in result.extra["rules"]}
+    assert status["straggler-rank"] == "not_applicable"
