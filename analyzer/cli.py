@@ -60,12 +60,12 @@ def cli() -> None:
 def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, facts, html, rules) -> int:
     """Measure exposed communication per rank and step in the traces at PATHS
     (files, directories or globs)."""
-    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts,
-                              keep_timeline=wants_html(fmt, html))
+    options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts)
     result = diagnose(list(paths), options, progress=ProgressBar("reading traces"), config=rules["config"])
     doc = result.to_dict()
     inputs = [i["path"] for i in doc["inputs"]]
-    html_text = render_html(html_document(doc, result, html), html) if wants_html(fmt, html) else None
+    html_text = (render_html(html_document(doc, result, html, options.rank_options()), html)
+                 if wants_html(fmt, html) else None)
     text = html_text if fmt == "html" else _renderer(fmt).render(doc)
     _emit(text, output, inputs)
     if html.get("file"):

@@ -367,30 +367,55 @@ def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, 
 
 
 def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float):
-    """Measured buckets as gradient chunks (split evenly when larger than the new cap), then
-    DDP's assignment (models.assign_buckets) with the new cap and a 1 MiB first bucket."""
+    """Measured buckets as gradient chunks, re-bucketed with the new cap; the all-reduce times
+    keep the measured transfers' median ratio to the model."""
     if any(s <= 0 for s in sizes):
         raise ConfigError("--bucket-mb needs the size of every gradient bucket; the trace lacks some")
-    cap = bucket_mb * models.MIB
-    chunk_sizes, chunk_ready, chunk_wait = [], [], []
+    ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
+              for r, s in zip(buckets, sizes)]
+    return _ddp_buckets(sizes, ready, bucket_mb * models.MIB, durations, float(np.median(ratios)))
+
+
+def _ddp_buckets(sizes, ready, cap: float, durations: Durations, residual: float = 1.0, split: bool = True):
+    """Gradient chunks (bytes, ready time, in ready order; split evenly when larger than the cap
+    if ``split``) into DDP buckets (models.assign_buckets, 1 MiB first bucket) -> (ready, bytes,
+    all-reduce times) per bucket."""
+    chunk_sizes, chunk_ready = [], []
     previous = ready[0]
-    for row, size, r in zip(buckets, sizes, ready):
-        pieces = max(1, math.ceil(size / cap))
+    for size, r in zip(sizes, ready):
+        pieces = max(1, math.ceil(size / cap)) if split else 1
         for p in range(pieces):
             chunk_sizes.append(size / pieces)
             chunk_ready.append(previous + (r - previous) * (p + 1) / pieces)
-            chunk_wait.append(row.get("wait_us") or 0.0)
         previous = r
-    ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
-              for r, s in zip(buckets, sizes)]
-    fit_residual = float(np.median(ratios)) if ratios else 1.0
     groups = models.assign_buckets(chunk_sizes, cap, models.FIRST_BUCKET_BYTES)
     new_ready = list(models.bucket_ready_times(chunk_ready, groups))
     new_sizes = [float(sum(chunk_sizes[i] for i in g)) for g in groups]
-    role = "world"
-    times = [durations.new("allreduce", s, role) * fit_residual + chunk_wait[g[-1]]
-             for s, g in zip(new_sizes, groups)]
+    times = [durations.new("allreduce", s, "world") * residual for s in new_sizes]
     return new_ready, new_sizes, times
+
+
+def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
+                      scenario: Scenario) -> tuple[float, float] | None:
+    """DDP from an FSDP trace: every FSDP stall goes; the gradients (reduce-scatter inputs, ready
+    where each reduce-scatter was issued, in compute-progress time) are all-reduced in DDP
+    buckets through the bucket pipeline against the end of backward. A unit's gradients are
+    never split: DDP does not split a tensor, and a unit's tensor sizes are not in the trace."""
+    comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
+    reductions = [k for k, r in enumerate(comm) if r["collective"] == "reduce_scatter" and r["phase"] == "backward"]
+    if not reductions or any(not comm[k].get("bytes") for k in reductions):
+        return None
+    progress, measured_exposed = _progress(comm)
+    ends = [r["start_us"] + r["dur_us"] for r in comm]
+    backward_end = _phase_end(step, "backward", origin_ns)
+    p_backward = progress(backward_end if backward_end is not None else max(ends))
+    issue = _issue_points(comm, ends, progress, p_backward)
+    cap = (scenario.bucket_mb or 25.0) * models.MIB
+    ready, sizes, times = _ddp_buckets([float(comm[k]["bytes"]) for k in reductions],
+                                       [issue[k] for k in reductions], cap, durations, split=False)
+    feed = iter(times)
+    pipeline = models.ddp_bucket_pipeline(ready, sizes, p_backward, lambda _size: next(feed))
+    return measured_exposed, pipeline.exposed_tail_us
 
 
 # ---------------------------------------------------------------- FSDP replay
@@ -597,6 +622,8 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
             rows = rows_by.get((rank.rank, step["step"]), [])
             if base.strategy == "ddp":
                 change = _ddp_step(rows, step, origin, durations, scenario)
+            elif target.strategy == "ddp":
+                change = _fsdp_to_ddp_step(rows, step, origin, durations, scenario)
             else:
                 change = _fsdp_step(rows, step, origin, durations, base, target)
             if change is None:
@@ -614,6 +641,9 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     if any(entry[5] for entry in measured):
         notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
                      "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
+    if base.strategy != "ddp" and target.strategy == "ddp":
+        notes.append("FSDP's own copy kernels (all-gather copy-in/out, reduce-scatter chunk-cat) stay in "
+                     "the measured compute: the DDP step is over-estimated by their time")
     if unmodelled:
         what = "backward all-reduces (DDP buckets)" if base.strategy == "ddp" else "GPU collectives"
         notes.append(f"{unmodelled} rank-step(s) have no {what}: their step time is kept as measured")
@@ -628,9 +658,9 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
 
 
 def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
-    if (base.strategy == "ddp") != (target.strategy == "ddp"):
-        raise ConfigError(f"cannot project a {base.strategy} trace onto {target.strategy}: the trace "
-                          "does not show the other strategy's schedule (FSDP units / DDP gradient buckets)")
+    if base.strategy == "ddp" and target.strategy != "ddp":
+        raise ConfigError(f"cannot project a ddp trace onto {target.strategy}: a DDP trace does not "
+                          "show the FSDP unit schedule")
     if base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
         raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
     if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":

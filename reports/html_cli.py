@@ -7,13 +7,15 @@ output is unchanged."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import click
 
+from analyzer.rank_analysis import RankOptions, analyze_rank_file
 from analyzer.reports.html import HtmlRenderer
-from analyzer.reports.html_timeline import timeline_data
+from analyzer.reports.html_timeline import draw_timeline, plan_timeline, timeline_data, unavailable
 
 
 def html_options(command):
@@ -42,10 +44,11 @@ def wants_html(fmt: str, html: dict[str, Any]) -> bool:
     return fmt == "html" or bool(html.get("file"))
 
 
-def html_document(doc: dict[str, Any], result: Any, html: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` plus the HTML-only sections, from the Result (whose ranks kept their timelines)."""
+def html_document(doc: dict[str, Any], result: Any, html: dict[str, Any],
+                  rank_options: RankOptions | None = None) -> dict[str, Any]:
+    """``doc`` plus the HTML-only sections."""
     out = dict(doc)
-    out["timeline"] = timeline_data(result.ranks, doc, html.get("step"))
+    out["timeline"] = report_timeline(doc, result, html.get("step"), rank_options or RankOptions())
     scaling = scaling_data(result)
     if scaling is not None:
         out["scaling"] = scaling
@@ -53,6 +56,24 @@ def html_document(doc: dict[str, Any], result: Any, html: dict[str, Any]) -> dic
         from analyzer.hta_deepdive import deep_dive
         out["hta"] = deep_dive({int(i["rank"]): str(i["path"]) for i in doc.get("inputs") or []})
     return out
+
+
+def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_options: RankOptions) -> dict[str, Any]:
+    """The timeline section. Kernel lists of every rank would cost memory in proportion to the
+    job; the step and ranks are chosen from the per-rank summaries instead, and only those ranks
+    are read again, keeping just that step's kernels (unless the Result already kept them)."""
+    if any(r.timeline for r in result.ranks):
+        return timeline_data(result.ranks, doc, step)
+    summaries = [{"rank": r["rank"], "steps": r.get("steps") or [], "span_us": r.get("span_us")}
+                 for r in doc.get("ranks") or [] if r.get("gpu_event_count")]
+    plan = plan_timeline(summaries, doc, step)
+    if plan is None:
+        return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
+    paths = {int(i["rank"]): str(i["path"]) for i in doc.get("inputs") or []}
+    options = replace(rank_options, keep_timeline=True, steps=None if plan.step is None else (plan.step,))
+    origin = int((doc.get("job") or {}).get("time_origin_ns") or 0)
+    analyses = {rank: analyze_rank_file(paths[rank], options, origin_ns=origin) for rank, _ in plan.ranks}
+    return draw_timeline(analyses, plan)
 
 
 def render_html(doc: dict[str, Any], html: dict[str, Any]) -> str:

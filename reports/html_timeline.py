@@ -1,8 +1,10 @@
 """The timeline section's data: one representative step of a few ranks, lane by lane, downsampled.
 
-Only this section needs per-kernel data, which the JSON document does not carry; the CLI asks the
-rank workers to keep it (``DiagnoseOptions(keep_timeline=True)``) and calls ``timeline_data`` on
-the Result's ranks. The output is plain JSON-able data that ``reports/html.py`` draws.
+Only this section needs per-kernel data, which the JSON document does not carry. The step and the
+ranks are planned from per-rank step summaries (``plan_timeline``); the caller then loads only
+those ranks' kernels of that step (``reports/html_cli.py`` re-reads the files with
+``keep_timeline``) and ``draw_timeline`` turns them into plain JSON-able data that
+``reports/html.py`` draws. ``timeline_data`` does both when the analyses already kept timelines.
 
 Downsampling is deterministic: a kernel narrower than ``merge_px`` pixels at the page's width is
 merged with the other narrow kernels of the same lane and pixel column into one mark (count, total
@@ -12,6 +14,7 @@ most ``max_marks_per_lane`` marks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import mean
 from typing import Any, Sequence
 
@@ -85,34 +88,65 @@ def _straggler_reason(item: dict[str, Any]) -> str:
     return "straggler"
 
 
+@dataclass(frozen=True)
+class TimelinePlan:
+    """Which step and which ranks the timeline shows, chosen from per-rank step summaries only, so
+    the kernels of just those ranks and that step need to be loaded."""
+
+    step: int | None
+    note: str
+    ranks: tuple[tuple[int, str], ...]  # (rank, role), the straggler (or slowest) first
+    step_time_us: dict[int, float]
+    steps_available: tuple[int, ...]
+
+
 def timeline_data(ranks: Sequence[Any], doc: dict[str, Any], step: int | None = None) -> dict[str, Any]:
-    """The representative step (median step time, or ``step``) of up to three ranks."""
+    """The representative step (median step time, or ``step``) of up to three ranks, from rank
+    analyses that kept their timelines."""
     ranks = [r for r in ranks if r.timeline and len(r.timeline.get("start_us", ())) > 0]
-    if not ranks:
+    summaries = [{"rank": r.rank, "steps": r.steps, "span_us": r.metrics.get("span_us")} for r in ranks]
+    plan = plan_timeline(summaries, doc, step)
+    if plan is None:
         return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
-    chosen, note = _choose_step(ranks, step)
-    step_time = {r.rank: _step_time(r, chosen) for r in ranks}
-    picked = _choose_ranks(ranks, step_time, straggler_ranks(doc), chosen)
-    events = {r.rank: _step_events(r, chosen) for r, _ in picked}
+    return draw_timeline({r.rank: r for r in ranks}, plan)
+
+
+def plan_timeline(summaries: Sequence[dict[str, Any]], doc: dict[str, Any],
+                  step: int | None = None) -> TimelinePlan | None:
+    """summaries: {rank, steps, span_us} of the ranks with GPU activity (None when there are none)."""
+    if not summaries:
+        return None
+    chosen, note = _choose_step(summaries, step)
+    step_time = {s["rank"]: _step_time(s, chosen) for s in summaries}
+    picked = _choose_ranks(step_time, straggler_ranks(doc))
+    steps = sorted({st["step"] for s in summaries for st in s.get("steps") or []})
+    return TimelinePlan(chosen, note, tuple(picked), step_time, tuple(steps))
+
+
+def draw_timeline(analyses: dict[int, Any], plan: TimelinePlan) -> dict[str, Any]:
+    """Lanes, exposed communication and phases of the planned ranks (analyses: rank -> an analysis
+    with ``timeline``, possibly holding only the planned step)."""
+    events = {rank: _step_events(analyses[rank], plan.step) for rank, _ in plan.ranks}
     starts = [e["start"].min() for e in events.values() if len(e["start"])]
     ends = [(e["start"] + e["dur"]).max() for e in events.values() if len(e["start"])]
     if not starts:
-        return unavailable(f"no GPU kernels in step {chosen} on the chosen ranks")
+        return unavailable(f"no GPU kernels in step {plan.step} on the chosen ranks")
     t0, t1 = float(min(starts)), float(max(ends))
     span = max(t1 - t0, 1e-3)
     names: dict[str, int] = {}
-    rows = [_rank_rows(r, role, events[r.rank], t0, span, names, step_time[r.rank]) for r, role in picked]
+    rows = [_rank_rows(analyses[rank], rank, role, events[rank], t0, span, names, plan.step_time_us[rank])
+            for rank, role in plan.ranks]
     return {
-        "available": True, "step": chosen, "note": note, "t0_us": round(t0, 3), "span_us": round(span, 3),
+        "available": True, "step": plan.step, "note": plan.note, "t0_us": round(t0, 3), "span_us": round(span, 3),
         "ranks": rows, "names": list(names), "plot_width_px": PLOT_WIDTH_PX,
-        "steps_available": sorted({s["step"] for r in ranks for s in r.steps}),
+        "steps_available": list(plan.steps_available),
     }
 
 
-def _choose_step(ranks: Sequence[Any], step: int | None) -> tuple[int | None, str]:
+def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None) -> tuple[int | None, str]:
     times: dict[int, list[float]] = {}
-    for r in ranks:
-        for s in r.steps:
+    for summary in summaries:
+        for s in summary.get("steps") or []:
             if isinstance(s.get("step_time_us"), (int, float)):
                 times.setdefault(s["step"], []).append(s["step_time_us"])
     if not times:
@@ -131,18 +165,17 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(str(n) for n in numbers[:12]) + (" …" if len(numbers) > 12 else "")
 
 
-def _step_time(r: Any, step: int | None) -> float:
-    for s in r.steps:
+def _step_time(summary: dict[str, Any], step: int | None) -> float:
+    for s in summary.get("steps") or []:
         if s["step"] == step:
             return float(s.get("step_time_us") or s.get("span_us") or 0.0)
-    return float(r.metrics.get("span_us") or 0.0)
+    return float(summary.get("span_us") or 0.0)
 
 
-def _choose_ranks(ranks, step_time, stragglers, step) -> list[tuple[Any, str]]:
-    by_rank = {r.rank: r for r in ranks}
-    order = sorted(by_rank, key=lambda k: (step_time[k], k))
+def _choose_ranks(step_time: dict[int, float], stragglers: dict[int, str]) -> list[tuple[int, str]]:
+    order = sorted(step_time, key=lambda k: (step_time[k], k))
     picked: list[tuple[int, str]] = []
-    straggler = next((k for k in stragglers if k in by_rank), None)
+    straggler = next((k for k in stragglers if k in step_time), None)
     if straggler is not None:
         picked.append((straggler, "straggler"))
     elif len(order) > 1:
@@ -153,7 +186,7 @@ def _choose_ranks(ranks, step_time, stragglers, step) -> list[tuple[Any, str]]:
     rest = [k for k in order if k not in {p for p, _ in picked}]
     if rest and len(picked) < MAX_RANKS:
         picked.append((rest[0], "fastest"))
-    return [(by_rank[k], role) for k, role in picked]
+    return picked
 
 
 def _step_events(r: Any, step: int | None) -> dict[str, np.ndarray]:
@@ -167,11 +200,11 @@ def _step_events(r: Any, step: int | None) -> dict[str, np.ndarray]:
             "phase": pick("phase").astype(int)}
 
 
-def _rank_rows(r, role, ev, t0, span, names, step_time_us) -> dict[str, Any]:
+def _rank_rows(r, rank, role, ev, t0, span, names, step_time_us) -> dict[str, Any]:
     strings, phase_names = r.timeline["strings"], r.timeline.get("phases") or []
     lanes, dropped = _lanes(ev, t0, span, strings, names)
     return {
-        "rank": r.rank, "host": r.host, "role": role, "step_time_us": round(step_time_us, 3),
+        "rank": rank, "host": r.host, "role": role, "step_time_us": round(step_time_us, 3),
         "lanes": lanes, "lanes_dropped": dropped, "exposed": _exposed(ev, t0, span),
         "phases": _phase_extents(ev, t0, phase_names), "kernels": int(len(ev["start"])),
     }

@@ -27,8 +27,8 @@ def measure(scenario: str, ranks: int, root: Path) -> tuple[int, float]:
     folder = root / spec.name
     write_job(spec, folder)
     started = time.perf_counter()
-    result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions(keep_timeline=True))
-    html = render_html(html_document(result.to_dict(), result, {}), {})
+    result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions())
+    html = render_html(html_document(result.to_dict(), result, {}, DiagnoseOptions().rank_options()), {})
     (root / f"{spec.name}.html").write_text(html, encoding="utf-8")
     return len(html.encode("utf-8")), time.perf_counter() - started
 

@@ -75,7 +75,7 @@ class Page:
 
 
 def _write_report(tmp: Path, paths, name: str, **doc_changes) -> Path:
-    result = diagnose([str(p) for p in paths], DiagnoseOptions(keep_timeline=True, workers=1))
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(workers=1))
     doc = html_document(result.to_dict(), result, {})
     doc.update(doc_changes)
     out = tmp / f"{name}.html"

@@ -104,6 +104,19 @@ def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):
     assert {r["role"] for r in tl["ranks"]} == {"slowest", "typical"}
 
 
+def test_cli_path_rereads_only_the_planned_ranks_and_step(ddp_pair):
+    """Without kept timelines (the CLI's memory-saving path) the chosen ranks are read again,
+    keeping only the planned step: the section is the same as from kept timelines."""
+    from analyzer.rank_analysis import RankOptions
+    from analyzer.reports.html_cli import report_timeline
+    _, kept, _ = html_for(ddp_pair)
+    result = diagnose([str(p) for p in ddp_pair], DiagnoseOptions(workers=1))
+    assert all(r.timeline is None for r in result.ranks)
+    doc = result.to_dict()
+    assert report_timeline(doc, result, None, RankOptions()) == kept["timeline"]
+    assert report_timeline(doc, result, 1, RankOptions())["step"] == 1
+
+
 def test_step_option_chooses_and_explains_a_missing_step(ddp_pair):
     _, doc, _ = html_for(ddp_pair, step=1)
     assert doc["timeline"]["step"] == 1 and doc["timeline"]["note"] == "chosen with --step"

@@ -93,6 +93,14 @@ def test_fsdp_more_nodes_matches_the_generator(fsdp_two_nodes):
     assert projection.projected["step_time_us"] == pytest.approx(target_step_us(spec, world_size=32), rel=0.10)
 
 
+def test_fsdp_to_ddp_matches_the_generator(tmp_path_factory):
+    spec, _, result, _ = measured(tmp_path_factory, "fsdp1_per_layer_healthy")
+    projection = project(result, Scenario(strategy="ddp"))
+    assert projection.projected["step_time_us"] == pytest.approx(target_step_us(spec, strategy="ddp"), rel=0.10)
+    # DDP's optimizer updates every parameter: 8x the sharded optimizer's compute
+    assert projection.projected["compute_us"] > projection.measured["compute_us"]
+
+
 def test_unsupported_projections_are_config_errors(ddp_two_nodes, fsdp_two_nodes):
     with pytest.raises(ConfigError, match="cannot project a ddp trace onto hsdp"):
         project(ddp_two_nodes[2], Scenario(strategy="hsdp"))
@@ -127,7 +135,7 @@ def test_cli_json_and_text(ddp_one_nic, capsys):
     text = capsys.readouterr().out
     assert "Assumptions" in text and "step time" in text
     with pytest.raises(SystemExit) as code:
-        main(["whatif", *files, "--strategy", "fsdp-full"])
+        main(["whatif", *files, "--strategy", "hsdp"])
     assert code.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("tracecliff: cannot project") and err.count("\n") == 1
