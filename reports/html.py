@@ -304,7 +304,7 @@ def _bar_geometry(rows: list[dict[str, Any]]) -> dict[str, Any]:
                              "pct": 100 * row["parts"][key] / row["total"] if row["total"] else 0.0})
             x += width
         row.update(y=22 + i * row_h, segments=segments, end_x=round(x, 2))
-    return {"rows": rows, "width": label_w + plot_w + 100, "height": 30 + len(rows) * row_h,
+    return {"rows": rows, "width": label_w + plot_w + 130, "height": 30 + len(rows) * row_h,
             "label_w": label_w, "row_h": row_h, "ticks": _linear_ticks(max(r["total"] for r in rows), scale, label_w)}
 
 

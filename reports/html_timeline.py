@@ -58,7 +58,7 @@ def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
         if isinstance(share, (int, float)) and share >= CONSISTENTLY_LAST:
             wait = section.get("top_rank_wait_caused_us")
             found.setdefault(section["top_rank"], f"last to arrive at {100 * share:.0f}% of matched collectives"
-                             + (f", causing {wait:,.0f} µs of waiting on the others" if isinstance(wait, (int, float)) else ""))
+                             + (f", causing {wait:,.0f} µs of waiting on the others in all" if isinstance(wait, (int, float)) else ""))
     for finding in doc.get("findings") or []:
         if isinstance(finding, dict) and "straggler" in str(finding.get("rule", "")):
             for rank in finding.get("ranks") or []:
