@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from analyzer.errors import TracecliffError
 from analyzer.rank_analysis import RankOptions, analyze_rank_file
 from analyzer.reports.html import HtmlRenderer
 from analyzer.reports.html_timeline import draw_timeline, plan_timeline, timeline_data, unavailable
@@ -70,9 +71,15 @@ def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_opt
     if plan is None:
         return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
     paths = {int(i["rank"]): str(i["path"]) for i in doc.get("inputs") or []}
+    missing = [rank for rank, _ in plan.ranks if rank not in paths]
+    if missing:
+        return unavailable(f"no input file for rank(s) {missing}")
     options = replace(rank_options, keep_timeline=True, steps=None if plan.step is None else (plan.step,))
     origin = int((doc.get("job") or {}).get("time_origin_ns") or 0)
-    analyses = {rank: analyze_rank_file(paths[rank], options, origin_ns=origin) for rank, _ in plan.ranks}
+    try:
+        analyses = {rank: analyze_rank_file(paths[rank], options, origin_ns=origin) for rank, _ in plan.ranks}
+    except TracecliffError as exc:  # the file changed since it was read: the rest of the page stands
+        return unavailable(f"could not read the kernels again: {exc}")
     return draw_timeline(analyses, plan)
 
 

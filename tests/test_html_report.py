@@ -115,6 +115,9 @@ def test_cli_path_rereads_only_the_planned_ranks_and_step(ddp_pair):
     doc = result.to_dict()
     assert report_timeline(doc, result, None, RankOptions()) == kept["timeline"]
     assert report_timeline(doc, result, 1, RankOptions())["step"] == 1
+    ddp_pair[1].unlink()  # gone since diagnose read it: the section says so, the page stands
+    gone = report_timeline(doc, result, None, RankOptions())
+    assert not gone["available"] and gone["why"].startswith("could not read the kernels again: ")
 
 
 def test_step_option_chooses_and_explains_a_missing_step(ddp_pair):
