@@ -338,9 +338,19 @@ def _interpolate(known: list[float | None], weights: list[float], upper: list[fl
 
 
 # ---------------------------------------------------------------- DDP
-def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
-              scenario: Scenario) -> tuple[float, float] | None:
-    """(measured exposed tail, projected exposed tail) of one rank's step, µs."""
+@dataclass(frozen=True)
+class _DdpSchedule:
+    """One rank-step of DDP: its backward all-reduces (launch order), their estimated
+    gradient-ready times, the end of backward compute and the measured exposed tail (µs)."""
+
+    buckets: list[dict[str, Any]]
+    sizes: list[float]
+    ready: list[float]
+    backward_end: float
+    measured_tail: float
+
+
+def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
     buckets = sorted((r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
                       and r.get("on_gpu")), key=lambda r: (r["start_us"], r["rank"]))
     if not buckets:
@@ -349,7 +359,6 @@ def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, 
     backward_end = _phase_end(step, "backward", origin_ns)
     if backward_end is None:
         backward_end = ends[-1] - sum(r["exposed_us"] or 0.0 for r in buckets)
-    measured_tail = max(0.0, max(ends) - backward_end)
     known = [r["start_us"] if k == 0 or r["start_us"] > ends[k - 1] + _EPS_US else None
              for k, r in enumerate(buckets)]
     sizes = [float(r["bytes"] or 0.0) for r in buckets]
@@ -357,13 +366,70 @@ def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, 
     ready = _interpolate(known, sizes, upper, min(backward_end, buckets[-1]["start_us"]))
     ready = [max(value, r["launch_us"]) if r.get("launch_us") is not None and r["launch_us"] <= value
              else value for value, r in zip(ready, buckets)]
+    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
+
+
+def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
+              scenario: Scenario) -> tuple[float, float] | None:
+    """(measured exposed tail, projected exposed tail) of one rank's step, µs."""
+    ddp = _ddp_schedule(rows, step, origin_ns)
+    if ddp is None:
+        return None
+    ready, sizes = ddp.ready, ddp.sizes
     if scenario.bucket_mb:
-        ready, sizes, times = _rebucket(buckets, ready, sizes, durations, scenario.bucket_mb)
+        ready, sizes, times = _rebucket(ddp.buckets, ready, sizes, durations, scenario.bucket_mb)
     else:
-        times = [durations.of(r) for r in buckets]
+        times = [durations.of(r) for r in ddp.buckets]
     feed = iter(times)
-    pipeline = models.ddp_bucket_pipeline(ready, sizes, backward_end, lambda _size: next(feed))
-    return measured_tail, pipeline.exposed_tail_us
+    pipeline = models.ddp_bucket_pipeline(ready, sizes, ddp.backward_end, lambda _size: next(feed))
+    return ddp.measured_tail, pipeline.exposed_tail_us
+
+
+def _ddp_to_fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
+                      durations: Durations, target: Config) -> tuple[float, float] | None:
+    """FSDP from a DDP trace, each gradient bucket taken as one FSDP unit (parameters in the
+    gradients' dtype): forward compute shared among units by bytes, backward compute between
+    consecutive gradient-ready times; all-gathers prefetched one unit ahead (and again in
+    backward unless SHARD_GRAD_OP), reduce-scatter when a unit's gradients are ready (HSDP: then
+    an all-reduce of the shard across nodes); compute stalls from the replay."""
+    ddp = _ddp_schedule(rows, step, origin_ns)
+    windows = step.get("phase_windows") or {}
+    if ddp is None or any(s <= 0 for s in ddp.sizes) or "forward" not in windows or "backward" not in windows:
+        return None
+    forward_start = _us(windows["forward"]["start_ns"], origin_ns)
+    backward_start = _us(windows["backward"]["start_ns"], origin_ns)
+    total = sum(ddp.sizes)
+    unit_sizes = ddp.sizes[::-1]  # forward order: the last bucket holds the first layers
+    compute_starts = forward_start + np.concatenate(
+        ([0.0], np.cumsum([windows["forward"]["compute_us"] * s / total for s in unit_sizes])[:-1]))
+    items: list[_Item] = []
+    for u, size in enumerate(unit_sizes):
+        issue = compute_starts[u - 1] if u else forward_start
+        items.append(_Item(None, "allgather", "fsdp", issue, compute_starts[u],
+                           durations.new("allgather", size, "shard")))
+    backward_starts = [backward_start] + list(ddp.ready[:-1])
+    shard_group = min(target.gpus, target.gpus_per_node) if target.strategy == "hsdp" else target.gpus
+    for i, (size, ready) in enumerate(zip(ddp.sizes, ddp.ready)):
+        if target.strategy != "fsdp-grad-op":
+            issue = backward_starts[i - 1] if i else backward_start
+            items.append(_Item(None, "allgather", "fsdp", issue, backward_starts[i],
+                               durations.new("allgather", size, "shard")))
+        items.append(_Item(None, "reduce_scatter", "fsdp", ready, ddp.backward_end,
+                           durations.new("reduce_scatter", size, "shard"), final=True))
+        if target.strategy == "hsdp" and target.nodes > 1:
+            items.append(_Item(None, "allreduce", "replicate", ready, ddp.backward_end,
+                               durations.new("allreduce", size / shard_group, "replicate"),
+                               depends=len(items) - 1, final=True))
+    items = _in_issue_order(items)
+    return ddp.measured_tail, _replay(items)
+
+
+def _in_issue_order(items: list[_Item]) -> list[_Item]:
+    """Sort by issue point (a stream runs its work in that order), keeping dependencies."""
+    order = sorted(range(len(items)), key=lambda i: (items[i].issue, i))
+    position = {old: new for new, old in enumerate(order)}
+    return [replace(items[i], depends=None if items[i].depends is None else position[items[i].depends])
+            for i in order]
 
 
 def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float):
@@ -620,8 +686,10 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     for rank in result.ranks:
         for step in rank.steps:
             rows = rows_by.get((rank.rank, step["step"]), [])
-            if base.strategy == "ddp":
+            if base.strategy == "ddp" and target.strategy == "ddp":
                 change = _ddp_step(rows, step, origin, durations, scenario)
+            elif base.strategy == "ddp":
+                change = _ddp_to_fsdp_step(rows, step, origin, durations, target)
             elif target.strategy == "ddp":
                 change = _fsdp_to_ddp_step(rows, step, origin, durations, scenario)
             else:
@@ -641,6 +709,10 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     if any(entry[5] for entry in measured):
         notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
                      "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
+    if base.strategy == "ddp" and target.strategy != "ddp":
+        notes.append("FSDP projected from DDP: each gradient bucket taken as one FSDP unit, with its "
+                     "forward compute in proportion to its bytes; real FSDP reduces its root unit "
+                     "(embeddings, head) last, which makes it slower than this when the network is slow")
     if base.strategy != "ddp" and target.strategy == "ddp":
         notes.append("FSDP's own copy kernels (all-gather copy-in/out, reduce-scatter chunk-cat) stay in "
                      "the measured compute: the DDP step is over-estimated by their time")
@@ -658,9 +730,6 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
 
 
 def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
-    if base.strategy == "ddp" and target.strategy != "ddp":
-        raise ConfigError(f"cannot project a ddp trace onto {target.strategy}: a DDP trace does not "
-                          "show the FSDP unit schedule")
     if base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
         raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
     if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":

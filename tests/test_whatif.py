@@ -101,9 +101,15 @@ def test_fsdp_to_ddp_matches_the_generator(tmp_path_factory):
     assert projection.projected["compute_us"] > projection.measured["compute_us"]
 
 
+def test_ddp_to_hybrid_shard_matches_the_generator(ddp_two_nodes):
+    spec, _, result, _ = ddp_two_nodes
+    projection = project(result, Scenario(strategy="hsdp"))
+    truth = target_step_us(spec, strategy="fsdp1", sharding="hybrid_shard")
+    assert projection.projected["step_time_us"] == pytest.approx(truth, rel=0.10)
+    assert any("each gradient bucket taken as one FSDP unit" in note for note in projection.notes)
+
+
 def test_unsupported_projections_are_config_errors(ddp_two_nodes, fsdp_two_nodes):
-    with pytest.raises(ConfigError, match="cannot project a ddp trace onto hsdp"):
-        project(ddp_two_nodes[2], Scenario(strategy="hsdp"))
     with pytest.raises(ConfigError, match="DDP only"):
         project(fsdp_two_nodes[2], Scenario(bucket_mb=50))
     with pytest.raises(ConfigError, match="whole nodes"):
@@ -135,10 +141,10 @@ def test_cli_json_and_text(ddp_one_nic, capsys):
     text = capsys.readouterr().out
     assert "Assumptions" in text and "step time" in text
     with pytest.raises(SystemExit) as code:
-        main(["whatif", *files, "--strategy", "hsdp"])
+        main(["whatif", *files, "--gpus", "6"])
     assert code.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("tracecliff: cannot project") and err.count("\n") == 1
+    assert err.startswith("tracecliff: --gpus 6 does not fill whole nodes") and err.count("\n") == 1
 
 
 def test_real_traces_project_onto_themselves(real_traces):
