@@ -6,8 +6,8 @@
 
 Every collective keeps its measured transfer time scaled by the model ratio
 ``T_model(target link, N') / T_model(measured link, N)`` (models.md §2; α/β fitted per group,
-else the hardware profile) plus its measured wait for late ranks; collectives whose size or kind
-is unknown keep their measured duration. Then, per rank and step:
+else the hardware profile); collectives whose size or kind is unknown keep their measured
+duration. Then, per rank and step:
 
 - DDP: the bucket pipeline of models.md §4 (:func:`analyzer.models.ddp_bucket_pipeline`) with
   the measured gradient-ready times (a bucket's all-reduce start when its stream was idle, else
@@ -20,6 +20,13 @@ is unknown keep their measured duration. Then, per rank and step:
   prefetch for a hidden all-gather; the end of backward for reduce-scatters and all-reduces);
   compute stalls by however late a collective is. The step changes by (new stalls − measured
   exposed communication).
+- Across strategies: FSDP -> DDP all-reduces each unit's gradients (ready where its
+  reduce-scatter was issued) through the bucket pipeline; DDP -> FSDP takes each gradient bucket
+  as one unit and replays prefetched all-gathers, reduce-scatters and HSDP all-reduces on the
+  measured forward / backward compute. Sharded optimizers' compute scales with the shard size.
+
+Waiting for late ranks is not carried over: each rank's own schedule is projected and a step
+takes as long as its slowest rank.
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import numpy as np
 from analyzer import intervals as iv
 from analyzer import models
 from analyzer.errors import ConfigError
-from analyzer.jobanalysis import profile_link
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
 _EPS_US = 2.0  # a kernel starting within this of its stream predecessor's end was queued behind it
@@ -260,11 +266,10 @@ def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | N
 class Durations:
     """Projected duration of each measured collective row (µs)."""
 
-    def __init__(self, result: Any, base: Config, target: Config, notes: list[str]):
-        self.result, self.base, self.target = result, base, target
+    def __init__(self, result: Any, base: Config, target: Config):
+        self.base, self.target = base, target
         self.groups = GroupIndex(result)
         self.kept = 0
-        self.notes = notes
 
     def role(self, row: dict[str, Any]) -> str:
         role = self.groups.role(row)
@@ -475,7 +480,7 @@ def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
     ends = [r["start_us"] + r["dur_us"] for r in comm]
     backward_end = _phase_end(step, "backward", origin_ns)
     p_backward = progress(backward_end if backward_end is not None else max(ends))
-    issue = _issue_points(comm, ends, progress, p_backward)
+    issue = _issue_points(comm, ends, progress)
     cap = (scenario.bucket_mb or 25.0) * models.MIB
     ready, sizes, times = _ddp_buckets([float(comm[k]["bytes"]) for k in reductions],
                                        [issue[k] for k in reductions], cap, durations, split=False)
@@ -529,7 +534,7 @@ def _fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
     ends = [r["start_us"] + r["dur_us"] for r in comm]
     last_end = max(ends)
     p_backward = progress(backward_end if backward_end is not None else last_end)
-    issue = _issue_points(comm, ends, progress, p_backward)
+    issue = _issue_points(comm, ends, progress)
     depends = _comm_dependencies(comm, ends)
     items = []
     item_of: dict[int, int] = {}
@@ -574,7 +579,7 @@ def _comm_dependencies(comm, ends) -> list[int | None]:
     return out
 
 
-def _issue_points(comm, ends, progress, p_end) -> list[float]:
+def _issue_points(comm, ends, progress) -> list[float]:
     by_stream: dict[Any, list[int]] = {}
     for k, r in enumerate(comm):
         by_stream.setdefault(r["stream"], []).append(k)
@@ -675,7 +680,7 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     base, assumptions = measured_config(result, scenario, notes)
     target = target_config(base, scenario, assumptions)
     _check_supported(base, target, scenario)
-    durations = Durations(result, base, target, notes)
+    durations = Durations(result, base, target)
     origin = result.job["time_origin_ns"]
     rows_by = {}
     for row in result.collectives:
@@ -721,7 +726,7 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
         notes.append(f"{unmodelled} rank-step(s) have no {what}: their step time is kept as measured")
     if durations.kept:
         notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
-    _assumption_notes(assumptions, scenario, base, target, optimizer_factor)
+    _assumption_notes(assumptions, scenario, target, optimizer_factor)
     m, p = _summary(measured), _summary(projected)
     m["gpus"], p["gpus"] = base.gpus, target.gpus
     p["scaling_efficiency"] = round(m["step_time_us"] / p["step_time_us"], 4) if p["step_time_us"] else None
@@ -777,7 +782,7 @@ def _mfu(result, scenario, base, target, m, p, assumptions) -> None:
             side["mfu"] = None
 
 
-def _assumption_notes(assumptions, scenario, base, target, optimizer_factor) -> None:
+def _assumption_notes(assumptions, scenario, target, optimizer_factor) -> None:
     assumptions["bucket_cap_mb"] = _value(scenario.bucket_mb, "user", "--bucket-mb (first bucket 1 MiB)") \
         if scenario.bucket_mb else _value(None, "measured", "measured buckets")
     assumptions["compute"] = _value("measured", "measured",
