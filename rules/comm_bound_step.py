@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer import models
-from analyzer.rules.ddp_model import ddp_steps
+from analyzer.rules.ddp_model import backward_transfer_us, ddp_steps
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.rules.facts import median
 
@@ -100,9 +100,7 @@ class CommBoundStep(Rule):
     def _ddp_rows(facts):
         rows = []
         for s in ddp_steps(facts, need_link=False):
-            grads = [c for c in facts.collectives_of(s.rank, s.step)
-                     if c["collective"] == "allreduce" and c["phase"] == "backward"]
-            t_comm = sum(facts.transfer_time(c) for c in grads)
+            t_comm = backward_transfer_us(facts, s.rank, s.step)
             bound = models.critical_overlap(t_comm, s.backward_us, s.first_wait_us)
             view = facts.step_view(s.rank, s.step)
             rows.append({"kind": "ddp", "rank": s.rank, "step": s.step, "t_comm_us": t_comm,

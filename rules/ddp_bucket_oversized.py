@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from analyzer import models
-from analyzer.rules.ddp_model import allreduce_equation, ddp_steps, mb
+from analyzer.rules.ddp_model import allreduce_equation, backward_transfer_us, ddp_steps, mb
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
 
@@ -16,9 +16,9 @@ class DdpBucketOversized(Rule):
 
     What it detects:
         A DDP step whose last gradient all-reduce ends well after the last backward kernel
-        (the exposed tail), with few, large buckets (at most ``max_buckets``; a bucket larger
-        than the cap holds a single gradient that no cap can split, so many buckets mean the
-        cap is not the limit): the first all-reduce waits for a whole
+        (the exposed tail) although its communication fits under backward (T_comm ≤ T_bwd,
+        transfer times only: otherwise the step is communication-bound and no bucket size
+        helps), with large buckets: the first all-reduce waits for a whole
         bucket of gradients, and a large all-reduce remains when backward is done. The bucket
         pipeline model, fed with the measured gradient-ready times and the group's α/β, must
         predict a smaller exposed tail for a smaller ``bucket_cap_mb``.
@@ -29,7 +29,7 @@ class DdpBucketOversized(Rule):
         a large all-reduce after the last gradient, which every step pays in full.
 
     Evidence:
-        Bucket count and sizes, first-bucket wait (backward start to first all-reduce start),
+        T_comm against T_bwd, bucket count and sizes, first-bucket wait (backward start to first all-reduce start),
         the exposed tail per rank and step, the modelled tail for each candidate cap, and the
         α/β used (fitted per group, else the hardware profile).
 
@@ -49,8 +49,6 @@ class DdpBucketOversized(Rule):
     severity = "warning"
     needs = ("gpu_steps", "ddp")
     thresholds = {
-        "max_buckets": Threshold(8, "most buckets per step that still count as few (more buckets "
-                                 "give the pipeline enough granularity)", 1, 1e9),
         "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
@@ -68,8 +66,9 @@ class DdpBucketOversized(Rule):
         if tail < ctx.thresholds["tail_fraction"] * step_us:
             return []
         rep = min(steps, key=lambda s: (abs(s.measured_tail_us - tail), s.rank, str(s.step)))
-        if len(rep.bucket_bytes) > ctx.thresholds["max_buckets"]:
-            return []
+        t_comm = backward_transfer_us(ctx.facts, rep.rank, rep.step)
+        if t_comm > rep.backward_us:
+            return []  # the volume itself does not fit under backward: comm-bound-step's case
         largest = max(rep.bucket_bytes)
         choice = rep.best_cap()
         if choice.cap_bytes >= statistics.median(rep.bucket_bytes):
@@ -86,7 +85,8 @@ class DdpBucketOversized(Rule):
                    f"backward begins and {tail:,.0f} µs of all-reduce ({100 * tail / step_us:.1f}% of the "
                    f"step) runs after backward ends; bucket_cap_mb={cap_mib:g} is predicted to cut "
                    f"the exposed tail to {choice.exposed_tail_us:,.0f} µs.")
-        model = (f"pipeline s_i = max(r_i, e_(i−1)), e_i = s_i + T_AR(S_i), tail = e_last − t_bwd_end "
+        model = (f"T_comm = {t_comm:,.0f} µs ≤ T_bwd = {rep.backward_us:,.0f} µs (the volume fits); "
+                 f"pipeline s_i = max(r_i, e_(i−1)), e_i = s_i + T_AR(S_i), tail = e_last − t_bwd_end "
                  f"(rank {rep.rank}, step {rep.step}): measured {rep.measured_tail_us:,.0f} µs, modelled "
                  f"{current:,.0f} µs with the current {len(rep.bucket_bytes)} buckets, "
                  f"{choice.exposed_tail_us:,.0f} µs with bucket_cap_mb={cap_mib:g}; "
@@ -97,6 +97,7 @@ class DdpBucketOversized(Rule):
             "bucket_bytes": [int(b) for b in rep.bucket_bytes],
             "first_bucket_wait_us": round(wait, 1),
             "backward_us": round(rep.backward_us, 1),
+            "t_comm_us": round(t_comm, 1),
             "backward_window_us": [round(rep.backward_start_us, 1), round(rep.backward_end_us, 1)],
             "exposed_tail_us_median": round(tail, 1),
             "exposed_tail_us_by_rank_step": [[s.rank, s.step, round(s.measured_tail_us, 1)] for s in steps],

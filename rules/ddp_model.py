@@ -127,6 +127,12 @@ def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
     return out
 
 
+def backward_transfer_us(facts, rank: int, step: Any) -> float:
+    """T_comm of a DDP step: the transfer time (not the waiting) of its gradient all-reduces."""
+    return sum(facts.transfer_time(c) for c in facts.collectives_of(rank, step)
+               if c["collective"] == "allreduce" and c["phase"] == "backward")
+
+
 def allreduce_equation(link: Link, size_bytes: float) -> str:
     """T_AR = 2(N−1)α + 2(N−1)/N·S/β with the numbers substituted."""
     n = link.n
