@@ -46,7 +46,8 @@ class DdpBucketUndersized(Rule):
     severity = "warning"
     needs = ("gpu_steps", "ddp")
     thresholds = {
-        "min_buckets": Threshold(8, "fewest buckets per step for the rule to look", 1, 1e9),
+        "min_buckets": Threshold(2, "fewest buckets per step for the rule to look (merging needs "
+                                 "two)", 1, 1e9),
         "small_fraction": Threshold(0.5, "share of latency-bound buckets (S/N < S*) above which "
                                     "buckets count as undersized", 0.0, 1.0),
         "latency_share": Threshold(0.25, "share of the modelled all-reduce time spent in α "
