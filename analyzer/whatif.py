@@ -135,12 +135,12 @@ class GroupIndex:
 
     def __init__(self, result: Any):
         self.world = result.job.get("world_size")
-        self.by_key = {(g["name"], tuple(g["ranks"] or ())): g for g in result.extra.get("groups", [])
-                       if g["name"] is not None}
+        # analyze_job keys its groups by name (the rows of one group may differ in ranks detail)
+        self.by_name = {str(g["name"]): g for g in result.extra.get("groups", []) if g["name"] is not None}
 
     def entry(self, row: dict[str, Any]) -> dict[str, Any] | None:
-        group = row.get("group") or {}
-        return self.by_key.get((group.get("name"), tuple(group.get("ranks") or ())))
+        name = (row.get("group") or {}).get("name")
+        return None if name is None else self.by_name.get(str(name))
 
     def role(self, row: dict[str, Any]) -> str:
         entry = self.entry(row)

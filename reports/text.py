@@ -134,11 +134,11 @@ def _num(value: Any, fmt: str) -> str:
 def _stragglers(doc: dict[str, Any]) -> list[str]:
     s = doc.get("stragglers") or {}
     if not s.get("method"):
-        return [f"Stragglers: {s['note']}", ""] if s.get("note") else []
+        return [f"Latest arrival: {s['note']}", ""] if s.get("note") else []
     if s.get("top_rank") is None:
-        return [f"Stragglers: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
+        return [f"Latest arrival: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
     share = 100 * (s.get("top_rank_last_share") or 0)
-    return [f"Straggler: rank {s['top_rank']} last at {share:.0f}% of {s['matched_collectives']} "
+    return [f"Latest arrival: rank {s['top_rank']}, last at {share:.0f}% of {s['matched_collectives']} "
             f"matched collectives; {s['top_rank_wait_caused_us']:,.0f} µs of others' waiting", ""]
 
 
