@@ -153,7 +153,11 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
     step_numbers = sorted({s.get("step") for r in ranks for s in r.get("steps") or [] if isinstance(s, dict)},
                           key=lambda n: (n is None, n))
     headline = []
-    if per_step:
+    gpu_seen = any(p["span_us"] > 0 for p in per_step)
+    if per_step and not gpu_seen:
+        headline.append({"label": "GPU time", "value": "–",
+                         "note": "not available: no GPU activity in the traces (CPU-only profile)"})
+    if gpu_seen:
         step_time = median(p["step_time_us"] for p in per_step)
         exposed = median(p["exposed_comm_us"] for p in per_step)
         idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
@@ -274,6 +278,8 @@ def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
+    if not any(_per_step(r)["span_us"] > 0 for r in ranks):
+        return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
     stragglers = straggler_ranks(doc)
     rows = []
     for r in ranks:

@@ -97,6 +97,10 @@ def scaling_data(result: Any) -> dict[str, Any] | None:
     except ImportError:
         return None
     measured_gpus = int(result.job.get("world_size") or len(result.ranks))
+    try:  # the projection onto the job's own size: when even that cannot run, say why once
+        whatif.project(result, whatif.Scenario(gpus=measured_gpus))
+    except Exception as exc:  # noqa: BLE001 - reported in the section
+        return {"available": False, "why": f"the what-if model cannot project this trace: {exc}"}
     counts = sorted({max(measured_gpus // 2, 1), measured_gpus, 2 * measured_gpus, 4 * measured_gpus,
                      8 * measured_gpus})
     fix_label, fix = _fix_scenario(result)
