@@ -234,6 +234,7 @@ def test_no_reference_to_anything_outside_the_file(ddp_pair):
 def test_cpu_only_traces_render_with_reasons():
     html, doc, _ = html_for(sorted((Path(__file__).parents[1] / "sample_traces/cpu_gloo/ddp").glob("*.json.gz")))
     assert "Not available: the traces hold no GPU kernels (CPU-only profile?)" in html
+    assert "Not available: no GPU activity in the traces (CPU-only profile): nothing to break down" in html
     assert "CPU-side operations only" in html
     assert build_view(doc)["collectives"]["available"]
 
