@@ -70,11 +70,9 @@ class DdpBucketOversized(Rule):
         if t_comm > rep.backward_us:
             return []  # the volume itself does not fit under backward: comm-bound-step's case
         largest = max(rep.bucket_bytes)
-        choice = rep.best_cap()
+        choice, current, gain = rep.cap_saving()
         if choice.cap_bytes >= statistics.median(rep.bucket_bytes):
             return []  # the model does not want smaller buckets: not an oversized-bucket problem
-        current = rep.modelled_current().exposed_tail_us
-        gain = current - choice.exposed_tail_us
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB

@@ -76,12 +76,10 @@ class DdpBucketUndersized(Rule):
         latency_share = latency_us / total_us if total_us else 0.0
         if small < t["small_fraction"] or latency_share < t["latency_share"]:
             return []
-        choice = rep.best_cap()
+        choice, current, gain = rep.cap_saving()
         median_bucket = statistics.median(rep.bucket_bytes)
         if choice.cap_bytes <= median_bucket:
             return []
-        current = rep.modelled_current().exposed_tail_us
-        gain = current - choice.exposed_tail_us
         if gain < t["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB

@@ -97,6 +97,12 @@ class DdpStep:
         return models.best_bucket_cap(sizes, ready, self.backward_end_us, self.allreduce_us,
                                       candidates, first_bucket_bytes=None)
 
+    def cap_saving(self) -> tuple[models.BucketCapChoice, float, float]:
+        """The best candidate cap, the modelled tail with the current buckets, and the saving."""
+        choice = self.best_cap()
+        current = self.modelled_current().exposed_tail_us
+        return choice, current, current - choice.exposed_tail_us
+
     def tail_for_cap(self, cap_bytes: float) -> float:
         sizes, ready = self.pieces()
         return models.ddp_pipeline_for_cap(sizes, ready, self.backward_end_us, self.allreduce_us,

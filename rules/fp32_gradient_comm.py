@@ -5,7 +5,7 @@ from __future__ import annotations
 from analyzer.rules.ddp_model import ddp_steps, mb
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind
+from analyzer.rules.fsdp_model import fsdp_steps, unit_links
 
 LOW_PRECISION = ("bf16", "f16")
 
@@ -117,10 +117,10 @@ class Fp32GradientComm(Rule):
         if not steps:
             return None, None
         rep = steps[len(steps) // 2]
-        links = {k: facts.link(group_of_kind(facts, rep.rank, rep.step, k)) for k in ("allgather", "reduce_scatter")}
-        if None in links.values():
+        found = unit_links(facts, rep)
+        if found is None:
             return None, None
-        comm = lambda kind, size: links[kind].time_us(kind, size)  # noqa: E731
+        links, comm = found
         now, half = rep.exposed_us(comm), rep.exposed_us(comm, rs_scale=0.5)
         return now - half, (f"FSDP unit schedule (rank {rep.rank}, step {rep.step}): exposed "
                             f"{now:,.0f} µs with fp32 reduce-scatters, {half:,.0f} µs at half the bytes")

@@ -97,6 +97,15 @@ def group_of_kind(facts, rank: int, step: Any, kind: str) -> dict[str, Any]:
     return next((c["group"] for c in facts.collectives_of(rank, step) if c["collective"] == kind), {})
 
 
+def unit_links(facts, step: FsdpStep):
+    """(links by collective kind, comm_time(kind, bytes) -> µs) for a step's all-gathers and
+    reduce-scatters, or None when a group's α/β is unknown."""
+    links = {k: facts.link(group_of_kind(facts, step.rank, step.step, k)) for k in ("allgather", "reduce_scatter")}
+    if None in links.values():
+        return None
+    return links, lambda kind, size: links[kind].time_us(kind, size)
+
+
 def parameter_count(facts) -> tuple[float | None, str]:
     """Ψ from one step's gradient reduce-scatters (their inputs are the unsharded gradients),
     else its forward all-gathers (outputs are the unsharded parameters)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind
+from analyzer.rules.fsdp_model import fsdp_steps, unit_links
 
 
 @register
@@ -69,10 +69,10 @@ class FsdpNoPrefetch(Rule):
         if not steps:
             return []
         rep = steps[len(steps) // 2]
-        links = {k: facts.link(group_of_kind(facts, rep.rank, rep.step, k)) for k in ("allgather", "reduce_scatter")}
-        if None in links.values():
+        found = unit_links(facts, rep)
+        if found is None:
             return []
-        comm = lambda kind, size: links[kind].time_us(kind, size)  # noqa: E731
+        links, comm = found
         serial, overlapped = rep.exposed_us(comm, prefetch=False), rep.exposed_us(comm, prefetch=True)
         gain = serial - overlapped
         if gain < t["min_gain_fraction"] * step_us:

@@ -8,7 +8,7 @@ from analyzer import models
 from analyzer.comms import DTYPE_BYTES
 from analyzer.rules.ddp_model import mb
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count
+from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count, unit_links
 
 
 @register
@@ -127,10 +127,10 @@ class FsdpWhereDdpFits(Rule):
         if not steps:
             return None
         rep = steps[len(steps) // 2]
-        links = {k: facts.link(group_of_kind(facts, rep.rank, rep.step, k)) for k in ("allgather", "reduce_scatter")}
-        if None in links.values():
+        found = unit_links(facts, rep)
+        if found is None:
             return None
-        comm = lambda kind, size: links[kind].time_us(kind, size)  # noqa: E731
+        links, comm = found
         saving = rep.exposed_us(comm) - replace(rep, backward_ag_bytes=()).exposed_us(comm)
         return step_us - saving
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 
 from analyzer.rules.engine import Rule, Threshold, register
