@@ -23,6 +23,7 @@ from analyzer import __version__
 from analyzer.rank_analysis import RankAnalysis, RankOptions, analyze_rank_file
 
 CACHE_FORMAT = 1
+MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
 _FIELDS = tuple(f.name for f in dataclasses.fields(RankAnalysis))
 
@@ -107,6 +108,7 @@ def load_entry(entry: Path) -> RankAnalysis | None:
     try:
         with open(entry, "rb") as handle:
             doc = json.load(handle)
+        os.utime(entry)  # recently used: pruned last
         if doc.get("format") != CACHE_FORMAT or set(doc["rank"]) != set(_FIELDS):
             return None
         return RankAnalysis(**doc["rank"])
@@ -138,3 +140,27 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         return value.item()
     return value
+
+
+def prune(cache_dir: str | Path, max_bytes: int = MAX_CACHE_BYTES) -> int:
+    """Delete the least recently used entries until the cache holds at most ``max_bytes``;
+    return how many were deleted (a run stores new entries, so the cache cannot grow forever)."""
+    entries = []
+    for entry in Path(cache_dir).glob("??/*.json"):
+        try:
+            info = entry.stat()
+        except OSError:
+            continue
+        entries.append((info.st_mtime, info.st_size, entry))
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, entry in sorted(entries, key=lambda e: (e[0], str(e[2]))):
+        if total <= max_bytes:
+            break
+        try:
+            entry.unlink()
+        except OSError:
+            continue
+        total -= size
+        deleted += 1
+    return deleted

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Callable, Iterator
 
-from analyzer.cache import analyze_and_store, analyze_rank_cached, lookup
+from analyzer.cache import analyze_and_store, analyze_rank_cached, lookup, prune
 from analyzer.errors import ConfigError
 from analyzer.rank_analysis import RankAnalysis, RankOptions
 
@@ -38,13 +38,17 @@ def map_ranks(files: list[Path], rank_options: RankOptions, executor: str = "loc
               progress: Progress | None = None) -> list[RankAnalysis]:
     """Analyze every file, results in the order of ``files``."""
     paths = [str(p) for p in files]
-    if executor == "dask":
-        return _map_dask(paths, rank_options, scheduler, cache_dir, progress)
-    if executor != "local":
+    if executor not in EXECUTORS:
         raise ConfigError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
-    if scheduler:
+    if scheduler and executor != "dask":
         raise ConfigError("--scheduler needs --executor dask")
-    return _map_local(paths, rank_options, workers, cache_dir, progress)
+    if executor == "dask":
+        results = _map_dask(paths, rank_options, scheduler, cache_dir, progress)
+    else:
+        results = _map_local(paths, rank_options, workers, cache_dir, progress)
+    if cache_dir:
+        prune(cache_dir)
+    return results
 
 
 # -- local -----------------------------------------------------------------------------------

@@ -144,3 +144,14 @@ def test_default_location(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache.default_cache_dir() == tmp_path / "home" / ".cache" / "tracecliff"
+
+
+def test_prune_keeps_the_most_recently_used(job, tmp_path):
+    import os
+    store = tmp_path / "cache"
+    run(job, store)
+    old, recent = entries(store)
+    os.utime(old, (1, 1))
+    assert cache.prune(store, max_bytes=recent.stat().st_size) == 1
+    assert entries(store) == [recent]
+    assert cache.prune(store, max_bytes=10**9) == 0

@@ -30,7 +30,7 @@ def test_local_pool_matches_in_process(job, real_traces):
 
 def test_worker_input_error_is_one_line(job, tmp_path):
     bad = tmp_path / "rank-9.json"
-    bad.write_text('{"traceEvents": [{"ph": "X", "ts": NaN}]}')
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1}')
     with pytest.raises(InputError) as info:
         diagnose(job + [str(bad)], DiagnoseOptions(workers=2))
     assert str(info.value).startswith(str(bad))
@@ -120,8 +120,9 @@ def test_dask_cli(job, dask_cluster, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["diagnose", "--format", "json", "--no-cache", "--executor", "dask",
               "--scheduler", dask_cluster.scheduler_address, *job])
-    assert exit_info.value.code == 0
-    assert [r["rank"] for r in json.loads(capsys.readouterr().out)["ranks"]] == [0, 1, 2, 3]
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0, captured.err
+    assert [r["rank"] for r in json.loads(captured.out)["ranks"]] == [0, 1, 2, 3]
     with pytest.raises(SystemExit) as exit_info:
         main(["diagnose", "--scheduler", dask_cluster.scheduler_address, *job])
     assert exit_info.value.code == 2 and "--executor dask" in capsys.readouterr().err
