@@ -611,8 +611,26 @@ def _waited_for(row: dict[str, Any]) -> bool:
     return (row.get("exposed_us") or 0.0) > max(20.0, 0.02 * row["dur_us"])
 
 
+def _copy_out_rate(items: list[_Item], gathers: list[int], progress) -> float:
+    """µs per byte between the end of an all-gather that compute waited for and the issue of the
+    next prefetch (FSDP2 copies the gathered unit out before prefetching the next one; FSDP1
+    gives ~0): median over such pairs whose second all-gather found its stream idle."""
+    rates = []
+    for a, b in zip(gathers, gathers[1:]):
+        first, second = items[a].row, items[b].row
+        if first["phase"] != second["phase"] or not _waited_for(first) or not first.get("bytes"):
+            continue
+        if second["start_us"] <= first["start_us"] + first["dur_us"] + _EPS_US:
+            continue  # queued behind the first: its issue point is not measured
+        lag = items[b].issue - progress(first["start_us"] + first["dur_us"])
+        if lag >= 0:
+            rates.append(lag / first["bytes"])
+    return float(np.median(rates)) if rates else 0.0
+
+
 def _need_points(items: list[_Item], progress, p_backward: float, forward_end: float | None) -> None:
     gathers = [i for i, item in enumerate(items) if item.row is not None and item.kind == "allgather"]
+    copy_out = _copy_out_rate(items, gathers, progress)
     for i, item in enumerate(items):
         r = item.row
         if r is None:
@@ -625,7 +643,8 @@ def _need_points(items: list[_Item], progress, p_backward: float, forward_end: f
             later = [items[j].issue for j in gathers if j > i and items[j].row["phase"] == r["phase"]]
             phase_end = p_backward if r["phase"] == "backward" else (
                 progress(forward_end) if forward_end is not None else end)
-            item.need = max(end, later[0] if later else phase_end)
+            next_issue = later[0] - copy_out * (r.get("bytes") or 0) if later else phase_end
+            item.need = max(end, next_issue)
         else:
             item.need = end
 
