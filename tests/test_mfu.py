@@ -30,3 +30,26 @@ def test_missing_inputs_give_no_number_and_say_why(psi, tokens, peak):
     out = compute_mfu({1: 1e6}, psi, tokens, 8, {"value": peak, "origin": "unknown", "source": ""})
     assert out["mfu_mean"] is None and out["per_step"] == [] and out["source"] is None
     assert out["note"].startswith("MFU needs")
+
+
+def test_diagnose_reports_mfu_per_step(tmp_path, capsys):
+    import dataclasses
+    import json
+
+    from analyzer.cli import main
+    from analyzer.synth import SCENARIOS, write_job
+
+    spec = dataclasses.replace(SCENARIOS["ddp_healthy_8r"], n_layers=1, steps=2)
+    files = sorted(str(p) for p in write_job(spec, tmp_path).glob("rank-*.json.gz"))
+    tokens = spec.world_size * spec.micro_batch * spec.seq_len
+    with pytest.raises(SystemExit) as code:
+        main(["diagnose", *files, "--format", "json", "--model-params", "1e9", "--tokens-per-step", str(tokens)])
+    assert code.value.code in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    mfu = doc["mfu"]
+    assert mfu["peak_tflops"]["value"] == 989 and mfu["n_gpus"] == 8
+    assert [s["step"] for s in mfu["per_step"]] == [5, 6]
+    for entry in mfu["per_step"]:
+        times = [s["step_time_us"] for r in doc["ranks"] for s in r["steps"] if s["step"] == entry["step"]]
+        step_s = sum(times) / len(times) / 1e6
+        assert entry["mfu"] == pytest.approx(tokens / step_s * 6e9 / (8 * 989e12), rel=1e-4)
