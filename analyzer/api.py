@@ -118,10 +118,16 @@ def build_result(ranks: list[RankAnalysis], options: DiagnoseOptions) -> Result:
     return Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
         ranks=ranks, job=job, collectives=collectives,
-        buckets=gradient_buckets(collectives) if job["strategy"] in ("ddp", "unknown") else [],
+        buckets=gradient_buckets(collectives, _backward_starts(ranks, origin))
+        if job["strategy"] in ("ddp", "unknown") else [],
         fsdp_units=fsdp_units(collectives) if job["strategy"].startswith("fsdp") else [],
         warnings=warnings,
     )
+
+
+def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
+    return {(r.rank, s["step"]): round((s["backward_launch_ns"] - origin_ns) / 1000.0, 3)
+            for r in ranks for s in r.steps if s.get("backward_launch_ns") is not None}
 
 
 def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
