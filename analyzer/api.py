@@ -66,9 +66,13 @@ class Result:
 def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = DiagnoseOptions(),
              progress: Progress | None = None, config: dict[str, Any] | None = None) -> Result:
     """``config``: the ``[tool.tracecliff]`` table (analyzer.config.load_config) for the rules."""
-    files = discover_trace_files(paths)
+    skipped: list[Path] = []
+    files = discover_trace_files(paths, skipped)
     ranks = analyze_files(files, options, progress)
     result = build_result(ranks, options)
+    if skipped:
+        result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
+                                  + ", ".join(str(p) for p in skipped))
     analyze_job(result, options)
     run_rules(result, config)
     return result

@@ -27,17 +27,23 @@ def is_trace_name(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES)
 
 
-def discover_trace_files(paths: list[str] | tuple[str, ...]) -> list[Path]:
-    """Expand files, directories (every ``*.json``/``*.json.gz`` inside) and globs, sorted."""
+def discover_trace_files(paths: list[str] | tuple[str, ...], skipped: list[Path] | None = None) -> list[Path]:
+    """Expand files, directories (every ``*.json``/``*.json.gz`` inside that looks like a trace)
+    and globs, sorted. Files named on purpose (directly or by a glob) are always taken: a bad
+    one is an error. In a directory, JSON files that are not traces (a truth.json, a saved
+    result, a config) are left out and listed in ``skipped``."""
     if not paths:
         raise InputError("<arguments>", "no trace path given")
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p.name))
+            named = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p.name))
+            inside = [p for p in named if looks_like_trace(p)]
+            if skipped is not None:
+                skipped.extend(p for p in named if p not in inside)
             if not inside:
-                raise InputError(path, "directory holds no trace files (*.json, *.json.gz)")
+                raise InputError(path, "directory holds no trace files (*.json, *.json.gz with traceEvents)")
             found.extend(inside)
         elif path.is_file():
             found.append(path)
@@ -52,6 +58,25 @@ def discover_trace_files(paths: list[str] | tuple[str, ...]) -> list[Path]:
             raise InputError(path, "no such file or directory")
     unique = sorted({p.resolve(): p for p in found}.values(), key=lambda p: str(p))
     return unique
+
+
+SNIFF_BYTES = 1 << 20
+
+
+def looks_like_trace(path: Path) -> bool:
+    """Does the start of the file look like a Chrome/Kineto trace? (``traceEvents`` in the
+    first MiB, or a bare JSON array of events). Unreadable or damaged files count as traces,
+    so that reading them reports the problem instead of silently skipping them."""
+    try:
+        head = b""
+        for chunk in iter_trace_chunks(path, chunk_bytes=SNIFF_BYTES):
+            head += chunk
+            if len(head) >= SNIFF_BYTES:
+                break
+    except InputError:
+        return True
+    text = head[:SNIFF_BYTES]
+    return b'"traceEvents"' in text or text.lstrip()[:1] == b"["
 
 
 def read_trace_bytes(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> bytes:
