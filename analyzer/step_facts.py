@@ -10,6 +10,7 @@ collective rows' ``start_us``.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,12 @@ from analyzer.trace import GpuEvents, GpuKind
 # ATen's "c10::BFloat16" / "c10::Half" template arguments, FlashAttention's "bfloat16_t".
 _LOW_PRECISION = re.compile(r"bf16|bfloat16|::half\b|fp16|__half|_f16|f16_|h884|h1688|h16816",
                             re.IGNORECASE)
+
+
+@lru_cache(maxsize=65536)
+def _is_low_precision(kernel_name: str) -> bool:
+    # Cached: the same kernel names recur in every step of every rank.
+    return _LOW_PRECISION.search(kernel_name) is not None
 
 
 def step_facts(strings: list[str], gpu: GpuEvents, phase: np.ndarray) -> dict[str, Any]:
@@ -40,7 +47,7 @@ def step_facts(strings: list[str], gpu: GpuEvents, phase: np.ndarray) -> dict[st
     names = gpu.name[compute]
     if len(names):
         unique = np.unique(names)
-        low_names = [i for i in unique.tolist() if _LOW_PRECISION.search(strings[i])]
+        low_names = [i for i in unique.tolist() if _is_low_precision(strings[i])]
         low[np.flatnonzero(compute)[np.isin(names, low_names)]] = True
     low_us = iv.total(iv.union(gpu.ts[low], gpu.end[low])) / 1000.0 if low.any() else 0.0
     return {"phase_windows": windows, "low_precision_compute_us": round(low_us, 3)}
