@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from analyzer import __version__
 from analyzer.rank_analysis import RankAnalysis, RankOptions, analyze_rank_file
 
@@ -107,7 +109,11 @@ def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, ke
 def load_entry(entry: Path) -> RankAnalysis | None:
     try:
         with open(entry, "rb") as handle:
-            doc = json.load(handle)
+            raw = handle.read()
+        try:
+            doc = msgspec.json.decode(raw)  # ~3x faster than json for the common case
+        except msgspec.DecodeError:
+            doc = json.loads(raw)  # NaN literals (json.dump writes them), huge ints
         os.utime(entry)  # recently used: pruned last
         if doc.get("format") != CACHE_FORMAT or set(doc["rank"]) != set(_FIELDS):
             return None
