@@ -73,6 +73,13 @@ def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return start, start + np.rint(dur * 1000.0).astype(np.int64), valid
 
 
+def start_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
+    """(start, valid mask) in int64 ns, for events whose duration is not needed."""
+    ts = _floats(list(map(_get["ts"], events)))
+    valid = np.isfinite(ts) & (np.abs(ts) < 2**52)
+    return _us_to_ns(np.where(valid, ts, 0.0)), valid
+
+
 def _us_to_ns(us: np.ndarray) -> np.ndarray:
     # Split whole µs from the fraction so the ×1000 keeps every nanosecond a float64 holds.
     whole = np.floor(us)
@@ -144,11 +151,14 @@ class Interner:
 
 
 def thread_ids(events: list[Event], threads: Interner) -> np.ndarray:
-    """Interned "pid:tid" per event, formatting each distinct pair once."""
+    """Interned "pid:tid" per event, formatting each distinct pair once (pids and tids are
+    factorized separately and combined numerically: no tuple per event)."""
     if not events:
         return np.empty(0, dtype=np.int32)
-    pair_codes, pairs = factorize(zip(map(_get["pid"], events), map(_get["tid"], events)))
-    labels = [threads._id(f"{pid}:{tid}") for pid, tid in pairs]
+    pid_codes, pids = factorize(map(_get["pid"], events))
+    tid_codes, tids = factorize(map(_get["tid"], events))
+    pair_codes, pairs = factorize((pid_codes * len(tids) + tid_codes).tolist())
+    labels = [threads._id(f"{pids[pair // len(tids)]}:{tids[pair % len(tids)]}") for pair in pairs]
     return np.asarray(labels, dtype=np.int32)[pair_codes]
 
 
@@ -210,7 +220,7 @@ class ColumnBuilder:
         if not len(rows):
             return
         events = _take(events, rows)
-        start, _, valid = times_ns(events)
+        start, valid = start_ns(events)  # a launch's duration is never used
         self.invalid["CUDA runtime"] += int(len(events) - valid.sum())
         thread = thread_ids(events, self.threads)
         self._launches.append((correlation[rows][valid], start[valid], thread[valid]))

@@ -158,7 +158,8 @@ def _last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
 
 
 def _slice(buf: bytearray, brace: int) -> bytes:
-    return b"[" + bytes(buf[:brace + 1]) + b"]"
+    # One copy (a join of views), not four (slice, bytes(), and two concatenations).
+    return b"".join((b"[", memoryview(buf)[:brace + 1], b"]"))
 
 
 def _decode_exact(state: Decoding, buf: bytearray, offset: int, error, data: bytes, brace: int):
