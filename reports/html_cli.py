@@ -15,8 +15,6 @@ import click
 
 from analyzer.errors import TracecliffError
 from analyzer.rank_analysis import RankOptions, analyze_rank_file
-from analyzer.reports.html import HtmlRenderer
-from analyzer.reports.html_timeline import draw_timeline, plan_timeline, timeline_data, unavailable
 
 
 def html_options(command):
@@ -64,9 +62,12 @@ def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_opt
     job; the step and ranks are chosen from the per-rank summaries instead, and only those ranks
     are read again, keeping just that step's kernels (unless the Result already kept them)."""
     if any(r.timeline for r in result.ranks):
+        from analyzer.reports.html_timeline import timeline_data
         return timeline_data(result.ranks, doc, step)
     summaries = [{"rank": r["rank"], "steps": r.get("steps") or [], "span_us": r.get("span_us")}
                  for r in doc.get("ranks") or [] if r.get("gpu_event_count")]
+    # The HTML machinery (jinja2, templates) loads only when a report is asked for.
+    from analyzer.reports.html_timeline import draw_timeline, plan_timeline, unavailable
     plan = plan_timeline(summaries, doc, step)
     if plan is None:
         return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
@@ -85,6 +86,7 @@ def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_opt
 
 def render_html(doc: dict[str, Any], html: dict[str, Any]) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if html.get("timestamp") else None
+    from analyzer.reports.html import HtmlRenderer
     return HtmlRenderer(timestamp=stamp).render(doc)
 
 
