@@ -144,6 +144,10 @@ ARG_KEYS = ["correlation", "External id", "stream", "device", "Collective name",
             "Input Dims", "Input type", "Seq"]
 
 
+def hostile(rng: random.Random):
+    return copy.deepcopy(rng.choice(HOSTILE_VALUES))  # never share a mutable value between events
+
+
 def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
     doc = copy.deepcopy(doc)
     events = doc["traceEvents"]
@@ -156,10 +160,10 @@ def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
         if op == 0 and isinstance(event, dict):
             event.pop(rng.choice(EVENT_KEYS), None)
         elif op == 1 and isinstance(event, dict):
-            event[rng.choice(EVENT_KEYS)] = rng.choice(HOSTILE_VALUES)
+            event[rng.choice(EVENT_KEYS)] = hostile(rng)
         elif op == 2 and isinstance(event, dict):
             args = event.setdefault("args", {}) if isinstance(event.get("args"), dict) else {}
-            args[rng.choice(ARG_KEYS)] = rng.choice(HOSTILE_VALUES)
+            args[rng.choice(ARG_KEYS)] = hostile(rng)
             event["args"] = args
         elif op == 3:
             events.insert(rng.randrange(len(events) + 1), copy.deepcopy(event))  # duplicate
@@ -171,7 +175,7 @@ def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
             event["ts"] += rng.choice([-1e9, -1, 1e-3, 1e6, 1e12])
         elif op == 7:
             doc[rng.choice(["distributedInfo", "deviceProperties", "traceEvents"])] = rng.choice(
-                HOSTILE_VALUES + [{"rank": rng.choice(HOSTILE_VALUES)}, [{"name": 5}]])
+                [hostile(rng), {"rank": hostile(rng)}, [{"name": 5}]])
             if not isinstance(doc.get("traceEvents"), list):
                 return doc
             events = doc["traceEvents"]

@@ -212,11 +212,14 @@ def test_numbers_written_as_strings(tmp_path, capsys):
     assert metrics(doc) == BASELINE
 
 
-def test_negative_durations_ignored(tmp_path, capsys):
+def test_negative_and_absurd_durations_ignored(tmp_path, capsys):
     b = two_step_ddp()
     b.kernel("gemm_backwards_in_time", 1000, -500, launch_ts=995)
-    doc = expect_warning(capsys, [b.write(tmp_path / "rank-0.json")], "negative")
+    b.kernel("gemm_for_ever", 1000, 1e300, launch_ts=995)  # would overflow int64 nanoseconds
+    b.kernel("gemm_far_future", 1e18, 1, launch_ts=995)
+    doc = expect_warning(capsys, [b.write(tmp_path / "rank-0.json")], "negative or out-of-range")
     assert metrics(doc) == BASELINE
+    assert any(w.startswith("rank 0") and "3 GPU event(s)" in w for w in doc["warnings"])
 
 
 def test_duplicate_events_count_once(tmp_path, capsys):

@@ -66,7 +66,8 @@ def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
     ts = _floats(list(map(_get["ts"], events)))
     dur = _floats(list(map(_get["dur"], events)))
-    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52)
+    # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed: out of range.
+    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur < 2**52)
     ts = np.where(valid, ts, 0.0)
     dur = np.where(valid, dur, 0.0)
     start = _us_to_ns(ts)
@@ -250,7 +251,7 @@ class ColumnBuilder:
     def finish(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]], Launches, Markers]:
         for what, bad in self.invalid.items():
             if bad:
-                warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity or negative "
+                warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
         gpu, kernel_args = self._finish_gpu(warnings)
         return gpu, kernel_args, self._finish_launches(np.unique(gpu.correlation)), self._finish_markers(warnings)
