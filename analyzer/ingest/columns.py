@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from itertools import count
+from itertools import chain, count
 from operator import attrgetter, itemgetter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -64,8 +64,8 @@ def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
 def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, valid mask) in int64 ns; events with missing, non-finite or negative
     ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
-    ts = _floats(list(map(_get["ts"], events)))
-    dur = _floats(list(map(_get["dur"], events)))
+    ts = _column(events, _get["ts"], np.float64)
+    dur = _column(events, _get["dur"], np.float64)
     # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed: out of range.
     valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur < 2**52)
     ts = np.where(valid, ts, 0.0)
@@ -76,7 +76,7 @@ def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def start_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     """(start, valid mask) in int64 ns, for events whose duration is not needed."""
-    ts = _floats(list(map(_get["ts"], events)))
+    ts = _column(events, _get["ts"], np.float64)
     valid = np.isfinite(ts) & (np.abs(ts) < 2**52)
     return _us_to_ns(np.where(valid, ts, 0.0)), valid
 
@@ -85,6 +85,23 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     # Split whole µs from the fraction so the ×1000 keeps every nanosecond a float64 holds.
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+
+
+def _column(events: list[Event], getter: Callable[[Event], Any], dtype) -> np.ndarray:
+    """One field of every event as an array, straight from a C-level map (no list in between);
+    odd values (None, strings) take the tolerant path."""
+    try:
+        return np.fromiter(map(getter, events), dtype=dtype, count=len(events))
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        values = [_safe_get(getter, e) for e in events]
+        return _floats(values) if dtype == np.float64 else _ints(values)
+
+
+def _safe_get(getter: Callable[[Event], Any], event: Event) -> Any:
+    try:
+        return getter(event)
+    except AttributeError:  # "args.x" on an event without args
+        return None
 
 
 def _floats(values: list[Any]) -> np.ndarray:
@@ -120,6 +137,14 @@ def to_int(value: Any, default: int = MISSING) -> int:
     except (TypeError, ValueError):
         return default
     return int(number) if math.isfinite(number) else default
+
+
+_ARG_CORRELATION = attrgetter("args.correlation")
+_ARG_EXTERNAL_ID = attrgetter("args.external_id")
+
+
+def _joined(groups: dict[str, list[Event]], cats) -> list[Event]:
+    return list(chain.from_iterable(groups.get(cat, ()) for cat in sorted(cats)))
 
 
 def _args_of(events: list[Event]) -> list[EventArgs]:
@@ -185,9 +210,9 @@ class ColumnBuilder:
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
         groups = split_by_category(events)
-        self._add_gpu([e for cat in sorted(GPU_ACTIVITY_CATS) for e in groups.get(cat, ())])
-        self._add_launches([e for cat in sorted(LAUNCH_CATS) for e in groups.get(cat, ())])
-        self._add_markers([e for cat in sorted(CPU_OP_CATS) for e in groups.get(cat, ())])
+        self._add_gpu(_joined(groups, GPU_ACTIVITY_CATS))
+        self._add_launches(_joined(groups, LAUNCH_CATS))
+        self._add_markers(_joined(groups, CPU_OP_CATS))
 
     def _add_gpu(self, events: list[Event]) -> None:
         if not events:
@@ -216,7 +241,7 @@ class ColumnBuilder:
         self._gpu_rows += len(keep)
 
     def _add_launches(self, events: list[Event]) -> None:
-        correlation = _ints(list(map(attrgetter("correlation"), _args_of(events))))
+        correlation = _column(events, _ARG_CORRELATION, np.int64)
         rows = np.flatnonzero(correlation >= 0)
         if not len(rows):
             return
@@ -240,7 +265,7 @@ class ColumnBuilder:
         keep = np.flatnonzero(valid)
         names = self.names.ids(list(map(_get["name"], events)))
         thread = thread_ids(events, self.threads)
-        external = _ints(list(map(attrgetter("external_id"), _args_of(events))))
+        external = _column(events, _ARG_EXTERNAL_ID, np.int64)
         self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
         for row in np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5)):  # COMM_PARAMS, COMM_OP
             info = comm_args_of(events[keep[row]].args)
