@@ -3,9 +3,10 @@ add keys, never rename or remove them without bumping SCHEMA_VERSION."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
+
+import msgspec
 
 from analyzer import __version__
 
@@ -47,8 +48,23 @@ def mean_step_time(r) -> float | None:
 
 
 def dumps(doc: dict[str, Any]) -> str:
-    """Canonical bytes: sorted keys, no NaN (becomes null), trailing newline."""
-    return json.dumps(_clean(doc), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    """Canonical bytes: sorted keys, no NaN/Infinity (they become null), one-space indent,
+    trailing newline. msgspec's encoder: a 64-rank job's 300 MB result in seconds, not minutes."""
+    try:
+        raw = _ENCODER.encode(doc)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        raw = _ENCODER.encode(_clean(doc))  # unusual keys or values: normalise, then encode
+    return msgspec.json.format(raw, indent=1).decode("utf-8") + "\n"
+
+
+def _numpy_scalar(value: Any) -> Any:
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+# order="sorted" sorts every dict's keys; NaN and ±Infinity encode as null.
+_ENCODER = msgspec.json.Encoder(enc_hook=_numpy_scalar, order="sorted")
 
 
 def _clean(value: Any) -> Any:
