@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable
 
 import numpy as np
@@ -49,7 +50,12 @@ def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
         return alg, None
     if kind not in ("send", "recv", "sendrecv") and n < 2:
         return alg, None
-    return alg, models.busbw_gbps(kind, size_bytes, time_us, n)
+    return alg, alg * _busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
+
+
+@lru_cache(maxsize=4096)
+def _busbw_factor(kind: str, n: int) -> float:
+    return models.busbw_factor(kind, n)
 
 
 def size_bucket(size_bytes: int) -> int:

@@ -64,9 +64,10 @@ class DdpBucketUndersized(Rule):
             return []
         t = ctx.thresholds
         counts = [len(s.bucket_bytes) for s in steps]
-        if median(counts) < t["min_buckets"]:
+        typical_count = median(counts)
+        if typical_count < t["min_buckets"]:
             return []
-        rep = min(steps, key=lambda s: (abs(len(s.bucket_bytes) - median(counts)), s.rank, str(s.step)))
+        rep = min(steps, key=lambda s: (abs(len(s.bucket_bytes) - typical_count), s.rank, str(s.step)))
         link = rep.link
         s_star = link.s_star_bytes
         crossover = link.n * s_star  # 2(N−1)α = 2(N−1)/N·S/β
