@@ -45,7 +45,7 @@ class StragglerRank(Rule):
     name = "straggler-rank"
     code = "TC302"
     title = "No rank holds the others back"
-    failure_title = "A straggler rank makes the others wait at every collective"
+    failure_title = "A straggler rank consistently arrives last and makes the others wait"
     severity = "warning"
     needs = ("gpu_steps", "all_ranks", "collectives")
     thresholds = {
