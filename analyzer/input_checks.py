@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from analyzer import intervals as iv
 from analyzer.timeline import NO_STEP, Attribution
 from analyzer.trace import GpuEvents, GpuKind

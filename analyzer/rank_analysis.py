@@ -6,7 +6,7 @@ workers and only this compact summary (not the event arrays) travels back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         if missing:
             warnings.append(f"requested step(s) {missing} not found in this trace")
         gpu = gpu.take(np.flatnonzero(keep))
-        att = _take_attribution(att, np.flatnonzero(keep))
-        trace = _with_gpu(trace, gpu, keep)
+        rows = np.flatnonzero(keep)
+        att = att.take(rows)
+        trace = _with_gpu(trace, gpu, rows)
     # The rank's time origin: its first GPU activity (a CPU-only trace: its first marked CPU op).
     first_gpu = int(gpu.ts.min()) if len(gpu) else (int(trace.markers.ts.min()) if len(trace.markers.ts) else None)
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
@@ -96,16 +97,13 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     return analysis
 
 
-def _take_attribution(att, index):
-    from analyzer.timeline import Attribution
-    return Attribution(att.launch_ts[index], att.launch_thread[index], att.step[index], att.phase[index])
-
-
-def _with_gpu(trace: RankTrace, gpu, keep) -> RankTrace:
-    rows = np.flatnonzero(keep)
-    remap = {int(old): new for new, old in enumerate(rows) if int(old) in trace.kernel_comm_args}
-    args = {remap[old]: value for old, value in trace.kernel_comm_args.items() if old in remap}
-    from dataclasses import replace
+def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
+    """The trace restricted to GPU rows ``rows`` (sorted): kernel args re-keyed to the new rows."""
+    args = {}
+    for old, value in trace.kernel_comm_args.items():  # few: communication kernels only
+        new = int(np.searchsorted(rows, old))
+        if new < len(rows) and rows[new] == old:
+            args[new] = value
     return replace(trace, gpu=gpu, kernel_comm_args=args)
 
 

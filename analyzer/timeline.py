@@ -31,6 +31,9 @@ class Attribution:
     step: np.ndarray  # int64 ProfilerStep number, NO_STEP when outside every step
     phase: np.ndarray  # int8 index into PHASES
 
+    def take(self, index: np.ndarray) -> "Attribution":
+        return Attribution(self.launch_ts[index], self.launch_thread[index], self.step[index], self.phase[index])
+
 
 def ns_to_us(value: int | float) -> float:
     return round(float(value) / 1000.0, 3)

@@ -18,16 +18,6 @@ from analyzer.trace import RankTrace
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|trainer|proc|process|gpu)[-_]?(\d+)", re.IGNORECASE)
 
 
-def decode_trace(path: Path, data: bytes) -> TraceFile:
-    """The whole document in one decode (small inputs and tests; files stream instead)."""
-    events: list = []
-    doc, _ = decode_stream(path, iter([data]), events.extend)
-    if not events:
-        raise InputError(path, "empty traceEvents: the profiler recorded nothing")
-    doc.traceEvents = events
-    return doc
-
-
 def rank_from_name(path: Path) -> int | None:
     matches = _RANK_IN_NAME.findall(path.name)
     return int(matches[-1]) if matches else None
@@ -48,22 +38,14 @@ def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
     return _rank_trace(path, meta, builder, decoding)
 
 
-def build_rank_trace(path: Path, doc: TraceFile, comm_pattern: str = DEFAULT_COMM_PATTERN) -> RankTrace:
-    """A RankTrace from an already decoded document."""
-    builder = ColumnBuilder(KernelClassifier(comm_pattern))
-    builder.add(doc.traceEvents or [])
-    doc.traceEvents = None  # drop the decoded tree as soon as it is folded in
-    return _rank_trace(path, doc, builder, None)
-
-
-def _rank_trace(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding: Decoding | None) -> RankTrace:
+def _rank_trace(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding: Decoding) -> RankTrace:
     if builder.event_count == 0:
         raise InputError(path, "empty traceEvents: the profiler recorded nothing")
     warnings: list[str] = []
-    if decoding and decoding.replaced_utf8:
+    if decoding.replaced_utf8:
         warnings.append("the trace holds bytes that are not valid UTF-8: replaced by U+FFFD in names "
                         "(times and sizes are unaffected)")
-    if decoding and decoding.replaced_nonfinite:
+    if decoding.replaced_nonfinite:
         warnings.append("the trace holds NaN/Infinity literals (not JSON): read as null, so events "
                         "whose ts or dur was one are ignored")
     info = meta.distributedInfo
