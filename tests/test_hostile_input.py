@@ -96,6 +96,8 @@ def test_gzip_bomb_refused_past_the_cap(tmp_path, capsys):
     ('{"hello": 1}', "no traceEvents"),
     ('[1, 2, 3]', "not a Kineto trace"),
     ('42', "not a Kineto trace"),
+    ('"just a string"', "not a Kineto trace"),
+    ('{"traceEvents": []}', "empty traceEvents"),
     ('{"traceEvents": {"ph": "X"}}', "traceEvents"),
     ('{"traceEvents": 5}', "traceEvents"),
     ('{"traceEvents": "events"}', "traceEvents"),
