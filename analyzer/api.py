@@ -13,6 +13,7 @@ from typing import Any, Callable
 from analyzer import __version__
 from analyzer.comms import fsdp_units, gradient_buckets
 from analyzer.errors import InputError
+from analyzer.gc_pause import paused_gc
 from analyzer.ingest.files import discover_trace_files
 from analyzer.jobanalysis import analyze_job
 from analyzer.executors import map_ranks
@@ -69,12 +70,13 @@ def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = Diag
     skipped: list[Path] = []
     files = discover_trace_files(paths, skipped)
     ranks = analyze_files(files, options, progress)
-    result = build_result(ranks, options)
-    if skipped:
-        result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
-                                  + ", ".join(str(p) for p in skipped))
-    analyze_job(result, options)
-    run_rules(result, config)
+    with paused_gc():
+        result = build_result(ranks, options)
+        if skipped:
+            result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
+                                      + ", ".join(str(p) for p in skipped))
+        analyze_job(result, options)
+        run_rules(result, config)
     return result
 
 

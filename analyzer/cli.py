@@ -12,6 +12,7 @@ import click
 from analyzer import __version__
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.errors import TracecliffError
+from analyzer.gc_pause import paused_gc
 from analyzer.executors import scale_options
 from analyzer.jobanalysis import job_options
 from analyzer.output import write_atomic
@@ -62,11 +63,12 @@ def diagnose_command(paths, fmt, output, steps, gpus_per_node, workers, scale, f
     (files, directories or globs)."""
     options = DiagnoseOptions(steps=parse_steps(steps), gpus_per_node=gpus_per_node, workers=workers, **scale, **facts)
     result = diagnose(list(paths), options, progress=ProgressBar("reading traces"), config=rules["config"])
-    doc = result.to_dict()
-    inputs = [i["path"] for i in doc["inputs"]]
-    html_text = (render_html(html_document(doc, result, html, options.rank_options()), html)
-                 if wants_html(fmt, html) else None)
-    text = html_text if fmt == "html" else _renderer(fmt).render(doc)
+    with paused_gc():
+        doc = result.to_dict()
+        inputs = [i["path"] for i in doc["inputs"]]
+        html_text = (render_html(html_document(doc, result, html, options.rank_options()), html)
+                     if wants_html(fmt, html) else None)
+        text = html_text if fmt == "html" else _renderer(fmt).render(doc)
     _emit(text, output, inputs)
     if html.get("file"):
         write_atomic(html["file"], html_text, inputs)

@@ -50,11 +50,11 @@ def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
         return alg, None
     if kind not in ("send", "recv", "sendrecv") and n < 2:
         return alg, None
-    return alg, alg * _busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
+    return alg, alg * busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
 
 
 @lru_cache(maxsize=4096)
-def _busbw_factor(kind: str, n: int) -> float:
+def busbw_factor(kind: str, n: int) -> float:
     return models.busbw_factor(kind, n)
 
 
@@ -133,7 +133,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
-    points = [(s * models.busbw_factor(k, n) / hops(k, n), t / hops(k, n))
+    points = [(s * busbw_factor(k, n) / hops(k, n), t / hops(k, n))
               for k, s, t in zip(kinds, sizes, times_us)
               if modelled(k) and s and t and t > 0 and (n >= 2 or k in ("send", "recv", "sendrecv"))]
     distinct = len({s for k, s, t in zip(kinds, sizes, times_us) if s and modelled(k)})

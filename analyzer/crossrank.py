@@ -37,65 +37,124 @@ def _group_key(row: dict[str, Any]) -> Any:
     return ("unknown", row["collective"])
 
 
-def _keys(rows: list[dict[str, Any]], method: str) -> list[Any] | None:
-    """One key per row (None: this row is not matched), or None when the method does not apply."""
+def _codes(keys) -> np.ndarray:
+    """Integer code per hashable key, in order of first appearance."""
+    seen: dict[Any, int] = {}
+    return np.fromiter((seen.setdefault(key, len(seen)) for key in keys), dtype=np.int64)
+
+
+def _identity_codes(values: list[Any]) -> np.ndarray:
+    """Integers that are equal exactly when ``str(value)`` is (the keys the trace gives may be
+    ints up to 2**64 or strings); ints stay as they are, at numpy speed."""
+    try:
+        return np.fromiter(values, dtype=np.uint64, count=len(values)).view(np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return _codes(str(v) for v in values)
+
+
+def _first_seen_codes(columns: list[np.ndarray], matched: np.ndarray | None = None) -> np.ndarray:
+    """One code per distinct tuple of ``columns`` values, numbered in order of first appearance;
+    -1 where ``matched`` is False."""
+    count = len(columns[0])
+    matched = np.ones(count, dtype=bool) if matched is None else matched
+    out = np.full(count, -1, dtype=np.int64)
+    if not matched.any():
+        return out
+    combined = _dense(columns[0][matched])
+    for column in columns[1:]:  # pairs of dense codes < count**2: never overflow int64
+        part = _dense(column[matched])
+        combined = _dense(combined * (int(part.max()) + 1) + part)
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    renumber = np.empty(len(first), dtype=np.int64)
+    renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
+    out[matched] = renumber[inverse]
+    return out
+
+
+def _dense(values: np.ndarray) -> np.ndarray:
+    return np.unique(values, return_inverse=True)[1].astype(np.int64, copy=False)
+
+
+def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray) -> np.ndarray | None:
+    """One matching-key code per row (-1: this row is not matched), or None when the method
+    does not apply. ``groups``: each row's process-group code."""
     if method == "comms_id":
-        if any(r.get("comms_id") is None for r in rows):
-            return None
-        return [("id", str(r["comms_id"])) for r in rows]
+        ids = [r.get("comms_id") for r in rows]
+        return None if None in ids else _first_seen_codes([_identity_codes(ids)])
     if method == "seq":
-        if any(r.get("seq") is None for r in rows):
-            return None
-        return [("seq", _group_key(r), str(r["seq"])) for r in rows]
-    order: dict[tuple, int] = defaultdict(int)
-    keys = []
-    for r in sorted(rows, key=lambda r: (r["rank"], r["start_us"])):
-        if r["collective"] in _P2P:
-            keys.append((id(r), None))
-            continue
-        slot = (r["rank"], _group_key(r), r.get("step"))
-        keys.append((id(r), ("order", _group_key(r), r.get("step"), order[slot])))
-        order[slot] += 1
-    by_id = dict(keys)
-    return [by_id[id(r)] for r in rows]
+        seqs = [r.get("seq") for r in rows]
+        return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
+    # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
+    ranks = np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=len(rows))
+    starts = np.fromiter((r["start_us"] for r in rows), dtype=np.float64, count=len(rows))
+    steps = _codes(r.get("step") for r in rows)
+    collective = np.fromiter((r["collective"] not in _P2P for r in rows), dtype=bool, count=len(rows))
+    index = np.flatnonzero(collective)
+    slots = np.stack([ranks[index], groups[index], steps[index]], axis=1)
+    order = np.lexsort((index, starts[index], slots[:, 2], slots[:, 1], slots[:, 0]))
+    slots = slots[order]
+    new_slot = np.r_[True, np.any(slots[1:] != slots[:-1], axis=1)]
+    run_start = np.maximum.accumulate(np.where(new_slot, np.arange(len(order)), 0))
+    nth = np.empty(len(rows), dtype=np.int64)
+    nth[index[order]] = np.arange(len(order)) - run_start
+    nth[~collective] = 0
+    return _first_seen_codes([groups, steps, nth], collective)
 
 
-def _valid(rows: list[dict[str, Any]], keys: list[Any]) -> bool:
+def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
     """A key must not repeat on one rank, and must match something across ranks."""
-    seen: set[tuple] = set()
-    members: dict[Any, set[int]] = defaultdict(set)
-    for row, key in zip(rows, keys):
-        if key is None:
-            continue
-        if (row["rank"], key) in seen:
-            return False
-        seen.add((row["rank"], key))
-        members[key].add(row["rank"])
-    return any(len(m) > 1 for m in members.values())
+    used = codes >= 0
+    if not used.any():
+        return False
+    code, rank = codes[used], ranks[used]
+    pairs = (rank - rank.min()) * (int(code.max()) + 1) + code
+    if np.unique(pairs).size < pairs.size:
+        return False
+    return int(np.bincount(code).max()) > 1  # no repeats per rank: two rows = two ranks
 
 
-def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[Any, list[int]]]:
-    """(method, {key: indices into rows}) of the collectives seen on 2+ ranks."""
+def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]:
+    """(method, {key code: indices into rows}) of the collectives seen on 2+ ranks; sets in
+    order of their first row, indices ascending."""
+    ranks = np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=len(rows))
+    groups = _codes(_group_key(r) for r in rows)
     for method in METHODS:
-        keys = _keys(rows, method)
-        if keys is None or not _valid(rows, keys):
+        codes = _key_codes(rows, method, groups)
+        if codes is None or not _valid(ranks, codes):
             continue
-        sets: dict[Any, list[int]] = defaultdict(list)
-        for index, key in enumerate(keys):
-            if key is not None:
-                sets[key].append(index)
-        return method, {k: v for k, v in sets.items() if len(v) > 1}
+        return method, _sets(codes)
     return None, {}
+
+
+def _sets(codes: np.ndarray) -> dict[int, list[int]]:
+    indices = np.flatnonzero(codes >= 0)
+    indices = indices[np.argsort(codes[indices], kind="stable")]  # by code = by first appearance
+    sorted_codes = codes[indices]
+    bounds = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1], True])
+    return {int(sorted_codes[lo]): indices[lo:hi].tolist()
+            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi - lo > 1}
 
 
 def clock_offsets(rows: list[dict[str, Any]], sets: dict[Any, list[int]]) -> dict[int, float]:
     """Per rank, median of (its end − the set's median end) over the sets it is in (µs)."""
+    ranks, starts, durations = _columns(rows)
+    return _clock_offsets(ranks, starts + durations, sets)
+
+
+def _columns(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = len(rows)
+    return (np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=n),
+            np.fromiter((r["start_us"] for r in rows), dtype=np.float64, count=n),
+            np.fromiter((r["dur_us"] for r in rows), dtype=np.float64, count=n))
+
+
+def _clock_offsets(ranks: np.ndarray, ends: np.ndarray, sets: dict[Any, list[int]]) -> dict[int, float]:
     diffs: dict[int, list[float]] = defaultdict(list)
     for indices in sets.values():
-        ends = np.array([rows[i]["start_us"] + rows[i]["dur_us"] for i in indices])
-        middle = float(np.median(ends))
-        for i, end in zip(indices, ends):
-            diffs[rows[i]["rank"]].append(float(end) - middle)
+        set_ends = ends[indices]
+        middle = float(np.median(set_ends))
+        for rank, end in zip(ranks[indices].tolist(), set_ends.tolist()):
+            diffs[rank].append(end - middle)
     return {rank: float(np.median(values)) for rank, values in sorted(diffs.items())}
 
 
@@ -113,26 +172,26 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
-    offsets = clock_offsets(rows, sets)
+    rank_of, starts, durations = _columns(rows)
+    offsets = _clock_offsets(rank_of, starts + durations, sets)
+    arrivals = starts - np.array([offsets.get(r, 0.0) for r in rank_of.tolist()])
     caused: dict[int, float] = defaultdict(float)
     incurred: dict[int, float] = defaultdict(float)
     last_count: dict[int, int] = defaultdict(int)
     steps: dict[Any, dict[str, Any]] = {}
     for indices in sets.values():
-        members = [rows[i] for i in indices]
-        arrival = np.array([m["start_us"] - offsets[m["rank"]] for m in members])
-        durations = np.array([m["dur_us"] for m in members])
-        transfer = float(durations.min())
-        waits = durations - transfer
+        arrival, set_durations = arrivals[indices], durations[indices]
+        members = rank_of[indices].tolist()
+        waits = set_durations - set_durations.min()
         last = int(np.argmax(arrival))
-        last_rank = members[last]["rank"]
-        for m, w in zip(members, waits):
-            m["wait_us"] = round(float(w), 3)
-            incurred[m["rank"]] += float(w)
+        last_rank = members[last]
+        for i, rank, w in zip(indices, members, waits.tolist()):
+            rows[i]["wait_us"] = round(w, 3)
+            incurred[rank] += w
         others = float(waits.sum() - waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1
-        step = members[0].get("step")
+        step = rows[indices[0]].get("step")
         entry = steps.setdefault(step, {"caused": defaultdict(float), "sets": 0, "max_skew_us": 0.0})
         entry["caused"][last_rank] += others
         entry["sets"] += 1

@@ -12,7 +12,7 @@ import os
 import struct
 import uuid
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -109,8 +109,8 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     results: list[RankAnalysis | None] = [None] * len(paths)
     keys: list[str | None] = [None] * len(paths)
     if cache_dir:  # hits are answered here, without starting a single worker
-        for index, path in enumerate(paths):
-            keys[index], results[index] = lookup(path, options, cache_dir)
+        for index, (key, cached) in enumerate(_lookups(paths, options, cache_dir)):
+            keys[index], results[index] = key, cached
     todo = [i for i, r in enumerate(results) if r is None]
     done_count = len(paths) - len(todo)
     if progress and done_count:
@@ -133,6 +133,16 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
             if progress:
                 progress(done_count, len(paths), paths[index])
     return results  # type: ignore[return-value]
+
+
+def _lookups(paths: list[str], options: RankOptions, cache_dir: str) -> Iterator[tuple]:
+    """Cache lookups on a few threads: hashing the traces (hashlib and file reads release the
+    GIL) is most of a cached run's map, and it overlaps with decoding the entries."""
+    if len(paths) < 2:
+        yield from (lookup(path, options, cache_dir) for path in paths)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(paths), (os.cpu_count() or 1) + 1)) as pool:
+        yield from pool.map(lambda path: lookup(path, options, cache_dir), paths)
 
 
 def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], workers: int,

@@ -100,12 +100,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
             ab = commfit.fit_alpha_beta([r["collective"] for r in gpu_rows], [r["bytes"] for r in gpu_rows],
                                         [_transfer(r) for r in gpu_rows], n, fallback)
         s_star = ab.s_star_bytes
-        for r in group_rows:
-            time = _transfer(r) if r.get("on_gpu") else r["dur_us"]
-            alg, bus = commfit.bandwidths(r["collective"], r.get("bytes"), time, n)
-            r["algbw_gbps"] = None if alg is None else round(alg, 4)
-            r["busbw_gbps"] = None if bus is None else round(bus, 4)
-            r["bound"] = commfit.bound_of(r["collective"], r.get("bytes"), n, s_star)
+        annotate_rows(group_rows, n, s_star)
         busbw = [r["busbw_gbps"] for r in gpu_rows if r["busbw_gbps"] is not None]
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
@@ -120,6 +115,36 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
             "busbw_median_gbps": round(float(np.median(busbw)), 3) if busbw else None,
         })
     return groups
+
+
+def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | None) -> None:
+    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
+    duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks; the same
+    arithmetic as commfit.bandwidths / bound_of, a group's rows at a time."""
+    count = len(rows)
+    sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
+    times = np.fromiter((_transfer(r) if r.get("on_gpu") else r["dur_us"] for r in rows), float, count)
+    factors = np.fromiter((_bus_factor(r["collective"], n) for r in rows), float, count)
+    hops = np.fromiter((commfit.hops(r["collective"], n or 0) for r in rows), float, count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
+        alg = np.where(known, sizes / times * 1e-3, np.nan)
+        bus = alg * factors
+        per_hop = sizes * factors / hops  # the bytes each of the collective's α terms carries
+        latency = per_hop < (np.nan if s_star is None else s_star)
+    bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
+    has_bound = ~np.isnan(per_hop) & (s_star is not None)
+    for r, a, b, bound, ok in zip(rows, alg.tolist(), bus.tolist(), bounds, has_bound.tolist()):
+        r["algbw_gbps"] = None if a != a else round(a, 4)
+        r["busbw_gbps"] = None if b != b else round(b, 4)
+        r["bound"] = bound if ok else None
+
+
+def _bus_factor(kind: str, n: int | None) -> float:
+    """busbw factor of a row, NaN where busbw is undefined (commfit.bandwidths)."""
+    if not commfit.modelled(kind) or not n or (kind not in ("send", "recv", "sendrecv") and n < 2):
+        return np.nan
+    return commfit.busbw_factor(kind, n)
 
 
 def _transfer(row: dict[str, Any]) -> float:

@@ -111,7 +111,15 @@ class DdpStep:
 
 def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
     """One DdpStep per (rank, step) whose buckets have known sizes and a backward window (and,
-    with ``need_link``, a known α/β for their group)."""
+    with ``need_link``, a known α/β for their group). Built once per JobFacts: several rules
+    ask, and a 64-rank job has thousands of steps."""
+    steps = facts.__dict__.get("_ddp_steps")
+    if steps is None:
+        steps = facts.__dict__["_ddp_steps"] = _all_ddp_steps(facts)
+    return [s for s in steps if s.link is not None] if need_link else list(steps)
+
+
+def _all_ddp_steps(facts) -> list[DdpStep]:
     out = []
     for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         view: StepView | None = facts.step_view(rank, step)
@@ -122,8 +130,6 @@ def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
         group = next((row["group"] for row in facts.collectives_of(rank, step)
                       if row["collective"] == "allreduce" and row["phase"] == "backward"), {})
         link = facts.link(group)
-        if link is None and need_link:
-            continue
         start, end, _ = view.windows["backward"]
         out.append(DdpStep(rank, step, start, end,
                            tuple(float(b["bytes"]) for b in buckets),

@@ -3,6 +3,8 @@
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.crossrank import analyze, match
 
@@ -96,3 +98,72 @@ def test_real_traces(real_traces):
     assert matched and all(r["wait_us"] >= 0 for r in matched)
     sampled = diagnose([str(real_traces / "hta_ddp_sampled_128rank")], DiagnoseOptions(workers=1))
     assert "2 of 128" in sampled.extra["stragglers"]["note"]
+
+
+# -- the vectorised matcher against a plain-Python reference --------------------------------
+
+def reference_match(rows):
+    """The matching rules of the module docstring, one row at a time."""
+    def group_key(r):
+        g = r.get("group") or {}
+        return ("name", str(g["name"])) if g.get("name") is not None else ("unknown", r["collective"])
+
+    def keys(method):
+        if method == "comms_id":
+            return None if any(r["comms_id"] is None for r in rows) else [str(r["comms_id"]) for r in rows]
+        if method == "seq":
+            return None if any(r["seq"] is None for r in rows) else [(group_key(r), str(r["seq"])) for r in rows]
+        out, seen = [None] * len(rows), {}
+        for i in sorted(range(len(rows)), key=lambda i: (rows[i]["rank"], rows[i]["start_us"])):
+            r = rows[i]
+            if r["collective"] in ("send", "recv", "sendrecv"):
+                continue
+            slot = (r["rank"], group_key(r), r["step"])
+            out[i] = (group_key(r), r["step"], seen.get(slot, 0))
+            seen[slot] = seen.get(slot, 0) + 1
+        return out
+
+    for method in ("comms_id", "seq", "order"):
+        k = keys(method)
+        if k is None:
+            continue
+        pairs = [(r["rank"], key) for r, key in zip(rows, k) if key is not None]
+        if len(set(pairs)) < len(pairs):
+            continue
+        sets = {}
+        for i, key in enumerate(k):
+            if key is not None:
+                sets.setdefault(key, []).append(i)
+        found = [v for v in sets.values() if len(v) > 1]
+        if found:
+            return method, found
+    return None, []
+
+
+@st.composite
+def collective_rows(draw):
+    count = draw(st.integers(1, 40))
+    ids = st.one_of(st.none(), st.integers(0, 6), st.integers(2**63, 2**64 - 1), st.sampled_from(["a", "7"]))
+    rows = []
+    for _ in range(count):
+        r = row(draw(st.integers(0, 3)), float(draw(st.integers(0, 20))), 1.0,
+                step=draw(st.sampled_from([None, 1, 2])), kind=draw(st.sampled_from(["allreduce", "send", "allgather"])),
+                group=draw(st.sampled_from(["0", "1"])))
+        r["comms_id"], r["seq"] = draw(ids), draw(ids)
+        rows.append(r)
+    uniform = draw(st.sampled_from(["as drawn", "ids everywhere", "seq everywhere"]))
+    for k, r in enumerate(rows):
+        if uniform == "ids everywhere":
+            r["comms_id"] = k % 5 + r["rank"] * draw(st.integers(0, 1))
+        if uniform == "seq everywhere":
+            r["seq"] = k % 4
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(collective_rows())
+def test_match_agrees_with_the_reference(rows):
+    method, sets = match(rows)
+    expected_method, expected_sets = reference_match(rows)
+    assert method == expected_method
+    assert list(sets.values()) == expected_sets
