@@ -15,9 +15,9 @@ CASES = Path(__file__).parent / "rule_cases"
 
 
 def sample_traces() -> dict[str, list[str]]:
-    """'synthetic/NAME', 'cpu_gloo/NAME', 'real/NAME' -> the trace files of that job."""
+    """'synthetic/NAME', 'cpu_gloo/NAME', 'gpu_h200/NAME', 'real/NAME' -> the trace files of that job."""
     traces = {}
-    for kind in ("synthetic", "cpu_gloo"):
+    for kind in ("synthetic", "cpu_gloo", "gpu_h200"):
         for job in sorted((SAMPLES / kind).iterdir()):
             files = sorted(str(p) for p in job.glob("rank-*.json*"))
             if files:

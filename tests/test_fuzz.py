@@ -131,7 +131,7 @@ class Seeds(list):
 @pytest.fixture(scope="module")
 def seeds(real_traces) -> Seeds:
     files = sorted(real_traces.rglob("*.json*"))[:4]
-    files += sorted(SAMPLES.glob("cpu_gloo/*/rank-0.*"))
+    files += sorted(SAMPLES.glob("cpu_gloo/*/rank-0.*")) + sorted(SAMPLES.glob("gpu_h200/*/rank-0.*"))
     files += sorted(SAMPLES.glob("synthetic/*/rank-1.*"))[:4]
     return Seeds(_window(_load(f)) for f in files)
 
