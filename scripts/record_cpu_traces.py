@@ -50,28 +50,29 @@ JOBS = {
 class Block(nn.Module):
     """Pre-norm residual MLP block, the feed-forward half of a transformer layer."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = WIDTH, hidden: int = HIDDEN) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, HIDDEN)
-        self.down = nn.Linear(HIDDEN, WIDTH)
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
 class TinyLanguageModel(nn.Module):
-    """Embedding -> BLOCKS x Block -> LayerNorm -> vocabulary head (~2.6 M parameters)."""
+    """Embedding -> BLOCKS x Block -> LayerNorm -> vocabulary head (~2.6 M parameters with the
+    defaults; scripts/record_gpu_traces.py builds a larger one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab: int = VOCAB, width: int = WIDTH, hidden: int = HIDDEN, blocks: int = BLOCKS) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(Block(width, hidden) for _ in range(blocks))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits of shape (batch * sequence, VOCAB)."""
+        """Logits of shape (batch * sequence, vocab)."""
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)

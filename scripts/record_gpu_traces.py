@@ -27,36 +27,13 @@ from torch.nn import functional as F  # noqa: E402
 
 from analyzer.capture import profile_steps  # noqa: E402
 
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+from record_cpu_traces import TinyLanguageModel  # noqa: E402  (the same model, larger)
+
 VOCAB, WIDTH, HIDDEN, BLOCKS = 8192, 1024, 4096, 6
 BATCH, SEQUENCE = 8, 512
 SCHEDULE = {"wait": 1, "warmup": 2, "active": 3}
 SEED = 0
-
-
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(WIDTH)
-        self.up = nn.Linear(WIDTH, HIDDEN)
-        self.down = nn.Linear(HIDDEN, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class SmallLanguageModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x).flatten(0, 1))
 
 
 def wrap(job: str, model: nn.Module) -> nn.Module:
@@ -73,7 +50,7 @@ def wrap(job: str, model: nn.Module) -> nn.Module:
 
 def record(job: str, out_dir: Path) -> None:
     torch.manual_seed(SEED)
-    model = wrap(job, SmallLanguageModel().cuda())
+    model = wrap(job, TinyLanguageModel(VOCAB, WIDTH, HIDDEN, BLOCKS).cuda())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = torch.Generator(device="cuda").manual_seed(SEED)
     with profile_steps(out_dir, **SCHEDULE) as prof:
