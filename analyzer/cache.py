@@ -90,14 +90,22 @@ def analyze_rank_cached(path: str, options: RankOptions, cache_dir: str | None) 
 def lookup(path: str, options: RankOptions, cache_dir: str) -> tuple[str | None, RankAnalysis | None]:
     """(key, cached summary or None). An unreadable file gives (None, None): the analysis
     itself then reports the problem."""
+    key = key_or_none(path, options)
+    return key, cached_entry(path, key, cache_dir)
+
+
+def key_or_none(path: str, options: RankOptions) -> str | None:
     try:
-        key = cache_key(path, options)
+        return cache_key(path, options)
     except OSError:
-        return None, None
-    cached = load_entry(entry_path(cache_dir, key))
+        return None
+
+
+def cached_entry(path: str, key: str | None, cache_dir: str) -> RankAnalysis | None:
+    cached = load_entry(entry_path(cache_dir, key)) if key else None
     if cached is not None:
         cached = dataclasses.replace(cached, path=str(path))  # same bytes may sit at another path
-    return key, cached
+    return cached
 
 
 def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, key: str | None) -> RankAnalysis:

@@ -133,10 +133,11 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
-    points = [(s * busbw_factor(k, n) / hops(k, n), t / hops(k, n))
-              for k, s, t in zip(kinds, sizes, times_us)
-              if modelled(k) and s and t and t > 0 and (n >= 2 or k in ("send", "recv", "sendrecv"))]
-    distinct = len({s for k, s, t in zip(kinds, sizes, times_us) if s and modelled(k)})
+    usable = {k: modelled(k) and (n >= 2 or k in ("send", "recv", "sendrecv")) for k in set(kinds)}
+    scale = {k: (busbw_factor(k, n), hops(k, n)) for k, ok in usable.items() if ok}
+    points = [(s * scale[k][0] / scale[k][1], t / scale[k][1])
+              for k, s, t in zip(kinds, sizes, times_us) if usable[k] and s and t and t > 0]
+    distinct = len({s for k, s in zip(kinds, sizes) if s and modelled(k)})
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
@@ -173,26 +174,31 @@ def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
-    cells: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row.get("bytes") is None:
-            continue
-        key = (_group_name(row), row["collective"], size_bucket(row["bytes"]))
-        cells.setdefault(key, []).append(row)
+    sized = [row for row in rows if row.get("bytes") is not None]
+    cells: dict[tuple, list[int]] = {}
+    for index, row in enumerate(sized):
+        key = (_group_name(row), row["collective"], max(0, int(row["bytes"]).bit_length() - 1))  # size_bucket
+        cells.setdefault(key, []).append(index)
+    count = len(sized)
+    sizes = np.fromiter((r["bytes"] for r in sized), dtype=object, count=count)
+    transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
+    busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
+                        dtype=float, count=count)
+    bounds = [r.get("bound") for r in sized]
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
-        transfer = np.array([m["dur_us"] - (m.get("wait_us") or 0.0) for m in members])
-        busbw = [m["busbw_gbps"] for m in members if m.get("busbw_gbps") is not None]
-        bounds = _most_common(m.get("bound") for m in members)
+        cell_transfer, cell_busbw = transfer[members], busbw[members]
+        cell_busbw = cell_busbw[~np.isnan(cell_busbw)]
+        cell_sizes = sizes[members]
         out.append({
             "group": group, "collective": kind, "size_bucket": bucket_label(bucket),
             "count": len(members),
-            "bytes_min": min(m["bytes"] for m in members), "bytes_max": max(m["bytes"] for m in members),
-            "transfer_us_min": round(float(transfer.min()), 3),
-            "transfer_us_median": round(float(np.median(transfer)), 3),
-            "busbw_gbps_median": round(float(np.median(busbw)), 3) if busbw else None,
-            "busbw_gbps_max": round(float(max(busbw)), 3) if busbw else None,
-            "bound": bounds,
+            "bytes_min": min(cell_sizes), "bytes_max": max(cell_sizes),
+            "transfer_us_min": round(float(cell_transfer.min()), 3),
+            "transfer_us_median": round(float(np.median(cell_transfer)), 3),
+            "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
+            "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
+            "bound": _most_common(bounds[i] for i in members),
         })
     return out
 

@@ -16,8 +16,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, Thr
 from pathlib import Path
 from typing import Callable, Iterator
 
-from analyzer.cache import analyze_and_store, analyze_rank_cached, lookup, prune
+from analyzer.cache import analyze_and_store, analyze_rank_cached, cached_entry, key_or_none, prune
 from analyzer.errors import ConfigError
+from analyzer.gc_pause import paused_gc
 from analyzer.rank_analysis import RankAnalysis, RankOptions
 
 EXECUTORS = ("local", "dask")
@@ -109,8 +110,9 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     results: list[RankAnalysis | None] = [None] * len(paths)
     keys: list[str | None] = [None] * len(paths)
     if cache_dir:  # hits are answered here, without starting a single worker
-        for index, (key, cached) in enumerate(_lookups(paths, options, cache_dir)):
-            keys[index], results[index] = key, cached
+        keys = _cache_keys(paths, options)
+        with paused_gc():  # every entry's rows survive to the end: scanning them is wasted
+            results = [cached_entry(path, key, cache_dir) for path, key in zip(paths, keys)]
     todo = [i for i, r in enumerate(results) if r is None]
     done_count = len(paths) - len(todo)
     if progress and done_count:
@@ -135,14 +137,14 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     return results  # type: ignore[return-value]
 
 
-def _lookups(paths: list[str], options: RankOptions, cache_dir: str) -> Iterator[tuple]:
-    """Cache lookups on a few threads: hashing the traces (hashlib and file reads release the
-    GIL) is most of a cached run's map, and it overlaps with decoding the entries."""
+def _cache_keys(paths: list[str], options: RankOptions) -> list[str | None]:
+    """Content-hash cache keys, on a few threads: hashlib and file reads release the GIL, and
+    hashing the traces is most of a cached run's map. (Decoding the entries holds the GIL for
+    tens of ms at a time, so it runs after, not beside, the hashing.)"""
     if len(paths) < 2:
-        yield from (lookup(path, options, cache_dir) for path in paths)
-        return
+        return [key_or_none(path, options) for path in paths]
     with ThreadPoolExecutor(max_workers=min(len(paths), (os.cpu_count() or 1) + 1)) as pool:
-        yield from pool.map(lambda path: lookup(path, options, cache_dir), paths)
+        return list(pool.map(lambda path: key_or_none(path, options), paths))
 
 
 def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], workers: int,

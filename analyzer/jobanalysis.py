@@ -124,8 +124,11 @@ def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | Non
     count = len(rows)
     sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
     times = np.fromiter((_transfer(r) if r.get("on_gpu") else r["dur_us"] for r in rows), float, count)
-    factors = np.fromiter((_bus_factor(r["collective"], n) for r in rows), float, count)
-    hops = np.fromiter((commfit.hops(r["collective"], n or 0) for r in rows), float, count)
+    kinds = [r["collective"] for r in rows]
+    factor_of = {kind: _bus_factor(kind, n) for kind in set(kinds)}
+    hops_of = {kind: commfit.hops(kind, n or 0) for kind in factor_of}
+    factors = np.fromiter(map(factor_of.__getitem__, kinds), float, count)
+    hops = np.fromiter(map(hops_of.__getitem__, kinds), float, count)
     with np.errstate(invalid="ignore", divide="ignore"):
         known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
         alg = np.where(known, sizes / times * 1e-3, np.nan)

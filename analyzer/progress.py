@@ -6,16 +6,22 @@ import os
 import sys
 
 
-def progress_enabled(stream=sys.stderr) -> bool:
+def progress_enabled(stream=None) -> bool:
+    """``stream`` None: the current ``sys.stderr`` (looked up now, not at import: it may have
+    been replaced since, e.g. by a test runner's capture)."""
     if os.environ.get("CI") or os.environ.get("TRACECLIFF_NO_PROGRESS"):
         return False
-    return hasattr(stream, "isatty") and stream.isatty()
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
 
 
 class ProgressBar:
-    def __init__(self, label: str, stream=sys.stderr):
+    def __init__(self, label: str, stream=None):
         self.label = label
-        self.stream = stream
+        self.stream = sys.stderr if stream is None else stream
         self.enabled = progress_enabled(stream)
 
     def __call__(self, done: int, total: int, item: str) -> None:
