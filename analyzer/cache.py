@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from analyzer.gc_pause import paused_gc
 from analyzer.rank_analysis import RankAnalysis, RankOptions, analyze_rank_file
 
 CACHE_FORMAT = 1
+RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
 MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
 _FIELDS = tuple(f.name for f in dataclasses.fields(RankAnalysis))
@@ -59,14 +61,48 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def cache_key(path: str | Path, options: RankOptions) -> str:
+def content_digest(path: str | Path, cache_dir: str | Path | None = None) -> str:
+    """sha256 of the file's bytes. With a cache directory, the digest of a file is remembered
+    by its stat identity (device, inode, size, mtime, ctime), as git's index and Bazel do, so a
+    re-run of a 3 GB job does not read 3 GB again. Any write changes mtime and ctime (ctime
+    cannot be set back); a file changed less than RACY_SECONDS before it was hashed is not
+    remembered, since a rewrite within the same timestamp tick would look unchanged."""
+    if not cache_dir:
+        return file_digest(path)
+    before = os.stat(path)
+    memo = Path(cache_dir) / "stat" / (hashlib.blake2b(os.fsencode(os.path.abspath(path)),
+                                                       digest_size=16).hexdigest() + ".json")
+    identity = _stat_identity(before)
+    try:
+        doc = json.loads(memo.read_bytes())
+        if doc["stat"] == identity and _is_sha256(doc["sha256"]):
+            return doc["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = file_digest(path)
+    after = os.stat(path)
+    settled = time.time() - max(after.st_mtime_ns, after.st_ctime_ns) / 1e9 > RACY_SECONDS
+    if _stat_identity(after) == identity and settled:
+        _write_json_atomic(memo, {"stat": identity, "sha256": digest})
+    return digest
+
+
+def _stat_identity(info: os.stat_result) -> list[int]:
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def cache_key(path: str | Path, options: RankOptions, cache_dir: str | Path | None = None) -> str:
     # max_inflate_bytes is left out on purpose: it only decides whether a file is refused,
     # and refusals (InputError) are never cached.
     facts = {
         "format": CACHE_FORMAT,
         "tool": __version__,
         "code": code_fingerprint(),
-        "content": file_digest(path),
+        "content": content_digest(path, cache_dir),
         "name": Path(path).name,
         "comm_pattern": options.comm_pattern,
         "steps": list(options.steps) if options.steps is not None else None,
@@ -90,13 +126,13 @@ def analyze_rank_cached(path: str, options: RankOptions, cache_dir: str | None) 
 def lookup(path: str, options: RankOptions, cache_dir: str) -> tuple[str | None, RankAnalysis | None]:
     """(key, cached summary or None). An unreadable file gives (None, None): the analysis
     itself then reports the problem."""
-    key = key_or_none(path, options)
+    key = key_or_none(path, options, cache_dir)
     return key, cached_entry(path, key, cache_dir)
 
 
-def key_or_none(path: str, options: RankOptions) -> str | None:
+def key_or_none(path: str, options: RankOptions, cache_dir: str | None = None) -> str | None:
     try:
-        return cache_key(path, options)
+        return cache_key(path, options, cache_dir)
     except OSError:
         return None
 
@@ -133,18 +169,24 @@ def load_entry(entry: Path) -> RankAnalysis | None:
 
 
 def store_entry(entry: Path, analysis: RankAnalysis) -> None:
-    doc = {"format": CACHE_FORMAT, "rank": _plain(dataclasses.asdict(analysis))}
+    _write_json_atomic(entry, {"format": CACHE_FORMAT, "rank": _plain(dataclasses.asdict(analysis))})
+
+
+def _write_json_atomic(target: Path, doc: Any) -> None:
+    """Temporary file + rename; a failure only costs the cache entry."""
+    tmp = None
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".entry.", suffix=".tmp", dir=entry.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".entry.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, separators=(",", ":"))
-        os.replace(tmp, entry)
+        os.replace(tmp, target)
     except (OSError, TypeError, ValueError):
-        try:
-            os.unlink(tmp)  # type: ignore[possibly-undefined]
-        except (OSError, NameError):
-            pass
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _plain(value: Any) -> Any:
@@ -158,9 +200,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
+MAX_STAT_MEMOS = 100_000  # ~200 bytes each
+
+
 def prune(cache_dir: str | Path, max_bytes: int = MAX_CACHE_BYTES) -> int:
-    """Delete the least recently used entries until the cache holds at most ``max_bytes``;
-    return how many were deleted (a run stores new entries, so the cache cannot grow forever)."""
+    """Delete the least recently used entries until the cache holds at most ``max_bytes``, and
+    the oldest digest memos beyond MAX_STAT_MEMOS; return how many entries were deleted (a run
+    stores new entries, so the cache cannot grow forever)."""
+    _prune_stat_memos(Path(cache_dir) / "stat")
+    return _prune_entries(cache_dir, max_bytes)
+
+
+def _prune_stat_memos(folder: Path, keep: int = MAX_STAT_MEMOS) -> None:
+    memos = []
+    for memo in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            memos.append((memo.stat().st_mtime, str(memo)))
+        except OSError:
+            continue
+    for _, memo in sorted(memos)[:max(0, len(memos) - keep)]:
+        try:
+            os.unlink(memo)
+        except OSError:
+            pass
+
+
+def _prune_entries(cache_dir: str | Path, max_bytes: int) -> int:
     entries = []
     for entry in Path(cache_dir).glob("??/*.json"):
         try:

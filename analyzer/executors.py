@@ -110,7 +110,7 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     results: list[RankAnalysis | None] = [None] * len(paths)
     keys: list[str | None] = [None] * len(paths)
     if cache_dir:  # hits are answered here, without starting a single worker
-        keys = _cache_keys(paths, options)
+        keys = _cache_keys(paths, options, cache_dir)
         with paused_gc():  # every entry's rows survive to the end: scanning them is wasted
             results = [cached_entry(path, key, cache_dir) for path, key in zip(paths, keys)]
     todo = [i for i, r in enumerate(results) if r is None]
@@ -137,14 +137,14 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     return results  # type: ignore[return-value]
 
 
-def _cache_keys(paths: list[str], options: RankOptions) -> list[str | None]:
+def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[str | None]:
     """Content-hash cache keys, on a few threads: hashlib and file reads release the GIL, and
     hashing the traces is most of a cached run's map. (Decoding the entries holds the GIL for
     tens of ms at a time, so it runs after, not beside, the hashing.)"""
     if len(paths) < 2:
-        return [key_or_none(path, options) for path in paths]
+        return [key_or_none(path, options, cache_dir) for path in paths]
     with ThreadPoolExecutor(max_workers=min(len(paths), (os.cpu_count() or 1) + 1)) as pool:
-        return list(pool.map(lambda path: key_or_none(path, options), paths))
+        return list(pool.map(lambda path: key_or_none(path, options, cache_dir), paths))
 
 
 def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], workers: int,

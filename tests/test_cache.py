@@ -2,6 +2,7 @@
 damage is recomputed, entries are plain JSON."""
 
 import json
+import os
 
 import pytest
 
@@ -23,7 +24,7 @@ def job(tmp_path):
 
 
 def entries(cache_dir):
-    return sorted(cache_dir.rglob("*.json"))
+    return sorted(p for p in cache_dir.rglob("*.json") if p.parent.name != "stat")
 
 
 def test_hit_is_identical_and_skips_analysis(job, tmp_path, monkeypatch):
@@ -155,3 +156,50 @@ def test_prune_keeps_the_most_recently_used(job, tmp_path):
     assert cache.prune(store, max_bytes=recent.stat().st_size) == 1
     assert entries(store) == [recent]
     assert cache.prune(store, max_bytes=10**9) == 0
+
+
+# -- the digest memo: a re-run does not re-read unchanged traces ------------------------------
+
+def test_digest_memo_skips_rereading_an_unchanged_file(job, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "RACY_SECONDS", -1.0)  # the test's files are seconds old
+    store, options = tmp_path / "cache", RankOptions()
+    key = cache.cache_key(job[0], options, store)
+    assert key == cache.cache_key(job[0], options)  # the memo changes nothing but the speed
+    assert len(list((store / "stat").glob("*.json"))) == 1
+
+    def no_reading(path):
+        raise AssertionError("an unchanged file must not be hashed again")
+    monkeypatch.setattr(cache, "file_digest", no_reading)
+    assert cache.cache_key(job[0], options, store) == key
+
+
+def test_digest_memo_never_hides_a_change(job, tmp_path, monkeypatch):
+    """A same-size rewrite with its mtime put back still changes ctime: the memo misses."""
+    monkeypatch.setattr(cache, "RACY_SECONDS", -1.0)
+    store, options = tmp_path / "cache", RankOptions()
+    key = cache.cache_key(job[0], options, store)
+    before = os.stat(job[0])
+    data = job[0].read_bytes()
+    job[0].write_bytes(data.replace(b'"dur": 40', b'"dur": 41', 1) if b'"dur": 40' in data
+                       else data[:-2] + (b" " if data[-2:-1] != b" " else b"\n") + data[-1:])
+    assert job[0].stat().st_size == before.st_size
+    os.utime(job[0], ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert cache.cache_key(job[0], options, store) != key
+
+
+def test_freshly_written_files_are_not_remembered(job, tmp_path):
+    store = tmp_path / "cache"
+    key = cache.cache_key(job[0], RankOptions(), store)
+    assert key == cache.cache_key(job[0], RankOptions())
+    assert not list((store / "stat").glob("*.json")) if (store / "stat").exists() else True
+
+
+def test_damaged_digest_memo_is_ignored(job, tmp_path, monkeypatch):
+    monkeypatch.setattr(cache, "RACY_SECONDS", -1.0)
+    store, options = tmp_path / "cache", RankOptions()
+    key = cache.cache_key(job[0], options, store)
+    (memo,) = (store / "stat").glob("*.json")
+    doc = json.loads(memo.read_text())
+    for damage in ("not json", json.dumps({**doc, "sha256": "../../etc"}), json.dumps({"stat": doc["stat"]})):
+        memo.write_text(damage)
+        assert cache.cache_key(job[0], options, store) == key
