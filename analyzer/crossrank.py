@@ -85,8 +85,7 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray) -> n
         seqs = [r.get("seq") for r in rows]
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
-    ranks = np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=len(rows))
-    starts = np.fromiter((r["start_us"] for r in rows), dtype=np.float64, count=len(rows))
+    ranks, starts = _columns(rows)[:2]
     steps = _codes(r.get("step") for r in rows)
     collective = np.fromiter((r["collective"] not in _P2P for r in rows), dtype=bool, count=len(rows))
     index = np.flatnonzero(collective)
@@ -107,8 +106,8 @@ def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
     if not used.any():
         return False
     code, rank = codes[used], ranks[used]
-    pairs = (rank - rank.min()) * (int(code.max()) + 1) + code
-    if np.unique(pairs).size < pairs.size:
+    pairs = np.sort((rank - rank.min()) * (int(code.max()) + 1) + code)
+    if (pairs[1:] == pairs[:-1]).any():
         return False
     return int(np.bincount(code).max()) > 1  # no repeats per rank: two rows = two ranks
 
@@ -149,13 +148,25 @@ def _columns(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def _clock_offsets(ranks: np.ndarray, ends: np.ndarray, sets: dict[Any, list[int]]) -> dict[int, float]:
-    diffs: dict[int, list[float]] = defaultdict(list)
-    for indices in sets.values():
-        set_ends = ends[indices]
-        middle = float(np.median(set_ends))
-        for rank, end in zip(ranks[indices].tolist(), set_ends.tolist()):
-            diffs[rank].append(end - middle)
-    return {rank: float(np.median(values)) for rank, values in sorted(diffs.items())}
+    flat, bounds = _flatten(sets)
+    return _flat_clock_offsets(ranks[flat], ends[flat], bounds)
+
+
+def _flatten(sets: dict[Any, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every matched row, set after set (indices ascending within a set), and the sets' bounds."""
+    if not sets:
+        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    flat = np.concatenate([np.asarray(indices, dtype=np.int64) for indices in sets.values()])
+    return flat, np.cumsum([0] + [len(indices) for indices in sets.values()])
+
+
+def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> dict[int, float]:
+    middles = [float(np.median(ends[lo:hi])) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    diffs = ends - np.repeat(middles, np.diff(bounds))
+    order = np.argsort(members, kind="stable")
+    ranks, first = np.unique(members[order], return_index=True)
+    return {rank: float(np.median(part))
+            for rank, part in zip(ranks.tolist(), np.split(diffs[order], first[1:]))}
 
 
 def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
@@ -173,22 +184,25 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
     rank_of, starts, durations = _columns(rows)
-    offsets = _clock_offsets(rank_of, starts + durations, sets)
-    arrivals = starts - np.array([offsets.get(r, 0.0) for r in rank_of.tolist()])
+    flat, bounds = _flatten(sets)
+    members, flat_durations = rank_of[flat], durations[flat]
+    offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds)
+    flat_arrivals = starts[flat] - np.array([offsets[r] for r in members.tolist()])
+    transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
+    waits = flat_durations - np.repeat(transfer, np.diff(bounds))
+    for i, w in zip(flat.tolist(), waits.tolist()):
+        rows[i]["wait_us"] = round(w, 3)
+    member_ranks, member_of = np.unique(members, return_inverse=True)
+    incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
     caused: dict[int, float] = defaultdict(float)
-    incurred: dict[int, float] = defaultdict(float)
     last_count: dict[int, int] = defaultdict(int)
     steps: dict[Any, dict[str, Any]] = {}
-    for indices in sets.values():
-        arrival, set_durations = arrivals[indices], durations[indices]
-        members = rank_of[indices].tolist()
-        waits = set_durations - set_durations.min()
+    for k, indices in enumerate(sets.values()):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
         last = int(np.argmax(arrival))
-        last_rank = members[last]
-        for i, rank, w in zip(indices, members, waits.tolist()):
-            rows[i]["wait_us"] = round(w, 3)
-            incurred[rank] += w
-        others = float(waits.sum() - waits[last])
+        last_rank = int(members[lo + last])
+        others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1
         step = rows[indices[0]].get("step")

@@ -91,44 +91,59 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
         fallback = profile_link(label["cross_node"], label["ranks_per_node"], hardware)
-        gpu_rows = [r for r in group_rows if r.get("on_gpu") and r.get("bytes")]
+        cols = GroupColumns(group_rows)
+        gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
-        elif not gpu_rows:
+        elif not gpu.any():
             ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
         else:
-            ab = commfit.fit_alpha_beta([r["collective"] for r in gpu_rows], [r["bytes"] for r in gpu_rows],
-                                        [_transfer(r) for r in gpu_rows], n, fallback)
+            ab = commfit.fit_alpha_beta([k for k, g in zip(cols.kinds, gpu.tolist()) if g],
+                                        cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
         s_star = ab.s_star_bytes
-        annotate_rows(group_rows, n, s_star)
-        busbw = [r["busbw_gbps"] for r in gpu_rows if r["busbw_gbps"] is not None]
+        busbw = annotate_rows(group_rows, n, s_star, cols)
+        gpu_busbw = [b for b, g in zip(busbw, gpu.tolist()) if g and b is not None]
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
             "description": group.get("description"),
             "ranks": group.get("ranks"), "size": n,
             "nodes": label["nodes"], "cross_node": label["cross_node"],
             "collectives": len(group_rows),
-            "kinds": sorted({r["collective"] for r in group_rows}),
+            "kinds": sorted(set(cols.kinds)),
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
             "fit": ab.fit, "fit_source": ab.source,
-            "busbw_median_gbps": round(float(np.median(busbw)), 3) if busbw else None,
+            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
         })
     return groups
 
 
-def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | None) -> None:
+class GroupColumns:
+    """The fields of a group's collective rows that the fits need, read once as arrays."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        count = len(rows)
+        self.kinds = [r["collective"] for r in rows]
+        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
+        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
+        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
+        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
+        self.transfer = durations - waits  # the wait for late ranks taken out
+        self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+
+def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
+                  cols: GroupColumns | None = None) -> list[float | None]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
     duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks; the same
-    arithmetic as commfit.bandwidths / bound_of, a group's rows at a time."""
-    count = len(rows)
-    sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
-    times = np.fromiter((_transfer(r) if r.get("on_gpu") else r["dur_us"] for r in rows), float, count)
-    kinds = [r["collective"] for r in rows]
-    factor_of = {kind: _bus_factor(kind, n) for kind in set(kinds)}
+    arithmetic as commfit.bandwidths / bound_of, a group's rows at a time. Returns the busbw
+    values set."""
+    cols = cols or GroupColumns(rows)
+    count, sizes, times = len(rows), cols.sizes, cols.time
+    factor_of = {kind: _bus_factor(kind, n) for kind in set(cols.kinds)}
     hops_of = {kind: commfit.hops(kind, n or 0) for kind in factor_of}
-    factors = np.fromiter(map(factor_of.__getitem__, kinds), float, count)
-    hops = np.fromiter(map(hops_of.__getitem__, kinds), float, count)
+    factors = np.fromiter(map(factor_of.__getitem__, cols.kinds), float, count)
+    hops = np.fromiter(map(hops_of.__getitem__, cols.kinds), float, count)
     with np.errstate(invalid="ignore", divide="ignore"):
         known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
         alg = np.where(known, sizes / times * 1e-3, np.nan)
@@ -137,10 +152,12 @@ def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | Non
         latency = per_hop < (np.nan if s_star is None else s_star)
     bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
-    for r, a, b, bound, ok in zip(rows, alg.tolist(), bus.tolist(), bounds, has_bound.tolist()):
+    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
+    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
         r["algbw_gbps"] = None if a != a else round(a, 4)
-        r["busbw_gbps"] = None if b != b else round(b, 4)
+        r["busbw_gbps"] = b
         r["bound"] = bound if ok else None
+    return busbw
 
 
 def _bus_factor(kind: str, n: int | None) -> float:
@@ -148,11 +165,6 @@ def _bus_factor(kind: str, n: int | None) -> float:
     if not commfit.modelled(kind) or not n or (kind not in ("send", "recv", "sendrecv") and n < 2):
         return np.nan
     return commfit.busbw_factor(kind, n)
-
-
-def _transfer(row: dict[str, Any]) -> float:
-    """Duration minus the wait for late ranks (the duration itself when unmatched)."""
-    return row["dur_us"] - (row.get("wait_us") or 0.0)
 
 
 def job_options(command):
