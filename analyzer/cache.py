@@ -144,8 +144,9 @@ def cached_entry(path: str, key: str | None, cache_dir: str) -> RankAnalysis | N
     return cached
 
 
-def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, key: str | None) -> RankAnalysis:
-    analysis = analyze_rank_file(path, options)
+def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, key: str | None,
+                      two_cores: bool = False) -> RankAnalysis:
+    analysis = analyze_rank_file(path, options, two_cores=two_cores)
     if cache_dir and key:
         store_entry(entry_path(cache_dir, key), analysis)
     return analysis

@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 from analyzer.cache import analyze_and_store, analyze_rank_cached, cached_entry, key_or_none, prune
 from analyzer.errors import ConfigError
 from analyzer.gc_pause import paused_gc
+from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank_analysis import RankAnalysis, RankOptions
 
 EXECUTORS = ("local", "dask")
@@ -122,8 +123,11 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     budget = int(available * MEMORY_HEADROOM) if available is not None else None
     count = workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget)
     if count <= 1 or len(todo) <= 1:
+        # one rank to read and a spare core: split its decoding over two processes
+        two_cores = (len(todo) == 1 and (workers or 2) >= 2 and (os.cpu_count() or 1) >= 2
+                     and inflated_size(paths[todo[0]]) >= MIN_PARALLEL_BYTES)
         for index in todo:
-            results[index] = analyze_and_store(paths[index], options, cache_dir, keys[index])
+            results[index] = analyze_and_store(paths[index], options, cache_dir, keys[index], two_cores)
             done_count += 1
             if progress:
                 progress(done_count, len(paths), paths[index])

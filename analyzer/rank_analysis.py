@@ -14,6 +14,7 @@ import numpy as np
 
 from analyzer.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
+from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.input_checks import partial_result_warnings
 from analyzer.step_facts import step_facts
 from analyzer.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
@@ -51,8 +52,12 @@ class RankOptions:
     keep_timeline: bool = False
 
 
-def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
-    trace = load_rank_trace(Path(path), options.comm_pattern, options.max_inflate_bytes)
+def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = None,
+                      two_cores: bool = False) -> RankAnalysis:
+    """``two_cores``: decode on this process and a helper (analyzer.ingest.parallel), for a job
+    whose only rank would otherwise leave a core idle."""
+    load = load_rank_trace_parallel if two_cores else load_rank_trace
+    trace = load(Path(path), options.comm_pattern, options.max_inflate_bytes)
     return analyze_rank(trace, options, origin_ns)
 
 

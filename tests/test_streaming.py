@@ -180,3 +180,61 @@ def test_scanner_finds_true_element_ends():
     assert ends[0] == text.index(b"}] ,")
     depth, in_string = stream.scan_state(buf, 0, text.index(b"\\\\") + 1)
     assert in_string and depth == 0
+
+
+# -- two cores: the parallel loader gives the sequential loader's RankTrace ------------------
+
+def resolved(trace):
+    """A RankTrace with string ids replaced by the strings (ids depend on the batching)."""
+    names, threads = np.array(trace.strings, dtype=object), np.array(trace.threads, dtype=object)
+    return {"gpu": dict(vars(trace.gpu), name=names[trace.gpu.name]),
+            "launches": dict(vars(trace.launches), thread=threads[trace.launches.thread]),
+            "markers": dict(vars(trace.markers), name=names[trace.markers.name], thread=threads[trace.markers.thread]),
+            "args": trace.kernel_comm_args, "strings": set(trace.strings), "threads": set(trace.threads),
+            "events": trace.event_count, "warnings": trace.warnings,
+            "meta": (trace.rank, trace.world_size, trace.host, trace.process_groups, trace.devices, trace.nccl_version)}
+
+
+def two_core_files():
+    return real_and_sample_files() + sorted(SAMPLES.glob("gpu_h200/*/rank-0.*"))
+
+
+@pytest.mark.parametrize("path", two_core_files(), ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
+def test_two_core_load_equals_sequential(path, monkeypatch):
+    from analyzer.ingest import parallel
+    from analyzer.rank_analysis import RankOptions, analyze_rank
+    sequential = load_rank_trace(path)
+
+    def no_fallback(*args):
+        raise AssertionError("a well-formed trace must not need the sequential loader")
+    monkeypatch.setattr(parallel, "load_rank_trace", no_fallback)
+    # small slices, so that both processes work and the merge is exercised
+    two_cores = parallel.load_rank_trace_parallel(path, chunk_bytes=1 << 18)
+    assert_same(resolved(two_cores), resolved(sequential))
+    assert analyze_rank(two_cores, RankOptions()) == analyze_rank(sequential, RankOptions())
+
+
+@pytest.mark.parametrize("trouble", ["cut inside a string", "NaN literal", "invalid UTF-8", "truncated gzip"])
+def test_two_core_load_hands_trouble_to_the_sequential_loader(tmp_path, trouble):
+    from analyzer.errors import InputError
+    from analyzer.ingest.parallel import load_rank_trace_parallel
+    data = tricky_trace()
+    if trouble == "NaN literal":
+        data = data.replace(b'"dur": 5,', b'"dur": NaN,', 1)
+    if trouble == "invalid UTF-8":
+        data = data.replace(b"brackets", b"br\xffckets", 1)
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(data)
+    if trouble == "truncated gzip":
+        path = tmp_path / "rank-0.json.gz"
+        path.write_bytes(gzip.compress(data)[:-200])
+        with pytest.raises(InputError) as sequential_error:
+            load_rank_trace(path)
+        with pytest.raises(InputError) as parallel_error:
+            load_rank_trace_parallel(path, chunk_bytes=512)
+        assert str(parallel_error.value) == str(sequential_error.value)
+        return
+    sequential = load_rank_trace(path)
+    assert_same(resolved(load_rank_trace_parallel(path, chunk_bytes=512)), resolved(sequential))
+    if trouble != "cut inside a string":
+        assert sequential.warnings, "the trouble must be visible"

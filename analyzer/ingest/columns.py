@@ -273,6 +273,33 @@ class ColumnBuilder:
                 self._marker_args[self._marker_rows + int(row)] = info
         self._marker_rows += len(keep)
 
+    def export(self) -> dict[str, Any]:
+        """This builder's batches as plain data (arrays, lists, dicts), for :meth:`merge` in
+        another process (analyzer.ingest.parallel)."""
+        return {"names": self.names.strings, "threads": self.threads.strings, "gpu": self._gpu,
+                "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args,
+                "marker_args": self._marker_args, "gpu_rows": self._gpu_rows,
+                "marker_rows": self._marker_rows, "invalid": self.invalid, "event_count": self.event_count}
+
+    def merge(self, part: dict[str, Any]) -> None:
+        """Append another builder's batches (its :meth:`export`) as if they had been added here:
+        its string ids are re-interned in its own first-seen order, which is the order this
+        builder would have met them in, so the tables come out identical."""
+        names = np.array([self.names._id(s) for s in part["names"]] or [0], dtype=np.int32)
+        threads = np.array([self.threads._id(s) for s in part["threads"]] or [0], dtype=np.int32)
+        self._gpu += [(start, end, stream, kind, names[name], corr)
+                      for start, end, stream, kind, name, corr in part["gpu"]]
+        self._launches += [(corr, start, threads[thread]) for corr, start, thread in part["launches"]]
+        self._markers += [(start, end, threads[thread], kind, names[name], external)
+                          for start, end, thread, kind, name, external in part["markers"]]
+        self._gpu_args.update({self._gpu_rows + row: info for row, info in part["gpu_args"].items()})
+        self._marker_args.update({self._marker_rows + row: info for row, info in part["marker_args"].items()})
+        self._gpu_rows += part["gpu_rows"]
+        self._marker_rows += part["marker_rows"]
+        for what, bad in part["invalid"].items():
+            self.invalid[what] += bad
+        self.event_count += part["event_count"]
+
     def finish(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]], Launches, Markers]:
         for what, bad in self.invalid.items():
             if bad:

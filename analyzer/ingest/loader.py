@@ -35,10 +35,10 @@ def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
         for _ in chunks:  # a damaged file (truncated gzip, bomb) is the problem to report, not
             pass          # the JSON error it causes further on
         raise
-    return _rank_trace(path, meta, builder, decoding)
+    return rank_trace_of(path, meta, builder, decoding)
 
 
-def _rank_trace(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding: Decoding) -> RankTrace:
+def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding: Decoding) -> RankTrace:
     if builder.event_count == 0:
         raise InputError(path, "empty traceEvents: the profiler recorded nothing")
     warnings: list[str] = []

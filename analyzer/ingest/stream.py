@@ -92,18 +92,12 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
     """Feed ``on_events`` every event of the trace in order, batch by batch; return the trace's
     metadata (``traceEvents`` emptied) and the decoding record (for warnings)."""
     state = Decoding(path)
-    buf = bytearray()
     chunks = iter(chunks)
-    array_at = None
-    for chunk in chunks:
-        buf += chunk
-        array_at = events_array_start(buf)
-        if array_at is not None or len(buf) > HEAD_LIMIT:
-            break
+    buf, array_at = read_head(chunks)
     if array_at is None or array_at < 0:  # no array start found early: one whole decode
         for chunk in chunks:
             buf += chunk
-        return _decode_final(state, bytes(buf), b"", 0, on_events), state
+        return decode_final(state, bytes(buf), b"", 0, on_events), state
     head = bytes(buf[:array_at])  # up to and including the array's "["
     del buf[:array_at]
     offset = array_at  # file offset of buf[0]
@@ -115,7 +109,20 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
         if chunk is None:
             break
         buf += chunk
-    return _decode_final(state, head + bytes(buf), head, offset, on_events), state
+    return decode_final(state, head + bytes(buf), head, offset, on_events), state
+
+
+def read_head(chunks: Iterator[bytes]) -> tuple[bytearray, int | None]:
+    """Read chunks until the traceEvents array opens (or HEAD_LIMIT bytes): (text read so far,
+    :func:`events_array_start` of it)."""
+    buf = bytearray()
+    array_at = None
+    for chunk in chunks:
+        buf += chunk
+        array_at = events_array_start(buf)
+        if array_at is not None or len(buf) > HEAD_LIMIT:
+            break
+    return buf, array_at
 
 
 def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnEvents) -> int:
@@ -123,10 +130,10 @@ def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnE
     (0: no whole event yet, wait for more text)."""
     if state.array_closed:
         return 0
-    cut = _last_candidate_cut(buf)
+    cut = last_candidate_cut(buf)
     if cut is not None:
         brace, after_comma = cut
-        data = _slice(buf, brace)
+        data = events_slice(buf, brace)
         try:
             events = state.decode(EVENTS_DECODER, data)
         except msgspec.MsgspecError as exc:
@@ -142,13 +149,13 @@ def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnE
     return after_comma
 
 
-def _last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
+def last_candidate_cut(buf: bytearray, pattern: re.Pattern = _CANDIDATE_CUT) -> tuple[int, int] | None:
     """(offset of the last "}" followed by a comma, offset after that comma), or None."""
     window = 1 << 16
     while True:
         start = max(0, len(buf) - window)
         last = None
-        for last in _CANDIDATE_CUT.finditer(buf, start):
+        for last in pattern.finditer(buf, start):
             pass
         if last is not None:
             return last.start(), last.end()
@@ -157,7 +164,7 @@ def _last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
         window *= 8
 
 
-def _slice(buf: bytearray, brace: int) -> bytes:
+def events_slice(buf: bytearray, brace: int) -> bytes:
     # One copy (a join of views), not four (slice, bytes(), and two concatenations).
     return b"".join((b"[", memoryview(buf)[:brace + 1], b"]"))
 
@@ -174,7 +181,7 @@ def _decode_exact(state: Decoding, buf: bytearray, offset: int, error, data: byt
         return None, 0
     after = _COMMA_AFTER.match(buf, exact + 1) if exact is not None else None
     if exact is not None and exact != brace and after:
-        data = _slice(buf, exact)
+        data = events_slice(buf, exact)
         try:
             return state.decode(EVENTS_DECODER, data), after.end()
         except msgspec.MsgspecError as exc:
@@ -187,7 +194,7 @@ def _decode_exact(state: Decoding, buf: bytearray, offset: int, error, data: byt
     raise state.error(error, data, to_file, state.events_seen) from None
 
 
-def _decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_events: OnEvents) -> TraceFile:
+def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_events: OnEvents) -> TraceFile:
     def to_file(at: int) -> int:
         return at if at < len(head) else offset + at - len(head)
 
