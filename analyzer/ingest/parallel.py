@@ -16,6 +16,7 @@ each of those: the rare file pays twice, the common one half.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -27,7 +28,7 @@ import msgspec
 from analyzer.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import ColumnBuilder
-from analyzer.ingest.files import CHUNK_BYTES, DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
+from analyzer.ingest.files import CHUNK_BYTES, DEFAULT_MAX_INFLATE_BYTES, GZIP_MAGIC, iter_trace_chunks
 from analyzer.ingest.loader import load_rank_trace, rank_trace_of
 from analyzer.ingest.stream import (
     EVENTS_DECODER,
@@ -59,7 +60,19 @@ def load_rank_trace_parallel(path: Path, comm_pattern: str = DEFAULT_COMM_PATTER
     return loaded if loaded is not None else load_rank_trace(path, comm_pattern, max_inflate_bytes)
 
 
-def build_slice(data: bytes, comm_pattern: str) -> dict[str, Any] | None:
+def build_slice_of_file(path: Path, offset: int, length: int, comm_pattern: str) -> dict[str, Any] | None:
+    """:func:`build_slice` of ``length`` bytes at ``offset`` of an uncompressed trace, read
+    straight into a bracketed buffer (one copy from the page cache, nothing through a pipe)."""
+    data = bytearray(length + 2)
+    data[0], data[-1] = ord("["), ord("]")
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        if handle.readinto(memoryview(data)[1:-1]) != length:
+            return None
+    return build_slice(data, comm_pattern)
+
+
+def build_slice(data: bytes | bytearray, comm_pattern: str) -> dict[str, Any] | None:
     """One slice (``[event, ...]``) decoded and reduced to column batches; None when it is not
     plain well-formed events (the sequential loader then takes the file)."""
     try:
@@ -104,34 +117,85 @@ def _load_two_way(path: Path, comm_pattern: str, max_inflate_bytes: int, chunk_b
     if array_at is None or array_at < 0:
         return None
     head = bytes(buf[:array_at])
-    del buf[:array_at]
-    offset = array_at
+    with open(path, "rb") as handle:
+        plain = handle.read(2) != GZIP_MAGIC
     merger = _Merger(builder)
     with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as helper:
-        turn = 0
-        while not merger.failed:
-            cut = last_candidate_cut(buf, _EVENT_BOUNDARY)
-            if cut is not None:
-                brace, after_comma = cut
-                data = events_slice(buf, brace)
-                merger.add(helper.submit(build_slice, data, comm_pattern) if turn % 2 == 0
-                           else build_slice(data, comm_pattern))
-                turn += 1
-                del buf[:after_comma]
-                offset += after_comma
-                merger.drain(IN_FLIGHT)
-            elif len(buf) > MAX_EVENT_BYTES:
-                return None
-            chunk = next(chunks, None)
-            if chunk is None:
-                break
-            buf += chunk
+        if plain:
+            chunks.close()  # the file is read by offsets instead
+            offset, tail = _slices_by_offset(path, array_at, chunk_bytes, merger, helper, comm_pattern)
+        else:
+            del buf[:array_at]
+            offset, tail = _slices_streamed(chunks, buf, array_at, merger, helper, comm_pattern)
         merger.drain(0)
-    if merger.failed:
+    if merger.failed or tail is None:
         return None
     state.events_seen = builder.event_count
-    meta = decode_final(state, head + bytes(buf), head, offset, builder.add)
+    meta = decode_final(state, head + tail, head, offset, builder.add)
     return rank_trace_of(path, meta, builder, state)
+
+
+def _slices_streamed(chunks, buf: bytearray, offset: int, merger: _Merger, helper: ProcessPoolExecutor,
+                     comm_pattern: str) -> tuple[int, bytes | None]:
+    """Gzip: slices cut from the inflated stream, every other one piped to the helper; returns
+    (offset of the tail in the JSON text, the tail: the last events and what follows them)."""
+    turn = 0
+    while not merger.failed:
+        cut = last_candidate_cut(buf, _EVENT_BOUNDARY)
+        if cut is not None:
+            brace, after_comma = cut
+            data = events_slice(buf, brace)
+            merger.add(helper.submit(build_slice, data, comm_pattern) if turn % 2 == 0
+                       else build_slice(data, comm_pattern))
+            turn += 1
+            del buf[:after_comma]
+            offset += after_comma
+            merger.drain(IN_FLIGHT)
+        elif len(buf) > MAX_EVENT_BYTES:
+            return offset, None
+        chunk = next(chunks, None)
+        if chunk is None:
+            break
+        buf += chunk
+    return offset, bytes(buf)
+
+
+def _slices_by_offset(path: Path, start: int, chunk_bytes: int, merger: _Merger, helper: ProcessPoolExecutor,
+                      comm_pattern: str) -> tuple[int, bytes | None]:
+    """Uncompressed: cut points found by reading only a window before each ``chunk_bytes``
+    step; each process reads its own slices from the file (the page cache), so nothing is
+    copied between them."""
+    size = os.path.getsize(path)
+    turn = 0
+    with open(path, "rb") as handle:
+        while not merger.failed and start + chunk_bytes < size:
+            cut = _cut_before(handle, start, start + chunk_bytes)
+            if cut is None:
+                return start, None
+            brace, after_comma = cut
+            if turn % 2 == 0:
+                merger.add(helper.submit(build_slice_of_file, path, start, brace + 1 - start, comm_pattern))
+            else:
+                merger.add(build_slice_of_file(path, start, brace + 1 - start, comm_pattern))
+            turn += 1
+            start = after_comma
+            merger.drain(IN_FLIGHT)
+        handle.seek(start)
+        return start, handle.read()
+
+
+def _cut_before(handle, start: int, stop: int) -> tuple[int, int] | None:
+    """(file offset of the last event-closing brace before ``stop``, offset after its comma)."""
+    window = 1 << 16
+    while True:
+        lo = max(start, stop - window)
+        handle.seek(lo)
+        cut = last_candidate_cut(bytearray(handle.read(stop - lo)), _EVENT_BOUNDARY)
+        if cut is not None:
+            return lo + cut[0], lo + cut[1]
+        if lo == start or window > MAX_EVENT_BYTES:
+            return None
+        window *= 8
 
 
 def _context():
