@@ -123,9 +123,10 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     budget = int(available * MEMORY_HEADROOM) if available is not None else None
     count = workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget)
     if count <= 1 or len(todo) <= 1:
-        # one rank to read and a spare core: split its decoding over two processes
+        # one rank to read, a spare core and memory for a second process: split its decoding
         two_cores = (len(todo) == 1 and (workers or 2) >= 2 and (os.cpu_count() or 1) >= 2
-                     and inflated_size(paths[todo[0]]) >= MIN_PARALLEL_BYTES)
+                     and inflated_size(paths[todo[0]]) >= MIN_PARALLEL_BYTES
+                     and (budget is None or peaks[todo[0]] + WORKER_BASE_BYTES <= budget))
         for index in todo:
             results[index] = analyze_and_store(paths[index], options, cache_dir, keys[index], two_cores)
             done_count += 1

@@ -126,3 +126,32 @@ def test_dask_cli(job, dask_cluster, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["diagnose", "--scheduler", dask_cluster.scheduler_address, *job])
     assert exit_info.value.code == 2 and "--executor dask" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("files, workers, cpus, memory, expected", [
+    (1, None, 2, None, True),           # one rank, a spare core: two processes decode it
+    (1, 1, 2, None, False),             # --workers 1 keeps one process
+    (1, None, 1, None, False),          # no spare core
+    (1, None, 2, 100 << 20, False),     # no memory for a second process
+])
+def test_one_large_rank_decodes_on_two_cores_only_when_there_is_room(job, monkeypatch, files, workers, cpus,
+                                                                     memory, expected):
+    seen = []
+
+    def record(path, options, cache_dir, key, two_cores=False):
+        seen.append(two_cores)
+        return real_analyze(path, options, cache_dir, key)
+    real_analyze = executors.analyze_and_store
+    monkeypatch.setattr(executors, "analyze_and_store", record)
+    monkeypatch.setattr(executors, "MIN_PARALLEL_BYTES", 1)
+    monkeypatch.setattr(executors.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(executors, "available_memory_bytes", lambda: memory)
+    diagnose(job[:files], DiagnoseOptions(workers=workers))
+    assert seen == [expected]
+
+
+def test_two_core_diagnose_gives_the_same_bytes(real_traces, monkeypatch):
+    path = [str(real_traces / "hta_ddp_rank0_of_2" / "rank-0.json.gz")]
+    one_core = run(path, workers=1)
+    monkeypatch.setattr(executors, "MIN_PARALLEL_BYTES", 1)
+    assert run(path) == one_core
