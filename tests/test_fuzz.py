@@ -235,3 +235,22 @@ def test_mutated_traces_never_crash(seeds, data):
     path = SCRATCH / "rank-3.json"
     path.write_bytes(raw)
     must_not_crash(path)
+    two_core_load_agrees(path)
+
+
+def two_core_load_agrees(path: Path) -> None:
+    """The two-process loader (used for one large rank) gives the sequential loader's trace
+    or its very error, on any input."""
+    from analyzer.ingest.loader import load_rank_trace
+    from analyzer.ingest.parallel import load_rank_trace_parallel
+    from trace_compare import assert_same, resolved
+    outcomes = []
+    for load in (load_rank_trace, lambda p: load_rank_trace_parallel(p, chunk_bytes=4096)):
+        try:
+            outcomes.append(resolved(load(path)))
+        except TracecliffError as exc:
+            outcomes.append(str(exc))
+    if isinstance(outcomes[0], str) or isinstance(outcomes[1], str):
+        assert outcomes[1] == outcomes[0]
+    else:
+        assert_same(outcomes[1], outcomes[0])

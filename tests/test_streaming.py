@@ -20,6 +20,7 @@ from analyzer.ingest.files import iter_trace_chunks, read_trace_bytes
 from analyzer.ingest.loader import load_rank_trace
 from builders import two_step_ddp
 from conftest import SAMPLES
+from trace_compare import assert_same, resolved
 
 TRICKY_NAMES = [
     '},{"ph":"X","cat":"kernel","name":"fake","ts":1,"dur":1000000,"args":{"stream":7}},{',
@@ -46,19 +47,6 @@ def columns(path: Path, pieces: list[bytes]):
     return {**resolved, "args": kernel_args, "strings": set(builder.names.strings),
             "threads": set(builder.threads.strings), "events": builder.event_count,
             "warnings": warnings, "meta": meta.distributedInfo}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], dict) and key in ("gpu", "launches", "markers"):
-            for name, column in a[key].items():
-                if isinstance(column, np.ndarray):
-                    np.testing.assert_array_equal(column, b[key][name], err_msg=f"{key}.{name}")
-                else:
-                    assert column == b[key][name], f"{key}.{name}"
-        else:
-            assert a[key] == b[key], key
 
 
 def split(data: bytes, sizes: list[int]) -> list[bytes]:
@@ -183,17 +171,6 @@ def test_scanner_finds_true_element_ends():
 
 
 # -- two cores: the parallel loader gives the sequential loader's RankTrace ------------------
-
-def resolved(trace):
-    """A RankTrace with string ids replaced by the strings (ids depend on the batching)."""
-    names, threads = np.array(trace.strings, dtype=object), np.array(trace.threads, dtype=object)
-    return {"gpu": dict(vars(trace.gpu), name=names[trace.gpu.name]),
-            "launches": dict(vars(trace.launches), thread=threads[trace.launches.thread]),
-            "markers": dict(vars(trace.markers), name=names[trace.markers.name], thread=threads[trace.markers.thread]),
-            "args": trace.kernel_comm_args, "strings": set(trace.strings), "threads": set(trace.threads),
-            "events": trace.event_count, "warnings": trace.warnings,
-            "meta": (trace.rank, trace.world_size, trace.host, trace.process_groups, trace.devices, trace.nccl_version)}
-
 
 def two_core_files():
     return real_and_sample_files() + sorted(SAMPLES.glob("gpu_h200/*/rank-0.*"))

@@ -1,0 +1,28 @@
+"""Comparing loaded traces whose string ids may differ (the ids follow the order in which names
+were first met, which depends on how the text was cut into batches)."""
+
+import numpy as np
+
+
+def resolved(trace):
+    """A RankTrace with string ids replaced by the strings (ids depend on the batching)."""
+    names, threads = np.array(trace.strings, dtype=object), np.array(trace.threads, dtype=object)
+    return {"gpu": dict(vars(trace.gpu), name=names[trace.gpu.name]),
+            "launches": dict(vars(trace.launches), thread=threads[trace.launches.thread]),
+            "markers": dict(vars(trace.markers), name=names[trace.markers.name], thread=threads[trace.markers.thread]),
+            "args": trace.kernel_comm_args, "strings": set(trace.strings), "threads": set(trace.threads),
+            "events": trace.event_count, "warnings": trace.warnings,
+            "meta": (trace.rank, trace.world_size, trace.host, trace.process_groups, trace.devices, trace.nccl_version)}
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict) and key in ("gpu", "launches", "markers"):
+            for name, column in a[key].items():
+                if isinstance(column, np.ndarray):
+                    np.testing.assert_array_equal(column, b[key][name], err_msg=f"{key}.{name}")
+                else:
+                    assert column == b[key][name], f"{key}.{name}"
+        else:
+            assert a[key] == b[key], key
