@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -41,10 +40,6 @@ from analyzer.ingest.stream import (
 )
 from analyzer.trace import RankTrace
 
-# A comma between two objects: events are separated so; a nested object inside an event is
-# mostly followed by another key (`}, "key"`), which the streaming loader's looser candidate
-# (`},`) cannot tell from a boundary and then resolves with a slow exact scan.
-_EVENT_BOUNDARY = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
 MIN_PARALLEL_BYTES = 96 << 20  # smaller traces: starting a process costs more than it saves
 IN_FLIGHT = 2  # slices handed to the helper and not yet merged (bounds memory)
 
@@ -141,7 +136,7 @@ def _slices_streamed(chunks, buf: bytearray, offset: int, merger: _Merger, helpe
     (offset of the tail in the JSON text, the tail: the last events and what follows them)."""
     turn = 0
     while not merger.failed:
-        cut = last_candidate_cut(buf, _EVENT_BOUNDARY)
+        cut = last_candidate_cut(buf)
         if cut is not None:
             brace, after_comma = cut
             data = events_slice(buf, brace)
@@ -190,7 +185,7 @@ def _cut_before(handle, start: int, stop: int) -> tuple[int, int] | None:
     while True:
         lo = max(start, stop - window)
         handle.seek(lo)
-        cut = last_candidate_cut(bytearray(handle.read(stop - lo)), _EVENT_BOUNDARY)
+        cut = last_candidate_cut(bytearray(handle.read(stop - lo)))
         if cut is not None:
             return lo + cut[0], lo + cut[1]
         if lo == start or window > MAX_EVENT_BYTES:

@@ -2,14 +2,14 @@
 
 The inflated JSON arrives in chunks (:func:`analyzer.ingest.files.iter_trace_chunks`). Once the
 array's opening ``[`` is found, each step cuts the buffered text after the last ``}`` that is
-followed by a comma and decodes that slice, wrapped in ``[...]``, as a list of typed events. A
-cut that falls inside a string or a nested object cannot decode as a complete array (the string
-or the brackets stay open), so msgspec itself validates every cut; when a slice fails, an exact
-scanner (string-, escape- and depth-aware, numpy-vectorised) finds the true last boundary and
-tells a bad cut from bad data. Whatever follows the last cut (the final events, the closing
-``]`` and any later keys) is decoded together with the text before the array, which also yields
-the metadata (``distributedInfo``, ``deviceProperties``...). Peak memory is a few chunks plus
-the columns, whatever the file size.
+followed by a comma and the next object's ``{``, and decodes that slice, wrapped in ``[...]``,
+as a list of typed events. A cut that falls inside a string or a nested object cannot decode
+as a complete array (the string or the brackets stay open), so msgspec itself validates every
+cut; when a slice fails, an exact scanner (string-, escape- and depth-aware, numpy-vectorised)
+finds the true last boundary and tells a bad cut from bad data. Whatever follows the last cut
+(the final events, the closing ``]`` and any later keys) is decoded together with the text
+before the array, which also yields the metadata (``distributedInfo``, ``deviceProperties``...).
+Peak memory is a few chunks plus the columns, whatever the file size.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from analyzer.ingest.schema import TRACE_DECODER, Event, TraceFile
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 HEAD_LIMIT = 64 << 20  # the array must open within this many bytes, else one whole-file decode
 MAX_EVENT_BYTES = 256 << 20  # no real event is this long: past it, unbalanced text is an error
-_CANDIDATE_CUT = re.compile(rb"\}[ \t\r\n]*,")
+# A "}" then a comma then "{": how events are separated. A nested object inside an event is
+# mostly followed by another key (`}, "key"`), so this rarely cuts inside an event (a bare `},`
+# did in ~5 % of cuts on FSDP2 traces, each costing an exact scan of the buffer).
+_CANDIDATE_CUT = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
 _COMMA_AFTER = re.compile(rb"[ \t\r\n]*,")
 _KEY = b'"traceEvents"'
 _WS = b" \t\r\n"
@@ -149,13 +152,13 @@ def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnE
     return after_comma
 
 
-def last_candidate_cut(buf: bytearray, pattern: re.Pattern = _CANDIDATE_CUT) -> tuple[int, int] | None:
-    """(offset of the last "}" followed by a comma, offset after that comma), or None."""
+def last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
+    """(offset of the last "}" followed by a comma and "{", offset after that comma), or None."""
     window = 1 << 16
     while True:
         start = max(0, len(buf) - window)
         last = None
-        for last in pattern.finditer(buf, start):
+        for last in _CANDIDATE_CUT.finditer(buf, start):
             pass
         if last is not None:
             return last.start(), last.end()
