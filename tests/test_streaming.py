@@ -215,3 +215,13 @@ def test_two_core_load_hands_trouble_to_the_sequential_loader(tmp_path, trouble)
     assert_same(resolved(load_rank_trace_parallel(path, chunk_bytes=512)), resolved(sequential))
     if trouble != "cut inside a string":
         assert sequential.warnings, "the trouble must be visible"
+
+
+def test_two_core_load_with_spawned_helper(monkeypatch):
+    """macOS and Windows spawn the helper (a fresh interpreter) instead of forking it."""
+    import multiprocessing
+    from analyzer.ingest import parallel
+    path = SAMPLES / "gpu_h200" / "fsdp2" / "rank-0.pt.trace.json.gz"
+    monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))
+    monkeypatch.setattr(parallel, "load_rank_trace", lambda *a: pytest.fail("fell back to the sequential loader"))
+    assert_same(resolved(parallel.load_rank_trace_parallel(path, chunk_bytes=1 << 18)), resolved(load_rank_trace(path)))

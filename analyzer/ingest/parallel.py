@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -194,6 +195,6 @@ def _cut_before(handle, start: int, stop: int) -> tuple[int, int] | None:
 
 
 def _context():
-    # fork: the helper inherits the imported modules (no re-import); elsewhere the default.
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else None)
+    # Linux: fork, so the helper inherits the imported modules (no re-import). Elsewhere the
+    # platform's default (spawn on macOS and Windows, where forking is unsafe or missing).
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
