@@ -45,23 +45,25 @@ class TraceBuilder:
         return path
 
 
-def two_step_ddp(rank=0, **kw) -> TraceBuilder:
-    """Two ProfilerSteps of 100 µs. Each: forward compute [0,30) (launched inside
+def two_step_ddp(rank=0, comm_us=30.0, period=100.0, group_ranks=(0, 1), **kw) -> TraceBuilder:
+    """Two ProfilerSteps of ``period`` µs (100). Each: forward compute [0,30) (launched inside
     DistributedDataParallel.forward), backward compute [30,70) launched from the autograd thread,
-    an all-reduce [60,90) (10 µs hidden under backward, 20 exposed), optimizer [90,95)."""
+    an all-reduce [60,60+comm_us) over ``group_ranks`` (30 µs: 10 hidden under backward, 20
+    exposed), then the optimizer, 5 µs."""
     b = TraceBuilder(rank=rank, **kw)
-    for step, base in ((1, 1000.0), (2, 1100.0)):
-        b.cpu(f"ProfilerStep#{step}", base - 10, 100, cat="user_annotation")
+    group = list(group_ranks)
+    for step, base in ((1, 1000.0), (2, 1000.0 + period)):
+        b.cpu(f"ProfilerStep#{step}", base - 10, period, cat="user_annotation")
         b.cpu("DistributedDataParallel.forward", base - 9, 8)
         b.kernel("sm90_xmma_gemm_bf16<128, 64>", base, 30, launch_ts=base - 8)
         b.cpu("autograd::engine::evaluate_function: MmBackward0", base - 5, 4, tid=AUTOGRAD)
         b.kernel("void at::native::elementwise<&>", base + 30, 40, launch_ts=base - 4, tid=AUTOGRAD)
         b.cpu("record_param_comms", base - 2, 1, tid=AUTOGRAD, **{
             "Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
-            "Group size": 2, "dtype": "BFloat16", "Process Group Name": "0",
-            "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]"})
+            "Group size": len(group), "dtype": "BFloat16", "Process Group Name": "0",
+            "Process Group Description": "default_pg", "Process Group Ranks": str(group)})
         b.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-                 base + 60, 30, stream=20, launch_ts=base - 1.5, tid=AUTOGRAD)
+                 base + 60, comm_us, stream=20, launch_ts=base - 1.5, tid=AUTOGRAD)
         b.cpu("Optimizer.step#AdamW.step", base - 1, 1)
-        b.kernel("multi_tensor_apply_kernel", base + 90, 5, launch_ts=base - 0.5)
+        b.kernel("multi_tensor_apply_kernel", base + 60 + comm_us, 5, launch_ts=base - 0.5)
     return b

@@ -18,30 +18,14 @@ from analyzer.diff import diff_runs
 from analyzer.metrics import load_run
 from analyzer.reports.diff_html import DiffHtmlRenderer
 from analyzer.reports.diff_text import DiffTextRenderer
-from builders import AUTOGRAD, TraceBuilder, two_step_ddp
-
-ALLREDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+from builders import two_step_ddp
 
 
 def ddp_job(directory, world: int, gpus_per_node: int, comm_us: float):
     directory.mkdir(parents=True, exist_ok=True)
-    period = 65.0 + comm_us
     for rank in range(world):
-        b = TraceBuilder(rank=rank, world_size=world, pg_ranks=range(world), host=f"node{rank // gpus_per_node}")
-        for step, base in ((1, 1000.0), (2, 1000.0 + period)):
-            b.cpu(f"ProfilerStep#{step}", base - 10, period, cat="user_annotation")
-            b.cpu("DistributedDataParallel.forward", base - 9, 8)
-            b.kernel("sm90_xmma_gemm_bf16<128, 64>", base, 30, launch_ts=base - 8)
-            b.cpu("autograd::engine::evaluate_function: MmBackward0", base - 5, 4, tid=AUTOGRAD)
-            b.kernel("void at::native::elementwise<&>", base + 30, 40, launch_ts=base - 4, tid=AUTOGRAD)
-            b.cpu("record_param_comms", base - 2, 1, tid=AUTOGRAD, **{
-                "Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000,
-                "Group size": world, "dtype": "BFloat16", "Process Group Name": "0",
-                "Process Group Description": "default_pg", "Process Group Ranks": str(list(range(world)))})
-            b.kernel(ALLREDUCE, base + 60, comm_us, stream=20, launch_ts=base - 1.5, tid=AUTOGRAD)
-            b.cpu("Optimizer.step#AdamW.step", base - 1, 1)
-            b.kernel("multi_tensor_apply_kernel", base + 60 + comm_us, 5, launch_ts=base - 0.5)
-        b.write(directory / f"rank-{rank}.json")
+        two_step_ddp(rank, comm_us=comm_us, period=65.0 + comm_us, group_ranks=range(world), world_size=world,
+                     pg_ranks=range(world), host=f"node{rank // gpus_per_node}").write(directory / f"rank-{rank}.json")
     return str(directory)
 
 
