@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 
 from analyzer import models
-from analyzer.rules.ddp_model import allreduce_equation, backward_transfer_us, ddp_steps, mb
+from analyzer.rules.ddp_model import allreduce_equation, backward_transfer_us, ddp_steps, mb, typical_step
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
-from analyzer.rules.facts import median
 
 
 @register
@@ -61,11 +60,9 @@ class DdpBucketOversized(Rule):
         step_us = ctx.facts.typical_step_us
         if not steps or not step_us:
             return []
-        tails = [s.measured_tail_us for s in steps]
-        tail = median(tails)
+        tail, rep = typical_step(steps, lambda s: s.measured_tail_us)
         if tail < ctx.thresholds["tail_fraction"] * step_us:
             return []
-        rep = min(steps, key=lambda s: (abs(s.measured_tail_us - tail), s.rank, str(s.step)))
         t_comm = backward_transfer_us(ctx.facts, rep.rank, rep.step)
         if t_comm > rep.backward_us:
             return []  # the volume itself does not fit under backward: comm-bound-step's case

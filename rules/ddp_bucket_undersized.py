@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 
 from analyzer import models
-from analyzer.rules.ddp_model import ddp_steps, mb
+from analyzer.rules.ddp_model import ddp_steps, mb, typical_step
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
-from analyzer.rules.facts import median
 
 
 @register
@@ -63,11 +62,9 @@ class DdpBucketUndersized(Rule):
         if not steps or not step_us:
             return []
         t = ctx.thresholds
-        counts = [len(s.bucket_bytes) for s in steps]
-        typical_count = median(counts)
+        typical_count, rep = typical_step(steps, lambda s: len(s.bucket_bytes))
         if typical_count < t["min_buckets"]:
             return []
-        rep = min(steps, key=lambda s: (abs(len(s.bucket_bytes) - typical_count), s.rank, str(s.step)))
         link = rep.link
         s_star = link.s_star_bytes
         crossover = link.n * s_star  # 2(N−1)α = 2(N−1)/N·S/β

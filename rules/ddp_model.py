@@ -11,8 +11,9 @@ points the curve is interpolated linearly (gradients produced at a steady rate).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -137,6 +138,13 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
                            tuple(float(b["start_us"]) + float(b["dur_us"]) for b in buckets),
                            link, buckets[0].get("dtype")))
     return out
+
+
+def typical_step(steps: list[DdpStep], metric: Callable[[DdpStep], float]) -> tuple[float, DdpStep]:
+    """(median of ``metric`` over the steps, the step closest to it): the one a finding shows;
+    ties go to the lowest rank, then step."""
+    typical = statistics.median(metric(s) for s in steps)
+    return typical, min(steps, key=lambda s: (abs(metric(s) - typical), s.rank, str(s.step)))
 
 
 def backward_transfer_us(facts, rank: int, step: Any) -> float:
