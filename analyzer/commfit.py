@@ -40,17 +40,63 @@ def modelled(kind: str) -> bool:
     return kind in models.COLLECTIVE_KINDS
 
 
+def has_bus_model(kind: str, n: int | None) -> bool:
+    """Whether busbw, hops and the latency/bandwidth bound are defined for ``kind`` on N ranks:
+    a modelled kind, a known N, and two ranks at least except for point-to-point."""
+    return modelled(kind) and bool(n) and (n >= 2 or kind in ("send", "recv", "sendrecv"))
+
+
 def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
                n: int | None) -> tuple[float | None, float | None]:
     """(algbw, busbw) in GB/s; None where the size, time or group size is unknown."""
     if size_bytes is None or not time_us or time_us <= 0:
         return None, None
     alg = models.algbw_gbps(size_bytes, time_us)
-    if not modelled(kind) or not n:
-        return alg, None
-    if kind not in ("send", "recv", "sendrecv") and n < 2:
+    if not has_bus_model(kind, n):
         return alg, None
     return alg, alg * busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
+
+
+class GroupColumns:
+    """The fields of a group's collective rows that the fits need, read once as arrays."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        count = len(rows)
+        self.kinds = [r["collective"] for r in rows]
+        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
+        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
+        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
+        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
+        self.transfer = durations - waits  # the wait for late ranks taken out
+        self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+
+def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
+                   cols: GroupColumns | None = None) -> list[float | None]:
+    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
+    duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks: the arithmetic
+    of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw values."""
+    cols = cols or GroupColumns(rows)
+    count, sizes, times = len(rows), cols.sizes, cols.time
+    defined = {kind: has_bus_model(kind, n) for kind in set(cols.kinds)}
+    factor_of = {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()}
+    hops_of = {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()}
+    factors = np.fromiter(map(factor_of.__getitem__, cols.kinds), float, count)
+    hop_counts = np.fromiter(map(hops_of.__getitem__, cols.kinds), float, count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
+        alg = np.where(known, sizes / times * 1e-3, np.nan)
+        bus = alg * factors
+        per_hop = sizes * factors / hop_counts  # the bytes each of the collective's α terms carries
+        latency = per_hop < (np.nan if s_star is None else s_star)
+    bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
+    has_bound = ~np.isnan(per_hop) & (s_star is not None)
+    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
+    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
+        r["algbw_gbps"] = None if a != a else round(a, 4)
+        r["busbw_gbps"] = b
+        r["bound"] = bound if ok else None
+    return busbw
 
 
 @lru_cache(maxsize=4096)
@@ -133,7 +179,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
-    usable = {k: modelled(k) and (n >= 2 or k in ("send", "recv", "sendrecv")) for k in set(kinds)}
+    usable = {k: has_bus_model(k, n) for k in set(kinds)}
     scale = {k: (busbw_factor(k, n), hops(k, n)) for k, ok in usable.items() if ok}
     points = [(s * scale[k][0] / scale[k][1], t / scale[k][1])
               for k, s, t in zip(kinds, sizes, times_us) if usable[k] and s and t and t > 0]
@@ -221,9 +267,7 @@ def bound_of(kind: str, size_bytes: int | None, n: int | None, s_star: float | N
     """``latency-bound`` when the collective's α terms outweigh its bandwidth terms, i.e. when the
     bytes per hop ``x = S·busbw_factor/hops`` (S/N on a ring) are below S* = α·β (models.md §1-2);
     ``bandwidth-bound`` otherwise. A ring all-reduce of S is latency-bound iff S < N·S*."""
-    if size_bytes is None or s_star is None or not n or not modelled(kind):
+    if size_bytes is None or s_star is None or not has_bus_model(kind, n):
         return None
-    if n < 2 and kind not in ("send", "recv", "sendrecv"):
-        return None
-    per_hop = size_bytes * models.busbw_factor(kind, n) / hops(kind, n)
+    per_hop = size_bytes * busbw_factor(kind, n) / hops(kind, n)
     return "latency-bound" if per_hop < s_star else "bandwidth-bound"

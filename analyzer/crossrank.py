@@ -28,7 +28,8 @@ _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
 
 
-def _group_key(row: dict[str, Any]) -> Any:
+def group_key(row: dict[str, Any]) -> tuple:
+    """A row's process group: by name, else by member ranks, else unknown (per collective kind)."""
     group = row.get("group") or {}
     if group.get("name") is not None:
         return ("name", str(group["name"]))
@@ -75,9 +76,10 @@ def _dense(values: np.ndarray) -> np.ndarray:
     return np.unique(values, return_inverse=True)[1].astype(np.int64, copy=False)
 
 
-def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray) -> np.ndarray | None:
+def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, ranks: np.ndarray,
+               starts: np.ndarray) -> np.ndarray | None:
     """One matching-key code per row (-1: this row is not matched), or None when the method
-    does not apply. ``groups``: each row's process-group code."""
+    does not apply. ``groups``, ``ranks``, ``starts``: each row's process-group code, rank, start."""
     if method == "comms_id":
         ids = [r.get("comms_id") for r in rows]
         return None if None in ids else _first_seen_codes([_identity_codes(ids)])
@@ -85,7 +87,6 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray) -> n
         seqs = [r.get("seq") for r in rows]
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
-    ranks, starts = _columns(rows)[:2]
     steps = _codes(r.get("step") for r in rows)
     collective = np.fromiter((r["collective"] not in _P2P for r in rows), dtype=bool, count=len(rows))
     index = np.flatnonzero(collective)
@@ -115,10 +116,14 @@ def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
 def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]:
     """(method, {key code: indices into rows}) of the collectives seen on 2+ ranks; sets in
     order of their first row, indices ascending."""
-    ranks = np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=len(rows))
-    groups = _codes(_group_key(r) for r in rows)
+    return _match(rows, _columns(rows))
+
+
+def _match(rows: list[dict[str, Any]], columns: tuple[np.ndarray, ...]) -> tuple[str | None, dict[int, list[int]]]:
+    ranks, starts, _ = columns
+    groups = _codes(group_key(r) for r in rows)
     for method in METHODS:
-        codes = _key_codes(rows, method, groups)
+        codes = _key_codes(rows, method, groups, ranks, starts)
         if codes is None or not _valid(ranks, codes):
             continue
         return method, _sets(codes)
@@ -134,22 +139,11 @@ def _sets(codes: np.ndarray) -> dict[int, list[int]]:
             for lo, hi in zip(bounds[:-1], bounds[1:]) if hi - lo > 1}
 
 
-def clock_offsets(rows: list[dict[str, Any]], sets: dict[Any, list[int]]) -> dict[int, float]:
-    """Per rank, median of (its end − the set's median end) over the sets it is in (µs)."""
-    ranks, starts, durations = _columns(rows)
-    return _clock_offsets(ranks, starts + durations, sets)
-
-
 def _columns(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(rows)
     return (np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=n),
             np.fromiter((r["start_us"] for r in rows), dtype=np.float64, count=n),
             np.fromiter((r["dur_us"] for r in rows), dtype=np.float64, count=n))
-
-
-def _clock_offsets(ranks: np.ndarray, ends: np.ndarray, sets: dict[Any, list[int]]) -> dict[int, float]:
-    flat, bounds = _flatten(sets)
-    return _flat_clock_offsets(ranks[flat], ends[flat], bounds)
 
 
 def _flatten(sets: dict[Any, list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -178,12 +172,13 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
-    method, sets = match(rows)
+    columns = _columns(rows)
+    method, sets = _match(rows, columns)
     if method is None:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
-    rank_of, starts, durations = _columns(rows)
+    rank_of, starts, durations = columns
     flat, bounds = _flatten(sets)
     members, flat_durations = rank_of[flat], durations[flat]
     offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds)

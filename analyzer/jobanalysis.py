@@ -52,14 +52,6 @@ def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> 
         raise ConfigError(str(exc)) from None
 
 
-def _group_id(group: dict[str, Any], kind: str) -> tuple:
-    if group.get("name") is not None:
-        return ("name", str(group["name"]))
-    if group.get("ranks"):
-        return ("ranks", tuple(group["ranks"]))
-    return ("unknown", kind)
-
-
 def profile_link(cross_node: bool | None, ranks_per_node: float | None,
                  hardware: HardwareAssumptions) -> tuple[float | None, float | None, str]:
     """(α, β, where from) of a group from the hardware profile (models.md §2): NVLink inside a
@@ -83,7 +75,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
     """One entry per process group with collectives; annotates the rows with bandwidths and bound."""
     members: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        members.setdefault(_group_id(row.get("group") or {}, row["collective"]), []).append(row)
+        members.setdefault(crossrank.group_key(row), []).append(row)
     groups = []
     for key in sorted(members, key=str):
         group_rows = members[key]
@@ -91,7 +83,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
         fallback = profile_link(label["cross_node"], label["ranks_per_node"], hardware)
-        cols = GroupColumns(group_rows)
+        cols = commfit.GroupColumns(group_rows)
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
@@ -101,7 +93,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
             ab = commfit.fit_alpha_beta([k for k, g in zip(cols.kinds, gpu.tolist()) if g],
                                         cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
         s_star = ab.s_star_bytes
-        busbw = annotate_rows(group_rows, n, s_star, cols)
+        busbw = commfit.annotate_group(group_rows, n, s_star, cols)
         gpu_busbw = [b for b, g in zip(busbw, gpu.tolist()) if g and b is not None]
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
@@ -116,55 +108,6 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
             "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
         })
     return groups
-
-
-class GroupColumns:
-    """The fields of a group's collective rows that the fits need, read once as arrays."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        count = len(rows)
-        self.kinds = [r["collective"] for r in rows]
-        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
-        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
-        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
-        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
-        self.transfer = durations - waits  # the wait for late ranks taken out
-        self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
-
-
-def annotate_rows(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
-                  cols: GroupColumns | None = None) -> list[float | None]:
-    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
-    duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks; the same
-    arithmetic as commfit.bandwidths / bound_of, a group's rows at a time. Returns the busbw
-    values set."""
-    cols = cols or GroupColumns(rows)
-    count, sizes, times = len(rows), cols.sizes, cols.time
-    factor_of = {kind: _bus_factor(kind, n) for kind in set(cols.kinds)}
-    hops_of = {kind: commfit.hops(kind, n or 0) for kind in factor_of}
-    factors = np.fromiter(map(factor_of.__getitem__, cols.kinds), float, count)
-    hops = np.fromiter(map(hops_of.__getitem__, cols.kinds), float, count)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
-        alg = np.where(known, sizes / times * 1e-3, np.nan)
-        bus = alg * factors
-        per_hop = sizes * factors / hops  # the bytes each of the collective's α terms carries
-        latency = per_hop < (np.nan if s_star is None else s_star)
-    bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
-    has_bound = ~np.isnan(per_hop) & (s_star is not None)
-    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
-    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
-        r["algbw_gbps"] = None if a != a else round(a, 4)
-        r["busbw_gbps"] = b
-        r["bound"] = bound if ok else None
-    return busbw
-
-
-def _bus_factor(kind: str, n: int | None) -> float:
-    """busbw factor of a row, NaN where busbw is undefined (commfit.bandwidths)."""
-    if not commfit.modelled(kind) or not n or (kind not in ("send", "recv", "sendrecv") and n < 2):
-        return np.nan
-    return commfit.busbw_factor(kind, n)
 
 
 def job_options(command):

@@ -125,14 +125,13 @@ def test_synthetic_job_groups_recover_the_generator_links(two_node_ddp):
 @pytest.mark.parametrize("n", [None, 1, 2, 8])
 @pytest.mark.parametrize("s_star", [None, 0.0, 3e5])
 def test_group_annotation_matches_the_per_row_model(n, s_star):
-    """jobanalysis.annotate_rows (a group's rows at once) = commfit.bandwidths and bound_of row by row."""
-    from analyzer.jobanalysis import annotate_rows
+    """commfit.annotate_group (a group's rows at once) = commfit.bandwidths and bound_of row by row."""
     rows = [{"collective": kind, "bytes": size, "dur_us": dur, "wait_us": wait, "on_gpu": on_gpu}
             for kind in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "send", "barrier")
             for size, dur, wait, on_gpu in ((2**20, 100.0, 20.0, True), (None, 50.0, None, True),
                                             (3 * 10**9 + 7, 8000.5, None, False), (4096, 0.0, None, True),
                                             (1, 30.0, 30.0, True))]
-    annotate_rows(rows, n, s_star)
+    commfit.annotate_group(rows, n, s_star)
     for r in rows:
         time = r["dur_us"] - (r["wait_us"] or 0.0) if r["on_gpu"] else r["dur_us"]
         alg, bus = commfit.bandwidths(r["collective"], r["bytes"], time, n)
