@@ -1,4 +1,4 @@
-from analyzer.cli import main
+from analyzer.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -1,26 +1,25 @@
 """Library API: everything the CLI does, callable from Python.
 
 ``diagnose(paths, options)`` = find files -> analyze each rank in a worker (map) -> combine the
-ranks into one job Result (reduce) -> run the rules.
+ranks into one job Result (reduce) -> job analyses -> rules -> report sections.
+``load_result(path)`` reads a saved ``diagnose --format json`` result back into a Result.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from analyzer import __version__
-from analyzer.comms import fsdp_units, gradient_buckets
-from analyzer.errors import InputError
-from analyzer.gc_pause import paused_gc
+from analyzer.base.errors import InputError
+from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.files import discover_trace_files
-from analyzer.jobanalysis import analyze_job
-from analyzer.executors import map_ranks
-from analyzer.rank_analysis import RankAnalysis, RankOptions
+from analyzer.job.analysis import analyze_job
+from analyzer.job.reduce import build_result, resolve_ranks
+from analyzer.job.result import Result
+from analyzer.rank.analysis import RankAnalysis, RankOptions
 from analyzer.rules.engine import run_rules
-
-SCHEMA_VERSION = 1
+from analyzer.run.executors import map_ranks
 
 Progress = Callable[[int, int, str], None]
 
@@ -33,10 +32,10 @@ class DiagnoseOptions:
     max_inflate_bytes: int = 8 * 10**9
     workers: int | None = None  # None: one per CPU, at most one per rank
     keep_timeline: bool = False
-    executor: str = "local"  # local | dask (analyzer.executors)
+    executor: str = "local"  # local | dask (analyzer.run.executors)
     scheduler: str | None = None  # Dask scheduler address; None: a LocalCluster
-    cache_dir: str | None = None  # per-rank summary cache (analyzer.cache); None: no cache
-    # hardware and model facts the trace lacks (analyzer.jobanalysis): None = trace/profile value
+    cache_dir: str | None = None  # per-rank summary cache (analyzer.run.cache); None: no cache
+    # hardware and model facts the trace lacks (analyzer.job.analysis): None = trace/profile value
     gpu: str | None = None  # GPU profile id or name, e.g. "h100" (overrides deviceProperties)
     nics_per_node: int | None = None
     nic_gbps: float | None = None  # one NIC's achievable one-way GB/s (e.g. 45 for 400 Gb/s)
@@ -47,26 +46,14 @@ class DiagnoseOptions:
         return RankOptions(self.comm_pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
 
 
-@dataclass
-class Result:
-    inputs: list[dict[str, Any]]
-    ranks: list[RankAnalysis]
-    job: dict[str, Any]
-    collectives: list[dict[str, Any]]
-    buckets: list[dict[str, Any]]
-    fsdp_units: list[dict[str, Any]]
-    findings: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)  # sections added by later analyses
-
-    def to_dict(self) -> dict[str, Any]:
-        from analyzer.result_json import result_to_dict
-        return result_to_dict(self)
-
-
-def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = DiagnoseOptions(),
-             progress: Progress | None = None, config: dict[str, Any] | None = None) -> Result:
-    """``config``: the ``[tool.tracecliff]`` table (analyzer.config.load_config) for the rules."""
+def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions = DiagnoseOptions(),
+             progress: Progress | None = None, config: dict[str, Any] | None = None, *,
+             report: bool = True, html_step: int | None = None, hta: bool = False) -> Result:
+    """``config``: the ``[tool.tracecliff]`` table (analyzer.base.config.load_config) for the
+    rules. ``report``: also compute the report sections (the timeline of one step, ``html_step``
+    or the median one, and the scaling what-if curve) so the Result renders to HTML on its own;
+    ``hta``: add HTA's own breakdowns (needs the hta extra)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     skipped: list[Path] = []
     files = discover_trace_files(paths, skipped)
     ranks = analyze_files(files, options, progress)
@@ -77,6 +64,11 @@ def diagnose(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = Diag
                                       + ", ".join(str(p) for p in skipped))
         analyze_job(result, options)
         run_rules(result, config)
+        if report:
+            add_report_sections(result, options.rank_options(), html_step)
+    if hta:
+        from analyzer.job.hta import deep_dive
+        result.hta = deep_dive({r.rank: r.path for r in result.ranks})
     return result
 
 
@@ -86,91 +78,71 @@ def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progres
     return resolve_ranks(results)
 
 
-def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
-    """Check rank identities across files: unknown ranks, duplicates, world sizes."""
-    if len(results) == 1 and results[0].rank < 0:
-        results[0] = replace(results[0], rank=0, rank_source="single file")
-    for r in results:
-        if r.rank < 0:
-            raise InputError(r.path, "cannot tell the rank: no distributedInfo.rank and no rank number "
-                                     "in the file name (e.g. rank-3.json)")
-    seen: dict[int, str] = {}
-    for r in results:
-        if r.rank in seen:
-            raise InputError(r.path, f"duplicate rank {r.rank}: also in {seen[r.rank]}")
-        seen[r.rank] = r.path
-    sizes = sorted({r.world_size for r in results if r.world_size})
-    if len(sizes) > 1:
-        detail = ", ".join(f"{r.path}={r.world_size}" for r in results if r.world_size)
-        raise InputError(results[0].path, f"traces from different jobs: world_size differs ({detail})")
-    return sorted(results, key=lambda r: r.rank)
+def add_report_sections(result: Result, rank_options: RankOptions, step: int | None = None) -> None:
+    """The sections only the HTML view draws, computed here so that renderers only render."""
+    from analyzer.job.step_timeline import report_timeline
+    from analyzer.whatif.scaling import scaling_data
+    result.timeline = report_timeline(result.to_dict(), result, step, rank_options)
+    result.scaling = scaling_data(result)
 
 
-def build_result(ranks: list[RankAnalysis], options: DiagnoseOptions) -> Result:
-    origin = min((r.first_gpu_ns for r in ranks if r.first_gpu_ns is not None), default=0)
-    collectives = []
-    for r in ranks:
-        shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
-        for row in r.collectives:
-            for key in ("start_us", "launch_us"):
-                if row[key] is not None:
-                    row[key] = round(row[key] + shift, 3)
-            collectives.append(row)
-        if r.timeline is not None:
-            r.timeline["start_us"] = [round(t + shift, 3) for t in r.timeline["start_us"]]
-    collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
-    warnings = _job_warnings(ranks)
-    job = job_facts(ranks, options, origin)
-    return Result(
-        inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
-        ranks=ranks, job=job, collectives=collectives,
-        buckets=gradient_buckets(collectives, _backward_starts(ranks, origin))
-        if job["strategy"] in ("ddp", "unknown") else [],
-        fsdp_units=fsdp_units(collectives) if job["strategy"].startswith("fsdp") else [],
-        warnings=warnings,
-    )
+def load_result(path: str | Path) -> Result:
+    """A saved ``diagnose --format json`` result as a Result."""
+    from analyzer.compare.metrics import read_result_file
+    doc = read_result_file(Path(path))
+    if doc is None:
+        raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
+    return Result.from_dict(doc)
 
 
-def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
-    return {(r.rank, s["step"]): round((s["backward_launch_ns"] - origin_ns) / 1000.0, 3)
-            for r in ranks for s in r.steps if s.get("backward_launch_ns") is not None}
+def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
+             config: dict[str, Any] | None = None, progress: Progress | None = None, **report: Any) -> Result:
+    """A run as a Result: one saved result file, or the diagnosis of trace paths."""
+    from analyzer.compare.metrics import read_result_file
+    if not paths:
+        raise InputError("<arguments>", "no trace or result path given")
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file() and (doc := read_result_file(path)) is not None:
+            if len(paths) > 1:
+                raise InputError(raw, "a saved result must be given alone, not with trace paths")
+            if not isinstance(doc.get("ranks"), list):
+                raise InputError(raw, "result document has no 'ranks' list")
+            return Result.from_dict(doc)
+    return diagnose(paths, options, progress, config, **report)
 
 
-def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
-    warnings = []
-    world = next((r.world_size for r in ranks if r.world_size), None)
-    if world and len(ranks) < world:
-        warnings.append(f"{len(ranks)} of {world} ranks given: cross-rank figures cover only these ranks")
-    for r in ranks:
-        warnings.extend(f"rank {r.rank} ({r.path}): {w}" for w in r.warnings)
-    return warnings
+def annotate(paths: list[str], outdir: str | Path, options: DiagnoseOptions = DiagnoseOptions(),
+             config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Annotated copies of each rank's trace in ``outdir`` (analyzer.export.annotate)."""
+    from analyzer.export.annotate import output_paths, write_annotated
+    files = discover_trace_files(paths)
+    targets = output_paths(files, Path(outdir))
+    result = diagnose(paths, replace(options, keep_timeline=True), config=config, report=False)
+    return write_annotated(result, files, targets, Path(outdir))
 
 
-def job_facts(ranks: list[RankAnalysis], options: DiagnoseOptions, origin_ns: int) -> dict[str, Any]:
-    seen = {k: sum(r.markers_seen.get(k, 0) for r in ranks) for k in ("ddp_forward", "fsdp1", "fsdp2")}
-    collectives = {row["collective"] for r in ranks for row in r.collectives}
-    if seen["fsdp2"]:
-        strategy = "fsdp2"
-    elif seen["fsdp1"]:
-        strategy = "fsdp1"
-    elif seen["ddp_forward"]:
-        strategy = "ddp"
-    elif {"allgather", "reduce_scatter"} <= collectives:
-        strategy = "fsdp"
-    else:
-        strategy = "unknown"
-    devices = next((r.devices for r in ranks if r.devices), [])
-    hosts = sorted({r.host for r in ranks if r.host})
-    return {
-        "strategy": strategy,
-        "world_size": next((r.world_size for r in ranks if r.world_size), None),
-        "ranks_given": len(ranks),
-        "hosts": hosts,
-        "gpu": devices[0]["name"] if devices else None,
-        "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None,
-        "devices_per_node": len(devices) or None,
-        "nccl_version": next((r.nccl_version for r in ranks if r.nccl_version), None),
-        "backend": next((r.backend for r in ranks if r.backend), None),
-        "time_origin_ns": origin_ns,
-        "tool": {"name": "tracecliff", "version": __version__},
-    }
+def diff(base: str, new: str, options: DiagnoseOptions = DiagnoseOptions(),
+         config: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """``(diff document, input paths)`` of two runs (traces or saved results)."""
+    from analyzer.compare.diff import diff_runs
+    runs = [load_run([p], options, config, report=False) for p in (base, new)]
+    inputs = [i["path"] for r in runs for i in r.inputs if i.get("path")]
+    return diff_runs(runs[0], runs[1], base, new), inputs
+
+
+def gate(paths: list[str], config: dict[str, Any], baseline: str | None = None,
+         options: DiagnoseOptions = DiagnoseOptions(), preset: str | None = None,
+         max_regression_pct: float | None = None, config_source: str = "./pyproject.toml"):
+    """``(GateReport, input paths)``: the run at ``paths`` checked against ``[tool.tracecliff.gate]``
+    and, with ``baseline``, against that run."""
+    from analyzer.base.errors import ConfigError
+    from analyzer.compare.gate import evaluate, parse_gate_config, registered_rule_names
+    gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names())
+    if not gate_config.assertions and baseline is None:
+        raise ConfigError(f"nothing to check: no [tool.tracecliff.gate] assertions in {config_source}, "
+                          "no --preset and no --baseline")
+    run = load_run(paths, options, config, report=False)
+    base_run = load_run([baseline], options, config, report=False) if baseline else None
+    inputs = [i["path"] for i in run.inputs if i.get("path")]
+    return evaluate(run, gate_config, base_run, baseline), inputs

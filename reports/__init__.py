@@ -1,0 +1,35 @@
+"""Renderers: a Result (or a diff / gate / what-if document) in, text out. Nothing here
+analyses: every number drawn is already in the Result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render(result: Any, fmt: str, timestamp: bool = False) -> str:
+    """``result`` (a Result) as ``text``, ``json`` or ``html``. ``timestamp``: HTML shows the
+    generation time (off by default so the bytes are reproducible)."""
+    doc = result.to_dict()
+    if fmt == "json":
+        from analyzer.reports.json_report import JsonRenderer
+        return JsonRenderer().render(doc)
+    if fmt == "html":
+        from datetime import datetime, timezone
+
+        from analyzer.reports.html import HtmlRenderer
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if timestamp else None
+        return HtmlRenderer(timestamp=stamp).render(doc)
+    from analyzer.reports.text import TextRenderer
+    return TextRenderer().render(doc)
+
+
+def render_diff(doc: dict[str, Any], fmt: str) -> str:
+    """A ``tracecliff diff`` document as text, json or html."""
+    if fmt == "json":
+        from analyzer.job.result import dumps
+        return dumps(doc)
+    if fmt == "html":
+        from analyzer.reports.diff_html import DiffHtmlRenderer
+        return DiffHtmlRenderer().render(doc)
+    from analyzer.reports.diff_text import DiffTextRenderer
+    return DiffTextRenderer().render(doc)

@@ -13,7 +13,7 @@ import jinja2
 from markupsafe import Markup
 
 from analyzer.reports.diff_text import SCOPE, fmt, pct, scope_label, signed
-from analyzer.result_json import _clean
+from analyzer.job.result import _clean
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 

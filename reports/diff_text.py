@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analyzer.base.units import fmt_unit
+
 SCOPE = {True: "cross", False: "intra", None: "?"}
 
 
@@ -107,22 +109,10 @@ def _pair(change: dict[str, Any], unit: str) -> str:
 
 
 def fmt(value: Any, unit: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    if unit == "µs":
+    """Table cells: µs without the unit (the column header has it), the rest through units."""
+    if unit == "µs" and isinstance(value, (int, float)) and math.isfinite(value):
         return f"{value:,.1f}"
-    if unit == "B":
-        for scale, suffix in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-            if abs(value) >= scale:
-                return f"{value / scale:.2f} {suffix}"
-        return f"{value:.0f} B"
-    if unit == "%":
-        return f"{value:.2f}%"
-    if unit == "GB/s":
-        return f"{value:.3f} GB/s"
-    if unit == "n":
-        return f"{value:.3g}"
-    return f"{value:.4g}"
+    return fmt_unit(value, unit)
 
 
 def pct(value: float | None, signed_: bool = True) -> str:

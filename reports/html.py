@@ -22,9 +22,10 @@ from typing import Any, Callable
 import jinja2
 from markupsafe import Markup
 
-from analyzer import models
-from analyzer.reports.html_timeline import straggler_ranks, unavailable
-from analyzer.result_json import _clean
+from analyzer.model import formulas as models
+from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
+from analyzer.job.step_timeline import straggler_ranks, unavailable
+from analyzer.job.result import _clean
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -67,53 +68,6 @@ def _environment() -> jinja2.Environment:
     env.filters.update(us=fmt_us, size=fmt_bytes, pct=fmt_pct, num=fmt_num, value=fmt_value)
     env.globals["asset"] = lambda name: Markup((TEMPLATES / name).read_text(encoding="utf-8"))
     return env
-
-
-# ----------------------------------------------------------------------------- formatting
-def fmt_us(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "–"
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:,.2f} s"
-    if abs(value) >= 1e4:
-        return f"{value / 1e3:,.1f} ms"
-    if abs(value) >= 1e3:
-        return f"{value / 1e3:,.2f} ms"
-    return f"{value:,.1f} µs"
-
-
-def fmt_bytes(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:,.1f} {unit}"
-    return f"{value:,.0f} B"
-
-
-def fmt_pct(value: Any, digits: int = 1) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "–"
-    return f"{value:.{digits}f}%"
-
-
-def fmt_num(value: Any, digits: int = 2) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:,.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
-
-
-def fmt_value(value: Any, limit: int = 400) -> str:
-    """Any evidence value as one short line of text (numbers grouped, structures as JSON)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return fmt_num(value)
-    if isinstance(value, str):
-        text = value
-    else:
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # ----------------------------------------------------------------------------- view model
@@ -545,7 +499,7 @@ def _busbw(c: dict[str, Any], kind: str, group_size: Any) -> float | None:
 
 
 def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int = 600) -> dict[str, Any]:
-    """Collectives in the coordinates of the group's α-β fit (analyzer.commfit): bytes per ring
+    """Collectives in the coordinates of the group's α-β fit (analyzer.job.commfit): bytes per ring
     step x = S·busbw_factor/hops (S/N on a ring) against time per step y = transfer time/hops,
     so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x."""
     points = sorted(p for p in (_per_hop_point(c, i) for i, c in enumerate(rows)) if p is not None)
@@ -588,7 +542,7 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
 
 def _hop_geometry(c: dict[str, Any]) -> tuple[str, float, float, int, int, float] | None:
     """(kind, S, transfer µs, ring steps, N, waited µs) of a collective the fit can place."""
-    from analyzer.commfit import hops
+    from analyzer.job.commfit import hops
 
     kind, size, dur = str(c.get("collective") or ""), _num(c.get("bytes")), _num(c.get("dur_us"))
     n = (c.get("group") or {}).get("size") if isinstance(c.get("group"), dict) else None
@@ -676,7 +630,7 @@ def _scaling(doc: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- models appendix
 def _appendix(doc: dict[str, Any]) -> dict[str, Any]:
-    """The worked examples of docs/models.md, computed by analyzer.models (so they agree with it)."""
+    """The worked examples of docs/models.md, computed by analyzer.model.formulas (so they agree with it)."""
     ar = models.ring_allreduce_time(25e6, 8, 0.8, 450.0)
     return {
         "available": True,

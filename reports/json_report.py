@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.result_json import dumps
+from analyzer.job.result import dumps
 
 
 class JsonRenderer:

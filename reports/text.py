@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from analyzer.base.units import fmt_bytes
+
 WIDTH = 100
 COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "comm_us"),
            ("overlapped", "overlap_us"), ("exposed", "exposed_comm_us"), ("idle", "idle_us"))
@@ -92,21 +94,12 @@ def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
     lines = [f"Top {min(limit, len(rows))} collectives by exposed time:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows[:limit]:
-        size = _size(c.get("bytes"))
+        size = fmt_bytes(c.get("bytes"))
         group = (c.get("group") or {}).get("description") or (c.get("group") or {}).get("name") or "?"
         step = c["step"] if c.get("step") is not None else "-"
         lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} {size:>10} "
                      f"{c['dur_us']:>10,.0f} {c['exposed_us']:>11,.0f}  {group}")
     return lines + [""]
-
-
-def _size(nbytes: int | None) -> str:
-    if nbytes is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 
 def _groups(doc: dict[str, Any]) -> list[str]:
@@ -122,7 +115,7 @@ def _groups(doc: dict[str, Any]) -> list[str]:
         nodes = "?" if g.get("nodes") is None else f"{g['nodes']}{'x' if g.get('cross_node') else ''}"
         lines.append(f"{name:<22} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
                      f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
-                     f"{_size(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
+                     f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
                      f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10}  {g.get('fit_source', '')}")
     return lines + [""]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from analyzer import models
-from analyzer.rules.ddp_model import backward_transfer_us, ddp_steps
+from analyzer.model import formulas as models
+from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.facts import median
+from analyzer.job.facts import median
 
 
 @register

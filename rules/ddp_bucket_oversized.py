@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from analyzer import models
-from analyzer.rules.ddp_model import allreduce_equation, backward_transfer_us, ddp_steps, mb, typical_step
+from analyzer.base.units import fmt_bytes
+from analyzer.model import formulas as models
+from analyzer.whatif.ddp import allreduce_equation, backward_transfer_us, ddp_steps, typical_step
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
@@ -75,7 +76,7 @@ class DdpBucketOversized(Rule):
         cap_mib = choice.cap_bytes / models.MIB
         hit = [s for s in steps if s.measured_tail_us >= ctx.thresholds["tail_fraction"] * step_us]
         wait = rep.first_wait_us
-        summary = (f"{len(rep.bucket_bytes)} gradient buckets up to {mb(largest)}: the first all-reduce "
+        summary = (f"{len(rep.bucket_bytes)} gradient buckets up to {fmt_bytes(largest)}: the first all-reduce "
                    f"starts {wait:,.0f} µs ({100 * wait / rep.backward_us:.0f}% of backward) after "
                    f"backward begins and {tail:,.0f} µs of all-reduce ({100 * tail / step_us:.1f}% of the "
                    f"step) runs after backward ends; bucket_cap_mb={cap_mib:g} is predicted to cut "

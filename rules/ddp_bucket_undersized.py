@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from analyzer import models
-from analyzer.rules.ddp_model import ddp_steps, mb, typical_step
+from analyzer.base.units import fmt_bytes
+from analyzer.model import formulas as models
+from analyzer.whatif.ddp import ddp_steps, typical_step
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
@@ -82,12 +83,12 @@ class DdpBucketUndersized(Rule):
             return []
         cap_mib = choice.cap_bytes / models.MIB
         n = link.n
-        summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {mb(median_bucket)}, "
-                   f"{100 * small:.0f}% latency-bound (S/N below S* = {mb(s_star)}): α is {100 * latency_share:.0f}% of the "
+        summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {fmt_bytes(median_bucket)}, "
+                   f"{100 * small:.0f}% latency-bound (S/N below S* = {fmt_bytes(s_star)}): α is {100 * latency_share:.0f}% of the "
                    f"all-reduce time and {rep.measured_tail_us:,.0f} µs is exposed after backward; "
                    f"bucket_cap_mb={cap_mib:g} is predicted to cut that to {choice.exposed_tail_us:,.0f} µs.")
-        model = (f"S* = α·β = {link.alpha_us:.3g} µs × {link.beta_gbps:.4g} GB/s = {mb(s_star)}, "
-                 f"all-reduce crossover N·S* = {mb(crossover)}; "
+        model = (f"S* = α·β = {link.alpha_us:.3g} µs × {link.beta_gbps:.4g} GB/s = {fmt_bytes(s_star)}, "
+                 f"all-reduce crossover N·S* = {fmt_bytes(crossover)}; "
                  f"latency per step = buckets·2(N−1)α = {len(rep.bucket_bytes)}·2·{n - 1}·{link.alpha_us:.3g} µs "
                  f"= {latency_us:,.0f} µs of {total_us:,.0f} µs modelled all-reduce time; pipeline tail "
                  f"(rank {rep.rank}, step {rep.step}) {current:,.0f} µs now, {choice.exposed_tail_us:,.0f} µs "

@@ -17,8 +17,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from analyzer.config import rule_settings
-from analyzer.rules.facts import JobFacts
+from analyzer.base.config import rule_settings
+from analyzer.job.facts import JobFacts
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -125,7 +125,7 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
               source: str = "configuration") -> list[dict[str, Any]]:
     """Run every enabled rule on ``result``; store and return the findings, sorted by estimated
     gain (largest first; findings without a gain after, by severity), and set
-    ``result.extra["rules"]`` (each rule's status) and ``result.extra["verdict"]``."""
+    ``result.rules`` (each rule's status) and ``result.verdict``."""
     rules = all_rules()
     settings = rule_settings(config or {}, rules, source)
     facts = JobFacts(result)
@@ -150,8 +150,8 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
                          "reason": None})
     findings.sort(key=_finding_order)
     result.findings = findings
-    result.extra["rules"] = statuses
-    result.extra["verdict"] = verdict(findings, facts)
+    result.rules = statuses
+    result.verdict = verdict(findings, facts)
     return findings
 
 

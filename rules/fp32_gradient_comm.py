@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from analyzer.rules.ddp_model import ddp_steps, mb
+from analyzer.base.units import fmt_bytes
+from analyzer.whatif.ddp import ddp_steps
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import fsdp_steps, unit_links
+from analyzer.job.facts import median
+from analyzer.whatif.fsdp import fsdp_steps, unit_links
 
 LOW_PRECISION = ("bf16", "f16")
 
@@ -75,7 +76,7 @@ class Fp32GradientComm(Rule):
         why = (f"parameters are all-gathered in {'/'.join(sorted(gathered))}" if low_params else
                f"{100 * low_share:.0f}% of compute time is in bf16/fp16 kernels")
         saving = f"; bf16 is predicted to save {gain:,.0f} µs per step" if gain is not None else ""
-        summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} move {mb(per_step)} of fp32 "
+        summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} move {fmt_bytes(per_step)} of fp32 "
                    f"gradients per step and rank while {why}: half of those bytes are avoidable{saving}.")
         evidence = {
             "collective": kind, "dtype": "f32", "grad_bytes_per_step": round(per_step),

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from analyzer import models
-from analyzer.rules.ddp_model import mb
+from analyzer.base.units import fmt_bytes
+from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
-from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count
+from analyzer.job.facts import median
+from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count
 
 
 @register
@@ -93,7 +93,7 @@ class FsdpFullShardCrossNode(Rule):
         if need is not None and memory and not fits:
             return []  # HYBRID_SHARD would not fit: nothing to suggest
         step_after = step_us - gain
-        memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {mb(need)} of {mb(memory)} per GPU" if need and memory
+        memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {fmt_bytes(need)} of {fmt_bytes(memory)} per GPU" if need and memory
                        else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
         summary = (f"FULL_SHARD all-gathers and reduce-scatters run in a {link.n}-rank group across "
                    f"{nodes} nodes with {exposed:,.0f} µs exposed per step ({100 * exposed / step_us:.0f}%); "
@@ -103,7 +103,7 @@ class FsdpFullShardCrossNode(Rule):
                  f"T_AG = (N−1)α + (N−1)/N·S/β, N = {link.n}, α = {link.alpha_us:.3g} µs, β = {link.beta_gbps:.4g} GB/s; "
                  f"{projected:,.0f} µs with HYBRID_SHARD: N = {g}, α = {intra.alpha_us:.3g} µs, β = {intra.beta_gbps:.4g} GB/s "
                  f"plus a replicate all-reduce of S/{g} over {nodes} nodes at β = {replicate_beta:.4g} GB/s per GPU"
-                 + (f"; memory 16Ψ/g = 16·{psi:,.0f}/{g} = {mb(need)}" if need else ""))
+                 + (f"; memory 16Ψ/g = 16·{psi:,.0f}/{g} = {fmt_bytes(need)}" if need else ""))
         evidence = {
             "group": {"name": group.get("name"), "size": link.n, "nodes": nodes},
             "link": link.evidence(), "intra_node_link": intra.evidence(),

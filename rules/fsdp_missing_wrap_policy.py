@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from analyzer.comms import DTYPE_BYTES
-from analyzer.rules.ddp_model import mb
+from analyzer.base.units import fmt_bytes
+from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import parameter_count
+from analyzer.job.facts import median
+from analyzer.whatif.fsdp import parameter_count
 
 
 @register
@@ -70,13 +70,13 @@ class FsdpMissingWrapPolicy(Rule):
         param_bytes = psi * elem if psi and elem else None
         exposed = [u["exposed_us"] for rows in forward.values() for u in rows if u.get("exposed_us") is not None]
         exposed_us = median(exposed)
-        size_text = f"{mb(ag_bytes)}" if ag_bytes else "the whole model"
-        share = f" ({100 * ag_bytes / param_bytes:.0f}% of the {mb(param_bytes)} of parameters)" \
-            if ag_bytes and param_bytes else (f" (parameters: {mb(param_bytes)})" if param_bytes else "")
+        size_text = f"{fmt_bytes(ag_bytes)}" if ag_bytes else "the whole model"
+        share = f" ({100 * ag_bytes / param_bytes:.0f}% of the {fmt_bytes(param_bytes)} of parameters)" \
+            if ag_bytes and param_bytes else (f" (parameters: {fmt_bytes(param_bytes)})" if param_bytes else "")
         summary = (f"{units:g} all-gather per forward pass of {size_text}{share}: FSDP runs as a single "
                    f"unit, so the full model is materialized on every rank and nothing overlaps its "
                    f"all-gather" + (f" ({exposed_us:,.0f} µs exposed per pass)." if exposed_us else "."))
-        model = (f"units = {units:g}; unsharded peak ≈ Ψ·bytes = {mb(param_bytes)}" if param_bytes else
+        model = (f"units = {units:g}; unsharded peak ≈ Ψ·bytes = {fmt_bytes(param_bytes)}" if param_bytes else
                  f"units = {units:g}") + f" (Ψ = {psi:,.0f} from {psi_source})" if psi else f"units = {units:g}"
         evidence = {
             "units_per_forward_pass": units,

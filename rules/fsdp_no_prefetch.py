@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
-from analyzer.rules.facts import median
-from analyzer.rules.fsdp_model import fsdp_steps, unit_links
+from analyzer.job.facts import median
+from analyzer.whatif.fsdp import fsdp_steps, unit_links
 
 
 @register

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from analyzer import models
-from analyzer.comms import DTYPE_BYTES
-from analyzer.rules.ddp_model import mb
+from analyzer.base.units import fmt_bytes
+from analyzer.model import formulas as models
+from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.fsdp_model import fsdp_steps, group_of_kind, parameter_count, unit_links
+from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
 
 
 @register
@@ -87,12 +87,12 @@ class FsdpWhereDdpFits(Rule):
             outcome = (f"at this scale the extra bytes are hidden ({projected} projected against "
                        f"{step_us / 1000:,.1f} ms now): they cost when the job scales out." if options else
                        "the saving could not be projected.")
-        summary = (f"The model has {psi / 1e9:.2f} B parameters: DDP's 16Ψ = {mb(ddp_state)} fits in "
-                   f"{100 * ddp_state / memory:.0f}% of the {mb(memory)} GPU, yet FULL_SHARD sends "
-                   f"{mb(fsdp_volume)} per GPU per step, 1.5× the {mb(ddp_volume)} of DDP or SHARD_GRAD_OP; "
+        summary = (f"The model has {psi / 1e9:.2f} B parameters: DDP's 16Ψ = {fmt_bytes(ddp_state)} fits in "
+                   f"{100 * ddp_state / memory:.0f}% of the {fmt_bytes(memory)} GPU, yet FULL_SHARD sends "
+                   f"{fmt_bytes(fsdp_volume)} per GPU per step, 1.5× the {fmt_bytes(ddp_volume)} of DDP or SHARD_GRAD_OP; "
                    + outcome)
-        model = (f"16Ψ = 16·{psi:,.0f} = {mb(ddp_state)} ≤ {ctx.thresholds['memory_fraction']:g}·{mb(memory)}; "
-                 f"volume FULL_SHARD 3(N−1)/N·Ψ_b = {mb(fsdp_volume)}, DDP 2(N−1)/N·Ψ_b = {mb(ddp_volume)} (N = {n})"
+        model = (f"16Ψ = 16·{psi:,.0f} = {fmt_bytes(ddp_state)} ≤ {ctx.thresholds['memory_fraction']:g}·{fmt_bytes(memory)}; "
+                 f"volume FULL_SHARD 3(N−1)/N·Ψ_b = {fmt_bytes(fsdp_volume)}, DDP 2(N−1)/N·Ψ_b = {fmt_bytes(ddp_volume)} (N = {n})"
                  + (f"; DDP step ≈ step − exposed + pipeline tail + (N−1)·sharded optimizer = "
                     f"{step_us:,.0f} − {exposed:,.0f} + {projection[0]:,.0f} + {projection[1]:,.0f} µs"
                     if projection else "")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.facts import median
+from analyzer.job.facts import median
 
 
 @register

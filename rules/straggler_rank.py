@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.rules.facts import median
+from analyzer.job.facts import median
 
 
 @register

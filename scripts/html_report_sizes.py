@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.reports.html_cli import html_document, render_html
+from analyzer.reports import render
 from analyzer.synth import SCENARIOS, write_job
 
 LIMITS = {8: 2_000_000, 64: 5_000_000}
@@ -28,7 +28,7 @@ def measure(scenario: str, ranks: int, root: Path) -> tuple[int, float]:
     write_job(spec, folder)
     started = time.perf_counter()
     result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions())
-    html = render_html(html_document(result.to_dict(), result, {}, DiagnoseOptions().rank_options()), {})
+    html = render(result, "html")
     (root / f"{spec.name}.html").write_text(html, encoding="utf-8")
     return len(html.encode("utf-8")), time.perf_counter() - started
 

@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.config import tomllib
+from analyzer.base.config import tomllib
 
 from conftest import REAL_TRACES, SAMPLES
 

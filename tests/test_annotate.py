@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.annotate import (CATEGORY, PROCESS_NAME, annotate, finding_windows, ns_to_trace_us,
+from analyzer.api import annotate
+from analyzer.export.annotate import (CATEGORY, PROCESS_NAME, finding_windows, ns_to_trace_us,
                                to_trace_ns)
-from analyzer.cli import main
-from analyzer.errors import InputError
+from analyzer.cli.main import main
+from analyzer.base.errors import InputError
 from analyzer.ingest.columns import _us_to_ns
 from analyzer.ingest.loader import load_rank_trace
 from builders import two_step_ddp
@@ -104,7 +105,7 @@ def test_no_track_row_holds_overlapping_slices(tmp_path):
     got = finding_windows(findings, 0, 0, steps)
     assert [(w["name"], w["start_ns"]) for w in got] == [("[warning] a", 1_000_000), ("[warning] a", 1_100_000),
                                                          ("[error] b", 1_000_000)]
-    from analyzer.annotate import assign_lanes, track_events
+    from analyzer.export.annotate import assign_lanes, track_events
     events = track_events({"findings": got}, pid=9)
     rows: dict[int, list] = {}
     for e in events:

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from analyzer import cache
+from analyzer.run import cache
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.rank_analysis import RankOptions
-from analyzer.result_json import dumps
+from analyzer.rank.analysis import RankOptions
+from analyzer.job.result import dumps
 from builders import two_step_ddp
 
 
@@ -116,7 +116,7 @@ def test_input_errors_are_not_cached(tmp_path):
     store = tmp_path / "cache"
     bad = tmp_path / "rank-0.json"
     bad.write_text('{"traceEvents": [')
-    from analyzer.errors import InputError
+    from analyzer.base.errors import InputError
     for _ in range(2):
         with pytest.raises(InputError, match="invalid JSON"):
             diagnose([str(bad)], DiagnoseOptions(cache_dir=str(store)))
@@ -124,7 +124,7 @@ def test_input_errors_are_not_cached(tmp_path):
 
 
 def test_cli_flags(job, tmp_path, monkeypatch, capsys):
-    from analyzer.cli import main
+    from analyzer.cli.main import main
     monkeypatch.setenv("TRACECLIFF_CACHE_DIR", str(tmp_path / "env-cache"))
     for args, where in ((["--cache-dir", str(tmp_path / "flag-cache")], "flag-cache"),
                         ([], "env-cache")):

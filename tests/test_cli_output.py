@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from analyzer.cli import main
+from analyzer.cli.main import main
 from builders import two_step_ddp
 
 

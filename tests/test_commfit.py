@@ -5,7 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from analyzer import commfit, models
+from analyzer.job import commfit
+from analyzer.model import formulas as models
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.synth import SCENARIOS, write_job
 
@@ -104,7 +105,7 @@ def two_node_ddp(tmp_path_factory):
 
 def test_synthetic_job_groups_recover_the_generator_links(two_node_ddp):
     spec, result = two_node_ddp
-    (group,) = result.extra["groups"]
+    (group,) = result.groups
     assert {"name", "description", "ranks", "size", "nodes", "cross_node", "alpha_us", "beta_gbps",
             "s_star_bytes", "fit", "busbw_median_gbps"} <= set(group)
     assert group["ranks"] == list(range(16)) and group["description"] == "default_pg"

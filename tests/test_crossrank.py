@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.crossrank import analyze, match
+from analyzer.job.crossrank import analyze, match
 
 
 def row(rank, start, dur, step=1, kind="allreduce", group="0", **extra):
@@ -92,12 +92,12 @@ def test_one_rank_or_subset():
 def test_real_traces(real_traces):
     from analyzer.api import DiagnoseOptions, diagnose
     dlrm = diagnose([str(real_traces / "param_dlrm_ddp_8rank")], DiagnoseOptions(workers=1))
-    s = dlrm.extra["stragglers"]
+    s = dlrm.stragglers
     assert s["method"] == "order" and s["ranks_compared"] == list(range(8))
     matched = [r for r in dlrm.collectives if r["wait_us"] is not None]
     assert matched and all(r["wait_us"] >= 0 for r in matched)
     sampled = diagnose([str(real_traces / "hta_ddp_sampled_128rank")], DiagnoseOptions(workers=1))
-    assert "2 of 128" in sampled.extra["stragglers"]["note"]
+    assert "2 of 128" in sampled.stragglers["note"]
 
 
 # -- the vectorised matcher against a plain-Python reference --------------------------------

@@ -13,12 +13,17 @@ import re
 
 import pytest
 
-from analyzer.cli import main
-from analyzer.diff import diff_runs
-from analyzer.metrics import load_run
+from analyzer.cli.main import main
+from analyzer.compare.diff import diff_runs
 from analyzer.reports.diff_html import DiffHtmlRenderer
 from analyzer.reports.diff_text import DiffTextRenderer
 from builders import two_step_ddp
+
+
+def load_run(paths):
+    """The run's JSON document (a saved result or traces), as gate and diff read it."""
+    from analyzer.api import load_run as load
+    return load(paths).to_dict()
 
 
 def ddp_job(directory, world: int, gpus_per_node: int, comm_us: float):

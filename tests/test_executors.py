@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from analyzer import executors
+from analyzer.run import executors
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.errors import ConfigError, InputError
-from analyzer.result_json import dumps
+from analyzer.base.errors import ConfigError, InputError
+from analyzer.job.result import dumps
 from builders import two_step_ddp
 
 
@@ -57,7 +57,7 @@ def test_memory_gate_limits_ranks_in_flight(job, monkeypatch):
         future.add_done_callback(lambda _: in_flight.pop())
         return future
     monkeypatch.setattr(executors.ProcessPoolExecutor, "submit", tracking_submit)
-    from analyzer.rank_analysis import RankOptions
+    from analyzer.rank.analysis import RankOptions
     jobs = [(i, (p, RankOptions(), None, None)) for i, p in enumerate(job)]
     done = dict(executors._memory_gated_pool(jobs, peaks, workers=4, budget=20))
     assert sorted(done) == list(range(len(job))) and max(seen) <= 2
@@ -116,7 +116,7 @@ def test_dask_worker_error_is_input_error(job, dask_cluster, tmp_path):
 
 
 def test_dask_cli(job, dask_cluster, capsys):
-    from analyzer.cli import main
+    from analyzer.cli.main import main
     with pytest.raises(SystemExit) as exit_info:
         main(["diagnose", "--format", "json", "--no-cache", "--executor", "dask",
               "--scheduler", dask_cluster.scheduler_address, *job])

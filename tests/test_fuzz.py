@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.errors import TracecliffError
+from analyzer.base.errors import TracecliffError
 from analyzer.reports.json_report import JsonRenderer
 from analyzer.reports.text import TextRenderer
 from builders import AUTOGRAD, MAIN, TraceBuilder

@@ -14,13 +14,19 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from analyzer.cli import main
-from analyzer.errors import ConfigError
-from analyzer.gate import GateConfig, evaluate, parse_assertion, parse_gate_config, regression_pct
-from analyzer.metrics import aggregate, extract_samples, load_run
+from analyzer.cli.main import main
+from analyzer.base.errors import ConfigError
+from analyzer.compare.gate import GateConfig, evaluate, parse_assertion, parse_gate_config, regression_pct
+from analyzer.compare.metrics import aggregate, extract_samples
 from builders import two_step_ddp
 
 EXPOSED_MEDIAN = (20.0 + 2000.0 / 95.0) / 2
+
+
+def load_run(paths):
+    """The run's JSON document (a saved result or traces), as gate and diff read it."""
+    from analyzer.api import load_run as load
+    return load(paths).to_dict()
 
 
 def scaled(builder, factor: float):

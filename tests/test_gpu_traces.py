@@ -10,7 +10,7 @@ import pytest
 
 from analyzer.api import diagnose
 from analyzer.ingest.loader import load_rank_trace
-from analyzer.timeline import breakdown
+from analyzer.rank.timeline import breakdown
 
 GPU_TRACES = Path(__file__).resolve().parent.parent / "sample_traces" / "gpu_h200"
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}

@@ -1,4 +1,4 @@
-"""analyzer.hardware: the shipped profiles, device-name matching and resolution provenance."""
+"""analyzer.model.hardware: the shipped profiles, device-name matching and resolution provenance."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer import models
-from analyzer.hardware import (ORIGINS, OVERRIDE_KEYS, gpu_profile, load_profiles, match_gpu,
+from analyzer.model import formulas as models
+from analyzer.model.hardware import (ORIGINS, OVERRIDE_KEYS, gpu_profile, load_profiles, match_gpu,
                                nic_profile, resolve_hardware)
 
 REAL_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "real"

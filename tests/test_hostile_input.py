@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from analyzer.cli import main
+from analyzer.cli.main import main
 from builders import TraceBuilder, two_step_ddp
 
 # two_step_ddp worked by hand (µs over both steps): compute = 2 x 75 (forward 30 + backward 40

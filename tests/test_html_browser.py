@@ -14,7 +14,6 @@ import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.reports.html import HtmlRenderer
-from analyzer.reports.html_cli import html_document
 from builders import TraceBuilder
 
 CHROMIUM = os.environ.get("TRACECLIFF_CHROMIUM", "/usr/bin/chromium")
@@ -76,7 +75,7 @@ class Page:
 
 def _write_report(tmp: Path, paths, name: str, **doc_changes) -> Path:
     result = diagnose([str(p) for p in paths], DiagnoseOptions(workers=1))
-    doc = html_document(result.to_dict(), result, {})
+    doc = result.to_dict()
     doc.update(doc_changes)
     out = tmp / f"{name}.html"
     out.write_text(HtmlRenderer().render(doc), encoding="utf-8")

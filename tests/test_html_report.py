@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.cli import main
+from analyzer.cli.main import main
 from analyzer.reports.html import TEMPLATES, HtmlRenderer, build_view
-from analyzer.reports.html_cli import html_document
-from analyzer.reports.html_timeline import MAX_MARKS_PER_LANE, _downsample, timeline_data
+from analyzer.job.step_timeline import MAX_MARKS_PER_LANE, _downsample, timeline_data
 from builders import AUTOGRAD, TraceBuilder, two_step_ddp
 
 HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)>\u2028\u2029'\"&amp;"
@@ -64,8 +63,9 @@ def render(doc: dict) -> str:
 
 
 def html_for(paths, step=None, **options) -> tuple[str, dict, object]:
-    result = diagnose([str(p) for p in paths], DiagnoseOptions(keep_timeline=True, workers=1, **options))
-    doc = html_document(result.to_dict(), result, {"step": step})
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(keep_timeline=True, workers=1, **options),
+                      html_step=step)
+    doc = result.to_dict()
     return render(doc), doc, result
 
 
@@ -107,10 +107,10 @@ def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):
 def test_cli_path_rereads_only_the_planned_ranks_and_step(ddp_pair):
     """Without kept timelines (the CLI's memory-saving path) the chosen ranks are read again,
     keeping only the planned step: the section is the same as from kept timelines."""
-    from analyzer.rank_analysis import RankOptions
-    from analyzer.reports.html_cli import report_timeline
+    from analyzer.rank.analysis import RankOptions
+    from analyzer.job.step_timeline import report_timeline
     _, kept, _ = html_for(ddp_pair)
-    result = diagnose([str(p) for p in ddp_pair], DiagnoseOptions(workers=1))
+    result = diagnose([str(p) for p in ddp_pair], DiagnoseOptions(workers=1), report=False)
     assert all(r.timeline is None for r in result.ranks)
     doc = result.to_dict()
     assert report_timeline(doc, result, None, RankOptions()) == kept["timeline"]
@@ -149,9 +149,9 @@ def test_models_appendix_reproduces_the_worked_examples():
     memory; 70B on 64: 17.5 GB, HSDP g=8: 140 GB; 4,200 tokens/s on 7B: 176.4 TFLOPS, 17.8% MFU."""
     text = re.sub(r"<[^>]+>", "", render({}))
     for expected in ("11.2 µs + 97.2 µs ≈ 108 µs", "S* = 360.0 KB", "S* = 540.0 KB",
-                     "DDP 112.0 GB, ZeRO-1 38.5 GB, ZeRO-2 26.2 GB, ZeRO-3 14.0 GB",
-                     "ZeRO-3 17.5 GB", "needs 140.0 GB", "176.4 TFLOPS per GPU = 17.8% MFU",
-                     "DDP sends 24.5 GB per GPU per step, FULL_SHARD 36.8 GB"):
+                     "DDP 112.00 GB, ZeRO-1 38.50 GB, ZeRO-2 26.25 GB, ZeRO-3 14.00 GB",
+                     "ZeRO-3 17.50 GB", "needs 140.00 GB", "176.4 TFLOPS per GPU = 17.8% MFU",
+                     "DDP sends 24.50 GB per GPU per step, FULL_SHARD 36.75 GB"):
         assert expected in text, expected
 
 
@@ -278,7 +278,7 @@ def test_hta_deep_dive_comes_from_hta_and_agrees_with_our_kernel_sums(tmp_path):
     """HTA's COMMUNICATION kernel time per rank is the sum of the NCCL kernel durations, which
     tracecliff measures independently (collective rows)."""
     pytest.importorskip("hta")
-    from analyzer.hta_deepdive import deep_dive
+    from analyzer.job.hta import deep_dive
     from analyzer.synth import SCENARIOS, write_job
     spec = dataclasses.replace(SCENARIOS["ddp_healthy_8r"], world_size=2, n_layers=1, steps=2)
     write_job(spec, tmp_path)
@@ -299,7 +299,7 @@ def test_hta_deep_dive_comes_from_hta_and_agrees_with_our_kernel_sums(tmp_path):
 
 def test_hta_missing_is_a_clear_line(monkeypatch):
     import sys
-    from analyzer.hta_deepdive import deep_dive
+    from analyzer.job.hta import deep_dive
     monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import now raises ImportError
     data = deep_dive({0: "rank-0.json"})
     assert data == {"available": False,
@@ -314,8 +314,8 @@ def test_scaling_curve_from_the_whatif_model_with_the_suggested_fix(tmp_path):
     exposed cross-node all-reduce tail, projects a higher efficiency than the configuration as
     measured at the measured size and beyond (below it, 4 GPUs fit in one node and the tail is
     short either way)."""
-    pytest.importorskip("analyzer.whatif")
-    from analyzer.reports.html_cli import scaling_data
+    pytest.importorskip("analyzer.whatif.projection")
+    from analyzer.whatif.scaling import scaling_data
     from analyzer.synth import SCENARIOS, write_job
     write_job(SCENARIOS["ddp_bucket_oversized"], tmp_path)
     result = diagnose([str(p) for p in sorted(tmp_path.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from analyzer.cli import main
+from analyzer.cli.main import main
 from builders import TraceBuilder, two_step_ddp
 
 

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import intervals as iv
+from analyzer.base import intervals as iv
 
 intervals_strategy = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60)), max_size=25)
 

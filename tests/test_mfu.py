@@ -2,7 +2,7 @@
 
 import pytest
 
-from analyzer.mfu import compute_mfu
+from analyzer.job.mfu import compute_mfu
 
 PEAK_H100 = {"value": 989, "origin": "profile", "source": "test"}
 
@@ -36,7 +36,7 @@ def test_diagnose_reports_mfu_per_step(tmp_path, capsys):
     import dataclasses
     import json
 
-    from analyzer.cli import main
+    from analyzer.cli.main import main
     from analyzer.synth import SCENARIOS, write_job
 
     spec = dataclasses.replace(SCENARIOS["ddp_healthy_8r"], n_layers=1, steps=2)

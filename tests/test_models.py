@@ -1,4 +1,4 @@
-"""analyzer.models: every worked example of docs/models.md, hand-worked schedules, properties."""
+"""analyzer.model.formulas: every worked example of docs/models.md, hand-worked schedules, properties."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import models as m
+from analyzer.model import formulas as m
 
 MIB = 2**20
 NVL_ALPHA, NVL_BETA = 0.8, 450.0   # NVLink 4, models.md §1

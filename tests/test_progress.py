@@ -3,7 +3,7 @@
 import io
 import sys
 
-from analyzer.progress import ProgressBar, progress_enabled
+from analyzer.base.progress import ProgressBar, progress_enabled
 
 
 class Terminal(io.StringIO):

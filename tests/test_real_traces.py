@@ -10,7 +10,7 @@ import pytest
 
 from analyzer.api import diagnose
 from analyzer.ingest.loader import load_rank_trace
-from analyzer.timeline import breakdown
+from analyzer.rank.timeline import breakdown
 
 # file -> (overlap %, compute µs, idle µs, span µs), from the README of the real traces
 HTA_FIGURES = {

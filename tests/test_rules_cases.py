@@ -44,7 +44,7 @@ def test_exact_rule_set(trace):
     fired = {f["rule"] for f in result.findings}
     assert not [f for f in result.findings if f["title"].startswith("rule ")], "a rule raised"
     assert fired == expected_rules(trace)
-    statuses = {s["rule"]: s["status"] for s in result.extra["rules"]}
+    statuses = {s["rule"]: s["status"] for s in result.rules}
     assert {n for n, s in statuses.items() if s == "fired"} == fired
 
 
@@ -62,7 +62,7 @@ def test_findings_follow_the_contract(trace):
         assert all(isinstance(r, int) for r in f["ranks"]) and f["ranks"]
     gains = [f["estimated_gain_us"] for f in result.findings if f["estimated_gain_us"] is not None]
     assert gains == sorted(gains, reverse=True)
-    assert result.extra["verdict"].endswith(".")
+    assert result.verdict.endswith(".")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if "generated" in c))

@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from analyzer import models
-from analyzer.cli import main
-from analyzer.config import ConfigError, load_config, rule_settings
-from analyzer.rules.ddp_model import DdpStep
+from analyzer.model import formulas as models
+from analyzer.cli.main import main
+from analyzer.base.config import ConfigError, load_config, rule_settings
+from analyzer.whatif.ddp import DdpStep
 from analyzer.rules.engine import DOC_SECTIONS, RULES, all_rules, run_rules
-from analyzer.rules.facts import Link
+from analyzer.job.facts import Link
 from rule_cases_lib import diagnosed, sample_traces
 
 REQUIRED = {"ddp-bucket-oversized", "ddp-bucket-undersized", "comm-bound-step",
@@ -93,9 +93,9 @@ def test_disabled_rule_and_severity_override():
     assert [f["severity"] for f in run_rules(result, config)] == ["error"]
     config = {"rules": {"straggler-rank": {"enabled": False}}}
     assert run_rules(result, config) == []
-    status = {s["rule"]: s["status"] for s in result.extra["rules"]}
+    status = {s["rule"]: s["status"] for s in result.rules}
     assert status["straggler-rank"] == "disabled"
-    assert result.extra["verdict"].startswith("No scaling problem found")
+    assert result.verdict.startswith("No scaling problem found")
 
 
 def test_threshold_changes_the_verdict():
@@ -126,7 +126,7 @@ def test_findings_sorted_by_gain_then_without_gain():
     result = _fresh("synthetic/ddp_bucket_undersized")
     rules = [f["rule"] for f in run_rules(result)]
     assert rules == ["ddp-bucket-undersized", "comm-bound-step"]  # gain first, then no gain
-    assert result.extra["verdict"].startswith("2 problem(s) found: DDP buckets are undersized")
+    assert result.verdict.startswith("2 problem(s) found: DDP buckets are undersized")
 
 
 # ---------------------------------------------------------------- CLI
@@ -195,7 +195,7 @@ def test_ddp_step_model_hand_worked():
 
 # ---------------------------------------------------------------- the FSDP schedule, by hand
 def test_fsdp_step_model_hand_worked():
-    from analyzer.rules.fsdp_model import FsdpStep
+    from analyzer.whatif.fsdp import FsdpStep
 
     # Forward only: 3 units of 100 µs compute, each all-gather 50 µs.
     step = FsdpStep(0, 1, 300.0, 0.0, (1.0, 1.0, 1.0), (), (), prefetch=False)
@@ -223,5 +223,5 @@ def test_subset_of_ranks(trace, expected):
     from analyzer.api import DiagnoseOptions, diagnose
     result = diagnose(sample_traces()[trace][:2], DiagnoseOptions(workers=1))
     assert {f["rule"] for f in result.findings} == expected
-    status = {s["rule"]: s["status"] for s in result.extra["rules"]}
+    status = {s["rule"]: s["status"] for s in result.rules}
     assert status["straggler-rank"] == "not_applicable"

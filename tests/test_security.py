@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.cli import main
+from analyzer.cli.main import main
 from builders import AUTOGRAD, two_step_ddp
 from conftest import REPO
 
@@ -21,10 +21,10 @@ UNSAFE_CALLS = {"eval", "exec", "compile", "__import__"}
 # Modules that write files, each with the reason it may: everything else goes through
 # analyzer.output.write_atomic.
 WRITERS = {
-    "analyzer/output.py": "write_atomic itself (temporary file + rename)",
-    "analyzer/cache.py": "cache entries, temporary file + rename",
+    "analyzer/base/output.py": "write_atomic itself (temporary file + rename)",
+    "analyzer/run/cache.py": "cache entries, temporary file + rename",
     "analyzer/capture.py": "profiler traces during training, temporary file + rename",
-    "analyzer/gate.py": "appends to the CI-provided $GITHUB_STEP_SUMMARY, as GitHub asks",
+    "analyzer/cli/gate.py": "appends to the CI-provided $GITHUB_STEP_SUMMARY, as GitHub asks",
     "analyzer/synth/job.py": "the synthetic-trace generator's own output folder",
 }
 PWN = "PWNED"
@@ -78,7 +78,7 @@ def test_files_are_written_only_through_known_writers():
 
 
 def test_write_atomic_keeps_old_file_on_failure(tmp_path, monkeypatch):
-    from analyzer import output
+    from analyzer.base import output
     target = tmp_path / "report.json"
     target.write_text("old")
     output.write_atomic(target, "new")
@@ -87,7 +87,7 @@ def test_write_atomic_keeps_old_file_on_failure(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(output.os, "replace", failing_replace)
-    from analyzer.errors import InputError
+    from analyzer.base.errors import InputError
     with pytest.raises(InputError, match="No space left"):
         output.write_atomic(target, "newer")
     assert target.read_text() == "new"

@@ -140,7 +140,7 @@ def test_load_uses_small_chunks_and_gzip(tmp_path, monkeypatch):
     (b'{"traceEvents": [] , "traceEvents" : 3}', "traceEvents"),
 ])
 def test_errors_point_into_the_file_whatever_the_chunking(tmp_path, text, problem):
-    from analyzer.errors import InputError
+    from analyzer.base.errors import InputError
     path = tmp_path / "rank-0.json"
     messages = set()
     for size in (3, 11, len(text)):
@@ -179,7 +179,7 @@ def two_core_files():
 @pytest.mark.parametrize("path", two_core_files(), ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}")
 def test_two_core_load_equals_sequential(path, monkeypatch):
     from analyzer.ingest import parallel
-    from analyzer.rank_analysis import RankOptions, analyze_rank
+    from analyzer.rank.analysis import RankOptions, analyze_rank
     sequential = load_rank_trace(path)
 
     def no_fallback(*args):
@@ -193,7 +193,7 @@ def test_two_core_load_equals_sequential(path, monkeypatch):
 
 @pytest.mark.parametrize("trouble", ["cut inside a string", "NaN literal", "invalid UTF-8", "truncated gzip"])
 def test_two_core_load_hands_trouble_to_the_sequential_loader(tmp_path, trouble):
-    from analyzer.errors import InputError
+    from analyzer.base.errors import InputError
     from analyzer.ingest.parallel import load_rank_trace_parallel
     data = tricky_trace()
     if trouble == "NaN literal":

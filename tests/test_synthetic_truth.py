@@ -5,7 +5,7 @@ import json
 import pytest
 
 from analyzer.api import diagnose
-from analyzer.comms import canonical_dtype
+from analyzer.rank.comms import canonical_dtype
 from conftest import SAMPLES
 
 JOBS = sorted(p.parent.name for p in (SAMPLES / "synthetic").glob("*/truth.json"))

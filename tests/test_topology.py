@@ -3,7 +3,7 @@
 from types import SimpleNamespace
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.topology import DEFAULT_GPUS_PER_NODE, build_topology
+from analyzer.job.topology import DEFAULT_GPUS_PER_NODE, build_topology
 
 
 def rank(r, host=None, devices=8, world=16):
@@ -53,9 +53,9 @@ def test_subset_with_hosts_falls_back_to_layout_for_unknown_members():
 
 def test_groups_in_json_carry_nodes(real_traces):
     result = diagnose([str(real_traces / "hta_ddp_rank0_of_2")], DiagnoseOptions(workers=1))
-    topo = result.extra["topology"]
+    topo = result.topology
     assert (topo["gpus_per_node"], topo["gpus_per_node_source"]) == (8, "deviceProperties")
-    (group,) = result.extra["groups"]
+    (group,) = result.groups
     assert (group["ranks"], group["nodes"], group["cross_node"]) == ([0, 1], 1, False)
     result = diagnose([str(real_traces / "hta_ddp_rank0_of_2")], DiagnoseOptions(workers=1, gpus_per_node=1))
-    assert result.extra["groups"][0]["cross_node"] is True
+    assert result.groups[0]["cross_node"] is True

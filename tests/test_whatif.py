@@ -8,10 +8,10 @@ import json
 import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose
-from analyzer.cli import main
-from analyzer.errors import ConfigError
+from analyzer.cli.main import main
+from analyzer.base.errors import ConfigError
 from analyzer.synth import SCENARIOS, simulate, write_job
-from analyzer.whatif import Scenario, project
+from analyzer.whatif.projection import Scenario, project
 
 SMALL = {"n_layers": 2, "steps": 2}
 
@@ -130,7 +130,7 @@ def test_mfu_with_model_size(ddp_two_nodes):
 def test_cli_json_and_text(ddp_one_nic, capsys):
     _, files, _, _ = ddp_one_nic
     with pytest.raises(SystemExit) as code:
-        main(["whatif", *files, "--nics-per-node", "4", "--format", "json"])
+        main(["whatif", *files, "--target-nics-per-node", "4", "--format", "json"])
     assert code.value.code == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"measured", "projected", "assumptions", "notes"}

@@ -23,7 +23,7 @@ from analyzer.ingest.classify import (
     marker_kind,
 )
 from analyzer.ingest.schema import Event, EventArgs
-from analyzer.trace import GpuEvents, GpuKind, Launches, Markers
+from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
 
 MISSING = -1
 NO_ARGS = EventArgs()

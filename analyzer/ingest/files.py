@@ -8,7 +8,7 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-from analyzer.errors import InputError
+from analyzer.base.errors import InputError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 GZIP_MAGIC = b"\x1f\x8b"

@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from analyzer.errors import InputError
+from analyzer.base.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import ColumnBuilder, parse_ranks, to_int
 from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
 from analyzer.ingest.schema import TraceFile
 from analyzer.ingest.stream import Decoding, decode_stream
-from analyzer.trace import RankTrace
+from analyzer.ingest.trace import RankTrace
 
 # rank-3, rank_3, rank3, worker3, worker_3, trainer-3, proc3 ... (the last match wins: dirs first)
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|trainer|proc|process|gpu)[-_]?(\d+)", re.IGNORECASE)

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from analyzer.errors import InputError
+from analyzer.base.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import ColumnBuilder
 from analyzer.ingest.files import CHUNK_BYTES, DEFAULT_MAX_INFLATE_BYTES, GZIP_MAGIC, iter_trace_chunks
@@ -39,7 +39,7 @@ from analyzer.ingest.stream import (
     last_candidate_cut,
     read_head,
 )
-from analyzer.trace import RankTrace
+from analyzer.ingest.trace import RankTrace
 
 MIN_PARALLEL_BYTES = 96 << 20  # smaller traces: starting a process costs more than it saves
 IN_FLIGHT = 2  # slices handed to the helper and not yet merged (bounds memory)

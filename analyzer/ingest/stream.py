@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import msgspec
 import numpy as np
 
-from analyzer.errors import InputError
+from analyzer.base.errors import InputError
 from analyzer.ingest.schema import TRACE_DECODER, Event, TraceFile
 
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])

@@ -1,6 +1,6 @@
 """Link and collective cost model (models.md sections 1-2) and kernel durations from work.
 
-These formulas are the generator's own copy, deliberately independent of ``analyzer.models``
+These formulas are the generator's own copy, deliberately independent of ``analyzer.model.formulas``
 (the thing under test).
 """
 

@@ -5,7 +5,7 @@ stream): span = last end - first start; busy = |union of all|; compute = |union 
 kernels|; comm = |union of NCCL kernels|; overlap = |compute ∩ comm|; exposed = comm - overlap;
 idle = span - busy; overlap_pct = 100·overlap/comm (0 when comm is 0). Per step: the GPU work
 launched inside ProfilerStep#N. Exposed per phase: |union(comm kernels of that phase) \\ compute|.
-This module has its own interval algebra on purpose (analyzer.intervals is under test).
+This module has its own interval algebra on purpose (analyzer.base.intervals is under test).
 """
 
 from __future__ import annotations

@@ -1,0 +1,39 @@
+"""Atomic output files: write a temporary file beside the target, then rename over it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from analyzer.base.errors import InputError
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()  # once, at import: os.umask is process-wide, not thread-safe
+
+
+def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None = None) -> None:
+    target = Path(path)
+    for given in inputs or []:
+        if target.exists() and Path(given).exists() and os.path.samefile(target, given):
+            raise InputError(target, "refusing to overwrite an input trace")
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
+        os.replace(tmp, target)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise InputError(target, f"cannot write: {exc.strerror or exc}") from None

@@ -1,0 +1,90 @@
+"""The one place numbers become text: times (µs), bytes, bandwidths, percentages. Every view
+(text, HTML, markdown, finding sentences, gate messages) formats through these, so one quantity
+reads the same everywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MISSING = "–"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fmt_us(value: Any) -> str:
+    """A duration given in µs, in the largest unit that keeps it readable."""
+    if not _number(value):
+        return MISSING
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:,.2f} s"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:,.1f} ms"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:,.2f} ms"
+    return f"{value:,.1f} µs"
+
+
+def fmt_bytes(value: Any) -> str:
+    """Decimal units (as NCCL and nccl-tests count): 1.25 GB, 25.0 MB, 4.1 KB, 512 B."""
+    if not _number(value):
+        return "?"
+    for unit, scale, digits in (("GB", 1e9, 2), ("MB", 1e6, 1), ("KB", 1e3, 1)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.{digits}f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def fmt_gbps(value: Any, digits: int = 1) -> str:
+    return f"{value:,.{digits}f} GB/s" if _number(value) else MISSING
+
+
+def fmt_pct(value: Any, digits: int = 1) -> str:
+    return f"{value:.{digits}f}%" if _number(value) else MISSING
+
+
+def fmt_change_pct(value: Any) -> str:
+    """A signed relative change; from zero it is infinite and says so."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isinf(value):
+        return "new"
+    return f"{value:+.2f}%"
+
+
+def fmt_num(value: Any, digits: int = 2) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def fmt_unit(value: Any, unit: str) -> str:
+    """``value`` in ``unit`` (µs, B, %, GB/s, fraction, n): tables of mixed metrics."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING
+    if unit == "µs":
+        return f"{value:,.1f} µs"
+    if unit == "B":
+        return fmt_bytes(value)
+    if unit == "%":
+        return f"{value:.2f}%"
+    if unit == "GB/s":
+        return fmt_gbps(value, 3)
+    if unit == "fraction":
+        return f"{value:.4f}"
+    if unit == "n":
+        return f"{value:.3g}"
+    return f"{value:.4g}"
+
+
+def fmt_value(value: Any, limit: int = 400) -> str:
+    """Any evidence value as one short line of text (numbers grouped, structures as JSON)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt_num(value)
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,39 @@
+"""``tracecliff diagnose``: traces (or a saved JSON result) -> text, JSON or HTML."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.api import load_run
+from analyzer.base.gc_pause import paused_gc
+from analyzer.base.progress import ProgressBar
+from analyzer.cli.options import config_option, emit, html_options, output_option, trace_options
+from analyzer.cli.rules import exit_code
+
+
+@click.command("diagnose")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@output_option
+@click.option("--fail-on", type=click.Choice(["error", "warning"]),
+              help="Exit 1 when a finding of this severity (or worse) exists.")
+@trace_options
+@html_options
+@config_option
+def diagnose_command(paths, fmt, output, fail_on, options, html, config, config_path) -> int:
+    """Measure exposed communication per rank and step in the traces at PATHS (files,
+    directories or globs), or re-render a saved `diagnose --format json` result."""
+    from analyzer.reports import render
+    # The report sections (timeline, scaling curve) go into every saved result, so that it
+    # renders to the same HTML later; the text view does not draw them.
+    report = fmt != "text" or bool(html.get("file"))
+    result = load_run(list(paths), options, config, progress=ProgressBar("reading traces"),
+                      report=report, html_step=html["step"], hta=html["hta"])
+    with paused_gc():
+        inputs = [i["path"] for i in result.inputs] + list(paths)
+        text = render(result, fmt, timestamp=html["timestamp"])
+        emit(text, output, inputs)
+        if html.get("file"):
+            emit(text if fmt == "html" else render(result, "html", timestamp=html["timestamp"]),
+                 html["file"], inputs)
+    return exit_code(result.findings, fail_on)

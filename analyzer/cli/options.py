@@ -1,0 +1,128 @@
+"""Options shared by the commands. Each option means the same in every command that has it:
+the measured job's facts (--gpu, --gpus-per-node, --nics-per-node, --nic-gbps, --model-params,
+--tokens-per-step), --steps, --config, -o FILE, and the cache / executor options wherever
+traces are read. ``whatif`` names its projected-job options distinctly (--target-...)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+from analyzer.api import DiagnoseOptions
+from analyzer.run.executors import EXECUTORS, scale_settings
+
+
+def parse_steps(text: str | None) -> tuple[int, ...] | None:
+    """'3', '3,5', '3-6' or '3-6,9' -> ProfilerStep numbers."""
+    if not text:
+        return None
+    steps: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                steps.update(range(int(lo), int(hi) + 1))
+            elif part:
+                steps.add(int(part))
+    except ValueError:
+        raise click.BadParameter(f"expected step numbers like 3,5-7, got {text!r}") from None
+    return tuple(sorted(steps))
+
+
+def _stack(options: list[Callable]) -> Callable:
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+_TRACE_OPTIONS = [
+    click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (default: all)."),
+    click.option("--gpus-per-node", type=click.IntRange(min=1),
+                 help="GPUs per node of the measured job when the traces lack host names."),
+    click.option("--gpu", help="GPU profile (e.g. h100, a100-sxm4-40gb) when deviceProperties is "
+                               "missing or wrong."),
+    click.option("--nics-per-node", type=click.IntRange(min=1),
+                 help="NICs per node (default: one per GPU, an assumption the output states)."),
+    click.option("--nic-gbps", type=click.FloatRange(min=0, min_open=True),
+                 help="One NIC's achievable one-way GB/s (default: 45 = a 400 Gb/s NIC)."),
+    click.option("--model-params", type=click.FloatRange(min=0, min_open=True),
+                 help="Model parameters Ψ (e.g. 7e9), for MFU."),
+    click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True),
+                 help="Tokens per optimizer step of the whole job (global batch x sequence), for MFU."),
+    click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count)."),
+    click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                 help="Run the per-rank analysis in local processes or on Dask distributed."),
+    click.option("--scheduler", metavar="ADDRESS",
+                 help="Dask scheduler (e.g. tcp://10.0.0.1:8786); default: a local Dask cluster."),
+    click.option("--cache-dir", type=click.Path(file_okay=False),
+                 help="Per-rank summary cache (default: ~/.cache/tracecliff or $TRACECLIFF_CACHE_DIR)."),
+    click.option("--no-cache", is_flag=True, help="Neither read nor write the per-rank cache."),
+    click.option("--max-inflate-gb", type=click.FloatRange(min=0, min_open=True), default=8.0,
+                 show_default=True, help="Refuse a trace that inflates past this size (gzip bombs)."),
+]
+_TRACE_KEYS = ("steps", "gpus_per_node", "gpu", "nics_per_node", "nic_gbps", "model_params",
+               "tokens_per_step", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
+
+
+def trace_options(command):
+    """Every option of reading and measuring traces; the command receives one ``options``
+    (DiagnoseOptions)."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        given = {k: kwargs.pop(k) for k in _TRACE_KEYS}
+        scale = scale_settings(given.pop("executor"), given.pop("scheduler"), given.pop("cache_dir"),
+                               given.pop("no_cache"), given.pop("max_inflate_gb"))
+        given["steps"] = parse_steps(given["steps"])
+        return command(*args, options=DiagnoseOptions(**given, **scale), **kwargs)
+    return _stack(_TRACE_OPTIONS)(wrapper)
+
+
+def config_option(command):
+    """``--config FILE``: the [tool.tracecliff] tables (default ./pyproject.toml), validated for
+    the rules before any trace is read; the command receives the table as ``config``."""
+    @click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                  help="TOML file with [tool.tracecliff] tables (default: ./pyproject.toml).")
+    @functools.wraps(command)
+    def wrapper(*args, config_path=None, **kwargs):
+        from analyzer.base.config import config_source, load_config, rule_settings
+        from analyzer.rules.engine import all_rules
+        config = load_config(config_path)
+        rule_settings(config, all_rules(), config_source(config_path))  # bad config: fail early
+        return command(*args, config=config, config_path=config_path, **kwargs)
+    return wrapper
+
+
+def output_option(command):
+    return click.option("-o", "--output", type=click.Path(dir_okay=False),
+                        help="Write to FILE (atomically) instead of stdout.")(command)
+
+
+def html_options(command):
+    """--html, --step, --hta, --timestamp; the command receives them as one ``html`` dict."""
+    @functools.wraps(command)
+    def wrapper(*args, html_file, step, hta, timestamp, **kwargs):
+        return command(*args, html={"file": html_file, "step": step, "hta": hta, "timestamp": timestamp},
+                       **kwargs)
+    return _stack([
+        click.option("--html", "html_file", type=click.Path(dir_okay=False),
+                     help="Also write the self-contained HTML report to FILE (next to the chosen --format)."),
+        click.option("--step", type=int, help="ProfilerStep shown in the HTML timeline (default: the median step)."),
+        click.option("--hta", is_flag=True,
+                     help="HTML: add HTA's idle-time and kernel-type breakdowns (needs the optional hta extra)."),
+        click.option("--timestamp", is_flag=True,
+                     help="HTML: print the generation time (off by default so the bytes are reproducible)."),
+    ])(wrapper)
+
+
+def emit(text: str, output: str | None, inputs: list[Any]) -> None:
+    """``text`` to ``output`` (atomically, never over an input) or to stdout."""
+    from analyzer.base.output import write_atomic
+    if output:
+        write_atomic(output, text, [str(i) for i in inputs])
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,41 @@
+"""``tracecliff whatif``: project the measured job onto another configuration. The measured
+job's options are the ones every command has (--gpu, --gpus-per-node, --nics-per-node, ...);
+the projected job's are named --target-... (besides --gpus, --nodes, --strategy, --bucket-mb)."""
+
+from __future__ import annotations
+
+import click
+
+from analyzer.cli.options import config_option, emit, output_option, trace_options
+from analyzer.whatif.projection import STRATEGY_CHOICES
+
+
+@click.command("whatif")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--gpus", type=click.IntRange(min=1), help="Total GPUs of the projected job.")
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes of the projected job.")
+@click.option("--target-gpus-per-node", type=click.IntRange(min=1), help="GPUs per node of the projected job.")
+@click.option("--target-nics-per-node", type=click.IntRange(min=1), help="NICs per node of the projected job.")
+@click.option("--target-nic-gbps", type=click.FloatRange(min=0, min_open=True),
+              help="Projected NIC's achievable one-way GB/s (e.g. 45 for 400 Gb/s).")
+@click.option("--strategy", type=click.Choice(STRATEGY_CHOICES), help="Projected data-parallel strategy.")
+@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), help="Projected DDP bucket_cap_mb.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@output_option
+@trace_options
+@config_option
+def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_node, target_nic_gbps,
+                   strategy, bucket_mb, fmt, output, options, config, config_path) -> None:
+    """Project step time, exposed communication, scaling efficiency and MFU of the job in the
+    traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
+    from analyzer.api import load_run
+    from analyzer.job.result import dumps
+    from analyzer.reports.whatif_text import render_text
+    from analyzer.whatif.projection import Scenario, project
+    result = load_run(list(paths), options, config)
+    scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
+                        nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
+                        bucket_mb=bucket_mb, model_params=options.model_params,
+                        tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node)
+    doc = project(result, scenario).to_dict()
+    emit(dumps(doc) if fmt == "json" else render_text(doc), output, [i["path"] for i in result.inputs])

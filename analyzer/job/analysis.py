@@ -1,0 +1,111 @@
+"""Job-level analyses run after the per-rank results are combined: topology, hardware, cross-rank
+waits and stragglers, per-collective bandwidth, per-group α/β, MFU.
+
+``analyze_job(result, options)`` stores them in the Result (``topology``, ``hardware``,
+``groups``, ``stragglers``, ``collective_summary``, ``mfu``) and adds ``algbw_gbps``,
+``busbw_gbps``, ``bound`` and ``wait_us`` to every row of ``result.collectives``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analyzer.job import commfit
+from analyzer.job import crossrank
+from analyzer.base.errors import ConfigError
+from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
+from analyzer.job.mfu import compute_mfu, job_step_times
+from analyzer.job.topology import Topology, build_topology
+
+
+def analyze_job(result: Any, options: Any) -> None:
+    topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
+    hardware = resolve_job_hardware(result.ranks, topology, options)
+    world = result.job.get("world_size")
+    stragglers = crossrank.analyze(result.collectives, world)
+    groups = fit_groups(result.collectives, topology, hardware)
+    result.topology = topology.to_dict()
+    result.hardware = hardware.to_dict()
+    result.stragglers = stragglers
+    result.groups = groups
+    result.collective_summary = commfit.summarize(result.collectives)
+    n_gpus = world or result.job.get("ranks_given")
+    result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
+                                      getattr(options, "tokens_per_step", None), n_gpus,
+                                      hardware.peak_tflops.to_dict())
+
+
+def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:
+    devices = next((r.devices for r in ranks if r.devices), [])
+    overrides = {"gpu": getattr(options, "gpu", None),
+                 "nics_per_node": getattr(options, "nics_per_node", None),
+                 "nic_gbps": getattr(options, "nic_gbps", None)}
+    if topology.gpus_per_node_source == "--gpus-per-node":
+        overrides["gpus_per_node"] = topology.gpus_per_node
+    measured = topology.gpus_per_node if topology.gpus_per_node_source == "host names" else None
+    try:
+        return resolve_hardware([d.get("name") for d in devices],
+                                [d.get("total_mem_bytes") for d in devices],
+                                overrides, gpus_per_node=measured)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def profile_link(cross_node: bool | None, ranks_per_node: float | None,
+                 hardware: HardwareAssumptions) -> tuple[float | None, float | None, str]:
+    """(α, β, where from) of a group from the hardware profile (models.md §2): NVLink inside a
+    node; across nodes α_nic and the node's aggregate NIC bandwidth shared by the group's members
+    on that node, ``min(β_nvlink, nics_per_node × β_nic × members_per_node / gpus_per_node)``."""
+    intra_alpha, intra_beta = hardware.intra_node_alpha_us.value, hardware.intra_node_gbps.value
+    if not cross_node:
+        return intra_alpha, intra_beta, "hardware profile (intra-node link)"
+    nic, nics, gpn = hardware.nic_gbps.value, hardware.nics_per_node.value, hardware.gpus_per_node.value
+    if nic is None or not nics or not gpn or intra_beta is None:
+        return hardware.nic_alpha_us.value, None, "hardware profile (NIC; β unknown)"
+    share = min(1.0, (ranks_per_node or gpn) / gpn)
+    beta = min(intra_beta, nics * nic * share)
+    return (hardware.nic_alpha_us.value, round(beta, 3),
+            f"hardware profile ({nics} NIC(s) per node x {nic} GB/s, shared by "
+            f"{ranks_per_node:g} of {gpn} GPUs per node)")
+
+
+def fit_groups(rows: list[dict[str, Any]], topology: Topology,
+               hardware: HardwareAssumptions) -> list[dict[str, Any]]:
+    """One entry per process group with collectives; annotates the rows with bandwidths and bound."""
+    members: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        members.setdefault(crossrank.group_key(row), []).append(row)
+    groups = []
+    for key in sorted(members, key=str):
+        group_rows = members[key]
+        group = group_rows[0].get("group") or {}
+        n = group.get("size")
+        label = topology.label_group(group.get("ranks"))
+        fallback = profile_link(label["cross_node"], label["ranks_per_node"], hardware)
+        cols = commfit.GroupColumns(group_rows)
+        gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
+        if not n:
+            ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
+        elif not gpu.any():
+            ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
+        else:
+            ab = commfit.fit_alpha_beta([k for k, g in zip(cols.kinds, gpu.tolist()) if g],
+                                        cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
+        s_star = ab.s_star_bytes
+        busbw = commfit.annotate_group(group_rows, n, s_star, cols)
+        gpu_busbw = [b for b, g in zip(busbw, gpu.tolist()) if g and b is not None]
+        groups.append({
+            "name": group.get("name") if key[0] != "unknown" else None,
+            "description": group.get("description"),
+            "ranks": group.get("ranks"), "size": n,
+            "nodes": label["nodes"], "cross_node": label["cross_node"],
+            "collectives": len(group_rows),
+            "kinds": sorted(set(cols.kinds)),
+            "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
+            "s_star_bytes": None if s_star is None else round(s_star, 1),
+            "fit": ab.fit, "fit_source": ab.source,
+            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
+        })
+    return groups

@@ -1,0 +1,273 @@
+"""Bandwidth of every collective, and α/β of every process group fitted from the trace.
+
+algbw / busbw follow nccl-tests (models.md §2): ``algbw = S / t`` and ``busbw = algbw ×
+busbw_factor(kind, N)``, with t the collective's *transfer* time (its duration minus the time it
+waited for late ranks, see :mod:`analyzer.job.crossrank`).
+
+α/β of a group (models.md §1): every ring collective costs ``hops·α + hops·x/β`` with
+``hops`` = 2(N-1) (all-reduce), N-1 (all-gather, reduce-scatter, all-to-all) or 1 (broadcast,
+reduce, point-to-point) and ``x = S · busbw_factor / hops`` (S/N for the rings), so
+``y = t / hops = α + x / β`` is one line for all kinds of a group. Durations are inflated by
+waiting and contention, never deflated, so the line is fitted to the *lower envelope*: the
+fastest point of each size bucket, then the line that stays below every envelope point and is
+closest to them in relative terms (a 2-variable linear program, solved exactly on its vertices).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable
+
+import numpy as np
+
+from analyzer.model import formulas as models
+
+MIN_DISTINCT_SIZES = 3
+MAX_MEDIAN_GAP = 0.5  # envelope points this far above the fitted line: the model does not fit
+_RING_HOPS = {"allreduce": 2, "allgather": 1, "reduce_scatter": 1, "alltoall": 1}
+
+
+def hops(kind: str, n: int) -> int:
+    """Number of α terms of one collective of ``kind`` on N ranks (models.md §2)."""
+    if kind in _RING_HOPS:
+        return _RING_HOPS[kind] * (n - 1)
+    return 1
+
+
+def modelled(kind: str) -> bool:
+    return kind in models.COLLECTIVE_KINDS
+
+
+def has_bus_model(kind: str, n: int | None) -> bool:
+    """Whether busbw, hops and the latency/bandwidth bound are defined for ``kind`` on N ranks:
+    a modelled kind, a known N, and two ranks at least except for point-to-point."""
+    return modelled(kind) and bool(n) and (n >= 2 or kind in ("send", "recv", "sendrecv"))
+
+
+def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
+               n: int | None) -> tuple[float | None, float | None]:
+    """(algbw, busbw) in GB/s; None where the size, time or group size is unknown."""
+    if size_bytes is None or not time_us or time_us <= 0:
+        return None, None
+    alg = models.algbw_gbps(size_bytes, time_us)
+    if not has_bus_model(kind, n):
+        return alg, None
+    return alg, alg * busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
+
+
+class GroupColumns:
+    """The fields of a group's collective rows that the fits need, read once as arrays."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        count = len(rows)
+        self.kinds = [r["collective"] for r in rows]
+        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
+        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
+        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
+        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
+        self.transfer = durations - waits  # the wait for late ranks taken out
+        self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+
+def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
+                   cols: GroupColumns | None = None) -> list[float | None]:
+    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
+    duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks: the arithmetic
+    of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw values."""
+    cols = cols or GroupColumns(rows)
+    count, sizes, times = len(rows), cols.sizes, cols.time
+    defined = {kind: has_bus_model(kind, n) for kind in set(cols.kinds)}
+    factor_of = {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()}
+    hops_of = {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()}
+    factors = np.fromiter(map(factor_of.__getitem__, cols.kinds), float, count)
+    hop_counts = np.fromiter(map(hops_of.__getitem__, cols.kinds), float, count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
+        alg = np.where(known, sizes / times * 1e-3, np.nan)
+        bus = alg * factors
+        per_hop = sizes * factors / hop_counts  # the bytes each of the collective's α terms carries
+        latency = per_hop < (np.nan if s_star is None else s_star)
+    bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
+    has_bound = ~np.isnan(per_hop) & (s_star is not None)
+    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
+    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
+        r["algbw_gbps"] = None if a != a else round(a, 4)
+        r["busbw_gbps"] = b
+        r["bound"] = bound if ok else None
+    return busbw
+
+
+@lru_cache(maxsize=4096)
+def busbw_factor(kind: str, n: int) -> float:
+    return models.busbw_factor(kind, n)
+
+
+def size_bucket(size_bytes: int) -> int:
+    """Power-of-two size bucket: k such that 2**k <= S < 2**(k+1) (0 for S < 2)."""
+    return max(0, int(size_bytes).bit_length() - 1)
+
+
+def bucket_label(k: int) -> str:
+    return f"{_human(2 ** k)}-{_human(2 ** (k + 1))}"
+
+
+def _human(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    alpha_us: float | None
+    beta_gbps: float | None
+    fit: str  # how they were obtained, in words
+    source: str  # "fit" | "profile-alpha" (α from the profile, β measured) | "profile" | "none"
+    points: int = 0  # envelope points the fit used
+
+    @property
+    def s_star_bytes(self) -> float | None:
+        if self.alpha_us is None or not self.beta_gbps:
+            return None
+        return models.crossover_bytes(self.alpha_us, self.beta_gbps)
+
+
+def envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fastest point (smallest y) of each power-of-two bucket of x, buckets ascending."""
+    order = np.lexsort((y, x))
+    x, y = x[order], y[order]
+    keys = np.array([size_bucket(int(v)) for v in x])
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    best_x, best_y = [], []
+    for lo, hi in zip(first, np.r_[first[1:], len(x)]):
+        k = lo + int(np.argmin(y[lo:hi]))
+        best_x.append(x[k])
+        best_y.append(y[k])
+    return np.asarray(best_x, float), np.asarray(best_y, float)
+
+
+def lower_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
+    """(α, c) of the line ``α + c·x`` below every point (α ≥ 0, c > 0) that maximises
+    ``Σ (α + c·x_i) / y_i``: the lower envelope in relative terms. None when no such line has
+    c > 0 (times that do not grow with size)."""
+    if len(x) < 2:
+        return None
+    candidates = [(0.0, float(np.min(y / x)))]
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    ok = dx > 0
+    slope = (y[j][ok] - y[i][ok]) / dx[ok]
+    intercept = y[i][ok] - slope * x[i][ok]
+    candidates += list(zip(intercept.tolist(), slope.tolist()))
+    weights = 1.0 / y
+    best, best_score = None, -math.inf
+    for alpha, c in candidates:
+        if alpha < 0 or c <= 0:
+            continue
+        if np.any(alpha + c * x > y * (1 + 1e-9) + 1e-12):
+            continue
+        score = float(np.sum(weights * (alpha + c * x)))
+        if score > best_score:
+            best, best_score = (alpha, c), score
+    return best
+
+
+def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n: int,
+                   fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
+    """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
+    ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
+    usable = {k: has_bus_model(k, n) for k in set(kinds)}
+    scale = {k: (busbw_factor(k, n), hops(k, n)) for k, ok in usable.items() if ok}
+    points = [(s * scale[k][0] / scale[k][1], t / scale[k][1])
+              for k, s, t in zip(kinds, sizes, times_us) if usable[k] and s and t and t > 0]
+    distinct = len({s for k, s in zip(kinds, sizes) if s and modelled(k)})
+    alpha_fb, beta_fb, where = fallback
+    source = "profile" if beta_fb is not None else "none"
+    if distinct < MIN_DISTINCT_SIZES:
+        return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
+    x, y = envelope(np.array([p[0] for p in points], float), np.array([p[1] for p in points], float))
+    line = lower_line(x, y)
+    if line is None:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: transfer times do not grow with size, "
+                         "no α/β fit", source)
+    alpha, c = line
+    gap = float(np.median((y - (alpha + c * x)) / y))
+    if gap > MAX_MEDIAN_GAP:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: the fastest transfers do not follow α + S/β "
+                         f"(median gap {100 * gap:.0f}% to the best line)", source)
+    beta = 1e-3 / c  # y µs = x B · c  ->  β GB/s = 1e-3 / c
+    return AlphaBeta(round(alpha, 4), round(beta, 3),
+                     f"lower-envelope fit of {len(points)} collectives ({distinct} distinct sizes, "
+                     f"{len(x)} size buckets)", "fit", len(x))
+
+
+def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
+    """Too few sizes for a line: α from the profile; β from the fastest collective with that α
+    when its transfer time is clearly above α (else the profile's β too)."""
+    why = f"only {distinct} distinct message size(s) (a fit needs {MIN_DISTINCT_SIZES})"
+    if alpha_fb is None or not points:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: {why}", source)
+    betas = [x * 1e-3 / (y - alpha_fb) for x, y in points if x > 0 and y > 2 * alpha_fb]
+    if not betas:
+        return AlphaBeta(alpha_fb, beta_fb, f"{where}: {why}; transfers too short to measure β", source)
+    return AlphaBeta(alpha_fb, round(max(betas), 3),
+                     f"α from the {where}; β from the fastest of {len(points)} collectives "
+                     f"with that α: {why}", "profile-alpha", 1)
+
+
+def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
+    sized = [row for row in rows if row.get("bytes") is not None]
+    cells: dict[tuple, list[int]] = {}
+    for index, row in enumerate(sized):
+        key = (_group_name(row), row["collective"], max(0, int(row["bytes"]).bit_length() - 1))  # size_bucket
+        cells.setdefault(key, []).append(index)
+    count = len(sized)
+    sizes = np.fromiter((r["bytes"] for r in sized), dtype=object, count=count)
+    transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
+    busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
+                        dtype=float, count=count)
+    bounds = [r.get("bound") for r in sized]
+    out = []
+    for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
+        cell_transfer, cell_busbw = transfer[members], busbw[members]
+        cell_busbw = cell_busbw[~np.isnan(cell_busbw)]
+        cell_sizes = sizes[members]
+        out.append({
+            "group": group, "collective": kind, "size_bucket": bucket_label(bucket),
+            "count": len(members),
+            "bytes_min": min(cell_sizes), "bytes_max": max(cell_sizes),
+            "transfer_us_min": round(float(cell_transfer.min()), 3),
+            "transfer_us_median": round(float(np.median(cell_transfer)), 3),
+            "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
+            "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
+            "bound": _most_common(bounds[i] for i in members),
+        })
+    return out
+
+
+def _most_common(values: Iterable[str | None]) -> str | None:
+    """The most common non-null label (ties: alphabetical), None when all are null."""
+    counts: dict[str, int] = {}
+    for v in values:
+        if v is not None:
+            counts[v] = counts.get(v, 0) + 1
+    return min(counts, key=lambda v: (-counts[v], v)) if counts else None
+
+
+def _group_name(row: dict[str, Any]) -> str | None:
+    group = row.get("group") or {}
+    return group.get("name")
+
+
+def bound_of(kind: str, size_bytes: int | None, n: int | None, s_star: float | None) -> str | None:
+    """``latency-bound`` when the collective's α terms outweigh its bandwidth terms, i.e. when the
+    bytes per hop ``x = S·busbw_factor/hops`` (S/N on a ring) are below S* = α·β (models.md §1-2);
+    ``bandwidth-bound`` otherwise. A ring all-reduce of S is latency-bound iff S < N·S*."""
+    if size_bytes is None or s_star is None or not has_bus_model(kind, n):
+        return None
+    per_hop = size_bytes * busbw_factor(kind, n) / hops(kind, n)
+    return "latency-bound" if per_hop < s_star else "bandwidth-bound"

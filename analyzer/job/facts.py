@@ -1,0 +1,280 @@
+"""Facts shared by the rules, computed once per run from the Result: per-step views with the
+phase windows in job time, the typical step, each process group's α/β (fitted by the job
+analysis when it ran, else from the hardware profile), and which analyses are available."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from analyzer.model import formulas as models
+
+POINT_TO_POINT = ("send", "recv", "sendrecv")
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One rank's step, times in µs; ``windows[phase] = (start_us, end_us, compute_us)`` of the
+    phase's compute kernels in job time (the collective rows' clock)."""
+
+    rank: int
+    step: int
+    step_time_us: float
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    idle_us: float
+    busy_us: float
+    windows: dict[str, tuple[float, float, float]]
+    low_precision_compute_us: float
+    cpu_step_us: float | None = None  # the ProfilerStep range on the CPU
+
+
+@dataclass(frozen=True)
+class Link:
+    """α/β of one process group and where they came from."""
+
+    alpha_us: float
+    beta_gbps: float
+    n: int
+    cross_node: bool
+    nodes: int
+    source: str
+
+    def time_us(self, kind: str, size_bytes: float) -> float:
+        return models.collective_time(kind, size_bytes, self.n, self.alpha_us, self.beta_gbps)
+
+    @property
+    def s_star_bytes(self) -> float:
+        return models.crossover_bytes(self.alpha_us, self.beta_gbps)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"alpha_us": self.alpha_us, "beta_gbps": self.beta_gbps, "n": self.n,
+                "cross_node": self.cross_node, "nodes": self.nodes,
+                "s_star_bytes": round(self.s_star_bytes), "source": self.source}
+
+
+class JobFacts:
+    def __init__(self, result: Any):
+        self.result = result
+        self.job = result.job
+        self.strategy = result.job.get("strategy") or "unknown"
+
+    # ---------------------------------------------------------------- steps
+    @cached_property
+    def steps(self) -> list[StepView]:
+        origin = self.job.get("time_origin_ns") or 0
+        views = []
+        for r in self.result.ranks:
+            for s in r.steps:
+                windows = {phase: ((w["start_ns"] - origin) / 1000.0, (w["end_ns"] - origin) / 1000.0,
+                                   w["compute_us"]) for phase, w in (s.get("phase_windows") or {}).items()}
+                views.append(StepView(r.rank, s["step"], s["step_time_us"], s["compute_us"], s["comm_us"],
+                                      s["exposed_comm_us"], s["idle_us"], s["busy_us"], windows,
+                                      s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us")))
+        return views
+
+    @cached_property
+    def typical_step_us(self) -> float | None:
+        """Median over ranks of each rank's mean step time (µs)."""
+        return self._median_of_rank_means("step_time_us")
+
+    @cached_property
+    def typical_exposed_us(self) -> float | None:
+        return self._median_of_rank_means("exposed_comm_us")
+
+    def _median_of_rank_means(self, key: str) -> float | None:
+        by_rank: dict[int, list[float]] = {}
+        for s in self.steps:
+            by_rank.setdefault(s.rank, []).append(getattr(s, key))
+        means = [statistics.fmean(v) for v in by_rank.values() if v]
+        return statistics.median(means) if means else None
+
+    def step_view(self, rank: int, step: Any) -> StepView | None:
+        return self._step_index.get((rank, step))
+
+    @cached_property
+    def _step_index(self) -> dict[tuple[int, Any], StepView]:
+        return {(s.rank, s.step): s for s in self.steps}
+
+    # ---------------------------------------------------------------- collectives
+    def collectives_of(self, rank: int, step: Any) -> list[dict[str, Any]]:
+        return self._collectives_index.get((rank, step), [])
+
+    @cached_property
+    def _collectives_index(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
+        index: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for row in self.result.collectives:
+            index.setdefault((row["rank"], row["step"]), []).append(row)
+        return index
+
+    @cached_property
+    def matched(self) -> dict[tuple, dict[int, dict[str, Any]]]:
+        """The same collective on every rank that has it: by (group, Seq) when recorded, else by
+        (group, collective, step, occurrence on that rank). GPU collectives only; point-to-point
+        transfers are left out (a send and its recv do not end together on every rank)."""
+        out: dict[tuple, dict[int, dict[str, Any]]] = {}
+        seen: dict[tuple, int] = {}
+        for row in self.result.collectives:  # sorted by rank, then start
+            if not row.get("on_gpu") or row["collective"] in POINT_TO_POINT:
+                continue
+            group = (row.get("group") or {}).get("name")
+            if row.get("seq") is not None:
+                key = (group, "seq", row["seq"])
+            else:
+                base = (group, row["collective"], row["step"])
+                index = seen.get((row["rank"], base), 0)
+                seen[(row["rank"], base)] = index + 1
+                key = (*base, index)
+            out.setdefault(key, {})[row["rank"]] = row
+        return out
+
+    @cached_property
+    def transfer_us(self) -> dict[tuple[int, float], float]:
+        """(rank, start_us) of a GPU collective -> its transfer time: the shortest duration of
+        the same collective across ranks (the others waited for the last arrival)."""
+        out = {}
+        for rows in self.matched.values():
+            shortest = min(r["dur_us"] for r in rows.values())
+            for rank, row in rows.items():
+                out[(rank, row["start_us"])] = shortest
+        return out
+
+    def transfer_time(self, row: dict[str, Any]) -> float:
+        """A collective's transfer time (µs): the shortest duration across the ranks given.
+        When some ranks are missing that minimum may still include waiting for one of them, so
+        it is capped by the α-β model time when the group's link is known."""
+        measured = self.transfer_us.get((row["rank"], row["start_us"]), row["dur_us"])
+        if len(self.result.ranks) >= self.world_size or not row.get("bytes") \
+                or row["collective"] not in models.COLLECTIVE_KINDS:
+            return measured
+        link = self.link(row.get("group") or {})
+        return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
+        out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for b in self.result.buckets:
+            out.setdefault((b["rank"], b["step"]), []).append(b)
+        for rows in out.values():
+            rows.sort(key=lambda b: b["index"])
+        return out
+
+    def units_by_pass(self) -> dict[tuple[int, Any, str, str], list[dict[str, Any]]]:
+        """FSDP units per (rank, step, phase, collective), in order."""
+        out: dict[tuple[int, Any, str, str], list[dict[str, Any]]] = {}
+        for u in self.result.fsdp_units:
+            out.setdefault((u["rank"], u["step"], u["phase"], u["collective"]), []).append(u)
+        for rows in out.values():
+            rows.sort(key=lambda u: u["index"])
+        return out
+
+    # ---------------------------------------------------------------- topology and links
+    @cached_property
+    def world_size(self) -> int:
+        return int(self.job.get("world_size") or len(self.result.ranks) or 1)
+
+    @cached_property
+    def hardware(self):
+        from analyzer.model.hardware import resolve_hardware
+        devices = next((r.devices for r in self.result.ranks if r.devices), [])
+        names = [d.get("name") for d in devices if d.get("name")]
+        memory = [d.get("total_mem_bytes") for d in devices if d.get("name")]
+        return resolve_hardware(names, memory or None, gpus_per_node=self.gpus_per_node)
+
+    @cached_property
+    def gpus_per_node(self) -> int:
+        topology = self.result.topology or {}
+        if isinstance(topology.get("gpus_per_node"), int):
+            return topology["gpus_per_node"]
+        hosts = [r.host for r in self.result.ranks if r.host]
+        if hosts and len(hosts) == len(self.result.ranks) and len(self.result.ranks) == self.world_size:
+            return max(hosts.count(h) for h in set(hosts))
+        return int(self.job.get("devices_per_node") or 8)
+
+    @cached_property
+    def _host_of(self) -> dict[int, str]:
+        return {r.rank: r.host for r in self.result.ranks if r.host}
+
+    def node_of(self, rank: int) -> str:
+        """The rank's host name when its trace says, else its node under the torchrun layout."""
+        return self._host_of.get(rank) or f"node{rank // self.gpus_per_node}"
+
+    def group_ranks(self, group: dict[str, Any]) -> list[int]:
+        ranks = group.get("ranks")
+        return list(ranks) if ranks else list(range(self.world_size))
+
+    def group_nodes(self, group: dict[str, Any]) -> int:
+        ranks = self.group_ranks(group)
+        if all(r in self._host_of for r in ranks):
+            return len({self._host_of[r] for r in ranks})
+        return len({r // self.gpus_per_node for r in ranks})
+
+    def link(self, group: dict[str, Any]) -> Link | None:
+        """α/β of a collective's process group: the job analysis's fit when present, else the
+        hardware profile (None when neither is known, e.g. CPU-only traces)."""
+        n = int(group.get("size") or len(self.group_ranks(group)))
+        nodes = self.group_nodes(group)
+        fitted = self._fitted_groups.get(group.get("name"))
+        if fitted and fitted.get("alpha_us") is not None and fitted.get("beta_gbps"):
+            return Link(float(fitted["alpha_us"]), float(fitted["beta_gbps"]), n,
+                        bool(fitted.get("cross_node", nodes > 1)), int(fitted.get("nodes") or nodes),
+                        f"fitted ({fitted.get('fit') or 'job analysis'})")
+        return self.profile_link(n, nodes, len(self.group_ranks(group)))
+
+    def profile_link(self, n: int, nodes: int, members: int | None = None) -> Link | None:
+        hw = self.hardware
+        nvl, alpha_nvl = hw.intra_node_gbps.value, hw.intra_node_alpha_us.value
+        if nvl is None or alpha_nvl is None:
+            return None
+        if nodes <= 1:
+            return Link(alpha_nvl, nvl, n, False, 1, f"profile {hw.gpu_profile.value} intra-node link")
+        per_node = (members or n) / nodes
+        node_nic = hw.nics_per_node.value * hw.nic_gbps.value
+        beta = min(nvl, node_nic * per_node / hw.gpus_per_node.value)
+        return Link(hw.nic_alpha_us.value, beta, n, True, nodes,
+                    f"profile: {hw.nics_per_node.value} x {hw.nic_gbps.value:g} GB/s NICs per node "
+                    f"({hw.nics_per_node.origin})")
+
+    @cached_property
+    def _fitted_groups(self) -> dict[Any, dict[str, Any]]:
+        return {g.get("name"): g for g in self.result.groups or [] if isinstance(g, dict)}
+
+    def whatif_step_us(self, **scenario: Any) -> float | None:
+        """Step time projected by the what-if model (analyzer.whatif.projection) for a changed
+        configuration: an independent cross-check of a rule's own projection (None when it
+        cannot project this trace)."""
+        try:
+            from analyzer.base.errors import TracecliffError
+            from analyzer.whatif.projection import Scenario, project
+            projected = project(self.result, Scenario(**scenario)).projected.get("step_time_us")
+        except (ImportError, TracecliffError, ValueError):
+            return None
+        return round(float(projected), 1) if projected is not None else None
+
+    # ---------------------------------------------------------------- applicability
+    def missing(self, needs: tuple[str, ...]) -> str | None:
+        """Why a rule with these needs cannot run on this job (None when it can)."""
+        checks = {
+            "gpu_steps": (lambda: any(s.windows for s in self.steps),
+                          "no GPU steps with ProfilerStep markers"),
+            "ddp": (lambda: self.strategy in ("ddp", "unknown") and bool(self.result.buckets),
+                    "not a DDP job with gradient all-reduces"),
+            "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units),
+                     "not an FSDP job"),
+            "multi_rank": (lambda: len(self.result.ranks) >= 2, "needs at least 2 ranks' traces"),
+            "all_ranks": (lambda: len(self.result.ranks) >= max(2, self.world_size),
+                          "needs every rank's trace (the last arrival may be a rank not given)"),
+            "collectives": (lambda: bool(self.result.collectives), "no collectives in the traces"),
+        }
+        for need in needs:
+            ok, reason = checks[need]
+            if not ok():
+                return reason
+        return None
+
+
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None

@@ -1,0 +1,61 @@
+"""Model and hardware FLOPs utilization per step (models.md §6; PaLM appendix B).
+
+FLOPs per token are ``6Ψ`` from ``--model-params`` Ψ; tokens per step (the whole job's, i.e.
+global batch × sequence length) from ``--tokens-per-step``. MFU = tokens/s × 6Ψ / (N × peak).
+HFU counts ``8Ψ`` when activations are recomputed; a trace does not say whether they are, so
+HFU is reported for both cases. Without Ψ or tokens nothing is computed: the output says what
+is missing rather than guessing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analyzer.model import formulas as models
+
+
+def job_step_times(ranks: list[Any]) -> dict[int, float]:
+    """Step number -> mean step time (µs) over the ranks that have the step."""
+    times: dict[int, list[float]] = {}
+    for r in ranks:
+        for s in r.steps:
+            if s.get("step_time_us"):
+                times.setdefault(s["step"], []).append(float(s["step_time_us"]))
+    return {step: float(np.mean(v)) for step, v in sorted(times.items())}
+
+
+def compute_mfu(step_times_us: dict[int, float], model_params: float | None,
+                tokens_per_step: float | None, n_gpus: int | None,
+                peak: dict[str, Any]) -> dict[str, Any]:
+    """``peak``: ``{"value": TFLOPS or None, "origin", "source"}`` from the hardware assumptions."""
+    missing = [name for name, value in (("--model-params", model_params),
+                                        ("--tokens-per-step", tokens_per_step),
+                                        ("the number of GPUs", n_gpus),
+                                        ("the GPU's peak TFLOPS (pass --gpu)", peak.get("value")))
+               if not value]
+    out: dict[str, Any] = {"model_params": model_params, "tokens_per_step": tokens_per_step,
+                           "n_gpus": n_gpus, "peak_tflops": peak}
+    if missing:
+        out.update(source=None, per_step=[], mfu_mean=None,
+                   note="MFU needs " + ", ".join(missing) + " (FLOPs from recorded shapes are "
+                        "not derived)")
+        return out
+    per_step = []
+    for step, time_us in step_times_us.items():
+        tokens_per_s = tokens_per_step / (time_us * 1e-6)
+        per_step.append({
+            "step": step, "step_time_us": round(time_us, 3), "tokens_per_s": round(tokens_per_s, 3),
+            "achieved_tflops_per_gpu": round(models.achieved_tflops_per_gpu(tokens_per_s, model_params, n_gpus), 4),
+            "mfu": round(models.mfu(tokens_per_s, model_params, n_gpus, peak["value"]), 6),
+            "hfu_with_recompute": round(models.hfu(tokens_per_s, model_params, n_gpus, peak["value"],
+                                                   recompute=True), 6),
+        })
+    mean = float(np.mean([s["mfu"] for s in per_step])) if per_step else None
+    out.update(source="6Ψ per token from --model-params and --tokens-per-step (global tokens per "
+                      "step); step time = mean over ranks", per_step=per_step,
+               flops_per_token=models.flops_per_token(model_params),
+               mfu_mean=round(mean, 6) if mean is not None else None,
+               note="HFU equals MFU without activation recomputation; hfu_with_recompute counts 8Ψ")
+    return out

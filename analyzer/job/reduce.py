@@ -1,0 +1,103 @@
+"""The reduce: the ranks' summaries combined into one job Result (job facts, collectives on one
+clock, DDP buckets, FSDP units, warnings)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from analyzer import __version__
+from analyzer.base.errors import InputError
+from analyzer.job.result import Result
+from analyzer.rank.analysis import RankAnalysis
+from analyzer.rank.comms import fsdp_units, gradient_buckets
+
+
+def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
+    """Check rank identities across files: unknown ranks, duplicates, world sizes."""
+    if len(results) == 1 and results[0].rank < 0:
+        results[0] = replace(results[0], rank=0, rank_source="single file")
+    for r in results:
+        if r.rank < 0:
+            raise InputError(r.path, "cannot tell the rank: no distributedInfo.rank and no rank number "
+                                     "in the file name (e.g. rank-3.json)")
+    seen: dict[int, str] = {}
+    for r in results:
+        if r.rank in seen:
+            raise InputError(r.path, f"duplicate rank {r.rank}: also in {seen[r.rank]}")
+        seen[r.rank] = r.path
+    sizes = sorted({r.world_size for r in results if r.world_size})
+    if len(sizes) > 1:
+        detail = ", ".join(f"{r.path}={r.world_size}" for r in results if r.world_size)
+        raise InputError(results[0].path, f"traces from different jobs: world_size differs ({detail})")
+    return sorted(results, key=lambda r: r.rank)
+
+
+def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
+    origin = min((r.first_gpu_ns for r in ranks if r.first_gpu_ns is not None), default=0)
+    collectives = []
+    for r in ranks:
+        shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
+        for row in r.collectives:
+            for key in ("start_us", "launch_us"):
+                if row[key] is not None:
+                    row[key] = round(row[key] + shift, 3)
+            collectives.append(row)
+        if r.timeline is not None:
+            r.timeline["start_us"] = [round(t + shift, 3) for t in r.timeline["start_us"]]
+    collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    warnings = _job_warnings(ranks)
+    job = job_facts(ranks, options, origin)
+    return Result(
+        inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
+        ranks=ranks, job=job, collectives=collectives,
+        buckets=gradient_buckets(collectives, _backward_starts(ranks, origin))
+        if job["strategy"] in ("ddp", "unknown") else [],
+        fsdp_units=fsdp_units(collectives) if job["strategy"].startswith("fsdp") else [],
+        warnings=warnings,
+    )
+
+
+def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
+    return {(r.rank, s["step"]): round((s["backward_launch_ns"] - origin_ns) / 1000.0, 3)
+            for r in ranks for s in r.steps if s.get("backward_launch_ns") is not None}
+
+
+def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
+    warnings = []
+    world = next((r.world_size for r in ranks if r.world_size), None)
+    if world and len(ranks) < world:
+        warnings.append(f"{len(ranks)} of {world} ranks given: cross-rank figures cover only these ranks")
+    for r in ranks:
+        warnings.extend(f"rank {r.rank} ({r.path}): {w}" for w in r.warnings)
+    return warnings
+
+
+def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int) -> dict[str, Any]:
+    seen = {k: sum(r.markers_seen.get(k, 0) for r in ranks) for k in ("ddp_forward", "fsdp1", "fsdp2")}
+    collectives = {row["collective"] for r in ranks for row in r.collectives}
+    if seen["fsdp2"]:
+        strategy = "fsdp2"
+    elif seen["fsdp1"]:
+        strategy = "fsdp1"
+    elif seen["ddp_forward"]:
+        strategy = "ddp"
+    elif {"allgather", "reduce_scatter"} <= collectives:
+        strategy = "fsdp"
+    else:
+        strategy = "unknown"
+    devices = next((r.devices for r in ranks if r.devices), [])
+    hosts = sorted({r.host for r in ranks if r.host})
+    return {
+        "strategy": strategy,
+        "world_size": next((r.world_size for r in ranks if r.world_size), None),
+        "ranks_given": len(ranks),
+        "hosts": hosts,
+        "gpu": devices[0]["name"] if devices else None,
+        "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None,
+        "devices_per_node": len(devices) or None,
+        "nccl_version": next((r.nccl_version for r in ranks if r.nccl_version), None),
+        "backend": next((r.backend for r in ranks if r.backend), None),
+        "time_origin_ns": origin_ns,
+        "tool": {"name": "tracecliff", "version": __version__},
+    }

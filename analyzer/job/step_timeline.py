@@ -1,0 +1,313 @@
+"""The timeline section's data: one representative step of a few ranks, lane by lane, downsampled.
+
+Only this section needs per-kernel data. The step and the ranks are planned from per-rank step
+summaries (``plan_timeline``); ``report_timeline`` then loads only those ranks' kernels of that
+step (re-reading the files with ``keep_timeline``) and ``draw_timeline`` turns them into plain
+JSON-able data, kept in ``Result.timeline``, that ``reports/html.py`` draws.
+``timeline_data`` does both when the analyses already kept timelines.
+
+Downsampling is deterministic: a kernel narrower than ``merge_px`` pixels at the page's width is
+merged with the other narrow kernels of the same lane and pixel column into one mark (count, total
+kernel time and the longest kernel's name are kept); ``merge_px`` doubles until each lane has at
+most ``max_marks_per_lane`` marks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from statistics import mean
+from typing import Any, Sequence
+
+import numpy as np
+
+from analyzer.base import intervals as iv
+from analyzer.base.errors import TracecliffError
+from analyzer.rank.analysis import RankOptions, analyze_rank_file
+
+PLOT_WIDTH_PX = 1000
+MAX_MARKS_PER_LANE = 800
+MAX_LANES_PER_RANK = 6
+MAX_RANKS = 3
+CONSISTENTLY_LAST = 0.5
+COMPUTE, COMM, MEMORY, SYNC = range(4)
+LANE_KIND = {COMPUTE: "compute", COMM: "NCCL", MEMORY: "memory", SYNC: "sync"}
+LANE_ORDER = {"compute": 0, "NCCL": 1, "memory": 2, "sync": 3}
+
+
+def unavailable(why: str) -> dict[str, Any]:
+    return {"available": False, "why": why}
+
+
+def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
+    """rank -> why it is called a straggler, from the stragglers section and straggler findings.
+
+    The stragglers section's shape is owned by the job analyses; accept the plausible forms
+    (a list of ranks, a list of {rank, ...}, a dict with ``ranks`` / ``rank`` / ``per_step``)."""
+    found: dict[int, str] = {}
+    section = doc.get("stragglers")
+    for item in _straggler_items(section):
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            found.setdefault(item, "straggler")
+        elif isinstance(item, dict):
+            rank = item.get("rank", item.get("last_rank", item.get("straggler_rank")))
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                found.setdefault(rank, _straggler_reason(item))
+    if isinstance(section, dict) and isinstance(section.get("top_rank"), int):
+        share = section.get("top_rank_last_share")
+        # "Consistently last": a rank that is last at most matched collectives, not by chance.
+        if isinstance(share, (int, float)) and share >= CONSISTENTLY_LAST:
+            wait = section.get("top_rank_wait_caused_us")
+            found.setdefault(section["top_rank"], f"last to arrive at {100 * share:.0f}% of matched collectives"
+                             + (f", causing {wait:,.0f} µs of waiting on the others in all" if isinstance(wait, (int, float)) else ""))
+    for finding in doc.get("findings") or []:
+        if isinstance(finding, dict) and "straggler" in str(finding.get("rule", "")):
+            for rank in finding.get("ranks") or []:
+                if isinstance(rank, int):
+                    found.setdefault(rank, str(finding.get("title") or "straggler finding"))
+    return dict(sorted(found.items()))
+
+
+def _straggler_items(section: Any) -> list[Any]:
+    if isinstance(section, list):
+        return section
+    if isinstance(section, dict):
+        items: list[Any] = []
+        for key in ("ranks", "stragglers"):
+            if isinstance(section.get(key), list):
+                items += section[key]
+        if isinstance(section.get("rank"), int):
+            items.append(section)
+        return items
+    return []
+
+
+def _straggler_reason(item: dict[str, Any]) -> str:
+    wait = item.get("wait_caused_us", item.get("wait_us"))
+    if isinstance(wait, (int, float)):
+        return f"straggler: causes {wait:,.0f} µs of waiting on other ranks"
+    return "straggler"
+
+
+@dataclass(frozen=True)
+class TimelinePlan:
+    """Which step and which ranks the timeline shows, chosen from per-rank step summaries only, so
+    the kernels of just those ranks and that step need to be loaded."""
+
+    step: int | None
+    note: str
+    ranks: tuple[tuple[int, str], ...]  # (rank, role), the straggler (or slowest) first
+    step_time_us: dict[int, float]
+    steps_available: tuple[int, ...]
+
+
+def timeline_data(ranks: Sequence[Any], doc: dict[str, Any], step: int | None = None) -> dict[str, Any]:
+    """The representative step (median step time, or ``step``) of up to three ranks, from rank
+    analyses that kept their timelines."""
+    ranks = [r for r in ranks if r.timeline and len(r.timeline.get("start_us", ())) > 0]
+    summaries = [{"rank": r.rank, "steps": r.steps, "span_us": r.metrics.get("span_us")} for r in ranks]
+    plan = plan_timeline(summaries, doc, step)
+    if plan is None:
+        return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
+    return draw_timeline({r.rank: r for r in ranks}, plan)
+
+
+def plan_timeline(summaries: Sequence[dict[str, Any]], doc: dict[str, Any],
+                  step: int | None = None) -> TimelinePlan | None:
+    """summaries: {rank, steps, span_us} of the ranks with GPU activity (None when there are none)."""
+    if not summaries:
+        return None
+    chosen, note = _choose_step(summaries, step)
+    step_time = {s["rank"]: _step_time(s, chosen) for s in summaries}
+    picked = _choose_ranks(step_time, straggler_ranks(doc))
+    steps = sorted({st["step"] for s in summaries for st in s.get("steps") or []})
+    return TimelinePlan(chosen, note, tuple(picked), step_time, tuple(steps))
+
+
+def draw_timeline(analyses: dict[int, Any], plan: TimelinePlan) -> dict[str, Any]:
+    """Lanes, exposed communication and phases of the planned ranks (analyses: rank -> an analysis
+    with ``timeline``, possibly holding only the planned step)."""
+    events = {rank: _step_events(analyses[rank], plan.step) for rank, _ in plan.ranks}
+    starts = [e["start"].min() for e in events.values() if len(e["start"])]
+    ends = [(e["start"] + e["dur"]).max() for e in events.values() if len(e["start"])]
+    if not starts:
+        return unavailable(f"no GPU kernels in step {plan.step} on the chosen ranks")
+    t0, t1 = float(min(starts)), float(max(ends))
+    span = max(t1 - t0, 1e-3)
+    names: dict[str, int] = {}
+    rows = [_rank_rows(analyses[rank], rank, role, events[rank], t0, span, names, plan.step_time_us[rank])
+            for rank, role in plan.ranks]
+    return {
+        "available": True, "step": plan.step, "note": plan.note, "t0_us": round(t0, 3), "span_us": round(span, 3),
+        "ranks": rows, "names": list(names), "plot_width_px": PLOT_WIDTH_PX,
+        "steps_available": list(plan.steps_available),
+    }
+
+
+def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None) -> tuple[int | None, str]:
+    times: dict[int, list[float]] = {}
+    for summary in summaries:
+        for s in summary.get("steps") or []:
+            if isinstance(s.get("step_time_us"), (int, float)):
+                times.setdefault(s["step"], []).append(s["step_time_us"])
+    if not times:
+        return None, "no ProfilerStep markers: the whole trace is shown"
+    by_time = sorted(times, key=lambda n: (mean(times[n]), n))
+    median = by_time[(len(by_time) - 1) // 2]
+    if step is None:
+        return median, f"median step by step time (mean over ranks) of {len(times)} step(s)"
+    if step in times:
+        return step, "chosen with --step"
+    return median, (f"step {step} is not in the traces (steps {_ranges(sorted(times))}): "
+                    f"showing the median step {median}")
+
+
+def _ranges(numbers: list[int]) -> str:
+    return ", ".join(str(n) for n in numbers[:12]) + (" …" if len(numbers) > 12 else "")
+
+
+def _step_time(summary: dict[str, Any], step: int | None) -> float:
+    for s in summary.get("steps") or []:
+        if s["step"] == step:
+            return float(s.get("step_time_us") or s.get("span_us") or 0.0)
+    return float(summary.get("span_us") or 0.0)
+
+
+def _choose_ranks(step_time: dict[int, float], stragglers: dict[int, str]) -> list[tuple[int, str]]:
+    order = sorted(step_time, key=lambda k: (step_time[k], k))
+    picked: list[tuple[int, str]] = []
+    straggler = next((k for k in stragglers if k in step_time), None)
+    if straggler is not None:
+        picked.append((straggler, "straggler"))
+    elif len(order) > 1:
+        picked.append((order[-1], "slowest"))
+    rest = [k for k in order if k not in {p for p, _ in picked}]
+    if rest:
+        picked.append((rest[(len(rest) - 1) // 2], "typical"))
+    rest = [k for k in order if k not in {p for p, _ in picked}]
+    if rest and len(picked) < MAX_RANKS:
+        picked.append((rest[0], "fastest"))
+    return picked
+
+
+def _step_events(r: Any, step: int | None) -> dict[str, np.ndarray]:
+    tl = r.timeline
+    cols = {key: np.asarray(tl[key]) for key in ("start_us", "dur_us", "stream", "kind", "name", "step", "phase")}
+    mask = np.ones(len(cols["start_us"]), dtype=bool) if step is None else cols["step"] == step
+    order = np.argsort(cols["start_us"][mask], kind="stable")
+    pick = lambda key: cols[key][mask][order]  # noqa: E731 - local shorthand
+    return {"start": pick("start_us").astype(float), "dur": pick("dur_us").astype(float),
+            "stream": pick("stream"), "kind": pick("kind").astype(int), "name": pick("name"),
+            "phase": pick("phase").astype(int)}
+
+
+def _rank_rows(r, rank, role, ev, t0, span, names, step_time_us) -> dict[str, Any]:
+    strings, phase_names = r.timeline["strings"], r.timeline.get("phases") or []
+    lanes, dropped = _lanes(ev, t0, span, strings, names)
+    return {
+        "rank": rank, "host": r.host, "role": role, "step_time_us": round(step_time_us, 3),
+        "lanes": lanes, "lanes_dropped": dropped, "exposed": _exposed(ev, t0, span),
+        "phases": _phase_extents(ev, t0, phase_names), "kernels": int(len(ev["start"])),
+    }
+
+
+def _lanes(ev, t0, span, strings, names) -> tuple[list[dict[str, Any]], int]:
+    lanes = []
+    for stream in np.unique(ev["stream"]):
+        on = ev["stream"] == stream
+        kinds = ev["kind"][on]
+        kind = COMM if (kinds == COMM).any() else COMPUTE if (kinds == COMPUTE).any() else int(kinds.min())
+        lanes.append((LANE_ORDER[LANE_KIND.get(kind, "sync")], -int(on.sum()), int(stream), kind, on))
+    lanes.sort(key=lambda lane: lane[:3])
+    out = []
+    for _, _, stream, kind, on in lanes[:MAX_LANES_PER_RANK]:
+        marks, merge_px = _downsample(ev["start"][on] - t0, ev["dur"][on], ev["kind"][on], ev["name"][on], span)
+        for mark in marks:
+            mark["n"] = names.setdefault(str(strings[mark["n"]]), len(names))
+        out.append({"stream": stream, "kind": LANE_KIND.get(kind, "other"), "kernels": int(on.sum()),
+                    "marks": marks, "merge_px": merge_px})
+    return out, max(len(lanes) - MAX_LANES_PER_RANK, 0)
+
+
+def _downsample(start, dur, kind, name, span) -> tuple[list[dict[str, Any]], float]:
+    """Narrow kernels merged per pixel column (deterministic); wide ones kept as they are."""
+    merge_px = 1.0
+    while True:
+        column_us = span * merge_px / PLOT_WIDTH_PX
+        narrow = dur < column_us
+        # A wide kernel is its own group; narrow ones group by pixel column.
+        column = np.floor(start / column_us).astype(np.int64)
+        group_key = np.where(narrow, column, -1 - np.arange(len(start)))
+        change = np.r_[True, group_key[1:] != group_key[:-1]] if len(start) else np.zeros(0, bool)
+        if change.sum() <= MAX_MARKS_PER_LANE:
+            break
+        merge_px *= 2
+    return _marks(start, dur, kind, name, np.cumsum(change) - 1), merge_px
+
+
+def _marks(start, dur, kind, name, group) -> list[dict[str, Any]]:
+    if len(start) == 0:
+        return []
+    firsts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    end = start + dur
+    lo = np.minimum.reduceat(start, firsts)
+    hi = np.maximum.reduceat(end, firsts)
+    total = np.add.reduceat(dur, firsts)
+    count = np.diff(np.r_[firsts, len(start)])
+    # Groups are contiguous, so sorting by (group, -dur) puts each group's longest kernel first.
+    longest = np.lexsort((-dur, group))[firsts]
+    return [{"s": round(float(a), 3), "e": round(float(b), 3), "d": round(float(t), 3), "c": int(c),
+             "k": int(kind[i]), "n": int(name[i])}
+            for a, b, t, c, i in zip(lo, hi, total, count, longest)]
+
+
+def _exposed(ev, t0, span) -> list[list[float]]:
+    """Communication not under any compute kernel of the rank, merged across sub-pixel gaps."""
+    to_ns = lambda x: np.round(x * 1000.0).astype(np.int64)  # noqa: E731
+    start, end = to_ns(ev["start"] - t0), to_ns(ev["start"] + ev["dur"] - t0)
+    compute = iv.union(start[ev["kind"] == COMPUTE], end[ev["kind"] == COMPUTE])
+    comm = iv.union(start[ev["kind"] == COMM], end[ev["kind"] == COMM])
+    exposed_starts, exposed_ends = iv.subtract(comm, compute)
+    gap_ns = int(span * 1000.0 / PLOT_WIDTH_PX)
+    merged_starts, merged_ends = iv.union(exposed_starts, exposed_ends + gap_ns)
+    # Each merged end carries one extra gap; taking the max of the real ends inside removes it.
+    last = np.searchsorted(exposed_starts, merged_ends, side="left") - 1
+    real_ends = exposed_ends[last] if len(last) else merged_ends
+    return [[round(s / 1000.0, 3), round(e / 1000.0, 3)] for s, e in zip(merged_starts.tolist(), real_ends.tolist())]
+
+
+def _phase_extents(ev, t0, phase_names) -> list[dict[str, Any]]:
+    out = []
+    for code, name in enumerate(phase_names):
+        if name == "other":
+            continue
+        on = ev["phase"] == code
+        if on.any():
+            out.append({"phase": name, "s": round(float(ev["start"][on].min() - t0), 3),
+                        "e": round(float((ev["start"][on] + ev["dur"][on]).max() - t0), 3)})
+    return out
+
+
+def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_options: RankOptions) -> dict[str, Any]:
+    """The timeline section. Kernel lists of every rank would cost memory in proportion to the
+    job; the step and ranks are chosen from the per-rank summaries instead, and only those ranks
+    are read again, keeping just that step's kernels (unless the Result already kept them)."""
+    if any(r.timeline for r in result.ranks):
+        return timeline_data(result.ranks, doc, step)
+    summaries = [{"rank": r["rank"], "steps": r.get("steps") or [], "span_us": r.get("span_us")}
+                 for r in doc.get("ranks") or [] if r.get("gpu_event_count")]
+    plan = plan_timeline(summaries, doc, step)
+    if plan is None:
+        return unavailable("the traces hold no GPU kernels (CPU-only profile?)")
+    paths = {int(i["rank"]): str(i["path"]) for i in doc.get("inputs") or []}
+    missing = [rank for rank, _ in plan.ranks if rank not in paths]
+    if missing:
+        return unavailable(f"no input file for rank(s) {missing}")
+    options = replace(rank_options, keep_timeline=True, steps=None if plan.step is None else (plan.step,))
+    origin = int((doc.get("job") or {}).get("time_origin_ns") or 0)
+    try:
+        analyses = {rank: analyze_rank_file(paths[rank], options, origin_ns=origin) for rank, _ in plan.ranks}
+    except TracecliffError as exc:  # the file changed since it was read: the rest of the page stands
+        return unavailable(f"could not read the kernels again: {exc}")
+    return draw_timeline(analyses, plan)

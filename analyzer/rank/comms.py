@@ -1,0 +1,349 @@
+"""Collectives: one row per communication kernel, with its size, group and exposed time;
+DDP gradient buckets and FSDP units grouped from them.
+
+Metadata sources, in order: the kernel's own args (newer Kineto), the enclosing
+``record_param_comms`` op, the ``nccl:*`` op's ``Input Dims``, the kernel name. Unknown sizes
+stay ``None``: a guessed byte count would silently poison every model built on it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from analyzer.base import intervals as iv
+from analyzer.ingest.classify import fsdp_module_of
+from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
+from analyzer.ingest.trace import GpuKind, Marker, RankTrace
+
+# Canonical collective names (nccl-tests vocabulary).
+_COLLECTIVE_WORDS = (
+    ("allreduce", "allreduce"),
+    ("allgather", "allgather"),
+    ("reducescatter", "reduce_scatter"),
+    ("alltoall", "alltoall"),
+    ("broadcast", "broadcast"),
+    ("sendrecv", "sendrecv"),
+    ("barrier", "barrier"),
+    ("reduce", "reduce"),
+    ("send", "send"),
+    ("recv", "recv"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+)
+
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "u32": 4,
+               "i64": 8, "u64": 8, "f8e4m3": 1, "f8e5m2": 1, "bool": 1}
+
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16", "bf16": "bf16", "c10::bfloat16": "bf16",
+    "half": "f16", "float16": "f16", "f16": "f16", "c10::half": "f16",
+    "float": "f32", "float32": "f32", "f32": "f32",
+    "double": "f64", "float64": "f64", "f64": "f64",
+    "char": "i8", "int8": "i8", "int8_t": "i8", "i8": "i8", "signed char": "i8",
+    "byte": "u8", "uint8": "u8", "uint8_t": "u8", "u8": "u8", "unsigned char": "u8",
+    "int": "i32", "int32": "i32", "i32": "i32", "int32_t": "i32",
+    "uint32": "u32", "u32": "u32", "uint32_t": "u32",
+    "long": "i64", "long int": "i64", "int64": "i64", "i64": "i64", "int64_t": "i64",
+    "uint64": "u64", "u64": "u64", "uint64_t": "u64",
+    "float8_e4m3fn": "f8e4m3", "f8e4m3": "f8e4m3", "float8_e5m2": "f8e5m2", "f8e5m2": "f8e5m2",
+    "bool": "bool",
+}
+
+_NAME_DTYPE = re.compile(r"_(bf16|f16|f32|f64|half|float|double|int8_t|uint8_t|int32_t|uint32_t|"
+                         r"int64_t|uint64_t|i8|u8|i32|u32|i64|u64|f8e4m3|f8e5m2)(?=[_(]|$)")
+
+
+def canonical_collective(text: str | None) -> str | None:
+    if not text:
+        return None
+    squashed = re.sub(r"[^a-z]", "", text.lower())
+    for word, name in _COLLECTIVE_WORDS:
+        if word in squashed:
+            return name
+    return None
+
+
+def canonical_dtype(text: str | None) -> str | None:
+    if not text:
+        return None
+    return _DTYPE_ALIASES.get(text.strip().lower())
+
+
+def collective_from_kernel_name(name: str) -> str | None:
+    # ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_ReduceScatter_Sum_f32_RING_LL, ...
+    match = re.search(r"(?:Kernel|Func)_([A-Za-z]+)", name)
+    return canonical_collective(match.group(1)) if match else canonical_collective(name)
+
+
+def dtype_from_kernel_name(name: str) -> str | None:
+    match = _NAME_DTYPE.search(name)
+    return canonical_dtype(match.group(1)) if match else None
+
+
+def message_bytes(collective: str | None, in_nelems: int | None, out_nelems: int | None,
+                  elem_bytes: int | None, group_size: int | None = None) -> int | None:
+    """Size S the models use: all-gather's output, reduce-scatter's input, otherwise the input.
+    A missing side is derived from the other only through the group size, never guessed."""
+    if elem_bytes is None:
+        return None
+    if collective == "allgather":
+        nelems = out_nelems if out_nelems is not None else _times(in_nelems, group_size)
+    elif collective == "reduce_scatter":
+        nelems = in_nelems if in_nelems is not None else _times(out_nelems, group_size)
+    else:
+        nelems = in_nelems if in_nelems is not None else out_nelems
+    return None if nelems is None else int(nelems) * elem_bytes
+
+
+def _times(nelems: int | None, factor: int | None) -> int | None:
+    return None if nelems is None or not factor else nelems * factor
+
+
+def _tensor_elems(dims: Any) -> int | None:
+    """Elements of one recorded argument: a tensor's dims, or a TensorList's (summed)."""
+    if isinstance(dims, list) and dims and all(isinstance(d, int) and d >= 0 for d in dims):
+        count = 1
+        for d in dims:
+            count *= d
+        return count
+    if isinstance(dims, list) and dims and all(isinstance(d, list) for d in dims):
+        parts = [_tensor_elems(d) for d in dims]
+        return None if any(p is None for p in parts) else sum(parts)
+    return None
+
+
+# Which recorded arguments hold (output, input) in the c10d dispatcher ops' schemas;
+# the others (allreduce_, broadcast_, nccl:* ops...) record the message as argument 0.
+_OUT_IN_ARGS = {
+    "_allgather_base_": (0, 1), "allgather_into_tensor_coalesced_": (0, 1),
+    "_reduce_scatter_base_": (0, 1), "reduce_scatter_tensor_coalesced_": (0, 1),
+    "alltoall_base_": (0, 1), "allgather_": (0, 1), "reduce_scatter_": (0, 1),
+    "alltoall_": (0, 1),
+}
+
+
+def sizes_from_input_dims(op_name: str, dims: Any, types: Any) -> tuple[int | None, int | None, str | None]:
+    """(in_nelems, out_nelems, dtype) of a ``c10d::*`` or ``nccl:*`` op from its recorded shapes."""
+    if not isinstance(dims, list) or not dims:
+        return None, None, None
+    short = op_name.split("::", 1)[-1] if "::" in op_name else op_name.split(":", 1)[-1]
+    dtype = None
+    if isinstance(types, list):
+        dtype = next((canonical_dtype(t) for t in types if isinstance(t, str) and canonical_dtype(t)), None)
+    if short in _OUT_IN_ARGS and len(dims) > 1:
+        out_arg, in_arg = _OUT_IN_ARGS[short]
+        return _tensor_elems(dims[in_arg]), _tensor_elems(dims[out_arg]), dtype
+    return _tensor_elems(dims[0]), None, dtype
+
+
+def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> list[dict[str, Any]]:
+    """One row per communication kernel of this rank (CPU-side ops when it has no GPU comm)."""
+    gpu = rank.gpu
+    rows_idx = np.flatnonzero(gpu.kind == GpuKind.COMM)
+    if len(rows_idx) == 0:
+        return _cpu_side_collectives(rank, origin_ns)
+    m = rank.markers
+    ts, thread = att.launch_ts[rows_idx], att.launch_thread[rows_idx]
+    params_row = innermost_marker(m, Marker.COMM_PARAMS, ts, thread)
+    op_row = innermost_marker(m, Marker.COMM_OP, ts, thread)
+    module_row = _module_markers(rank, ts, thread)
+    compute = compute_union(gpu)
+    covered = iv.covered_length(compute, gpu.ts[rows_idx], gpu.end[rows_idx])
+    out = []
+    for k, row in enumerate(rows_idx):
+        name = rank.strings[gpu.name[row]]
+        meta = _merge_sources(rank.kernel_comm_args.get(int(row)),
+                              m.comm_args.get(int(params_row[k])) if params_row[k] >= 0 else None,
+                              m.comm_args.get(int(op_row[k])) if op_row[k] >= 0 else None,
+                              rank.strings[m.name[op_row[k]]] if op_row[k] >= 0 else None,
+                              name)
+        dur = int(gpu.end[row] - gpu.ts[row])
+        out.append(_row(rank, meta, {
+            "step": int(att.step[row]) if att.step[row] != NO_STEP else None,
+            "phase": PHASES[att.phase[row]],
+            "stream": int(gpu.stream[row]),
+            "start_us": round((int(gpu.ts[row]) - origin_ns) / 1000.0, 3),
+            "dur_us": round(dur / 1000.0, 3),
+            "exposed_us": round((dur - int(covered[k])) / 1000.0, 3),
+            "launch_us": round((int(ts[k]) - origin_ns) / 1000.0, 3) if thread[k] >= 0 else None,
+            "kernel": name,
+            "module": fsdp_module_of(rank.strings[m.name[module_row[k]]]) if module_row[k] >= 0 else None,
+            "on_gpu": True,
+        }))
+    return out
+
+
+def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.ndarray:
+    """Innermost FSDP2 ``FSDP::... (fqn)`` annotation around each launch, or -1."""
+    m = rank.markers
+    best = np.full(len(ts), -1, dtype=np.int64)
+    for kind in (Marker.FSDP_UNIT, Marker.FORWARD, Marker.BACKWARD):
+        rows = innermost_marker(m, kind, ts, thread)
+        for k in np.flatnonzero((rows >= 0) & (best < 0)):
+            if fsdp_module_of(rank.strings[m.name[rows[k]]]) is not None:
+                best[k] = rows[k]
+    return best
+
+
+def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name) -> dict[str, Any]:
+    """Collective metadata from the best available source, remembering which one gave the size."""
+    meta: dict[str, Any] = {}
+    size_source = None
+    for source, args in (("kernel args", kernel_args), ("record_param_comms", params_args)):
+        if not args:
+            continue
+        for key, value in args.items():
+            meta.setdefault(key, value)
+        if size_source is None and ("in_nelems" in args or "out_nelems" in args):
+            size_source = source
+    collective = canonical_collective(meta.get("collective"))
+    if collective is None and op_name:
+        collective = canonical_collective(op_name.split(":", 1)[-1])
+    if collective is None:
+        collective = collective_from_kernel_name(kernel_name)
+    dtype = canonical_dtype(meta.get("dtype"))
+    if size_source is None and op_args and op_name and "input_dims" in op_args:
+        in_n, out_n, op_dtype = sizes_from_input_dims(op_name, op_args["input_dims"], op_args.get("input_types"))
+        if in_n is not None or out_n is not None:
+            meta["in_nelems"], meta["out_nelems"] = in_n, out_n
+            size_source = "Input Dims"
+        dtype = dtype or op_dtype
+    if dtype is None:
+        dtype = dtype_from_kernel_name(kernel_name)
+    meta["collective"] = collective or "unknown"
+    meta["dtype"] = dtype
+    meta["size_source"] = size_source
+    return meta
+
+
+def _row(rank: RankTrace, meta: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
+    group = _group_of(rank, meta)
+    elem = DTYPE_BYTES.get(meta["dtype"]) if meta["dtype"] else None
+    in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
+    row = {
+        "rank": rank.rank,
+        "collective": meta["collective"],
+        "dtype": meta["dtype"],
+        "in_nelems": in_n,
+        "out_nelems": out_n,
+        "bytes": message_bytes(meta["collective"], in_n, out_n, elem, group["size"]),
+        "size_source": meta["size_source"],
+        "group": group,
+        "seq": meta.get("seq"),
+        "comms_id": meta.get("comms_id"),
+    }
+    row.update(timing)
+    return row
+
+
+def _group_of(rank: RankTrace, meta: dict[str, Any]) -> dict[str, Any]:
+    name = meta.get("pg_name")
+    ranks = meta.get("pg_ranks")
+    desc = meta.get("pg_desc")
+    size = meta.get("group_size")
+    if name is not None:
+        for pg in rank.process_groups:
+            if pg["name"] == name:
+                ranks = ranks if ranks is not None else pg["ranks"]
+                desc = desc or pg["description"]
+                size = size or pg["size"]
+    if name is None and ranks is None and len(rank.process_groups) == 1:
+        # The trace declares exactly one process group: every collective ran in it.
+        pg = rank.process_groups[0]
+        name, desc, ranks, size = pg["name"], pg["description"], pg["ranks"], size or pg["size"]
+    if ranks is not None and size is None:
+        size = len(ranks)
+    return {"name": name, "description": desc, "ranks": ranks, "size": size}
+
+
+def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any]]:
+    """CPU-only traces (gloo): the CPU ops that issue collectives are their only record.
+    record_param_comms when the trace has it, else the ``c10d::*`` dispatcher ops (gloo's own
+    ``gloo:*`` ranges run on worker threads and would count each collective twice)."""
+    m = rank.markers
+    rows = np.flatnonzero(m.kind == Marker.COMM_PARAMS)
+    if not len(rows):
+        rows = np.array([r for r in np.flatnonzero(m.kind == Marker.COMM_OP)
+                         if rank.strings[m.name[r]].startswith("c10d::")], dtype=np.int64)
+    if not len(rows):
+        return []
+    step, phase = locate(rank, m.ts[rows], m.thread[rows])
+    out = []
+    for k, row in enumerate(rows):
+        name = rank.strings[m.name[row]]
+        args = m.comm_args.get(int(row), {})
+        if name == "record_param_comms":
+            meta = _merge_sources(None, args, None, None, "")
+        else:
+            meta = _merge_sources(None, None, args, name, "")
+        if meta["collective"] in ("unknown", "barrier"):
+            continue
+        dur = int(m.end[row] - m.ts[row])
+        out.append(_row(rank, meta, {
+            "step": int(step[k]) if step[k] != NO_STEP else None,
+            "phase": PHASES[phase[k]], "stream": None,
+            "start_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
+            "dur_us": round(dur / 1000.0, 3), "exposed_us": None,
+            "launch_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
+            "kernel": None, "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),
+            "on_gpu": False,
+        }))
+    return out
+
+
+def _module_at(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> str | None:
+    row = _module_markers(rank, ts, thread)[0]
+    return fsdp_module_of(rank.strings[rank.markers.name[row]]) if row >= 0 else None
+
+
+def gradient_buckets(collectives: list[dict[str, Any]],
+                     backward_start_us: dict[tuple[int, Any], float] | None = None) -> list[dict[str, Any]]:
+    """DDP buckets: a step's backward all-reduces in launch order (bucket 0 fills first).
+    ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
+    bucket's ``launch_offset_us`` (how long after backward started the bucket was ready)."""
+    backward_start_us = backward_start_us or {}
+    by_step: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+    for row in collectives:
+        if row["collective"] == "allreduce" and row["phase"] == "backward":
+            by_step.setdefault((row["rank"], row["step"]), []).append(row)
+    buckets = []
+    for (rank, step), rows in sorted(by_step.items(), key=lambda kv: (kv[0][0], _step_key(kv[0][1]))):
+        rows.sort(key=lambda r: (r["launch_us"] if r["launch_us"] is not None else r["start_us"], r["start_us"]))
+        origin = backward_start_us.get((rank, step))
+        for index, row in enumerate(rows):
+            offset = None
+            if origin is not None and row["launch_us"] is not None:
+                offset = round(row["launch_us"] - origin, 3)
+            buckets.append({"rank": rank, "step": step, "index": index, "bytes": row["bytes"],
+                            "launch_offset_us": offset,
+                            "dtype": row["dtype"], "launch_us": row["launch_us"],
+                            "start_us": row["start_us"], "dur_us": row["dur_us"],
+                            "exposed_us": row["exposed_us"], "group": row["group"]["name"]})
+    return buckets
+
+
+def fsdp_units(collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """FSDP units: all-gathers (forward and backward) and reduce-scatters of a step, in order,
+    named by the FSDP2 module annotation when present."""
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for row in collectives:
+        if row["collective"] in ("allgather", "reduce_scatter"):
+            key = (row["rank"], row["step"], row["phase"], row["collective"])
+            by_key.setdefault(key, []).append(row)
+    units = []
+    for (rank, step, phase, coll), rows in sorted(by_key.items(),
+                                                  key=lambda kv: (kv[0][0], _step_key(kv[0][1]), str(kv[0][2]), kv[0][3])):
+        rows.sort(key=lambda r: r["start_us"])
+        for index, row in enumerate(rows):
+            units.append({"rank": rank, "step": step, "phase": phase, "collective": coll,
+                          "index": index, "module": row["module"], "bytes": row["bytes"],
+                          "start_us": row["start_us"], "dur_us": row["dur_us"],
+                          "exposed_us": row["exposed_us"], "on_gpu": row["on_gpu"]})
+    return units
+
+
+def _step_key(step: Any) -> tuple[int, int]:
+    return (0, step) if isinstance(step, int) else (1, 0)

@@ -1,0 +1,226 @@
+"""Per-rank GPU timelines: step and phase of every GPU activity, and the time breakdown.
+
+Definitions (HTA's, so the numbers can be checked against it):
+span = last GPU activity end - first GPU activity start; busy = union of all GPU activity;
+compute = union of compute kernels over all streams; comm = union of communication kernels;
+overlap = compute ∩ comm; exposed comm = comm - overlap; idle = span - busy;
+overlap_pct = 100 * overlap / comm (0 when there is no communication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.base import intervals as iv
+from analyzer.ingest.classify import step_number
+from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
+
+PHASES = ("forward", "backward", "optimizer", "other")
+FORWARD, BACKWARD, OPTIMIZER, OTHER = range(4)
+NO_STEP = -1
+
+
+@dataclass
+class Attribution:
+    """Per GPU event: where and when the CPU launched it, its step and its phase."""
+
+    launch_ts: np.ndarray  # int64 ns, -1 when the event has no CPU-side link
+    launch_thread: np.ndarray  # int32, -1 when unlinked
+    step: np.ndarray  # int64 ProfilerStep number, NO_STEP when outside every step
+    phase: np.ndarray  # int8 index into PHASES
+
+    def take(self, index: np.ndarray) -> "Attribution":
+        return Attribution(self.launch_ts[index], self.launch_thread[index], self.step[index], self.phase[index])
+
+
+def ns_to_us(value: int | float) -> float:
+    return round(float(value) / 1000.0, 3)
+
+
+def breakdown(gpu: GpuEvents) -> dict[str, float]:
+    """The HTA-compatible time breakdown of a set of GPU activities, in µs."""
+    if len(gpu) == 0:
+        return {k: 0.0 for k in ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us",
+                                  "exposed_comm_us", "idle_us", "overlap_pct")}
+    busy = iv.union(gpu.ts, gpu.end)
+    compute = _union_of(gpu, GpuKind.COMPUTE)
+    comm = _union_of(gpu, GpuKind.COMM)
+    span = int(gpu.end.max() - gpu.ts.min())
+    busy_ns, compute_ns, comm_ns = iv.total(busy), iv.total(compute), iv.total(comm)
+    overlap_ns = iv.total(iv.intersect(compute, comm))
+    return {
+        "span_us": ns_to_us(span),
+        "busy_us": ns_to_us(busy_ns),
+        "compute_us": ns_to_us(compute_ns),
+        "comm_us": ns_to_us(comm_ns),
+        "overlap_us": ns_to_us(overlap_ns),
+        "exposed_comm_us": ns_to_us(comm_ns - overlap_ns),
+        "idle_us": ns_to_us(span - busy_ns),
+        "overlap_pct": round(100.0 * overlap_ns / comm_ns, 4) if comm_ns else 0.0,
+    }
+
+
+def _union_of(gpu: GpuEvents, kind: GpuKind) -> iv.IntervalSet:
+    mask = gpu.kind == kind
+    return iv.union(gpu.ts[mask], gpu.end[mask])
+
+
+def compute_union(gpu: GpuEvents) -> iv.IntervalSet:
+    return _union_of(gpu, GpuKind.COMPUTE)
+
+
+def exposed_by_phase(gpu: GpuEvents, phase: np.ndarray) -> dict[str, float]:
+    """Communication time not hidden under compute, split by the phase that launched it."""
+    compute = compute_union(gpu)
+    result = {}
+    for code, name in enumerate(PHASES):
+        mask = (gpu.kind == GpuKind.COMM) & (phase == code)
+        comm = iv.union(gpu.ts[mask], gpu.end[mask])
+        result[name] = ns_to_us(iv.total(iv.subtract(comm, compute)))
+    return result
+
+
+def attribute(rank: RankTrace) -> Attribution:
+    launch_ts, launch_thread = _link_launches(rank)
+    step, phase = locate(rank, launch_ts, launch_thread)
+    linked = launch_thread >= 0
+    if len(linked) and not linked.all():
+        _fill_unlinked_by_stream(rank.gpu, step, linked)
+        _fill_unlinked_by_stream(rank.gpu, phase, linked)
+    return Attribution(launch_ts, launch_thread, step, phase)
+
+
+def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown."""
+    step = _steps(rank, ts, thread)
+    return step, _phases(rank, ts, thread, step)
+
+
+def _link_launches(rank: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    """Launch call of each GPU event through its correlation id."""
+    corr = rank.gpu.correlation
+    table = rank.launches.correlation
+    ts = np.full(len(corr), -1, dtype=np.int64)
+    thread = np.full(len(corr), -1, dtype=np.int32)
+    if len(table) == 0 or len(corr) == 0:
+        return ts, thread
+    idx = np.clip(np.searchsorted(table, corr), 0, len(table) - 1)
+    hit = (table[idx] == corr) & (corr >= 0)
+    ts[hit] = rank.launches.ts[idx[hit]]
+    thread[hit] = rank.launches.thread[idx[hit]]
+    return ts, thread
+
+
+def step_windows(rank: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(numbers, starts, ends) of the ProfilerStep ranges, sorted by start."""
+    m = rank.markers
+    rows = np.flatnonzero(m.kind == Marker.STEP)
+    numbers = np.array([step_number(rank.strings[m.name[r]]) for r in rows], dtype=object)
+    ok = np.array([n is not None for n in numbers], dtype=bool)
+    rows = rows[ok] if len(rows) else rows
+    numbers = np.array([n for n in numbers[ok]], dtype=np.int64) if len(rows) else np.empty(0, np.int64)
+    starts, ends = m.ts[rows], m.end[rows]
+    order = np.argsort(starts, kind="stable")
+    return numbers[order], starts[order], ends[order]
+
+
+def _steps(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray) -> np.ndarray:
+    numbers, starts, ends = step_windows(rank)
+    step = np.full(len(launch_ts), NO_STEP, dtype=np.int64)
+    if len(numbers) == 0 or len(launch_ts) == 0:
+        return step
+    linked = launch_thread >= 0
+    idx = np.searchsorted(starts, launch_ts, side="right") - 1
+    inside = linked & (idx >= 0) & (launch_ts <= ends[np.maximum(idx, 0)])
+    step[inside] = numbers[idx[inside]]
+    return step
+
+
+def _fill_unlinked_by_stream(gpu: GpuEvents, values: np.ndarray, linked: np.ndarray) -> None:
+    """GPU work with no CPU link takes the value of the previous linked work on its stream
+    (a stream runs in order, so that is the step/phase it was queued in)."""
+    for stream in np.unique(gpu.stream[~linked]):
+        rows = np.flatnonzero(gpu.stream == stream)  # gpu is sorted by start
+        have = linked[rows]
+        if not have.any():
+            continue
+        last = np.maximum.accumulate(np.where(have, np.arange(len(rows)), -1))
+        fill = ~have & (last >= 0)
+        values[rows[fill]] = values[rows[last[fill]]]
+
+
+def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
+            step: np.ndarray) -> np.ndarray:
+    phase = np.full(len(launch_ts), OTHER, dtype=np.int8)
+    linked = launch_thread >= 0
+    if not linked.any():
+        return phase
+    m = rank.markers
+    decided = np.zeros(len(launch_ts), dtype=bool)
+    step_threads = set(np.unique(m.thread[m.kind == Marker.STEP]).tolist())
+    for marker, code in ((Marker.OPTIMIZER, OPTIMIZER), (Marker.BACKWARD, BACKWARD), (Marker.FORWARD, FORWARD)):
+        inside = _inside_marker(m, marker, launch_ts, launch_thread) & ~decided
+        phase[inside] = code
+        decided |= inside
+    # Autograd runs backward on its own thread (one per device): work launched there is backward.
+    backward_threads = set(np.unique(m.thread[m.kind == Marker.BACKWARD]).tolist()) - step_threads
+    if backward_threads:
+        on_bwd = np.isin(launch_thread, list(backward_threads)) & linked & ~decided
+        phase[on_bwd] = BACKWARD
+        decided |= on_bwd
+    _forward_before_backward(phase, decided, linked, launch_ts, step)
+    return phase
+
+
+def _forward_before_backward(phase, decided, linked, launch_ts, step) -> None:
+    """Within a step, undecided work launched before the first backward launch is forward."""
+    for number in np.unique(step[linked & (step != NO_STEP)]):
+        in_step = linked & (step == number)
+        bwd = in_step & (phase == BACKWARD)
+        first_bwd = launch_ts[bwd].min() if bwd.any() else None
+        if first_bwd is None:
+            continue
+        early = in_step & ~decided & (launch_ts < first_bwd)
+        phase[early] = FORWARD
+
+
+def _inside_marker(markers, kind: Marker, ts: np.ndarray, thread: np.ndarray) -> np.ndarray:
+    """Is each (thread, ts) launch inside any marker of ``kind`` on the same thread?"""
+    result = np.zeros(len(ts), dtype=bool)
+    rows = markers.kind == kind
+    for tid in np.unique(markers.thread[rows]):
+        sel = rows & (markers.thread == tid)
+        merged = iv.union(markers.ts[sel], markers.end[sel])
+        query = np.flatnonzero(thread == tid)
+        if len(query):
+            q = ts[query]
+            idx = np.searchsorted(merged[0], q, side="right") - 1
+            ok = (idx >= 0) & (q <= merged[1][np.maximum(idx, 0)])
+            result[query[ok]] = True
+    return result
+
+
+def innermost_marker(markers, kind: Marker, ts: np.ndarray, thread: np.ndarray, lookback: int = 4) -> np.ndarray:
+    """Row of the innermost marker of ``kind`` on the launch's thread that contains it, or -1."""
+    found = np.full(len(ts), -1, dtype=np.int64)
+    rows_all = np.flatnonzero(markers.kind == kind)
+    for tid in np.unique(markers.thread[rows_all]):
+        rows = rows_all[markers.thread[rows_all] == tid]  # sorted by start
+        query = np.flatnonzero(thread == tid)
+        if not len(query):
+            continue
+        q = ts[query]
+        idx = np.searchsorted(markers.ts[rows], q, side="right") - 1
+        pending = np.ones(len(query), dtype=bool)
+        for back in range(lookback):  # nested same-kind ranges are rare and shallow
+            cand = idx - back
+            valid = pending & (cand >= 0)
+            safe = rows[np.maximum(cand, 0)]
+            hit = valid & (markers.end[safe] >= q)
+            found[query[hit]] = safe[hit]
+            pending &= ~hit
+            if not pending.any():
+                break
+    return found

@@ -1,0 +1,238 @@
+"""Where the per-rank map runs: in this process, a memory-aware local process pool, or Dask.
+
+The map (one trace file -> one compact RankAnalysis) needs nothing but its own file, so it
+spreads over processes or cluster workers; only the summaries come back for the cross-rank
+reduce. ``--executor dask`` hands the map to Dask distributed (an existing engine, with its
+scheduling, retries and dashboard) instead of growing a home-made one. See docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Callable, Iterator
+
+from analyzer.run.cache import analyze_and_store, analyze_rank_cached, cached_entry, key_or_none, prune
+from analyzer.base.errors import ConfigError
+from analyzer.base.gc_pause import paused_gc
+from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
+from analyzer.rank.analysis import RankAnalysis, RankOptions
+
+EXECUTORS = ("local", "dask")
+Progress = Callable[[int, int, str], None]
+
+# Peak memory of one rank's worker ~ fixed cost (interpreter, numpy, pandas, two decode chunks)
+# + the columns, which grow with the inflated JSON. Measured with streaming ingest: 510 MB ->
+# 327 MB peak, 2.17 GB -> 515 MB (about 270 MB + 0.11 x inflated); the constants below keep a
+# margin: over-estimating costs parallelism, under-estimating an out-of-memory kill.
+WORKER_BASE_BYTES = 300 << 20
+PEAK_PER_INFLATED_BYTE = 0.25
+GZIP_RATIO_GUESS = 12  # when a gzip trailer's size field wrapped (members > 4 GiB)
+MEMORY_HEADROOM = 0.8  # share of the available memory the pool may plan to use
+
+
+def map_ranks(files: list[Path], rank_options: RankOptions, executor: str = "local",
+              scheduler: str | None = None, workers: int | None = None, cache_dir: str | None = None,
+              progress: Progress | None = None) -> list[RankAnalysis]:
+    """Analyze every file, results in the order of ``files``."""
+    paths = [str(p) for p in files]
+    if executor not in EXECUTORS:
+        raise ConfigError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
+    if scheduler and executor != "dask":
+        raise ConfigError("--scheduler needs --executor dask")
+    if executor == "dask":
+        results = _map_dask(paths, rank_options, scheduler, cache_dir, progress)
+    else:
+        results = _map_local(paths, rank_options, workers, cache_dir, progress)
+    if cache_dir:
+        prune(cache_dir)
+    return results
+
+
+# -- local -----------------------------------------------------------------------------------
+
+def inflated_size(path: str | Path) -> int:
+    """Uncompressed size of a trace: the file size, or the gzip trailer's ISIZE (mod 2**32)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            handle.seek(-4, os.SEEK_END)
+            isize = struct.unpack("<I", handle.read(4))[0]
+    except OSError:
+        return size
+    # ISIZE is modulo 4 GiB and describes only the last member: trust it only when plausible.
+    return isize if isize >= size else size * GZIP_RATIO_GUESS
+
+
+def estimated_peak_bytes(path: str | Path) -> int:
+    return WORKER_BASE_BYTES + int(PEAK_PER_INFLATED_BYTE * inflated_size(path))
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use: MemAvailable, lowered by a cgroup (container) limit."""
+    candidates = []
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    candidates.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            candidates.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return min(candidates) if candidates else None
+
+
+def plan_workers(peaks: list[int], cpus: int, budget: int | None) -> int:
+    """Most workers the CPUs and the memory budget allow for the largest ranks."""
+    workers = max(1, min(cpus, len(peaks)))
+    if budget is None or not peaks:
+        return workers
+    largest = sorted(peaks, reverse=True)
+    fit = 0
+    while fit < workers and sum(largest[:fit + 1]) <= budget:
+        fit += 1
+    return max(1, fit)
+
+
+def _map_local(paths: list[str], options: RankOptions, workers: int | None, cache_dir: str | None,
+               progress: Progress | None) -> list[RankAnalysis]:
+    results: list[RankAnalysis | None] = [None] * len(paths)
+    keys: list[str | None] = [None] * len(paths)
+    if cache_dir:  # hits are answered here, without starting a single worker
+        keys = _cache_keys(paths, options, cache_dir)
+        with paused_gc():  # every entry's rows survive to the end: scanning them is wasted
+            results = [cached_entry(path, key, cache_dir) for path, key in zip(paths, keys)]
+    todo = [i for i, r in enumerate(results) if r is None]
+    done_count = len(paths) - len(todo)
+    if progress and done_count:
+        progress(done_count, len(paths), paths[-1])
+    peaks = {i: estimated_peak_bytes(paths[i]) for i in todo}
+    available = available_memory_bytes()
+    budget = int(available * MEMORY_HEADROOM) if available is not None else None
+    count = workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget)
+    if count <= 1 or len(todo) <= 1:
+        # one rank to read, a spare core and memory for a second process: split its decoding
+        two_cores = (len(todo) == 1 and (workers or 2) >= 2 and (os.cpu_count() or 1) >= 2
+                     and inflated_size(paths[todo[0]]) >= MIN_PARALLEL_BYTES
+                     and (budget is None or peaks[todo[0]] + WORKER_BASE_BYTES <= budget))
+        for index in todo:
+            results[index] = analyze_and_store(paths[index], options, cache_dir, keys[index], two_cores)
+            done_count += 1
+            if progress:
+                progress(done_count, len(paths), paths[index])
+    else:
+        jobs = [(i, (paths[i], options, cache_dir, keys[i])) for i in todo]
+        for index, analysis in _memory_gated_pool(jobs, peaks, count, budget):
+            results[index] = analysis
+            done_count += 1
+            if progress:
+                progress(done_count, len(paths), paths[index])
+    return results  # type: ignore[return-value]
+
+
+def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[str | None]:
+    """Content-hash cache keys, on a few threads: hashlib and file reads release the GIL, and
+    hashing the traces is most of a cached run's map. (Decoding the entries holds the GIL for
+    tens of ms at a time, so it runs after, not beside, the hashing.)"""
+    if len(paths) < 2:
+        return [key_or_none(path, options, cache_dir) for path in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), (os.cpu_count() or 1) + 1)) as pool:
+        return list(pool.map(lambda path: key_or_none(path, options, cache_dir), paths))
+
+
+def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], workers: int,
+                       budget: int | None) -> Iterator[tuple[int, RankAnalysis]]:
+    """A process pool that starts a rank only while the estimated peaks of the ranks in flight
+    fit the memory budget (always at least one), largest first so a big rank never waits last.
+    Yields (index, analysis) as ranks finish."""
+    queue = deque(sorted(jobs, key=lambda job: -peaks[job[0]]))
+    running: dict[Future, int] = {}
+    planned = 0
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        try:
+            while queue or running:
+                while queue and len(running) < workers and (
+                        not running or budget is None or planned + peaks[queue[0][0]] <= budget):
+                    index, arguments = queue.popleft()
+                    running[pool.submit(analyze_and_store, *arguments)] = index
+                    planned += peaks[index]
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    index = running.pop(future)
+                    planned -= peaks[index]
+                    yield index, future.result()
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
+
+
+# -- dask ------------------------------------------------------------------------------------
+
+def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cache_dir: str | None,
+              progress: Progress | None) -> list[RankAnalysis]:
+    """Per-rank map on a Dask cluster (``scheduler`` address, or a LocalCluster when None).
+    Workers read the trace paths themselves: they must see the same file system."""
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError("--executor dask needs Dask distributed: pip install 'tracecliff[dask]'") from None
+    client = _connect(Client, scheduler)
+    try:
+        run = uuid.uuid4().hex[:12]  # fresh keys: a shared scheduler must never hand back old results
+        futures = client.map(analyze_rank_cached, paths, options=options, cache_dir=cache_dir,
+                             pure=False, key=[f"tracecliff-{run}-rank-{i}" for i in range(len(paths))])
+        order = {future.key: index for index, future in enumerate(futures)}
+        results: list[RankAnalysis | None] = [None] * len(paths)
+        for done, future in enumerate(as_completed(futures), 1):
+            index = order[future.key]
+            results[index] = future.result()  # re-raises the worker's InputError as it was
+            if progress:
+                progress(done, len(paths), paths[index])
+        return results  # type: ignore[return-value]
+    finally:
+        _close(client, owns_cluster=scheduler is None)
+
+
+def _connect(client_class, scheduler: str | None):
+    if scheduler is None:
+        from distributed import LocalCluster
+        cluster = LocalCluster(n_workers=max(1, min(os.cpu_count() or 1, 8)), threads_per_worker=1,
+                               processes=True, dashboard_address=None)
+        return client_class(cluster)
+    try:
+        return client_class(scheduler, timeout="30s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise ConfigError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+
+
+def _close(client, owns_cluster: bool) -> None:
+    cluster = client.cluster if owns_cluster else None
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def scale_settings(executor: str, scheduler: str | None, cache_dir: str | None, no_cache: bool,
+                   max_inflate_gb: float) -> dict:
+    from analyzer.run.cache import default_cache_dir
+    if scheduler and executor != "dask":
+        raise ConfigError("--scheduler needs --executor dask")
+    return {
+        "executor": executor,
+        "scheduler": scheduler,
+        "cache_dir": None if no_cache else str(cache_dir or default_cache_dir()),
+        "max_inflate_bytes": int(max_inflate_gb * 10**9),
+    }

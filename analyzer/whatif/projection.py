@@ -1,0 +1,828 @@
+"""Scaling what-if: project a measured job onto another configuration.
+
+``project(result, Scenario(...)) -> Projection`` needs a Result that went through
+:func:`analyzer.jobanalysis.analyze_job` (``diagnose`` does it). Compute is taken as measured
+(weak scaling: the same work per GPU); only communication is re-modelled.
+
+Every collective keeps its measured transfer time scaled by the model ratio
+``T_model(target link, N') / T_model(measured link, N)`` (models.md §2; α/β fitted per group,
+else the hardware profile); collectives whose size or kind is unknown keep their measured
+duration. Then, per rank and step:
+
+- DDP: the bucket pipeline of models.md §4 (:func:`analyzer.models.ddp_bucket_pipeline`) with
+  the measured gradient-ready times (a bucket's all-reduce start when its stream was idle, else
+  interpolated in bytes between such anchors and the end of backward) and backward end; the step
+  changes by the change of the exposed tail. ``--bucket-mb`` re-buckets the measured buckets.
+- FSDP: a replay of the measured schedule in *compute-progress* time (wall time minus exposed
+  communication): each collective is issued at its measured progress point (its start when its
+  stream was idle; the end of the previous exposed all-gather for a prefetched one; else
+  interpolated) and is needed by compute at its measured point (its end when exposed; the next
+  prefetch for a hidden all-gather; the end of backward for reduce-scatters and all-reduces);
+  compute stalls by however late a collective is. The step changes by (new stalls − measured
+  exposed communication).
+- Across strategies: FSDP -> DDP all-reduces each unit's gradients (ready where its
+  reduce-scatter was issued) through the bucket pipeline; DDP -> FSDP takes each gradient bucket
+  as one unit and replays prefetched all-gathers, reduce-scatters and HSDP all-reduces on the
+  measured forward / backward compute. Sharded optimizers' compute scales with the shard size.
+
+Waiting for late ranks is not carried over: each rank's own schedule is projected and a step
+takes as long as its slowest rank.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from analyzer.base import intervals as iv
+from analyzer.model import formulas as models
+from analyzer.base.errors import ConfigError
+
+STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
+_EPS_US = 2.0  # a kernel starting within this of its stream predecessor's end was queued behind it
+_GRAD_REDUCTIONS = ("reduce_scatter", "allreduce")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A target configuration; None keeps the measured value."""
+
+    gpus: int | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    nics_per_node: int | None = None
+    nic_gbps: float | None = None  # one NIC's achievable one-way GB/s
+    strategy: str | None = None  # ddp | fsdp-full | fsdp-grad-op | hsdp
+    bucket_mb: float | None = None  # DDP bucket_cap_mb (MiB)
+    model_params: float | None = None
+    tokens_per_step: float | None = None  # whole job's, measured configuration
+    trace_nics_per_node: int | None = None  # NICs per node of the *measured* job
+
+
+@dataclass
+class Projection:
+    measured: dict[str, Any]
+    projected: dict[str, Any]
+    assumptions: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured": self.measured, "projected": self.projected,
+                "assumptions": self.assumptions, "notes": self.notes}
+
+
+def _value(value: Any, origin: str, source: str) -> dict[str, Any]:
+    return {"value": value, "origin": origin, "source": source}
+
+
+# ---------------------------------------------------------------- configuration and links
+@dataclass(frozen=True)
+class Link:
+    alpha_us: float
+    beta_gbps: float
+
+
+@dataclass(frozen=True)
+class Config:
+    strategy: str
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+    nics_per_node: int
+    nic_gbps: float | None
+    intra: Link | None
+    nic_alpha_us: float | None
+
+    def link(self, members_per_node: float, nodes: int) -> Link | None:
+        """α/β of a group (models.md §2); None when the hardware is unknown."""
+        if nodes <= 1:
+            return self.intra
+        if self.intra is None or self.nic_gbps is None or self.nic_alpha_us is None:
+            return None
+        share = min(1.0, members_per_node / self.gpus_per_node)
+        beta = min(self.intra.beta_gbps, self.nics_per_node * self.nic_gbps * share)
+        return Link(self.nic_alpha_us, beta)
+
+    def role_group(self, role: str) -> tuple[int, int, float]:
+        """(size, nodes, members per node) of the group a role's collectives use."""
+        if role == "replicate":
+            return self.nodes, self.nodes, 1.0
+        if role == "shard" and self.strategy == "hsdp":
+            return min(self.gpus, self.gpus_per_node), 1, float(min(self.gpus, self.gpus_per_node))
+        return self.gpus, self.nodes, self.gpus / self.nodes
+
+
+def measured_strategy(result: Any) -> str:
+    index = GroupIndex(result)
+    strategy = result.job.get("strategy", "unknown")
+    rows = result.collectives
+    if strategy == "ddp" or (strategy == "unknown" and not any(r["collective"] == "allgather" for r in rows)):
+        return "ddp"
+    if any(r["collective"] == "allreduce" and index.role(r) == "replicate" for r in rows):
+        return "hsdp"
+    if any(r["collective"] == "allgather" and r["phase"] == "backward" for r in rows):
+        return "fsdp-full"
+    return "fsdp-grad-op"
+
+
+class GroupIndex:
+    """The ``groups`` entry of a collective row, and the role of its group: ``world`` (every
+    rank), ``shard`` (inside one node), ``replicate`` (one rank per node), else ``other``."""
+
+    def __init__(self, result: Any):
+        self.world = result.job.get("world_size")
+        # analyze_job keys its groups by name (the rows of one group may differ in ranks detail)
+        self.by_name = {str(g["name"]): g for g in (result.groups or []) if g["name"] is not None}
+
+    def entry(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        name = (row.get("group") or {}).get("name")
+        return None if name is None else self.by_name.get(str(name))
+
+    def role(self, row: dict[str, Any]) -> str:
+        entry = self.entry(row)
+        if entry is None or not entry.get("size"):
+            return "other"
+        if entry["size"] == self.world:
+            return "world"
+        if entry.get("nodes") and entry["nodes"] > 1 and entry["size"] == entry["nodes"]:
+            return "replicate"
+        if entry.get("nodes") == 1:
+            return "shard"
+        return "other"
+
+
+def _best_fit(result: Any, cross: bool) -> dict[str, Any] | None:
+    fitted = [g for g in (result.groups or [])
+              if g.get("fit_source") in ("fit", "profile-alpha") and g.get("cross_node") is cross]
+    return max(fitted, key=lambda g: (g["collectives"], str(g["name"]))) if fitted else None
+
+
+def measured_config(result: Any, scenario: Scenario, notes: list[str]) -> tuple[Config, dict[str, Any]]:
+    hw = result.hardware
+    topo = result.topology
+    gpus = result.job.get("world_size") or result.job.get("ranks_given")
+    g = topo["gpus_per_node"]
+    nodes = max(1, math.ceil(gpus / g))
+    assumptions: dict[str, Any] = {
+        "measured_gpus": _value(gpus, "measured", "trace world_size"),
+        "measured_gpus_per_node": _value(g, "measured" if topo["gpus_per_node_source"] != "default" else "default",
+                                         topo["gpus_per_node_source"]),
+        "measured_nodes": _value(nodes, "measured", "ceil(gpus / gpus_per_node)"),
+    }
+    intra_fit = _best_fit(result, False)
+    if intra_fit:
+        intra = Link(intra_fit["alpha_us"], intra_fit["beta_gbps"])
+        origin, source = "measured", f"fit of group {intra_fit['name']} ({intra_fit['fit']})"
+    elif hw["intra_node_gbps"]["value"] is not None:
+        intra = Link(hw["intra_node_alpha_us"]["value"], hw["intra_node_gbps"]["value"])
+        origin, source = hw["intra_node_gbps"]["origin"], hw["intra_node_gbps"]["source"]
+    else:
+        intra = None
+        origin, source = "unknown", "no α/β fit and no GPU profile (pass --gpu)"
+        notes.append("intra-node link unknown: collectives keep their measured durations")
+    assumptions["intra_alpha_us"] = _value(intra and intra.alpha_us, origin, source)
+    assumptions["intra_beta_gbps"] = _value(intra and intra.beta_gbps, origin, source)
+
+    nic_alpha, nic_gbps, nics = (hw["nic_alpha_us"]["value"], hw["nic_gbps"]["value"],
+                                 hw["nics_per_node"]["value"])
+    nic_src = {"nic_alpha_us": (hw["nic_alpha_us"]["origin"], hw["nic_alpha_us"]["source"]),
+               "nic_gbps": (hw["nic_gbps"]["origin"], hw["nic_gbps"]["source"]),
+               "nics_per_node": (hw["nics_per_node"]["origin"], hw["nics_per_node"]["source"])}
+    cross_fit = _best_fit(result, True)
+    if scenario.trace_nics_per_node:
+        nics = scenario.trace_nics_per_node
+        nic_src["nics_per_node"] = ("user", "--trace-nics-per-node")
+    if cross_fit:
+        share = min(1.0, (cross_fit["size"] / cross_fit["nodes"]) / g)
+        node_bw = cross_fit["beta_gbps"] / share
+        nic_alpha = cross_fit["alpha_us"]
+        nic_src["nic_alpha_us"] = ("measured", f"fit of cross-node group {cross_fit['name']}")
+        if intra is None or cross_fit["beta_gbps"] >= 0.95 * intra.beta_gbps:
+            notes.append("cross-node busbw reaches the intra-node link: NIC bandwidth not measurable")
+        else:
+            if not scenario.trace_nics_per_node and nic_gbps:
+                nics = int(min(g, max(1, round(node_bw / nic_gbps))))
+                nic_src["nics_per_node"] = ("measured", f"inferred: fitted node NIC bandwidth {node_bw:.1f} "
+                                                        f"GB/s / {nic_gbps:g} GB/s per NIC")
+            nic_gbps = node_bw / nics
+            nic_src["nic_gbps"] = ("measured", f"fit of cross-node group {cross_fit['name']}: "
+                                               f"{node_bw:.1f} GB/s per node / {nics} NIC(s)")
+    for key, value in (("nic_alpha_us", nic_alpha), ("nic_gbps", nic_gbps), ("nics_per_node", nics)):
+        assumptions[f"measured_{key}"] = _value(value, *nic_src[key])
+    strategy = measured_strategy(result)
+    assumptions["measured_strategy"] = _value(
+        strategy, "measured", f"trace markers ({result.job.get('strategy')}) and collectives: HYBRID_SHARD = "
+        "all-reduces in a one-GPU-per-node group; SHARD_GRAD_OP = no backward all-gathers (as a root-only unit)")
+    config = Config(strategy, gpus, g, nodes, int(nics), nic_gbps, intra, nic_alpha)
+    return config, assumptions
+
+
+def target_config(base: Config, scenario: Scenario, assumptions: dict[str, Any]) -> Config:
+    g = scenario.gpus_per_node or base.gpus_per_node
+    if scenario.gpus and scenario.nodes:
+        gpus, nodes = scenario.gpus, scenario.nodes
+        if gpus != nodes * min(g, gpus) and not (nodes == 1 and gpus <= g):
+            raise ConfigError(f"--gpus {gpus} does not equal --nodes {nodes} x --gpus-per-node {g}")
+    elif scenario.nodes:
+        nodes, gpus = scenario.nodes, scenario.nodes * g
+    else:
+        gpus = scenario.gpus or base.gpus
+        nodes = max(1, math.ceil(gpus / g))
+        if gpus > g and gpus % g:
+            raise ConfigError(f"--gpus {gpus} does not fill whole nodes of {g} GPUs")
+    strategy = scenario.strategy or base.strategy
+    if strategy not in STRATEGY_CHOICES:
+        raise ConfigError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGY_CHOICES)}")
+    target = replace(base, strategy=strategy, gpus=gpus, gpus_per_node=g, nodes=nodes,
+                     nics_per_node=scenario.nics_per_node or base.nics_per_node,
+                     nic_gbps=scenario.nic_gbps or base.nic_gbps)
+    for key, given in (("gpus", scenario.gpus or scenario.nodes), ("gpus_per_node", scenario.gpus_per_node),
+                       ("nodes", scenario.nodes or scenario.gpus), ("nics_per_node", scenario.nics_per_node),
+                       ("nic_gbps", scenario.nic_gbps), ("strategy", scenario.strategy)):
+        value = getattr(target, key)
+        assumptions[key] = _value(value, "user" if given else "measured",
+                                  "what-if option" if given else "as measured")
+    return target
+
+
+# ---------------------------------------------------------------- per-collective durations
+def _model_time(kind: str, size: float, n: int, link: Link) -> float:
+    return models.collective_time(kind, size, n, link.alpha_us, link.beta_gbps)
+
+
+def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | None, int] | None:
+    if entry is None or not entry.get("size"):
+        return None
+    if entry.get("alpha_us") is not None and entry.get("beta_gbps"):
+        return Link(entry["alpha_us"], entry["beta_gbps"]), entry["size"]
+    nodes = entry.get("nodes") or 1
+    return base.link(entry["size"] / nodes, nodes), entry["size"]
+
+
+class Durations:
+    """Projected duration of each measured collective row (µs)."""
+
+    def __init__(self, result: Any, base: Config, target: Config):
+        self.base, self.target = base, target
+        self.groups = GroupIndex(result)
+        self.kept = 0
+
+    def role(self, row: dict[str, Any]) -> str:
+        role = self.groups.role(row)
+        if row["collective"] in ("allgather", "reduce_scatter") and role == "world":
+            return "shard"
+        return role
+
+    def ratio(self, row: dict[str, Any], role: str | None = None) -> float | None:
+        """T_model(target) / T_model(measured) of a row, None when it cannot be modelled."""
+        kind, size = row["collective"], row.get("bytes")
+        measured = _measured_link(self.groups.entry(row), self.base)
+        if kind not in models.COLLECTIVE_KINDS or not size or measured is None or not row.get("on_gpu"):
+            return None
+        link, n = measured
+        role = role or self.role(row)
+        if role == "other":
+            return 1.0
+        size_t, nodes_t, per_node = self.target.role_group(role)
+        target_link = self.target.link(per_node, nodes_t)
+        if link is None or target_link is None:
+            return None
+        before = _model_time(kind, size, n, link)
+        after = _model_time(kind, size, size_t, target_link)
+        return after / before if before > 0 else None
+
+    def of(self, row: dict[str, Any], role: str | None = None) -> float:
+        """Transfer time scaled by the model ratio; unmodelled rows keep their duration."""
+        wait = row.get("wait_us") or 0.0
+        ratio = self.ratio(row, role)
+        if ratio is None:
+            self.kept += 1
+            return row["dur_us"]
+        # Waiting for late ranks is not carried over: the late rank's own schedule (no wait)
+        # is projected too, and the job's step is the slowest rank's.
+        return (row["dur_us"] - wait) * ratio
+
+    def new(self, kind: str, size: float, role: str) -> float:
+        size_t, nodes_t, per_node = self.target.role_group(role)
+        link = self.target.link(per_node, nodes_t)
+        if link is None:
+            raise ConfigError("the projected link is unknown: pass --gpu (and --nic-gbps)")
+        return _model_time(kind, size, size_t, link)
+
+
+# ---------------------------------------------------------------- schedule helpers
+def _us(ns: int | None, origin_ns: int) -> float | None:
+    return None if ns is None else (ns - origin_ns) / 1000.0
+
+
+def _phase_end(step: dict[str, Any], phase: str, origin_ns: int) -> float | None:
+    window = (step.get("phase_windows") or {}).get(phase)
+    return _us(window["end_ns"], origin_ns) if window else None
+
+
+def _interpolate(known: list[float | None], weights: list[float], upper: list[float],
+                 end_value: float | None) -> list[float]:
+    """Fill unknown issue points linearly in cumulative weight between known anchors (the end
+    anchor ``end_value`` after the last row); keep them non-decreasing and <= ``upper``."""
+    cum = np.cumsum([0.0] + list(weights))[1:]
+    xs = [c for c, k in zip(cum, known) if k is not None]
+    ys = [k for k in known if k is not None]
+    if end_value is not None and (not xs or cum[-1] > xs[-1]):
+        xs.append(float(cum[-1]))
+        ys.append(end_value)
+    out = []
+    for c, k, cap in zip(cum, known, upper):
+        value = k if k is not None else (float(np.interp(c, xs, ys)) if xs else cap)
+        value = min(value, cap)
+        out.append(max(value, out[-1]) if out else value)
+    return out
+
+
+# ---------------------------------------------------------------- DDP
+@dataclass(frozen=True)
+class _DdpSchedule:
+    """One rank-step of DDP: its backward all-reduces (launch order), their estimated
+    gradient-ready times, the end of backward compute and the measured exposed tail (µs)."""
+
+    buckets: list[dict[str, Any]]
+    sizes: list[float]
+    ready: list[float]
+    backward_end: float
+    measured_tail: float
+
+
+def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
+    buckets = sorted((r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
+                      and r.get("on_gpu")), key=lambda r: (r["start_us"], r["rank"]))
+    if not buckets:
+        return None
+    ends = [r["start_us"] + r["dur_us"] for r in buckets]
+    backward_end = _phase_end(step, "backward", origin_ns)
+    if backward_end is None:
+        backward_end = ends[-1] - sum(r["exposed_us"] or 0.0 for r in buckets)
+    known = [r["start_us"] if k == 0 or r["start_us"] > ends[k - 1] + _EPS_US else None
+             for k, r in enumerate(buckets)]
+    sizes = [float(r["bytes"] or 0.0) for r in buckets]
+    upper = [r["start_us"] for r in buckets]
+    ready = _interpolate(known, sizes, upper, min(backward_end, buckets[-1]["start_us"]))
+    ready = [max(value, r["launch_us"]) if r.get("launch_us") is not None and r["launch_us"] <= value
+             else value for value, r in zip(ready, buckets)]
+    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
+
+
+def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
+              scenario: Scenario) -> tuple[float, float] | None:
+    """(measured exposed tail, projected exposed tail) of one rank's step, µs."""
+    ddp = _ddp_schedule(rows, step, origin_ns)
+    if ddp is None:
+        return None
+    ready, sizes = ddp.ready, ddp.sizes
+    if scenario.bucket_mb:
+        ready, sizes, times = _rebucket(ddp.buckets, ready, sizes, durations, scenario.bucket_mb)
+    else:
+        times = [durations.of(r) for r in ddp.buckets]
+    feed = iter(times)
+    pipeline = models.ddp_bucket_pipeline(ready, sizes, ddp.backward_end, lambda _size: next(feed))
+    return ddp.measured_tail, pipeline.exposed_tail_us
+
+
+def _ddp_to_fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
+                      durations: Durations, target: Config) -> tuple[float, float] | None:
+    """FSDP from a DDP trace, each gradient bucket taken as one FSDP unit (parameters in the
+    gradients' dtype): forward compute shared among units by bytes, backward compute between
+    consecutive gradient-ready times; all-gathers prefetched one unit ahead (and again in
+    backward unless SHARD_GRAD_OP), reduce-scatter when a unit's gradients are ready (HSDP: then
+    an all-reduce of the shard across nodes); compute stalls from the replay."""
+    ddp = _ddp_schedule(rows, step, origin_ns)
+    windows = step.get("phase_windows") or {}
+    if ddp is None or any(s <= 0 for s in ddp.sizes) or "forward" not in windows or "backward" not in windows:
+        return None
+    forward_start = _us(windows["forward"]["start_ns"], origin_ns)
+    backward_start = _us(windows["backward"]["start_ns"], origin_ns)
+    total = sum(ddp.sizes)
+    unit_sizes = ddp.sizes[::-1]  # forward order: the last bucket holds the first layers
+    compute_starts = forward_start + np.concatenate(
+        ([0.0], np.cumsum([windows["forward"]["compute_us"] * s / total for s in unit_sizes])[:-1]))
+    items: list[_Item] = []
+    for u, size in enumerate(unit_sizes):
+        issue = compute_starts[u - 1] if u else forward_start
+        items.append(_Item(None, "allgather", "fsdp", issue, compute_starts[u],
+                           durations.new("allgather", size, "shard")))
+    backward_starts = [backward_start] + list(ddp.ready[:-1])
+    shard_group = min(target.gpus, target.gpus_per_node) if target.strategy == "hsdp" else target.gpus
+    for i, (size, ready) in enumerate(zip(ddp.sizes, ddp.ready)):
+        if target.strategy != "fsdp-grad-op":
+            issue = backward_starts[i - 1] if i else backward_start
+            items.append(_Item(None, "allgather", "fsdp", issue, backward_starts[i],
+                               durations.new("allgather", size, "shard")))
+        items.append(_Item(None, "reduce_scatter", "fsdp", ready, ddp.backward_end,
+                           durations.new("reduce_scatter", size, "shard"), final=True))
+        if target.strategy == "hsdp" and target.nodes > 1:
+            items.append(_Item(None, "allreduce", "replicate", ready, ddp.backward_end,
+                               durations.new("allreduce", size / shard_group, "replicate"),
+                               depends=len(items) - 1, final=True))
+    items = _in_issue_order(items)
+    return ddp.measured_tail, _replay(items)
+
+
+def _in_issue_order(items: list[_Item]) -> list[_Item]:
+    """Sort by issue point (a stream runs its work in that order), keeping dependencies."""
+    order = sorted(range(len(items)), key=lambda i: (items[i].issue, i))
+    position = {old: new for new, old in enumerate(order)}
+    return [replace(items[i], depends=None if items[i].depends is None else position[items[i].depends])
+            for i in order]
+
+
+def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float):
+    """Measured buckets as gradient chunks, re-bucketed with the new cap; the all-reduce times
+    keep the measured transfers' median ratio to the model."""
+    if any(s <= 0 for s in sizes):
+        raise ConfigError("--bucket-mb needs the size of every gradient bucket; the trace lacks some")
+    ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
+              for r, s in zip(buckets, sizes)]
+    return _ddp_buckets(sizes, ready, bucket_mb * models.MIB, durations, float(np.median(ratios)))
+
+
+def _ddp_buckets(sizes, ready, cap: float, durations: Durations, residual: float = 1.0, split: bool = True):
+    """Gradient chunks (bytes, ready time, in ready order; split evenly when larger than the cap
+    if ``split``) into DDP buckets (models.assign_buckets, 1 MiB first bucket) -> (ready, bytes,
+    all-reduce times) per bucket."""
+    chunk_sizes, chunk_ready = [], []
+    previous = ready[0]
+    for size, r in zip(sizes, ready):
+        pieces = max(1, math.ceil(size / cap)) if split else 1
+        for p in range(pieces):
+            chunk_sizes.append(size / pieces)
+            chunk_ready.append(previous + (r - previous) * (p + 1) / pieces)
+        previous = r
+    groups = models.assign_buckets(chunk_sizes, cap, models.FIRST_BUCKET_BYTES)
+    new_ready = list(models.bucket_ready_times(chunk_ready, groups))
+    new_sizes = [float(sum(chunk_sizes[i] for i in g)) for g in groups]
+    times = [durations.new("allreduce", s, "world") * residual for s in new_sizes]
+    return new_ready, new_sizes, times
+
+
+def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
+                      scenario: Scenario) -> tuple[float, float] | None:
+    """DDP from an FSDP trace: every FSDP stall goes; the gradients (reduce-scatter inputs, ready
+    where each reduce-scatter was issued, in compute-progress time) are all-reduced in DDP
+    buckets through the bucket pipeline against the end of backward. A unit's gradients are
+    never split: DDP does not split a tensor, and a unit's tensor sizes are not in the trace."""
+    comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
+    reductions = [k for k, r in enumerate(comm) if r["collective"] == "reduce_scatter" and r["phase"] == "backward"]
+    if not reductions or any(not comm[k].get("bytes") for k in reductions):
+        return None
+    progress, measured_exposed = _progress(comm)
+    ends = [r["start_us"] + r["dur_us"] for r in comm]
+    backward_end = _phase_end(step, "backward", origin_ns)
+    p_backward = progress(backward_end if backward_end is not None else max(ends))
+    issue = _issue_points(comm, ends, progress)
+    cap = (scenario.bucket_mb or 25.0) * models.MIB
+    ready, sizes, times = _ddp_buckets([float(comm[k]["bytes"]) for k in reductions],
+                                       [issue[k] for k in reductions], cap, durations, split=False)
+    feed = iter(times)
+    pipeline = models.ddp_bucket_pipeline(ready, sizes, p_backward, lambda _size: next(feed))
+    return measured_exposed, pipeline.exposed_tail_us
+
+
+# ---------------------------------------------------------------- FSDP replay
+@dataclass
+class _Item:
+    row: dict[str, Any] | None
+    kind: str
+    stream: Any
+    issue: float  # compute-progress point
+    need: float
+    duration: float
+    depends: int | None = None  # index of another item it waits for
+    end: float = 0.0
+    final: bool = False  # needed by the end-of-backward wait (after every issue at that point)
+
+
+def _progress(rows: list[dict[str, Any]]):
+    """P(t) = t − exposed communication before t (exposure taken at the end of each kernel)."""
+    exposed = [(r["start_us"] + r["dur_us"] - (r["exposed_us"] or 0.0), r["start_us"] + r["dur_us"])
+               for r in rows if (r.get("exposed_us") or 0.0) > 0]
+    if not exposed:
+        return lambda t: t, 0.0
+    scale = 1000.0  # interval algebra works on integers: ns
+    union = iv.union(np.array([round(a * scale) for a, _ in exposed], dtype=np.int64),
+                     np.array([round(b * scale) for _, b in exposed], dtype=np.int64))
+    starts, ends = union
+    lengths = ends - starts
+    total = float(lengths.sum()) / scale
+
+    def progress(t: float) -> float:
+        cut = np.clip(round(t * scale) - starts, 0, lengths)
+        return t - float(cut.sum()) / scale
+
+    return progress, total
+
+
+def _fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
+               base: Config, target: Config) -> tuple[float, float] | None:
+    comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
+    if not comm:
+        return None
+    progress, measured_exposed = _progress(comm)
+    backward_end = _phase_end(step, "backward", origin_ns)
+    forward_end = _phase_end(step, "forward", origin_ns)
+    ends = [r["start_us"] + r["dur_us"] for r in comm]
+    last_end = max(ends)
+    p_backward = progress(backward_end if backward_end is not None else last_end)
+    issue = _issue_points(comm, ends, progress)
+    depends = _comm_dependencies(comm, ends)
+    items = []
+    item_of: dict[int, int] = {}
+    for k, r in enumerate(comm):
+        role = durations.role(r)
+        if target.strategy == "fsdp-grad-op" and base.strategy != "fsdp-grad-op" \
+                and r["collective"] == "allgather" and r["phase"] == "backward":
+            continue  # SHARD_GRAD_OP keeps the parameters gathered after forward
+        if target.strategy != "hsdp" and role == "replicate":
+            continue  # no replicate all-reduce outside HYBRID_SHARD
+        item_of[k] = len(items)
+        items.append(_Item(r, r["collective"], r["stream"], issue[k], 0.0, durations.of(r, role),
+                           depends=item_of.get(depends[k]) if depends[k] is not None else None))
+        if (target.strategy == "hsdp" and base.strategy != "hsdp" and r["collective"] == "reduce_scatter"
+                and r.get("bytes")):
+            shard = r["bytes"] / min(target.gpus, target.gpus_per_node)
+            items.append(_Item(None, "allreduce", "replicate", issue[k], p_backward,
+                               durations.new("allreduce", shard, "replicate"), depends=len(items) - 1,
+                               final=True))
+    _need_points(items, progress, p_backward, forward_end)
+    waits = _replay(items)
+    return measured_exposed, waits
+
+
+def _comm_dependencies(comm, ends) -> list[int | None]:
+    """A collective that starts, on an idle stream, as another stream's collective ends was
+    waiting for it (HYBRID_SHARD's all-reduce after the reduce-scatter): index of that one."""
+    order = sorted(range(len(comm)), key=lambda j: ends[j])
+    sorted_ends = [ends[j] for j in order]
+    out: list[int | None] = []
+    last_end: dict[Any, float] = {}
+    for k, r in enumerate(comm):
+        start = r["start_us"]
+        found = None
+        if start > last_end.get(r["stream"], -math.inf) + _EPS_US:
+            lo, hi = bisect_left(sorted_ends, start - _EPS_US), bisect_right(sorted_ends, start)
+            candidates = [order[i] for i in range(lo, hi)
+                          if order[i] < k and comm[order[i]]["stream"] != r["stream"]]
+            found = max(candidates, key=lambda j: (ends[j], j)) if candidates else None
+        out.append(found)
+        last_end[r["stream"]] = max(last_end.get(r["stream"], -math.inf), ends[k])
+    return out
+
+
+def _issue_points(comm, ends, progress) -> list[float]:
+    by_stream: dict[Any, list[int]] = {}
+    for k, r in enumerate(comm):
+        by_stream.setdefault(r["stream"], []).append(k)
+    issue = [0.0] * len(comm)
+    for indices in by_stream.values():
+        known: list[float | None] = []
+        last_exposed_ag = None
+        for pos, k in enumerate(indices):
+            r = comm[k]
+            idle = pos == 0 or r["start_us"] > ends[indices[pos - 1]] + _EPS_US
+            if idle:
+                known.append(progress(r["start_us"]))
+            elif r["collective"] == "allgather" and last_exposed_ag is not None:
+                known.append(progress(ends[last_exposed_ag]))  # prefetch issued right after the wait
+            else:
+                known.append(None)
+            if r["collective"] == "allgather":
+                last_exposed_ag = k if _waited_for(r) else None
+        weights = [float(comm[k].get("bytes") or 1.0) for k in indices]
+        upper = [progress(comm[k]["start_us"]) for k in indices]
+        for k, value in zip(indices, _interpolate(known, weights, upper, None)):
+            issue[k] = value
+    return issue
+
+
+def _waited_for(row: dict[str, Any]) -> bool:
+    """Compute waited for this collective: its exposed part is more than the gaps between
+    kernels that any long collective overlaps (20 µs or 2% of it, whichever is larger)."""
+    return (row.get("exposed_us") or 0.0) > max(20.0, 0.02 * row["dur_us"])
+
+
+def _copy_out_rate(items: list[_Item], gathers: list[int], progress) -> float:
+    """µs per byte between the end of an all-gather that compute waited for and the issue of the
+    next prefetch (FSDP2 copies the gathered unit out before prefetching the next one; FSDP1
+    gives ~0): median over such pairs whose second all-gather found its stream idle."""
+    rates = []
+    for a, b in zip(gathers, gathers[1:]):
+        first, second = items[a].row, items[b].row
+        if first["phase"] != second["phase"] or not _waited_for(first) or not first.get("bytes"):
+            continue
+        if second["start_us"] <= first["start_us"] + first["dur_us"] + _EPS_US:
+            continue  # queued behind the first: its issue point is not measured
+        lag = items[b].issue - progress(first["start_us"] + first["dur_us"])
+        if lag >= 0:
+            rates.append(lag / first["bytes"])
+    return float(np.median(rates)) if rates else 0.0
+
+
+def _need_points(items: list[_Item], progress, p_backward: float, forward_end: float | None) -> None:
+    gathers = [i for i, item in enumerate(items) if item.row is not None and item.kind == "allgather"]
+    copy_out = _copy_out_rate(items, gathers, progress)
+    for i, item in enumerate(items):
+        r = item.row
+        if r is None:
+            continue
+        end = progress(r["start_us"] + r["dur_us"])
+        if item.kind in _GRAD_REDUCTIONS and r["phase"] == "backward":
+            item.need = max(end, p_backward)
+            item.final = True
+        elif item.kind == "allgather" and not _waited_for(r):
+            later = [items[j].issue for j in gathers if j > i and items[j].row["phase"] == r["phase"]]
+            phase_end = p_backward if r["phase"] == "backward" else (
+                progress(forward_end) if forward_end is not None else end)
+            next_issue = later[0] - copy_out * (r.get("bytes") or 0) if later else phase_end
+            item.need = max(end, next_issue)
+        else:
+            item.need = end
+
+
+def _replay(items: list[_Item]) -> float:
+    """Compute stalls (µs) when each collective is issued at its progress point plus the stalls
+    so far, runs when its stream is free, and is needed at its need point."""
+    events = sorted([(item.issue, 1, i) for i, item in enumerate(items)]
+                    + [(item.need, 2 if item.final else 0, i) for i, item in enumerate(items)])
+    stall = 0.0
+    stream_free: dict[Any, float] = {}
+    issued: set[int] = set()
+    previous: dict[int, int] = {}  # stream predecessor: a stream runs its work in issue order
+    last_on: dict[Any, int] = {}
+    for i, item in enumerate(items):
+        if item.stream in last_on:
+            previous[i] = last_on[item.stream]
+        last_on[item.stream] = i
+
+    def issue(i: int) -> None:
+        item = items[i]
+        if i in previous:
+            issue_once(previous[i])
+        start = max(item.issue + stall, stream_free.get(item.stream, -math.inf))
+        if item.depends is not None:
+            issue_once(item.depends)
+            start = max(start, items[item.depends].end)
+        item.end = start + item.duration
+        stream_free[item.stream] = item.end
+
+    def issue_once(i: int) -> None:
+        if i not in issued:
+            issued.add(i)
+            issue(i)
+
+    # At one progress point, waits for all-gathers come before issues (a prefetch is issued after
+    # the wait for the previous unit), the end-of-backward wait after them; a collective is
+    # always issued before it is waited for.
+    for point, order, i in events:
+        issue_once(i)
+        if order != 1:
+            stall += max(0.0, items[i].end - (point + stall))
+    return stall
+
+
+# ---------------------------------------------------------------- entry point
+def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
+    """Project the measured job onto ``scenario`` (None fields: as measured)."""
+    if result.groups is None:
+        raise ConfigError("project() needs a Result from diagnose() (job analyses missing)")
+    notes: list[str] = []
+    base, assumptions = measured_config(result, scenario, notes)
+    target = target_config(base, scenario, assumptions)
+    _check_supported(base, target, scenario)
+    durations = Durations(result, base, target)
+    origin = result.job["time_origin_ns"]
+    rows_by = {}
+    for row in result.collectives:
+        rows_by.setdefault((row["rank"], row["step"]), []).append(row)
+    optimizer_factor = _optimizer_factor(base, target)
+    measured, projected = [], []
+    unmodelled = 0
+    for rank in result.ranks:
+        for step in rank.steps:
+            rows = rows_by.get((rank.rank, step["step"]), [])
+            if base.strategy == "ddp" and target.strategy == "ddp":
+                change = _ddp_step(rows, step, origin, durations, scenario)
+            elif base.strategy == "ddp":
+                change = _ddp_to_fsdp_step(rows, step, origin, durations, target)
+            elif target.strategy == "ddp":
+                change = _fsdp_to_ddp_step(rows, step, origin, durations, scenario)
+            else:
+                change = _fsdp_step(rows, step, origin, durations, base, target)
+            if change is None:
+                unmodelled += 1
+            before, after = change if change is not None else (0.0, 0.0)
+            optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
+            extra_compute = optimizer * (optimizer_factor - 1.0)
+            exposed = step.get("exposed_comm_us") or 0.0
+            waits = sum(r.get("wait_us") or 0.0 for r in rows)
+            measured.append((step["step"], rank.rank, step["step_time_us"], exposed, step["compute_us"], waits))
+            projected.append((step["step"], rank.rank, step["step_time_us"] - before + after + extra_compute,
+                              max(0.0, exposed - before + after), step["compute_us"] + extra_compute, 0.0))
+    if not measured:
+        raise ConfigError("no profiler steps in the trace: nothing to project")
+    if any(entry[5] for entry in measured):
+        notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
+                     "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
+    if base.strategy == "ddp" and target.strategy != "ddp":
+        notes.append("FSDP projected from DDP: each gradient bucket taken as one FSDP unit, with its "
+                     "forward compute in proportion to its bytes; real FSDP reduces its root unit "
+                     "(embeddings, head) last, which makes it slower than this when the network is slow")
+    if base.strategy != "ddp" and target.strategy == "ddp":
+        notes.append("FSDP's own copy kernels (all-gather copy-in/out, reduce-scatter chunk-cat) stay in "
+                     "the measured compute: the DDP step is over-estimated by their time")
+    if unmodelled:
+        what = "backward all-reduces (DDP buckets)" if base.strategy == "ddp" else "GPU collectives"
+        notes.append(f"{unmodelled} rank-step(s) have no {what}: their step time is kept as measured")
+    if durations.kept:
+        notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
+    _assumption_notes(assumptions, scenario, target, optimizer_factor)
+    m, p = _summary(measured), _summary(projected)
+    m["gpus"], p["gpus"] = base.gpus, target.gpus
+    p["scaling_efficiency"] = round(m["step_time_us"] / p["step_time_us"], 4) if p["step_time_us"] else None
+    _mfu(result, scenario, base, target, m, p, assumptions)
+    return Projection(m, p, assumptions, notes + _groups_note(target))
+
+
+def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
+    if base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
+        raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
+    if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":
+        raise ConfigError("cannot project HYBRID_SHARD onto SHARD_GRAD_OP")
+    if scenario.bucket_mb and target.strategy != "ddp":
+        raise ConfigError("--bucket-mb applies to DDP only")
+    if target.strategy == "hsdp" and target.gpus % target.gpus_per_node:
+        raise ConfigError("HYBRID_SHARD needs whole nodes")
+
+
+def _optimizer_factor(base: Config, target: Config) -> float:
+    """Sharded optimizers update 1/shard of the parameters: their compute scales with it."""
+    def shard(config: Config) -> int:
+        if config.strategy == "ddp":
+            return 1
+        return min(config.gpus, config.gpus_per_node) if config.strategy == "hsdp" else config.gpus
+    return shard(base) / shard(target)
+
+
+def _summary(entries: list[tuple]) -> dict[str, Any]:
+    by_step: dict[int, list[tuple]] = {}
+    for entry in entries:
+        by_step.setdefault(entry[0], []).append(entry)
+    slowest = [max(e[2] for e in group) for group in by_step.values()]
+    return {"step_time_us": round(float(np.mean(slowest)), 3),
+            "exposed_comm_us": round(float(np.mean([e[3] for e in entries])), 3),
+            "compute_us": round(float(np.mean([e[4] for e in entries])), 3),
+            "wait_us": round(float(np.mean([e[5] for e in entries])), 3),
+            "steps": len(by_step), "rank_steps": len(entries)}
+
+
+def _mfu(result, scenario, base, target, m, p, assumptions) -> None:
+    psi = scenario.model_params or (result.mfu or {}).get("model_params")
+    tokens = scenario.tokens_per_step or (result.mfu or {}).get("tokens_per_step")
+    peak = result.hardware["peak_tflops"]
+    assumptions["model_params"] = _value(psi, "user" if psi else "unknown", "--model-params")
+    assumptions["tokens_per_step"] = _value(tokens, "user" if tokens else "unknown",
+                                            "--tokens-per-step (measured configuration; weak scaling)")
+    assumptions["peak_tflops"] = peak
+    for side, config, scale in ((m, base, 1.0), (p, target, target.gpus / base.gpus)):
+        if psi and tokens and peak["value"] and side["step_time_us"]:
+            tokens_per_s = tokens * scale / (side["step_time_us"] * 1e-6)
+            side["mfu"] = round(models.mfu(tokens_per_s, psi, config.gpus, peak["value"]), 6)
+        else:
+            side["mfu"] = None
+
+
+def _assumption_notes(assumptions, scenario, target, optimizer_factor) -> None:
+    assumptions["bucket_cap_mb"] = _value(scenario.bucket_mb, "user", "--bucket-mb (first bucket 1 MiB)") \
+        if scenario.bucket_mb else _value(None, "measured", "measured buckets")
+    assumptions["compute"] = _value("measured", "measured",
+                                    "per-GPU compute as measured (weak scaling); optimizer compute x "
+                                    f"{optimizer_factor:g} for the shard size")
+    intra = target.intra
+    assumptions["intra_link"] = _value(intra and {"alpha_us": intra.alpha_us, "beta_gbps": intra.beta_gbps},
+                                       assumptions["intra_beta_gbps"]["origin"], assumptions["intra_beta_gbps"]["source"])
+    cross = target.link(target.gpus_per_node, 2)
+    assumptions["cross_node_link"] = _value(
+        cross and {"alpha_us": cross.alpha_us, "beta_gbps": round(cross.beta_gbps, 3)}, "derived",
+        f"min(β_intra, {target.nics_per_node} NIC(s) x {target.nic_gbps} GB/s x members per node / "
+        f"{target.gpus_per_node}) (models.md §2)")
+
+
+def _groups_note(target: Config) -> list[str]:
+    roles = ["replicate", "shard"] if target.strategy == "hsdp" else ["world"]
+    out = []
+    for role in roles:
+        size, nodes, per_node = target.role_group(role)
+        link = target.link(per_node, nodes)
+        out.append(f"projected {role} group: {size} ranks on {nodes} node(s), "
+                   + (f"α {link.alpha_us:.2f} µs, β {link.beta_gbps:.1f} GB/s" if link else "link unknown"))
+    return out
