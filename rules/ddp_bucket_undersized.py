@@ -6,6 +6,7 @@ import statistics
 
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
+from analyzer.whatif.projection import projected_gain
 from analyzer.whatif.ddp import ddp_steps, typical_step
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 
@@ -82,6 +83,7 @@ class DdpBucketUndersized(Rule):
         if gain < t["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB
+        gain, projection_source = projected_gain(ctx.facts.result, gain, bucket_mb=cap_mib)
         n = link.n
         summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {fmt_bytes(median_bucket)}, "
                    f"{100 * small:.0f}% latency-bound (S/N below S* = {fmt_bytes(s_star)}): α is {100 * latency_share:.0f}% of the "
@@ -106,7 +108,7 @@ class DdpBucketUndersized(Rule):
             "suggested_bucket_cap_mb": cap_mib,
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
-            "whatif_step_time_us": ctx.facts.whatif_step_us(bucket_mb=cap_mib),
+            "projection_source": projection_source,
             "step_time_us": round(step_us, 1),
             "link": link.evidence(),
             "collectives": "backward all-reduce (DDP gradient buckets)",

@@ -11,8 +11,11 @@ goes on.
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 import re
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -87,8 +90,12 @@ def register(cls: type[Rule]) -> type[Rule]:
 
 
 def all_rules() -> dict[str, type[Rule]]:
-    """Every registered rule, by name (importing the package registers them)."""
-    import analyzer.rules  # noqa: F401  (registers the rule modules)
+    """Every rule, by name: each module of this package registers its rule when imported, and
+    every module but the engine is imported here (in name order, so the registry is stable)."""
+    package = __name__.rpartition(".")[0]
+    for info in sorted(pkgutil.iter_modules(sys.modules[package].__path__), key=lambda m: m.name):
+        if info.name != "engine" and not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
     return dict(sorted(RULES.items()))
 
 

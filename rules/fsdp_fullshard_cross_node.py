@@ -6,6 +6,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
+from analyzer.whatif.projection import projected_gain
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count
 
 
@@ -92,6 +93,7 @@ class FsdpFullShardCrossNode(Rule):
         fits = need is not None and memory is not None and need <= ctx.thresholds["memory_fraction"] * memory
         if need is not None and memory and not fits:
             return []  # HYBRID_SHARD would not fit: nothing to suggest
+        gain, projection_source = projected_gain(facts.result, gain, strategy="hsdp")
         step_after = step_us - gain
         memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {fmt_bytes(need)} of {fmt_bytes(memory)} per GPU" if need and memory
                        else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
@@ -111,7 +113,7 @@ class FsdpFullShardCrossNode(Rule):
             "modelled_exposed_us_full_shard": round(now, 1),
             "modelled_exposed_us_hybrid_shard": round(projected, 1),
             "projected_step_time_us": round(step_after, 1), "step_time_us": round(step_us, 1),
-            "whatif_step_time_us": facts.whatif_step_us(strategy="hsdp"),
+            "projection_source": projection_source,
             "parameters": psi, "parameters_source": psi_source,
             "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
             "collectives": "all-gather, reduce-scatter",

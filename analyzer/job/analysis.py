@@ -16,6 +16,7 @@ from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
+from analyzer.model.link import hardware_link
 from analyzer.job.mfu import compute_mfu, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
@@ -53,24 +54,6 @@ def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> 
         raise ConfigError(str(exc)) from None
 
 
-def profile_link(cross_node: bool | None, ranks_per_node: float | None,
-                 hardware: HardwareAssumptions) -> tuple[float | None, float | None, str]:
-    """(α, β, where from) of a group from the hardware profile (models.md §2): NVLink inside a
-    node; across nodes α_nic and the node's aggregate NIC bandwidth shared by the group's members
-    on that node, ``min(β_nvlink, nics_per_node × β_nic × members_per_node / gpus_per_node)``."""
-    intra_alpha, intra_beta = hardware.intra_node_alpha_us.value, hardware.intra_node_gbps.value
-    if not cross_node:
-        return intra_alpha, intra_beta, "hardware profile (intra-node link)"
-    nic, nics, gpn = hardware.nic_gbps.value, hardware.nics_per_node.value, hardware.gpus_per_node.value
-    if nic is None or not nics or not gpn or intra_beta is None:
-        return hardware.nic_alpha_us.value, None, "hardware profile (NIC; β unknown)"
-    share = min(1.0, (ranks_per_node or gpn) / gpn)
-    beta = min(intra_beta, nics * nic * share)
-    return (hardware.nic_alpha_us.value, round(beta, 3),
-            f"hardware profile ({nics} NIC(s) per node x {nic} GB/s, shared by "
-            f"{ranks_per_node:g} of {gpn} GPUs per node)")
-
-
 def fit_groups(rows: list[dict[str, Any]], topology: Topology,
                hardware: HardwareAssumptions) -> list[dict[str, Any]]:
     """One entry per process group with collectives; annotates the rows with bandwidths and bound."""
@@ -83,7 +66,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
         group = group_rows[0].get("group") or {}
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
-        fallback = profile_link(label["cross_node"], label["ranks_per_node"], hardware)
+        fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
         cols = commfit.GroupColumns(group_rows)
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:

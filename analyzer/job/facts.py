@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from analyzer.model import formulas as models
+from analyzer.model.link import hardware_link
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
 
@@ -177,8 +178,12 @@ class JobFacts:
 
     @cached_property
     def hardware(self):
-        from analyzer.model.hardware import resolve_hardware
-        devices = next((r.devices for r in self.result.ranks if r.devices), [])
+        """The hardware the job analysis resolved, the user's --gpu / --nics-per-node /
+        --nic-gbps overrides included: the rules never work it out a second time."""
+        from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
+        if self.result.hardware:
+            return HardwareAssumptions.from_dict(self.result.hardware)
+        devices = next((r.devices for r in self.result.ranks if r.devices), [])  # a Result without job analysis
         names = [d.get("name") for d in devices if d.get("name")]
         memory = [d.get("total_mem_bytes") for d in devices if d.get("name")]
         return resolve_hardware(names, memory or None, gpus_per_node=self.gpus_per_node)
@@ -225,33 +230,20 @@ class JobFacts:
 
     def profile_link(self, n: int, nodes: int, members: int | None = None) -> Link | None:
         hw = self.hardware
-        nvl, alpha_nvl = hw.intra_node_gbps.value, hw.intra_node_alpha_us.value
-        if nvl is None or alpha_nvl is None:
+        if hw.intra_node_gbps.value is None or hw.intra_node_alpha_us.value is None:
+            return None
+        alpha, beta, _ = hardware_link(hw, nodes > 1, (members or n) / nodes)
+        if alpha is None or beta is None:
             return None
         if nodes <= 1:
-            return Link(alpha_nvl, nvl, n, False, 1, f"profile {hw.gpu_profile.value} intra-node link")
-        per_node = (members or n) / nodes
-        node_nic = hw.nics_per_node.value * hw.nic_gbps.value
-        beta = min(nvl, node_nic * per_node / hw.gpus_per_node.value)
-        return Link(hw.nic_alpha_us.value, beta, n, True, nodes,
+            return Link(alpha, beta, n, False, 1, f"profile {hw.gpu_profile.value} intra-node link")
+        return Link(alpha, beta, n, True, nodes,
                     f"profile: {hw.nics_per_node.value} x {hw.nic_gbps.value:g} GB/s NICs per node "
                     f"({hw.nics_per_node.origin})")
 
     @cached_property
     def _fitted_groups(self) -> dict[Any, dict[str, Any]]:
         return {g.get("name"): g for g in self.result.groups or [] if isinstance(g, dict)}
-
-    def whatif_step_us(self, **scenario: Any) -> float | None:
-        """Step time projected by the what-if model (analyzer.whatif.projection) for a changed
-        configuration: an independent cross-check of a rule's own projection (None when it
-        cannot project this trace)."""
-        try:
-            from analyzer.base.errors import TracecliffError
-            from analyzer.whatif.projection import Scenario, project
-            projected = project(self.result, Scenario(**scenario)).projected.get("step_time_us")
-        except (ImportError, TracecliffError, ValueError):
-            return None
-        return round(float(projected), 1) if projected is not None else None
 
     # ---------------------------------------------------------------- applicability
     def missing(self, needs: tuple[str, ...]) -> str | None:

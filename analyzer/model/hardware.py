@@ -215,6 +215,11 @@ class HardwareAssumptions:
         """``{field: {"origin", "source", "value"}}`` in field order (deterministic)."""
         return {f.name: getattr(self, f.name).to_dict() for f in fields(self)}
 
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "HardwareAssumptions":
+        """The inverse of ``to_dict`` (a saved result's ``hardware`` section)."""
+        return cls(**{f.name: Sourced(**doc[f.name]) for f in fields(cls)})
+
     def names_by_origin(self, origin: str) -> tuple[str, ...]:
         """Field names whose value has the given origin."""
         return tuple(f.name for f in fields(self) if getattr(self, f.name).origin == origin)

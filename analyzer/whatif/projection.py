@@ -40,7 +40,8 @@ import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
-from analyzer.base.errors import ConfigError
+from analyzer.model.link import cross_node_beta, node_nic_gbps
+from analyzer.base.errors import ConfigError, TracecliffError
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
 _EPS_US = 2.0  # a kernel starting within this of its stream predecessor's end was queued behind it
@@ -103,9 +104,8 @@ class Config:
             return self.intra
         if self.intra is None or self.nic_gbps is None or self.nic_alpha_us is None:
             return None
-        share = min(1.0, members_per_node / self.gpus_per_node)
-        beta = min(self.intra.beta_gbps, self.nics_per_node * self.nic_gbps * share)
-        return Link(self.nic_alpha_us, beta)
+        return Link(self.nic_alpha_us, cross_node_beta(self.intra.beta_gbps, self.nics_per_node, self.nic_gbps,
+                                                       members_per_node, self.gpus_per_node))
 
     def role_group(self, role: str) -> tuple[int, int, float]:
         """(size, nodes, members per node) of the group a role's collectives use."""
@@ -195,10 +195,9 @@ def measured_config(result: Any, scenario: Scenario, notes: list[str]) -> tuple[
     cross_fit = _best_fit(result, True)
     if scenario.trace_nics_per_node:
         nics = scenario.trace_nics_per_node
-        nic_src["nics_per_node"] = ("user", "--trace-nics-per-node")
+        nic_src["nics_per_node"] = ("user", "--nics-per-node")
     if cross_fit:
-        share = min(1.0, (cross_fit["size"] / cross_fit["nodes"]) / g)
-        node_bw = cross_fit["beta_gbps"] / share
+        node_bw = node_nic_gbps(cross_fit["beta_gbps"], cross_fit["size"] / cross_fit["nodes"], g)
         nic_alpha = cross_fit["alpha_us"]
         nic_src["nic_alpha_us"] = ("measured", f"fit of cross-node group {cross_fit['name']}")
         if intra is None or cross_fit["beta_gbps"] >= 0.95 * intra.beta_gbps:
@@ -826,3 +825,27 @@ def _groups_note(target: Config) -> list[str]:
         out.append(f"projected {role} group: {size} ranks on {nodes} node(s), "
                    + (f"α {link.alpha_us:.2f} µs, β {link.beta_gbps:.1f} GB/s" if link else "link unknown"))
     return out
+
+
+def projected_change_us(result: Any, **changes: Any) -> float | None:
+    """The step-time change (µs, negative = faster) this model projects for ``changes`` (Scenario
+    fields), against its own projection of the configuration as measured, so that the model's
+    residual on this job cancels. None when it cannot project this trace. The rules print this
+    one projection: a finding and ``tracecliff whatif`` never disagree."""
+    try:
+        base = project(result, Scenario()).projected.get("step_time_us")
+        changed = project(result, Scenario(**changes)).projected.get("step_time_us")
+    except (TracecliffError, ValueError):
+        return None
+    if base is None or changed is None:
+        return None
+    return float(changed) - float(base)
+
+
+def projected_gain(result: Any, fallback_us: float, **changes: Any) -> tuple[float, str]:
+    """(estimated gain µs, where from) of a finding's fix: this model's projection when it can
+    project the trace, else the rule's own estimate ``fallback_us``, and the evidence says which."""
+    change = projected_change_us(result, **changes)
+    if change is None:
+        return fallback_us, "the rule's own schedule (the what-if model cannot project this trace)"
+    return max(0.0, -change), "the what-if model (tracecliff whatif), measured configuration as reference"
