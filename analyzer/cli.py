@@ -131,3 +131,7 @@ cli.add_command(annotate_command)
 from analyzer.whatif import whatif_command  # noqa: E402  (issue 3: scaling what-if)
 
 cli.add_command(whatif_command)
+
+from analyzer.cli_hang import hang_command  # noqa: E402  (issue 16: hang triage from Flight Recorder dumps)
+
+cli.add_command(hang_command)

@@ -79,7 +79,7 @@ def rank_rows(job: Job) -> list[dict[str, Any]]:
         if dump is None:
             rows.append({"rank": r, "dump": False})
             continue
-        ordered = sorted(dump.entries, key=lambda e: (e.time_created_ns, e.record_id))
+        ordered = sorted(dump.entries, key=lambda e: e.record_id)  # the ring buffer's own order
         done = [e for e in ordered if job.completed(r, e)]
         pending = [e for e in ordered if job.completed(r, e) is False]
         rows.append({"rank": r, "dump": True, "path": dump.path, "entries": len(ordered),
@@ -102,14 +102,13 @@ def verdict(job: Job, hangs: list[Hang]) -> str:
     return head + more
 
 
-def group_label(h: Hang) -> str:
-    g = h.group
-    return f"group {g.description} (pg {g.name})" if g.description else f"group {g.name}"
+def group_label(g: dict[str, Any]) -> str:
+    return f"group {g['description']} (pg {g['name']})" if g["description"] else f"group {g['name']}"
 
 
 def _sentence(job: Job, h: Hang) -> str:
     who = f"rank {h.ranks[0]}" if len(h.ranks) == 1 else f"ranks {_list(h.ranks)}"
-    where = f"{h.op} #{h.seq} of {group_label(h)}"
+    where = f"{h.op} #{h.seq} of {group_label(h.group.to_dict())}"
     waiting = (f" ({len(h.waiting_ranks)} of {len(h.group.ranks)} members waiting since "
                f"{clock(h.waiting_since_ns)})") if h.waiting_ranks else ""
     if h.kind == "missing-rank":
@@ -117,7 +116,7 @@ def _sentence(job: Job, h: Hang) -> str:
     if h.kind == "desync":
         issued = " / ".join(sorted({call_text(c) for c in h.detail["issued"].values()}))
         return (f"{who} issued {issued} where the others issued {call_text(h.detail['expected'])} at #{h.seq} "
-                f"of {group_label(h)}: desync in {', '.join(h.detail['differs_in'])}{waiting}{_last_seen(h)}")
+                f"of {group_label(h.group.to_dict())}: desync in {', '.join(h.detail['differs_in'])}{waiting}{_last_seen(h)}")
     if h.kind == "not-reporting":
         return f"{who} wrote no dump (dead host?); the others wait in {where}{waiting}"
     if h.kind == "stuck":

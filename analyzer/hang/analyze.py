@@ -27,7 +27,8 @@ class Group:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "ranks": self.ranks,
-                "size": len(self.ranks), "membership": self.membership}
+                "size": len(self.ranks), "membership": self.membership,
+                "membership_inferred": self.membership != "pg_config"}
 
 
 @dataclass
@@ -79,6 +80,9 @@ class Job:
             for e in d.entries:
                 described.setdefault(e.group, Counter())[e.description] += 1
                 logged.setdefault(e.group, set()).add(d.rank)
+        if any(e.backend == "gloo" for d in self.dumps.values() for e in d.entries):
+            self.notes.append("gloo entries stay 'scheduled': completion is read from each rank's pg_status "
+                              "(last completed sequence id; gloo counts a collective that failed as completed)")
         return {name: self._group(name, described[name].most_common(1)[0][0], logged[name])
                 for name in sorted(described, key=_group_order)}
 
