@@ -16,7 +16,6 @@ can run; only plain containers and scalars can come out.
 
 from __future__ import annotations
 
-import glob
 import io
 import pickle
 import re
@@ -27,7 +26,7 @@ from typing import Any
 import msgspec
 
 from analyzer.errors import InputError
-from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, read_trace_bytes
+from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, read_trace_bytes
 
 PICKLE_PROTO = b"\x80"
 KNOWN_MAJOR_VERSIONS = (1, 2)
@@ -109,20 +108,13 @@ def discover_dumps(paths: list[str] | tuple[str, ...]) -> list[Path]:
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            inside = sorted(p for p in path.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
-            if not inside:
-                raise InputError(path, "directory holds no Flight Recorder dumps (files named <prefix><rank>)")
-            found.extend(inside)
-        elif path.is_file():
-            found.append(path)
-        elif glob.has_magic(raw):
-            matches = sorted(Path(m) for m in glob.glob(raw) if Path(m).is_file())
-            if not matches:
-                raise InputError(raw, "pattern matches no files")
-            found.extend(matches)
-        else:
-            raise InputError(path, "no such file or directory" if not path.exists() else "not a regular file")
+        if not path.is_dir():
+            found.extend(discover_trace_files([raw]))  # a file or a glob: the same rules as traces
+            continue
+        inside = sorted(p for p in path.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
+        if not inside:
+            raise InputError(path, "directory holds no Flight Recorder dumps (files named <prefix><rank>)")
+        found.extend(inside)
     return sorted({p.resolve(): p for p in found}.values(), key=str)
 
 
@@ -241,16 +233,19 @@ def _parse_doc(path: Path, rank: int, doc: Any) -> RankDump:
     return dump
 
 
-def _pg_config(value: Any) -> dict[str, dict[str, Any]]:
+def _tables(value: Any, name: str) -> list[tuple[Any, str, dict]]:
+    """(key, where, table) for a mapping of mappings such as ``pg_config`` and ``pg_status``."""
     if not isinstance(value, dict):
-        raise _Bad(f"pg_config: expected a mapping, got {_show(value)}")
-    out = {}
-    for key, cfg in value.items():
-        where = f"pg_config[{key!r}]"
-        if not isinstance(cfg, dict):
-            raise _Bad(f"{where}: expected a mapping, got {_show(cfg)}")
-        out[str(key)] = {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
-    return out
+        raise _Bad(f"{name}: expected a mapping, got {_show(value)}")
+    for key, table in value.items():
+        if not isinstance(table, dict):
+            raise _Bad(f"{name}[{key!r}]: expected a mapping, got {_show(table)}")
+    return [(key, f"{name}[{key!r}]", table) for key, table in value.items()]
+
+
+def _pg_config(value: Any) -> dict[str, dict[str, Any]]:
+    return {str(key): {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
+            for key, where, cfg in _tables(value, "pg_config")}
 
 
 def _ranks(value: Any, where: str) -> list[int] | None:
@@ -267,15 +262,11 @@ def _ranks(value: Any, where: str) -> list[int] | None:
 
 
 def _pg_status(value: Any) -> dict[int, GroupStatus]:
-    if not isinstance(value, dict):
-        raise _Bad(f"pg_status: expected a mapping, got {_show(value)}")
     out = {}
-    for key, status in value.items():
-        where = f"pg_status[{key!r}]"
-        if not isinstance(status, dict):
-            raise _Bad(f"{where}: expected a mapping, got {_show(status)}")
-        get = lambda name: _int(status.get(f"last_{name}_collective", -1), f"{where}.last_{name}_collective")  # noqa: E731
-        out[_int(key, f"{where} key")] = GroupStatus(get("enqueued"), get("started"), get("completed"))
+    for key, where, status in _tables(value, "pg_status"):
+        last = [_int(status.get(f"last_{name}_collective", -1), f"{where}.last_{name}_collective")
+                for name in ("enqueued", "started", "completed")]
+        out[_int(key, f"{where} key")] = GroupStatus(*last)
     return out
 
 
