@@ -53,10 +53,11 @@ def _register() -> None:
     from analyzer.cli.diagnose import diagnose_command
     from analyzer.cli.diff import diff_command
     from analyzer.cli.gate import gate_command
+    from analyzer.cli.hang import hang_command
     from analyzer.cli.rules import explain_command, rules_command
     from analyzer.cli.whatif import whatif_command
     for command in (diagnose_command, rules_command, explain_command, gate_command, diff_command,
-                    annotate_command, whatif_command):
+                    annotate_command, whatif_command, hang_command):
         cli.add_command(command)
 
 

@@ -1,0 +1,325 @@
+"""Read PyTorch Flight Recorder dumps (one file per rank): the JSON writer's output and the
+default pickle, across format versions, into plain dataclasses.
+
+Fields and versions, from torch's ``FlightRecorder.hpp`` / ``TraceUtils.h`` and
+``torch/distributed/flight_recorder``: "2.x" dumps carry ``collective_seq_id`` and
+``p2p_seq_id`` (older, "1.x", ones a single ``seq_id``); ``is_p2p`` appears in 2.3 (before it,
+p2p is read from the ``send``/``recv`` profiling name); ``nccl_version`` became
+``comm_lib_version``; ``pg_status`` (absent in the oldest) holds each group's last enqueued,
+started and completed sequence ids, as strings in JSON and integers in pickle; stack ``frames``
+are only in the pickle. A dump does not name its rank: it comes from the file name, as
+``fr_trace`` takes it (``<prefix><rank>``).
+
+A pickle is read by an unpickler that refuses every global (class or function), so nothing in it
+can run; only plain containers and scalars can come out.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from analyzer.base.errors import InputError
+from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, read_trace_bytes
+
+PICKLE_PROTO = b"\x80"
+KNOWN_MAJOR_VERSIONS = (1, 2)
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?(?:\.gz)?$")
+_PLAIN = (dict, list, tuple, str, bytes, int, float, bool, type(None), set, frozenset)
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    filename: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One Flight Recorder entry: a collective or p2p operation as one rank issued it."""
+    record_id: int
+    pg_id: int
+    group: str            # process group name (its guid: "0" is the default group)
+    description: str      # pg_desc, e.g. "default_pg", "dp_shard"; "" when unknown
+    collective_seq: int
+    p2p_seq: int
+    is_p2p: bool
+    backend: str          # "nccl", "gloo", ...
+    op: str               # "all_reduce", "send", ...
+    peer: str             # "0->1" for send, "1<-0" for recv; "" otherwise
+    input_sizes: list
+    output_sizes: list
+    input_dtypes: list
+    output_dtypes: list
+    state: str            # "scheduled" | "started" | "completed"
+    time_created_ns: int
+    time_started_ns: int | None
+    time_completed_ns: int | None
+    timeout_ms: int | None
+    frames: tuple[Frame, ...]
+
+    @property
+    def seq(self) -> int:
+        return self.p2p_seq if self.is_p2p else self.collective_seq
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """``pg_status``: the last sequence ids the rank's watchdog saw (-1: not tracked)."""
+    enqueued: int
+    started: int
+    completed: int
+
+
+@dataclass
+class RankDump:
+    path: str
+    rank: int
+    version: str
+    comm_lib_version: str
+    pg_config: dict[str, dict[str, Any]]  # group name -> {"desc": str, "ranks": [int] | None}
+    pg_status: dict[int, GroupStatus]     # pg_id -> status
+    entries: list[Entry]
+    warnings: list[str] = field(default_factory=list)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Admits no global at all: a dump is dicts, lists, tuples, strings and numbers."""
+
+    def find_class(self, module: str, name: str):  # noqa: D401 - pickle's hook
+        raise pickle.UnpicklingError(f"refused to load {module}.{name} (only plain data is read)")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refused a persistent id (only plain data is read)")
+
+
+def discover_dumps(paths: list[str] | tuple[str, ...]) -> list[Path]:
+    """Files, directories (every file whose name ends in a rank number, optionally .json, .pkl,
+    .pickle, .gz) and globs, sorted. A file named on purpose is always taken."""
+    if not paths:
+        raise InputError("<arguments>", "no dump path given")
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            found.extend(discover_trace_files([raw]))  # a file or a glob: the same rules as traces
+            continue
+        inside = sorted(p for p in path.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
+        if not inside:
+            raise InputError(path, "directory holds no Flight Recorder dumps (files named <prefix><rank>)")
+        found.extend(inside)
+    return sorted({p.resolve(): p for p in found}.values(), key=str)
+
+
+def rank_of(path: Path) -> int:
+    match = _RANK_IN_NAME.search(path.name)
+    if not match:
+        raise InputError(path, "cannot tell the rank: a dump's file name must end in its rank "
+                               "(e.g. nccl_trace_rank_3, fr_rank_3.json)")
+    return int(match.group(1))
+
+
+def read_dump(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> RankDump:
+    raw = read_trace_bytes(path, max_inflate_bytes)
+    doc = _unpickle(path, raw) if raw[:1] == PICKLE_PROTO else _decode_json(path, raw)
+    return _parse(path, rank_of(path), doc)
+
+
+def _unpickle(path: Path, raw: bytes) -> Any:
+    try:
+        doc = _PlainUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as exc:
+        raise InputError(path, f"unsafe or damaged pickle: {exc}") from None
+    except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError,
+            RecursionError, OverflowError) as exc:
+        raise InputError(path, f"damaged pickle ({type(exc).__name__}: {exc})") from None
+    _check_plain(path, doc)
+    return doc
+
+
+def _check_plain(path: Path, doc: Any) -> None:
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, _PLAIN):
+            raise InputError(path, f"pickle holds a {type(item).__name__}, not plain data")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+
+
+def _decode_json(path: Path, raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError, ValueError) as exc:
+        raise InputError(path, f"neither a Flight Recorder pickle nor valid JSON ({exc})") from None
+
+
+# --- fields --------------------------------------------------------------------------------
+
+class _Bad(Exception):
+    """A field that is not what the format says: becomes one InputError naming the field."""
+
+
+def _int(value: Any, where: str, optional: bool = False) -> int | None:
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
+        return int(value)  # JSON pg_status writes numbers as strings
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if optional and value is None:
+        return None
+    raise _Bad(f"{where}: expected an integer, got {_show(value)}")
+
+
+def _str(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise _Bad(f"{where}: expected a string, got {_show(value)}")
+
+
+def _seq(value: Any, where: str) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise _Bad(f"{where}: expected a list, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+def _sizes(value: Any, where: str) -> list[list[int]]:
+    return [[_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")]
+            for i, shape in enumerate(_seq(value, where))]
+
+
+def _dtypes(value: Any, where: str) -> list[str]:
+    return [_str(d, f"{where}[{i}]") for i, d in enumerate(_seq(value, where))]
+
+
+def _parse(path: Path, rank: int, doc: Any) -> RankDump:
+    try:
+        return _parse_doc(path, rank, doc)
+    except _Bad as exc:
+        raise InputError(path, str(exc)) from None
+
+
+def _parse_doc(path: Path, rank: int, doc: Any) -> RankDump:
+    if not isinstance(doc, dict) or "version" not in doc:
+        raise _Bad("not a Flight Recorder dump (no 'version' key at the top level)")
+    raw_version = doc["version"]
+    version = str(raw_version) if isinstance(raw_version, (int, float)) else _str(raw_version, "version")
+    dump = RankDump(path=str(path), rank=rank, version=version,
+                    comm_lib_version=str(doc.get("comm_lib_version", doc.get("nccl_version", "")) or ""),
+                    pg_config=_pg_config(doc.get("pg_config", {})), pg_status=_pg_status(doc.get("pg_status", {})),
+                    entries=[])
+    major = re.match(r"(\d+)", version)
+    if not major or int(major.group(1)) not in KNOWN_MAJOR_VERSIONS:
+        dump.warnings.append(f"{path}: format version {version!r} is not one this reader knows (1.x, 2.x); "
+                             "read as 2.x")
+    if "entries" not in doc:
+        dump.warnings.append(f"{path}: no 'entries' (dumped without collectives?)")
+    entries = _seq(doc.get("entries", []), "entries")
+    dump.entries = [_entry(e, f"entries[{i}]") for i, e in enumerate(entries)]
+    return dump
+
+
+def _tables(value: Any, name: str) -> list[tuple[Any, str, dict]]:
+    """(key, where, table) for a mapping of mappings such as ``pg_config`` and ``pg_status``."""
+    if not isinstance(value, dict):
+        raise _Bad(f"{name}: expected a mapping, got {_show(value)}")
+    for key, table in value.items():
+        if not isinstance(table, dict):
+            raise _Bad(f"{name}[{key!r}]: expected a mapping, got {_show(table)}")
+    return [(key, f"{name}[{key!r}]", table) for key, table in value.items()]
+
+
+def _pg_config(value: Any) -> dict[str, dict[str, Any]]:
+    return {str(key): {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
+            for key, where, cfg in _tables(value, "pg_config")}
+
+
+def _ranks(value: Any, where: str) -> list[int] | None:
+    """``ranks`` is written as the text "[0, 1, 2]" (fr_trace evaluates it; here it is parsed
+    as a list of integers and nothing else)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"\[\s*(-?\d+\s*(,\s*-?\d+\s*)*,?)?\s*\]", text):
+            raise _Bad(f"{where}.ranks: expected a list of integers, got {_show(value)}")
+        return sorted({int(x) for x in re.findall(r"-?\d+", text)})
+    return sorted({_int(x, f"{where}.ranks") for x in _seq(value, f"{where}.ranks")})
+
+
+def _pg_status(value: Any) -> dict[int, GroupStatus]:
+    out = {}
+    for key, where, status in _tables(value, "pg_status"):
+        last = [_int(status.get(f"last_{name}_collective", -1), f"{where}.last_{name}_collective")
+                for name in ("enqueued", "started", "completed")]
+        out[_int(key, f"{where} key")] = GroupStatus(*last)
+    return out
+
+
+def _entry(e: Any, where: str) -> Entry:
+    if not isinstance(e, dict):
+        raise _Bad(f"{where}: expected a mapping, got {_show(e)}")
+    name = _str(e.get("profiling_name", ""), f"{where}.profiling_name")
+    backend, _, op_text = name.rpartition(":") if ":" in name else ("", "", name)
+    op, _, peer = op_text.partition(" ")
+    group, desc = _process_group(e, where)
+    legacy_seq = e.get("seq_id")  # 1.x: one sequence for everything
+    is_p2p = e.get("is_p2p", op in ("send", "recv"))
+    if not isinstance(is_p2p, bool):
+        raise _Bad(f"{where}.is_p2p: expected true/false, got {_show(is_p2p)}")
+    return Entry(
+        record_id=_int(e.get("record_id", 0), f"{where}.record_id"),
+        pg_id=_int(e.get("pg_id", 0), f"{where}.pg_id"),
+        group=group, description=desc,
+        collective_seq=_int(e.get("collective_seq_id", legacy_seq if not is_p2p else 0) or 0, f"{where}.collective_seq_id"),
+        p2p_seq=_int(e.get("p2p_seq_id", legacy_seq if is_p2p else 0) or 0, f"{where}.p2p_seq_id"),
+        is_p2p=is_p2p, backend=backend, op=op, peer=peer.strip(),
+        input_sizes=_sizes(e.get("input_sizes", []), f"{where}.input_sizes"),
+        output_sizes=_sizes(e.get("output_sizes", []), f"{where}.output_sizes"),
+        input_dtypes=_dtypes(e.get("input_dtypes", []), f"{where}.input_dtypes"),
+        output_dtypes=_dtypes(e.get("output_dtypes", []), f"{where}.output_dtypes"),
+        state=_str(e.get("state", "scheduled"), f"{where}.state"),
+        time_created_ns=_int(e.get("time_created_ns", 0), f"{where}.time_created_ns") or 0,
+        time_started_ns=_int(e.get("time_discovered_started_ns"), f"{where}.time_discovered_started_ns", True) or None,
+        time_completed_ns=_int(e.get("time_discovered_completed_ns"), f"{where}.time_discovered_completed_ns",
+                               True) or None,
+        timeout_ms=_int(e.get("timeout_ms"), f"{where}.timeout_ms", True),
+        frames=_frames(e.get("frames", []), f"{where}.frames"),
+    )
+
+
+def _process_group(e: dict, where: str) -> tuple[str, str]:
+    """``process_group`` is (name, desc); dumps without it are grouped by ``pg_id``."""
+    value = e.get("process_group")
+    if value is None:
+        return str(_int(e.get("pg_id", 0), f"{where}.pg_id")), ""
+    parts = _seq(value, f"{where}.process_group")
+    if len(parts) != 2:
+        raise _Bad(f"{where}.process_group: expected [name, description], got {_show(value)}")
+    desc = _str(parts[1], f"{where}.process_group[1]")
+    return _str(parts[0], f"{where}.process_group[0]"), "" if desc == "undefined" else desc
+
+
+def _frames(value: Any, where: str) -> tuple[Frame, ...]:
+    out = []
+    for i, f in enumerate(_seq(value, where)):
+        if not isinstance(f, dict):
+            raise _Bad(f"{where}[{i}]: expected a mapping, got {_show(f)}")
+        out.append(Frame(name=_str(f.get("name", "?"), f"{where}[{i}].name"),
+                         filename=_str(f.get("filename", "?"), f"{where}[{i}].filename"),
+                         line=_int(f.get("line", 0), f"{where}[{i}].line") or 0))
+    return tuple(out)

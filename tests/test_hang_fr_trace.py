@@ -1,0 +1,61 @@
+"""tracecliff hang against torch's own Flight Recorder analyzer (``fr_trace``) on the recorded
+pickle dumps. torch 2.13's gloo dumps list no member for the default group (pg_config has only
+an unnamed entry), and fr_trace stops with KeyError ('0', 0) on them; the test checks that, then
+runs it again with pg_config filled in (the default group = every rank) and compares culprits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from analyzer.hang import triage
+from hang_dumps import SAMPLES, SCENARIOS
+
+pytest.importorskip("torch.distributed.flight_recorder.components.builder")
+
+# Runs in a child process: fr_trace's loader disables the garbage collector and reads with
+# pickle.load (these are our own committed dumps), neither of which belongs in the test process.
+ORACLE = r"""
+import json, sys
+from torch.distributed.flight_recorder.components.builder import build_db
+from torch.distributed.flight_recorder.components.config_manager import JobConfig
+from torch.distributed.flight_recorder.components.loader import read_dir
+args = JobConfig().parse_args([sys.argv[1], "--allow-incomplete-ranks"])
+details, version = read_dir(args)
+if sys.argv[2] == "fill":
+    world = str(sorted(d["rank"] for d in details.values()))
+    for d in details.values():
+        d["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": world}}
+try:
+    db = build_db(details, args, version)
+except KeyError as exc:
+    print(json.dumps({"error": "KeyError " + repr(exc.args[0])}))
+    sys.exit(0)
+print(json.dumps([{"seq": c.collective_seq_id, "missing": sorted(c.missing_ranks or []),
+                   "mismatch": sorted(int(r) for r in (c.mismatch_collectives or {}))}
+                  for c in db.collectives if not c.pass_check or c.missing_ranks]))
+"""
+
+
+def fr_trace(directory, mode):
+    done = subprocess.run([sys.executable, "-c", ORACLE, str(directory), mode], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_culprit_agrees_with_fr_trace(scenario):
+    dumps = SAMPLES / scenario / "pickle"
+    assert fr_trace(dumps, "raw") == {"error": "KeyError ('0', 0)"}
+    theirs = fr_trace(dumps, "fill")
+    ours = triage([str(dumps)]).hangs
+    if not theirs:
+        assert ours == []
+        return
+    first = theirs[0]
+    assert len(ours) == 1 and ours[0].seq == first["seq"]
+    assert ours[0].ranks == (first["missing"] or first["mismatch"])
+    assert ours[0].kind == ("missing-rank" if first["missing"] else "desync")
