@@ -37,8 +37,10 @@ from make_big_trace import tile  # noqa: E402  (the repo's trace tiler)
 ARRAY_KEY = b'"traceEvents":['
 
 
-def make_job(directory: Path, ranks: int, mb: float, source: Path) -> list[Path]:
-    """``ranks`` files of about ``mb`` MB: one tiled trace, re-headed per rank."""
+def make_job(directory: Path, ranks: int, mb: float, source: Path,
+             header_separators: tuple[str, str] = (",", ":")) -> list[Path]:
+    """``ranks`` files of about ``mb`` MB: one tiled trace, re-headed per rank (HTA finds the
+    rank only as ``"rank": N``, with a blank: ``header_separators=(", ", ": ")`` writes that)."""
     directory.mkdir(parents=True, exist_ok=True)
     files = [directory / f"rank-{r}.json" for r in range(ranks)]
     if all(f.exists() for f in files):
@@ -54,7 +56,7 @@ def make_job(directory: Path, ranks: int, mb: float, source: Path) -> list[Path]
     for rank, path in enumerate(files):
         info = dict(head.get("distributedInfo") or {})
         info.update(rank=rank, world_size=ranks)
-        header = json.dumps({**head, "distributedInfo": info}, separators=(",", ":"))[:-1] + ","
+        header = json.dumps({**head, "distributedInfo": info}, separators=header_separators)[:-1] + ","
         with open(path, "wb") as handle:
             handle.write(header.encode())
             handle.write(body)

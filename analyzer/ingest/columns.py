@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from functools import lru_cache
 from itertools import chain, count
 from operator import attrgetter, itemgetter
 from typing import Any, Callable, Sequence
@@ -415,8 +416,17 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
 def _decode_raw(raw: Any) -> Any:
     if raw is None or not len(raw):
         return None
+    return _decoded_text(bytes(raw))
+
+
+# Collective args repeat: every collective of a group carries the same ranks string, and a
+# layer's collectives the same shapes. Each distinct text is parsed once per process (issue 13:
+# json.loads per collective was a tenth of a collective-heavy rank). Parsed shapes are shared
+# between rows and only read; rank lists are copied out per row.
+@lru_cache(maxsize=1 << 14)
+def _decoded_text(text: bytes) -> Any:
     try:
-        return json.loads(bytes(raw))
+        return json.loads(text)
     except (ValueError, TypeError):
         return None
 
@@ -424,16 +434,25 @@ def _decode_raw(raw: Any) -> Any:
 def parse_ranks(value: Any) -> list[int] | None:
     """Ranks of a process group: a list of ints, or the string form ``"[0, 1]"`` (dynolog)."""
     if isinstance(value, str):
-        text = value.strip()
-        if not text.startswith("["):
-            return None
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None
-    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value):
-        return list(value)
-    return None
+        ranks = _ranks_of_text(value)
+        return None if ranks is None else list(ranks)
+    return list(value) if _int_list(value) else None
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value)
+
+
+@lru_cache(maxsize=1 << 12)
+def _ranks_of_text(text: str) -> tuple[int, ...] | None:
+    text = text.strip()
+    if not text.startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return tuple(value) if _int_list(value) else None
 
 
 def _text(value: Any) -> str:

@@ -34,6 +34,7 @@ from analyzer.ingest.stream import (
     EVENTS_DECODER,
     MAX_EVENT_BYTES,
     Decoding,
+    advance,
     decode_final,
     events_slice,
     last_candidate_cut,
@@ -121,8 +122,7 @@ def _load_two_way(path: Path, comm_pattern: str, max_inflate_bytes: int, chunk_b
             chunks.close()  # the file is read by offsets instead
             offset, tail = _slices_by_offset(path, array_at, chunk_bytes, merger, helper, comm_pattern)
         else:
-            del buf[:array_at]
-            offset, tail = _slices_streamed(chunks, buf, array_at, merger, helper, comm_pattern)
+            offset, tail = _slices_streamed(chunks, buf[array_at:], array_at, merger, helper, comm_pattern)
         merger.drain(0)
     if merger.failed or tail is None:
         return None
@@ -131,12 +131,13 @@ def _load_two_way(path: Path, comm_pattern: str, max_inflate_bytes: int, chunk_b
     return rank_trace_of(path, meta, builder, state)
 
 
-def _slices_streamed(chunks, buf: bytearray, offset: int, merger: _Merger, helper: ProcessPoolExecutor,
+def _slices_streamed(chunks, buf: bytes, offset: int, merger: _Merger, helper: ProcessPoolExecutor,
                      comm_pattern: str) -> tuple[int, bytes | None]:
     """Gzip: slices cut from the inflated stream, every other one piped to the helper; returns
     (offset of the tail in the JSON text, the tail: the last events and what follows them)."""
     turn = 0
     while not merger.failed:
+        consumed = 0
         cut = last_candidate_cut(buf)
         if cut is not None:
             brace, after_comma = cut
@@ -144,16 +145,16 @@ def _slices_streamed(chunks, buf: bytearray, offset: int, merger: _Merger, helpe
             merger.add(helper.submit(build_slice, data, comm_pattern) if turn % 2 == 0
                        else build_slice(data, comm_pattern))
             turn += 1
-            del buf[:after_comma]
+            consumed = after_comma
             offset += after_comma
             merger.drain(IN_FLIGHT)
         elif len(buf) > MAX_EVENT_BYTES:
             return offset, None
         chunk = next(chunks, None)
         if chunk is None:
-            break
-        buf += chunk
-    return offset, bytes(buf)
+            return offset, buf[consumed:]
+        buf = advance(buf, consumed, chunk)
+    return offset, None
 
 
 def _slices_by_offset(path: Path, start: int, chunk_bytes: int, merger: _Merger, helper: ProcessPoolExecutor,
@@ -186,7 +187,7 @@ def _cut_before(handle, start: int, stop: int) -> tuple[int, int] | None:
     while True:
         lo = max(start, stop - window)
         handle.seek(lo)
-        cut = last_candidate_cut(bytearray(handle.read(stop - lo)))
+        cut = last_candidate_cut(handle.read(stop - lo))
         if cut is not None:
             return lo + cut[0], lo + cut[1]
         if lo == start or window > MAX_EVENT_BYTES:

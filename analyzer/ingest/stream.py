@@ -98,37 +98,45 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
     chunks = iter(chunks)
     buf, array_at = read_head(chunks)
     if array_at is None or array_at < 0:  # no array start found early: one whole decode
-        for chunk in chunks:
-            buf += chunk
-        return decode_final(state, bytes(buf), b"", 0, on_events), state
-    head = bytes(buf[:array_at])  # up to and including the array's "["
-    del buf[:array_at]
+        return decode_final(state, b"".join((buf, *chunks)), b"", 0, on_events), state
+    head = buf[:array_at]  # up to and including the array's "["
+    buf = buf[array_at:]
     offset = array_at  # file offset of buf[0]
     while True:
         consumed = _decode_batches(state, buf, offset, on_events)
-        del buf[:consumed]
         offset += consumed
         chunk = next(chunks, None)
         if chunk is None:
+            buf = buf[consumed:]
             break
-        buf += chunk
-    return decode_final(state, head + bytes(buf), head, offset, on_events), state
+        buf = advance(buf, consumed, chunk)
+    return decode_final(state, head + buf, head, offset, on_events), state
 
 
-def read_head(chunks: Iterator[bytes]) -> tuple[bytearray, int | None]:
+def advance(buf: bytes, consumed: int, chunk: bytes) -> bytes:
+    """The text after ``consumed`` then ``chunk``, in a fresh buffer. Buffers are immutable
+    ``bytes``, never resized in place: a view of one (np.frombuffer, a memoryview) can outlive
+    its line when something holds the frame (Dask's workers sample thread stacks), and
+    resizing a bytearray while a view lives raises BufferError (issue 13)."""
+    if consumed >= len(buf):
+        return bytes(chunk)  # no copy when the chunk is already bytes
+    return b"".join((memoryview(buf)[consumed:], chunk))
+
+
+def read_head(chunks: Iterator[bytes]) -> tuple[bytes, int | None]:
     """Read chunks until the traceEvents array opens (or HEAD_LIMIT bytes): (text read so far,
     :func:`events_array_start` of it)."""
-    buf = bytearray()
+    buf = b""
     array_at = None
     for chunk in chunks:
-        buf += chunk
+        buf = advance(buf, 0, chunk)
         array_at = events_array_start(buf)
         if array_at is not None or len(buf) > HEAD_LIMIT:
             break
     return buf, array_at
 
 
-def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnEvents) -> int:
+def _decode_batches(state: Decoding, buf: bytes, offset: int, on_events: OnEvents) -> int:
     """Decode the whole events at the start of ``buf``; return how many bytes were consumed
     (0: no whole event yet, wait for more text)."""
     if state.array_closed:
@@ -152,7 +160,7 @@ def _decode_batches(state: Decoding, buf: bytearray, offset: int, on_events: OnE
     return after_comma
 
 
-def last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
+def last_candidate_cut(buf: bytes) -> tuple[int, int] | None:
     """(offset of the last "}" followed by a comma and "{", offset after that comma), or None."""
     window = 1 << 16
     while True:
@@ -167,12 +175,12 @@ def last_candidate_cut(buf: bytearray) -> tuple[int, int] | None:
         window *= 8
 
 
-def events_slice(buf: bytearray, brace: int) -> bytes:
+def events_slice(buf: bytes, brace: int) -> bytes:
     # One copy (a join of views), not four (slice, bytes(), and two concatenations).
     return b"".join((b"[", memoryview(buf)[:brace + 1], b"]"))
 
 
-def _decode_exact(state: Decoding, buf: bytearray, offset: int, error, data: bytes, brace: int):
+def _decode_exact(state: Decoding, buf: bytes, offset: int, error, data: bytes, brace: int):
     """After a failed cut: the true last event boundary (exact scan) tells a cut inside a string
     or a nested object (decode up to the true boundary, or wait for more text) from bad data."""
     def to_file(at: int) -> int:
@@ -218,7 +226,7 @@ def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_even
     return doc
 
 
-def events_array_start(buf: bytearray) -> int | None:
+def events_array_start(buf: bytes) -> int | None:
     """Offset just after the ``[`` that opens the traceEvents array (or a bare top-level array);
     None: not in ``buf`` yet; -1: this document cannot be streamed (decode it whole)."""
     first = next((i for i, c in enumerate(buf[:4096]) if c not in _WS), None)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from analyzer.run.cache import analyze_and_store, analyze_rank_cached, cached_entry, key_or_none, prune
-from analyzer.base.errors import ConfigError
+from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank.analysis import RankAnalysis, RankOptions
@@ -186,7 +186,7 @@ def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cac
     """Per-rank map on a Dask cluster (``scheduler`` address, or a LocalCluster when None).
     Workers read the trace paths themselves: they must see the same file system."""
     try:
-        from distributed import Client, as_completed
+        from distributed import Client, KilledWorker, as_completed
     except ImportError:
         raise ConfigError("--executor dask needs Dask distributed: pip install 'tracecliff[dask]'") from None
     client = _connect(Client, scheduler)
@@ -198,7 +198,12 @@ def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cac
         results: list[RankAnalysis | None] = [None] * len(paths)
         for done, future in enumerate(as_completed(futures), 1):
             index = order[future.key]
-            results[index] = future.result()  # re-raises the worker's InputError as it was
+            try:
+                results[index] = future.result()  # re-raises the worker's InputError as it was
+            except KilledWorker as exc:  # the scheduler's retries are spent: one line, not a traceback
+                raise InputError(paths[index], f"the Dask workers analyzing it died {exc.allowed_failures + 1} "
+                                               "time(s) (killed, out of memory or crashed; see the worker logs)"
+                                 ) from None
             if progress:
                 progress(done, len(paths), paths[index])
         return results  # type: ignore[return-value]

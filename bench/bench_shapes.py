@@ -1,0 +1,167 @@
+"""Per-rank cost on two trace shapes against the decode floor and HTA, in one run (issue 13).
+
+    python bench/bench_shapes.py --quick      # 8 x 10 MB jobs, a 40 MB rank: a few minutes
+    python bench/bench_shapes.py              # 8 x 50 MB jobs, a ~200 MB rank (HTA takes minutes)
+    python bench/bench_shapes.py --no-hta
+
+Shapes, tiled in time to the size asked (bench/make_big_trace.py):
+- few collectives: the real HTA DDP rank (../shared/traces/real/hta_ddp_rank0_of_2);
+- collective-heavy: a synthetic per-parameter all-reduce DDP rank (analyzer.synth, GPT_SMALL
+  with biases, bucket_cap_mb tiny so every gradient tensor is its own all-reduce).
+Each job's files get a `"distributedInfo": {"rank": N, ...}` header written with blanks, since
+HTA finds the rank with the regex `"rank":\\s+(\\d+)`. Every command runs in a fresh process
+(interpreter start included) with the bytecode cache allowed (a warm-up run fills it), and
+reports wall, CPU (user + system of the whole process tree) and the tree's peak RSS. Ratios
+are printed, never asserted: timings on a shared machine are not test material.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from bench_ingest import BARE_DECODE, HTA_LOAD, SOURCE  # noqa: E402  (same floor and HTA load)
+from bench_scale import make_job, measure  # noqa: E402  (wall + process-tree peak RSS)
+from make_big_trace import tile  # noqa: E402
+
+HTA_JOB = """
+import os, sys, logging
+logging.disable(logging.CRITICAL)
+os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
+from hta.trace_analysis import TraceAnalysis
+t = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
+print(len(t.t.traces))
+"""
+BLANKS = (", ", ": ")
+
+
+def heavy_source(path: Path) -> Path:
+    """One rank of a per-parameter all-reduce DDP job (every gradient tensor its own bucket)."""
+    if not path.exists():
+        from analyzer.synth import simulate
+        from analyzer.synth.scenarios import GPT_SMALL
+        spec = replace(GPT_SMALL, name="per_parameter_allreduce", bucket_cap_mb=0.0001, world_size=8, steps=2)
+        path.write_text(json.dumps(simulate(spec).rank_traces[0]))
+    return path
+
+
+def count_collectives(path: Path) -> tuple[int, int]:
+    """(communication kernels, events carrying a Process Group Ranks string) in a trace."""
+    data = path.read_bytes()
+    return data.count(b'"cat":"kernel","name":"nccl'), data.count(b'"Process Group Ranks"')
+
+
+def timed(argv: list[str]) -> dict[str, float]:
+    """measure() plus the CPU seconds of the command's whole process tree (reaped children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = measure(argv)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return row
+
+
+def best(argv: list[str], repeat: int) -> dict[str, float]:
+    return min((timed(argv) for _ in range(repeat)), key=lambda row: row["wall_s"])
+
+
+def diagnose(*paths: str, workers: str | None = None) -> list[str]:
+    extra = ["--workers", workers] if workers else []
+    return [sys.executable, "-m", "analyzer", "diagnose", *paths, "--format", "json", "--no-cache",
+            "-o", os.devnull, *extra]
+
+
+def show(title: str, rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n{title}")
+    print(f"  {'command':<34} {'wall s':>7} {'CPU s':>7} {'tree peak MB':>13}")
+    for name, row in rows.items():
+        print(f"  {name:<34} {row['wall_s']:>7.2f} {row['cpu_s']:>7.2f} {row['tree_rss_mb']:>13,.0f}")
+
+
+def ratio(label: str, value: float, target: str) -> None:
+    print(f"  {label:<52} {value:>6.2f}x   (target {target})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 x 10 MB jobs and a 40 MB rank")
+    parser.add_argument("--no-hta", action="store_true", help="skip HTA (it takes minutes at full size)")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N for the single-rank commands")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "tracecliff-shapes")
+    args = parser.parse_args()
+    rank_mb, big_mb = (10.0, 40.0) if args.quick else (50.0, 200.0)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # users run with .pyc files: so do we
+    work = args.dir / ("quick" if args.quick else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    sources = {"few collectives": SOURCE, "collective-heavy": heavy_source(args.dir / "heavy-source.json")}
+    jobs = {}
+    for shape, source in sources.items():
+        folder = work / shape.replace(" ", "-")
+        if not (folder / "rank-7.json").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"making 8 ranks x {rank_mb:g} MB ({shape}) in {folder} ...", flush=True)
+        jobs[shape] = make_job(folder, 8, rank_mb, source, header_separators=BLANKS)
+    big = work / f"one-rank-{big_mb:g}mb.json.gz"
+    if not big.exists():
+        print(f"making {big} ...", flush=True)
+        plain = work / "one-rank.tmp.json"
+        tile(SOURCE, plain, big_mb)
+        with open(plain, "rb") as src, gzip.open(big, "wb", compresslevel=6) as out:
+            shutil.copyfileobj(src, out, 16 << 20)
+        plain.unlink()
+    timed(diagnose(str(jobs["few collectives"][0]), workers="1"))  # warm-up: fills the bytecode cache
+    py = sys.executable
+
+    print(f"\n{os.cpu_count()} CPUs; wall and CPU include interpreter start; best of {args.repeat} for single ranks")
+    per_rank = {}
+    for shape, files in jobs.items():
+        kernels, groups = count_collectives(files[0])
+        rows = {"bare typed msgspec decode": best([py, "-c", BARE_DECODE, str(files[0])], args.repeat),
+                "diagnose --workers 1": best(diagnose(str(files[0]), workers="1"), args.repeat)}
+        show(f"one rank, {shape}: {files[0].stat().st_size / 1e6:.0f} MB, {kernels:,} collective kernels, "
+             f"{groups:,} events with Process Group Ranks", rows)
+        per_rank[shape] = rows
+    rows = {"bare decode, one core": best([py, "-c", BARE_DECODE, str(big)], args.repeat),
+            "diagnose (default: two processes)": best(diagnose(str(big)), args.repeat)}
+    if not args.no_hta:
+        rows["HTA TraceAnalysis load"] = timed([py, "-c", HTA_LOAD, str(big)])
+    show(f"one large rank: {big.name}, {big.stat().st_size / 1e6:.0f} MB gzip", rows)
+    big_rows = rows
+    job_rows = {}
+    for shape, files in jobs.items():
+        rows = {"diagnose (default workers)": timed(diagnose(str(files[0].parent)))}
+        if not args.no_hta:
+            rows["HTA TraceAnalysis(trace_dir)"] = timed([py, "-c", HTA_JOB, str(files[0].parent)])
+        size = sum(f.stat().st_size for f in files) / 1e6
+        show(f"job, {shape}: 8 ranks, {size:,.0f} MB", rows)
+        job_rows[shape] = rows
+
+    print("\nratios")
+    for shape, rows in per_rank.items():
+        ratio(f"per-rank CPU, {shape}: diagnose / bare decode",
+              rows["diagnose --workers 1"]["cpu_s"] / rows["bare typed msgspec decode"]["cpu_s"], "<= 1.3x")
+    ratio("large rank wall: diagnose / one-core bare decode",
+          big_rows["diagnose (default: two processes)"]["wall_s"] / big_rows["bare decode, one core"]["wall_s"],
+          "<= 1.3x")
+    if not args.no_hta:
+        ratio("large rank wall: HTA / diagnose", big_rows["HTA TraceAnalysis load"]["wall_s"]
+              / big_rows["diagnose (default: two processes)"]["wall_s"], ">= 12x")
+        for shape, rows in job_rows.items():
+            ours, hta = rows["diagnose (default workers)"], rows["HTA TraceAnalysis(trace_dir)"]
+            ratio(f"8-rank job wall, {shape}: HTA / diagnose", hta["wall_s"] / ours["wall_s"], ">= 10x")
+            ratio(f"8-rank job tree peak, {shape}: diagnose / HTA", ours["tree_rss_mb"] / hta["tree_rss_mb"],
+                  "<= 0.25x")
+
+
+if __name__ == "__main__":
+    main()
