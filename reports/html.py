@@ -23,12 +23,12 @@ import jinja2
 from markupsafe import Markup
 
 from analyzer.model import formulas as models
+from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.job.result import _clean
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
@@ -478,7 +478,8 @@ def _bucket_label(index: int) -> str:
 
 
 def _bucket_line(kind, bucket, rows, group_size, beta) -> dict[str, Any]:
-    busbw = [b for b in (_busbw(c, kind, group_size) for c in rows) if b is not None]
+    # each row's busbw comes from the job analysis (analyzer.job.commfit); none is computed here
+    busbw = [b for b in (_num(c.get("busbw_gbps")) for c in rows) if b is not None]
     mid = median(busbw) if busbw else None
     bounds = sorted({str(c["bound"]) for c in rows if c.get("bound")})
     waits = [float(c["wait_us"]) for c in rows if _num(c.get("wait_us")) is not None]
@@ -487,15 +488,6 @@ def _bucket_line(kind, bucket, rows, group_size, beta) -> dict[str, Any]:
             "exposed_us": sum(float(c.get("exposed_us") or 0) for c in rows),
             "wait_us": sum(waits) if waits else None, "bound": ", ".join(bounds),
             "busbw_gbps": mid, "beta_pct": 100 * mid / beta if mid is not None and beta else None}
-
-
-def _busbw(c: dict[str, Any], kind: str, group_size: Any) -> float | None:
-    if _num(c.get("busbw_gbps")) is not None:
-        return _num(c.get("busbw_gbps"))
-    size, dur = _num(c.get("bytes")), _num(c.get("dur_us"))
-    if kind not in BUSBW_KINDS or not size or not dur or not isinstance(group_size, int) or group_size < 1:
-        return None
-    return models.busbw_gbps(kind, size, dur, group_size)
 
 
 def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int = 600) -> dict[str, Any]:

@@ -20,11 +20,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from analyzer.base.config import rule_settings
+from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.job.facts import JobFacts
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 MODELS_DOC = "docs/models.md"
 
 

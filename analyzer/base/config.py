@@ -26,7 +26,8 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-SEVERITIES = ("error", "warning", "info")
+SEVERITIES = ("error", "warning", "info")  # worst first: the one list of finding severities
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 _RULE_KEYS = ("enabled", "severity")
 
 

@@ -30,13 +30,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from analyzer.base.config import load_config
+from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, load_config
 from analyzer.base.errors import ConfigError
 from analyzer.base.units import fmt_unit
 from analyzer.compare.metrics import AGGREGATIONS, as_document, aggregate, extract_samples, metric_spec, unavailable_reason
 
 LEVELS = ("off", "warn", "error")
-SEVERITIES = ("info", "warning", "error")
 DEFAULT_MAX_REGRESSION_PCT = 5.0
 EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.main
 
@@ -295,8 +294,8 @@ def _check_rule(doc: dict[str, Any], assertion: Assertion) -> Check:
                                               f"({(status or {}).get('reason') or 'not in this run'})")
     hits = [f for f in doc.get("findings") or [] if f.get("rule") == assertion.rule]
     if assertion.severity:
-        floor = SEVERITIES.index(assertion.severity)
-        hits = [f for f in hits if f.get("severity") in SEVERITIES and SEVERITIES.index(f["severity"]) >= floor]
+        floor = SEVERITY_ORDER[assertion.severity]  # this severity or worse
+        hits = [f for f in hits if SEVERITY_ORDER.get(f.get("severity"), len(SEVERITIES)) <= floor]
     failed = len(hits) > (assertion.max or 0)
     summary = "; ".join(str(f.get("summary") or f.get("title") or "") for f in hits[:3])
     message = f"{len(hits)} finding(s)" + (f": {summary}" if summary else "")

@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from analyzer.model import formulas as models
+from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
@@ -189,32 +190,28 @@ class JobFacts:
         return resolve_hardware(names, memory or None, gpus_per_node=self.gpus_per_node)
 
     @cached_property
-    def gpus_per_node(self) -> int:
-        topology = self.result.topology or {}
-        if isinstance(topology.get("gpus_per_node"), int):
-            return topology["gpus_per_node"]
-        hosts = [r.host for r in self.result.ranks if r.host]
-        if hosts and len(hosts) == len(self.result.ranks) and len(self.result.ranks) == self.world_size:
-            return max(hosts.count(h) for h in set(hosts))
-        return int(self.job.get("devices_per_node") or 8)
+    def topology(self) -> Topology:
+        """The job analysis's topology (ranks to nodes); built here only for a Result that did
+        not go through the job analysis."""
+        world = self.job.get("world_size")
+        if self.result.topology:
+            return Topology.from_dict(self.result.topology, world)
+        return build_topology(self.result.ranks)
 
-    @cached_property
-    def _host_of(self) -> dict[int, str]:
-        return {r.rank: r.host for r in self.result.ranks if r.host}
+    @property
+    def gpus_per_node(self) -> int:
+        return self.topology.gpus_per_node
 
     def node_of(self, rank: int) -> str:
-        """The rank's host name when its trace says, else its node under the torchrun layout."""
-        return self._host_of.get(rank) or f"node{rank // self.gpus_per_node}"
+        """The rank's host name when the traces say, else its node under the torchrun layout."""
+        return self.topology.node_of(rank)
 
     def group_ranks(self, group: dict[str, Any]) -> list[int]:
         ranks = group.get("ranks")
         return list(ranks) if ranks else list(range(self.world_size))
 
     def group_nodes(self, group: dict[str, Any]) -> int:
-        ranks = self.group_ranks(group)
-        if all(r in self._host_of for r in ranks):
-            return len({self._host_of[r] for r in ranks})
-        return len({r // self.gpus_per_node for r in ranks})
+        return len(self.topology.nodes_of(self.group_ranks(group)))
 
     def link(self, group: dict[str, Any]) -> Link | None:
         """α/β of a collective's process group: the job analysis's fit when present, else the

@@ -50,6 +50,13 @@ class Topology:
         return {"nodes": len(nodes), "cross_node": len(nodes) > 1,
                 "ranks_per_node": len(ranks) / len(nodes)}
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], world_size: int | None) -> "Topology":
+        """The inverse of ``to_dict`` (a Result's ``topology`` section; the job's world size)."""
+        hosts = {int(r): h for r, h in (doc.get("rank_hosts") or {}).items()}
+        return cls(int(doc["gpus_per_node"]), str(doc.get("gpus_per_node_source") or "default"), world_size,
+                   hosts, tuple(doc.get("notes") or ()))
+
     def to_dict(self) -> dict[str, Any]:
         world = self.world_size
         layout = ({str(r): self.node_of(r) for r in range(world)}
