@@ -173,9 +173,9 @@ def test_ddp_step_model_hand_worked():
     # Backward 0..1000 µs; two buckets of 100 MiB; the first starts on an idle stream at 400 µs
     # (a ready time), the second queues behind it.
     step = DdpStep(0, 1, 0.0, 1000.0, (100 * mib, 100 * mib), (400.0, 2249.0), (2249.0, 4098.0), link, "bf16")
-    bytes_, times = step.ready_curve()
-    assert bytes_.tolist() == [0.0, 100 * mib, 200 * mib]
-    assert times.tolist() == [0.0, 400.0, 1000.0]
+    # the one gradient-ready estimate (analyzer.whatif.ddp.bucket_ready_times, the what-if's too)
+    assert step.ready_us == [400.0, 1000.0]
+    assert step.ready_at([0.0, 50 * mib, 150 * mib]).tolist() == [0.0, 200.0, 700.0]
     t_ar = 14 + 1.75 * 100 * mib / 1e5
     assert step.allreduce_us(100 * mib) == pytest.approx(t_ar)
     pipeline = step.modelled_current()

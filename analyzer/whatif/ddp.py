@@ -25,6 +25,66 @@ _IDLE_GAP_US = 2.0  # comm stream idle at least this long before a start: the st
 _PIECE_BYTES = models.MIB  # re-bucketing granularity (DDP buckets hold whole gradients)
 
 
+# ---------------------------------------------------------------- the gradient schedule (§4)
+# One estimate of when each measured bucket's gradients were ready, and one re-bucketing, used
+# by the bucket rules (cap search) and by the what-if projection (--bucket-mb, FSDP -> DDP).
+
+def interpolate_ready(known: list[float | None], weights: list[float], upper: list[float],
+                      end_value: float | None) -> list[float]:
+    """Fill unknown ready points linearly in cumulative weight between known anchors (the end
+    anchor ``end_value`` after the last item); keep them non-decreasing and <= ``upper``."""
+    cum = np.cumsum([0.0] + list(weights))[1:]
+    xs = [c for c, k in zip(cum, known) if k is not None]
+    ys = [k for k in known if k is not None]
+    if end_value is not None and (not xs or cum[-1] > xs[-1]):
+        xs.append(float(cum[-1]))
+        ys.append(end_value)
+    out: list[float] = []
+    for c, k, cap in zip(cum, known, upper):
+        value = k if k is not None else (float(np.interp(c, xs, ys)) if xs else cap)
+        value = min(value, cap)
+        out.append(max(value, out[-1]) if out else value)
+    return out
+
+
+def bucket_ready_times(starts: list[float], ends: list[float], sizes: list[float],
+                       launches: list[float | None], backward_end: float) -> list[float]:
+    """When each measured bucket (launch order) had its gradients ready: its all-reduce's start
+    when the stream was idle before it (it ran as soon as it could), else interpolated in bytes
+    between such anchors and the end of backward; never after its own start, never before its
+    CPU launch."""
+    known = [s if k == 0 or s > ends[k - 1] + _IDLE_GAP_US else None for k, s in enumerate(starts)]
+    ready = interpolate_ready(known, sizes, list(starts), min(backward_end, starts[-1]))
+    return [max(value, launch) if launch is not None and launch <= value else value
+            for value, launch in zip(ready, launches)]
+
+
+def gradient_pieces(sizes: list[float], ready: list[float], start: float,
+                    piece_bytes: float = _PIECE_BYTES) -> tuple[list[float], list[float]]:
+    """The measured buckets as gradient pieces of at most ``piece_bytes`` (never across a
+    bucket), ready at times interpolated between the previous bucket's ready time (``start``
+    for the first) and their own bucket's."""
+    piece_sizes: list[float] = []
+    piece_ready: list[float] = []
+    previous = start
+    for size, r in zip(sizes, ready):
+        count = max(1, math.ceil(size / piece_bytes))
+        for p in range(count):
+            piece_sizes.append(size / count)
+            piece_ready.append(previous + (r - previous) * (p + 1) / count)
+        previous = r
+    return piece_sizes, piece_ready
+
+
+def rebucket(sizes: list[float], ready: list[float], cap_bytes: float,
+             first_bucket_bytes: float | None = None) -> tuple[list[float], list[float]]:
+    """Gradients (bytes and ready time, in ready order) into DDP buckets of ``cap_bytes``
+    (``models.assign_buckets``; the first bucket is the cap too, as DDP does when
+    ``bucket_cap_mb`` is set) -> (ready time, bytes) per bucket."""
+    groups = models.assign_buckets(sizes, cap_bytes, cap_bytes if first_bucket_bytes is None else first_bucket_bytes)
+    return (list(models.bucket_ready_times(ready, groups)), [float(sum(sizes[i] for i in g)) for g in groups])
+
+
 @dataclass(frozen=True)
 class DdpStep:
     rank: int
@@ -36,6 +96,7 @@ class DdpStep:
     bucket_ends_us: tuple[float, ...]
     link: Link | None
     dtype: str | None
+    bucket_launches_us: tuple[float | None, ...] = ()
 
     @property
     def total_bytes(self) -> float:
@@ -57,23 +118,17 @@ class DdpStep:
     def allreduce_us(self, size_bytes: float) -> float:
         return self.link.time_us("allreduce", size_bytes)
 
-    def ready_curve(self) -> tuple[np.ndarray, np.ndarray]:
-        """(cumulative bytes, time µs) points of the gradient-ready curve, non-decreasing."""
-        cum = np.cumsum(self.bucket_bytes)
-        points_b, points_t = [0.0], [self.backward_start_us]
-        prev_end = -math.inf
-        for i, (start, end) in enumerate(zip(self.bucket_starts_us, self.bucket_ends_us)):
-            if start - prev_end > _IDLE_GAP_US and i < len(cum) - 1:
-                points_b.append(float(cum[i]))
-                points_t.append(min(start, self.backward_end_us))
-            prev_end = end
-        points_b.append(float(cum[-1]))
-        points_t.append(min(self.backward_end_us, self.bucket_starts_us[-1]))
-        return np.asarray(points_b), np.maximum.accumulate(np.asarray(points_t))
+    @property
+    def ready_us(self) -> list[float]:
+        """When each measured bucket's gradients were ready (``bucket_ready_times``)."""
+        return bucket_ready_times(list(self.bucket_starts_us), list(self.bucket_ends_us), list(self.bucket_bytes),
+                                  list(self.bucket_launches_us) or [None] * len(self.bucket_bytes),
+                                  self.backward_end_us)
 
     def ready_at(self, cumulative_bytes: np.ndarray) -> np.ndarray:
-        b, t = self.ready_curve()
-        return np.interp(cumulative_bytes, b, t)
+        """Ready time of the gradient that completes ``cumulative_bytes`` (from backward start)."""
+        cum = np.concatenate(([0.0], np.cumsum(self.bucket_bytes)))
+        return np.interp(cumulative_bytes, cum, [self.backward_start_us] + self.ready_us)
 
     def pipeline(self, bucket_bytes: list[float], scale: float = 1.0) -> models.BucketPipeline:
         """The §4 pipeline for buckets of these sizes (in ready order); ``scale`` multiplies the
@@ -87,12 +142,7 @@ class DdpStep:
 
     def pieces(self) -> tuple[list[float], list[float]]:
         """Gradient pieces (≤ 1 MiB, never across a measured bucket) and their ready times."""
-        sizes: list[float] = []
-        for size in self.bucket_bytes:
-            count = max(1, math.ceil(size / _PIECE_BYTES))
-            sizes.extend([size / count] * count)
-        ready = self.ready_at(np.cumsum(sizes))
-        return sizes, ready.tolist()
+        return gradient_pieces(list(self.bucket_bytes), self.ready_us, self.backward_start_us)
 
     def best_cap(self, candidates=models.DEFAULT_CANDIDATE_CAPS_BYTES) -> models.BucketCapChoice:
         sizes, ready = self.pieces()
@@ -137,7 +187,8 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
                            tuple(float(b["bytes"]) for b in buckets),
                            tuple(float(b["start_us"]) for b in buckets),
                            tuple(float(b["start_us"]) + float(b["dur_us"]) for b in buckets),
-                           link, buckets[0].get("dtype")))
+                           link, buckets[0].get("dtype"),
+                           tuple(b.get("launch_us") for b in buckets)))
     return out
 
 

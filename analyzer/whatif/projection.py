@@ -41,6 +41,7 @@ import numpy as np
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
 from analyzer.model.link import cross_node_beta, node_nic_gbps
+from analyzer.whatif.ddp import bucket_ready_times, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError, TracecliffError
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
@@ -323,24 +324,6 @@ def _phase_end(step: dict[str, Any], phase: str, origin_ns: int) -> float | None
     return _us(window["end_ns"], origin_ns) if window else None
 
 
-def _interpolate(known: list[float | None], weights: list[float], upper: list[float],
-                 end_value: float | None) -> list[float]:
-    """Fill unknown issue points linearly in cumulative weight between known anchors (the end
-    anchor ``end_value`` after the last row); keep them non-decreasing and <= ``upper``."""
-    cum = np.cumsum([0.0] + list(weights))[1:]
-    xs = [c for c, k in zip(cum, known) if k is not None]
-    ys = [k for k in known if k is not None]
-    if end_value is not None and (not xs or cum[-1] > xs[-1]):
-        xs.append(float(cum[-1]))
-        ys.append(end_value)
-    out = []
-    for c, k, cap in zip(cum, known, upper):
-        value = k if k is not None else (float(np.interp(c, xs, ys)) if xs else cap)
-        value = min(value, cap)
-        out.append(max(value, out[-1]) if out else value)
-    return out
-
-
 # ---------------------------------------------------------------- DDP
 @dataclass(frozen=True)
 class _DdpSchedule:
@@ -363,13 +346,9 @@ def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: i
     backward_end = _phase_end(step, "backward", origin_ns)
     if backward_end is None:
         backward_end = ends[-1] - sum(r["exposed_us"] or 0.0 for r in buckets)
-    known = [r["start_us"] if k == 0 or r["start_us"] > ends[k - 1] + _EPS_US else None
-             for k, r in enumerate(buckets)]
     sizes = [float(r["bytes"] or 0.0) for r in buckets]
-    upper = [r["start_us"] for r in buckets]
-    ready = _interpolate(known, sizes, upper, min(backward_end, buckets[-1]["start_us"]))
-    ready = [max(value, r["launch_us"]) if r.get("launch_us") is not None and r["launch_us"] <= value
-             else value for value, r in zip(ready, buckets)]
+    ready = bucket_ready_times([r["start_us"] for r in buckets], ends, sizes,
+                               [r.get("launch_us") for r in buckets], backward_end)
     return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
 
 
@@ -381,7 +360,9 @@ def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, 
         return None
     ready, sizes = ddp.ready, ddp.sizes
     if scenario.bucket_mb:
-        ready, sizes, times = _rebucket(ddp.buckets, ready, sizes, durations, scenario.bucket_mb)
+        window = (step.get("phase_windows") or {}).get("backward")
+        start = _us(window["start_ns"], origin_ns) if window else ready[0]
+        ready, sizes, times = _rebucket(ddp.buckets, ready, sizes, durations, scenario.bucket_mb, start)
     else:
         times = [durations.of(r) for r in ddp.buckets]
     feed = iter(times)
@@ -436,33 +417,18 @@ def _in_issue_order(items: list[_Item]) -> list[_Item]:
             for i in order]
 
 
-def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float):
-    """Measured buckets as gradient chunks, re-bucketed with the new cap; the all-reduce times
-    keep the measured transfers' median ratio to the model."""
+def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float, backward_start: float):
+    """Measured buckets as ≤ 1 MiB gradient pieces (analyzer.whatif.ddp, as the bucket rules
+    do), re-bucketed with the new cap; the all-reduce times keep the measured transfers'
+    median ratio to the model."""
     if any(s <= 0 for s in sizes):
         raise ConfigError("--bucket-mb needs the size of every gradient bucket; the trace lacks some")
     ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
               for r, s in zip(buckets, sizes)]
-    return _ddp_buckets(sizes, ready, bucket_mb * models.MIB, durations, float(np.median(ratios)))
-
-
-def _ddp_buckets(sizes, ready, cap: float, durations: Durations, residual: float = 1.0, split: bool = True):
-    """Gradient chunks (bytes, ready time, in ready order; split evenly when larger than the cap
-    if ``split``) into DDP buckets (models.assign_buckets, 1 MiB first bucket) -> (ready, bytes,
-    all-reduce times) per bucket."""
-    chunk_sizes, chunk_ready = [], []
-    previous = ready[0]
-    for size, r in zip(sizes, ready):
-        pieces = max(1, math.ceil(size / cap)) if split else 1
-        for p in range(pieces):
-            chunk_sizes.append(size / pieces)
-            chunk_ready.append(previous + (r - previous) * (p + 1) / pieces)
-        previous = r
-    groups = models.assign_buckets(chunk_sizes, cap, models.FIRST_BUCKET_BYTES)
-    new_ready = list(models.bucket_ready_times(chunk_ready, groups))
-    new_sizes = [float(sum(chunk_sizes[i] for i in g)) for g in groups]
-    times = [durations.new("allreduce", s, "world") * residual for s in new_sizes]
-    return new_ready, new_sizes, times
+    piece_sizes, piece_ready = gradient_pieces(sizes, ready, backward_start)
+    new_ready, new_sizes = rebucket(piece_sizes, piece_ready, bucket_mb * models.MIB)
+    residual = float(np.median(ratios))
+    return new_ready, new_sizes, [durations.new("allreduce", s, "world") * residual for s in new_sizes]
 
 
 def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
@@ -480,9 +446,11 @@ def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
     backward_end = _phase_end(step, "backward", origin_ns)
     p_backward = progress(backward_end if backward_end is not None else max(ends))
     issue = _issue_points(comm, ends, progress)
+    # DDP's default: 25 MiB buckets after a 1 MiB first one; an explicit bucket_cap_mb fills the first too
     cap = (scenario.bucket_mb or 25.0) * models.MIB
-    ready, sizes, times = _ddp_buckets([float(comm[k]["bytes"]) for k in reductions],
-                                       [issue[k] for k in reductions], cap, durations, split=False)
+    ready, sizes = rebucket([float(comm[k]["bytes"]) for k in reductions], [issue[k] for k in reductions], cap,
+                            None if scenario.bucket_mb else models.FIRST_BUCKET_BYTES)
+    times = [durations.new("allreduce", s, "world") for s in sizes]
     feed = iter(times)
     pipeline = models.ddp_bucket_pipeline(ready, sizes, p_backward, lambda _size: next(feed))
     return measured_exposed, pipeline.exposed_tail_us
@@ -599,7 +567,7 @@ def _issue_points(comm, ends, progress) -> list[float]:
                 last_exposed_ag = k if _waited_for(r) else None
         weights = [float(comm[k].get("bytes") or 1.0) for k in indices]
         upper = [progress(comm[k]["start_us"]) for k in indices]
-        for k, value in zip(indices, _interpolate(known, weights, upper, None)):
+        for k, value in zip(indices, interpolate_ready(known, weights, upper, None)):
             issue[k] = value
     return issue
 
@@ -830,8 +798,8 @@ def _groups_note(target: Config) -> list[str]:
 def projected_change_us(result: Any, **changes: Any) -> float | None:
     """The step-time change (µs, negative = faster) this model projects for ``changes`` (Scenario
     fields), against its own projection of the configuration as measured, so that the model's
-    residual on this job cancels. None when it cannot project this trace. The rules print this
-    one projection: a finding and ``tracecliff whatif`` never disagree."""
+    residual on this job cancels. None when it cannot project this trace. The rules take their
+    estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
     try:
         base = project(result, Scenario()).projected.get("step_time_us")
         changed = project(result, Scenario(**changes)).projected.get("step_time_us")
