@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import stat
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -210,3 +211,22 @@ def test_junit_is_well_formed_whatever_the_strings(tmp_path, capsys):
         main(["gate", "--preset", "strict", str(hostile_trace(tmp_path, f"<x id={PWN}/>&amp;\"'\x1b")), "--junit", str(junit)])
     capsys.readouterr()
     ET.parse(junit)
+
+
+def test_output_to_a_device_or_pipe_is_written_through(tmp_path):
+    """`-o /dev/null` or a pipe: written into, never renamed over (as root, a rename would turn
+    /dev/null into a plain file for the whole machine)."""
+    import threading
+
+    from analyzer.base.output import write_atomic
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert received == [b"through the pipe\n"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    write_atomic(os.devnull, "discarded")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,13 @@ def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None =
         if target.exists() and Path(given).exists() and os.path.samefile(target, given):
             raise InputError(target, "refusing to overwrite an input trace")
     data = text.encode("utf-8") if isinstance(text, str) else text
+    if _is_special(target):  # /dev/null, /dev/stdout, a pipe: write through, never rename over it
+        try:
+            with open(target, "wb") as handle:
+                handle.write(data)
+        except OSError as exc:
+            raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
+        return
     directory = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
@@ -37,3 +45,12 @@ def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None =
     except OSError as exc:
         os.unlink(tmp)
         raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
+
+
+def _is_special(target: Path) -> bool:
+    """An existing target that is not a regular file (a device, FIFO or socket): replacing it
+    with a renamed file would, as root, turn /dev/null into a plain file."""
+    try:
+        return not stat.S_ISREG(os.stat(target).st_mode)
+    except OSError:
+        return False
