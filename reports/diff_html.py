@@ -6,16 +6,11 @@ diff's data travels in a JSON block written with ``|tojson``, so no trace string
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
-
-import jinja2
-from markupsafe import Markup
 
 from analyzer.reports.diff_text import SCOPE, fmt, pct, scope_label, signed
 from analyzer.job.result import _clean
-
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+from analyzer.reports.templating import environment, stylesheet
 
 
 class DiffHtmlRenderer:
@@ -23,10 +18,8 @@ class DiffHtmlRenderer:
 
     def render(self, doc: dict[str, Any]) -> str:
         doc = _clean(doc)
-        css_file = TEMPLATES / "report.css"
-        css = css_file.read_text(encoding="utf-8") if css_file.is_file() else ""
         return _environment().get_template("diff.html.j2").render(
-            doc=doc, css=Markup(css), rows=_decomposition_rows(doc["step_time"]), scope=SCOPE)
+            doc=doc, css=stylesheet(), rows=_decomposition_rows(doc["step_time"]), scope=SCOPE)
 
 
 def _decomposition_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
@@ -44,10 +37,5 @@ def _decomposition_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
-    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True, "allow_nan": False}
-    env.filters.update(fmt=fmt, pct=pct, signed=signed, scope_label=scope_label)
-    return env
+def _environment():
+    return environment({"fmt": fmt, "pct": pct, "signed": signed, "scope_label": scope_label})

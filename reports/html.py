@@ -19,16 +19,15 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
-import jinja2
 from markupsafe import Markup
 
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
 from analyzer.job.step_timeline import straggler_ranks, unavailable
+from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import _clean
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
@@ -57,17 +56,9 @@ def _sha256_source(text: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
-    # |tojson: sorted keys and ASCII only, so U+2028/U+2029 arrive as \u escapes; jinja2 escapes
-    # < > & ' on top, so no data can close the script element it sits in.
-    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": True, "separators": (",", ":"),
-                                         "allow_nan": False}
-    env.filters.update(us=fmt_us, size=fmt_bytes, pct=fmt_pct, num=fmt_num, value=fmt_value)
-    env.globals["asset"] = lambda name: Markup((TEMPLATES / name).read_text(encoding="utf-8"))
-    return env
+def _environment():
+    return environment({"us": fmt_us, "size": fmt_bytes, "pct": fmt_pct, "num": fmt_num, "value": fmt_value},
+                       compact_json=True)
 
 
 # ----------------------------------------------------------------------------- view model

@@ -1,0 +1,98 @@
+"""The reduce at job scale: everything after the per-rank map (combining the ranks, cross-rank
+matching, fits, rules, serialisation) for a job of many small ranks, without reading files.
+
+    python bench/bench_reduce.py --ranks 1024 --collectives 2000
+
+One synthetic rank (sample_traces/synthetic/ddp_healthy_8r, rank 0) is analysed once, its
+collectives tiled to the count asked (steps repeated), and cloned per rank with the rank
+number changed, so the reduce sees a job of ``ranks`` x ``collectives`` rows. Prints the time of
+each stage and the peak memory growth (tracemalloc-free: RSS from /proc), in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import resource
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from analyzer.api import DiagnoseOptions
+from analyzer.base.gc_pause import paused_gc
+from analyzer.job.analysis import analyze_job
+from analyzer.job.reduce import build_result
+from analyzer.rank.analysis import RankOptions, analyze_rank_file
+from analyzer.reports import render
+from analyzer.rules.engine import run_rules
+
+SOURCE = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_healthy_8r" / "rank-0.json.gz"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def tiled_rank(count: int):
+    base = analyze_rank_file(str(SOURCE), RankOptions())
+    rows, steps = base.collectives, base.steps
+    span = max(r["start_us"] + r["dur_us"] for r in rows) - min(r["start_us"] for r in rows) + 1000.0
+    out_rows, out_steps, k = [], [], 0
+    while len(out_rows) < count:
+        shift, step_shift = k * span, k * (max(s["step"] for s in steps) + 1)
+        for r in rows:
+            if len(out_rows) == count:
+                break
+            row = dict(r, start_us=r["start_us"] + shift, step=r["step"] + step_shift,
+                       launch_us=None if r["launch_us"] is None else r["launch_us"] + shift,
+                       seq=None if r.get("seq") is None else r["seq"] + k * 100000)
+            out_rows.append(row)
+        for s in steps:
+            out_steps.append(dict(s, step=s["step"] + step_shift))
+        k += 1
+    return replace(base, collectives=out_rows, steps=out_steps)
+
+
+def clone(template, rank: int, world: int):
+    rows = [dict(r, rank=rank) for r in template.collectives]
+    return replace(template, rank=rank, world_size=world, path=f"rank-{rank}.json", collectives=rows,
+                   steps=copy.deepcopy(template.steps), host=f"node{rank // 8}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--collectives", type=int, default=2000)
+    args = parser.parse_args()
+    template = tiled_rank(args.collectives)
+    start_rss = rss_mb()
+    t0 = time.perf_counter()
+    ranks = [clone(template, r, args.ranks) for r in range(args.ranks)]
+    t1 = time.perf_counter()
+    options = DiagnoseOptions()
+    with paused_gc():
+        result = build_result(ranks, options)
+        t2 = time.perf_counter()
+        analyze_job(result, options)
+        t3 = time.perf_counter()
+        run_rules(result, {})
+        t4 = time.perf_counter()
+        text = render(result, "json")
+        t5 = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{args.ranks} ranks x {len(template.collectives)} collectives = {args.ranks * len(template.collectives):,} rows")
+    print(f"  ranks in memory (the map's output): {t1 - t0:6.2f} s")
+    print(f"  combine (build_result):             {t2 - t1:6.2f} s")
+    print(f"  job analysis (match, fits, MFU):    {t3 - t2:6.2f} s")
+    print(f"  rules:                              {t4 - t3:6.2f} s")
+    print(f"  JSON ({len(text) / 1e6:,.0f} MB):                   {t5 - t4:6.2f} s")
+    print(f"  reduce total (combine..JSON):       {t5 - t1:6.2f} s")
+    print(f"  RSS: {start_rss:,.0f} MB before the ranks, peak {peak:,.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
