@@ -16,3 +16,26 @@ _checkout = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if not _os.path.isdir(_os.path.join(__path__[0], "rules")) and _os.path.isfile(
         _os.path.join(_checkout, "rules", "__init__.py")):
     __path__.append(_checkout)
+
+# The library API, imported on first use (module __getattr__, PEP 562): `import analyzer` stays
+# cheap (no numpy, pandas or msgspec) and `analyzer.capture` imports without the analysis stack.
+_EXPORTS = {
+    "diagnose": "analyzer.api", "load_result": "analyzer.api", "load_run": "analyzer.api",
+    "DiagnoseOptions": "analyzer.api", "Result": "analyzer.job.result", "Finding": "analyzer.job.result",
+    "load_config": "analyzer.base.config",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'analyzer' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cached: the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

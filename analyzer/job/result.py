@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from analyzer import __version__
 from analyzer.rank.analysis import RankAnalysis
+
+if TYPE_CHECKING:  # pandas is imported only when a table is asked for
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
@@ -23,6 +26,57 @@ RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "ex
 _RANK_FIELDS = ("rank", "path", "rank_source", "host", "world_size", "steps", "phases", "gpu_event_count",
                 "backend", "nccl_version", "process_groups", "devices", "first_gpu_ns", "markers_seen",
                 "event_count")
+Severity = Literal["error", "warning", "info"]
+
+
+class _ReadsLikeADict:
+    """``obj["key"]``, ``obj.get("key")`` and ``"key" in obj`` on a typed record, so code written
+    for the finding dicts (rules, renderers, gate) reads the typed objects too."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.__dataclass_fields__ else default  # type: ignore[attr-defined]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__  # type: ignore[attr-defined]
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+@dataclass(frozen=True)
+class FindingFix(_ReadsLikeADict):
+    text: str
+    snippet: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding(_ReadsLikeADict):
+    """One finding of a rule (rules.engine.RuleContext.finding), typed. ``Result.findings`` keeps
+    the plain dicts (the JSON contract every rule and renderer writes and reads);
+    ``Result.typed_findings`` gives these."""
+
+    rule: str
+    code: str
+    severity: Severity
+    title: str
+    summary: str
+    ranks: list[int]
+    steps: list[int | str]
+    evidence: dict[str, Any]
+    estimated_gain_us: float | None
+    model: str | None
+    fix: FindingFix
+    references: list[str]
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Finding":
+        """Checks the types too: a malformed finding is a ``msgspec.ValidationError``."""
+        return msgspec.convert(doc, cls)
 
 
 @dataclass
@@ -59,6 +113,47 @@ class Result:
     def from_dict(cls, doc: dict[str, Any]) -> "Result":
         return result_from_dict(doc)
 
+    @property
+    def typed_findings(self) -> list[Finding]:
+        return [Finding.from_dict(f) for f in self.findings]
+
+    # Tables for notebooks (analyzer.job.frames; the columns are listed in docs/api.md).
+    def ranks_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.ranks_df(self)
+
+    def steps_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.steps_df(self)
+
+    def collectives_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.collectives_df(self)
+
+    def groups_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.groups_df(self)
+
+    def findings_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.findings_df(self)
+
+    def to_json(self) -> str:
+        """The bytes of ``diagnose --format json``."""
+        return dumps(self.to_dict())
+
+    # The views below are drawn by analyzer.reports, which imports this module: imported on
+    # call, so the layers stay one-way at import time and the renderers remain the only renderers.
+    def to_html(self) -> str:
+        """The self-contained report page of ``diagnose --format html``."""
+        from analyzer.reports import render
+        return render(self, "html")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's inline view: verdict, headline numbers and findings (escaped)."""
+        from analyzer.reports import render_summary_html
+        return render_summary_html(self)
+
     def __repr__(self) -> str:
         world = self.job.get("world_size") or len(self.ranks)
         return (f"<Result {len(self.ranks)} of {world} rank(s), strategy {self.job.get('strategy')}, "
@@ -75,7 +170,7 @@ def result_to_dict(result: Result) -> dict[str, Any]:
         "tool": {"name": "tracecliff", "version": __version__},
         "inputs": result.inputs,
         "job": result.job,
-        "ranks": [_rank(r) for r in result.ranks],
+        "ranks": [rank_entry(r) for r in result.ranks],
         "collectives": result.collectives,
         "buckets": result.buckets,
         "fsdp_units": result.fsdp_units,
@@ -102,7 +197,8 @@ def result_from_dict(doc: dict[str, Any]) -> Result:
                   warnings=list(doc.get("warnings") or []), **sections)
 
 
-def _rank(r: RankAnalysis) -> dict[str, Any]:
+def rank_entry(r: RankAnalysis) -> dict[str, Any]:
+    """A rank as its ``ranks[]`` entry of the JSON document."""
     out = {key: getattr(r, key) for key in _RANK_FIELDS}
     out.update({k: r.metrics[k] for k in RANK_METRICS})
     out["rank_warnings"] = r.warnings
