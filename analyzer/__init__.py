@@ -22,7 +22,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "rules")) and _os.path.isfile(
 _EXPORTS = {
     "diagnose": "analyzer.api", "load_result": "analyzer.api", "load_run": "analyzer.api",
     "DiagnoseOptions": "analyzer.api", "Result": "analyzer.job.result", "Finding": "analyzer.job.result",
-    "load_config": "analyzer.base.config",
+    "load_config": "analyzer.base.config", "result_schema": "analyzer.api", "config_schema": "analyzer.api",
 }
 __all__ = ["__version__", *_EXPORTS]
 

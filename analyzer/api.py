@@ -95,6 +95,27 @@ def load_result(path: str | Path) -> Result:
     return Result.from_dict(doc)
 
 
+def result_schema() -> dict[str, Any]:
+    """The JSON Schema of ``diagnose --format json`` (analyzer.job.schema)."""
+    from analyzer.job.schema import result_schema as schema
+    return schema()
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the ``[tool.tracecliff]`` table: the rules (from the registry, with
+    each threshold's default and range) and the gate, as their validator checks them."""
+    import msgspec
+
+    from analyzer.base.config import rules_struct
+    from analyzer.compare.gate import GateTable
+    from analyzer.job.schema import versioned_schema
+    from analyzer.rules.engine import all_rules
+    rules = rules_struct(all_rules())
+    table = msgspec.defstruct("TracecliffConfig", [("rules", rules, msgspec.field(default_factory=rules)),
+                                                   ("gate", GateTable, msgspec.field(default_factory=GateTable))])
+    return versioned_schema(table, "config", "[tool.tracecliff] configuration")
+
+
 def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
              config: dict[str, Any] | None = None, progress: Progress | None = None, **report: Any) -> Result:
     """A run as a Result: one saved result file, or the diagnosis of trace paths."""
@@ -138,7 +159,7 @@ def gate(paths: list[str], config: dict[str, Any], baseline: str | None = None,
     and, with ``baseline``, against that run."""
     from analyzer.base.errors import ConfigError
     from analyzer.compare.gate import evaluate, parse_gate_config, registered_rule_names
-    gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names())
+    gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names(), config_source)
     if not gate_config.assertions and baseline is None:
         raise ConfigError(f"nothing to check: no [tool.tracecliff.gate] assertions in {config_source}, "
                           "no --preset and no --baseline")

@@ -54,9 +54,10 @@ def _register() -> None:
     from analyzer.cli.diff import diff_command
     from analyzer.cli.gate import gate_command
     from analyzer.cli.rules import explain_command, rules_command
+    from analyzer.cli.schema import schema_command
     from analyzer.cli.whatif import whatif_command
     for command in (diagnose_command, rules_command, explain_command, gate_command, diff_command,
-                    annotate_command, whatif_command):
+                    annotate_command, whatif_command, schema_command):
         cli.add_command(command)
 
 
