@@ -5,6 +5,7 @@ Data flows one way: ``ingest`` (files -> RankTrace) -> analyses (``timeline``, `
 """
 
 import os as _os
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -24,10 +25,16 @@ _EXPORTS = {
     "DiagnoseOptions": "analyzer.api", "Result": "analyzer.job.result", "Finding": "analyzer.job.result",
     "load_config": "analyzer.base.config", "result_schema": "analyzer.api", "config_schema": "analyzer.api",
 }
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", "DiagnoseOptions", "Finding", "Result", "config_schema", "diagnose", "load_config",
+           "load_result", "load_run", "result_schema"]  # = _EXPORTS (tests/test_api.py checks)
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
+    from analyzer.api import DiagnoseOptions, config_schema, diagnose, load_result, load_run, result_schema
+    from analyzer.base.config import load_config
+    from analyzer.job.result import Finding, Result
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'analyzer' has no attribute {name!r}")

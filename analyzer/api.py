@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from analyzer.base.errors import InputError
 from analyzer.base.gc_pause import paused_gc
@@ -20,6 +20,9 @@ from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 from analyzer.rules.engine import run_rules
 from analyzer.run.executors import map_ranks
+
+if TYPE_CHECKING:
+    from analyzer.compare.gate import GateReport
 
 Progress = Callable[[int, int, str], None]
 
@@ -154,7 +157,8 @@ def diff(base: str, new: str, options: DiagnoseOptions = DiagnoseOptions(),
 
 def gate(paths: list[str], config: dict[str, Any], baseline: str | None = None,
          options: DiagnoseOptions = DiagnoseOptions(), preset: str | None = None,
-         max_regression_pct: float | None = None, config_source: str = "./pyproject.toml"):
+         max_regression_pct: float | None = None,
+         config_source: str = "./pyproject.toml") -> tuple[GateReport, list[str]]:
     """``(GateReport, input paths)``: the run at ``paths`` checked against ``[tool.tracecliff.gate]``
     and, with ``baseline``, against that run."""
     from analyzer.base.errors import ConfigError

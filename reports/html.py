@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import math
 from functools import lru_cache
 from pathlib import Path

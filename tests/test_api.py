@@ -29,6 +29,9 @@ def test_import_is_cheap_and_exports_are_lazy():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         tc.nope  # noqa: B018
     assert {"diagnose", "load_result", "Result", "Finding"} <= set(dir(tc))
+    assert set(tc.__all__) == {"__version__", *tc._EXPORTS}
+    for name in tc._EXPORTS:
+        assert getattr(tc, name).__name__ == name
 
 
 def test_ranks_df_matches_the_truth(result):

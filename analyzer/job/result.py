@@ -208,7 +208,7 @@ def rank_entry(r: RankAnalysis) -> dict[str, Any]:
 
 def _rank_from(entry: dict[str, Any], rows: list[dict[str, Any]]) -> RankAnalysis:
     known = {f.name for f in fields(RankAnalysis)}
-    values = {key: entry.get(key) for key in _RANK_FIELDS if key in known}
+    values: dict[str, Any] = {key: entry.get(key) for key in _RANK_FIELDS if key in known}
     values.update(metrics={k: entry.get(k) for k in RANK_METRICS}, collectives=rows,
                   warnings=list(entry.get("rank_warnings") or []))
     for key, empty in (("process_groups", []), ("devices", []), ("markers_seen", {}), ("steps", []),
@@ -218,7 +218,7 @@ def _rank_from(entry: dict[str, Any], rows: list[dict[str, Any]]) -> RankAnalysi
     return RankAnalysis(**values)
 
 
-def mean_step_time(r) -> float | None:
+def mean_step_time(r: RankAnalysis) -> float | None:
     times = [s["step_time_us"] for s in r.steps]
     return round(sum(times) / len(times), 3) if times else None
 
