@@ -130,3 +130,24 @@ def test_repr_is_short_and_html_repr_is_the_escaped_summary(result):
     hostile.findings[0]["summary"] = "<img src=x onerror=alert(2)>"
     out = hostile._repr_html_()
     assert "<script>alert" not in out and "<img" not in out and "&lt;img src=x" in out
+
+
+def test_dataframes_of_a_hand_worked_job(tmp_path):
+    """two_step_ddp (tests/builders.py): per step, compute 75 µs (forward 30, backward 40,
+    optimizer 5); the all-reduce [60, 90) is launched in backward and hidden 10 µs under the
+    backward kernel [30, 70): comm 30, overlap 10, exposed 20, all of it in backward."""
+    from builders import two_step_ddp
+    for rank in (0, 1):
+        two_step_ddp(rank=rank).write(tmp_path / f"rank-{rank}.json")
+    result = tc.diagnose(str(tmp_path))
+    steps = result.steps_df()
+    assert len(steps) == 4 and sorted(set(steps["step"])) == [1, 2]
+    for _, row in steps.iterrows():
+        assert (row["compute_us"], row["comm_us"], row["overlap_us"]) == (75.0, 30.0, 10.0)
+        assert row["exposed_comm_us"] == row["exposed_backward_us"] == 20.0
+        assert row["exposed_forward_us"] == row["exposed_optimizer_us"] == 0.0
+    ranks = result.ranks_df().set_index("rank")
+    assert ranks.loc[0, "exposed_comm_us"] == 40.0 and ranks.loc[1, "n_steps"] == 2
+    coll = result.collectives_df()
+    assert len(coll) == 4 and set(coll["bytes"]) == {2000} and set(coll["group_size"]) == {2}
+    assert set(coll["phase"]) == {"backward"} and set(coll["exposed_us"]) == {20.0}

@@ -161,3 +161,32 @@ def test_the_ci_doc_script_validates_a_result(tmp_path):
     assert run(good).returncode == 0
     failed = run(bad)
     assert failed.returncode == 1 and "findings/0/severity: 'fatal' is not one of" in failed.stderr
+
+
+def _edge_jobs(tmp_path):
+    """Traces unlike any sample: no steps, no GPU activity, no distributed info, no collectives."""
+    from builders import TraceBuilder, two_step_ddp
+    jobs = {}
+    no_steps = two_step_ddp()
+    no_steps.events[:] = [e for e in no_steps.events if not e["name"].startswith("ProfilerStep")]
+    cpu_only = TraceBuilder()
+    cpu_only.cpu("ProfilerStep#1", 0, 100, cat="user_annotation")
+    cpu_only.cpu("aten::mm", 10, 50)
+    bare = two_step_ddp()
+    del bare.doc["distributedInfo"], bare.doc["deviceProperties"]
+    no_comm = two_step_ddp()
+    no_comm.events[:] = [e for e in no_comm.events if "nccl" not in e["name"] and e["name"] != "record_param_comms"]
+    for name, builder in (("no_steps", no_steps), ("cpu_only", cpu_only), ("bare", bare), ("no_comm", no_comm)):
+        (tmp_path / name).mkdir()
+        jobs[name] = builder.write(tmp_path / name / "rank-0.json")
+    return jobs
+
+
+def test_results_of_unusual_traces_validate(result_validator, tmp_path, capsys):
+    for name, path in _edge_jobs(tmp_path).items():
+        out = tmp_path / f"{name}.json"
+        rc, _, err = run_cli(["diagnose", path, "--format", "json", "-o", out, "--no-cache"], capsys)
+        assert rc == 0, (name, err)
+        doc = json.loads(out.read_text())
+        assert [e.message for e in result_validator.iter_errors(doc)] == [], name
+        _assert_schema_lists_every_key(doc, result_validator.schema)

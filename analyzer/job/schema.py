@@ -113,7 +113,7 @@ class Collective(msgspec.Struct):
     """One collective on one rank (µs from the job's time origin; bandwidths GB/s)."""
 
     rank: int
-    step: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
     phase: str
     collective: str
     group: CollectiveGroup
@@ -142,7 +142,7 @@ class Bucket(msgspec.Struct):
     """A DDP gradient all-reduce (bucket ``index`` of a step)."""
 
     rank: int
-    step: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
     index: int
     group: str | None
     start_us: float
@@ -156,7 +156,7 @@ class Bucket(msgspec.Struct):
 
 class FsdpUnit(msgspec.Struct):
     rank: int
-    step: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
     index: int
     collective: str
     phase: str
