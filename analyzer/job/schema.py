@@ -123,7 +123,7 @@ class Collective(msgspec.Struct):
     exposed_us: float | None
     bytes: int | None
     dtype: str | None
-    size_source: str
+    size_source: str | None  # None: no source gave the message size
     on_gpu: bool
     seq: int | None = None
     comms_id: int | None = None
