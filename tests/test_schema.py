@@ -128,6 +128,11 @@ def test_config_schema_accepts_the_documented_examples_and_the_validator_agrees(
     {"gate": {"max_regression_pct": -1}},
     {"gate": {"colour": "red"}},
     {"gate": {"max_regression_pct_by_metric": {"step_time_us": -1}}},
+    {"gate": {"assertions": {"overlap_pct": ["warning", {"minimum": 50}]}}},
+    {"gate": {"assertions": {"overlap_pct": ["warning", {"min": 50}, 3]}}},
+    {"gate": {"assertions": {"mfu": 5}}},
+    {"gate": {"assertions": {"mfu": ["fatal", {"min": 0.3}]}}},
+    {"gate": {"assertions": {"mfu": ["error", {"aggregate": "mean", "min": 0.3}]}}},
 ])
 def test_config_schema_and_validator_reject_the_same_tables(table):
     from analyzer.api import config_schema

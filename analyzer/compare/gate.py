@@ -146,6 +146,18 @@ Level = Literal["off", "warning", "warn", "error"]
 AssertionEntry = Union[Level, tuple[Level, dict[str, Any]]]
 
 
+def _either_options() -> Any:
+    """For the published schema: options of either kind (the union of both structs' keys);
+    parse_assertion checks each entry against its own kind."""
+    fields: dict[str, tuple[str, Any, Any]] = {}
+    for struct in (MetricOptions, RuleOptions):
+        for f in msgspec.structs.fields(struct):
+            fields.setdefault(f.encode_name, (f.name, f.type, f.default))
+    return msgspec.defstruct("AssertionOptions", list(fields.values()), forbid_unknown_fields=True)
+
+
+AssertionValue = Union[Level, Annotated[list[Union[Level, _either_options()]],  # type: ignore[misc]
+                                        msgspec.Meta(min_length=1, max_length=2)]]
 RegressionPct = Annotated[float, msgspec.Meta(ge=0, description="allowed regression, % of the baseline")]
 
 
@@ -155,8 +167,7 @@ class GateTable(msgspec.Struct, forbid_unknown_fields=True):
     preset: Literal[PRESETS] | None = None  # type: ignore[valid-type]
     max_regression_pct: RegressionPct = DEFAULT_MAX_REGRESSION_PCT
     max_regression_pct_by_metric: dict[str, RegressionPct] = {}
-    # each entry is checked by its kind (AssertionEntry, then MetricOptions or RuleOptions)
-    assertions: Annotated[dict[str, Any], msgspec.Meta(description=(
+    assertions: Annotated[dict[str, AssertionValue], msgspec.Meta(description=(
         '"<metric>" = [level, {min?, max?, aggregate?, allow_unavailable?}] or "rule:<name>" = level | '
         "[level, {max?, severity?, allow_unavailable?}]; level: off, warning (or warn), error"))] = {}
 
@@ -167,19 +178,23 @@ def parse_gate_config(tool: dict[str, Any], preset: str | None = None,
     """Validate ``[tool.tracecliff]``'s gate table; ``preset`` / ``max_regression_pct`` (command
     line) win over the file. ``rule_names``: the registered rules (None: not checked)."""
     raw = tool.get("gate", {})
-    by_metric = raw.get("max_regression_pct_by_metric") if isinstance(raw, dict) else None
-    for name, value in (by_metric or {}).items() if isinstance(by_metric, dict) else ():
-        # one by one first: msgspec does not name the key of a bad dict value
-        where = ["gate", "max_regression_pct_by_metric", name]
-        _check_metric_name(name, source, where)
-        validate(value, RegressionPct, source, where)
+    written: dict[str, Assertion] = {}
+    # Dict entries one by one first: msgspec does not name the key of a bad dict value.
+    if isinstance(raw, dict):
+        by_metric = raw.get("max_regression_pct_by_metric")
+        for name, value in by_metric.items() if isinstance(by_metric, dict) else ():
+            where = ["gate", "max_regression_pct_by_metric", name]
+            _check_metric_name(name, source, where)
+            validate(value, RegressionPct, source, where)
+        entries = raw.get("assertions")
+        for key, value in entries.items() if isinstance(entries, dict) else ():
+            written[key] = parse_assertion(key, value, rule_names, source)
     table = validate(raw, GateTable, source, "gate")
     preset = preset or table.preset
     limit = max_regression_pct if max_regression_pct is not None else table.max_regression_pct
-    entries = dict(_preset_entries(preset, rule_names))
-    entries.update(table.assertions)
-    assertions = tuple(a for a in (parse_assertion(k, v, rule_names, source) for k, v in sorted(entries.items()))
-                       if a.level != "off")
+    merged = {k: parse_assertion(k, v, rule_names, source) for k, v in _preset_entries(preset, rule_names).items()}
+    merged.update(written)
+    assertions = tuple(merged[k] for k in sorted(merged) if merged[k].level != "off")
     return GateConfig(assertions, float(limit), dict(table.max_regression_pct_by_metric), preset)
 
 
