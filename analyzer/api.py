@@ -9,19 +9,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from analyzer.base.errors import InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.files import discover_trace_files
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result, resolve_ranks
-from analyzer.job.result import Result
+from analyzer.job import result as job_result
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 from analyzer.rules.engine import run_rules
 from analyzer.run.executors import map_ranks
 
+if TYPE_CHECKING:
+    from analyzer.compare.gate import GateReport
+
 Progress = Callable[[int, int, str], None]
+
+
+class Result(job_result.Result):
+    """The job's Result (analyzer.job.result: data, JSON, DataFrames) with its rendered views,
+    which live up here because the renderers (analyzer.reports) read the Result."""
+
+    def to_html(self) -> str:
+        """The self-contained report page of ``diagnose --format html``."""
+        from analyzer.reports import render
+        return render(self, "html")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's inline view: verdict, headline numbers and findings (escaped)."""
+        from analyzer.reports import render_summary_html
+        return render_summary_html(self)
 
 
 @dataclass(frozen=True)
@@ -58,7 +76,7 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     files = discover_trace_files(paths, skipped)
     ranks = analyze_files(files, options, progress)
     with paused_gc():
-        result = build_result(ranks, options)
+        result = Result(**vars(build_result(ranks, options)))
         if skipped:
             result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
                                       + ", ".join(str(p) for p in skipped))
@@ -93,6 +111,27 @@ def load_result(path: str | Path) -> Result:
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
     return Result.from_dict(doc)
+
+
+def result_schema() -> dict[str, Any]:
+    """The JSON Schema of ``diagnose --format json`` (analyzer.job.schema)."""
+    from analyzer.job.schema import result_schema as schema
+    return schema()
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the ``[tool.tracecliff]`` table: the rules (from the registry, with
+    each threshold's default and range) and the gate, as their validator checks them."""
+    import msgspec
+
+    from analyzer.base.config import rules_struct
+    from analyzer.compare.gate import GateTable
+    from analyzer.job.schema import versioned_schema
+    from analyzer.rules.engine import all_rules
+    rules = rules_struct(all_rules())
+    table = msgspec.defstruct("TracecliffConfig", [("rules", rules, msgspec.field(default_factory=rules)),
+                                                   ("gate", GateTable, msgspec.field(default_factory=GateTable))])
+    return versioned_schema(table, "config", "[tool.tracecliff] configuration")
 
 
 def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
@@ -133,12 +172,13 @@ def diff(base: str, new: str, options: DiagnoseOptions = DiagnoseOptions(),
 
 def gate(paths: list[str], config: dict[str, Any], baseline: str | None = None,
          options: DiagnoseOptions = DiagnoseOptions(), preset: str | None = None,
-         max_regression_pct: float | None = None, config_source: str = "./pyproject.toml"):
+         max_regression_pct: float | None = None,
+         config_source: str = "./pyproject.toml") -> tuple[GateReport, list[str]]:
     """``(GateReport, input paths)``: the run at ``paths`` checked against ``[tool.tracecliff.gate]``
     and, with ``baseline``, against that run."""
     from analyzer.base.errors import ConfigError
     from analyzer.compare.gate import evaluate, parse_gate_config, registered_rule_names
-    gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names())
+    gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names(), config_source)
     if not gate_config.assertions and baseline is None:
         raise ConfigError(f"nothing to check: no [tool.tracecliff.gate] assertions in {config_source}, "
                           "no --preset and no --baseline")

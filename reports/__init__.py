@@ -23,6 +23,12 @@ def render(result: Any, fmt: str, timestamp: bool = False) -> str:
     return TextRenderer().render(doc)
 
 
+def render_summary_html(result: Any) -> str:
+    """Jupyter's inline view of a Result: verdict, headline numbers and findings (escaped)."""
+    from analyzer.reports.html import SummaryHtmlRenderer
+    return SummaryHtmlRenderer().render(result.to_dict())
+
+
 def render_diff(doc: dict[str, Any], fmt: str) -> str:
     """A ``tracecliff diff`` document as text, json or html."""
     if fmt == "json":

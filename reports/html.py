@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import math
 from functools import lru_cache
-from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
@@ -49,6 +47,22 @@ class HtmlRenderer:
         # The page's policy allows exactly this script (by hash): nothing injected could run.
         view.update(timestamp=self.timestamp, script=Markup(script), script_hash=_sha256_source(script))
         return _environment().get_template("report.html.j2").render(**view)
+
+
+class SummaryHtmlRenderer:
+    """The report's summary as an HTML fragment (Jupyter's inline view of a Result): the same
+    verdict, headline numbers and findings as the page, none of its scripts or charts."""
+
+    name = "summary-html"
+
+    def render(self, doc: dict[str, Any]) -> str:
+        doc = _clean(doc)
+        job = doc.get("job") or {}
+        facts = (f"{len(doc.get('ranks') or [])} of {job.get('world_size') or len(doc.get('ranks') or [])} "
+                 f"rank(s), {job.get('strategy') or 'unknown strategy'}")
+        return _environment().get_template("summary.html.j2").render(
+            summary=_guarded(_summary, doc), findings=_guarded(_findings, doc), facts=facts,
+            warnings=len(doc.get("warnings") or []))
 
 
 def _sha256_source(text: str) -> str:

@@ -9,6 +9,7 @@ A few hundred cases per test in CI; the documented long run (docs/scale.md) is
 from __future__ import annotations
 
 import copy
+import functools
 import gzip
 import json
 import os
@@ -215,8 +216,17 @@ def must_not_crash(path: Path) -> None:
         assert str(exc).startswith(str(path)) and "\n" not in str(exc)
         return
     doc = result.to_dict()
-    JsonRenderer().render(doc)  # canonical JSON: raises on NaN or a non-serialisable value
+    text = JsonRenderer().render(doc)  # canonical JSON: raises on NaN or a non-serialisable value
     TextRenderer().render(doc)
+    _result_validator().validate(json.loads(text))  # and it keeps the published contract
+
+
+@functools.lru_cache(maxsize=1)
+def _result_validator():
+    import jsonschema
+
+    from analyzer.api import result_schema
+    return jsonschema.Draft202012Validator(result_schema())
 
 
 @FUZZ

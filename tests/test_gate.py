@@ -173,22 +173,31 @@ def test_mfu_and_rule_assertions_on_a_result_document():
 
 @pytest.mark.parametrize("assertions, gate, message", [
     ('"no_such_metric" = ["error", { max = 1 }]', "", "unknown gate metric 'no_such_metric'"),
-    ('"exposed_comm_pct" = ["fatal", { max = 1 }]', "", "unknown level 'fatal'"),
-    ('"exposed_comm_pct" = ["error", { maximum = 1 }]', "", "unknown option(s) maximum"),
-    ('"exposed_comm_pct" = "error"', "", "needs min and/or max"),
-    ('"exposed_comm_pct" = ["error", { max = 1, aggregate = "mean" }]', "", "unknown aggregate 'mean'"),
-    ('"exposed_comm_pct" = ["error", { max = "ten" }]', "", "max must be a number"),
-    ('"exposed_comm_pct" = ["error", { max = 1 }]', "preset = 'lenient'", "unknown preset 'lenient'"),
-    ('"exposed_comm_pct" = ["error", { max = 1 }]', "max_regression_pct = -1", "must be a number ≥ 0"),
+    ('"exposed_comm_pct" = ["fatal", { max = 1 }]', "",
+     "gate.assertions.exposed_comm_pct[0] must be one of error, off, warn, warning, got 'fatal'"),
+    ('"exposed_comm_pct" = ["error", { maximum = 1 }]', "",
+     "gate.assertions.exposed_comm_pct[1]: unknown key 'maximum'; known: aggregate, allow_unavailable, max, min"),
+    ('"exposed_comm_pct" = "error"', "", "gate.assertions.exposed_comm_pct: a metric assertion needs min and/or max"),
+    ('"exposed_comm_pct" = ["error", { max = 1, aggregate = "mean" }]', "",
+     "gate.assertions.exposed_comm_pct[1].aggregate must be one of max, median, min, p90, got 'mean'"),
+    ('"exposed_comm_pct" = ["error", { max = "ten" }]', "", "exposed_comm_pct[1].max must be a number, got 'ten'"),
+    ('"exposed_comm_pct" = ["error", { max = nan }]', "", "exposed_comm_pct[1].max must be a finite number"),
+    ('"exposed_comm_pct" = ["error", "max"]', "", "gate.assertions.exposed_comm_pct[1] must be a table, got 'max'"),
+    ('"exposed_comm_pct" = ["error", { max = 1 }]', "preset = 'lenient'",
+     "gate.preset must be one of recommended, strict, got 'lenient'"),
+    ('"exposed_comm_pct" = ["error", { max = 1 }]', "max_regression_pct = -1",
+     "gate.max_regression_pct must be a number ≥ 0, got -1"),
+    ('"exposed_comm_pct" = ["error", { max = 1 }]', "colour = 'red'", "gate: unknown key 'colour'; known: "),
     ('"exposed_comm_pct" = ["error", { max = 1 ', "", "invalid TOML"),
     ('"rule:ddp-bucket-huge" = "error"', "", "unknown rule 'ddp-bucket-huge'"),  # checked against the registry
-    ('"rule:straggler-rank" = ["error", { max = 0.5 }]', "", "max must be a whole number"),
+    ('"rule:straggler-rank" = ["error", { max = 0.5 }]', "",
+     'gate.assertions."rule:straggler-rank"[1].max must be a whole number ≥ 0, got 0.5'),
 ])
 def test_config_errors_exit_2(job, tmp_path, capsys, assertions, gate, message):
     config = write_config(tmp_path / "g.toml", assertions, gate)
     rc, out, err = run_cli(["gate", job, "--config", config], capsys)
     assert rc == 2 and out == ""
-    assert message in err and len(err.strip().splitlines()) == 1
+    assert message in err and len(err.strip().splitlines()) == 1 and str(config) in err
 
 
 def test_unknown_rule_name_is_a_config_error():
@@ -288,3 +297,23 @@ def test_mfu_from_model_size_and_tokens(job, tmp_path, capsys):
                           "--format", "json"], capsys)
     check = json.loads(out)["checks"][0]
     assert rc == 0 and check["actual"] == pytest.approx((6e9 / 100e-6 + 6e9 / 95e-6) / 2 / 2 / 989e12, rel=1e-4)
+
+
+def test_warn_and_warning_both_read_as_warning():
+    for spelling in ("warn", "warning"):
+        config = parse_gate_config({"gate": {"assertions": {
+            "overlap_pct": [spelling, {"min": 50}], "rule:straggler-rank": spelling,
+            "idle_pct": [spelling, {"max": 1.0}]}}}, rule_names=["straggler-rank"])
+        assert {a.level for a in config.assertions} == {"warning"}
+    recommended = parse_gate_config({}, preset="recommended", rule_names=["straggler-rank"])
+    assert {a.level for a in recommended.assertions} == {"warning"}
+
+
+def test_gate_config_errors_name_the_source_and_key():
+    with pytest.raises(ConfigError) as info:
+        parse_gate_config({"gate": {"max_regression_pct_by_metric": {"step_time_us": -2}}}, source="ci.toml")
+    assert str(info.value) == "ci.toml: gate.max_regression_pct_by_metric.step_time_us must be a number ≥ 0, got -2"
+    with pytest.raises(ConfigError, match=r"^ci.toml: gate.max_regression_pct_by_metric.nope: unknown gate metric"):
+        parse_gate_config({"gate": {"max_regression_pct_by_metric": {"nope": 2}}}, source="ci.toml")
+    with pytest.raises(ConfigError, match=r'^ci.toml: gate.assertions.mfu: expected "level" or \["level", \{options\}\]$'):
+        parse_gate_config({"gate": {"assertions": {"mfu": 5}}}, source="ci.toml")

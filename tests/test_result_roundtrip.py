@@ -7,7 +7,7 @@ import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose, load_result
 from analyzer.cli import main
-from analyzer.job.result import Result
+from analyzer.api import Result
 from analyzer.reports import render
 from conftest import SAMPLES
 

@@ -60,12 +60,17 @@ def test_no_pyproject_means_defaults(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[tool.tracecliff.rules.no-such-rule]\nenabled = false\n", "unknown rule(s) no-such-rule"),
-    ("[tool.tracecliff.rules.straggler-rank]\nconsistensy = 0.5\n", "unknown key(s) consistensy"),
-    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = 1.5\n", "between 0 and 1"),
-    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = true\n", "must be a number"),
-    ("[tool.tracecliff.rules.straggler-rank]\nenabled = 1\n", "true or false"),
+    ("[tool.tracecliff.rules.no-such-rule]\nenabled = false\n", "rules: unknown rule 'no-such-rule'; known: "),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistensy = 0.5\n",
+     "rules.straggler-rank: unknown key 'consistensy'; known: consistency, enabled,"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = 1.5\n",
+     "rules.straggler-rank.consistency must be a number between 0 and 1, got 1.5"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = true\n", "consistency must be a number between"),
+    ("[tool.tracecliff.rules.straggler-rank]\nconsistency = inf\n", "consistency must be a finite number, got inf"),
+    ("[tool.tracecliff.rules.straggler-rank]\nmin_wait_us = -1\n", "min_wait_us must be a number between 0 and"),
+    ("[tool.tracecliff.rules.straggler-rank]\nenabled = 1\n", "rules.straggler-rank.enabled must be true or false, got 1"),
     ("[tool.tracecliff.rules.straggler-rank]\nseverity = \"fatal\"\n", "severity must be one of"),
+    ("[tool.tracecliff.rules]\nstraggler-rank = 3\n", "rules.straggler-rank must be a table, got 3"),
     ("[tool.tracecliff.rules\n", "invalid TOML"),
 ])
 def test_bad_configuration_is_one_line_config_error(tmp_path, text, message):
@@ -162,7 +167,7 @@ def test_fail_on_exit_codes(capsys, tmp_path):
                 capsys)[0] == 1
     config.write_text('[tool.tracecliff.rules.fsdp-missing-wrap-polcy]\nenabled = false\n')
     code, _, err = _run(["diagnose", *files, "--config", str(config)], capsys)
-    assert code == 2 and err.count("\n") == 1 and "unknown rule(s) fsdp-missing-wrap-polcy" in err
+    assert code == 2 and err.count("\n") == 1 and "unknown rule 'fsdp-missing-wrap-polcy'" in err
 
 
 # ---------------------------------------------------------------- the DDP pipeline, by hand

@@ -10,14 +10,19 @@ as it is).
 
 ``load_config`` returns the whole ``[tool.tracecliff]`` table (other tools, e.g. the gate, read
 their own sub-tables from it); ``rule_settings`` validates the ``rules`` sub-table against the
-registered rules. Every problem is a one-line :class:`ConfigError` naming the file.
+registered rules through the one typed validator (:func:`validate`, msgspec structs), which the
+gate's configuration uses too. Every problem is a one-line :class:`ConfigError` naming the file
+and the key.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+import msgspec
 
 from analyzer.base.errors import ConfigError
 
@@ -28,7 +33,6 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 SEVERITIES = ("error", "warning", "info")  # worst first: the one list of finding severities
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
-_RULE_KEYS = ("enabled", "severity")
 
 
 def load_config(path: str | Path | None = None) -> dict[str, Any]:
@@ -69,46 +73,145 @@ def rule_settings(config: Mapping[str, Any], rules: Mapping[str, Any],
     Unknown rule names, unknown keys and values of the wrong type or out of range are errors.
     """
     table = config.get("rules", {}) if config else {}
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source}: [tool.tracecliff.rules] must be a table")
-    unknown = sorted(set(table) - set(rules))
-    if unknown:
-        raise ConfigError(f"{source}: unknown rule(s) {', '.join(unknown)}; "
-                          f"known: {', '.join(sorted(rules))}")
+    checked = validate(table, rules_struct(rules), source, "rules")
     settings = {}
     for name, rule in rules.items():
-        given = table.get(name, {})
-        if not isinstance(given, dict):
-            raise ConfigError(f"{source}: [tool.tracecliff.rules.{name}] must be a table")
-        settings[name] = _one_rule(name, rule, given, source)
+        given = getattr(checked, _identifier(name))
+        thresholds = {key: _as_default_type(getattr(given, _identifier(key)), spec.default)
+                      for key, spec in rule.thresholds.items()}
+        settings[name] = {"enabled": given.enabled, "severity": given.severity, "thresholds": thresholds}
     return settings
 
 
-def _one_rule(name: str, rule: Any, given: Mapping[str, Any], source: str) -> dict[str, Any]:
-    where = f"{source}: rules.{name}"
-    allowed = set(_RULE_KEYS) | set(rule.thresholds)
-    extra = sorted(set(given) - allowed)
-    if extra:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}; "
-                          f"known: {', '.join(sorted(allowed))}")
-    enabled = given.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}.enabled must be true or false, got {enabled!r}")
-    severity = given.get("severity", rule.severity)
-    if severity not in SEVERITIES:
-        raise ConfigError(f"{where}.severity must be one of {', '.join(SEVERITIES)}, "
-                          f"got {severity!r}")
-    thresholds = {}
-    for key, spec in rule.thresholds.items():
-        value = given.get(key, spec.default)
-        thresholds[key] = _check_threshold(f"{where}.{key}", value, spec)
-    return {"enabled": enabled, "severity": severity, "thresholds": thresholds}
+def rules_struct(rules: Mapping[str, Any]) -> type[msgspec.Struct]:
+    """``[tool.tracecliff.rules]`` as a typed struct: one table per registered rule, with
+    ``enabled``, ``severity`` and the rule's thresholds (default and range from its Threshold)."""
+    tables = []
+    for name, rule in rules.items():
+        fields: list[tuple[str, Any, Any]] = [
+            ("enabled", bool, True), ("severity", Literal["error", "warning", "info"], rule.severity)]
+        for key, spec in rule.thresholds.items():
+            bounds = {"ge": spec.minimum, **({"le": spec.maximum} if math.isfinite(spec.maximum) else {})}
+            number = Annotated[float, msgspec.Meta(**bounds, description=spec.help)]
+            fields.append((_identifier(key), number, msgspec.field(default=spec.default, name=key)))
+        table = msgspec.defstruct(f"Rule_{_identifier(name)}", fields, forbid_unknown_fields=True)
+        tables.append((_identifier(name), table, msgspec.field(default_factory=table, name=name)))
+    return msgspec.defstruct("RulesConfig", tables, forbid_unknown_fields=True, namespace={"key_noun": "rule"})
 
 
-def _check_threshold(where: str, value: Any, spec: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{where} must be a number, got {value!r}")
-    if not spec.minimum <= value <= spec.maximum:
-        raise ConfigError(f"{where} must be between {spec.minimum:g} and {spec.maximum:g}, "
-                          f"got {value!r}")
-    return int(value) if isinstance(spec.default, int) and float(value).is_integer() else float(value)
+def _identifier(name: str) -> str:
+    return name.replace("-", "_")
+
+
+def _as_default_type(value: float, default: float) -> float:
+    # an integer threshold (a count) stays an int when given as a whole number
+    return int(value) if isinstance(default, int) and float(value).is_integer() else float(value)
+
+
+# ---------------------------------------------------------------- the one validator
+def validate(value: Any, typ: Any, source: str, where: str | list[str]) -> Any:
+    """``value`` (parsed TOML) as the typed ``typ`` (msgspec Struct, Literal, ...): types, ranges
+    (``msgspec.Meta``), unknown keys (``forbid_unknown_fields``) and non-finite numbers are
+    checked; any problem is one :class:`ConfigError` line ``"<source>: <where>.<key> ..."``
+    (``where``: the key path of ``value``, e.g. ``"rules"`` or ``["gate", "assertions", key]``)."""
+    prefix = [where] if isinstance(where, str) else list(where)
+    _reject_non_finite(value, source, prefix)
+    try:
+        return msgspec.convert(value, typ, strict=True)
+    except msgspec.ValidationError as exc:
+        message, _, at = str(exc).partition(" - at `$")
+        inner = [dot or index for dot, index in _PATH_PART.findall(at.rstrip("`"))]
+        path = prefix + inner
+        info, got = _type_at(msgspec.inspect.type_info(typ), inner), _value_at(value, inner)
+        raise config_error(source, path, _explain(message, info, got)) from None
+
+
+def config_error(source: str, path: list[str], message: str) -> ConfigError:
+    """``"<source>: rules.straggler-rank.consistency must be ..."`` or ``"<source>: <path>: ..."``."""
+    return ConfigError(f"{source}: {_dotted(path)}{' ' if message.startswith('must') else ': '}{message}")
+
+
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _dotted(path: list[str]) -> str:
+    parts = []
+    for part in path:
+        if part.isdigit() or part == "...":
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + (part if _BARE_KEY.match(part) else f'"{part}"'))
+    return "".join(parts)
+
+
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _type_at(info: Any, path: list[str]) -> Any:
+    arrays = (msgspec.inspect.ListType, msgspec.inspect.TupleType)
+    for part in path:
+        info = _without_none(info)
+        if isinstance(info, msgspec.inspect.UnionType):  # e.g. "level" | [level, {options}]
+            wanted = arrays if part.isdigit() else (msgspec.inspect.StructType, msgspec.inspect.DictType)
+            info = next((t for t in info.types if isinstance(t, wanted)), None)
+        if isinstance(info, msgspec.inspect.StructType):
+            info = next((f.type for f in info.fields if f.encode_name == part), None)
+        elif isinstance(info, (msgspec.inspect.DictType,)):
+            info = info.value_type
+        elif isinstance(info, arrays):
+            info = info.item_type if hasattr(info, "item_type") else info.item_types[int(part)]
+        else:
+            return None
+    return _without_none(info)
+
+
+def _without_none(info: Any) -> Any:
+    """The type a value must have: ``X | None`` and ``Annotated[X, Meta(description=...)]`` as X."""
+    if isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    if isinstance(info, msgspec.inspect.UnionType):
+        rest = [t for t in info.types if not isinstance(t, msgspec.inspect.NoneType)]
+        return rest[0] if len(rest) == 1 else info
+    return info
+
+
+def _value_at(value: Any, path: list[str]) -> Any:
+    for part in path:
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _explain(message: str, info: Any, got: Any) -> str:
+    """msgspec's message in the project's words, with the accepted values and what was given."""
+    unknown = re.match(r"Object contains unknown field `(.*)`", message)
+    if unknown and isinstance(info, msgspec.inspect.StructType):
+        known = ", ".join(sorted(f.encode_name for f in info.fields))
+        noun = getattr(info.cls, "key_noun", "key")  # the rules table's keys are rule names
+        return f"unknown {noun} {unknown.group(1)!r}; known: {known}"
+    if isinstance(info, (msgspec.inspect.FloatType, msgspec.inspect.IntType)):
+        kind = "a whole number" if isinstance(info, msgspec.inspect.IntType) else "a number"
+        lo, hi = info.ge, info.le
+        if lo is not None and hi is not None:
+            return f"must be {kind} between {lo:g} and {hi:g}, got {got!r}"
+        return f"must be {kind}{f' ≥ {lo:g}' if lo is not None else ''}, got {got!r}"
+    if isinstance(info, msgspec.inspect.BoolType):
+        return f"must be true or false, got {got!r}"
+    if isinstance(info, msgspec.inspect.LiteralType):
+        return f"must be one of {', '.join(map(str, info.values))}, got {got!r}"
+    if isinstance(info, (msgspec.inspect.StructType, msgspec.inspect.DictType)):
+        return f"must be a table, got {got!r}"
+    return message[:1].lower() + message[1:]
+
+
+def _reject_non_finite(value: Any, source: str, path: list[str]) -> None:
+    # TOML has inf and nan; no threshold or bound means anything with them
+    if isinstance(value, float) and not math.isfinite(value):
+        raise config_error(source, path, f"must be a finite number, got {value!r}")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _reject_non_finite(item, source, path + [str(key)])

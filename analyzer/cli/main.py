@@ -55,9 +55,10 @@ def _register() -> None:
     from analyzer.cli.gate import gate_command
     from analyzer.cli.hang import hang_command
     from analyzer.cli.rules import explain_command, rules_command
+    from analyzer.cli.schema import schema_command
     from analyzer.cli.whatif import whatif_command
     for command in (diagnose_command, rules_command, explain_command, gate_command, diff_command,
-                    annotate_command, whatif_command, hang_command):
+                    annotate_command, whatif_command, hang_command, schema_command):
         cli.add_command(command)
 
 

@@ -10,7 +10,7 @@ Configuration (``[tool.tracecliff.gate]`` of ./pyproject.toml, or of ``--config 
     "step_time_us" = 3.0
     [tool.tracecliff.gate.assertions]
     "exposed_comm_pct" = ["error", { max = 10.0, aggregate = "median" }]
-    "overlap_pct" = ["warn", { min = 60.0 }]
+    "overlap_pct" = ["warning", { min = 60.0 }]   # "warn" is read as "warning"
     "rule:ddp-bucket-oversized" = "error"
 
 A metric assertion is ``[level, {min?, max?, aggregate?, allow_unavailable?}]``; a rule
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
-from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, load_config
-from analyzer.base.errors import ConfigError
-from analyzer.base.units import fmt_unit
+import msgspec
+
+from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, config_error, validate
 from analyzer.compare.metrics import AGGREGATIONS, as_document, aggregate, extract_samples, metric_spec, unavailable_reason
+from analyzer.base.units import fmt_unit
 
-LEVELS = ("off", "warn", "error")
+LEVELS = ("off", "warning", "error")
 DEFAULT_MAX_REGRESSION_PCT = 5.0
 EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.main
 
@@ -43,9 +44,9 @@ EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.
 # quietly when the run cannot measure them (single GPU: no overlap to speak of).
 _PRESET_METRICS = {
     "recommended": {
-        "exposed_comm_pct": ["warn", {"max": 20.0, "allow_unavailable": True}],
-        "overlap_pct": ["warn", {"min": 50.0, "allow_unavailable": True}],
-        "idle_pct": ["warn", {"max": 30.0, "allow_unavailable": True}],
+        "exposed_comm_pct": ["warning", {"max": 20.0, "allow_unavailable": True}],
+        "overlap_pct": ["warning", {"min": 50.0, "allow_unavailable": True}],
+        "idle_pct": ["warning", {"max": 30.0, "allow_unavailable": True}],
     },
     "strict": {
         "exposed_comm_pct": ["error", {"max": 10.0, "allow_unavailable": True}],
@@ -53,7 +54,7 @@ _PRESET_METRICS = {
         "idle_pct": ["error", {"max": 20.0, "allow_unavailable": True}],
     },
 }
-_PRESET_RULE_LEVEL = {"recommended": "warn", "strict": "error"}
+_PRESET_RULE_LEVEL = {"recommended": "warning", "strict": "error"}
 PRESETS = tuple(sorted(_PRESET_METRICS))
 
 
@@ -121,41 +122,79 @@ class GateReport:
 
 
 # ---------------------------------------------------------------- configuration
+# The gate table as typed structs, checked by the one validator (analyzer.base.config.validate).
+
+
+class MetricOptions(msgspec.Struct, forbid_unknown_fields=True):
+    min: float | None = None
+    max: float | None = None
+    aggregate: Literal[AGGREGATIONS] = "median"  # type: ignore[valid-type]
+    allow_unavailable: bool = False
+
+
+class RuleOptions(msgspec.Struct, forbid_unknown_fields=True):
+    max: Annotated[int, msgspec.Meta(ge=0, description="findings allowed")] = 0
+    severity: Literal["info", "warning", "error"] | None = None  # count findings at or above it
+    allow_unavailable: bool = False
+
+
+# "warn" is the old spelling of "warning": read, never written.
+Level = Literal["off", "warning", "warn", "error"]
+# An assertion is "level" or [level, {options}] ([level] reads as [level, {}]); the options are
+# checked by the assertion's kind (MetricOptions, RuleOptions).
+AssertionEntry = Union[Level, tuple[Level, dict[str, Any]]]
+
+
+def _either_options() -> Any:
+    """For the published schema: options of either kind (the union of both structs' keys);
+    parse_assertion checks each entry against its own kind."""
+    fields: dict[str, tuple[str, Any, Any]] = {}
+    for struct in (MetricOptions, RuleOptions):
+        for f in msgspec.structs.fields(struct):
+            fields.setdefault(f.encode_name, (f.name, f.type, f.default))
+    return msgspec.defstruct("AssertionOptions", list(fields.values()), forbid_unknown_fields=True)
+
+
+AssertionValue = Union[Level, Annotated[list[Union[Level, _either_options()]],  # type: ignore[misc]
+                                        msgspec.Meta(min_length=1, max_length=2)]]
+RegressionPct = Annotated[float, msgspec.Meta(ge=0, description="allowed regression, % of the baseline")]
+
+
+class GateTable(msgspec.Struct, forbid_unknown_fields=True):
+    """``[tool.tracecliff.gate]``."""
+
+    preset: Literal[PRESETS] | None = None  # type: ignore[valid-type]
+    max_regression_pct: RegressionPct = DEFAULT_MAX_REGRESSION_PCT
+    max_regression_pct_by_metric: dict[str, RegressionPct] = {}
+    assertions: Annotated[dict[str, AssertionValue], msgspec.Meta(description=(
+        '"<metric>" = [level, {min?, max?, aggregate?, allow_unavailable?}] or "rule:<name>" = level | '
+        "[level, {max?, severity?, allow_unavailable?}]; level: off, warning (or warn), error"))] = {}
 
 
 def parse_gate_config(tool: dict[str, Any], preset: str | None = None,
                       max_regression_pct: float | None = None,
-                      rule_names: list[str] | None = None) -> GateConfig:
+                      rule_names: list[str] | None = None, source: str = "configuration") -> GateConfig:
     """Validate ``[tool.tracecliff]``'s gate table; ``preset`` / ``max_regression_pct`` (command
     line) win over the file. ``rule_names``: the registered rules (None: not checked)."""
-    table = tool.get("gate", {})
-    if not isinstance(table, dict):
-        raise ConfigError("[tool.tracecliff.gate] must be a table")
-    unknown = sorted(set(table) - {"preset", "max_regression_pct", "max_regression_pct_by_metric",
-                                   "assertions"})
-    if unknown:
-        raise ConfigError(f"[tool.tracecliff.gate]: unknown key(s) {', '.join(unknown)}")
-    preset = preset or table.get("preset")
-    if preset is not None and preset not in PRESETS:
-        raise ConfigError(f"[tool.tracecliff.gate] preset: unknown preset {preset!r} "
-                          f"(known: {', '.join(PRESETS)})")
-    limit = max_regression_pct if max_regression_pct is not None else table.get(
-        "max_regression_pct", DEFAULT_MAX_REGRESSION_PCT)
-    limit = _non_negative("max_regression_pct", limit)
-    by_metric = table.get("max_regression_pct_by_metric", {})
-    if not isinstance(by_metric, dict):
-        raise ConfigError("[tool.tracecliff.gate] max_regression_pct_by_metric must be a table")
-    for name in by_metric:
-        _check_metric_name(name)
-    overrides = {name: _non_negative(f"max_regression_pct_by_metric.{name}", v) for name, v in by_metric.items()}
-    entries = dict(_preset_entries(preset, rule_names))
-    written = table.get("assertions", {})
-    if not isinstance(written, dict):
-        raise ConfigError("[tool.tracecliff.gate.assertions] must be a table")
-    entries.update(written)
-    assertions = tuple(a for a in (parse_assertion(k, v, rule_names) for k, v in sorted(entries.items()))
-                       if a.level != "off")
-    return GateConfig(assertions, limit, overrides, preset)
+    raw = tool.get("gate", {})
+    written: dict[str, Assertion] = {}
+    # Dict entries one by one first: msgspec does not name the key of a bad dict value.
+    if isinstance(raw, dict):
+        by_metric = raw.get("max_regression_pct_by_metric")
+        for name, value in by_metric.items() if isinstance(by_metric, dict) else ():
+            where = ["gate", "max_regression_pct_by_metric", name]
+            _check_metric_name(name, source, where)
+            validate(value, RegressionPct, source, where)
+        entries = raw.get("assertions")
+        for key, value in entries.items() if isinstance(entries, dict) else ():
+            written[key] = parse_assertion(key, value, rule_names, source)
+    table = validate(raw, GateTable, source, "gate")
+    preset = preset or table.preset
+    limit = max_regression_pct if max_regression_pct is not None else table.max_regression_pct
+    merged = {k: parse_assertion(k, v, rule_names, source) for k, v in _preset_entries(preset, rule_names).items()}
+    merged.update(written)
+    assertions = tuple(merged[k] for k in sorted(merged) if merged[k].level != "off")
+    return GateConfig(assertions, float(limit), dict(table.max_regression_pct_by_metric), preset)
 
 
 def _preset_entries(preset: str | None, rule_names: list[str] | None) -> dict[str, Any]:
@@ -167,74 +206,42 @@ def _preset_entries(preset: str | None, rule_names: list[str] | None) -> dict[st
     return entries
 
 
-def parse_assertion(key: str, value: Any, rule_names: list[str] | None) -> Assertion:
-    where = f"[tool.tracecliff.gate.assertions] {key!r}"
-    if isinstance(value, str):
-        level, options = value, {}
-    elif isinstance(value, list) and len(value) in (1, 2) and isinstance(value[0], str):
-        level, options = value[0], (value[1] if len(value) == 2 else {})
-    else:
-        raise ConfigError(f"{where}: expected \"level\" or [\"level\", {{options}}]")
-    if level not in LEVELS:
-        raise ConfigError(f"{where}: unknown level {level!r} (off|warn|error)")
-    if not isinstance(options, dict):
-        raise ConfigError(f"{where}: options must be a table")
+def parse_assertion(key: str, value: Any, rule_names: list[str] | None,
+                    source: str = "configuration") -> Assertion:
+    path = ["gate", "assertions", key]
+    if not isinstance(value, (str, list)) or isinstance(value, list) and len(value) not in (1, 2):
+        raise config_error(source, path, 'expected "level" or ["level", {options}]')
+    if isinstance(value, list) and len(value) == 1:
+        value = [*value, {}]
+    entry = validate(value, AssertionEntry, source, path)
+    level, options = (entry, {}) if isinstance(entry, str) else entry
+    level = "warning" if level == "warn" else level
     if key.startswith("rule:"):
-        return _rule_assertion(key, level, options, rule_names, where)
-    _check_metric_name(key)
-    unknown = sorted(set(options) - {"min", "max", "aggregate", "allow_unavailable"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}")
-    how = options.get("aggregate", "median")
-    if how not in AGGREGATIONS:
-        raise ConfigError(f"{where}: unknown aggregate {how!r} ({'|'.join(AGGREGATIONS)})")
-    low, high = (_bound(where, options, k) for k in ("min", "max"))
-    if level != "off" and low is None and high is None:
-        raise ConfigError(f"{where}: a metric assertion needs min and/or max")
-    if low is not None and high is not None and low > high:
-        raise ConfigError(f"{where}: min {low} is above max {high}")
-    return Assertion(key, level, low, high, how, bool(options.get("allow_unavailable", False)))
+        return _rule_assertion(key, level, options, rule_names, source, path)
+    _check_metric_name(key, source, path)
+    opts = validate(options, MetricOptions, source, path + ["1"])
+    if level != "off" and opts.min is None and opts.max is None:
+        raise config_error(source, path, "a metric assertion needs min and/or max")
+    if opts.min is not None and opts.max is not None and opts.min > opts.max:
+        raise config_error(source, path, f"min {opts.min} is above max {opts.max}")
+    return Assertion(key, level, opts.min, opts.max, opts.aggregate, opts.allow_unavailable)
 
 
-def _rule_assertion(key, level, options, rule_names, where) -> Assertion:
+def _rule_assertion(key: str, level: str, options: dict[str, Any], rule_names: list[str] | None,
+                    source: str, path: list[str]) -> Assertion:
     rule = key[5:]
     if not rule:
-        raise ConfigError(f"{where}: empty rule name")
+        raise config_error(source, path, "empty rule name")
     if rule_names is not None and rule not in rule_names:
-        raise ConfigError(f"{where}: unknown rule {rule!r} (see `tracecliff rules`)")
-    unknown = sorted(set(options) - {"max", "severity", "allow_unavailable"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)} "
-                          "(rules take max, severity, allow_unavailable)")
-    high = _bound(where, options, "max")
-    if high is not None and (high < 0 or high != int(high)):
-        raise ConfigError(f"{where}: max must be a whole number of findings ≥ 0")
-    severity = options.get("severity")
-    if severity is not None and severity not in SEVERITIES:
-        raise ConfigError(f"{where}: unknown severity {severity!r} ({'|'.join(SEVERITIES)})")
-    return Assertion(key, level, None, 0.0 if high is None else float(high), "count",
-                     bool(options.get("allow_unavailable", False)), severity)
+        raise config_error(source, path, f"unknown rule {rule!r} (see `tracecliff rules`)")
+    opts = validate(options, RuleOptions, source, path + ["1"])
+    return Assertion(key, level, None, float(opts.max), "count", opts.allow_unavailable, opts.severity)
 
 
-def _check_metric_name(name: str) -> None:
+def _check_metric_name(name: str, source: str, path: list[str]) -> None:
     if metric_spec(name) is None:
-        raise ConfigError(f"unknown gate metric {name!r} (known: step_time_us, exposed_comm_pct, "
-                          "overlap_pct, idle_pct, mfu, busbw_gbps:<group>, rule:<name>)")
-
-
-def _bound(where: str, options: dict[str, Any], key: str) -> float | None:
-    value = options.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"[tool.tracecliff.gate] {name} must be a number ≥ 0, got {value!r}")
-    return float(value)
+        raise config_error(source, path, f"unknown gate metric {name!r} (known: step_time_us, exposed_comm_pct, "
+                                         "overlap_pct, idle_pct, mfu, busbw_gbps:<group>, rule:<name>)")
 
 
 def registered_rule_names() -> list[str]:

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base.errors import InputError
 
 AGGREGATIONS = ("median", "max", "min", "p90")
 GROUP_METRIC = "busbw_gbps"

@@ -120,5 +120,7 @@ def _devices(doc: TraceFile) -> list[dict[str, Any]]:
     devices = []
     for dev in doc.deviceProperties or []:
         mem = to_int(dev.totalGlobalMem)
-        devices.append({"id": to_int(dev.id), "name": dev.name, "total_mem_bytes": mem if mem > 0 else None})
+        # a name written as a number is still a name (the JSON contract: a string)
+        name = None if dev.name is None else str(dev.name)
+        devices.append({"id": to_int(dev.id), "name": name, "total_mem_bytes": mem if mem > 0 else None})
     return devices

@@ -8,21 +8,70 @@ it: add keys, never rename or remove them without bumping SCHEMA_VERSION.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
 from analyzer import __version__
-from analyzer.rank.analysis import RankAnalysis
+from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
+
+if TYPE_CHECKING:  # pandas is imported only when a table is asked for
+    import pandas as pd
 
 SCHEMA_VERSION = 1
-RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
-                "idle_us", "overlap_pct")
-# RankAnalysis fields kept in each ``ranks[]`` entry as they are (the metrics are flattened).
-_RANK_FIELDS = ("rank", "path", "rank_source", "host", "world_size", "steps", "phases", "gpu_event_count",
-                "backend", "nccl_version", "process_groups", "devices", "first_gpu_ns", "markers_seen",
-                "event_count")
+_R = TypeVar("_R", bound="Result")
+Severity = Literal["error", "warning", "info"]
+
+
+class _ReadsLikeADict:
+    """``obj["key"]``, ``obj.get("key")`` and ``"key" in obj`` on a typed record, so code written
+    for the finding dicts (rules, renderers, gate) reads the typed objects too."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self.__dataclass_fields__ else default  # type: ignore[attr-defined]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__dataclass_fields__  # type: ignore[attr-defined]
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+
+@dataclass(frozen=True)
+class FindingFix(_ReadsLikeADict):
+    text: str
+    snippet: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding(_ReadsLikeADict):
+    """One finding of a rule (rules.engine.RuleContext.finding), typed. ``Result.findings`` keeps
+    the plain dicts (the JSON contract every rule and renderer writes and reads);
+    ``Result.typed_findings`` gives these."""
+
+    rule: str
+    code: str
+    severity: Severity
+    title: str
+    summary: str
+    ranks: list[int]
+    steps: list[int | str]
+    evidence: dict[str, Any]
+    estimated_gain_us: float | None
+    model: str | None
+    fix: FindingFix
+    references: list[str]
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "Finding":
+        """Checks the types too: a malformed finding is a ``msgspec.ValidationError``."""
+        return msgspec.convert(doc, cls)
 
 
 @dataclass
@@ -56,8 +105,37 @@ class Result:
         return result_to_dict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "Result":
-        return result_from_dict(doc)
+    def from_dict(cls: type[_R], doc: dict[str, Any]) -> _R:
+        return cls(**vars(result_from_dict(doc)))
+
+    @property
+    def typed_findings(self) -> list[Finding]:
+        return [Finding.from_dict(f) for f in self.findings]
+
+    # Tables for notebooks (analyzer.job.frames; the columns are listed in docs/api.md).
+    def ranks_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.ranks_df(self)
+
+    def steps_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.steps_df(self)
+
+    def collectives_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.collectives_df(self)
+
+    def groups_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.groups_df(self)
+
+    def findings_df(self) -> "pd.DataFrame":
+        from analyzer.job import frames
+        return frames.findings_df(self)
+
+    def to_json(self) -> str:
+        """The bytes of ``diagnose --format json``."""
+        return dumps(self.to_dict())
 
     def __repr__(self) -> str:
         world = self.job.get("world_size") or len(self.ranks)
@@ -75,7 +153,7 @@ def result_to_dict(result: Result) -> dict[str, Any]:
         "tool": {"name": "tracecliff", "version": __version__},
         "inputs": result.inputs,
         "job": result.job,
-        "ranks": [_rank(r) for r in result.ranks],
+        "ranks": [rank_entry(r) for r in result.ranks],
         "collectives": result.collectives,
         "buckets": result.buckets,
         "fsdp_units": result.fsdp_units,
@@ -94,37 +172,12 @@ def result_from_dict(doc: dict[str, Any]) -> Result:
     rows_by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in doc.get("collectives") or []:
         rows_by_rank.setdefault(row["rank"], []).append(row)
-    ranks = [_rank_from(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
+    ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
     sections = {key: doc.get(key) for key in _SECTIONS}
     return Result(inputs=list(doc.get("inputs") or []), ranks=ranks, job=dict(doc.get("job") or {}),
                   collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
                   fsdp_units=list(doc.get("fsdp_units") or []), findings=list(doc.get("findings") or []),
                   warnings=list(doc.get("warnings") or []), **sections)
-
-
-def _rank(r: RankAnalysis) -> dict[str, Any]:
-    out = {key: getattr(r, key) for key in _RANK_FIELDS}
-    out.update({k: r.metrics[k] for k in RANK_METRICS})
-    out["rank_warnings"] = r.warnings
-    out["step_time_us"] = mean_step_time(r)
-    return out
-
-
-def _rank_from(entry: dict[str, Any], rows: list[dict[str, Any]]) -> RankAnalysis:
-    known = {f.name for f in fields(RankAnalysis)}
-    values = {key: entry.get(key) for key in _RANK_FIELDS if key in known}
-    values.update(metrics={k: entry.get(k) for k in RANK_METRICS}, collectives=rows,
-                  warnings=list(entry.get("rank_warnings") or []))
-    for key, empty in (("process_groups", []), ("devices", []), ("markers_seen", {}), ("steps", []),
-                       ("phases", {}), ("gpu_event_count", 0), ("event_count", 0)):
-        if values.get(key) is None:
-            values[key] = type(empty)()
-    return RankAnalysis(**values)
-
-
-def mean_step_time(r) -> float | None:
-    times = [s["step_time_us"] for s in r.steps]
-    return round(sum(times) / len(times), 3) if times else None
 
 
 def dumps(doc: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ workers and only this compact summary (not the event arrays) travels back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,40 @@ class RankAnalysis:
     event_count: int
     warnings: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None  # kernels of chosen steps, for the HTML report
+
+
+RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
+                "idle_us", "overlap_pct")
+# RankAnalysis fields kept in each ``ranks[]`` entry as they are (the metrics are flattened).
+_RANK_FIELDS = ("rank", "path", "rank_source", "host", "world_size", "steps", "phases", "gpu_event_count",
+                "backend", "nccl_version", "process_groups", "devices", "first_gpu_ns", "markers_seen",
+                "event_count")
+
+
+def rank_entry(r: RankAnalysis) -> dict[str, Any]:
+    """A rank as its ``ranks[]`` entry of the JSON document."""
+    out = {key: getattr(r, key) for key in _RANK_FIELDS}
+    out.update({k: r.metrics[k] for k in RANK_METRICS})
+    out["rank_warnings"] = r.warnings
+    out["step_time_us"] = mean_step_time(r)
+    return out
+
+
+def rank_from_entry(entry: dict[str, Any], rows: list[dict[str, Any]]) -> RankAnalysis:
+    known = {f.name for f in fields(RankAnalysis)}
+    values: dict[str, Any] = {key: entry.get(key) for key in _RANK_FIELDS if key in known}
+    values.update(metrics={k: entry.get(k) for k in RANK_METRICS}, collectives=rows,
+                  warnings=list(entry.get("rank_warnings") or []))
+    for key, empty in (("process_groups", []), ("devices", []), ("markers_seen", {}), ("steps", []),
+                       ("phases", {}), ("gpu_event_count", 0), ("event_count", 0)):
+        if values.get(key) is None:
+            values[key] = type(empty)()
+    return RankAnalysis(**values)
+
+
+def mean_step_time(r: RankAnalysis) -> float | None:
+    times = [s["step_time_us"] for s in r.steps]
+    return round(sum(times) / len(times), 3) if times else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""A Result as pandas DataFrames, one row per rank, step, collective, process group or finding.
+
+The rows are the Result's own numbers (no analysis here); the column lists below are the
+contract, documented in docs/api.md. pandas is imported only when a table is built, so
+``import analyzer`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+from analyzer.rank.analysis import RANK_METRICS, rank_entry
+from analyzer.rank.timeline import PHASES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from analyzer.job.result import Result
+
+RANK_COLUMNS = ("rank", "host", "path", "world_size", "backend", "n_steps", "step_time_us", *RANK_METRICS,
+                "gpu_event_count")
+STEP_METRICS = ("step_time_us", "span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
+                "idle_us", "overlap_pct", "cpu_step_us", "low_precision_compute_us")
+# A step's exposed communication split by training phase (the step's ``phases`` entry).
+PHASE_COLUMNS = tuple(f"exposed_{phase}_us" for phase in PHASES)
+STEP_COLUMNS = ("rank", "step", *STEP_METRICS, *PHASE_COLUMNS)
+COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_size", "group_description", "seq",
+                      "comms_id", "dtype", "bytes", "in_nelems", "out_nelems", "size_source", "launch_us",
+                      "start_us", "dur_us", "exposed_us", "wait_us", "algbw_gbps", "busbw_gbps", "bound",
+                      "on_gpu", "stream", "module", "kernel")
+GROUP_COLUMNS = ("name", "description", "size", "ranks", "nodes", "cross_node", "kinds", "collectives",
+                 "alpha_us", "beta_gbps", "s_star_bytes", "busbw_median_gbps", "fit_source", "fit")
+FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_gain_us", "ranks", "steps",
+                   "model", "fix_text", "fix_snippet", "references")
+
+
+def ranks_df(result: "Result") -> "pd.DataFrame":
+    rows = []
+    for r in result.ranks:
+        entry = rank_entry(r)
+        rows.append({**entry, "n_steps": len(r.steps)})
+    return _frame(rows, RANK_COLUMNS)
+
+
+def steps_df(result: "Result") -> "pd.DataFrame":
+    rows = []
+    for r in result.ranks:
+        for step in r.steps:
+            phases = step.get("phases") or {}
+            rows.append({"rank": r.rank, **step,
+                         **{col: phases.get(phase) for col, phase in zip(PHASE_COLUMNS, PHASES)}})
+    return _frame(rows, STEP_COLUMNS)
+
+
+def collectives_df(result: "Result") -> "pd.DataFrame":
+    rows = []
+    for c in result.collectives:
+        group = c.get("group")
+        # a row's group is {name, size, description, ranks}; the member list stays in groups_df
+        if isinstance(group, dict):
+            c = {**c, "group": group.get("name"), "group_size": group.get("size"),
+                 "group_description": group.get("description")}
+        rows.append(c)
+    return _frame(rows, COLLECTIVE_COLUMNS)
+
+
+def groups_df(result: "Result") -> "pd.DataFrame":
+    return _frame(result.groups or [], GROUP_COLUMNS)
+
+
+def findings_df(result: "Result") -> "pd.DataFrame":
+    rows = [{**f, "fix_text": (f.get("fix") or {}).get("text"), "fix_snippet": (f.get("fix") or {}).get("snippet")}
+            for f in result.findings]
+    return _frame(rows, FINDING_COLUMNS)
+
+
+def _frame(rows: Iterable[dict[str, Any]], columns: tuple[str, ...]) -> "pd.DataFrame":
+    """Exactly ``columns``, in that order (a key a row lacks is None), even with no rows."""
+    import pandas as pd
+    return pd.DataFrame([{col: row.get(col) for col in columns} for row in rows], columns=list(columns))

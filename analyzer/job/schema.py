@@ -1,0 +1,301 @@
+"""The JSON contract of ``diagnose --format json`` as typed definitions, and its JSON Schema
+(``tracecliff schema``). The Structs mirror ``Result.to_dict()`` (analyzer.job.result); the
+findings are the Result's own ``Finding`` dataclass. Objects accept keys not listed here (the
+contract lets later versions add keys; renaming or removing one bumps ``SCHEMA_VERSION``), and a
+value the trace may lack is nullable.
+
+Check a saved result in Python with ``msgspec.json.decode(data, type=ResultDocument)`` or with
+any JSON Schema validator against ``result_schema()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from analyzer.job.result import SCHEMA_VERSION, Finding
+
+
+class Tool(msgspec.Struct):
+    name: str
+    version: str
+
+
+class Input(msgspec.Struct):
+    path: str
+    rank: int
+
+
+class Job(msgspec.Struct):
+    world_size: int | None
+    strategy: str
+    backend: str | None = None
+    hosts: list[str] = []
+    ranks_given: int | None = None
+    gpu: str | None = None
+    gpu_mem_bytes: int | None = None
+    devices_per_node: int | None = None
+    nccl_version: str | None = None
+    time_origin_ns: int | None = None
+    tool: Tool | None = None
+
+
+class Step(msgspec.Struct):
+    """One ProfilerStep of one rank (µs; ``phases``: exposed communication by phase)."""
+
+    step: int
+    step_time_us: float | None
+    span_us: float
+    busy_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    exposed_comm_us: float
+    idle_us: float
+    overlap_pct: float
+    phases: dict[str, float]
+    cpu_step_us: float | None = None
+    low_precision_compute_us: float | None = None
+    backward_launch_ns: int | None = None
+    phase_windows: dict[str, dict[str, Any]] | None = None
+
+
+class ProcessGroup(msgspec.Struct):
+    name: str
+    ranks: list[int] | None = None
+    size: int | None = None
+    description: str | None = None
+    backend: str | None = None
+
+
+class Rank(msgspec.Struct):
+    """One rank's whole-trace metrics (µs) and what its trace says about the job."""
+
+    rank: int
+    path: str
+    rank_source: str
+    world_size: int | None
+    host: str | None
+    backend: str | None
+    nccl_version: str | None
+    first_gpu_ns: int | None
+    span_us: float | None
+    busy_us: float | None
+    compute_us: float | None
+    comm_us: float | None
+    overlap_us: float | None
+    exposed_comm_us: float | None
+    idle_us: float | None
+    overlap_pct: float | None
+    step_time_us: float | None
+    steps: list[Step]
+    phases: dict[str, float]
+    process_groups: list[ProcessGroup]
+    devices: list[dict[str, Any]]
+    markers_seen: dict[str, int]
+    gpu_event_count: int
+    event_count: int
+    rank_warnings: list[str]
+
+
+class CollectiveGroup(msgspec.Struct):
+    name: str | None  # None: the trace does not say (older PyTorch)
+    size: int | None = None
+    ranks: list[int] | None = None
+    description: str | None = None
+
+
+Bound = Literal["latency-bound", "bandwidth-bound"]
+
+
+class Collective(msgspec.Struct):
+    """One collective on one rank (µs from the job's time origin; bandwidths GB/s)."""
+
+    rank: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
+    phase: str
+    collective: str
+    group: CollectiveGroup
+    start_us: float
+    dur_us: float
+    launch_us: float | None
+    exposed_us: float | None
+    bytes: int | None
+    dtype: str | None
+    size_source: str | None  # None: no source gave the message size
+    on_gpu: bool
+    seq: int | None = None
+    comms_id: int | None = None
+    in_nelems: int | None = None
+    out_nelems: int | None = None
+    stream: int | None = None
+    module: str | None = None
+    kernel: str | None = None
+    wait_us: float | None = None
+    algbw_gbps: float | None = None
+    busbw_gbps: float | None = None
+    bound: Bound | None = None
+
+
+class Bucket(msgspec.Struct):
+    """A DDP gradient all-reduce (bucket ``index`` of a step)."""
+
+    rank: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
+    index: int
+    group: str | None
+    start_us: float
+    dur_us: float
+    bytes: int | None
+    dtype: str | None
+    exposed_us: float | None
+    launch_us: float | None = None
+    launch_offset_us: float | None = None
+
+
+class FsdpUnit(msgspec.Struct):
+    rank: int
+    step: int | None  # None: outside every ProfilerStep (a trace without step markers)
+    index: int
+    collective: str
+    phase: str
+    start_us: float
+    dur_us: float
+    bytes: int | None
+    exposed_us: float | None
+    on_gpu: bool
+    module: str | None = None
+
+
+class Group(msgspec.Struct):
+    """A process group with its α-β fit (α µs, β GB/s one-way, S* = α·β bytes). A trace that
+    does not name its groups gives one entry whose name, size and layout are None."""
+
+    name: str | None
+    size: int | None
+    ranks: list[int] | None
+    nodes: int | None
+    cross_node: bool | None
+    kinds: list[str]
+    collectives: int
+    alpha_us: float | None
+    beta_gbps: float | None
+    s_star_bytes: float | None
+    busbw_median_gbps: float | None
+    fit: str
+    fit_source: str
+    description: str | None = None
+
+
+class CollectiveSummary(msgspec.Struct):
+    group: str | None
+    collective: str
+    size_bucket: str
+    count: int
+    bytes_min: int | None
+    bytes_max: int | None
+    transfer_us_min: float | None
+    transfer_us_median: float | None
+    busbw_gbps_median: float | None
+    busbw_gbps_max: float | None
+    bound: Bound | None
+
+
+class Sourced(msgspec.Struct):
+    """A hardware or model value and where it came from (measured / profile / user / default)."""
+
+    value: str | int | float | None
+    origin: str
+    source: str
+
+
+class Topology(msgspec.Struct):
+    gpus_per_node: int | None
+    gpus_per_node_source: str
+    n_nodes: int | None
+    hosts: list[str]
+    rank_hosts: dict[str, str]
+    node_of_rank: dict[str, str] | None
+    notes: list[str]
+
+
+class Stragglers(msgspec.Struct):
+    method: str | None
+    matched_collectives: int
+    ranks_compared: list[int]
+    note: str | None
+    per_step: list[dict[str, Any]] = []
+    by_rank: list[dict[str, Any]] = []
+    top_rank: int | None = None
+    top_rank_last_share: float | None = None
+    top_rank_wait_caused_us: float | None = None
+
+
+class Mfu(msgspec.Struct):
+    mfu_mean: float | None
+    n_gpus: int | None
+    per_step: list[dict[str, Any]]
+    model_params: float | None = None
+    tokens_per_step: float | None = None
+    peak_tflops: Sourced | None = None
+    source: str | None = None
+    note: str | None = None
+
+
+RuleStatusName = Literal["fired", "passed", "disabled", "not_applicable"]
+
+
+class RuleStatus(msgspec.Struct):
+    rule: str
+    code: str
+    status: RuleStatusName
+    reason: str | None = None
+
+
+class Section(msgspec.Struct):
+    """A report section (step timeline, scaling curve, HTA deep dive): its data when
+    ``available``, else ``why`` it is not."""
+
+    available: bool
+    why: str | None = None
+    note: str | None = None
+
+
+class ResultDocument(msgspec.Struct):
+    """``diagnose --format json``: one diagnosed job."""
+
+    schema_version: Literal[1]
+    tool: Tool
+    inputs: list[Input]
+    job: Job
+    ranks: list[Rank]
+    collectives: list[Collective]
+    buckets: list[Bucket]
+    fsdp_units: list[FsdpUnit]
+    findings: list[Finding]
+    warnings: list[str]
+    topology: Topology | None = None
+    hardware: dict[str, Sourced] | None = None
+    groups: list[Group] | None = None
+    stragglers: Stragglers | None = None
+    collective_summary: list[CollectiveSummary] | None = None
+    mfu: Mfu | None = None
+    rules: list[RuleStatus] | None = None
+    verdict: str | None = None
+    timeline: Section | None = None
+    scaling: Section | None = None
+    hta: Section | None = None
+
+
+def result_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of ``diagnose --format json``, schema_version included."""
+    return versioned_schema(ResultDocument, "result", "tracecliff diagnose --format json")
+
+
+def versioned_schema(struct: Any, name: str, title: str) -> dict[str, Any]:
+    """``struct``'s JSON Schema with the draft, an id and title carrying ``SCHEMA_VERSION``."""
+    schema = msgspec.json.schema(struct)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://tracecliff.dev/schema/{name}-v{SCHEMA_VERSION}.json",
+            "title": f"{title} (schema_version {SCHEMA_VERSION})", **schema}
