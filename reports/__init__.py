@@ -3,7 +3,7 @@ analyses: every number drawn is already in the Result."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 
 def render(result: Any, fmt: str, timestamp: bool = False) -> str:
@@ -27,6 +27,15 @@ def render_summary_html(result: Any) -> str:
     """Jupyter's inline view of a Result: verdict, headline numbers and findings (escaped)."""
     from analyzer.reports.html import SummaryHtmlRenderer
     return SummaryHtmlRenderer().render(result.to_dict())
+
+
+def render_chunks(result: Any, fmt: str, timestamp: bool = False) -> Iterator[str]:
+    """``render`` in pieces: the JSON of a large job is streamed (the same bytes), never held
+    as one string."""
+    if fmt == "json":
+        from analyzer.job.result import iter_json
+        return iter_json(result.to_dict())
+    return iter([render(result, fmt, timestamp)])
 
 
 def render_diff(doc: dict[str, Any], fmt: str) -> str:

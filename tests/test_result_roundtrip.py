@@ -36,3 +36,14 @@ def test_cli_rerenders_a_saved_result(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["diagnose", str(tmp_path / "a.json"), "--format", "html", "-o", str(tmp_path / "b.html")])
     assert (tmp_path / "b.html").read_bytes() == (tmp_path / "a.html").read_bytes()
+
+
+def test_streamed_json_is_the_same_bytes(monkeypatch):
+    """The CLI streams a result's JSON (long lists a batch at a time): the bytes are dumps'."""
+    import analyzer.job.result as result_module
+    from analyzer.job.result import dumps, iter_json
+    monkeypatch.setattr(result_module, "_BATCH", 3)  # every list here is "long"
+    doc = diagnose(str(JOBS[0]), DiagnoseOptions(workers=1)).to_dict()
+    odd = {"b": [float("nan"), {"z": 1, "a": [1, 2, {"q": []}]}, [], {}, "x\ny"], "a": {}, "c": list(range(7))}
+    for value in (doc, odd, {}):
+        assert "".join(iter_json(value)) == dumps(value)

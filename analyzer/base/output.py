@@ -6,6 +6,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 from analyzer.base.errors import InputError
 
@@ -19,16 +20,19 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # once, at import: os.umask is process-wide, not thread-safe
 
 
-def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None = None) -> None:
+def write_atomic(path: str | Path, text: str | bytes | Iterable[str | bytes],
+                 inputs: list[str] | None = None) -> None:
+    """Write ``text`` (or its pieces, in order: a large result is never held as one string) to
+    ``path`` through a temporary file renamed over it; never over one of ``inputs``."""
     target = Path(path)
     for given in inputs or []:
         if target.exists() and Path(given).exists() and os.path.samefile(target, given):
             raise InputError(target, "refusing to overwrite an input trace")
-    data = text.encode("utf-8") if isinstance(text, str) else text
+    pieces = [text] if isinstance(text, (str, bytes)) else text
     if _is_special(target):  # /dev/null, /dev/stdout, a pipe: write through, never rename over it
         try:
             with open(target, "wb") as handle:
-                handle.write(data)
+                _write_pieces(handle, pieces)
         except OSError as exc:
             raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
         return
@@ -39,12 +43,17 @@ def write_atomic(path: str | Path, text: str | bytes, inputs: list[str] | None =
         raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            _write_pieces(handle, pieces)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, target)
     except OSError as exc:
         os.unlink(tmp)
         raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
+
+
+def _write_pieces(handle, pieces: Iterable[str | bytes]) -> None:
+    for piece in pieces:
+        handle.write(piece.encode("utf-8") if isinstance(piece, str) else piece)
 
 
 def _is_special(target: Path) -> bool:

@@ -23,7 +23,7 @@ from analyzer.cli.rules import exit_code
 def diagnose_command(paths, fmt, output, fail_on, options, html, config, config_path) -> int:
     """Measure exposed communication per rank and step in the traces at PATHS (files,
     directories or globs), or re-render a saved `diagnose --format json` result."""
-    from analyzer.reports import render
+    from analyzer.reports import render, render_chunks
     # The report sections (timeline, scaling curve) go into every saved result, so that it
     # renders to the same HTML later; the text view does not draw them.
     report = fmt != "text" or bool(html.get("file"))
@@ -31,9 +31,7 @@ def diagnose_command(paths, fmt, output, fail_on, options, html, config, config_
                       report=report, html_step=html["step"], hta=html["hta"])
     with paused_gc():
         inputs = [i["path"] for i in result.inputs] + list(paths)
-        text = render(result, fmt, timestamp=html["timestamp"])
-        emit(text, output, inputs)
+        emit(render_chunks(result, fmt, timestamp=html["timestamp"]), output, inputs)
         if html.get("file"):
-            emit(text if fmt == "html" else render(result, "html", timestamp=html["timestamp"]),
-                 html["file"], inputs)
+            emit(render(result, "html", timestamp=html["timestamp"]), html["file"], inputs)
     return exit_code(result.findings, fail_on)

@@ -6,7 +6,7 @@ traces are read. ``whatif`` names its projected-job options distinctly (--target
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -119,10 +119,11 @@ def html_options(command):
     ])(wrapper)
 
 
-def emit(text: str, output: str | None, inputs: list[Any]) -> None:
-    """``text`` to ``output`` (atomically, never over an input) or to stdout."""
+def emit(text: str | Iterable[str], output: str | None, inputs: list[Any]) -> None:
+    """``text`` (or its pieces) to ``output`` (atomically, never over an input) or to stdout."""
     from analyzer.base.output import write_atomic
     if output:
         write_atomic(output, text, [str(i) for i in inputs])
-    else:
-        click.echo(text, nl=False)
+        return
+    for piece in [text] if isinstance(text, str) else text:
+        click.echo(piece, nl=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator, Literal, TypeVar
 
 import msgspec
 
@@ -188,6 +188,44 @@ def dumps(doc: dict[str, Any]) -> str:
     except (TypeError, ValueError, msgspec.EncodeError):
         raw = _ENCODER.encode(_clean(doc))  # unusual keys or values: normalise, then encode
     return msgspec.json.format(raw, indent=1).decode("utf-8") + "\n"
+
+
+_BATCH = 2000  # list items formatted per chunk when streaming
+
+
+def iter_json(doc: dict[str, Any]) -> Iterator[str]:
+    """``dumps(doc)`` in pieces, for writing a large result without holding its text twice
+    (raw and indented): the same bytes, top-level values formatted one by one and long lists a
+    batch of items at a time."""
+    keys = sorted(doc)
+    if not keys:
+        yield "{}\n"
+        return
+    yield "{\n"
+    for n, key in enumerate(keys):
+        value = doc[key]
+        head = f" {_encode(key).decode('utf-8')}: "
+        if isinstance(value, list) and len(value) > _BATCH:
+            yield head + "[\n"
+            for i in range(0, len(value), _BATCH):
+                items = [_formatted(v).replace("\n", "\n  ") for v in value[i:i + _BATCH]]
+                yield "  " + ",\n  ".join(items) + (",\n" if i + _BATCH < len(value) else "\n")
+            yield " ]"
+        else:
+            yield head + _formatted(value).replace("\n", "\n ")
+        yield ",\n" if n < len(keys) - 1 else "\n"
+    yield "}\n"
+
+
+def _encode(value: Any) -> bytes:
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError):
+        return _ENCODER.encode(_clean(value))  # unusual keys or values: normalise, then encode
+
+
+def _formatted(value: Any) -> str:
+    return msgspec.json.format(_encode(value), indent=1).decode("utf-8")
 
 
 def _numpy_scalar(value: Any) -> Any:
