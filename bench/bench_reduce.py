@@ -23,7 +23,8 @@ from analyzer.base.gc_pause import paused_gc
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result
 from analyzer.rank.analysis import RankOptions, analyze_rank_file
-from analyzer.reports import render
+from analyzer.base.output import write_atomic
+from analyzer.reports import render_chunks
 from analyzer.rules.engine import run_rules
 
 SOURCE = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_healthy_8r" / "rank-0.json.gz"
@@ -67,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--collectives", type=int, default=2000)
+    parser.add_argument("--output", default="/tmp/tracecliff-bench-reduce.json", help="where the JSON goes")
     args = parser.parse_args()
     template = tiled_rank(args.collectives)
     start_rss = rss_mb()
@@ -81,7 +83,7 @@ def main() -> None:
         t3 = time.perf_counter()
         run_rules(result, {})
         t4 = time.perf_counter()
-        text = render(result, "json")
+        write_atomic(args.output, render_chunks(result, "json"))  # streamed, as the CLI does
         t5 = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{args.ranks} ranks x {len(template.collectives)} collectives = {args.ranks * len(template.collectives):,} rows")
@@ -89,7 +91,7 @@ def main() -> None:
     print(f"  combine (build_result):             {t2 - t1:6.2f} s")
     print(f"  job analysis (match, fits, MFU):    {t3 - t2:6.2f} s")
     print(f"  rules:                              {t4 - t3:6.2f} s")
-    print(f"  JSON ({len(text) / 1e6:,.0f} MB):                   {t5 - t4:6.2f} s")
+    print(f"  JSON ({Path(args.output).stat().st_size / 1e6:,.0f} MB, streamed):        {t5 - t4:6.2f} s")
     print(f"  reduce total (combine..JSON):       {t5 - t1:6.2f} s")
     print(f"  RSS: {start_rss:,.0f} MB before the ranks, peak {peak:,.0f} MB")
 
