@@ -208,8 +208,9 @@ def iter_json(doc: dict[str, Any]) -> Iterator[str]:
         if isinstance(value, list) and len(value) > _BATCH:
             yield head + "[\n"
             for i in range(0, len(value), _BATCH):
-                items = [_formatted(v).replace("\n", "\n  ") for v in value[i:i + _BATCH]]
-                yield "  " + ",\n  ".join(items) + (",\n" if i + _BATCH < len(value) else "\n")
+                # a batch formatted as a list, its brackets dropped, its items one level deeper
+                inner = _formatted(value[i:i + _BATCH])[2:-2]
+                yield " " + inner.replace("\n", "\n ") + (",\n" if i + _BATCH < len(value) else "\n")
             yield " ]"
         else:
             yield head + _formatted(value).replace("\n", "\n ")
