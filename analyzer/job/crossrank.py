@@ -168,6 +168,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     ranks = sorted({r["rank"] for r in rows})
     for row in rows:
         row["wait_us"] = None
+        row["waited_for"] = None  # the member that arrived last, for the ranks that waited
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
@@ -197,6 +198,9 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
         last = int(np.argmax(arrival))
         last_rank = int(members[lo + last])
+        for i in indices:
+            if rows[i]["rank"] != last_rank:
+                rows[i]["waited_for"] = last_rank
         others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1

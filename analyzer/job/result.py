@@ -22,7 +22,7 @@ RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "ex
 # RankAnalysis fields kept in each ``ranks[]`` entry as they are (the metrics are flattened).
 _RANK_FIELDS = ("rank", "path", "rank_source", "host", "world_size", "steps", "phases", "gpu_event_count",
                 "backend", "nccl_version", "process_groups", "devices", "first_gpu_ns", "markers_seen",
-                "event_count")
+                "event_count", "time_breakdown")
 
 
 @dataclass
@@ -44,6 +44,8 @@ class Result:
     stragglers: dict[str, Any] | None = None
     collective_summary: list[dict[str, Any]] | None = None
     mfu: dict[str, Any] | None = None
+    # the typical step's time breakdown, mean over ranks (analyzer.job.attribution)
+    attribution: dict[str, Any] | None = None
     # rules (analyzer.rules.engine)
     rules: list[dict[str, Any]] | None = None
     verdict: str | None = None
@@ -65,7 +67,7 @@ class Result:
                 f"{len(self.collectives)} collectives, {len(self.findings)} finding(s)>")
 
 
-_SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "rules", "verdict",
+_SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",
              "timeline", "scaling", "hta")
 
 
@@ -106,7 +108,8 @@ def _rank(r: RankAnalysis) -> dict[str, Any]:
     out = {key: getattr(r, key) for key in _RANK_FIELDS}
     out.update({k: r.metrics[k] for k in RANK_METRICS})
     out["rank_warnings"] = r.warnings
-    out["step_time_us"] = mean_step_time(r)
+    # The typical step's time when the job analysis chose one (its time_breakdown adds up to it).
+    out["step_time_us"] = r.time_breakdown["step_time_us"] if r.time_breakdown else mean_step_time(r)
     return out
 
 

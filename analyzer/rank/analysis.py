@@ -15,6 +15,7 @@ import numpy as np
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
+from analyzer.rank.attribution import RankTimeline, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.steps import step_facts
 from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
@@ -42,6 +43,11 @@ class RankAnalysis:
     event_count: int
     warnings: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None  # kernels of chosen steps, for the HTML report
+    # Per step (str(number)): its exposed-communication intervals [[start_ns, end_ns], ...] on
+    # this rank's clock, for the job analysis's wait/transfer split (analyzer.job.attribution).
+    exposed_intervals: dict[str, list[list[int]]] = field(default_factory=dict)
+    # The typical step's time breakdown, set by the job analysis (analyzer.job.attribution).
+    time_breakdown: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings.append("no NCCL/RCCL kernels found: communication is zero for this rank")
     if len(gpu) and (att.launch_thread < 0).all():
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
-    steps = _per_step(trace, att, gpu)
+    exposed: dict[str, list[list[int]]] = {}
+    steps = _per_step(trace, att, gpu, exposed)
     if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
         warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
     analysis = RankAnalysis(
@@ -95,7 +102,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         phases=exposed_by_phase(gpu, att.phase),
         collectives=collectives_for_rank(trace, att, origin),
         markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
-        warnings=warnings,
+        warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
     )
     analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
@@ -112,7 +119,7 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
     return replace(trace, gpu=gpu, kernel_comm_args=args)
 
 
-def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
+def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
     numbers = sorted(int(s) for s in np.unique(att.step) if s != NO_STEP)
     steps = []
     firsts = {}
@@ -134,6 +141,8 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
             entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
         else:
             entry["step_time_us"] = entry["span_us"]
+    if steps:
+        _attribute_steps(RankTimeline(trace, gpu, att.launch_ts), steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
     for entry in steps:
@@ -150,6 +159,16 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
             if entry is not None:
                 entry["backward_launch_ns"] = int(inside.min())
     return steps
+
+
+def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
+                     exposed: dict[str, list[list[int]]]) -> None:
+    """Each step's time breakdown over its window (analyzer.rank.attribution)."""
+    for entry in steps:
+        start, end = step_window(firsts[entry["step"]], entry["step_time_us"])
+        entry["time_breakdown"], intervals = timeline.step(start, end)
+        entry["window_ns"] = [start, end]
+        exposed[str(entry["step"])] = np.stack(intervals, axis=1).tolist() if len(intervals[0]) else []
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:
