@@ -5,6 +5,7 @@ from analyzer.rules import (  # noqa: F401  (each module registers its rule)
     ddp_bucket_oversized,
     ddp_bucket_undersized,
     comm_bound_step,
+    exposed_communication,
     straggler_rank,
     fp32_gradient_comm,
     fsdp_missing_wrap_policy,

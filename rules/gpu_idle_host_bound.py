@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 
 
@@ -54,7 +54,7 @@ class GpuIdleHostBound(Rule):
     def check(self, ctx):
         rows = [(v, max(0.0, v.step_time_us - v.busy_us)) for v in ctx.facts.steps if v.step_time_us]
         if not rows:
-            return []
+            raise NotEvaluated("no GPU step times")
         by_rank: dict[int, list[float]] = {}
         for view, idle in rows:
             by_rank.setdefault(view.rank, []).append(idle / view.step_time_us)

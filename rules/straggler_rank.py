@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 
 
@@ -63,7 +63,7 @@ class StragglerRank(Rule):
         facts = ctx.facts
         step_us = facts.typical_step_us
         if not step_us:
-            return []
+            raise NotEvaluated("no GPU step times")
         last: Counter = Counter()
         waits: dict[tuple[int, object], float] = {}  # (rank, step) -> wait
         material = 0
