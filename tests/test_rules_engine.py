@@ -102,10 +102,12 @@ def test_disabled_rule_and_severity_override():
 
 def test_threshold_changes_the_verdict():
     result = _fresh("synthetic/ddp_straggler")
-    wait = run_rules(result)[0]["evidence"]["wait_per_step_us"]
-    step = result.findings[0]["evidence"]["step_time_us"]
-    above = {"rules": {"straggler-rank": {"wait_fraction": wait / step * 1.01}}}
-    below = {"rules": {"straggler-rank": {"wait_fraction": wait / step * 0.99}}}
+    evidence = run_rules(result)[0]["evidence"]
+    # the largest wait one rank causes in a steady step, as a share of the step
+    share = max(w for _, by_rank in evidence["wait_caused_by_step"] for w in by_rank.values()) \
+        / evidence["step_time_us"]
+    above = {"rules": {"straggler-rank": {"wait_fraction": share * 1.1}}}
+    below = {"rules": {"straggler-rank": {"wait_fraction": share * 0.9}}}
     # Above: the straggler no longer fires, so its wait is exposed communication nothing explains.
     assert [f["rule"] for f in run_rules(result, above)] == ["exposed-communication"]
     assert [f["rule"] for f in run_rules(result, below)] == ["straggler-rank"]

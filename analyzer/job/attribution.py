@@ -65,6 +65,7 @@ def attribute_job(result: Any) -> None:
             total = iv.total(exposed)
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
             tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)
+            tb["wait_by_peer"] = _wait_by_peer(split)
             per_rank[rank.rank][entry["step"]] = _rank_breakdown(entry, split, source)
     result.attribution = _job_section(result, per_rank, source)
 
@@ -124,15 +125,22 @@ def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int
             cell = details[key].setdefault(label, {"wait_us": 0.0, "transfer_us": 0.0})
             cell["wait_us"] += wait / 1000.0
             cell["transfer_us"] += (owned - wait) / 1000.0
-        if wait and row.get("waited_for") is not None:
-            peer = str(row["waited_for"])
-            details["wait_by_peer"][peer] = details["wait_by_peer"].get(peer, 0.0) + wait / 1000.0
+    details["wait_by_peer"] = dict(tb["wait_by_peer"])
     details["idle_by_host"] = dict(tb.get("idle_by_host") or {})
     out = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     out.update({k: tb[k] for k in LEAVES})
     out["details"] = _rounded(details)
     out["wait_source"] = source
     return out
+
+
+def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, float]:
+    """Exposed waiting (µs) by the rank that arrived last (the peer waited for)."""
+    peers: dict[str, int] = defaultdict(int)
+    for row, _, wait in split:
+        if wait and row.get("waited_for") is not None:
+            peers[str(row["waited_for"])] += wait
+    return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
 
 def group_label(group: dict[str, Any] | None) -> str | None:

@@ -169,6 +169,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     for row in rows:
         row["wait_us"] = None
         row["waited_for"] = None  # the member that arrived last, for the ranks that waited
+        row["arrival_lag_us"] = None  # after the first member, on clock-offset-corrected times
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
@@ -198,7 +199,8 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
         last = int(np.argmax(arrival))
         last_rank = int(members[lo + last])
-        for i in indices:
+        for k_row, i in enumerate(indices):
+            rows[i]["arrival_lag_us"] = round(float(arrival[k_row] - arrival.min()), 3)
             if rows[i]["rank"] != last_rank:
                 rows[i]["waited_for"] = last_rank
         others = float(set_waits.sum() - set_waits[last])
