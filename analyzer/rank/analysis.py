@@ -105,6 +105,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
     )
+    if len(gpu) == 0 and not analysis.collectives:
+        warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
+                        "gloo:*): communication is unknown, not zero")
     analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
     return analysis
 
