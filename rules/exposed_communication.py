@@ -6,6 +6,7 @@ from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.attribution import exposed_share, group_label
+from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 
@@ -34,6 +35,9 @@ _FIX_BY_KIND = {
                       "(bf16 reduce dtype)",
     "broadcast": "broadcast once, not per step (e.g. broadcast_buffers=False in DDP)",
 }
+_FIX_SYNC = ("all-reduce gradients in buckets that overlap backward (wrap the model in "
+             "DistributedDataParallel, or all_reduce(async_op=True) on flattened buckets) instead of one "
+             "synchronous all-reduce per parameter")
 _FIX_WAIT = ("most of it is waiting for late ranks: find why they arrive late (the straggler-rank "
              "and gpu-idle-host-bound findings and the per-rank breakdown name them)")
 
@@ -84,6 +88,9 @@ class ExposedCommunication(Rule):
     thresholds = {
         "exposed_fraction": Threshold(0.10, "exposed communication no other finding explains, as a "
                                       "fraction of the typical step, from which the rule fires", 0.0, 1.0),
+        "min_sync_allreduces": Threshold(16, "all-reduces per step, each launched after the previous "
+                                         "ended and mostly exposed, from which they are called synchronous "
+                                         "per-parameter all-reduces", 2, 1e9),
     }
     references = ("docs/models.md §2", "docs/models.md §4", "Thakur, Rabenseifner & Gropp, IJHPCA 2005",
                   "Holistic Trace Analysis: comm-comp overlap")
@@ -108,11 +115,17 @@ class ExposedCommunication(Rule):
         groups = _ranked(details.get("by_group") or {})
         model = _alpha_beta(ctx, tb["step"])
         top_kind = kinds[0][0] if kinds else None
+        sync = _synchronous_allreduces(ctx, tb["step"], ctx.thresholds["min_sync_allreduces"])
         summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
                    f"({100 * exposed_share(tb):.0f}%): {fmt_us(wait)} waiting for late peers and "
                    f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "
                    f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")
-        fixes = [_FIX_WAIT] if open_wait > open_transfer else []
+        if sync:
+            summary += (f" {sync['per_step']:g} all-reduces per step run one at a time, each launched after the "
+                        f"previous one ended ({100 * sync['serialized_share']:.0f}%) and {100 * sync['exposed_share']:.0f}% "
+                        "exposed: synchronous, unbucketed (per-parameter) gradient all-reduces.")
+        fixes = [_FIX_SYNC] if sync else []
+        fixes += [_FIX_WAIT] if open_wait > open_transfer else []
         fixes += [_FIX_BY_KIND.get(kind, f"overlap the {kind} transfers with compute or cut their bytes")
                   for kind, _ in kinds[:2]]
         evidence = {
@@ -120,7 +133,7 @@ class ExposedCommunication(Rule):
             "unexplained_us": round(unexplained, 1), "explained_by": sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
             "by_kind": details.get("by_kind"), "by_phase": details.get("by_phase"),
             "by_group": details.get("by_group"), "wait_by_peer": details.get("wait_by_peer"),
-            "wait_source": tb.get("wait_source"), "alpha_beta": model,
+            "wait_source": tb.get("wait_source"), "alpha_beta": model, "synchronous_allreduces": sync,
         }
         model_text = "; ".join(
             f"{m['collective']} in {m['group']}: {m['count']:g} per rank, {fmt_bytes(m['bytes'])} → α-β "
@@ -135,10 +148,12 @@ class ExposedCommunication(Rule):
                    "before its last member arrived; the gain is an upper bound (all of it hidden). "
                    + model_text),
             fix_text=_sentence("; ".join(fixes)),
-            fix_snippet=_SNIPPETS.get(top_kind))]
+            fix_snippet=_SNIPPETS["sync"] if sync else _SNIPPETS.get(top_kind))]
 
 
 _SNIPPETS = {
+    "sync": ("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)\n"
+             "# not: for p in model.parameters(): dist.all_reduce(p.grad)"),
     "allreduce": ("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
                   "model = DDP(model, bucket_cap_mb=25)\n"
                   "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"),
@@ -159,6 +174,28 @@ def _wait_caveat(tb: dict[str, Any]) -> str:
 
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
+
+
+def _synchronous_allreduces(ctx, step: Any, minimum: float) -> dict[str, Any] | None:
+    """The pattern of unbucketed synchronous all-reduces, recognised without message sizes: many
+    all-reduces per step on each rank, each launched only after the previous one ended (the host
+    waited for it) and mostly not under compute. None when the typical step does not show it."""
+    per_rank = []
+    for rank in ctx.result.ranks:
+        rows = sorted((c for c in ctx.facts.collectives_of(rank.rank, step)
+                       if c["collective"] == "allreduce" and c.get("on_gpu") and c.get("launch_us") is not None),
+                      key=lambda c: c["start_us"])
+        if len(rows) < minimum:
+            return None
+        after = sum(b["launch_us"] >= a["start_us"] + a["dur_us"] for a, b in zip(rows, rows[1:]))
+        exposed = sum(c["exposed_us"] or 0.0 for c in rows) / (sum(c["dur_us"] for c in rows) or 1.0)
+        per_rank.append((len(rows), after / (len(rows) - 1), exposed))
+    if not per_rank:
+        return None
+    count, serialized, exposed = (median(v[i] for v in per_rank) for i in range(3))
+    if serialized < 0.8 or exposed < 0.8:
+        return None
+    return {"per_step": count, "serialized_share": round(serialized, 3), "exposed_share": round(exposed, 3)}
 
 
 def _ranked(cells: dict[str, dict[str, float]]) -> list[tuple[str, float]]:
