@@ -7,7 +7,7 @@ from typing import Any
 
 from analyzer.base.units import fmt_us
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
-from analyzer.job.facts import median
+from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
 
 CAUSES = ("host", "compute", "entry-skew", "network", "unknown")
@@ -72,45 +72,54 @@ class StragglerRank(Rule):
         job = ctx.result.attribution
         if not job:
             raise NotEvaluated("no time breakdown of the steps (no GPU steps on any rank)")
-        steps = _steps_by_number(ctx.result, set(job["steady_steps"]))
-        caused = {number: _caused(rows) for number, rows in steps.items()}
+        every = _steps_by_number(ctx.result)
+        steady = sorted(n for n in job["steady_steps"] if n in every)
+        lateness = _lateness(ctx.result.collectives)
+        t = ctx.thresholds
         late: dict[int, list[Any]] = {}  # late rank -> steps in which it was late
         main: Counter = Counter()
-        step_times = {n: median(tb["step_time_us"] for tb in rows.values()) for n, rows in steps.items()}
-        for number, by_peer in caused.items():
-            material = {r: w for r, w in by_peer.items() if w >= ctx.thresholds["wait_fraction"] * step_times[number]}
-            for rank in material:
+        waits, step_times = {}, {}
+        for number in steady:
+            rows = every[number]
+            step_times[number] = median(tb["step_time_us"] for tb in rows.values())
+            lags = lateness.get(number, {})
+            lost = median(tb["exposed_wait_us"] for tb in rows.values()) or 0.0
+            if not lags or lost < t["wait_fraction"] * step_times[number]:
+                continue
+            top = max(lags.values())
+            in_step = [r for r, lag in lags.items()
+                       if lag >= t["wait_fraction"] * step_times[number] and lag >= 0.5 * top]
+            for rank in in_step:
                 late.setdefault(rank, []).append(number)
-            if material:
-                main[min(material, key=lambda r: (-material[r], r))] += 1
+            if in_step:
+                main[min(in_step, key=lambda r: (-lags[r], r))] += 1
+                waits[number] = _wait_for(rows, set(in_step))
         if not late:
             return []
-        numbers = sorted(steps)
-        wait = median(_wait_for(rows, set(late)) for rows in steps.values()) or 0.0
+        wait = median(waits.values()) or 0.0
         step_us = median(step_times.values())
         top, count = min(main.items(), key=lambda kv: (-kv[1], kv[0]))
-        pattern = "persistent" if count >= ctx.thresholds["consistency"] * len(numbers) else "rotating"
-        causes = {rank: _cause(steps, rank, late[rank], caused, ctx.thresholds["cause_fraction"])
-                  for rank in sorted(late)}
-        worst = max(late, key=lambda r: (sum(caused[n].get(r, 0.0) for n in numbers), -r))
+        pattern = "persistent" if count >= t["consistency"] * len(steady) else "rotating"
+        causes = {rank: _cause(every, rank, late[rank], lateness, t["cause_fraction"]) for rank in sorted(late)}
+        worst = max(late, key=lambda r: (sum(lateness[n][r] for n in late[r]), -r))
         names = ", ".join(str(r) for r in sorted(late))
         lead = causes[worst]
         summary = (f"Rank{'s' if len(late) > 1 else ''} {names} arrive{'' if len(late) > 1 else 's'} late at the "
-                   f"collectives ({pattern}: rank {top} is the main late rank in {count} of {len(numbers)} steady "
+                   f"collectives ({pattern}: rank {top} is the latest in {count} of {len(steady)} steady "
                    f"step(s)) and the other ranks wait {fmt_us(wait)} per step for "
                    f"{'them' if len(late) > 1 else 'it'} ({100 * wait / step_us:.1f}% of the step); cause: "
                    f"{lead['cause']} — {lead['text']}.")
-        model = ("wait = the part of a collective before its last member arrived (kernel duration − the "
-                 "shortest duration of the same collective), its exposed part (not under the waiting rank's "
-                 f"own compute), by the rank waited for; per step, median over the other ranks; "
-                 f"{fmt_us(wait)} = {100 * wait / step_us:.1f}% of {fmt_us(step_us)}")
+        model = ("lateness = a rank's largest arrival after the median member at the step's collectives "
+                 "(clock offsets corrected); wait = the exposed part of each collective before its last member "
+                 f"arrived, on the median rank that is not late; {fmt_us(wait)} = {100 * wait / step_us:.1f}% "
+                 f"of {fmt_us(step_us)}")
         evidence = {
             "late_ranks": sorted(late), "pattern": pattern, "main_late_rank": top,
-            "main_late_steps": count, "steady_steps": numbers, "cause": lead["cause"],
+            "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
             "causes": {str(r): c for r, c in causes.items()},
             "wait_per_step_us": round(wait, 1),
-            "wait_caused_by_step": [[n, {str(r): round(w, 1) for r, w in sorted(caused[n].items())}]
-                                    for n in numbers],
+            "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
+                                 for n in steady],
             "step_time_us": round(step_us, 1),
             "wait_source": job.get("wait_source"),
         }
@@ -119,15 +128,27 @@ class StragglerRank(Rule):
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
 
 
-def _steps_by_number(result: Any, steady: set[Any]) -> dict[Any, dict[int, dict[str, Any]]]:
-    """{step: {rank: that step's time breakdown + window start (µs on the rank's clock)}}."""
+def _lateness(rows: list[dict[str, Any]]) -> dict[Any, dict[int, float]]:
+    """{step: {rank: its largest arrival after the median member at the step's GPU collectives}}."""
+    out: dict[Any, dict[int, float]] = {}
+    for row in rows:
+        lag = row.get("arrival_lag_us")
+        if lag is None or not row.get("on_gpu") or row["collective"] in POINT_TO_POINT:
+            continue
+        by_rank = out.setdefault(row["step"], {})
+        by_rank[row["rank"]] = max(by_rank.get(row["rank"], 0.0), float(lag))
+    return out
+
+
+def _steps_by_number(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
+    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)}}."""
     out: dict[Any, dict[int, dict[str, Any]]] = {}
     offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
     origin = result.job.get("time_origin_ns") or 0
     for rank in result.ranks:
         for entry in rank.steps:
             tb = entry.get("time_breakdown")
-            if entry["step"] not in steady or not tb or "wait_by_peer" not in tb:
+            if not tb or "wait_by_peer" not in tb:
                 continue
             entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
             out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
@@ -135,53 +156,71 @@ def _steps_by_number(result: Any, steady: set[Any]) -> dict[Any, dict[int, dict[
     return out
 
 
-def _caused(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """Exposed wait each rank causes on the median other rank of one step."""
-    peers = {int(p) for tb in rows.values() for p in tb["wait_by_peer"]}
-    return {peer: median(tb["wait_by_peer"].get(str(peer), 0.0) for rank, tb in rows.items() if rank != peer) or 0.0
-            for peer in peers}
-
-
 def _wait_for(rows: dict[int, dict[str, Any]], late: set[int]) -> float:
     """Exposed wait for the late ranks on the median rank that is not late (every rank when all
-    were late at some point): what the step would lose less if they arrived on time."""
+    were late): what the step would lose less if they arrived on time."""
     waiting = [tb for r, tb in rows.items() if r not in late] or list(rows.values())
     return median(sum(tb["wait_by_peer"].get(str(r), 0.0) for r in late) for tb in waiting) or 0.0
 
 
-def _cause(steps, rank: int, late_steps: list[Any], caused, share: float) -> dict[str, Any]:
+def _excess(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
+    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
+    if not rows or rank not in rows:
+        return 0.0
+    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
+
+
+def _host_excess(rows: dict[int, dict[str, Any]] | None, rank: int, key: str = "idle_by_host") -> dict[str, float]:
+    """Per host activity, the rank's time minus the median of the other ranks'."""
+    if not rows or rank not in rows:
+        return {}
+    get = lambda tb, a: (tb.get(key) or {}).get(a, 0.0)  # noqa: E731
+    return {a: get(rows[rank], a) - (median(get(tb, a) for r, tb in rows.items() if r != rank) or 0.0)
+            for a in rows[rank].get(key) or {}}
+
+
+def _cause(every, rank: int, late_steps: list[Any], lateness, share: float) -> dict[str, Any]:
     """The late rank's own breakdown against the median other rank, in the steps it was late:
-    the first difference that explains ``share`` of the wait it caused names the cause."""
+    the first difference that explains ``share`` of its lateness names the cause. A host stall
+    before the step's first kernel lies in the previous step's window (windows start at the
+    first kernel), so the idle of both windows counts."""
     diffs: dict[str, list[float]] = {"idle": [], "compute": [], "entry": [], "transfer": []}
     host: dict[str, list[float]] = {}
-    waits = []
+    entry_host: dict[str, list[float]] = {}  # host activity before the step's first kernel
+    lags = []
     for number in late_steps:
-        rows = steps[number]
-        own, others = rows[rank], [tb for r, tb in rows.items() if r != rank]
-        waits.append(caused[number][rank])
-        for key, leaf in (("idle", "idle_us"), ("compute", "compute_only_us"), ("entry", "entry_us"),
-                          ("transfer", "exposed_transfer_us")):
-            diffs[key].append(own[leaf] - median(tb[leaf] for tb in others))
-        for activity, value in (own.get("idle_by_host") or {}).items():
-            host.setdefault(activity, []).append(
-                value - median((tb.get("idle_by_host") or {}).get(activity, 0.0) for tb in others))
-    wait = median(waits)
+        rows, before = every[number], every.get(number - 1) if isinstance(number, int) else None
+        lags.append(lateness[number][rank])
+        idle_now, idle_before = _excess(rows, rank, "idle_us"), _excess(before, rank, "idle_us")
+        diffs["idle"].append(max(idle_now, idle_before))
+        for activity, value in _host_excess(rows if idle_now >= idle_before else before, rank).items():
+            host.setdefault(activity, []).append(value)
+        for key, leaf in (("compute", "compute_only_us"), ("entry", "entry_us"), ("transfer", "exposed_transfer_us")):
+            diffs[key].append(_excess(rows, rank, leaf))
+        for activity, value in _host_excess(rows, rank, "host_before_us").items():
+            entry_host.setdefault(activity, []).append(value)
+    lag = median(lags)
     d = {k: median(v) for k, v in diffs.items()}
-    numbers = {k: round(v, 1) for k, v in d.items()}
-    out = {"wait_caused_us": round(wait, 1), "vs_median_rank_us": numbers}
-    if d["idle"] >= share * wait:
+    out = {"lateness_us": round(lag, 1), "vs_median_rank_us": {k: round(v, 1) for k, v in d.items()}}
+    if d["idle"] >= share * lag:
         activity = max(host, key=lambda a: (median(host[a]), a)) if host else "unknown"
         return {**out, "cause": "host", "host_activity": activity,
                 "text": f"rank {rank}'s GPU idles {fmt_us(d['idle'])} more per step than the median rank while "
                         f"its host is in {HOST_ACTIVITY.get(activity, activity)}"}
-    if d["compute"] >= share * wait:
+    if d["compute"] >= share * lag:
         return {**out, "cause": "compute", "text": f"rank {rank}'s kernels take {fmt_us(d['compute'])} more "
                                                    "per step than the median rank's"}
-    if d["entry"] >= share * wait:
+    if d["entry"] >= share * lag:
+        before = {a: median(v) for a, v in entry_host.items()}
+        activity = max(before, key=lambda a: (before[a], a)) if before else None
+        if activity and before[activity] >= share * lag:  # the entry was late because the host stalled
+            return {**out, "cause": "host", "host_activity": activity,
+                    "text": f"rank {rank} starts the step {fmt_us(d['entry'])} after the median rank, its host "
+                            f"{fmt_us(before[activity])} longer in {HOST_ACTIVITY[activity]} before the first kernel"}
         return {**out, "cause": "entry-skew",
                 "text": f"rank {rank} starts the step {fmt_us(d['entry'])} after the median rank while its own "
                         "compute and idle are normal: the ranks enter the step out of step"}
-    if d["transfer"] >= share * wait:
+    if d["transfer"] >= share * lag:
         return {**out, "cause": "network", "text": f"rank {rank}'s transfers take {fmt_us(d['transfer'])} more "
                                                    "per step than the median rank's"}
     return {**out, "cause": "unknown", "text": f"rank {rank}'s own compute, idle, step entry and transfer "

@@ -75,3 +75,26 @@ def test_buckets_and_units(job):
         forward = [u for u in result.fsdp_units if u["phase"] == "forward" and u["collective"] == "allgather"
                    and (u["rank"], u["step"]) == (0, result.ranks[0].steps[0]["step"])]
         assert len(forward) == len(units)
+
+
+LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
+
+
+def test_time_breakdown_equals_truth(job):
+    """Every rank and step: the step window and its leaves (waiting from the generator's own
+    arrival times, idle in the data loader and after a blocking sync from its own host ranges)
+    within 1% of the step time."""
+    truth, result = job
+    ranks = {r.rank: r for r in result.ranks}
+    for t in truth["ranks"]:
+        steps = {s["step"]: s for s in ranks[t["rank"]].steps}
+        for ts in t["steps"]:
+            want, got = ts["time_breakdown"], steps[ts["step"]]
+            tol = 0.01 * want["step_time_us"]
+            where = (t["rank"], ts["step"])
+            assert got["step_time_us"] == pytest.approx(want["step_time_us"], abs=tol), where
+            tb = got["time_breakdown"]
+            for key in LEAVES:
+                assert tb[key] == pytest.approx(want[key], abs=tol), (where, key)
+            assert tb["idle_by_host"]["input"] == pytest.approx(want["idle_input_us"], abs=tol), where
+            assert tb["idle_by_host"]["device_sync"] == pytest.approx(want["idle_device_sync_us"], abs=tol), where

@@ -169,7 +169,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     for row in rows:
         row["wait_us"] = None
         row["waited_for"] = None  # the member that arrived last, for the ranks that waited
-        row["arrival_lag_us"] = None  # after the first member, on clock-offset-corrected times
+        row["arrival_lag_us"] = None  # after the set's median arrival (clock offsets corrected)
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
@@ -200,7 +200,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         last = int(np.argmax(arrival))
         last_rank = int(members[lo + last])
         for k_row, i in enumerate(indices):
-            rows[i]["arrival_lag_us"] = round(float(arrival[k_row] - arrival.min()), 3)
+            rows[i]["arrival_lag_us"] = round(float(arrival[k_row] - np.median(arrival)), 3)
             if rows[i]["rank"] != last_rank:
                 rows[i]["waited_for"] = last_rank
         others = float(set_waits.sum() - set_waits[last])

@@ -144,12 +144,17 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -
             entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
         else:
             entry["step_time_us"] = entry["span_us"]
+    timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
     if steps:
-        _attribute_steps(RankTimeline(trace, gpu, att.launch_ts), steps, firsts, exposed)
+        _attribute_steps(timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
+    cpu_start = {int(n): int(s) for n, s in zip(cpu_numbers, cpu_starts)}
     for entry in steps:
         entry["cpu_step_us"] = cpu.get(entry["step"])
+        if entry["step"] in cpu_start:
+            entry["time_breakdown"]["host_before_us"] = timeline.host_before(cpu_start[entry["step"]],
+                                                                             firsts[entry["step"]])
     # When backward began on the CPU (first autograd function of the step, else the first
     # backward launch): the origin of DDP's gradient-ready (bucket launch) times. CPU-only
     # traces have no step entries (no GPU metrics), hence no offsets.

@@ -73,6 +73,14 @@ class RankTimeline:
         }
         return out, comm
 
+    def host_before(self, cpu_start: int, first_gpu: int) -> dict[str, float]:
+        """µs the host spent in the data loader / blocking syncs between the step's CPU start
+        and its first GPU activity: a stall that delays the step's entry (it lies in no window)."""
+        if first_gpu <= cpu_start:
+            return {"input": 0.0, "device_sync": 0.0}
+        return {"input": ns_to_us(iv.total(iv.clip(self.input, cpu_start, first_gpu))),
+                "device_sync": ns_to_us(iv.total(iv.clip(self.sync, cpu_start, first_gpu)))}
+
     def _idle_causes(self, idle: iv.IntervalSet) -> dict[str, int]:
         """Nanoseconds of idle per host cause; they add up to the idle total."""
         rest = idle

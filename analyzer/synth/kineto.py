@@ -54,6 +54,8 @@ class RankRenderer:
             "pg_config": [_pg_config(g) for g in self.p.groups.member_groups(self.r)],
             "nccl_version": spec.nccl_version,
         }
+        if not spec.emit_pg_config:
+            del dist["pg_config"]
         if spec.emit_host_name:
             dist["host_name"] = host
         return {

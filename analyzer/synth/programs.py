@@ -29,6 +29,7 @@ COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nc
     ALLGATHER: ("c10d::_allgather_base_", "_allgather_base", "nccl:_all_gather_base"),
     REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
 }
+DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 SPLIT_COPY = (
     "void at::native::(anonymous namespace)::split_with_sizes_copy_out_contiguous_no_cast_kernel<unsigned char>("
@@ -66,6 +67,7 @@ class Program:
         roles = ["world"] + [role for role in ("shard", "replicate") if getattr(self.groups, role)]
         self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in roles}
         self.step_ranges: dict[int, object] = {}
+        self.stalls: list[tuple[str, int, object]] = []  # (kind, step, CpuRange) for the truth
 
     def run(self) -> "Program":
         skew = self.eng.rng.uniform(0, self.spec.start_skew_us * 1e3, self.spec.world_size)
@@ -92,10 +94,16 @@ class Program:
             self.step_ranges[step] = rec
             with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
                 pass
+            stall = self.spec.stall_us(step - self.spec.first_step)
+            if self.spec.host_stall_kind == "input" and self.spec.host_stall_ranks:
+                self.stalls.append(("input", step, self.host_stall(stall)))
             compute.copy_inputs()
             eng.phase = "forward"
             self.forward()
             compute.loss_forward()
+            if self.spec.host_stall_kind == "sync" and any(stall):
+                compute.loss_item()  # the host blocks until forward is done...
+                self.stalls.append(("sync", step, self.host_stall(stall, "log_metrics")))  # ...then works
             eng.phase = "backward"
             self.run_backward()
             eng.phase = "optimizer"
@@ -105,6 +113,13 @@ class Program:
             eng.phase = "other"
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
+
+    def host_stall(self, stall_us: list[float], name: str = DATALOADER):
+        """A CPU range of the main thread lasting ``stall_us`` (per rank) plus its overhead."""
+        eng = self.eng
+        with eng.annotation(name) as rec:
+            eng.advance("main", np.asarray(stall_us, dtype=float))
+        return rec
 
     def run_backward(self) -> None:
         """loss.backward(): the autograd thread runs the graph while the main thread waits."""

@@ -43,5 +43,15 @@ SCENARIOS: dict[str, JobSpec] = {
         _job(GPT_7B, "fsdp_no_prefetch", 14, strategy="fsdp1", micro_batch=1, backward_prefetch=False,
              forward_prefetch=False),
         _job(GPT_SMALL, "fsdp_small_model", 15, strategy="fsdp2", bias=False),
+        # host-side problems (issue 11): two hosts stall in the data loader every step; a
+        # different host each step (and no pg_config); one host blocked in a device sync then
+        # busy in Python mid-step; ranks entering a single profiled step far apart
+        _job(GPT_1_5B, "ddp_two_hosts_stall", 16, n_layers=2, steps=4, host_stall_ranks=(2, 5),
+             host_stall_us=25000.0),
+        _job(GPT_1_5B, "ddp_rotating_stall", 17, n_layers=2, steps=5, host_stall_ranks=(1, 6, 3, 4),
+             host_stall_us=25000.0, host_stall_rotate=True, emit_pg_config=False),
+        _job(GPT_1_5B, "ddp_host_sync_stall", 18, n_layers=2, steps=4, host_stall_ranks=(3,),
+             host_stall_us=40000.0, host_stall_kind="sync"),
+        _job(GPT_1_5B, "ddp_entry_skew", 19, n_layers=2, steps=1, start_skew_us=20000.0),
     ]
 }

@@ -80,6 +80,14 @@ class JobSpec:
     # imbalance, host and noise
     straggler_rank: int | None = None
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
+    # step, in turn) in the data loader ("input") or in Python right after a blocking device
+    # sync in mid-step ("sync": loss.item() after forward, then host work before backward)
+    host_stall_ranks: tuple = ()
+    host_stall_us: float = 0.0
+    host_stall_kind: str = "input"  # input | sync
+    host_stall_rotate: bool = False
+    emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
     noise: float = 0.01  # relative sigma of kernel durations (seeded; truth stays exact)
@@ -109,6 +117,15 @@ class JobSpec:
             self.straggler_rank is None or 0 <= self.straggler_rank < self.world_size,
             "straggler_rank out of range",
         )
+        _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
+        _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
+
+    def stall_us(self, step_index: int) -> list[float]:
+        """Per rank, the host stall of the step_index-th recorded step (µs)."""
+        ranks = list(self.host_stall_ranks)
+        if self.host_stall_rotate and ranks:
+            ranks = [ranks[step_index % len(ranks)]]
+        return [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
 
     # ---- derived quantities -------------------------------------------------------------
     @property
