@@ -149,7 +149,8 @@ def _tree(doc: dict[str, Any]) -> list[str]:
             lines += [f"  │        {text}" for text in splits]
     if idle:
         lines.append("           host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle))
-    lines.append(f"  waiting: {tb.get('wait_source')}")
+    lines += textwrap.wrap(f"waiting measured by: {tb.get('wait_source')}", WIDTH, initial_indent="  ",
+                           subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 
 

@@ -76,14 +76,15 @@ class GpuIdleHostBound(Rule):
         model = ("idle = the step window's time with no kernel, copy or collective on the GPU (waiting for "
                  "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: "
                  "data loader, blocking syncs (and the gap they drained), short gaps before late launches, "
-                 "the rest")
+                 "the rest; the gain is an upper bound (all of that idle recovered)")
         evidence = {
             "step": step, "idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
             "idle_us_median": round(idle, 1), "step_time_us": round(step_us, 1),
             "idle_by_host_median_us": host, "host_activity": activity,
             "late_ranks_idle": "idle on a late rank is what the others then wait for (straggler-rank)",
         }
-        return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=None,
+        # The gain is an upper bound: the idle of the median firing rank, were the host never late.
+        return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text=f"The host sets the pace: {HOST_FIX[activity]}.",
                             fix_snippet=_SNIPPETS[activity])]
 
