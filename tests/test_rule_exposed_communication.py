@@ -53,3 +53,23 @@ def test_few_allreduces_are_not_called_synchronous(tmp_path):
     result = diagnose(sync_allreduce_job(tmp_path, count=8), report=False)
     finding = next(f for f in result.findings if f["rule"] == "exposed-communication")  # 80 of 600 µs
     assert finding["evidence"]["synchronous_allreduces"] is None
+
+
+def test_alltoall_heavy_job_against_the_generator():
+    """Sharded embeddings + DDP: the all-to-all is the exposed time, and its α-β estimate on the
+    fitted link is within 5% of the generator's transfer time for the same bytes."""
+    import json
+
+    from conftest import SAMPLES
+    from rule_cases_lib import diagnosed
+    truth = json.loads((SAMPLES / "synthetic" / "ddp_alltoall_embeddings" / "truth.json").read_text())
+    result = diagnosed("synthetic/ddp_alltoall_embeddings")
+    f = next(f for f in result.findings if f["rule"] == "exposed-communication")
+    kinds = f["evidence"]["by_kind"]
+    alltoall = kinds["alltoall"]["wait_us"] + kinds["alltoall"]["transfer_us"]
+    assert alltoall > 0.8 * sum(c["wait_us"] + c["transfer_us"] for c in kinds.values())
+    model = next(m for m in f["evidence"]["alpha_beta"] if m["collective"] == "alltoall")
+    want = truth["comm_per_step"]["alltoall"]
+    assert model["bytes"] == want["bytes"]
+    assert model["model_us"] == pytest.approx(want["transfer_us"], rel=0.05)
+    assert f["fix"]["text"].startswith("Overlap the embedding all-to-all")

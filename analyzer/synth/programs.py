@@ -17,7 +17,7 @@ import numpy as np
 from .compute import COMPUTE_STREAM, Compute
 from .engine import CollectiveCall, Engine, GpuEvent
 from .layout import Param, Unit, ddp_buckets, fsdp_units, model_params, process_groups
-from .physics import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, memory_us, ring_time_us
+from .physics import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCE_SCATTER, memory_us, ring_time_us
 from .spec import DTYPE_BYTES, NCCL_DTYPE_NAME, JobSpec
 
 T0_NS = 3_600_000_000_000  # the first step starts one hour after baseTimeNanoseconds
@@ -28,6 +28,7 @@ COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nc
     ALLREDUCE: ("c10d::allreduce_", "allreduce", "nccl:all_reduce"),
     ALLGATHER: ("c10d::_allgather_base_", "_allgather_base", "nccl:_all_gather_base"),
     REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
+    ALLTOALL: ("c10d::alltoall_base_", "all_to_all", "nccl:all_to_all"),
 }
 DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
@@ -49,6 +50,8 @@ CHUNK_CAT = (
 
 
 def nccl_kernel_name(kind: str, dtype: str) -> str:
+    if kind == ALLTOALL:  # NCCL runs all-to-all as grouped send/recv
+        return "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     op = {ALLREDUCE: f"AllReduce_Sum_{NCCL_DTYPE_NAME[dtype]}", ALLGATHER: "AllGather",
           REDUCE_SCATTER: f"ReduceScatter_Sum_{NCCL_DTYPE_NAME[dtype]}"}[kind]
     return f"ncclDevKernel_{op}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -137,7 +140,7 @@ class Program:
         n = group.size
         if n <= 1:
             return None
-        in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
+        in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLTOALL: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
@@ -179,6 +182,7 @@ class DdpProgram(Program):
     def forward(self) -> None:
         eng, compute = self.eng, self.compute
         first = len(eng.gpu)
+        self.embedding_alltoall("main")
         with eng.annotation("DistributedDataParallel.forward") as ann:
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
@@ -195,9 +199,23 @@ class DdpProgram(Program):
         for i in reversed(range(self.spec.n_layers)):
             compute.layer_backward(i, self.grads_ready)
         compute.embed_backward(self.grads_ready)
+        self.embedding_alltoall("autograd")  # the sparse gradients go back to their shards
         # Reducer::finalize_backward: the compute stream waits for every bucket's all-reduce
         if self.ends:
             self.eng.wait_event(COMPUTE_STREAM, np.max(self.ends, axis=0), "autograd")
+
+    def embedding_alltoall(self, thread: str) -> None:
+        """Sharded embeddings: each rank's looked-up rows (forward) or their gradients (backward)
+        go to their owners in one all-to-all that the dense compute then waits for."""
+        mb = self.spec.embedding_alltoall_mb
+        if mb <= 0:
+            return
+        nelems = int(mb * 2**20) // DTYPE_BYTES[self.spec.param_dtype]
+        ready = self.eng.stream_tail(COMPUTE_STREAM).copy()
+        kernel = self.collective(ALLTOALL, self.spec.param_dtype, nelems, "world", self.comm_stream, thread,
+                                 ready, {"embedding": self.eng.phase})
+        if kernel is not None:
+            self.eng.wait_event(COMPUTE_STREAM, kernel.start + kernel.dur, thread)
 
     def grads_ready(self, params: list[Param], thread: str) -> None:
         """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full."""

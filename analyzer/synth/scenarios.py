@@ -46,12 +46,15 @@ SCENARIOS: dict[str, JobSpec] = {
         # host-side problems (issue 11): two hosts stall in the data loader every step; a
         # different host each step (and no pg_config); one host blocked in a device sync then
         # busy in Python mid-step; ranks entering a single profiled step far apart
-        _job(GPT_1_5B, "ddp_two_hosts_stall", 16, n_layers=2, steps=4, host_stall_ranks=(2, 5),
+        _job(GPT_1_5B, "ddp_two_hosts_stall", 16, n_layers=2, steps=4, world_size=4, host_stall_ranks=(1, 3),
              host_stall_us=25000.0),
-        _job(GPT_1_5B, "ddp_rotating_stall", 17, n_layers=2, steps=5, host_stall_ranks=(1, 6, 3, 4),
+        _job(GPT_1_5B, "ddp_rotating_stall", 17, n_layers=2, steps=4, world_size=4, host_stall_ranks=(1, 3, 2),
              host_stall_us=25000.0, host_stall_rotate=True, emit_pg_config=False),
-        _job(GPT_1_5B, "ddp_host_sync_stall", 18, n_layers=2, steps=4, host_stall_ranks=(3,),
+        _job(GPT_1_5B, "ddp_host_sync_stall", 18, n_layers=2, steps=4, world_size=4, host_stall_ranks=(3,),
              host_stall_us=40000.0, host_stall_kind="sync"),
         _job(GPT_1_5B, "ddp_entry_skew", 19, n_layers=2, steps=1, start_skew_us=20000.0),
+        # sharded embeddings + DDP: an all-to-all before the dense forward and after the backward
+        _job(GPT_1_5B, "ddp_alltoall_embeddings", 20, n_layers=2, steps=4, **TWO_SMALL_NODES,
+             embedding_alltoall_mb=3072.0),
     ]
 }

@@ -66,6 +66,9 @@ class JobSpec:
     first_bucket_mb: float = 1.0  # MiB, dist._DEFAULT_FIRST_BUCKET_BYTES
     grad_dtype: str = "bf16"  # dtype of the gradient all-reduce / reduce-scatter
     param_dtype: str = "bf16"  # dtype of the FSDP all-gather (and of DDP params)
+    # sharded embeddings (DLRM / recommendation): an all-to-all of this many MiB per rank before
+    # the dense forward and of the gradients after the dense backward (0: none)
+    embedding_alltoall_mb: float = 0.0
     # FSDP
     fsdp_wrap: str = "per_layer"  # per_layer | none
     sharding: str = "full_shard"  # full_shard | shard_grad_op | hybrid_shard
