@@ -127,7 +127,7 @@ def _tree(doc: dict[str, Any]) -> list[str]:
              + (f"  [left out: {excluded}]" if excluded else "")]
     exposed = tb["exposed_wait_us"] + tb["exposed_transfer_us"]
     peers = sorted((d.get("wait_by_peer") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
-    peer_text = ", ".join(f"rank {p} {fmt_us(v)}" for p, v in peers[:2]) \
+    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
         + (f" (+{len(peers) - 2} more)" if len(peers) > 2 else "")
     splits = []
     for key, title in (("by_kind", "by collective"), ("by_phase", "by phase"), ("by_group", "by group")):

@@ -167,6 +167,8 @@ def _wait_caveat(tb: dict[str, Any]) -> str:
     source = tb.get("wait_source") or ""
     if source.startswith("not measured"):
         return " (one rank's trace: waiting is not measured and counts as transfer)"
+    if source.startswith("estimated"):
+        return " (one rank's trace: waiting is an α-β estimate)"
     if "lower bound" in source:
         return f" (waiting is a lower bound: {source.split(':')[0]})"
     return ""

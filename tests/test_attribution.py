@@ -133,3 +133,15 @@ def test_steady_steps():
     assert [(e["step"], e["reason"].split(":")[0]) for e in excluded] == [(1, "warm-up"), (5, "drain")]
     kept, excluded = steady_steps({7: 100.0}, 7)
     assert kept == [7] and excluded == []
+
+
+def test_one_rank_waiting_is_an_alpha_beta_estimate(real_traces):
+    """Rank 0 of 2 alone: no cross-rank matching, so waiting is estimated per all-reduce as its
+    time beyond the α-β model on the group's fitted link, and the breakdown says so."""
+    result = diagnose([str(real_traces / "hta_ddp_rank0_of_2")], report=False)
+    job = result.attribution
+    assert job["wait_source"].startswith("estimated")
+    rows = [c for c in result.collectives if c.get("wait_estimated_us")]
+    assert rows and all(c["wait_us"] is None and 0 < c["wait_estimated_us"] < c["dur_us"] for c in rows)
+    assert job["details"]["wait_by_peer"] == {"estimated (α-β)": job["exposed_wait_us"]}
+    assert 0 < job["exposed_wait_us"] < job["exposed_wait_us"] + job["exposed_transfer_us"]

@@ -50,7 +50,7 @@ def attribute_job(result: Any) -> None:
     for row in result.collectives:
         if row.get("on_gpu"):
             by_rank[row["rank"]].append(row)
-    source = _wait_source(result)
+    source = _wait_source(result, _estimate_waits(result))
     per_rank: dict[int, dict[Any, dict[str, Any]]] = {}
     for rank in result.ranks:
         rows = _RowIntervals(by_rank.get(rank.rank, []))
@@ -70,6 +70,33 @@ def attribute_job(result: Any) -> None:
     result.attribution = _job_section(result, per_rank, source)
 
 
+ESTIMATED_PEER = "estimated (α-β)"  # wait_by_peer key of waiting estimated from the α-β model
+
+
+def _estimate_waits(result: Any) -> bool:
+    """Without every rank's trace a collective's wait is unknown (one rank) or a lower bound (a
+    subset): estimate it as the time beyond the α-β model's transfer for its bytes on its
+    group's link, ``max(0, dur − T_model)``, kept as ``wait_estimated_us`` where it exceeds the
+    measured wait. True when any row got one."""
+    world = result.job.get("world_size") or len(result.ranks)
+    if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
+        return False
+    from analyzer.job.facts import JobFacts
+    from analyzer.model.formulas import COLLECTIVE_KINDS
+    facts, found = JobFacts(result), False
+    for row in result.collectives:
+        if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
+            continue
+        link = facts.link(row.get("group") or {})
+        if link is None or link.n < 2:
+            continue
+        estimate = max(0.0, row["dur_us"] - link.time_us(row["collective"], row["bytes"]))
+        if estimate > (row.get("wait_us") or 0.0):
+            row["wait_estimated_us"] = round(estimate, 3)
+            found = True
+    return found
+
+
 class _RowIntervals:
     """One rank's GPU collectives as the disjoint stretches each one *owns* (the instants where
     it is the earliest-started collective running) and the waiting prefix of each, in ns."""
@@ -79,7 +106,8 @@ class _RowIntervals:
         self.rows = rows
         start = np.array([round(r["start_us"] * 1000) for r in rows], dtype=np.int64)
         end = start + np.array([round(r["dur_us"] * 1000) for r in rows], dtype=np.int64)
-        wait = np.array([round((r.get("wait_us") or 0.0) * 1000) for r in rows], dtype=np.int64)
+        wait = np.array([round(max(r.get("wait_us") or 0.0, r.get("wait_estimated_us") or 0.0) * 1000)
+                         for r in rows], dtype=np.int64)
         before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(rows) \
             else np.zeros(0, np.int64)
         self.own_start = np.minimum(np.maximum(start, before), end)
@@ -102,16 +130,21 @@ def _exposed_set(pairs: list[list[int]], origin_ns: int) -> iv.IntervalSet:
     return array[:, 0], array[:, 1]
 
 
-def _wait_source(result: Any) -> str:
+def _wait_source(result: Any, estimated: bool) -> str:
     stragglers = result.stragglers or {}
     world = result.job.get("world_size")
     given = len(result.ranks)
+    model = ("the kernel time beyond the α-β model's transfer for its bytes on the group's link "
+             "(dur − T_model), where sizes and link are known")
     if not stragglers.get("method"):
+        if estimated:
+            return (f"estimated: no collective could be matched across ranks (one rank's trace?), so waiting "
+                    f"is {model}; the rest counts as transfer")
         return ("not measured: no collective could be matched across ranks (one rank's trace?); "
                 "exposed communication is counted as transfer, part of it may be waiting")
     if world and given < world:
-        return (f"cross-rank matching of {given} of {world} ranks: waits are lower bounds "
-                "(the last member may be a rank not given)")
+        return (f"cross-rank matching of {given} of {world} ranks: waits are lower bounds (the last member "
+                "may be a rank not given)" + (f", raised to {model} where that is larger" if estimated else ""))
     return f"cross-rank matching of all {given} ranks ({stragglers['method']})"
 
 
@@ -138,7 +171,9 @@ def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, flo
     """Exposed waiting (µs) by the rank that arrived last (the peer waited for)."""
     peers: dict[str, int] = defaultdict(int)
     for row, _, wait in split:
-        if wait and row.get("waited_for") is not None:
+        if wait and row.get("wait_estimated_us"):
+            peers[ESTIMATED_PEER] += wait
+        elif wait and row.get("waited_for") is not None:
             peers[str(row["waited_for"])] += wait
     return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
