@@ -128,7 +128,7 @@ def _tree(doc: dict[str, Any]) -> list[str]:
     exposed = tb["exposed_wait_us"] + tb["exposed_transfer_us"]
     peers = sorted((d.get("wait_by_peer") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
     peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
-        + (f" (+{len(peers) - 2} more)" if len(peers) > 2 else "")
+        + (f", +{len(peers) - 2}" if len(peers) > 2 else "")
     splits = []
     for key, title in (("by_kind", "by collective"), ("by_phase", "by phase"), ("by_group", "by group")):
         cells = sorted((d.get(key) or {}).items(), key=lambda kv: -(kv[1]["wait_us"] + kv[1]["transfer_us"]))

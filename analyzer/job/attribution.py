@@ -110,6 +110,8 @@ class _RowIntervals:
                          for r in rows], dtype=np.int64)
         before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(rows) \
             else np.zeros(0, np.int64)
+        self.start = start
+        self.longest = int((end - start).max()) if len(rows) else 0
         self.own_start = np.minimum(np.maximum(start, before), end)
         self.own_end = end
         self.wait_end = np.clip(start + wait, self.own_start, end)
@@ -118,9 +120,13 @@ class _RowIntervals:
         """(row, exposed ns it owns, of which waiting) for the rows with exposed time."""
         if not self.rows or not len(exposed[0]):
             return []
-        owned = iv.covered_length(exposed, self.own_start, self.own_end)
-        waiting = iv.covered_length(exposed, self.own_start, self.wait_end)
-        return [(self.rows[i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+        # Only the rows that can reach the step's exposed stretch (rows are sorted by start).
+        lo = int(np.searchsorted(self.start, exposed[0][0] - self.longest, side="left"))
+        hi = int(np.searchsorted(self.start, exposed[1][-1], side="left"))
+        part = slice(lo, hi)
+        owned = iv.covered_length(exposed, self.own_start[part], self.own_end[part])
+        waiting = iv.covered_length(exposed, self.own_start[part], self.wait_end[part])
+        return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
 
 
 def _exposed_set(pairs: list[list[int]], origin_ns: int) -> iv.IntervalSet:

@@ -97,8 +97,8 @@ class RankTimeline:
         if not len(starts) or not len(self.sync[0]):
             return iv.EMPTY
         inside = iv.covered_length(self.sync, starts - 1, starts) > 0  # host blocked as the GPU drained
-        return iv.union(np.concatenate([starts[inside], self.sync[0]]),
-                        np.concatenate([ends[inside], self.sync[1]]))
+        near = iv.clip(self.sync, int(starts[0]), int(ends[-1]))
+        return iv.union(np.concatenate([starts[inside], near[0]]), np.concatenate([ends[inside], near[1]]))
 
     def _launch_gaps(self, gaps: iv.IntervalSet) -> iv.IntervalSet:
         """Short gaps ended by work that was launched after the gap began."""
