@@ -35,6 +35,11 @@ _FIX_BY_KIND = {
                       "(bf16 reduce dtype)",
     "broadcast": "broadcast once, not per step (e.g. broadcast_buffers=False in DDP)",
 }
+_FIX_FORWARD_ALLREDUCE = ("the all-reduces in the forward pass are activation (tensor-parallel) all-reduces "
+                          "the next layer waits for: keep the tensor-parallel group inside a node (NVLink), "
+                          "overlap them with the next GEMM (sequence parallelism / async TP, e.g. "
+                          "torch.distributed._symmetric_memory or TransformerEngine comm overlap), or use a "
+                          "smaller tensor-parallel degree")
 _FIX_SYNC = ("all-reduce gradients in buckets that overlap backward (wrap the model in "
              "DistributedDataParallel, or all_reduce(async_op=True) on flattened buckets) instead of one "
              "synchronous all-reduce per parameter")
@@ -126,8 +131,7 @@ class ExposedCommunication(Rule):
                         "exposed: synchronous, unbucketed (per-parameter) gradient all-reduces.")
         fixes = [_FIX_SYNC] if sync else []
         fixes += [_FIX_WAIT] if open_wait > open_transfer else []
-        fixes += [_FIX_BY_KIND.get(kind, f"overlap the {kind} transfers with compute or cut their bytes")
-                  for kind, _ in kinds[:2]]
+        fixes += [_fix_for(kind, _ranked(details.get("by_kind_phase") or {})) for kind, _ in kinds[:2]]
         evidence = {
             "step": tb["step"], "step_time_us": step, "exposed_wait_us": wait, "exposed_transfer_us": transfer,
             "unexplained_us": round(unexplained, 1), "explained_by": sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
@@ -160,6 +164,15 @@ _SNIPPETS = {
     "allgather": "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)",
     "alltoall": "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # torchrec",
 }
+
+
+def _fix_for(kind: str, kind_phases: list[tuple[str, float]]) -> str:
+    """The fix for a kind, by the phase where most of its exposed time is: an all-reduce in the
+    forward pass is an activation (tensor-parallel) all-reduce, not a gradient one."""
+    phase = next((label.split(" ", 1)[1] for label, _ in kind_phases if label.split(" ", 1)[0] == kind), None)
+    if kind == "allreduce" and phase == "forward":
+        return _FIX_FORWARD_ALLREDUCE
+    return _FIX_BY_KIND.get(kind, f"overlap the {kind} transfers with compute or cut their bytes")
 
 
 def _wait_caveat(tb: dict[str, Any]) -> str:

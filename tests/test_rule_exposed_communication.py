@@ -73,3 +73,12 @@ def test_alltoall_heavy_job_against_the_generator():
     assert model["bytes"] == want["bytes"]
     assert model["model_us"] == pytest.approx(want["transfer_us"], rel=0.05)
     assert f["fix"]["text"].startswith("Overlap the embedding all-to-all")
+
+
+def test_forward_allreduce_gets_the_tensor_parallel_fix():
+    from rule_cases_lib import diagnosed
+    result = diagnosed("synthetic/ddp_forward_allreduce")
+    f = next(f for f in result.findings if f["rule"] == "exposed-communication")
+    phases = f["evidence"]["by_phase"]
+    assert phases["forward"]["transfer_us"] > 5 * phases["backward"]["transfer_us"]
+    assert "tensor-parallel" in f["fix"]["text"] and "gradient buckets" not in f["fix"]["text"]

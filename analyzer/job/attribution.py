@@ -30,7 +30,7 @@ from analyzer.base import intervals as iv
 from analyzer.rank.timeline import ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
-DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "wait_by_peer", "idle_by_host")
+DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host")
 # A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
 OUTLIER_FRACTION = 0.3
 
@@ -157,10 +157,12 @@ def _wait_source(result: Any, estimated: bool) -> str:
 def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int, int]],
                     source: str) -> dict[str, Any]:
     tb = entry["time_breakdown"]
-    details: dict[str, dict[str, float]] = {"by_kind": {}, "by_group": {}, "by_phase": {}, "wait_by_peer": {}}
+    details: dict[str, dict[str, float]] = {"by_kind": {}, "by_group": {}, "by_phase": {}, "by_kind_phase": {},
+                                            "wait_by_peer": {}}
     for row, owned, wait in split:
+        phase = row.get("phase") or "other"
         for key, label in (("by_kind", row["collective"]), ("by_group", group_label(row.get("group")) or "unknown"),
-                           ("by_phase", row.get("phase") or "other")):
+                           ("by_phase", phase), ("by_kind_phase", f"{row['collective']} {phase}")):
             cell = details[key].setdefault(label, {"wait_us": 0.0, "transfer_us": 0.0})
             cell["wait_us"] += wait / 1000.0
             cell["transfer_us"] += (owned - wait) / 1000.0

@@ -187,6 +187,7 @@ class DdpProgram(Program):
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
                 compute.layer_forward()
+                self.blocking_collective(ALLREDUCE, self.spec.forward_allreduce_mb, "main", {"tp": "forward"})
             compute.head_forward()
         eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
 
@@ -207,13 +208,16 @@ class DdpProgram(Program):
     def embedding_alltoall(self, thread: str) -> None:
         """Sharded embeddings: each rank's looked-up rows (forward) or their gradients (backward)
         go to their owners in one all-to-all that the dense compute then waits for."""
-        mb = self.spec.embedding_alltoall_mb
+        self.blocking_collective(ALLTOALL, self.spec.embedding_alltoall_mb, thread, {"embedding": self.eng.phase})
+
+    def blocking_collective(self, kind: str, mb: float, thread: str, tag: dict) -> None:
+        """A collective of ``mb`` MiB over the world group after the compute so far, which the
+        compute stream then waits for (nothing when ``mb`` is 0)."""
         if mb <= 0:
             return
         nelems = int(mb * 2**20) // DTYPE_BYTES[self.spec.param_dtype]
         ready = self.eng.stream_tail(COMPUTE_STREAM).copy()
-        kernel = self.collective(ALLTOALL, self.spec.param_dtype, nelems, "world", self.comm_stream, thread,
-                                 ready, {"embedding": self.eng.phase})
+        kernel = self.collective(kind, self.spec.param_dtype, nelems, "world", self.comm_stream, thread, ready, tag)
         if kernel is not None:
             self.eng.wait_event(COMPUTE_STREAM, kernel.start + kernel.dur, thread)
 

@@ -54,7 +54,10 @@ SCENARIOS: dict[str, JobSpec] = {
              host_stall_us=40000.0, host_stall_kind="sync"),
         _job(GPT_1_5B, "ddp_entry_skew", 19, n_layers=2, steps=1, start_skew_us=20000.0),
         # sharded embeddings + DDP: an all-to-all before the dense forward and after the backward
-        _job(GPT_1_5B, "ddp_alltoall_embeddings", 20, n_layers=2, steps=4, **TWO_SMALL_NODES,
+        _job(GPT_1_5B, "ddp_alltoall_embeddings", 20, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
              embedding_alltoall_mb=3072.0),
+        # a blocking activation all-reduce after each block's forward (tensor-parallel style)
+        _job(GPT_1_5B, "ddp_forward_allreduce", 21, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
+             forward_allreduce_mb=1536.0),
     ]
 }

@@ -69,6 +69,9 @@ class JobSpec:
     # sharded embeddings (DLRM / recommendation): an all-to-all of this many MiB per rank before
     # the dense forward and of the gradients after the dense backward (0: none)
     embedding_alltoall_mb: float = 0.0
+    # tensor-parallel style: after each block's forward an all-reduce of this many MiB of
+    # activations over the world group, which the next block waits for (0: none)
+    forward_allreduce_mb: float = 0.0
     # FSDP
     fsdp_wrap: str = "per_layer"  # per_layer | none
     sharding: str = "full_shard"  # full_shard | shard_grad_op | hybrid_shard
