@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.job.facts import JobFacts
+from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
@@ -81,8 +83,6 @@ def _estimate_waits(result: Any) -> bool:
     world = result.job.get("world_size") or len(result.ranks)
     if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
         return False
-    from analyzer.job.facts import JobFacts
-    from analyzer.model.formulas import COLLECTIVE_KINDS
     facts, found = JobFacts(result), False
     for row in result.collectives:
         if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
