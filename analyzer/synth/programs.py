@@ -70,7 +70,6 @@ class Program:
         roles = ["world"] + [role for role in ("shard", "replicate") if getattr(self.groups, role)]
         self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in roles}
         self.step_ranges: dict[int, object] = {}
-        self.stalls: list[tuple[str, int, object]] = []  # (kind, step, CpuRange) for the truth
 
     def run(self) -> "Program":
         skew = self.eng.rng.uniform(0, self.spec.start_skew_us * 1e3, self.spec.world_size)
@@ -99,14 +98,14 @@ class Program:
                 pass
             stall = self.spec.stall_us(step - self.spec.first_step)
             if self.spec.host_stall_kind == "input" and self.spec.host_stall_ranks:
-                self.stalls.append(("input", step, self.host_stall(stall)))
+                self.host_stall(stall)
             compute.copy_inputs()
             eng.phase = "forward"
             self.forward()
             compute.loss_forward()
             if self.spec.host_stall_kind == "sync" and any(stall):
                 compute.loss_item()  # the host blocks until forward is done...
-                self.stalls.append(("sync", step, self.host_stall(stall, "log_metrics")))  # ...then works
+                self.host_stall(stall, "log_metrics")  # ...then works
             eng.phase = "backward"
             self.run_backward()
             eng.phase = "optimizer"
@@ -117,12 +116,11 @@ class Program:
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
 
-    def host_stall(self, stall_us: list[float], name: str = DATALOADER):
-        """A CPU range of the main thread lasting ``stall_us`` (per rank) plus its overhead."""
-        eng = self.eng
-        with eng.annotation(name) as rec:
-            eng.advance("main", np.asarray(stall_us, dtype=float))
-        return rec
+    def host_stall(self, stall_us: list[float], name: str = DATALOADER) -> None:
+        """A CPU range of the main thread lasting ``stall_us`` (per rank) plus its overhead (the
+        truth finds it by name)."""
+        with self.eng.annotation(name):
+            self.eng.advance("main", np.asarray(stall_us, dtype=float))
 
     def run_backward(self) -> None:
         """loss.backward(): the autograd thread runs the graph while the main thread waits."""
