@@ -225,8 +225,9 @@ def _headline(findings: list[dict[str, Any]], facts: JobFacts) -> str:
             return f"No rule explains the lost time: {shares} (see the time breakdown)."
         return f"No scaling problem found: {shares}."
     if step:
-        return "No scaling problem found, but no time breakdown could be made (see warnings)."
-    return "No scaling problem found (no GPU steps in the traces: only structural checks ran)."
+        return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
+    # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
+    return "No GPU steps in the traces (CPU-only profile?): only structural checks ran, and none found a problem."
 
 
 def _unchecked(statuses: list[dict[str, Any]]) -> str:
