@@ -191,14 +191,14 @@ def _error_finding(rule: type[Rule], exc: Exception) -> dict[str, Any]:
     }
 
 
-#: Shares of the typical step above which exposed communication or GPU idle is never "no problem".
+#: Share of the typical step above which exposed communication plus GPU idle is never "no problem".
 LARGE_SHARE = 0.10
 
 
 def verdict(findings: list[dict[str, Any]], facts: JobFacts, statuses: list[dict[str, Any]] | None = None) -> str:
     """One sentence: the biggest problem and its cost, or why the run looks healthy; then the
     rules that could not check. "No scaling problem found" only when the typical step's exposed
-    communication and idle are both small (analyzer.job.attribution)."""
+    communication and idle together are small (analyzer.job.attribution)."""
     return _headline(findings, facts) + _unchecked(statuses or [])
 
 
@@ -221,7 +221,7 @@ def _headline(findings: list[dict[str, Any]], facts: JobFacts) -> str:
         idle = tb["idle_us"] / step
         shares = (f"exposed communication is {100 * exposed:.1f}% and GPU idle {100 * idle:.1f}% "
                   f"of a {step / 1000:.1f} ms step")
-        if exposed >= LARGE_SHARE or idle >= LARGE_SHARE:
+        if exposed + idle >= LARGE_SHARE:  # both are time the GPU does no useful work
             return f"No rule explains the lost time: {shares} (see the time breakdown)."
         return f"No scaling problem found: {shares}."
     if step:

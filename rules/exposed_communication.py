@@ -109,7 +109,9 @@ class ExposedCommunication(Rule):
         details = tb["details"]
         fired = {f["rule"] for f in ctx.findings}
         open_wait = 0.0 if fired & set(WAIT_RULES) else wait
-        explained = [EXPLAINS[r] for r in fired if r in EXPLAINS]
+        sync = _synchronous_allreduces(ctx, tb["step"], ctx.thresholds["min_sync_allreduces"])
+        # Serialized per-gradient all-reduces are lost whatever their dtype or bucket model says.
+        explained = [EXPLAINS[r] for r in fired if r in EXPLAINS and not (sync and EXPLAINS[r] is not None)]
         open_transfer = sum(c["transfer_us"] for kind, c in (details.get("by_kind") or {}).items()
                             if not any(e is None or kind in e for e in explained))
         unexplained = open_wait + open_transfer
@@ -120,7 +122,6 @@ class ExposedCommunication(Rule):
         groups = _ranked(details.get("by_group") or {})
         model = _alpha_beta(ctx, tb["step"])
         top_kind = kinds[0][0] if kinds else None
-        sync = _synchronous_allreduces(ctx, tb["step"], ctx.thresholds["min_sync_allreduces"])
         summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
                    f"({100 * exposed_share(tb):.0f}%): {fmt_us(wait)} waiting for late peers and "
                    f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "

@@ -82,3 +82,20 @@ def test_forward_allreduce_gets_the_tensor_parallel_fix():
     phases = f["evidence"]["by_phase"]
     assert phases["forward"]["transfer_us"] > 5 * phases["backward"]["transfer_us"]
     assert "tensor-parallel" in f["fix"]["text"] and "gradient buckets" not in f["fix"]["text"]
+
+
+def test_generated_sync_per_param_job():
+    """The generator's hand-rolled data parallel (one synchronous all-reduce per gradient, no
+    sizes recorded): the pattern is named from the timings alone, its count is the number of
+    gradients, and the bucket rules say they could not check."""
+    import json
+
+    from conftest import SAMPLES
+    from rule_cases_lib import diagnosed
+    truth = json.loads((SAMPLES / "synthetic" / "ddp_sync_per_param" / "truth.json").read_text())
+    result = diagnosed("synthetic/ddp_sync_per_param")
+    f = next(f for f in result.findings if f["rule"] == "exposed-communication")
+    assert f["evidence"]["synchronous_allreduces"]["per_step"] == truth["comm_per_step"]["allreduce"]["count"]
+    assert "DistributedDataParallel" in f["fix"]["text"]
+    status = {s["rule"]: s["status"] for s in result.rules}
+    assert status["ddp-bucket-oversized"] == status["ddp-bucket-undersized"] == "not_evaluated"

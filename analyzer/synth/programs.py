@@ -220,8 +220,16 @@ class DdpProgram(Program):
             self.eng.wait_event(COMPUTE_STREAM, kernel.start + kernel.dur, thread)
 
     def grads_ready(self, params: list[Param], thread: str) -> None:
-        """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full."""
+        """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full (or,
+        unbucketed, all-reduce the gradient at once and wait for it)."""
         for p in params:
+            if self.spec.sync_param_allreduce:
+                with self.eng.op(ACCUMULATE_GRAD, thread):
+                    ready = self.eng.stream_tail(COMPUTE_STREAM).copy()
+                    self.collective(ALLREDUCE, self.spec.grad_dtype, p.numel, "world", self.comm_stream, thread,
+                                    ready, {"param": p.name})
+                    self.eng.synchronize(self.comm_stream, thread)
+                continue
             with self.eng.op(ACCUMULATE_GRAD, thread):
                 b = self.bucket_of[p.name]
                 self.pending[b] -= 1

@@ -56,6 +56,10 @@ SCENARIOS: dict[str, JobSpec] = {
         # sharded embeddings + DDP: an all-to-all before the dense forward and after the backward
         _job(GPT_1_5B, "ddp_alltoall_embeddings", 20, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
              embedding_alltoall_mb=3072.0),
+        # one synchronous all-reduce per gradient, sizes not recorded (a hand-rolled data parallel)
+        _job(GPT_SMALL, "ddp_sync_per_param", 22, n_layers=4, steps=3, world_size=2, gpus_per_node=1,
+             grad_dtype="fp32", param_dtype="fp32", sync_param_allreduce=True, record_comm_sizes=False,
+             kernel_comm_args=False),
         # a blocking activation all-reduce after each block's forward (tensor-parallel style)
         _job(GPT_1_5B, "ddp_forward_allreduce", 21, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
              forward_allreduce_mb=1536.0),

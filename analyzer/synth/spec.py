@@ -72,6 +72,10 @@ class JobSpec:
     # tensor-parallel style: after each block's forward an all-reduce of this many MiB of
     # activations over the world group, which the next block waits for (0: none)
     forward_allreduce_mb: float = 0.0
+    # DDP replaced by a synchronous all-reduce per gradient as it becomes ready (each waited for
+    # by the host before backward goes on), and collectives recorded without message sizes
+    sync_param_allreduce: bool = False
+    record_comm_sizes: bool = True
     # FSDP
     fsdp_wrap: str = "per_layer"  # per_layer | none
     sharding: str = "full_shard"  # full_shard | shard_grad_op | hybrid_shard

@@ -301,8 +301,8 @@ class TruthBuilder:
                 for k, v in sorted(out.items())}
 
     def bucket_facts(self) -> list[dict] | None:
-        if not isinstance(self.p, DdpProgram):
-            return None
+        if not isinstance(self.p, DdpProgram) or self.spec.sync_param_allreduce:
+            return None  # no buckets: one all-reduce per gradient
         return [{"index": b.index, "bytes": b.nbytes, "numel": b.numel, "n_params": len(b.params),
                  "first_param": b.params[0], "last_param": b.params[-1]} for b in self.p.buckets]
 
