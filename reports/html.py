@@ -119,22 +119,24 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         exposed = median(p["exposed_comm_us"] for p in per_step)
         idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
         step_note = "median over ranks of the mean step"
+        exposed_split = idle_split = ""
         typical = doc.get("attribution")
         if typical and typical.get("step_time_us"):  # the one definition (analyzer.job.attribution)
             step_time, idle = typical["step_time_us"], typical["idle_us"]
             exposed = typical["exposed_wait_us"] + typical["exposed_transfer_us"]
             step_note = f"typical step {typical['step']}, mean over ranks"
+            exposed_split, idle_split = _leaf_notes(typical)
         comm = sum(float(r.get("comm_us") or 0) for r in ranks)
         overlap = sum(float(r.get("overlap_us") or 0) for r in ranks)
         label = "step time" if has_steps else "GPU span (no steps)"
         headline += [
             {"label": label, "value": fmt_us(step_time), "note": step_note},
             {"label": "exposed communication", "value": fmt_us(exposed),
-             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step"},
+             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step{exposed_split}"},
             {"label": "overlap", "value": fmt_pct(100 * overlap / comm if comm else None),
              "note": "communication hidden under compute"},
             {"label": "GPU idle", "value": fmt_us(idle),
-             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step"},
+             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step{idle_split}"},
         ]
     mfu = _mfu_text(doc.get("mfu"))
     headline.append({"label": "MFU", "value": mfu[0], "note": mfu[1]})
@@ -234,6 +236,18 @@ def _mfu_text(mfu: Any) -> tuple[str, str]:
             return "–", "not available: " + str(mfu.get("note") or mfu.get("why") or "no FLOP count")
         return fmt_pct(100 * value), "mean over steps; source: " + str(mfu.get("source") or "job analysis")
     return "–", "not available: no FLOP count (pass --model-params and --tokens-per-step)"
+
+
+def _leaf_notes(typical: dict[str, Any]) -> tuple[str, str]:
+    """The typical step's finer leaves for the headline: the waiting/transfer split of the
+    exposed communication and what the host did during most of the idle."""
+    exposed = (f": waiting for late peers {fmt_us(typical['exposed_wait_us'])}, transfer "
+               f"{fmt_us(typical['exposed_transfer_us'])}")
+    host = (typical.get("details") or {}).get("idle_by_host") or {}
+    busiest = max(host, key=lambda k: (host[k], k)) if host else None
+    if not busiest or not host[busiest] > 0:
+        return exposed, ""
+    return exposed, f"; most while the host is in: {busiest.replace('_', ' ')} ({fmt_us(host[busiest])})"
 
 
 # ----------------------------------------------------------------------------- per-rank bars
