@@ -29,6 +29,9 @@ from analyzer.job.result import _clean
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
+# The typical step's leaves (analyzer.job.attribution): they add up to the step time.
+LEAF_SEGMENTS = (("compute_only", "compute only"), ("wait", "waiting for late peers"),
+                 ("transfer", "exposed transfer"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
 MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
 OPEN_GROUPS = 2
@@ -120,17 +123,25 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         step_time = median(p["step_time_us"] for p in per_step)
         exposed = median(p["exposed_comm_us"] for p in per_step)
         idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
+        step_note = "median over ranks of the mean step"
+        exposed_split = idle_split = ""
+        typical = doc.get("attribution")
+        if typical and typical.get("step_time_us"):  # the one definition (analyzer.job.attribution)
+            step_time, idle = typical["step_time_us"], typical["idle_us"]
+            exposed = typical["exposed_wait_us"] + typical["exposed_transfer_us"]
+            step_note = f"typical step {typical['step']}, mean over ranks"
+            exposed_split, idle_split = _leaf_notes(typical)
         comm = sum(float(r.get("comm_us") or 0) for r in ranks)
         overlap = sum(float(r.get("overlap_us") or 0) for r in ranks)
         label = "step time" if has_steps else "GPU span (no steps)"
         headline += [
-            {"label": label, "value": fmt_us(step_time), "note": "median over ranks of the mean step"},
+            {"label": label, "value": fmt_us(step_time), "note": step_note},
             {"label": "exposed communication", "value": fmt_us(exposed),
-             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step"},
+             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step{exposed_split}"},
             {"label": "overlap", "value": fmt_pct(100 * overlap / comm if comm else None),
              "note": "communication hidden under compute"},
             {"label": "GPU idle", "value": fmt_us(idle),
-             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step"},
+             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step{idle_split}"},
         ]
     mfu = _mfu_text(doc.get("mfu"))
     headline.append({"label": "MFU", "value": mfu[0], "note": mfu[1]})
@@ -232,6 +243,18 @@ def _mfu_text(mfu: Any) -> tuple[str, str]:
     return "–", "not available: no FLOP count (pass --model-params and --tokens-per-step)"
 
 
+def _leaf_notes(typical: dict[str, Any]) -> tuple[str, str]:
+    """The typical step's finer leaves for the headline: the waiting/transfer split of the
+    exposed communication and what the host did during most of the idle."""
+    exposed = (f": waiting for late peers {fmt_us(typical['exposed_wait_us'])}, transfer "
+               f"{fmt_us(typical['exposed_transfer_us'])}")
+    host = (typical.get("details") or {}).get("idle_by_host") or {}
+    busiest = max(host, key=lambda k: (host[k], k)) if host else None
+    if not busiest or not host[busiest] > 0:
+        return exposed, ""
+    return exposed, f"; most while the host is in: {busiest.replace('_', ' ')} ({fmt_us(host[busiest])})"
+
+
 # ----------------------------------------------------------------------------- per-rank bars
 def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
@@ -240,6 +263,8 @@ def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
     if not any(_per_step(r)["span_us"] > 0 for r in ranks):
         return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
     stragglers = straggler_ranks(doc)
+    if any(r.get("time_breakdown") for r in ranks):
+        return _leaf_bars(doc, ranks, stragglers)
     rows = []
     for r in ranks:
         p = _per_step(r)
@@ -257,12 +282,29 @@ def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
             "stragglers": stragglers, "legend": [{"key": k, "label": v} for k, v in BAR_SEGMENTS]}
 
 
-def _bar_geometry(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _leaf_bars(doc: dict[str, Any], ranks: list[dict[str, Any]], stragglers: dict[Any, str]) -> dict[str, Any]:
+    """Each rank's typical step, leaf by leaf (ranks without a breakdown are left out)."""
+    rows = []
+    for r in ranks:
+        tb = r.get("time_breakdown")
+        if not tb:
+            continue
+        parts = {"compute_only": tb["compute_only_us"], "wait": tb["exposed_wait_us"],
+                 "transfer": tb["exposed_transfer_us"], "other": tb["other_gpu_us"], "idle": tb["idle_us"]}
+        rows.append({"rank": r.get("rank"), "host": r.get("host"), "parts": parts, "total": sum(parts.values()),
+                     "straggler": stragglers.get(r.get("rank"))})
+    step = (doc.get("attribution") or {}).get("step")
+    return {"available": True, **_bar_geometry(rows, LEAF_SEGMENTS),
+            "per": f"typical step {step}: the leaves add up to the step time", "stragglers": stragglers,
+            "legend": [{"key": k, "label": v} for k, v in LEAF_SEGMENTS]}
+
+
+def _bar_geometry(rows: list[dict[str, Any]], kinds=BAR_SEGMENTS) -> dict[str, Any]:
     label_w, plot_w, row_h = 150, 960, 18
     scale = plot_w / max(max(r["total"] for r in rows), 1e-9)
     for i, row in enumerate(rows):
         x, segments = label_w, []
-        for key, label in BAR_SEGMENTS:
+        for key, label in kinds:
             width = row["parts"][key] * scale
             segments.append({"key": key, "label": label, "x": round(x, 2), "w": round(width, 2),
                              "us": row["parts"][key],

@@ -5,11 +5,18 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from analyzer.base.units import fmt_bytes
+from analyzer.base.units import fmt_bytes, fmt_us
 
 WIDTH = 100
+# Whole-trace columns, for ranks without a typical step (no ProfilerStep markers).
 COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "comm_us"),
            ("overlapped", "overlap_us"), ("exposed", "exposed_comm_us"), ("idle", "idle_us"))
+# The typical step's leaves (analyzer.job.attribution): they add up to the step time.
+LEAF_COLUMNS = (("step time", "step_time_us"), ("compute only", "compute_only_us"),
+                ("waiting", "exposed_wait_us"), ("transfer", "exposed_transfer_us"),
+                ("other GPU", "other_gpu_us"), ("idle", "idle_us"))
+IDLE_NAMES = {"input": "data loader", "device_sync": "device sync", "launch": "kernel launches",
+              "unknown": "host elsewhere"}
 
 
 class TextRenderer:
@@ -19,6 +26,7 @@ class TextRenderer:
         lines: list[str] = []
         lines += _header(doc)
         lines += _findings(doc)
+        lines += _tree(doc)
         lines += _rank_table(doc)
         lines += _top_collectives(doc)
         lines += _groups(doc)
@@ -42,6 +50,13 @@ def _header(doc: dict[str, Any]) -> list[str]:
     verdict = doc.get("verdict")
     if verdict:
         lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)
+    job_tb = doc.get("attribution")
+    if job_tb and job_tb.get("step_time_us"):
+        step = job_tb["step_time_us"]
+        lines.append(f"typical step {job_tb['step']}: {fmt_us(step)}; exposed communication "
+                     f"{_share(job_tb['exposed_wait_us'] + job_tb['exposed_transfer_us'], step)}, "
+                     f"GPU idle {_share(job_tb['idle_us'], step)}")
+        return lines + [""]
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)
     span = sum(r["span_us"] for r in ranks)
@@ -77,12 +92,65 @@ def _cell(value: float | None, span: float) -> str:
 
 
 def _rank_table(doc: dict[str, Any]) -> list[str]:
+    """The typical step's leaves per rank (whole-trace figures for a rank without one)."""
+    with_tb = [r for r in doc["ranks"] if r.get("time_breakdown")]
+    if with_tb:
+        step = (doc.get("attribution") or {}).get("step")
+        head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in LEAF_COLUMNS)
+        lines = [f"Per rank, step {step} (µs, % of the step):", head]
+        for r in with_tb:
+            tb = r["time_breakdown"]
+            lines.append(f"{r['rank']:>5} " + " ".join(_cell(tb.get(key), tb["step_time_us"]) for _, key in LEAF_COLUMNS))
+        rest = [r for r in doc["ranks"] if not r.get("time_breakdown")]
+        return lines + ([f"  (no step breakdown for rank(s) {', '.join(str(r['rank']) for r in rest)})"] if rest else []) + [""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
-    lines = ["Per rank (µs, % of GPU span):", head]
+    lines = ["Per rank, whole trace (µs, % of GPU span):", head]
     for r in doc["ranks"]:
         span = r["span_us"]
         cells = " ".join(_cell(r.get(key), span) for _, key in COLUMNS)
         lines.append(f"{r['rank']:>5} {cells}")
+    return lines + [""]
+
+
+def _share(value: float, step: float) -> str:
+    return f"{fmt_us(value)} ({100 * value / step:.1f}%)" if step else fmt_us(value)
+
+
+def _tree(doc: dict[str, Any]) -> list[str]:
+    """The typical step's time, leaf by leaf (mean over ranks), with the finer splits."""
+    tb = doc.get("attribution")
+    if not tb or not tb.get("step_time_us"):
+        return []
+    step, d = tb["step_time_us"], tb.get("details") or {}
+    excluded = "; ".join(f"step {e['step']} {e['reason'].split(':')[0]}" for e in tb.get("excluded_steps") or [])
+    lines = [f"Where the time of step {tb['step']} goes (mean of {tb['ranks']} rank(s)): {fmt_us(step)}"
+             + (f"  [left out: {excluded}]" if excluded else "")]
+    exposed = tb["exposed_wait_us"] + tb["exposed_transfer_us"]
+    peers = sorted((d.get("wait_by_peer") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
+        + (f", +{len(peers) - 2}" if len(peers) > 2 else "")
+    splits = []
+    for key, title in (("by_kind", "by collective"), ("by_phase", "by phase"), ("by_group", "by group")):
+        cells = sorted((d.get(key) or {}).items(), key=lambda kv: -(kv[1]["wait_us"] + kv[1]["transfer_us"]))
+        if cells and exposed:
+            splits.append(f"{title}: " + ", ".join(f"{label} {fmt_us(c['wait_us'] + c['transfer_us'])}"
+                                                   for label, c in cells[:4]))
+    idle = sorted(((IDLE_NAMES.get(k, k), v) for k, v in (d.get("idle_by_host") or {}).items() if v),
+                  key=lambda kv: -kv[1])
+    rows = [("├─ ", "compute only", tb["compute_only_us"], ""),
+            ("├─ ", "exposed communication", exposed, ""),
+            ("│  ├─ ", "waiting for late peers", tb["exposed_wait_us"], f"for {peer_text}" if peer_text else ""),
+            ("│  └─ ", "transfer", tb["exposed_transfer_us"], ""),
+            ("├─ ", "other GPU (copies, memsets)", tb["other_gpu_us"], ""),
+            ("└─ ", "GPU idle", tb["idle_us"], "")]
+    for prefix, name, value, note in rows:
+        lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * value / step:5.1f}%  {note}".rstrip())
+        if name == "transfer":
+            lines += [f"  │        {text}" for text in splits]
+    if idle:
+        lines.append("           host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle))
+    lines += textwrap.wrap(f"waiting measured by: {tb.get('wait_source')}", WIDTH, initial_indent="  ",
+                           subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analyzer.model import formulas as models
 from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 
 
@@ -58,11 +58,12 @@ class CommBoundStep(Rule):
         facts = ctx.facts
         step_us = facts.typical_step_us
         if not step_us:
-            return []
+            raise NotEvaluated("no GPU step times")
         rows = self._ddp_rows(facts) if facts.strategy in ("ddp", "unknown") and facts.result.buckets \
             else self._window_rows(facts)
         if not rows:
-            return []
+            raise NotEvaluated("no step has forward/backward phases with GPU collectives (the "
+                               "critical-overlap window is unknown)")
         exposed = median(r["exposed_us"] for r in rows)
         bubble = median(r["min_bubble_us"] for r in rows)
         t = ctx.thresholds

@@ -7,8 +7,8 @@ import statistics
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.projection import projected_gain
-from analyzer.whatif.ddp import allreduce_equation, backward_transfer_us, ddp_steps, typical_step
-from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
+from analyzer.whatif.ddp import allreduce_equation, backward_transfer_us, ddp_steps, why_no_ddp_steps, typical_step
+from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
 @register
@@ -61,7 +61,7 @@ class DdpBucketOversized(Rule):
         steps = ddp_steps(ctx.facts)
         step_us = ctx.facts.typical_step_us
         if not steps or not step_us:
-            return []
+            raise NotEvaluated(why_no_ddp_steps(ctx.facts))
         tail, rep = typical_step(steps, lambda s: s.measured_tail_us)
         if tail < ctx.thresholds["tail_fraction"] * step_us:
             return []

@@ -5,8 +5,10 @@ A rule is a class with a stable ``name`` (public contract), a short ``code``, a 
 it checks) and a ``failure_title`` (what a finding says), a default ``severity``, configurable
 ``thresholds``, the analyses it ``needs``, and docs in its docstring with the sections of
 ``DOC_SECTIONS``. ``check(ctx)`` returns plain data: a list of finding dicts built with
-``ctx.finding(...)``. A rule that raises becomes an ``error`` finding for that rule and the run
-goes on.
+``ctx.finding(...)``. A rule that cannot check what it checks (no phases, sizes unknown, a
+needed rank missing) raises :class:`NotEvaluated` with the reason: its status is then
+``not_evaluated``, never ``passed``, and the verdict counts it. A rule that raises anything else
+becomes an ``error`` finding for that rule and the run goes on.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ MIN_GAIN_FRACTION = Threshold(0.02, "smallest modelled saving, as a fraction of 
                               "worth a finding", 0.0, 1.0)
 
 
+class NotEvaluated(Exception):
+    """A rule could not check this job; the message says why (one sentence, no period)."""
+
+
 class Rule:
     name: ClassVar[str]
     code: ClassVar[str]
@@ -51,6 +57,8 @@ class Rule:
     thresholds: ClassVar[dict[str, Threshold]] = {}
     needs: ClassVar[tuple[str, ...]] = ()
     references: ClassVar[tuple[str, ...]] = ()
+    # Runs after the others and sees their findings (ctx.findings): a rule for what they leave.
+    runs_last: ClassVar[bool] = False
 
     def check(self, ctx: "RuleContext") -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -101,12 +109,14 @@ def all_rules() -> dict[str, type[Rule]]:
 class RuleContext:
     """What a rule sees: the Result, shared facts, and its own settings."""
 
-    def __init__(self, rule: type[Rule], facts: JobFacts, settings: dict[str, Any]):
+    def __init__(self, rule: type[Rule], facts: JobFacts, settings: dict[str, Any],
+                 findings: list[dict[str, Any]] | None = None):
         self.rule = rule
         self.facts = facts
         self.result = facts.result
         self.thresholds = settings["thresholds"]
         self.severity = settings["severity"]
+        self.findings = list(findings or [])  # the findings of the rules that ran before
 
     def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
                 estimated_gain_us: float | None, model: str | None, fix_text: str,
@@ -137,27 +147,32 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     facts = JobFacts(result)
     findings: list[dict[str, Any]] = []
     statuses = []
-    for name, rule in rules.items():
+    for name, rule in sorted(rules.items(), key=lambda kv: (kv[1].runs_last, kv[0])):
         status = {"rule": name, "code": rule.code}
         if not settings[name]["enabled"]:
             statuses.append({**status, "status": "disabled", "reason": "disabled in configuration"})
             continue
         missing = facts.missing(rule.needs)
         if missing:
-            statuses.append({**status, "status": "not_applicable", "reason": missing})
+            what, reason = missing
+            statuses.append({**status, "status": what, "reason": reason})
             continue
-        ctx = RuleContext(rule, facts, settings[name])
+        ctx = RuleContext(rule, facts, settings[name], findings)
         try:
             produced = list(rule().check(ctx) or [])
+        except NotEvaluated as exc:
+            statuses.append({**status, "status": "not_evaluated", "reason": str(exc)})
+            continue
         except Exception as exc:  # a broken rule must not hide the others' findings
             produced = [_error_finding(rule, exc)]
         findings.extend(produced)
         statuses.append({**status, "status": "fired" if produced else "passed",
                          "reason": None})
     findings.sort(key=_finding_order)
+    statuses.sort(key=lambda s: s["rule"])
     result.findings = findings
     result.rules = statuses
-    result.verdict = verdict(findings, facts)
+    result.verdict = verdict(findings, facts, statuses)
     return findings
 
 
@@ -182,9 +197,20 @@ def _error_finding(rule: type[Rule], exc: Exception) -> dict[str, Any]:
     }
 
 
-def verdict(findings: list[dict[str, Any]], facts: JobFacts) -> str:
-    """One sentence: the biggest problem and its cost, or why the run looks healthy."""
-    step = facts.typical_step_us
+#: Share of the typical step above which exposed communication plus GPU idle is never "no problem".
+LARGE_SHARE = 0.10
+
+
+def verdict(findings: list[dict[str, Any]], facts: JobFacts, statuses: list[dict[str, Any]] | None = None) -> str:
+    """One sentence: the biggest problem and its cost, or why the run looks healthy; then the
+    rules that could not check. "No scaling problem found" only when the typical step's exposed
+    communication and idle together are small (analyzer.job.attribution)."""
+    return _headline(findings, facts) + _unchecked(statuses or [])
+
+
+def _headline(findings: list[dict[str, Any]], facts: JobFacts) -> str:
+    tb = facts.result.attribution
+    step = tb["step_time_us"] if tb else facts.typical_step_us
     problems = [f for f in findings if not f["title"].startswith("rule ")]
     if problems:
         top = problems[0]
@@ -196,11 +222,26 @@ def verdict(findings: list[dict[str, Any]], facts: JobFacts) -> str:
         return f"{len(problems)} problem(s) found: {top['title']}{cost}{more}."
     if findings:
         return "No problem found, but a rule failed (see findings)."
+    if tb and step:
+        exposed = (tb["exposed_wait_us"] + tb["exposed_transfer_us"]) / step
+        idle = tb["idle_us"] / step
+        shares = (f"exposed communication is {100 * exposed:.1f}% and GPU idle {100 * idle:.1f}% "
+                  f"of a {step / 1000:.1f} ms step")
+        if exposed + idle >= LARGE_SHARE:  # both are time the GPU does no useful work
+            return f"No rule explains the lost time: {shares} (see the time breakdown)."
+        return f"No scaling problem found: {shares}."
     if step:
-        exposed = facts.typical_exposed_us or 0.0
-        return (f"No scaling problem found: exposed communication is {100 * exposed / step:.1f}% "
-                f"of a {step / 1000:.1f} ms step.")
-    return "No scaling problem found (no GPU steps in the traces: only structural checks ran)."
+        return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
+    # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
+    return "No GPU steps in the traces (CPU-only profile?): only structural checks ran, and none found a problem."
+
+
+def _unchecked(statuses: list[dict[str, Any]]) -> str:
+    skipped = [s for s in statuses if s.get("status") == "not_evaluated"]
+    if not skipped:
+        return ""
+    names = ", ".join(s["rule"] for s in skipped)
+    return f" {len(skipped)} rule(s) could not check: {names}."
 
 
 def _dedent(text: str) -> str:

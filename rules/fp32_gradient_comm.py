@@ -69,17 +69,21 @@ class Fp32GradientComm(Rule):
             return []
         step_us = facts.typical_step_us
         gain, model = self._gain(facts, fsdp)
-        per_step = median(self._bytes_per_step(grads).values()) or 0.0
+        per_step = median(self._bytes_per_step(grads).values())  # None: no size recorded
         severity = None
         if gain is None or not step_us or gain < ctx.thresholds["min_gain_fraction"] * step_us:
             severity = "info"
         why = (f"parameters are all-gathered in {'/'.join(sorted(gathered))}" if low_params else
                f"{100 * low_share:.0f}% of compute time is in bf16/fp16 kernels")
         saving = f"; bf16 is predicted to save {gain:,.0f} µs per step" if gain is not None else ""
-        summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} move {fmt_bytes(per_step)} of fp32 "
-                   f"gradients per step and rank while {why}: half of those bytes are avoidable{saving}.")
+        moved = (f"move {fmt_bytes(per_step)} of fp32 gradients per step and rank" if per_step is not None else
+                 f"run in fp32 ({len(grads) / len({(c['rank'], c['step']) for c in grads}):g} per step and rank; "
+                 "their sizes are not recorded)")
+        summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} {moved} while {why}: half of "
+                   f"those bytes are avoidable{saving}.")
         evidence = {
-            "collective": kind, "dtype": "f32", "grad_bytes_per_step": round(per_step),
+            "collective": kind, "dtype": "f32",
+            "grad_bytes_per_step": None if per_step is None else round(per_step),
             "low_precision_compute_share": None if low_share is None else round(low_share, 3),
             "allgather_dtypes": sorted(d for d in gathered if d),
             "step_time_us": round(step_us, 1) if step_us else None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
 
 
 @register
@@ -12,11 +14,12 @@ class GpuIdleHostBound(Rule):
     sets the pace.
 
     What it detects:
-        Steps in which no kernel, copy or collective runs on the GPU (idle = step time − GPU
-        busy time) for at least ``idle_fraction`` of the step, on the median rank. Waiting for
-        another rank happens inside NCCL kernels and counts as busy, so this idle time is the
-        GPU waiting for its own host: data loading, Python and kernel-launch overhead,
-        synchronizing calls (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``).
+        Ranks whose GPU runs no kernel, copy or collective for at least ``idle_fraction`` of the
+        typical step (the step window's idle leaf, analyzer.job.attribution), on any rank: idle
+        on a late rank is what the others then wait for. Waiting for another rank happens inside
+        NCCL kernels and is not idle, so this is the GPU waiting for its own host; the idle is
+        split by what the host's CPU trace shows meanwhile: the data loader, a blocking device
+        sync (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``), kernel launches, other work.
 
     Why it matters:
         Time the GPU does not run is lost whatever the parallel strategy; communication tuning
@@ -24,14 +27,13 @@ class GpuIdleHostBound(Rule):
         out (strong scaling), which makes small models look like a network problem.
 
     Evidence:
-        Per rank and step: step time, GPU busy and idle time, and the CPU time of the
-        ProfilerStep range (equal to the step when the host is the limit).
+        Each rank's idle share of the typical step, and the idle split by host activity on the
+        ranks that fire.
 
     Fix:
-        Overlap input with compute (``DataLoader(num_workers=..., pin_memory=True,
-        persistent_workers=True)``, ``non_blocking=True`` copies), remove host syncs from the
-        step, cut launch overhead (``torch.compile``, CUDA graphs, fused optimizers), or give
-        each GPU more work per step (larger micro-batch).
+        Follows the largest idle leaf: a faster data loader for input, removing the sync for a
+        device sync (a faster data loader does not fix that), ``torch.compile`` / CUDA graphs
+        for launch-bound steps, profiling the host for the rest.
 
     References:
         docs/models.md §6 (compute, MFU: idle time lowers MFU directly); HTA idle-time
@@ -45,44 +47,60 @@ class GpuIdleHostBound(Rule):
     severity = "warning"
     needs = ("gpu_steps",)
     thresholds = {
-        "idle_fraction": Threshold(0.25, "GPU idle time, as a fraction of the step time on the "
-                                   "median rank, from which the rule fires", 0.0, 1.0),
+        "idle_fraction": Threshold(0.25, "GPU idle time, as a fraction of the typical step on a "
+                                   "rank, from which the rule fires for that rank", 0.0, 1.0),
     }
     references = ("docs/models.md §6", "Holistic Trace Analysis: idle time breakdown",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
     def check(self, ctx):
-        rows = [(v, max(0.0, v.step_time_us - v.busy_us)) for v in ctx.facts.steps if v.step_time_us]
+        rows = [(r.rank, r.time_breakdown) for r in ctx.result.ranks if r.time_breakdown]
         if not rows:
+            raise NotEvaluated("no time breakdown of a typical step (no GPU steps on any rank)")
+        shares = {rank: tb["idle_us"] / tb["step_time_us"] for rank, tb in rows if tb["step_time_us"]}
+        hit = sorted(rank for rank, share in shares.items() if share >= ctx.thresholds["idle_fraction"])
+        if not hit:
             return []
-        by_rank: dict[int, list[float]] = {}
-        for view, idle in rows:
-            by_rank.setdefault(view.rank, []).append(idle / view.step_time_us)
-        share = median(sum(v) / len(v) for v in by_rank.values())
-        if share < ctx.thresholds["idle_fraction"]:
-            return []
-        step_us = ctx.facts.typical_step_us
-        idle_us = median(idle for _, idle in rows)
-        busy_us = median(v.busy_us for v, _ in rows)
-        cpu_us = median(v.cpu_step_us for v, _ in rows)
-        cpu_text = (f"; the host spends {cpu_us / 1000:,.1f} ms per step in the ProfilerStep range"
-                    if cpu_us else "")
-        summary = (f"The GPU is idle {idle_us / 1000:,.1f} ms of a {step_us / 1000:,.1f} ms step "
-                   f"({100 * share:.0f}% on the median rank) and busy {busy_us / 1000:,.1f} ms{cpu_text}.")
-        model = (f"idle = step time − GPU busy = {step_us:,.0f} − {busy_us:,.0f} µs ≈ {idle_us:,.0f} µs "
-                 f"(median over ranks and steps); waiting for other ranks is inside NCCL kernels (busy)")
-        hit = [v for v, idle in rows if idle >= ctx.thresholds["idle_fraction"] * v.step_time_us]
+        by_rank = dict(rows)
+        activity = _host_activity([by_rank[r] for r in hit])
+        step = by_rank[hit[0]]["step"]
+        idle = median(by_rank[r]["idle_us"] for r in hit)
+        step_us = median(by_rank[r]["step_time_us"] for r in hit)
+        host = {k: round(median((by_rank[r]["details"].get("idle_by_host") or {}).get(k, 0.0) for r in hit), 1)
+                for k in HOST_ACTIVITY}
+        host_text = ", ".join(f"{HOST_ACTIVITY[k]} {fmt_us(v)}" for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if v)
+        who = (f"on {len(hit)} of {len(rows)} ranks" if len(hit) < len(rows) else "on every rank given")
+        summary = (f"The GPU is idle {fmt_us(idle)} of a {fmt_us(step_us)} step {who} "
+                   f"(median of those ranks, step {step}; up to {100 * max(shares[r] for r in hit):.0f}%); "
+                   f"meanwhile the host is in: {host_text or 'nothing the trace shows'}.")
+        model = ("idle = the step window's time with no kernel, copy or collective on the GPU (waiting for "
+                 "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: "
+                 "data loader, blocking syncs (and the gap they drained), short gaps before late launches, "
+                 "the rest; the gain is an upper bound (all of that idle recovered)")
         evidence = {
-            "idle_share_median_rank": round(share, 3), "idle_us_median": round(idle_us, 1),
-            "busy_us_median": round(busy_us, 1), "cpu_step_us_median": None if cpu_us is None else round(cpu_us, 1),
-            "step_time_us": round(step_us, 1),
-            "by_rank_step": [[v.rank, v.step, round(v.step_time_us, 1), round(v.busy_us, 1), round(idle, 1)]
-                             for v, idle in rows],
+            "step": step, "idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
+            "idle_us_median": round(idle, 1), "step_time_us": round(step_us, 1),
+            "idle_by_host_median_us": host, "host_activity": activity,
+            "late_ranks_idle": "idle on a late rank is what the others then wait for (straggler-rank)",
         }
-        return [ctx.finding(summary=summary, ranks=[v.rank for v in hit], steps=[v.step for v in hit],
-                            evidence=evidence, estimated_gain_us=None, model=model,
-                            fix_text="Feed the GPU faster: overlap data loading, remove host syncs, reduce "
-                                     "launch overhead (torch.compile / CUDA graphs), or raise the micro-batch.",
-                            fix_snippet="DataLoader(dataset, batch_size=..., num_workers=8, pin_memory=True,\n"
-                                        "           persistent_workers=True)\n"
-                                        "model = torch.compile(model)")]
+        # The gain is an upper bound: the idle of the median firing rank, were the host never late.
+        return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
+                            model=model, fix_text=f"The host sets the pace: {HOST_FIX[activity]}.",
+                            fix_snippet=_SNIPPETS[activity])]
+
+
+_SNIPPETS = {
+    "input": ("DataLoader(dataset, batch_size=..., num_workers=8, pin_memory=True,\n"
+              "           persistent_workers=True, prefetch_factor=4)"),
+    "device_sync": "loss_sum += loss.detach()          # not loss.item() every step\n"
+                   "if step % 100 == 0: print(loss_sum.item() / 100)",
+    "launch": "model = torch.compile(model)   # or CUDA graphs: torch.cuda.make_graphed_callables",
+    "unknown": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
+}
+
+
+def _host_activity(breakdowns) -> str:
+    """The idle leaf with the most time over these ranks (``unknown`` when none has any)."""
+    totals = {k: sum((tb["details"].get("idle_by_host") or {}).get(k, 0.0) for tb in breakdowns) for k in HOST_ACTIVITY}
+    best = max(totals, key=lambda k: (totals[k], k))
+    return best if totals[best] > 0 else "unknown"

@@ -45,6 +45,13 @@ def summary_row(name: str, truth: dict) -> str:
 
 SCENARIO_NOTES = {
     "ddp_healthy_8r": "healthy DDP, one node",
+    "ddp_two_hosts_stall": "ranks 1 and 3 stall 25 ms in the data loader every step",
+    "ddp_rotating_stall": "a different rank (1, 3, 2, 1) stalls 25 ms in the data loader each step; no pg_config",
+    "ddp_host_sync_stall": "rank 3 blocks in loss.item() after forward, then 40 ms of host work, every step",
+    "ddp_entry_skew": "one profiled step; the ranks start it up to 20 ms apart",
+    "ddp_sync_per_param": "one synchronous all-reduce per gradient (no buckets), message sizes not recorded",
+    "ddp_forward_allreduce": "a blocking 1.5 GiB activation all-reduce after each block's forward (tensor-parallel style), 2 x 2 GPUs",
+    "ddp_alltoall_embeddings": "sharded embeddings: a 3 GiB all-to-all before the dense forward and after the backward, 2 x 2 GPUs",
     "ddp_2node_16r_healthy": "healthy DDP on 2 x 8 GPUs, 8 NICs per node",
     "ddp_bucket_oversized": "bucket_cap_mb=1024: few buckets, exposed all-reduce tail",
     "ddp_bucket_undersized": "bucket_cap_mb=1: many α-bound cross-node all-reduces (no host_name, no kernel args)",

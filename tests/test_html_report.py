@@ -76,16 +76,17 @@ def ddp_pair(tmp_path):
 
 # ----------------------------------------------------------------------------- numbers
 def test_bars_split_each_rank_step_into_its_parts(ddp_pair):
-    """two_step_ddp, worked by hand per step: compute [0,70)+[90,95) = 75, all-reduce [60,90):
-    10 overlapped, 20 exposed; busy 95. Step 1 lasts 100 (to step 2's first kernel), step 2 has
-    no successor so its span 95 stands in: mean step 97.5, idle (5 + 0) / 2 = 2.5."""
+    """two_step_ddp, worked by hand: the typical step is step 1 (step 2, the last, is the drain):
+    compute [0,70)+[90,95) = 75, all-reduce [60,90) on both ranks at once (no waiting), 20 µs of
+    it exposed; idle [95,100) = 5: the leaves add up to the 100 µs step."""
     _, doc, _ = html_for(ddp_pair)
     bars = build_view(doc)["bars"]
     assert bars["available"] and [r["rank"] for r in bars["rows"]] == [0, 1]
     parts = bars["rows"][0]["parts"]
-    assert parts == pytest.approx({"compute_only": 65.0, "overlapped": 10.0, "exposed": 20.0,
-                                   "other": 0.0, "idle": 2.5})
-    assert bars["rows"][0]["total"] == pytest.approx(97.5)
+    assert parts == pytest.approx({"compute_only": 75.0, "wait": 0.0, "transfer": 20.0,
+                                   "other": 0.0, "idle": 5.0})
+    assert bars["rows"][0]["total"] == pytest.approx(100.0)
+    assert [seg["key"] for seg in bars["legend"]] == ["compute_only", "wait", "transfer", "other", "idle"]
 
 
 def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):

@@ -57,3 +57,12 @@ def test_empty_inputs():
     assert iv.total(iv.intersect(a, iv.EMPTY)) == 0
     assert iv.total(iv.subtract(a, iv.EMPTY)) == 10
     assert iv.covered_length(iv.EMPTY, np.array([0]), np.array([5])).tolist() == [0]
+
+
+def test_clip_touches_only_the_window():
+    from analyzer.base.intervals import clip, union
+    canonical = union(np.array([0, 10, 20, 30]), np.array([5, 15, 25, 35]))
+    for lo, hi in ((0, 40), (3, 12), (5, 10), (12, 33), (36, 50), (-5, 0), (14, 14)):
+        got = clip(canonical, lo, hi)
+        want = [(max(s, lo), min(e, hi)) for s, e in zip(*canonical) if min(e, hi) > max(s, lo)]
+        assert list(zip(got[0].tolist(), got[1].tolist())) == want, (lo, hi)

@@ -98,7 +98,12 @@ def _cumulative(set_start: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, 
 
 
 def clip(intervals: IntervalSet, lo: int, hi: int) -> IntervalSet:
+    """The canonical set restricted to [lo, hi); only the intervals that reach it are touched
+    (a step window of a long trace costs O(log n + its own intervals))."""
     starts, ends = intervals
+    first = int(np.searchsorted(ends, lo, side="right"))  # canonical: ends are sorted too
+    last = int(np.searchsorted(starts, hi, side="left"))
+    starts, ends = starts[first:last], ends[first:last]
     starts = np.maximum(starts, lo)
     ends = np.minimum(ends, hi)
     keep = ends > starts

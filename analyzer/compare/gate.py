@@ -296,6 +296,9 @@ def _check_rule(doc: dict[str, Any], assertion: Assertion) -> Check:
     status = statuses.get(assertion.rule)
     if "rules" not in doc:
         return _unavailable(assertion, bound, "no rule results in this run (rules engine not run)")
+    if status is not None and status.get("status") == "not_evaluated":
+        return _unavailable(assertion, bound, f"rule {assertion.rule} could not check this run "
+                                              f"({status.get('reason')})")
     if status is None or status.get("status") == "disabled":
         return _unavailable(assertion, bound, f"rule {assertion.rule} did not run "
                                               f"({(status or {}).get('reason') or 'not in this run'})")

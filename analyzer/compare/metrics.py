@@ -6,9 +6,9 @@ either. Metrics are sampled per (rank, step) and aggregated over steps and ranks
 | metric | per (rank, step) sample | better |
 |---|---|---|
 | ``step_time_us`` | the step's time (README "Definitions") | lower |
-| ``exposed_comm_pct`` | 100 · exposed comm / step time | lower |
+| ``exposed_comm_pct`` | 100 · exposed comm (waiting + transfer) / step time, over the step window | lower |
 | ``overlap_pct`` | 100 · overlap / comm (steps with communication only) | higher |
-| ``idle_pct`` | 100 · (step time − GPU busy) / step time | lower |
+| ``idle_pct`` | 100 · GPU idle in the step window / step time | lower |
 | ``mfu`` | model FLOPs utilization, a fraction (0..1), from ``doc["mfu"]`` | higher |
 | ``busbw_gbps:<group>`` | nccl-tests bus bandwidth of each collective in the group | higher |
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.job.attribution import group_label  # noqa: F401  (re-exported: the diff and gate use it)
 
 AGGREGATIONS = ("median", "max", "min", "p90")
 GROUP_METRIC = "busbw_gbps"
@@ -116,11 +117,16 @@ def _rank_samples(rank: dict[str, Any]) -> dict[str, list[Sample]]:
         number, step, time = entry["rank"], entry["step"], entry["step_time_us"]
         if step is not None:
             out["step_time_us"].append(Sample(number, step, time))
-        exposed, busy = _num(entry.get("exposed_comm_us")), _num(entry.get("busy_us"))
+        # The step's time breakdown when the job analysis made one (analyzer.job.attribution:
+        # the one definition of exposed and idle shares), else the step's launched work.
+        tb = entry.get("time_breakdown") or {}
+        exposed = _num(tb.get("exposed_comm_us", entry.get("exposed_comm_us")))
+        busy = _num(entry.get("busy_us"))
+        idle = _num(tb["idle_us"]) if "idle_us" in tb else (None if busy is None else max(time - busy, 0.0))
         if exposed is not None:
             out["exposed_comm_pct"].append(Sample(number, step, 100.0 * exposed / time))
-        if busy is not None:
-            out["idle_pct"].append(Sample(number, step, 100.0 * max(time - busy, 0.0) / time))
+        if idle is not None:
+            out["idle_pct"].append(Sample(number, step, 100.0 * idle / time))
         if (_num(entry.get("comm_us")) or 0.0) > 0 and _num(entry.get("overlap_pct")) is not None:
             out["overlap_pct"].append(Sample(number, step, float(entry["overlap_pct"])))
     return out
@@ -151,15 +157,6 @@ def _mfu_value(entry: dict[str, Any]) -> float | None:
         if value is not None:
             return value * scale
     return None
-
-
-def group_label(group: dict[str, Any] | None) -> str | None:
-    """The name a group goes by in metric names and diffs: its description, else its name
-    (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
 
 
 def busbw_samples(doc: dict[str, Any]) -> dict[str, list[Sample]]:

@@ -43,6 +43,16 @@ class KernelClassifier:
         return GpuKind.COMPUTE
 
 
+# Host calls that block until the device has drained (runtime/driver calls and the ATen ops that
+# copy a scalar back): while the host sits in one, it queues no work, so the GPU idles after it.
+HOST_SYNC_NAMES = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+    "cudaMemcpy2D", "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH",
+    "cuMemcpyDtoH_v2", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
+    "hipMemcpy", "aten::item", "aten::_local_scalar_dense",
+})
+_INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
+
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 
 
@@ -59,6 +69,10 @@ def marker_kind(name: str) -> int | None:
         return Marker.BACKWARD
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return Marker.OPTIMIZER
+    if name in HOST_SYNC_NAMES:
+        return Marker.HOST_SYNC
+    if name.startswith(_INPUT_PREFIXES):
+        return Marker.HOST_INPUT
     lowered = name.lower()
     if name.startswith("FSDP::"):
         if _FSDP_FQN.match(name) and "backward" not in lowered and "forward" not in lowered:

@@ -213,7 +213,8 @@ class ColumnBuilder:
         groups = split_by_category(events)
         self._add_gpu(_joined(groups, GPU_ACTIVITY_CATS))
         self._add_launches(_joined(groups, LAUNCH_CATS))
-        self._add_markers(_joined(groups, CPU_OP_CATS))
+        # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
+        self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS))
 
     def _add_gpu(self, events: list[Event]) -> None:
         if not events:

@@ -33,6 +33,8 @@ class Marker(IntEnum):
     COMM_PARAMS = 4  # record_param_comms (collective metadata)
     COMM_OP = 5  # nccl:* / gloo:* / c10d:: ops (Input Dims carry message sizes)
     FSDP_UNIT = 6  # FSDP2 "FSDP::... (fqn)" annotations naming a module
+    HOST_SYNC = 7  # the host blocked on the device: cuda*Synchronize, sync memcpy, aten::item
+    HOST_INPUT = 8  # the host fetching the next batch: enumerate(DataLoader)#...
 
 
 @dataclass

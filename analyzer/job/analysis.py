@@ -2,7 +2,8 @@
 waits and stragglers, per-collective bandwidth, per-group α/β, MFU.
 
 ``analyze_job(result, options)`` stores them in the Result (``topology``, ``hardware``,
-``groups``, ``stragglers``, ``collective_summary``, ``mfu``) and adds ``algbw_gbps``,
+``groups``, ``stragglers``, ``collective_summary``, ``attribution``, ``mfu``) and each rank's
+``time_breakdown``, and adds ``algbw_gbps``,
 ``busbw_gbps``, ``bound`` and ``wait_us`` to every row of ``result.collectives``.
 """
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from analyzer.job import commfit
 from analyzer.job import crossrank
+from analyzer.job.attribution import attribute_job
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
@@ -32,6 +34,7 @@ def analyze_job(result: Any, options: Any) -> None:
     result.stragglers = stragglers
     result.groups = groups
     result.collective_summary = commfit.summarize(result.collectives)
+    attribute_job(result)
     n_gpus = world or result.job.get("ranks_given")
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                                       getattr(options, "tokens_per_step", None), n_gpus,

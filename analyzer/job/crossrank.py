@@ -168,6 +168,8 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     ranks = sorted({r["rank"] for r in rows})
     for row in rows:
         row["wait_us"] = None
+        row["waited_for"] = None  # the member whose kernel is shortest: the others waited for it
+        row["arrival_lag_us"] = None  # after the set's median arrival (clock offsets corrected)
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
@@ -197,6 +199,12 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
         last = int(np.argmax(arrival))
         last_rank = int(members[lo + last])
+        # Waited for: the member with the shortest kernel, the one the waits are measured against.
+        waited_for = int(members[lo + int(np.argmin(flat_durations[lo:hi]))])
+        for k_row, i in enumerate(indices):
+            rows[i]["arrival_lag_us"] = round(float(arrival[k_row] - np.median(arrival)), 3)
+            if rows[i]["rank"] != waited_for:
+                rows[i]["waited_for"] = waited_for
         others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1

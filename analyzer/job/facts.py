@@ -14,6 +14,8 @@ from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
+# Needs whose absence hides a problem rather than rule it out.
+_CANNOT_SEE = frozenset({"gpu_steps", "multi_rank", "all_ranks"})
 
 
 @dataclass(frozen=True)
@@ -243,8 +245,10 @@ class JobFacts:
         return {g.get("name"): g for g in self.result.groups or [] if isinstance(g, dict)}
 
     # ---------------------------------------------------------------- applicability
-    def missing(self, needs: tuple[str, ...]) -> str | None:
-        """Why a rule with these needs cannot run on this job (None when it can)."""
+    def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
+        """(status, reason) when a rule with these needs cannot run on this job, None when it
+        can: ``not_evaluated`` when the job may have the problem but the traces cannot show it
+        (no GPU steps, ranks missing), ``not_applicable`` when the job cannot have it."""
         checks = {
             "gpu_steps": (lambda: any(s.windows for s in self.steps),
                           "no GPU steps with ProfilerStep markers"),
@@ -257,10 +261,12 @@ class JobFacts:
                           "needs every rank's trace (the last arrival may be a rank not given)"),
             "collectives": (lambda: bool(self.result.collectives), "no collectives in the traces"),
         }
-        for need in needs:
+        # What rules the problem out first: a DDP rule on an FSDP job is not applicable even
+        # when the traces have no GPU steps.
+        for need in sorted(needs, key=lambda n: n in _CANNOT_SEE):
             ok, reason = checks[need]
             if not ok():
-                return reason
+                return ("not_evaluated" if need in _CANNOT_SEE else "not_applicable"), reason
         return None
 
 

@@ -93,6 +93,8 @@ class Result:
     stragglers: dict[str, Any] | None = None
     collective_summary: list[dict[str, Any]] | None = None
     mfu: dict[str, Any] | None = None
+    # the typical step's time breakdown, mean over ranks (analyzer.job.attribution)
+    attribution: dict[str, Any] | None = None
     # rules (analyzer.rules.engine)
     rules: list[dict[str, Any]] | None = None
     verdict: str | None = None
@@ -143,7 +145,7 @@ class Result:
                 f"{len(self.collectives)} collectives, {len(self.findings)} finding(s)>")
 
 
-_SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "rules", "verdict",
+_SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",
              "timeline", "scaling", "hta")
 
 

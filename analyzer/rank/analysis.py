@@ -15,6 +15,7 @@ import numpy as np
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
+from analyzer.rank.attribution import RankTimeline, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.steps import step_facts
 from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
@@ -42,6 +43,11 @@ class RankAnalysis:
     event_count: int
     warnings: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None  # kernels of chosen steps, for the HTML report
+    # Per step (str(number)): its exposed-communication intervals [[start_ns, end_ns], ...] on
+    # this rank's clock, for the job analysis's wait/transfer split (analyzer.job.attribution).
+    exposed_intervals: dict[str, list[list[int]]] = field(default_factory=dict)
+    # The typical step's time breakdown, set by the job analysis (analyzer.job.attribution).
+    time_breakdown: dict[str, Any] | None = None
 
 
 RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
@@ -49,7 +55,7 @@ RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "ex
 # RankAnalysis fields kept in each ``ranks[]`` entry as they are (the metrics are flattened).
 _RANK_FIELDS = ("rank", "path", "rank_source", "host", "world_size", "steps", "phases", "gpu_event_count",
                 "backend", "nccl_version", "process_groups", "devices", "first_gpu_ns", "markers_seen",
-                "event_count")
+                "event_count", "time_breakdown")
 
 
 def rank_entry(r: RankAnalysis) -> dict[str, Any]:
@@ -57,7 +63,8 @@ def rank_entry(r: RankAnalysis) -> dict[str, Any]:
     out = {key: getattr(r, key) for key in _RANK_FIELDS}
     out.update({k: r.metrics[k] for k in RANK_METRICS})
     out["rank_warnings"] = r.warnings
-    out["step_time_us"] = mean_step_time(r)
+    # The typical step's time when the job analysis chose one (its time_breakdown adds up to it).
+    out["step_time_us"] = r.time_breakdown["step_time_us"] if r.time_breakdown else mean_step_time(r)
     return out
 
 
@@ -118,7 +125,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings.append("no NCCL/RCCL kernels found: communication is zero for this rank")
     if len(gpu) and (att.launch_thread < 0).all():
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
-    steps = _per_step(trace, att, gpu)
+    exposed: dict[str, list[list[int]]] = {}
+    steps = _per_step(trace, att, gpu, exposed)
     if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
         warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
     analysis = RankAnalysis(
@@ -129,9 +137,12 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         phases=exposed_by_phase(gpu, att.phase),
         collectives=collectives_for_rank(trace, att, origin),
         markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
-        warnings=warnings,
+        warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
     )
+    if len(gpu) == 0 and not analysis.collectives:
+        warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
+                        "gloo:*): communication is unknown, not zero")
     analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
     return analysis
 
@@ -146,7 +157,7 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
     return replace(trace, gpu=gpu, kernel_comm_args=args)
 
 
-def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
+def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
     numbers = sorted(int(s) for s in np.unique(att.step) if s != NO_STEP)
     steps = []
     firsts = {}
@@ -168,10 +179,17 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
             entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
         else:
             entry["step_time_us"] = entry["span_us"]
+    timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
+    if steps:
+        _attribute_steps(timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
+    cpu_start = {int(n): int(s) for n, s in zip(cpu_numbers, cpu_starts)}
     for entry in steps:
         entry["cpu_step_us"] = cpu.get(entry["step"])
+        if entry["step"] in cpu_start:
+            entry["time_breakdown"]["host_before_us"] = timeline.host_before(cpu_start[entry["step"]],
+                                                                             firsts[entry["step"]])
     # When backward began on the CPU (first autograd function of the step, else the first
     # backward launch): the origin of DDP's gradient-ready (bucket launch) times. CPU-only
     # traces have no step entries (no GPU metrics), hence no offsets.
@@ -184,6 +202,16 @@ def _per_step(trace: RankTrace, att, gpu) -> list[dict[str, Any]]:
             if entry is not None:
                 entry["backward_launch_ns"] = int(inside.min())
     return steps
+
+
+def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
+                     exposed: dict[str, list[list[int]]]) -> None:
+    """Each step's time breakdown over its window (analyzer.rank.attribution)."""
+    for entry in steps:
+        start, end = step_window(firsts[entry["step"]], entry["step_time_us"])
+        entry["time_breakdown"], intervals = timeline.step(start, end)
+        entry["window_ns"] = [start, end]
+        exposed[str(entry["step"])] = np.stack(intervals, axis=1).tolist() if len(intervals[0]) else []
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:

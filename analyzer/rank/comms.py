@@ -261,13 +261,22 @@ def _group_of(rank: RankTrace, meta: dict[str, Any]) -> dict[str, Any]:
 
 def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any]]:
     """CPU-only traces (gloo): the CPU ops that issue collectives are their only record.
-    record_param_comms when the trace has it, else the ``c10d::*`` dispatcher ops (gloo's own
-    ``gloo:*`` ranges run on worker threads and would count each collective twice)."""
+    record_param_comms when the trace has it; else the ``c10d::*`` dispatcher ops (kind, sizes
+    from Input Dims, step and phase) with the timing of gloo's own ``gloo:*`` work ranges, which
+    run on its worker threads for the collective's real duration and carry the dtype: the n-th
+    work range is the n-th op's (a process group runs its work in issue order) when they pair up
+    one to one; else whichever of the two the trace has (c10d first). Each collective counts once."""
     m = rank.markers
     rows = np.flatnonzero(m.kind == Marker.COMM_PARAMS)
+    work = rows
     if not len(rows):
-        rows = np.array([r for r in np.flatnonzero(m.kind == Marker.COMM_OP)
-                         if rank.strings[m.name[r]].startswith("c10d::")], dtype=np.int64)
+        ops = np.flatnonzero(m.kind == Marker.COMM_OP)
+        ops = ops[np.argsort(m.ts[ops], kind="stable")]
+        names = [rank.strings[m.name[r]] for r in ops]
+        c10d = np.array([r for r, n in zip(ops, names) if n.startswith("c10d::")], dtype=np.int64)
+        gloo = np.array([r for r, n in zip(ops, names) if n.startswith("gloo:")], dtype=np.int64)
+        rows = c10d if len(c10d) else gloo
+        work = gloo if len(gloo) == len(c10d) or not len(c10d) else c10d
     if not len(rows):
         return []
     step, phase = locate(rank, m.ts[rows], m.thread[rows])
@@ -281,11 +290,15 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
             meta = _merge_sources(None, None, args, name, "")
         if meta["collective"] in ("unknown", "barrier"):
             continue
-        dur = int(m.end[row] - m.ts[row])
+        done = int(work[k])
+        if meta["dtype"] is None and done != row:  # the c10d op records no dtype; gloo's range does
+            types = m.comm_args.get(done, {}).get("input_types")
+            meta["dtype"] = sizes_from_input_dims(rank.strings[m.name[done]], [[1]], types)[2]
+        dur = int(m.end[done] - m.ts[done])
         out.append(_row(rank, meta, {
             "step": int(step[k]) if step[k] != NO_STEP else None,
             "phase": PHASES[phase[k]], "stream": None,
-            "start_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
+            "start_us": round((int(m.ts[done]) - origin_ns) / 1000.0, 3),
             "dur_us": round(dur / 1000.0, 3), "exposed_us": None,
             "launch_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
             "kernel": None, "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),

@@ -54,6 +54,8 @@ class RankRenderer:
             "pg_config": [_pg_config(g) for g in self.p.groups.member_groups(self.r)],
             "nccl_version": spec.nccl_version,
         }
+        if not spec.emit_pg_config:
+            del dist["pg_config"]
         if spec.emit_host_name:
             dist["host_name"] = host
         return {
@@ -123,7 +125,7 @@ class RankRenderer:
         args["est. achieved occupancy %"] = int(min(100, 100 * warps / 64))
         if ev.comm is not None and self.spec.kernel_comm_args:
             comm = self.comm_args(ev.comm, cpu_side=False)
-            args.update({k: comm[k] for k in KINETO_KERNEL_COMM_KEYS})
+            args.update({k: comm[k] for k in KINETO_KERNEL_COMM_KEYS if k in comm})
         return args
 
     def comm_args(self, call: CollectiveCall, cpu_side: bool) -> dict:
@@ -135,6 +137,8 @@ class RankRenderer:
             "In split size": "[]", "Out split size": "[]", "Process Group Name": group.name,
             "Process Group Description": group.desc, "Process Group Ranks": _format_list(ranks),
         }
+        if not self.spec.record_comm_sizes:
+            del args["In msg nelems"], args["Out msg nelems"]
         if cpu_side:
             start, stride = _rank_stride(ranks)
             args.update({"Rank": ranks.index(self.r), "Seq": call.seq,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .spec import JobSpec
 
-ALLREDUCE, ALLGATHER, REDUCE_SCATTER = "allreduce", "allgather", "reduce_scatter"
+ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL = "allreduce", "allgather", "reduce_scatter", "alltoall"
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ def group_link(spec: JobSpec, ranks: list[int]) -> Link:
 
 def ring_time_us(kind: str, size_bytes: float, n: int, link: Link) -> float:
     """NCCL ring: all-reduce 2(N-1)α + 2(N-1)/N·S/β; all-gather (output S) and reduce-scatter
-    (input S) (N-1)α + (N-1)/N·S/β. β in GB/s = 1e3 bytes/µs."""
+    (input S) (N-1)α + (N-1)/N·S/β; all-to-all (S per rank, N-1 pairwise exchanges of S/N) the
+    same as all-gather. β in GB/s = 1e3 bytes/µs."""
     if n <= 1:
         return 0.0
     hops = 2 * (n - 1) if kind == ALLREDUCE else n - 1

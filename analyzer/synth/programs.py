@@ -17,7 +17,7 @@ import numpy as np
 from .compute import COMPUTE_STREAM, Compute
 from .engine import CollectiveCall, Engine, GpuEvent
 from .layout import Param, Unit, ddp_buckets, fsdp_units, model_params, process_groups
-from .physics import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, memory_us, ring_time_us
+from .physics import ALLGATHER, ALLREDUCE, ALLTOALL, REDUCE_SCATTER, memory_us, ring_time_us
 from .spec import DTYPE_BYTES, NCCL_DTYPE_NAME, JobSpec
 
 T0_NS = 3_600_000_000_000  # the first step starts one hour after baseTimeNanoseconds
@@ -28,7 +28,9 @@ COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nc
     ALLREDUCE: ("c10d::allreduce_", "allreduce", "nccl:all_reduce"),
     ALLGATHER: ("c10d::_allgather_base_", "_allgather_base", "nccl:_all_gather_base"),
     REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
+    ALLTOALL: ("c10d::alltoall_base_", "all_to_all", "nccl:all_to_all"),
 }
+DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 SPLIT_COPY = (
     "void at::native::(anonymous namespace)::split_with_sizes_copy_out_contiguous_no_cast_kernel<unsigned char>("
@@ -48,6 +50,8 @@ CHUNK_CAT = (
 
 
 def nccl_kernel_name(kind: str, dtype: str) -> str:
+    if kind == ALLTOALL:  # NCCL runs all-to-all as grouped send/recv
+        return "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
     op = {ALLREDUCE: f"AllReduce_Sum_{NCCL_DTYPE_NAME[dtype]}", ALLGATHER: "AllGather",
           REDUCE_SCATTER: f"ReduceScatter_Sum_{NCCL_DTYPE_NAME[dtype]}"}[kind]
     return f"ncclDevKernel_{op}_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -92,10 +96,16 @@ class Program:
             self.step_ranges[step] = rec
             with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
                 pass
+            stall = self.spec.stall_us(step - self.spec.first_step)
+            if self.spec.host_stall_kind == "input" and self.spec.host_stall_ranks:
+                self.host_stall(stall)
             compute.copy_inputs()
             eng.phase = "forward"
             self.forward()
             compute.loss_forward()
+            if self.spec.host_stall_kind == "sync" and any(stall):
+                compute.loss_item()  # the host blocks until forward is done...
+                self.host_stall(stall, "log_metrics")  # ...then works
             eng.phase = "backward"
             self.run_backward()
             eng.phase = "optimizer"
@@ -105,6 +115,12 @@ class Program:
             eng.phase = "other"
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
+
+    def host_stall(self, stall_us: list[float], name: str = DATALOADER) -> None:
+        """A CPU range of the main thread lasting ``stall_us`` (per rank) plus its overhead (the
+        truth finds it by name)."""
+        with self.eng.annotation(name):
+            self.eng.advance("main", np.asarray(stall_us, dtype=float))
 
     def run_backward(self) -> None:
         """loss.backward(): the autograd thread runs the graph while the main thread waits."""
@@ -122,7 +138,7 @@ class Program:
         n = group.size
         if n <= 1:
             return None
-        in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
+        in_n, out_n = {ALLREDUCE: (nelems, nelems), ALLTOALL: (nelems, nelems), ALLGATHER: (nelems // n, nelems),
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
@@ -164,10 +180,12 @@ class DdpProgram(Program):
     def forward(self) -> None:
         eng, compute = self.eng, self.compute
         first = len(eng.gpu)
+        self.embedding_alltoall("main")
         with eng.annotation("DistributedDataParallel.forward") as ann:
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
                 compute.layer_forward()
+                self.blocking_collective(ALLREDUCE, self.spec.forward_allreduce_mb, "main", {"tp": "forward"})
             compute.head_forward()
         eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
 
@@ -180,13 +198,38 @@ class DdpProgram(Program):
         for i in reversed(range(self.spec.n_layers)):
             compute.layer_backward(i, self.grads_ready)
         compute.embed_backward(self.grads_ready)
+        self.embedding_alltoall("autograd")  # the sparse gradients go back to their shards
         # Reducer::finalize_backward: the compute stream waits for every bucket's all-reduce
         if self.ends:
             self.eng.wait_event(COMPUTE_STREAM, np.max(self.ends, axis=0), "autograd")
 
+    def embedding_alltoall(self, thread: str) -> None:
+        """Sharded embeddings: each rank's looked-up rows (forward) or their gradients (backward)
+        go to their owners in one all-to-all that the dense compute then waits for."""
+        self.blocking_collective(ALLTOALL, self.spec.embedding_alltoall_mb, thread, {"embedding": self.eng.phase})
+
+    def blocking_collective(self, kind: str, mb: float, thread: str, tag: dict) -> None:
+        """A collective of ``mb`` MiB over the world group after the compute so far, which the
+        compute stream then waits for (nothing when ``mb`` is 0)."""
+        if mb <= 0:
+            return
+        nelems = int(mb * 2**20) // DTYPE_BYTES[self.spec.param_dtype]
+        ready = self.eng.stream_tail(COMPUTE_STREAM).copy()
+        kernel = self.collective(kind, self.spec.param_dtype, nelems, "world", self.comm_stream, thread, ready, tag)
+        if kernel is not None:
+            self.eng.wait_event(COMPUTE_STREAM, kernel.start + kernel.dur, thread)
+
     def grads_ready(self, params: list[Param], thread: str) -> None:
-        """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full."""
+        """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full (or,
+        unbucketed, all-reduce the gradient at once and wait for it)."""
         for p in params:
+            if self.spec.sync_param_allreduce:
+                with self.eng.op(ACCUMULATE_GRAD, thread):
+                    ready = self.eng.stream_tail(COMPUTE_STREAM).copy()
+                    self.collective(ALLREDUCE, self.spec.grad_dtype, p.numel, "world", self.comm_stream, thread,
+                                    ready, {"param": p.name})
+                    self.eng.synchronize(self.comm_stream, thread)
+                continue
             with self.eng.op(ACCUMULATE_GRAD, thread):
                 b = self.bucket_of[p.name]
                 self.pending[b] -= 1

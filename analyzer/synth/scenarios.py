@@ -43,5 +43,25 @@ SCENARIOS: dict[str, JobSpec] = {
         _job(GPT_7B, "fsdp_no_prefetch", 14, strategy="fsdp1", micro_batch=1, backward_prefetch=False,
              forward_prefetch=False),
         _job(GPT_SMALL, "fsdp_small_model", 15, strategy="fsdp2", bias=False),
+        # host-side problems (issue 11): two hosts stall in the data loader every step; a
+        # different host each step (and no pg_config); one host blocked in a device sync then
+        # busy in Python mid-step; ranks entering a single profiled step far apart
+        _job(GPT_1_5B, "ddp_two_hosts_stall", 16, n_layers=2, steps=4, world_size=4, host_stall_ranks=(1, 3),
+             host_stall_us=25000.0),
+        _job(GPT_1_5B, "ddp_rotating_stall", 17, n_layers=2, steps=4, world_size=4, host_stall_ranks=(1, 3, 2),
+             host_stall_us=25000.0, host_stall_rotate=True, emit_pg_config=False),
+        _job(GPT_1_5B, "ddp_host_sync_stall", 18, n_layers=2, steps=4, world_size=4, host_stall_ranks=(3,),
+             host_stall_us=40000.0, host_stall_kind="sync"),
+        _job(GPT_1_5B, "ddp_entry_skew", 19, n_layers=2, steps=1, start_skew_us=20000.0),
+        # sharded embeddings + DDP: an all-to-all before the dense forward and after the backward
+        _job(GPT_1_5B, "ddp_alltoall_embeddings", 20, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
+             embedding_alltoall_mb=3072.0),
+        # one synchronous all-reduce per gradient, sizes not recorded (a hand-rolled data parallel)
+        _job(GPT_SMALL, "ddp_sync_per_param", 22, n_layers=4, steps=3, world_size=2, gpus_per_node=1,
+             grad_dtype="fp32", param_dtype="fp32", sync_param_allreduce=True, record_comm_sizes=False,
+             kernel_comm_args=False),
+        # a blocking activation all-reduce after each block's forward (tensor-parallel style)
+        _job(GPT_1_5B, "ddp_forward_allreduce", 21, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
+             forward_allreduce_mb=1536.0),
     ]
 }

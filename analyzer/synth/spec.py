@@ -66,6 +66,16 @@ class JobSpec:
     first_bucket_mb: float = 1.0  # MiB, dist._DEFAULT_FIRST_BUCKET_BYTES
     grad_dtype: str = "bf16"  # dtype of the gradient all-reduce / reduce-scatter
     param_dtype: str = "bf16"  # dtype of the FSDP all-gather (and of DDP params)
+    # sharded embeddings (DLRM / recommendation): an all-to-all of this many MiB per rank before
+    # the dense forward and of the gradients after the dense backward (0: none)
+    embedding_alltoall_mb: float = 0.0
+    # tensor-parallel style: after each block's forward an all-reduce of this many MiB of
+    # activations over the world group, which the next block waits for (0: none)
+    forward_allreduce_mb: float = 0.0
+    # DDP replaced by a synchronous all-reduce per gradient as it becomes ready (each waited for
+    # by the host before backward goes on), and collectives recorded without message sizes
+    sync_param_allreduce: bool = False
+    record_comm_sizes: bool = True
     # FSDP
     fsdp_wrap: str = "per_layer"  # per_layer | none
     sharding: str = "full_shard"  # full_shard | shard_grad_op | hybrid_shard
@@ -80,6 +90,14 @@ class JobSpec:
     # imbalance, host and noise
     straggler_rank: int | None = None
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
+    # step, in turn) in the data loader ("input") or in Python right after a blocking device
+    # sync in mid-step ("sync": loss.item() after forward, then host work before backward)
+    host_stall_ranks: tuple = ()
+    host_stall_us: float = 0.0
+    host_stall_kind: str = "input"  # input | sync
+    host_stall_rotate: bool = False
+    emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
     noise: float = 0.01  # relative sigma of kernel durations (seeded; truth stays exact)
@@ -109,6 +127,15 @@ class JobSpec:
             self.straggler_rank is None or 0 <= self.straggler_rank < self.world_size,
             "straggler_rank out of range",
         )
+        _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
+        _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
+
+    def stall_us(self, step_index: int) -> list[float]:
+        """Per rank, the host stall of the step_index-th recorded step (µs)."""
+        ranks = list(self.host_stall_ranks)
+        if self.host_stall_rotate and ranks:
+            ranks = [ranks[step_index % len(ranks)]]
+        return [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
 
     # ---- derived quantities -------------------------------------------------------------
     @property

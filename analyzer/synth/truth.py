@@ -48,6 +48,30 @@ def covered(iv, start: int, end: int) -> int:
     return int(np.sum(np.clip(iv[1], start, end) - np.clip(iv[0], start, end)))
 
 
+def clip(iv, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    s, e = np.clip(iv[0], start, end), np.clip(iv[1], start, end)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def _intersect(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """Pairwise overlaps of two disjoint interval sets (quadratic: the truth's sets are small)."""
+    if not len(a[0]) or not len(b[0]):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    s = np.maximum(a[0][:, None], b[0][None, :]).ravel()
+    e = np.minimum(a[1][:, None], b[1][None, :]).ravel()
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def gaps(busy, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stretches of [start, end) that the disjoint intervals busy do not cover."""
+    s, e = clip(busy, start, end)
+    g_start, g_end = np.concatenate([[start], e]), np.concatenate([s, [end]])
+    keep = g_end > g_start
+    return g_start[keep], g_end[keep]
+
+
 # ---- metrics ------------------------------------------------------------------------------
 def _us(ns) -> float:
     return round(int(ns) / 1000, 3)
@@ -123,15 +147,69 @@ class TruthBuilder:
         out = {"rank": r, "host": self.spec.host_name(r), "world_size": self.spec.world_size,
                **timeline_metrics(s, e, self.kinds), "phases": phase_exposure(s, e, self.kinds, self.phases)}
         out["steps"] = []
+        breakdowns = self.step_breakdowns(r)
         for step, rec in sorted(self.p.step_ranges.items()):
             sel = self.steps == step
             row = {"step": step, "step_time_us": _us(rec.end[r] - rec.start[r]),
                    **timeline_metrics(s[sel], e[sel], self.kinds[sel]),
                    "phases": phase_exposure(s[sel], e[sel], self.kinds[sel], self.phases[sel]),
                    "backward_start_us": self.first_start(r, sel & (self.phases == "backward")),
-                   "forward_start_us": self.first_start(r, sel & (self.phases == "forward"))}
+                   "forward_start_us": self.first_start(r, sel & (self.phases == "forward")),
+                   "time_breakdown": breakdowns.get(step)}
             out["steps"].append(row)
         return out
+
+    def step_breakdowns(self, r: int) -> dict[int, dict]:
+        """Per step, the time breakdown over the step window [first GPU start of the step, that of
+        the next step) (the last step: to its last GPU end): compute only, exposed communication
+        split into waiting (a collective's start until its last member started, which the engine
+        knows) and transfer, other GPU work, idle; idle split into the host stall in the data
+        loader ("input") and gaps that began while the host was blocked in a device sync."""
+        s, e = self.starts[:, r], self.ends[:, r]
+        busy = merge(s, e)
+        compute = merge(s[self.kinds == "compute"], e[self.kinds == "compute"])
+        comm = merge(s[self.kinds == "comm"], e[self.kinds == "comm"])
+        comm_ev = [ev for ev in self.p.eng.gpu if ev.comm is not None]
+        waits = merge(np.array([ev.start[r] for ev in comm_ev], np.int64),
+                      np.array([ev.start[r] + ev.dur[r] - ev.comm.transfer_ns for ev in comm_ev], np.int64))
+        loader = merge(*self._cpu_ranges(r, lambda c: c.name.startswith("enumerate(DataLoader)")))
+        sync = merge(*self._host_syncs(r))
+        numbers = sorted(self.p.step_ranges)
+        firsts = {n: int(s[self.steps == n].min()) for n in numbers if (self.steps == n).any()}
+        out = {}
+        for n in firsts:
+            start = firsts[n]
+            end = firsts.get(n + 1, int(e[self.steps == n].max()))
+            c_len = covered(compute, start, end)
+            m_w, c_w = clip(comm, start, end), clip(compute, start, end)
+            exposed = length(m_w) - intersection_length(m_w, c_w)
+            p_w = clip(waits, start, end)
+            wait = length(p_w) - intersection_length(p_w, c_w)
+            b_len = covered(busy, start, end)
+            idle = gaps(busy, start, end)
+            after_sync = np.array([covered(sync, g - 1, g) > 0 for g in idle[0]], dtype=bool)
+            sync_gaps = (idle[0][after_sync], idle[1][after_sync])
+            in_loader = intersection_length(idle, loader)
+            sync_cover = merge(np.concatenate([sync_gaps[0], sync[0]]), np.concatenate([sync_gaps[1], sync[1]]))
+            synced = clip(sync_cover, start, end)
+            device_sync = intersection_length(idle, synced) - intersection_length(
+                (lambda x: clip(x, start, end))(merge(*_intersect(idle, synced))), loader)
+            out[n] = {"step_time_us": _us(end - start), "compute_only_us": _us(c_len),
+                      "exposed_wait_us": _us(wait), "exposed_transfer_us": _us(exposed - wait),
+                      "other_gpu_us": _us(b_len - c_len - exposed), "idle_us": _us(end - start - b_len),
+                      "idle_input_us": _us(in_loader), "idle_device_sync_us": _us(device_sync)}
+        return out
+
+    def _cpu_ranges(self, r: int, keep) -> tuple[np.ndarray, np.ndarray]:
+        ranges = [c for c in self.p.eng.cpu_ranges if keep(c) and c.end is not None]
+        return (np.array([c.start[r] for c in ranges], np.int64), np.array([c.end[r] for c in ranges], np.int64))
+
+    def _host_syncs(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """The host's blocking calls: cudaStreamSynchronize and the aten::item ops around them."""
+        calls = [c for c in self.p.eng.runtime if c.name == "cudaStreamSynchronize"]
+        items = self._cpu_ranges(r, lambda c: c.name in ("aten::item", "aten::_local_scalar_dense"))
+        return (np.concatenate([[c.start[r] for c in calls], items[0]]).astype(np.int64),
+                np.concatenate([[c.start[r] + c.dur[r] for c in calls], items[1]]).astype(np.int64))
 
     def first_start(self, r: int, sel: np.ndarray) -> float | None:
         sel = sel & (self.streams == 7)
@@ -223,8 +301,8 @@ class TruthBuilder:
                 for k, v in sorted(out.items())}
 
     def bucket_facts(self) -> list[dict] | None:
-        if not isinstance(self.p, DdpProgram):
-            return None
+        if not isinstance(self.p, DdpProgram) or self.spec.sync_param_allreduce:
+            return None  # no buckets: one all-reduce per gradient
         return [{"index": b.index, "bytes": b.nbytes, "numel": b.numel, "n_params": len(b.params),
                  "first_param": b.params[0], "last_param": b.params[-1]} for b in self.p.buckets]
 

@@ -171,6 +171,18 @@ def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
     return [s for s in steps if s.link is not None] if need_link else list(steps)
 
 
+def why_no_ddp_steps(facts, need_link: bool = True) -> str:
+    """Why ``ddp_steps`` is empty: what the traces lack for the bucket models."""
+    buckets = [b for rows in facts.buckets_by_step().values() for b in rows]
+    if not any("backward" in s.windows for s in facts.steps):
+        return "no backward phase in the traces (no autograd or DDP markers): the bucket pipeline needs it"
+    if buckets and all(b["bytes"] is None for b in buckets):
+        return "gradient all-reduce sizes are unknown (no collective args or Input Dims)"
+    if need_link and ddp_steps(facts, need_link=False):
+        return "the all-reduce group's link (α/β) is unknown: no fit and no hardware profile"
+    return "no step has both a backward window and gradient all-reduces of known size"
+
+
 def _all_ddp_steps(facts) -> list[DdpStep]:
     out = []
     for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):

@@ -1,0 +1,278 @@
+"""Step-time attribution of the job: the tree every verdict rests on.
+
+Each rank's steps arrive with four leaves over their windows (analyzer.rank.attribution). Here the
+exposed communication is split with the cross-rank matching (analyzer.job.crossrank, which put a
+``wait_us`` on every matched collective): the part of a collective before its last member arrived
+is **waiting for late peers** (``exposed_wait_us``), the rest is **transfer**. An instant where
+several collectives run at once belongs to the one that started first. Leaves per step:
+
+    step_time_us = compute_only_us + exposed_wait_us + exposed_transfer_us + other_gpu_us + idle_us
+
+exactly (integer nanoseconds underneath). The *typical step* is a steady-state step: the last step
+of a trace (its time is its GPU span: no next step closes it), a first step much slower than the
+rest (warm-up) and other outliers are left out and reported; among the rest, the step whose time
+(mean over ranks) is nearest the median. Every rank's ``time_breakdown`` is its figures for that
+step; the job's is the mean over the ranks (the leaves still add up).
+
+``exposed_share`` = (exposed_wait + exposed_transfer) / step time of the typical step: the one
+definition the verdict, the text and HTML views, the JSON and the gate use.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from analyzer.base import intervals as iv
+from analyzer.job.facts import JobFacts
+from analyzer.model.formulas import COLLECTIVE_KINDS
+from analyzer.rank.timeline import ns_to_us
+
+LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
+DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host")
+# A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
+OUTLIER_FRACTION = 0.3
+
+
+def exposed_share(breakdown: dict[str, Any] | None) -> float | None:
+    """Exposed communication (waiting + transfer) as a fraction of the step."""
+    if not breakdown or not breakdown.get("step_time_us"):
+        return None
+    return (breakdown["exposed_wait_us"] + breakdown["exposed_transfer_us"]) / breakdown["step_time_us"]
+
+
+def attribute_job(result: Any) -> None:
+    """Split every step's exposed communication into wait and transfer, pick the typical step,
+    and set each rank's ``time_breakdown`` and the Result's ``attribution`` section."""
+    origin = int(result.job.get("time_origin_ns") or 0)
+    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in result.collectives:
+        if row.get("on_gpu"):
+            by_rank[row["rank"]].append(row)
+    source = _wait_source(result, _estimate_waits(result))
+    per_rank: dict[int, dict[Any, dict[str, Any]]] = {}
+    for rank in result.ranks:
+        rows = _RowIntervals(by_rank.get(rank.rank, []))
+        per_rank[rank.rank] = {}
+        for entry in rank.steps:
+            tb = entry.get("time_breakdown")
+            if tb is None or "window_ns" not in entry:
+                continue
+            exposed = _exposed_set(rank.exposed_intervals.get(str(entry["step"]), []), origin)
+            split = rows.split(exposed)
+            wait_ns = sum(w for _, _, w in split)
+            total = iv.total(exposed)
+            tb["exposed_wait_us"] = ns_to_us(wait_ns)
+            tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)
+            tb["wait_by_peer"] = _wait_by_peer(split)
+            per_rank[rank.rank][entry["step"]] = _rank_breakdown(entry, split, source)
+    result.attribution = _job_section(result, per_rank, source)
+
+
+ESTIMATED_PEER = "estimated (α-β)"  # wait_by_peer key of waiting estimated from the α-β model
+
+
+def _estimate_waits(result: Any) -> bool:
+    """Without every rank's trace a collective's wait is unknown (one rank) or a lower bound (a
+    subset): estimate it as the time beyond the α-β model's transfer for its bytes on its
+    group's link, ``max(0, dur − T_model)``, kept as ``wait_estimated_us`` where it exceeds the
+    measured wait. True when any row got one."""
+    world = result.job.get("world_size") or len(result.ranks)
+    if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
+        return False
+    facts, found = JobFacts(result), False
+    for row in result.collectives:
+        if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
+            continue
+        link = facts.link(row.get("group") or {})
+        if link is None or link.n < 2:
+            continue
+        estimate = max(0.0, row["dur_us"] - link.time_us(row["collective"], row["bytes"]))
+        if estimate > (row.get("wait_us") or 0.0):
+            row["wait_estimated_us"] = round(estimate, 3)
+            found = True
+    return found
+
+
+class _RowIntervals:
+    """One rank's GPU collectives as the disjoint stretches each one *owns* (the instants where
+    it is the earliest-started collective running) and the waiting prefix of each, in ns."""
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        rows = sorted(rows, key=lambda r: (r["start_us"], r["dur_us"]))
+        self.rows = rows
+        start = np.array([round(r["start_us"] * 1000) for r in rows], dtype=np.int64)
+        end = start + np.array([round(r["dur_us"] * 1000) for r in rows], dtype=np.int64)
+        wait = np.array([round(max(r.get("wait_us") or 0.0, r.get("wait_estimated_us") or 0.0) * 1000)
+                         for r in rows], dtype=np.int64)
+        before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(rows) \
+            else np.zeros(0, np.int64)
+        self.start = start
+        self.longest = int((end - start).max()) if len(rows) else 0
+        self.own_start = np.minimum(np.maximum(start, before), end)
+        self.own_end = end
+        self.wait_end = np.clip(start + wait, self.own_start, end)
+
+    def split(self, exposed: iv.IntervalSet) -> list[tuple[dict[str, Any], int, int]]:
+        """(row, exposed ns it owns, of which waiting) for the rows with exposed time."""
+        if not self.rows or not len(exposed[0]):
+            return []
+        # Only the rows that can reach the step's exposed stretch (rows are sorted by start).
+        lo = int(np.searchsorted(self.start, exposed[0][0] - self.longest, side="left"))
+        hi = int(np.searchsorted(self.start, exposed[1][-1], side="left"))
+        part = slice(lo, hi)
+        owned = iv.covered_length(exposed, self.own_start[part], self.own_end[part])
+        waiting = iv.covered_length(exposed, self.own_start[part], self.wait_end[part])
+        return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+
+
+def _exposed_set(pairs: list[list[int]], origin_ns: int) -> iv.IntervalSet:
+    if not pairs:
+        return iv.EMPTY
+    array = np.asarray(pairs, dtype=np.int64) - origin_ns
+    return array[:, 0], array[:, 1]
+
+
+def _wait_source(result: Any, estimated: bool) -> str:
+    stragglers = result.stragglers or {}
+    world = result.job.get("world_size")
+    given = len(result.ranks)
+    model = ("the kernel time beyond the α-β model's transfer for its bytes on the group's link "
+             "(dur − T_model), where sizes and link are known")
+    if not stragglers.get("method"):
+        if estimated:
+            return (f"estimated: no collective could be matched across ranks (one rank's trace?), so waiting "
+                    f"is {model}; the rest counts as transfer")
+        return ("not measured: no collective could be matched across ranks (one rank's trace?); "
+                "exposed communication is counted as transfer, part of it may be waiting")
+    if world and given < world:
+        return (f"cross-rank matching of {given} of {world} ranks: waits are lower bounds (the last member "
+                "may be a rank not given)" + (f", raised to {model} where that is larger" if estimated else ""))
+    return f"cross-rank matching of all {given} ranks ({stragglers['method']})"
+
+
+def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int, int]],
+                    source: str) -> dict[str, Any]:
+    tb = entry["time_breakdown"]
+    details: dict[str, dict[str, float]] = {"by_kind": {}, "by_group": {}, "by_phase": {}, "by_kind_phase": {},
+                                            "wait_by_peer": {}}
+    for row, owned, wait in split:
+        phase = row.get("phase") or "other"
+        for key, label in (("by_kind", row["collective"]), ("by_group", group_label(row.get("group")) or "unknown"),
+                           ("by_phase", phase), ("by_kind_phase", f"{row['collective']} {phase}")):
+            cell = details[key].setdefault(label, {"wait_us": 0.0, "transfer_us": 0.0})
+            cell["wait_us"] += wait / 1000.0
+            cell["transfer_us"] += (owned - wait) / 1000.0
+    details["wait_by_peer"] = dict(tb["wait_by_peer"])
+    details["idle_by_host"] = dict(tb.get("idle_by_host") or {})
+    out = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
+    out.update({k: tb[k] for k in LEAVES})
+    out["details"] = _rounded(details)
+    out["wait_source"] = source
+    return out
+
+
+def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, float]:
+    """Exposed waiting (µs) by the rank that arrived last (the peer waited for)."""
+    peers: dict[str, int] = defaultdict(int)
+    for row, _, wait in split:
+        if wait and row.get("wait_estimated_us"):
+            peers[ESTIMATED_PEER] += wait
+        elif wait and row.get("waited_for") is not None:
+            peers[str(row["waited_for"])] += wait
+    return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
+
+
+def group_label(group: dict[str, Any] | None) -> str | None:
+    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
+    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
+    if not group:
+        return None
+    label = group.get("description") or group.get("name")
+    return str(label) if label not in (None, "") else None
+
+
+def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    """(steady step numbers, excluded [{step, reason}]) from each step's time."""
+    steps = sorted(times)
+    excluded = []
+    kept = list(steps)
+    if len(kept) > 1 and last_step in kept:
+        kept.remove(last_step)
+        excluded.append({"step": last_step, "reason": "drain: the last step of the trace (no next step "
+                                                       "closes it: its time is its GPU span)"})
+    if len(kept) > 2:
+        middle = statistics.median(times[s] for s in kept)
+        for s in list(kept):
+            ratio = times[s] / middle if middle else 1.0
+            if abs(ratio - 1.0) > OUTLIER_FRACTION and len(kept) > 1:
+                kept.remove(s)
+                what = "warm-up" if s == steps[0] else "outlier"
+                excluded.append({"step": s, "reason": f"{what}: {ratio:.2f}x the median step time"})
+    return kept, sorted(excluded, key=lambda e: e["step"])
+
+
+def _job_section(result: Any, per_rank: dict[int, dict[Any, dict[str, Any]]], source: str) -> dict[str, Any] | None:
+    times: dict[Any, list[float]] = defaultdict(list)
+    for steps in per_rank.values():
+        for number, tb in steps.items():
+            times[number].append(tb["step_time_us"])
+    if not times:
+        for rank in result.ranks:
+            rank.time_breakdown = None
+        return None
+    means = {s: statistics.fmean(v) for s, v in times.items()}
+    last = max(means)
+    kept, excluded = steady_steps(means, last)
+    middle = statistics.median(means[s] for s in kept)
+    typical = min(kept, key=lambda s: (abs(means[s] - middle), s))
+    chosen = []
+    for rank in result.ranks:
+        rank.time_breakdown = per_rank.get(rank.rank, {}).get(typical)
+        if rank.time_breakdown is not None:
+            chosen.append(rank.time_breakdown)
+    section = _mean_breakdown(chosen)
+    section.update({"step": typical, "ranks": len(chosen), "wait_source": source,
+                    "steady_steps": kept, "excluded_steps": excluded})
+    section["exposed_share"] = _round(exposed_share(section), 4)
+    section["idle_share"] = _round(section["idle_us"] / section["step_time_us"], 4) \
+        if section["step_time_us"] else None
+    return section
+
+
+def _mean_breakdown(breakdowns: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(breakdowns)
+    out: dict[str, Any] = {key: round(sum(b[key] for b in breakdowns) / n, 3) for key in LEAVES}
+    # The sum of the rounded means (within 0.003 µs of the mean step time): the leaves add up.
+    out = {"step_time_us": round(sum(out.values()), 3), **out}
+    details: dict[str, dict[str, Any]] = {key: {} for key in DETAIL_KEYS}
+    for b in breakdowns:
+        for key in DETAIL_KEYS:
+            _add_into(details[key], b["details"].get(key) or {}, n)
+    out["details"] = _rounded(details)
+    return out
+
+
+def _add_into(target: dict[str, Any], source: dict[str, Any], n: int) -> None:
+    for label, value in source.items():
+        if isinstance(value, dict):
+            cell = target.setdefault(label, {})
+            for k, v in value.items():
+                cell[k] = cell.get(k, 0.0) + v / n
+        else:
+            target[label] = target.get(label, 0.0) + value / n
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in sorted(value.items())}
+    return round(value, 3) if isinstance(value, float) else value
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+

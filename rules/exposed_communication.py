@@ -1,0 +1,257 @@
+"""exposed-communication (TC304)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.job.attribution import exposed_share, group_label
+from analyzer.job.facts import median
+from analyzer.model import formulas as models
+from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+
+# The collective kinds whose exposed transfer a finding of each specific rule explains (None:
+# every kind), and the rules that explain the waiting (a late rank).
+EXPLAINS: dict[str, tuple[str, ...] | None] = {
+    "comm-bound-step": None,
+    "ddp-bucket-oversized": ("allreduce",), "ddp-bucket-undersized": ("allreduce",),
+    "fp32-gradient-comm": ("allreduce", "reduce_scatter"),
+    "fsdp-fullshard-cross-node": ("allgather", "reduce_scatter"),
+    "fsdp-missing-wrap-policy": ("allgather", "reduce_scatter"),
+    "fsdp-no-prefetch": ("allgather", "reduce_scatter"),
+    "fsdp-where-ddp-fits": ("allgather", "reduce_scatter"),
+}
+WAIT_RULES = ("straggler-rank",)
+
+_FIX_BY_KIND = {
+    "alltoall": "overlap the embedding all-to-all with dense compute (pipeline the sparse stage "
+                "one batch ahead, e.g. TorchRec's TrainPipelineSparseDist) and cut its bytes "
+                "(fp16/bf16 or quantized embedding communication)",
+    "allreduce": "overlap the all-reduces with backward compute (gradient buckets, no synchronous "
+                 "per-tensor all-reduce) and cut their bytes (bf16 gradients / reduce dtype)",
+    "allgather": "prefetch the all-gathers under the previous compute (FSDP forward/backward "
+                 "prefetch); an optimizer-step all-gather can overlap the next forward",
+    "reduce_scatter": "overlap the reduce-scatters with backward compute and cut their bytes "
+                      "(bf16 reduce dtype)",
+    "broadcast": "broadcast once, not per step (e.g. broadcast_buffers=False in DDP)",
+}
+_FIX_FORWARD_ALLREDUCE = ("the all-reduces in the forward pass are activation (tensor-parallel) all-reduces "
+                          "the next layer waits for: keep the tensor-parallel group inside a node (NVLink), "
+                          "overlap them with the next GEMM (sequence parallelism / async TP, e.g. "
+                          "torch.distributed._symmetric_memory or TransformerEngine comm overlap), or use a "
+                          "smaller tensor-parallel degree")
+_FIX_SYNC = ("all-reduce gradients in buckets that overlap backward (wrap the model in "
+             "DistributedDataParallel, or all_reduce(async_op=True) on flattened buckets) instead of one "
+             "synchronous all-reduce per parameter")
+_FIX_WAIT = ("most of it is waiting for late ranks: find why they arrive late (the straggler-rank "
+             "and gpu-idle-host-bound findings and the per-rank breakdown name them)")
+
+
+@register
+class ExposedCommunication(Rule):
+    """A large share of the step is spent in communication that nothing overlaps, and no more
+    specific rule explains it.
+
+    What it detects:
+        From the time breakdown of the typical step (mean over ranks): exposed communication,
+        waiting for late peers plus transfer, as a share of the step. The part that findings of
+        the specific rules explain is taken off (the waiting when straggler-rank fired, the
+        transfer of the collective kinds a fired rule is about, all of it when comm-bound-step
+        fired); the rule
+        fires when what is left is at least ``exposed_fraction`` of the step. Any collective
+        kind counts (all-reduce, all-gather, reduce-scatter, all-to-all, point-to-point), in
+        any process group and phase.
+
+    Why it matters:
+        Exposed communication is time the GPU does no useful work; it grows with the number of
+        ranks and the network's share of the step. Most of it can be hidden under compute or
+        made smaller; waiting for late peers is lost to every rank that waits.
+
+    Evidence:
+        The typical step's exposed time split into waiting (by the peer waited for) and
+        transfer, by collective kind, process group and phase; for each kind, the α-β model's
+        time for the bytes moved on the group's link (measured fit where there is one, else the
+        hardware profile) beside the measured transfer.
+
+    Fix:
+        Follows the largest kind: overlap it with compute (bucketing, prefetch, pipelining the
+        sparse stage), cut its bytes (lower-precision communication), or, when waiting
+        dominates, make the late ranks arrive on time.
+
+    References:
+        docs/models.md §2 (α-β collective times), §4 (overlap); Thakur, Rabenseifner & Gropp,
+        IJHPCA 2005; Holistic Trace Analysis: communication-computation overlap.
+    """
+
+    name = "exposed-communication"
+    code = "TC304"
+    title = "Communication is hidden under compute"
+    failure_title = "Communication nothing hides takes a large share of the step"
+    severity = "warning"
+    needs = ("gpu_steps", "collectives")
+    runs_last = True  # it covers what the other rules leave unexplained
+    thresholds = {
+        "exposed_fraction": Threshold(0.10, "exposed communication no other finding explains, as a "
+                                      "fraction of the typical step, from which the rule fires", 0.0, 1.0),
+        "min_sync_allreduces": Threshold(16, "all-reduces per step, each launched after the previous "
+                                         "ended and mostly exposed, from which they are called synchronous "
+                                         "per-parameter all-reduces", 2, 1e9),
+    }
+    references = ("docs/models.md §2", "docs/models.md §4", "Thakur, Rabenseifner & Gropp, IJHPCA 2005",
+                  "Holistic Trace Analysis: comm-comp overlap")
+
+    def check(self, ctx):
+        tb = ctx.result.attribution
+        if not tb or not tb.get("step_time_us"):
+            raise NotEvaluated("no time breakdown of a typical step (no GPU steps on any rank)")
+        step = tb["step_time_us"]
+        wait, transfer = tb["exposed_wait_us"], tb["exposed_transfer_us"]
+        details = tb["details"]
+        fired = {f["rule"] for f in ctx.findings}
+        open_wait = 0.0 if fired & set(WAIT_RULES) else wait
+        sync = _synchronous_allreduces(ctx, tb["step"], ctx.thresholds["min_sync_allreduces"])
+        # Serialized per-gradient all-reduces are lost whatever their dtype or bucket model says.
+        explained = [EXPLAINS[r] for r in fired if r in EXPLAINS and not (sync and EXPLAINS[r] is not None)]
+        open_transfer = sum(c["transfer_us"] for kind, c in (details.get("by_kind") or {}).items()
+                            if not any(e is None or kind in e for e in explained))
+        unexplained = open_wait + open_transfer
+        if unexplained < ctx.thresholds["exposed_fraction"] * step:
+            return []
+        kinds = _ranked(details.get("by_kind") or {})
+        phases = _ranked(details.get("by_phase") or {})
+        groups = _ranked(details.get("by_group") or {})
+        model = _alpha_beta(ctx, tb["step"])
+        top_kind = kinds[0][0] if kinds else None
+        summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
+                   f"({100 * exposed_share(tb):.0f}%): {fmt_us(wait)} waiting for late peers and "
+                   f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "
+                   f"by process group {_list(groups)}; "
+                   f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")
+        if sync:
+            summary += (f" {sync['per_step']:g} all-reduces per step run one at a time, each launched after the "
+                        f"previous one ended ({100 * sync['serialized_share']:.0f}%) and {100 * sync['exposed_share']:.0f}% "
+                        "exposed: synchronous, unbucketed (per-parameter) gradient all-reduces.")
+        fixes = [_FIX_SYNC] if sync else []
+        fixes += [_FIX_WAIT] if open_wait > open_transfer else []
+        fixes += [_fix_for(kind, _ranked(details.get("by_kind_phase") or {})) for kind, _ in kinds[:2]]
+        evidence = {
+            "step": tb["step"], "step_time_us": step, "exposed_wait_us": wait, "exposed_transfer_us": transfer,
+            "unexplained_us": round(unexplained, 1), "explained_by": sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
+            "by_kind": details.get("by_kind"), "by_phase": details.get("by_phase"),
+            "by_group": details.get("by_group"), "wait_by_peer": details.get("wait_by_peer"),
+            "wait_source": tb.get("wait_source"), "alpha_beta": model, "synchronous_allreduces": sync,
+        }
+        model_text = "; ".join(
+            f"{m['collective']} in {m['group']}: {m['count']:g} per rank, {fmt_bytes(m['bytes'])} → α-β "
+            f"{fmt_us(m['model_us'])} ({m['link_source']}) vs measured transfer "
+            f"{fmt_us(m['measured_transfer_us'])}" if m.get("model_us") is not None else
+            f"{m['collective']} in {m['group']}: {m['why']}" for m in model)
+        ranks = sorted({r.rank for r in ctx.result.ranks if r.time_breakdown})
+        return [ctx.finding(
+            summary=summary, ranks=ranks, steps=[tb["step"]], evidence=evidence,
+            estimated_gain_us=unexplained,
+            model=("exposed = |comm \\ compute| over the step window, waiting = the part of each collective "
+                   "before its last member arrived; the gain is an upper bound (all of it hidden). "
+                   + model_text),
+            fix_text=_sentence("; ".join(fixes)),
+            fix_snippet=_SNIPPETS["sync"] if sync else _SNIPPETS.get(top_kind))]
+
+
+_SNIPPETS = {
+    "sync": ("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)\n"
+             "# not: for p in model.parameters(): dist.all_reduce(p.grad)"),
+    "allreduce": ("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                  "model = DDP(model, bucket_cap_mb=25)\n"
+                  "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"),
+    "allgather": "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)",
+    "alltoall": "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # torchrec",
+}
+
+
+def _fix_for(kind: str, kind_phases: list[tuple[str, float]]) -> str:
+    """The fix for a kind, by the phase where most of its exposed time is: an all-reduce in the
+    forward pass is an activation (tensor-parallel) all-reduce, not a gradient one."""
+    phase = next((label.split(" ", 1)[1] for label, _ in kind_phases if label.split(" ", 1)[0] == kind), None)
+    if kind == "allreduce" and phase == "forward":
+        return _FIX_FORWARD_ALLREDUCE
+    return _FIX_BY_KIND.get(kind, f"overlap the {kind} transfers with compute or cut their bytes")
+
+
+def _wait_caveat(tb: dict[str, Any]) -> str:
+    """Said when the waiting could not be measured on every rank (analyzer.job.attribution)."""
+    source = tb.get("wait_source") or ""
+    if source.startswith("not measured"):
+        return " (one rank's trace: waiting is not measured and counts as transfer)"
+    if source.startswith("estimated"):
+        return " (one rank's trace: waiting is an α-β estimate)"
+    if "lower bound" in source:
+        return f" (waiting is a lower bound: {source.split(':')[0]})"
+    return ""
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _synchronous_allreduces(ctx, step: Any, minimum: float) -> dict[str, Any] | None:
+    """The pattern of unbucketed synchronous all-reduces, recognised without message sizes: many
+    all-reduces per step on each rank, each launched only after the previous one ended (the host
+    waited for it) and mostly not under compute. None when the typical step does not show it."""
+    per_rank = []
+    for rank in ctx.result.ranks:
+        rows = sorted((c for c in ctx.facts.collectives_of(rank.rank, step)
+                       if c["collective"] == "allreduce" and c.get("on_gpu") and c.get("launch_us") is not None),
+                      key=lambda c: c["start_us"])
+        if len(rows) < minimum:
+            return None
+        after = sum(b["launch_us"] >= a["start_us"] + a["dur_us"] for a, b in zip(rows, rows[1:]))
+        exposed = sum(c["exposed_us"] or 0.0 for c in rows) / (sum(c["dur_us"] for c in rows) or 1.0)
+        per_rank.append((len(rows), after / (len(rows) - 1), exposed))
+    if not per_rank:
+        return None
+    count, serialized, exposed = (median(v[i] for v in per_rank) for i in range(3))
+    if serialized < 0.8 or exposed < 0.8:
+        return None
+    return {"per_step": count, "serialized_share": round(serialized, 3), "exposed_share": round(exposed, 3)}
+
+
+def _ranked(cells: dict[str, dict[str, float]]) -> list[tuple[str, float]]:
+    totals = [(label, c["wait_us"] + c["transfer_us"]) for label, c in cells.items()]
+    return sorted((t for t in totals if t[1] > 0), key=lambda t: (-t[1], t[0]))
+
+
+def _list(ranked: list[tuple[str, float]]) -> str:
+    return ", ".join(f"{label} {fmt_us(value)}" for label, value in ranked[:3]) or "none"
+
+
+def _alpha_beta(ctx, step: Any) -> list[dict[str, Any]]:
+    """Per (collective kind, group) of the typical step on the ranks, mean per rank: the bytes,
+    the α-β model's time for them on the group's link, and the measured transfer time."""
+    facts = ctx.facts
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    ranks = [r.rank for r in ctx.result.ranks if r.time_breakdown]
+    for rank in ranks:
+        for row in facts.collectives_of(rank, step):
+            if not row.get("on_gpu"):
+                continue
+            key = (row["collective"], group_label(row.get("group")) or "unknown")
+            cell = cells.setdefault(key, {"rows": [], "group": row.get("group") or {}})
+            cell["rows"].append(row)
+    out = []
+    for (kind, label), cell in sorted(cells.items()):
+        rows = cell["rows"]
+        n = len(ranks)
+        entry = {"collective": kind, "group": label, "count": round(len(rows) / n, 1)}
+        measured = sum(facts.transfer_time(r) for r in rows) / n
+        entry["measured_transfer_us"] = round(measured, 1)
+        link = facts.link(cell["group"]) if kind in models.COLLECTIVE_KINDS else None
+        if any(r.get("bytes") is None for r in rows):
+            entry["why"] = "message sizes unknown: no α-β estimate"
+        elif link is None or link.n < 2:
+            entry["why"] = "link or group size unknown: no α-β estimate"
+        else:
+            entry["bytes"] = round(sum(r["bytes"] for r in rows) / n)
+            entry["model_us"] = round(sum(link.time_us(kind, r["bytes"]) for r in rows) / n, 1)
+            entry["link_source"] = link.source
+        out.append(entry)
+    return out

@@ -1,0 +1,147 @@
+"""Step-time attribution: the leaves add up to the step time on every trace, and equal the
+hand-worked figures of small traces (analyzer.rank.attribution, analyzer.job.attribution)."""
+
+import pytest
+
+from analyzer.api import diagnose
+from analyzer.job.attribution import LEAVES, exposed_share, steady_steps
+from builders import AUTOGRAD, TraceBuilder, two_step_ddp
+from conftest import SAMPLES
+
+SAMPLE_JOBS = sorted(str(p) for p in SAMPLES.glob("*/*") if p.is_dir() and p.parent.name != "flight_recorder")
+REAL_JOBS = ("hta_ddp_rank0_of_2", "hta_ddp_sampled_128rank", "param_dlrm_ddp_8rank")
+
+
+def assert_adds_up(result):
+    """Every step of every rank, every rank's typical step and the job's: leaves = step time."""
+    for rank in result.ranks:
+        for step in rank.steps:
+            tb = step["time_breakdown"]
+            four = tb["compute_only_us"] + tb["exposed_comm_us"] + tb["other_gpu_us"] + tb["idle_us"]
+            assert four == pytest.approx(step["step_time_us"], abs=1e-6), (rank.rank, step["step"])
+            assert tb["exposed_wait_us"] + tb["exposed_transfer_us"] == pytest.approx(tb["exposed_comm_us"], abs=1e-6)
+            assert sum(tb["idle_by_host"].values()) == pytest.approx(tb["idle_us"], abs=1e-6)
+            assert min(tb[k] for k in LEAVES) >= 0
+        if rank.time_breakdown is not None:
+            tb = rank.time_breakdown
+            assert sum(tb[k] for k in LEAVES) == pytest.approx(tb["step_time_us"], abs=1e-6)
+    job = result.attribution
+    if job is not None:
+        assert sum(job[k] for k in LEAVES) == pytest.approx(job["step_time_us"], abs=1e-6)
+        details = job["details"]
+        for key in ("by_kind", "by_group", "by_phase"):
+            cells = details[key].values()
+            assert sum(c["wait_us"] for c in cells) == pytest.approx(job["exposed_wait_us"], abs=0.01)
+            assert sum(c["transfer_us"] for c in cells) == pytest.approx(job["exposed_transfer_us"], abs=0.01)
+        assert sum(details["wait_by_peer"].values()) <= job["exposed_wait_us"] + 0.01
+        doc = result.to_dict()
+        for entry in doc["ranks"]:
+            if entry["time_breakdown"]:
+                assert entry["step_time_us"] == entry["time_breakdown"]["step_time_us"]
+
+
+@pytest.mark.parametrize("job", SAMPLE_JOBS, ids=lambda p: p.split("sample_traces/")[-1])
+def test_leaves_add_up_on_every_sample_trace(job):
+    assert_adds_up(diagnose([job], report=False))
+
+
+@pytest.mark.parametrize("name", REAL_JOBS)
+def test_leaves_add_up_on_every_real_trace(real_traces, name):
+    result = diagnose([str(real_traces / name)], report=False)
+    assert_adds_up(result)
+    assert result.attribution is not None
+
+
+def test_dlrm_wait_is_for_rank_7_at_the_first_all_to_all(real_traces):
+    """The 8-rank DLRM step: 5.7 ms of the 14.5 ms mean step is waiting, mostly in the forward
+    all-to-all and mostly for rank 7 (checked against the per-rank kernel durations: rank 7's
+    first all-to-all is the shortest, 41 µs, the others' run up to 7.6 ms)."""
+    result = diagnose([str(real_traces / "param_dlrm_ddp_8rank")], report=False)
+    job = result.attribution
+    assert job["step"] == 10 and job["ranks"] == 8
+    assert job["exposed_wait_us"] > 20 * job["exposed_transfer_us"]
+    peers = job["details"]["wait_by_peer"]
+    assert max(peers, key=peers.get) == "7"
+    assert job["details"]["by_kind"]["alltoall"]["wait_us"] > job["details"]["by_kind"]["allreduce"]["wait_us"]
+    assert "all 8 ranks" in job["wait_source"]
+
+
+def test_hand_worked_two_rank_ddp(tmp_path):
+    """two_step_ddp: steps of 100 µs; forward [0,30), backward [30,70), all-reduce [60,90) on
+    rank 0; rank 1's all-reduce runs [80,90) (it arrived last: transfer 10 µs), so rank 0 waits
+    [60,80), of which [60,70) is hidden under its backward; then the optimizer [90,95), 5 µs idle.
+    Step 1 on rank 0: compute 75 (30 + 40 + 5), wait 10, transfer 10, idle 5 = 100."""
+    b0 = two_step_ddp(rank=0)
+    b1 = TraceBuilder(rank=1)
+    for step, base in ((1, 1000.0), (2, 1100.0)):
+        b1.cpu(f"ProfilerStep#{step}", base - 10, 100, cat="user_annotation")
+        b1.kernel("sm90_xmma_gemm_bf16<128, 64>", base, 30, launch_ts=base - 8)
+        b1.cpu("autograd::engine::evaluate_function: MmBackward0", base - 5, 4, tid=AUTOGRAD)
+        b1.kernel("void at::native::elementwise<&>", base + 30, 40, launch_ts=base - 4, tid=AUTOGRAD)
+        b1.kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", base + 80, 10, stream=20,
+                  launch_ts=base - 1.5, tid=AUTOGRAD)
+        b1.kernel("multi_tensor_apply_kernel", base + 90, 5, launch_ts=base - 0.5)
+    paths = [str(b0.write(tmp_path / "rank-0.json")), str(b1.write(tmp_path / "rank-1.json"))]
+    result = diagnose(paths, report=False)
+    assert_adds_up(result)
+    step1 = result.ranks[0].steps[0]["time_breakdown"]
+    assert (step1["compute_only_us"], step1["exposed_wait_us"], step1["exposed_transfer_us"],
+            step1["other_gpu_us"], step1["idle_us"]) == (75.0, 10.0, 10.0, 0.0, 5.0)
+    # rank 1 waited for nobody: its 10 µs all-reduce is transfer; it idles [70,80) and [95,100)
+    r1 = result.ranks[1].steps[0]["time_breakdown"]
+    assert (r1["compute_only_us"], r1["exposed_wait_us"], r1["exposed_transfer_us"], r1["idle_us"]) == \
+        (75.0, 0.0, 10.0, 15.0)
+    # two steps: the last one is the drain (its time is its span), step 1 is typical
+    job = result.attribution
+    assert job["step"] == 1 and job["excluded_steps"][0]["step"] == 2
+    assert job["details"]["wait_by_peer"] == {"1": 5.0}  # rank 0 waits 10 µs; mean over 2 ranks
+    assert exposed_share(job) == pytest.approx((5.0 + 10.0) / 100.0)
+
+
+def host_stall_trace(tmp_path, kind):
+    """One rank, three 1,000 µs steps: a 400 µs kernel, then a 600 µs gap in which the host is
+    in the data loader (kind="input") or returns from a cudaStreamSynchronize that drained the
+    GPU and then runs Python (kind="sync")."""
+    b = TraceBuilder(rank=0, world_size=1, pg_ranks=(0,))
+    for step in range(3):
+        base = 10_000.0 + 1000 * step
+        b.cpu(f"ProfilerStep#{step}", base - 5, 1000, cat="user_annotation")
+        b.kernel("sm90_xmma_gemm_bf16<128, 64>", base, 400, launch_ts=base - 2)
+        if kind == "input":
+            b.cpu("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", base + 400, 590,
+                  cat="user_annotation")
+        else:
+            b.cpu("cudaStreamSynchronize", base + 1, 405, cat="cuda_runtime")
+    return [str(b.write(tmp_path / f"rank-0-{kind}.json"))]
+
+
+@pytest.mark.parametrize("kind,cause", [("input", "input"), ("sync", "device_sync")])
+def test_idle_split_by_host_activity(tmp_path, kind, cause):
+    result = diagnose(host_stall_trace(tmp_path, kind), report=False)
+    assert_adds_up(result)
+    step = result.ranks[0].steps[0]["time_breakdown"]
+    assert step["idle_us"] == 600.0
+    expected = 590.0 if kind == "input" else 600.0
+    assert step["idle_by_host"][cause] == expected
+    assert step["idle_by_host"]["unknown"] == pytest.approx(600.0 - expected)
+    assert result.attribution["wait_source"].startswith("not measured")
+
+
+def test_steady_steps():
+    kept, excluded = steady_steps({1: 300.0, 2: 100.0, 3: 102.0, 4: 98.0, 5: 50.0}, 5)
+    assert kept == [2, 3, 4]
+    assert [(e["step"], e["reason"].split(":")[0]) for e in excluded] == [(1, "warm-up"), (5, "drain")]
+    kept, excluded = steady_steps({7: 100.0}, 7)
+    assert kept == [7] and excluded == []
+
+
+def test_one_rank_waiting_is_an_alpha_beta_estimate(real_traces):
+    """Rank 0 of 2 alone: no cross-rank matching, so waiting is estimated per all-reduce as its
+    time beyond the α-β model on the group's fitted link, and the breakdown says so."""
+    result = diagnose([str(real_traces / "hta_ddp_rank0_of_2")], report=False)
+    job = result.attribution
+    assert job["wait_source"].startswith("estimated")
+    rows = [c for c in result.collectives if c.get("wait_estimated_us")]
+    assert rows and all(c["wait_us"] is None and 0 < c["wait_estimated_us"] < c["dur_us"] for c in rows)
+    assert job["details"]["wait_by_peer"] == {"estimated (α-β)": job["exposed_wait_us"]}
+    assert 0 < job["exposed_wait_us"] < job["exposed_wait_us"] + job["exposed_transfer_us"]
