@@ -7,6 +7,8 @@ as it is).
     [tool.tracecliff.rules.fsdp-where-ddp-fits]
     enabled = false             # turn a rule off
     severity = "info"           # or change its severity
+    [tool.tracecliff.communication]
+    kernels = ["my_a2a_kernel"] # regexes of kernels that also count as communication
 
 ``load_config`` returns the whole ``[tool.tracecliff]`` table (other tools, e.g. the gate, read
 their own sub-tables from it); ``rule_settings`` validates the ``rules`` sub-table against the
@@ -16,6 +18,7 @@ registered rules. Every problem is a one-line :class:`ConfigError` naming the fi
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -111,3 +114,32 @@ def _check_threshold(where: str, value: Any, spec: Any) -> float:
         raise ConfigError(f"{where} must be between {spec.minimum:g} and {spec.maximum:g}, "
                           f"got {value!r}")
     return int(value) if isinstance(spec.default, int) and float(value).is_integer() else float(value)
+
+
+def communication_kernels(config: Mapping[str, Any], source: str = "configuration") -> tuple[str, ...]:
+    """The user's communication-kernel patterns of ``[tool.tracecliff.communication] kernels``,
+    validated (unknown keys, non-strings and invalid regular expressions are errors)."""
+    table = config.get("communication", {}) if config else {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [tool.tracecliff.communication] must be a table")
+    extra = sorted(set(table) - {"kernels"})
+    if extra:
+        raise ConfigError(f"{source}: communication: unknown key(s) {', '.join(extra)}; known: kernels")
+    try:
+        return check_patterns(table.get("kernels", []))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: communication.kernels: {exc}") from None
+
+
+def check_patterns(patterns: Any) -> tuple[str, ...]:
+    """A list of regular expressions as a tuple; ValueError naming the bad one."""
+    if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
+        raise ValueError(f"expected a list of regular expressions, got {patterns!r}")
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{pattern!r} is not a non-empty string")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return tuple(patterns)

@@ -8,15 +8,14 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.trace import GpuKind, Marker
 
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
 
-# Communication kernels: NCCL and RCCL, whatever the version's naming
-# (ncclKernel_*, ncclDevKernel_*, ncclSymDevKernel_*); case-insensitive.
-DEFAULT_COMM_PATTERN = r"nccl|rccl"
+__all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 
 
 class KernelClassifier:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.rank.comms import collectives_for_rank
+from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.checks import partial_result_warnings
@@ -46,7 +47,7 @@ class RankAnalysis:
 
 @dataclass(frozen=True)
 class RankOptions:
-    comm_pattern: str = r"nccl|rccl"
+    comm_pattern: str = DEFAULT_COMM_PATTERN  # analyzer.ingest.catalog.comm_pattern(user patterns)
     max_inflate_bytes: int = 8 * 10**9
     steps: tuple[int, ...] | None = None  # ProfilerStep numbers to keep (None: all)
     keep_timeline: bool = False
@@ -81,7 +82,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
     elif not (gpu.kind == GpuKind.COMM).any():
-        warnings.append("no NCCL/RCCL kernels found: communication is zero for this rank")
+        warnings.append("no communication kernels found (nothing matched the catalog of `tracecliff explain "
+                        "communication` or --comm-kernel): communication is zero for this rank")
     if len(gpu) and (att.launch_thread < 0).all():
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
     steps = _per_step(trace, att, gpu)
