@@ -44,6 +44,31 @@ class KernelClassifier:
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 
+# Framework markers of parallelism (CPU op names: autograd Functions record their class name,
+# their backward "autograd::engine::evaluate_function: <Name>Backward"), by family.
+# Megatron-LM core/tensor_parallel (mappings.py, cross_entropy.py, layers.py) and
+# transformer/moe (fused_a2a.py, token_dispatcher.py); torch.distributed.pipelining schedules
+# ("Forward i" / "Backward i", "PP:<action>"); DeepEP-style MoE dispatch/combine ranges.
+FRAMEWORK_MARKERS = (
+    ("megatron_tp", re.compile(r"_(?:CopyTo|ReduceFrom|ScatterTo|GatherFrom)ModelParallelRegion"
+                               r"|LinearWithGradAccumulationAndAsyncCommunication")),
+    ("megatron_sp", re.compile(r"_(?:ScatterTo|GatherFrom|ReduceScatterTo|AllGatherFrom)SequenceParallelRegion")),
+    ("megatron_vocab", re.compile(r"_VocabParallelCrossEntropy")),
+    ("pipeline", re.compile(r"^(?:Forward|Backward) \d+$|^PP:")),
+    ("expert", re.compile(r"Fused(?:Dispatch|Combine)|TokenDispatcher|(?:^|[.: ])(?:moe_)?(?:dispatch|combine)$",
+                          re.IGNORECASE)),
+)
+
+
+@lru_cache(maxsize=65536)
+def framework_marker(name: str) -> str | None:
+    """The parallelism family a CPU op name marks (see FRAMEWORK_MARKERS), or None."""
+    body = name.split("evaluate_function: ", 1)[-1]
+    for family, pattern in FRAMEWORK_MARKERS:
+        if pattern.search(body):
+            return family
+    return None
+
 
 @lru_cache(maxsize=65536)
 def marker_kind(name: str) -> int | None:
@@ -55,7 +80,7 @@ def marker_kind(name: str) -> int | None:
     if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")):
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
-        return Marker.BACKWARD
+        return Marker.BACKWARD  # framework markers among them are counted from the names
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return Marker.OPTIMIZER
     lowered = name.lower()
@@ -79,6 +104,8 @@ def marker_kind(name: str) -> int | None:
         return Marker.BACKWARD
     if name.startswith("## optimizer"):
         return Marker.OPTIMIZER
+    if framework_marker(name):
+        return Marker.FRAMEWORK
     return None
 
 

@@ -100,7 +100,14 @@ def _host_of(doc: TraceFile) -> str | None:
 
 
 def _process_groups(info: Any) -> list[dict[str, Any]]:
-    if info is None or not info.pg_config:
+    if info is None:
+        return []
+    world = _positive(info.world_size)
+    if not info.pg_config and world:
+        # No pg_config (older torch, other recorders): the default group is still the world.
+        return [{"name": "0", "description": "default_pg", "ranks": list(range(world)), "size": world,
+                 "backend": info.backend, "source": "distributedInfo.world_size (no pg_config)"}]
+    if not info.pg_config:
         return []
     groups = []
     for pg in info.pg_config:

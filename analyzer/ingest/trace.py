@@ -33,6 +33,7 @@ class Marker(IntEnum):
     COMM_PARAMS = 4  # record_param_comms (collective metadata)
     COMM_OP = 5  # nccl:* / gloo:* / c10d:: ops (Input Dims carry message sizes)
     FSDP_UNIT = 6  # FSDP2 "FSDP::... (fqn)" annotations naming a module
+    FRAMEWORK = 7  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
 
 
 @dataclass

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from analyzer.job.parallelism import is_data_parallel_row
 from analyzer.model import formulas as models
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
@@ -60,7 +61,9 @@ class JobFacts:
     def __init__(self, result: Any):
         self.result = result
         self.job = result.job
-        self.strategy = result.job.get("strategy") or "unknown"
+        # The data-parallel strategy (ddp, fsdp1, fsdp2, fsdp, unknown) the DDP/FSDP rules
+        # test; results saved before job.dp_strategy existed had it in job.strategy.
+        self.strategy = result.job.get("dp_strategy") or result.job.get("strategy") or "unknown"
 
     # ---------------------------------------------------------------- steps
     @cached_property
@@ -152,6 +155,13 @@ class JobFacts:
             return measured
         link = self.link(row.get("group") or {})
         return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    @cached_property
+    def data_parallel_collectives(self) -> list[dict[str, Any]]:
+        """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
+        and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
+        roles = self.job.get("group_roles") or {}
+        return [row for row in self.result.collectives if is_data_parallel_row(row, roles)]
 
     def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
         out: dict[tuple[int, Any], list[dict[str, Any]]] = {}

@@ -14,6 +14,7 @@ import numpy as np
 
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
+from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.checks import partial_result_warnings
@@ -164,6 +165,12 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
+    for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
+        seen[family] = 0
+    for name in names:
+        family = framework_marker(name)
+        if family:
+            seen[family] += 1
     return seen
 
 

@@ -118,7 +118,7 @@ class Config:
 
 def measured_strategy(result: Any) -> str:
     index = GroupIndex(result)
-    strategy = result.job.get("strategy", "unknown")
+    strategy = result.job.get("dp_strategy") or result.job.get("strategy", "unknown")  # data parallel
     rows = result.collectives
     if strategy == "ddp" or (strategy == "unknown" and not any(r["collective"] == "allgather" for r in rows)):
         return "ddp"
