@@ -69,7 +69,9 @@ def test_buckets_and_units(job):
             assert got == want  # bucket 0 (the last layers' gradients) launches first
         assert result.job["strategy"] == "ddp"
     else:
-        assert result.job["strategy"] == strategy
+        assert result.job["dp_strategy"] == strategy
+        hybrid = truth["spec"]["sharding"] == "hybrid_shard"
+        assert result.job["strategy"] == (f"hsdp ({strategy})" if hybrid else strategy)
         assert result.fsdp_units
         units = truth["fsdp_units"]
         forward = [u for u in result.fsdp_units if u["phase"] == "forward" and u["collective"] == "allgather"
