@@ -48,12 +48,15 @@ _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 # their backward "autograd::engine::evaluate_function: <Name>Backward"), by family.
 # Megatron-LM core/tensor_parallel (mappings.py, cross_entropy.py, layers.py) and
 # transformer/moe (fused_a2a.py, token_dispatcher.py); torch.distributed.pipelining schedules
-# ("Forward i" / "Backward i", "PP:<action>"); DeepEP-style MoE dispatch/combine ranges.
+# ("Forward i" / "Backward i", "PP:<action>"); DTensor's to/from-local and redistribute autograd
+# functions (tensor parallelism; FSDP2 alone records none); DeepEP-style MoE dispatch/combine.
 FRAMEWORK_MARKERS = (
     ("megatron_tp", re.compile(r"_(?:CopyTo|ReduceFrom|ScatterTo|GatherFrom)ModelParallelRegion"
                                r"|LinearWithGradAccumulationAndAsyncCommunication")),
     ("megatron_sp", re.compile(r"_(?:ScatterTo|GatherFrom|ReduceScatterTo|AllGatherFrom)SequenceParallelRegion")),
     ("megatron_vocab", re.compile(r"_VocabParallelCrossEntropy")),
+    ("dtensor", re.compile(r"^(?:autograd::engine::evaluate_function: )?(?:_FromTorchTensor|_ToTorchTensor|Redistribute)"
+                           r"(?:Backward)?$")),
     ("pipeline", re.compile(r"^(?:Forward|Backward) \d+$|^PP:")),
     ("expert", re.compile(r"Fused(?:Dispatch|Combine)|TokenDispatcher|(?:^|[.: ])(?:moe_)?(?:dispatch|combine)$",
                           re.IGNORECASE)),

@@ -144,7 +144,8 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
         key = role_key(row)
         groups.setdefault(key, _Group(key, row.get("group") or {})).add(row)
     world = world_size or len(ranks)
-    roles = {key: _role(g, dp_strategy, markers, world) for key, g in groups.items()}
+    declared = max((len(r.process_groups or []) for r in ranks), default=0)
+    roles = {key: _role(g, dp_strategy, markers, world, declared) for key, g in groups.items()}
     parallelism = _dimensions(groups, roles, world, markers)
     return {
         "parallelism": parallelism,
@@ -157,28 +158,37 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
     }
 
 
-def _role(g: _Group, dp_strategy: str, markers: Counter, world: int) -> tuple[str, str]:
+def _role(g: _Group, dp_strategy: str, markers: Counter, world: int, declared: int) -> tuple[str, str]:
     """(role, evidence) of one group."""
     named = description_role(g.description)
+    if named == "dp" and dp_strategy.startswith("fsdp"):
+        return "dp_shard", f"group description {g.description!r} in an FSDP job"
     if named and named != "world":
         return named, f"group description {g.description!r}"
     kinds = set(g.kinds)
     if g.libraries & set(EXPERT_LIBRARIES):
         return "ep", f"{'/'.join(sorted(g.libraries & set(EXPERT_LIBRARIES)))} dispatch/combine kernels"
+    if g.key.startswith("unknown:") and declared > 1:
+        # no group metadata (gloo records none) while several groups exist: these rows mix them
+        return "unknown", f"collectives without group metadata in a job of {declared} process groups"
     if kinds and kinds <= set(POINT_TO_POINT):
         return "pp", "only send/recv between ranks (pipeline stages)"
     if "alltoall" in kinds:
         if markers["expert"]:
             return "ep", f"all-to-all with MoE dispatch/combine markers (x{markers['expert']})"
         if dp_strategy == "ddp":
+            if g.backward_allreduces:  # DLRM-style: the same group also reduces the dense gradients
+                return "dp+embedding", "all-to-all (sharded embeddings) and backward all-reduces in a DDP job"
             return "embedding", "all-to-all in a DDP job (sharded embeddings)"
         return "ep", "all-to-all (token routing)"
     small = (g.members() or world) < world
     tp_markers = markers["megatron_tp"] + markers["megatron_sp"] + markers["megatron_vocab"]
-    if g.forward_allreduces and (small or tp_markers or dp_strategy == "unknown"):
+    if g.forward_allreduces and (small or tp_markers or markers["dtensor"] or dp_strategy == "unknown"):
         why = "all-reduces launched in forward"
         if tp_markers:
             why += f", Megatron tensor-parallel markers (x{tp_markers})"
+        if markers["dtensor"]:
+            why += f", DTensor to/from-local and redistribute markers (x{markers['dtensor']})"
         return "tp", why + (f" in a group of {g.members()} of {world} ranks" if small else "")
     if dp_strategy.startswith("fsdp") and kinds == {"allreduce"} and g.backward_allreduces:
         return "dp_replicate", "FSDP job: gradient all-reduces only, across shard groups (HSDP replicas)"
@@ -196,7 +206,8 @@ def _dimensions(groups: dict[str, _Group], roles: dict[str, tuple[str, str]], wo
     dims: dict[str, dict[str, Any]] = {}
     for key, g in sorted(groups.items()):
         role, evidence = roles[key]
-        if role not in DIMS:
+        role = _DIM_OF_ROLE.get(role, role)
+        if role not in DIMS:  # flattened dims (dp_shard+cp) have no size of their own
             continue
         size = g.members() or world
         entry = dims.setdefault(role, {"size": size, "evidence": []})
@@ -216,6 +227,10 @@ def _dimensions(groups: dict[str, _Group], roles: dict[str, tuple[str, str]], wo
     return dims
 
 
+# A group serving two purposes counts for its data-parallel one.
+_DIM_OF_ROLE = {"dp+embedding": "dp"}
+
+
 def _stride(ranks: list[int] | None) -> int | None:
     if not ranks or len(ranks) < 2:
         return None
@@ -228,7 +243,7 @@ def strategy_name(dp_strategy: str, parallelism: dict[str, Any], markers: Counte
     """``fsdp2+tp``, ``megatron tp+pp``, ``ddp + sharded embeddings``, ``expert parallel``..."""
     model_dims = [d for d in ("tp", "pp", "cp", "ep") if d in parallelism]
     megatron = any(markers[k] for k in ("megatron_tp", "megatron_sp", "megatron_vocab"))
-    embeddings = any(role == "embedding" for role, _ in roles.values())
+    embeddings = any(role in ("embedding", "dp+embedding") for role, _ in roles.values())
     dp = dp_strategy if dp_strategy != "unknown" else None
     if dp == "ddp" and embeddings and not model_dims:
         return "ddp + sharded embeddings"
