@@ -19,6 +19,9 @@ from typing import Any
 
 DIMS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "ep", "cp")
 EXPERT_LIBRARIES = ("deepep", "pplx")
+# Custom all-reduce / overlap kernels: tensor-parallel reductions (vLLM, sglang, TensorRT-LLM,
+# TransformerEngine userbuffers, PyTorch symmetric memory).
+TP_LIBRARIES = ("custom_allreduce", "userbuffers", "symm_mem")
 POINT_TO_POINT = ("send", "recv", "sendrecv")
 
 # torch DeviceMesh names a sub-mesh's group "mesh_<dim>" (torchtitan's dims: dp_replicate,
@@ -111,6 +114,7 @@ class _Group:
         self.ranks, self.size = info.get("ranks"), info.get("size")
         self.kinds: Counter = Counter()
         self.forward_allreduces = 0
+        self.other_allreduces = 0  # outside forward and backward (a job with no backward: inference)
         self.backward_allreduces = 0
         self.fsdp_rows = 0
         self.libraries: set[str] = set()
@@ -121,6 +125,7 @@ class _Group:
             self.libraries.add(row["library"])
         if row["collective"] == "allreduce":
             self.forward_allreduces += row.get("phase") == "forward"
+            self.other_allreduces += row.get("phase") == "other"
             self.backward_allreduces += row.get("phase") == "backward"
         if row.get("module") is not None:
             self.fsdp_rows += 1
@@ -145,6 +150,9 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
         groups.setdefault(key, _Group(key, row.get("group") or {})).add(row)
     world = world_size or len(ranks)
     declared = max((len(r.process_groups or []) for r in ranks), default=0)
+    if not any(row.get("phase") == "backward" for row in collectives):
+        for g in groups.values():  # no backward pass anywhere: all-reduces in the forward pass
+            g.forward_allreduces += g.other_allreduces
     roles = {key: _role(g, dp_strategy, markers, world, declared) for key, g in groups.items()}
     parallelism = _dimensions(groups, roles, world, markers)
     return {
@@ -168,6 +176,8 @@ def _role(g: _Group, dp_strategy: str, markers: Counter, world: int, declared: i
     kinds = set(g.kinds)
     if g.libraries & set(EXPERT_LIBRARIES):
         return "ep", f"{'/'.join(sorted(g.libraries & set(EXPERT_LIBRARIES)))} dispatch/combine kernels"
+    if g.libraries & set(TP_LIBRARIES):
+        return "tp", f"{'/'.join(sorted(g.libraries & set(TP_LIBRARIES)))} kernels (tensor-parallel reductions)"
     if g.key.startswith("unknown:") and declared > 1:
         # no group metadata (gloo records none) while several groups exist: these rows mix them
         return "unknown", f"collectives without group metadata in a job of {declared} process groups"
