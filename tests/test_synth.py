@@ -372,7 +372,8 @@ def test_spec_rejects_nonsense():
 
 
 def test_committed_samples_are_current_and_well_formed():
-    assert sorted(p.name for p in SAMPLES.iterdir() if p.is_dir()) == sorted(SCENARIOS)
+    from analyzer.synth.parallel import PARALLEL_SCENARIOS  # tested in test_parallel_synthetic.py
+    assert sorted(p.name for p in SAMPLES.iterdir() if p.is_dir()) == sorted([*SCENARIOS, *PARALLEL_SCENARIOS])
     total = sum(p.stat().st_size for p in SAMPLES.rglob("*") if p.is_file())
     assert total < 14e6
     for name, spec in SCENARIOS.items():

@@ -8,7 +8,9 @@ from analyzer.api import diagnose
 from analyzer.rank.comms import canonical_dtype
 from conftest import SAMPLES
 
-JOBS = sorted(p.parent.name for p in (SAMPLES / "synthetic").glob("*/truth.json"))
+# the data-parallel simulator's jobs (analyzer.synth.parallel's: tests/test_parallel_synthetic.py)
+JOBS = sorted(p.parent.name for p in (SAMPLES / "synthetic").glob("*/truth.json")
+              if "model" in json.loads(p.read_text()))
 METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 
 

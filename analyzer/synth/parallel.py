@@ -14,13 +14,12 @@ generator's own interval algebra (analyzer.synth.truth).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .job import _gzip, dumps
+from .job import write_folder
 from .kineto import autograd_tid, os_pid, us
 from .truth import timeline_metrics
 
@@ -409,14 +408,8 @@ def _unnamed_roles(spec: ParallelSpec) -> dict[str, str]:
 
 def write_parallel_job(spec: ParallelSpec, outdir: str | Path) -> Path:
     """rank-{r}.json.gz per rank and truth.json; identical bytes every time."""
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    for rank in range(spec.world_size):
-        trace, _ = render(spec, rank)
-        (out / f"rank-{rank}.json.gz").write_bytes(_gzip(dumps(trace)))
-    truth = json.dumps(build_parallel_truth(spec), sort_keys=True, separators=(",", ":"), allow_nan=False)
-    (out / "truth.json").write_bytes(truth.encode() + b"\n")
-    return out
+    traces = {rank: render(spec, rank)[0] for rank in range(spec.world_size)}
+    return write_folder(outdir, traces, build_parallel_truth(spec))
 
 
 PARALLEL_SCENARIOS: dict[str, ParallelSpec] = {s.name: s for s in [
