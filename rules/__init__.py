@@ -12,6 +12,9 @@ from analyzer.rules import (  # noqa: F401  (each module registers its rule)
     fsdp_fullshard_cross_node,
     fsdp_where_ddp_fits,
     gpu_idle_host_bound,
+    tp_cross_node,
+    pipeline_bubble,
+    ep_alltoall_exposed,
 )
 from analyzer.rules.engine import RULES, Rule, all_rules, run_rules
 

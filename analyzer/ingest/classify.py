@@ -43,6 +43,7 @@ class KernelClassifier:
 
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
+_PIPELINE_ACTION = re.compile(r"^(?:Forward|Backward) \d+$")
 
 # Framework markers of parallelism (CPU op names: autograd Functions record their class name,
 # their backward "autograd::engine::evaluate_function: <Name>Backward"), by family.
@@ -103,6 +104,8 @@ def marker_kind(name: str) -> int | None:
         return None
     if name in ("DistributedDataParallel.forward", "## forward ##"):
         return Marker.FORWARD
+    if _PIPELINE_ACTION.match(name):  # torch.distributed.pipelining's GPipe / 1F1B ranges
+        return Marker.FORWARD if name[0] == "F" else Marker.BACKWARD
     if name == "## backward ##":
         return Marker.BACKWARD
     if name.startswith("## optimizer"):

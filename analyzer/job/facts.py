@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from analyzer.job.parallelism import is_data_parallel_row
+from analyzer.job.parallelism import is_data_parallel_row, role_key
 from analyzer.model import formulas as models
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
@@ -163,6 +163,22 @@ class JobFacts:
         roles = self.job.get("group_roles") or {}
         return [row for row in self.result.collectives if is_data_parallel_row(row, roles)]
 
+    def role_of(self, row: dict[str, Any]) -> str:
+        """The role of a collective's process group (analyzer.job.parallelism)."""
+        return (self.job.get("group_roles") or {}).get(role_key(row), "unknown")
+
+    def rows_by_step(self, role: str) -> dict[tuple[int, Any], list[dict[str, Any]]]:
+        """GPU collectives of one role per (rank, step) that have a step."""
+        out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for row in self.result.collectives:
+            if row.get("on_gpu") and row["step"] is not None and self.role_of(row) == role:
+                out.setdefault((row["rank"], row["step"]), []).append(row)
+        return out
+
+    @cached_property
+    def parallelism(self) -> dict[str, dict[str, Any]]:
+        return self.job.get("parallelism") or {}
+
     def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
         out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
         for b in self.result.buckets:
@@ -277,6 +293,9 @@ class JobFacts:
             "all_ranks": (lambda: len(self.result.ranks) >= max(2, self.world_size),
                           "needs every rank's trace (the last arrival may be a rank not given)"),
             "collectives": (lambda: bool(self.result.collectives), "no collectives in the traces"),
+            "tensor_parallel": (lambda: "tp" in self.parallelism, "no tensor-parallel process group"),
+            "pipeline_parallel": (lambda: "pp" in self.parallelism, "no pipeline-parallel process group"),
+            "expert_parallel": (lambda: "ep" in self.parallelism, "no expert-parallel communication"),
         }
         for need in needs:
             ok, reason = checks[need]

@@ -221,18 +221,20 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
         plan.ops.append(Op(COMPUTE_STREAM, tf[s][j], f, GEMM, "compute", marker=f"Forward {j}"))
         if s < p - 1:
             p2p("send", tf[s][j] + f, tf[s][j] + f + c, "main", f"Forward {j}")
+    # the host posts the backward recvs from the main thread once every forward is queued
+    recv_free = max(recv_free, max(op.start for op in plan.ops) + 3)
     for j in range(m):
         if s < p - 1:
-            p2p("recv", recv_free, tb[s][j], "autograd", f"Backward {j}")
+            p2p("recv", recv_free, tb[s][j], "main", f"Backward {j}")
             recv_free = tb[s][j]
         plan.ops.append(Op(COMPUTE_STREAM, tb[s][j], b, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: MmBackward0"))
         if s > 0:
-            p2p("send", tb[s][j] + b, tb[s][j] + b + c, "autograd", f"Backward {j}")
-    done = tb[s][m - 1] + b
+            p2p("send", tb[s][j] + b, tb[s][j] + b + c, "main", f"Backward {j}")
+    done = tb[s][m - 1] + b + 3  # the host queues the optimizer after the last send
     plan.ops.append(Op(COMPUTE_STREAM, done, 50, "multi_tensor_apply_kernel", "compute",
                        marker="Optimizer.step#AdamW.step"))
-    plan.length = tb[0][m - 1] + b + 50  # stage 0 finishes last
+    plan.length = tb[0][m - 1] + b + 3 + 50  # stage 0 finishes last
     if s > 0:  # the next step's first recv, posted now, lands at tF(s, 0) of the next step
         p2p("recv", done + 50, plan.length + tf[s][0], "main", "Forward 0")
     return plan
@@ -308,6 +310,7 @@ class _Writer:
         self.spec, self.rank = spec, rank
         self.pid, self.events, self.corr = os_pid(rank), [], 0
         self.tids = {"main": self.pid, "autograd": autograd_tid(rank)}
+        self.last_launch: dict[str, int] = {}
 
     def cpu(self, name: str, start_ns: int, dur_ns: int, thread: str, cat: str = "cpu_op", **args) -> None:
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": self.tids[thread],
@@ -315,14 +318,19 @@ class _Writer:
 
     def op(self, op: Op, step_ns: int) -> None:
         start = step_ns + op.start * NS
-        launch = start - 9 * NS  # launched 9 µs before it runs
+        # launched 9 µs before it runs, and at least 2 µs after the thread's previous launch
+        # (each launch's CPU ranges then enclose it alone)
+        launch = max(start - 9 * NS, self.last_launch.get(op.thread, -10**18) + 2 * NS)
+        if launch > start - NS:
+            raise ValueError(f"{self.spec.name}: rank {self.rank}: {op.name} at {op.start} µs cannot be launched in time")
+        self.last_launch[op.thread] = launch
         if op.marker:
             cat = "user_annotation" if op.marker in ("dispatch", "combine") or op.marker.startswith(
                 ("Forward ", "Backward ", "FSDP::")) else "cpu_op"
-            self.cpu(op.marker, launch - 2 * NS, 4 * NS, op.thread, cat)
+            self.cpu(op.marker, launch - 300, 1600, op.thread, cat)
         if op.coll:
             group = op.group
-            self.cpu("record_param_comms", launch - NS // 2, 2 * NS, op.thread, **{
+            self.cpu("record_param_comms", launch - 200, 1300, op.thread, **{
                 "Collective name": C10D_NAME[op.coll], "dtype": "BFloat16", "In msg nelems": op.nelems,
                 "Out msg nelems": op.nelems * (len(group.ranks) if op.coll == "allgather" else 1),
                 "Group size": len(group.ranks), "Process Group Name": group.name,
@@ -352,7 +360,7 @@ def render(spec: ParallelSpec, rank: int) -> tuple[dict, list[tuple[int, int, st
                           step_ns + (first.start - plan.length + first.dur) * NS, "comm"))
     for k in range(spec.steps):
         w.cpu(f"ProfilerStep#{spec.first_step + k}", step_ns - 30 * NS, plan.length * NS, "main", "user_annotation")
-        for op in plan.ops:
+        for op in sorted(plan.ops, key=lambda o: o.start):  # the host launches in time order
             w.op(op, step_ns)
             intervals.append((step_ns + op.start * NS, step_ns + (op.start + op.dur) * NS, op.kind))
         step_ns += plan.length * NS
