@@ -39,6 +39,9 @@ def _header(doc: dict[str, Any]) -> list[str]:
     if job.get("nccl_version"):
         parts.append(f"NCCL {job['nccl_version']}")
     lines = ["tracecliff: " + ", ".join(parts)]
+    dims = job.get("parallelism") or {}
+    if dims:
+        lines.append("parallelism: " + ", ".join(f"{dim}={dims[dim]['size']}" for dim in sorted(dims)))
     verdict = doc.get("verdict")
     if verdict:
         lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)

@@ -61,3 +61,12 @@ def test_committed_samples_are_current(job):
     name, out, _, _ = job
     for file in sorted(out.iterdir()):
         assert (SAMPLES / name / file.name).read_bytes() == file.read_bytes(), file.name
+
+
+@pytest.mark.parametrize("name, fails", [("ep_deepep_exposed", True), ("ep_deepep_overlapped", False)])
+def test_gate_counts_non_nccl_communication(name, fails):
+    """DeepEP kernels are communication for the gate too: exposed 13.6% vs 1.2% of the step."""
+    from analyzer.api import gate
+    config = {"gate": {"assertions": {"exposed_comm_pct": ["error", {"max": 10.0, "aggregate": "median"}]}}}
+    report, _ = gate([str(SAMPLES / name)], config)
+    assert bool(report.failed) is fails and [c.status for c in report.checks] == ["fail" if fails else "pass"]
