@@ -109,3 +109,14 @@ def test_expert_parallel_strategy(tmp_path):
     assert result.job["strategy"] == "expert parallel"
     assert [g["role"] for g in result.groups] == ["ep"]
     assert "deepep dispatch/combine kernels" in result.job["parallelism"]["ep"]["evidence"][0]
+
+
+def test_hostile_world_size_without_pg_config(tmp_path):
+    b = TraceBuilder()
+    del b.doc["distributedInfo"]["pg_config"]
+    b.doc["distributedInfo"]["world_size"] = 10**15
+    b.kernel(AR, 1000, 10, stream=20)
+    result = diagnose([str(b.write(tmp_path / "rank-0.json"))], report=False)
+    # not a job size: ignored with a warning (a group of 10^15 ranks is never materialised)
+    assert result.job["world_size"] is None and result.ranks[0].process_groups == []
+    assert any("world_size 1000000000000000 is not a plausible job size" in w for w in result.warnings)
