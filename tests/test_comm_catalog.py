@@ -167,3 +167,10 @@ def test_rccl_is_told_apart_by_the_device(tmp_path):
     b.kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", 1100, 10, stream=20)
     rows = diagnose([str(b.write(tmp_path / "rank-0.json"))]).collectives
     assert [(r["library"], r["collective"]) for r in rows] == [("rccl", "unknown"), ("rccl", "allreduce")]
+
+
+def test_void_prefixed_names_keep_their_entry():
+    # some Kineto versions write the demangled return type
+    assert lookup("void ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)").generic
+    assert lookup("void ncclDevKernel_Generic_1(ncclDevKernelArgsStorage<4096ul>)").id == "nccl-generic"
+    assert lookup("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)").id == "nccl"
