@@ -174,3 +174,16 @@ def test_void_prefixed_names_keep_their_entry():
     assert lookup("void ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)").generic
     assert lookup("void ncclDevKernel_Generic_1(ncclDevKernelArgsStorage<4096ul>)").id == "nccl-generic"
     assert lookup("void ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)").id == "nccl"
+
+
+def test_stream_order_counts_nested_ops_once(tmp_path):
+    """No record_param_comms: c10d::allreduce_ encloses nccl:all_reduce; each is one collective."""
+    b = TraceBuilder()
+    for k, (c10d, nccl) in enumerate((("c10d::allreduce_", "nccl:all_reduce"),
+                                      ("c10d::_allgather_base_", "nccl:_all_gather_base"))):
+        b.cpu(c10d, 900 + 20 * k, 10)
+        b.cpu(nccl, 901 + 20 * k, 8)
+    b.kernel(GENERIC, 1000, 10, stream=20)
+    b.kernel(GENERIC, 1100, 10, stream=20)
+    rows = diagnose([str(b.write(tmp_path / "rank-0.json"))]).collectives
+    assert [r["collective"] for r in rows] == ["allreduce", "allgather"]

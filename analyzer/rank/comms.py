@@ -184,6 +184,21 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     return out
 
 
+def _cpu_collective_rows(rank: RankTrace) -> np.ndarray:
+    """One CPU marker per issued collective: record_param_comms when the trace has it, else the
+    ``nccl:*`` ops, else the ``c10d::*`` ones (the two nest: counting both would double)."""
+    m = rank.markers
+    params = np.flatnonzero(m.kind == Marker.COMM_PARAMS)
+    if len(params):
+        return params
+    ops = np.flatnonzero(m.kind == Marker.COMM_OP)
+    for prefix in ("nccl:", "c10d::"):
+        rows = np.array([r for r in ops if rank.strings[m.name[r]].startswith(prefix)], dtype=np.int64)
+        if len(rows):
+            return rows
+    return ops
+
+
 def _library(kernel: CommKernel | None, amd: bool) -> str:
     if kernel is None:
         return USER_LIBRARY
@@ -207,10 +222,9 @@ def _kinds_from_stream_order(rank: RankTrace, gpu, rows_idx: np.ndarray, metas: 
     if not todo:
         return
     m = rank.markers
-    cpu_kind = Marker.COMM_PARAMS if (m.kind == Marker.COMM_PARAMS).any() else Marker.COMM_OP
     linked = set(params_row[params_row >= 0].tolist()) | set(op_row[op_row >= 0].tolist())
     free = []  # (start ns, collective, process group) of CPU collectives with no kernel
-    for row in np.flatnonzero(m.kind == cpu_kind):
+    for row in _cpu_collective_rows(rank):
         if int(row) in linked:
             continue
         args = m.comm_args.get(int(row), {})
