@@ -70,3 +70,14 @@ def test_gate_counts_non_nccl_communication(name, fails):
     config = {"gate": {"assertions": {"exposed_comm_pct": ["error", {"max": 10.0, "aggregate": "median"}]}}}
     report, _ = gate([str(SAMPLES / name)], config)
     assert bool(report.failed) is fails and [c.status for c in report.checks] == ["fail" if fails else "pass"]
+
+
+@pytest.mark.parametrize("name", ["megatron_tp4_dp2", "pp_gpipe_4stage", "ep_deepep_exposed"])
+def test_whatif_declines_jobs_beyond_data_parallelism(name, capsys):
+    from analyzer.cli.main import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["whatif", str(SAMPLES / name), "--no-cache"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "models data-parallel jobs only" in err and len(err.splitlines()) == 1
+    scaling = diagnose([str(SAMPLES / name)], DiagnoseOptions(workers=1)).scaling
+    assert scaling["available"] is False and "data-parallel jobs only" in scaling["why"]
