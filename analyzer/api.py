@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from analyzer.base.errors import InputError
 from analyzer.base.gc_pause import paused_gc
+from analyzer.ingest.catalog import comm_pattern
 from analyzer.ingest.files import discover_trace_files
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result, resolve_ranks
@@ -46,7 +47,8 @@ class Result(job_result.Result):
 class DiagnoseOptions:
     steps: tuple[int, ...] | None = None
     gpus_per_node: int | None = None
-    comm_pattern: str = r"nccl|rccl"
+    comm_pattern: str | None = None  # the whole communication regex; None: catalog + comm_kernels
+    comm_kernels: tuple[str, ...] = ()  # user patterns added to the catalog (--comm-kernel)
     max_inflate_bytes: int = 8 * 10**9
     workers: int | None = None  # None: one per CPU, at most one per rank
     keep_timeline: bool = False
@@ -61,7 +63,8 @@ class DiagnoseOptions:
     tokens_per_step: float | None = None  # whole job's tokens per optimizer step, for MFU
 
     def rank_options(self) -> RankOptions:
-        return RankOptions(self.comm_pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
+        pattern = self.comm_pattern or comm_pattern(self.comm_kernels)
+        return RankOptions(pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
 
 
 def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions = DiagnoseOptions(),
@@ -72,6 +75,7 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     or the median one, and the scaling what-if curve) so the Result renders to HTML on its own;
     ``hta``: add HTA's own breakdowns (needs the hta extra)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    options = with_config_kernels(options, config)
     skipped: list[Path] = []
     files = discover_trace_files(paths, skipped)
     ranks = analyze_files(files, options, progress)
@@ -88,6 +92,13 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
         from analyzer.job.hta import deep_dive
         result.hta = deep_dive({r.rank: r.path for r in result.ranks})
     return result
+
+
+def with_config_kernels(options: DiagnoseOptions, config: dict[str, Any] | None) -> DiagnoseOptions:
+    """The options with ``[tool.tracecliff.communication] kernels`` before the --comm-kernel ones."""
+    from analyzer.base.config import communication_kernels
+    kernels = communication_kernels(config or {})
+    return replace(options, comm_kernels=kernels + tuple(options.comm_kernels)) if kernels else options
 
 
 def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progress | None = None) -> list[RankAnalysis]:

@@ -506,7 +506,7 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
             "source": str(fit.get("fit_source") or ""),
             "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
-            "busbw_median_gbps": _num(fit.get("busbw_median_gbps"))}
+            "busbw_median_gbps": _num(fit.get("busbw_median_gbps")), "role": str(fit.get("role") or "")}
 
 
 def _bucket_index(nbytes: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from analyzer.model import formulas as models
 from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
-from analyzer.job.facts import median
+from analyzer.job.facts import POINT_TO_POINT, median
 
 
 @register
@@ -115,7 +115,10 @@ class CommBoundStep(Rule):
         rows = []
         for view in facts.steps:
             phases = [view.windows[p] for p in ("forward", "backward") if p in view.windows]
-            colls = [c for c in facts.collectives_of(view.rank, view.step) if c.get("on_gpu")]
+            # send/recv durations include waiting for the peer stage (no cross-rank match gives
+            # their transfer time): a pipeline's bubble is pipeline-bubble's, not this rule's
+            colls = [c for c in facts.collectives_of(view.rank, view.step)
+                     if c.get("on_gpu") and c["collective"] not in POINT_TO_POINT]
             if not phases or not colls:
                 continue
             window = max(w[1] for w in phases) - min(w[0] for w in phases)

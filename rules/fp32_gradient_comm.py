@@ -58,12 +58,12 @@ class Fp32GradientComm(Rule):
         facts = ctx.facts
         fsdp = facts.strategy.startswith("fsdp")
         kind = "reduce_scatter" if fsdp else "allreduce"
-        grads = [c for c in facts.result.collectives if c["collective"] == kind
+        grads = [c for c in facts.data_parallel_collectives if c["collective"] == kind
                  and c["phase"] == "backward"]
         if not grads or not all(c["dtype"] == "f32" for c in grads):
             return []
         low_share = median(v.low_precision_compute_us / v.compute_us for v in facts.steps if v.compute_us)
-        gathered = {c["dtype"] for c in facts.result.collectives if c["collective"] == "allgather"}
+        gathered = {c["dtype"] for c in facts.data_parallel_collectives if c["collective"] == "allgather"}
         low_params = bool(gathered) and gathered <= set(LOW_PRECISION)
         if not low_params and (low_share is None or low_share < ctx.thresholds["low_precision_share"]):
             return []

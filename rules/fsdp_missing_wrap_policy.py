@@ -63,9 +63,9 @@ class FsdpMissingWrapPolicy(Rule):
         psi, psi_source = parameter_count(facts)
         gathered = [u["bytes"] for rows in forward.values() for u in rows if u["bytes"] is not None]
         ag_bytes = median(gathered)
-        dtypes = [c["dtype"] for c in facts.result.collectives if c["collective"] == "allgather" and c["dtype"]]
+        dtypes = [c["dtype"] for c in facts.data_parallel_collectives if c["collective"] == "allgather" and c["dtype"]]
         param_elem = DTYPE_BYTES.get(dtypes[0]) if dtypes else None
-        rs_dtypes = [c["dtype"] for c in facts.result.collectives if c["collective"] == "reduce_scatter" and c["dtype"]]
+        rs_dtypes = [c["dtype"] for c in facts.data_parallel_collectives if c["collective"] == "reduce_scatter" and c["dtype"]]
         elem = param_elem or (DTYPE_BYTES.get(rs_dtypes[0]) if rs_dtypes else None)
         param_bytes = psi * elem if psi and elem else None
         exposed = [u["exposed_us"] for rows in forward.values() for u in rows if u.get("exposed_us") is not None]

@@ -1,6 +1,6 @@
 """Write the synthetic sample jobs to sample_traces/synthetic/<scenario>/ (rank-{r}.json.gz + truth.json).
 
-    python scripts/make_sample_traces.py                    # every scenario in analyzer.synth.SCENARIOS
+    python scripts/make_sample_traces.py                    # every scenario (SCENARIOS, PARALLEL_SCENARIOS)
     python scripts/make_sample_traces.py ddp_straggler      # some of them
     python scripts/make_sample_traces.py --out /tmp/synth   # elsewhere
 
@@ -21,6 +21,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 from analyzer.synth import SCENARIOS, write_job  # noqa: E402
+from analyzer.synth.parallel import PARALLEL_SCENARIOS, write_parallel_job  # noqa: E402
 
 HEADER = """# Synthetic multi-rank traces
 
@@ -74,24 +75,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="scenarios (default: all)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "sample_traces" / "synthetic")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.names) - set(SCENARIOS))
+    known = [*SCENARIOS, *PARALLEL_SCENARIOS]
+    unknown = sorted(set(args.names) - set(known))
     if unknown:
-        parser.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
-    names = args.names or list(SCENARIOS)
+        parser.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    names = args.names or known
     for name in names:
         folder = args.out / name
         if folder.exists():
             shutil.rmtree(folder)  # a job with fewer ranks must not leave stale files behind
-        write_job(SCENARIOS[name], folder)
+        if name in SCENARIOS:
+            write_job(SCENARIOS[name], folder)
+        else:
+            write_parallel_job(PARALLEL_SCENARIOS[name], folder)
         print(f"wrote {folder}")
     write_readme(args.out)
     return 0
 
 
+PARALLEL_HEADER = """
+## Beyond data parallelism (`analyzer.synth.parallel.PARALLEL_SCENARIOS`)
+
+Laid out by hand (fixed µs durations, no noise): the truth holds each group's role, the
+parallelism sizes, the strategy name, the communication libraries and the per-rank timeline
+metrics. Exposed: mean over ranks of exposed communication per step.
+
+| job | strategy | ranks | parallelism | libraries | step ms | exposed % | what it shows |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def parallel_row(name: str, truth: dict) -> str:
+    spec, ranks = truth["spec"], truth["ranks"].values()
+    step = truth["step_time_us"]
+    exposed = sum(r["exposed_comm_us"] for r in ranks) / len(ranks) / spec["steps"]
+    dims = ", ".join(f"{d}={n}" for d, n in sorted(truth["parallelism"].items()))
+    return (f"| `{name}` | {truth['strategy']} | {spec['world_size']} | {dims} | {', '.join(truth['libraries'])} | "
+            f"{step / 1e3:.2f} | {100 * exposed / step:.1f} | {spec['note']} |")
+
+
 def write_readme(out: Path) -> None:
-    rows = [summary_row(d.name, json.loads((d / "truth.json").read_text()))
-            for d in sorted(out.iterdir()) if (d / "truth.json").exists()]
-    (out / "README.md").write_text(HEADER + "\n".join(rows) + "\n")
+    truths = {d.name: json.loads((d / "truth.json").read_text())
+              for d in sorted(out.iterdir()) if (d / "truth.json").exists()}
+    rows = [summary_row(name, t) for name, t in truths.items() if "model" in t]
+    parallel = [parallel_row(name, t) for name, t in truths.items() if "model" not in t]
+    text = HEADER + "\n".join(rows) + "\n"
+    if parallel:
+        text += PARALLEL_HEADER + "\n".join(parallel) + "\n"
+    (out / "README.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -138,12 +138,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def record_job(job: str, out_root: Path) -> None:
+def record_job(job: str, out_root: Path, train=None, world_size: int = WORLD_SIZE) -> None:
+    """Spawn ``world_size`` ranks running ``train(rank, job, job_dir, port)`` (default: this
+    script's ``train_rank``) into a fresh ``out_root/job``."""
     job_dir = out_root / job
     job_dir.mkdir(parents=True, exist_ok=True)
     for stale in job_dir.glob("*.json*"):
         stale.unlink()
-    mp.spawn(train_rank, args=(job, str(job_dir), free_port()), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(train or train_rank, args=(job, str(job_dir), free_port()), nprocs=world_size, join=True)
 
 
 def readme_text(jobs: list[str]) -> str:

@@ -8,7 +8,9 @@ from analyzer.api import diagnose
 from analyzer.rank.comms import canonical_dtype
 from conftest import SAMPLES
 
-JOBS = sorted(p.parent.name for p in (SAMPLES / "synthetic").glob("*/truth.json"))
+# the data-parallel simulator's jobs (analyzer.synth.parallel's: tests/test_parallel_synthetic.py)
+JOBS = sorted(p.parent.name for p in (SAMPLES / "synthetic").glob("*/truth.json")
+              if "model" in json.loads(p.read_text()))
 METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 
 
@@ -71,9 +73,13 @@ def test_buckets_and_units(job):
         for (rank, step) in {(b["rank"], b["step"]) for b in result.buckets}:
             got = [b["bytes"] for b in result.buckets if (b["rank"], b["step"]) == (rank, step)]
             assert got == want  # bucket 0 (the last layers' gradients) launches first
-        assert result.job["strategy"] == "ddp"
+        assert result.job["dp_strategy"] == "ddp"
+        embeddings = truth["spec"].get("embedding_alltoall_mb")  # sharded embeddings: all-to-all
+        assert result.job["strategy"] == ("ddp + sharded embeddings" if embeddings else "ddp")
     else:
-        assert result.job["strategy"] == strategy
+        assert result.job["dp_strategy"] == strategy
+        hybrid = truth["spec"]["sharding"] == "hybrid_shard"
+        assert result.job["strategy"] == (f"hsdp ({strategy})" if hybrid else strategy)
         assert result.fsdp_units
         units = truth["fsdp_units"]
         forward = [u for u in result.fsdp_units if u["phase"] == "forward" and u["collective"] == "allgather"

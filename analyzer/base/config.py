@@ -7,6 +7,8 @@ as it is).
     [tool.tracecliff.rules.fsdp-where-ddp-fits]
     enabled = false             # turn a rule off
     severity = "info"           # or change its severity
+    [tool.tracecliff.communication]
+    kernels = ["my_a2a_kernel"] # regexes of kernels that also count as communication
 
 ``load_config`` returns the whole ``[tool.tracecliff]`` table (other tools, e.g. the gate, read
 their own sub-tables from it); ``rule_settings`` validates the ``rules`` sub-table against the
@@ -215,3 +217,31 @@ def _reject_non_finite(value: Any, source: str, path: list[str]) -> None:
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         _reject_non_finite(item, source, path + [str(key)])
+
+
+class _Communication(msgspec.Struct, forbid_unknown_fields=True):
+    kernels: list[str] = []
+
+
+def communication_kernels(config: Mapping[str, Any], source: str = "configuration") -> tuple[str, ...]:
+    """The user's communication-kernel patterns of ``[tool.tracecliff.communication] kernels``,
+    through the one validator (unknown keys, non-strings) and then compiled (bad expressions)."""
+    table = validate((config or {}).get("communication", {}), _Communication, source, "communication")
+    try:
+        return check_patterns(table.kernels)
+    except ValueError as exc:
+        raise config_error(source, ["communication", "kernels"], str(exc)) from None
+
+
+def check_patterns(patterns: Any) -> tuple[str, ...]:
+    """A list of regular expressions as a tuple; ValueError naming the bad one."""
+    if isinstance(patterns, str) or not isinstance(patterns, (list, tuple)):
+        raise ValueError(f"expected a list of regular expressions, got {patterns!r}")
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"{pattern!r} is not a non-empty string")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return tuple(patterns)

@@ -32,6 +32,14 @@ def parse_steps(text: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(steps))
 
 
+def _comm_kernels(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    from analyzer.base.config import check_patterns
+    try:
+        return check_patterns(list(patterns))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--comm-kernel") from None
+
+
 def _stack(options: list[Callable]) -> Callable:
     def decorate(command):
         for option in reversed(options):
@@ -54,6 +62,9 @@ _TRACE_OPTIONS = [
                  help="Model parameters Ψ (e.g. 7e9), for MFU."),
     click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True),
                  help="Tokens per optimizer step of the whole job (global batch x sequence), for MFU."),
+    click.option("--comm-kernel", "comm_kernels", multiple=True, metavar="REGEX",
+                 help="Kernels that also count as communication (regex, repeatable); the built-in "
+                      "catalog: `tracecliff explain communication`."),
     click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count)."),
     click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
                  help="Run the per-rank analysis in local processes or on Dask distributed."),
@@ -66,7 +77,7 @@ _TRACE_OPTIONS = [
                  show_default=True, help="Refuse a trace that inflates past this size (gzip bombs)."),
 ]
 _TRACE_KEYS = ("steps", "gpus_per_node", "gpu", "nics_per_node", "nic_gbps", "model_params",
-               "tokens_per_step", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
+               "tokens_per_step", "comm_kernels", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
 
 
 def trace_options(command):
@@ -78,6 +89,7 @@ def trace_options(command):
         scale = scale_settings(given.pop("executor"), given.pop("scheduler"), given.pop("cache_dir"),
                                given.pop("no_cache"), given.pop("max_inflate_gb"))
         given["steps"] = parse_steps(given["steps"])
+        given["comm_kernels"] = _comm_kernels(given["comm_kernels"])
         return command(*args, options=DiagnoseOptions(**given, **scale), **kwargs)
     return _stack(_TRACE_OPTIONS)(wrapper)
 
@@ -89,10 +101,11 @@ def config_option(command):
                   help="TOML file with [tool.tracecliff] tables (default: ./pyproject.toml).")
     @functools.wraps(command)
     def wrapper(*args, config_path=None, **kwargs):
-        from analyzer.base.config import config_source, load_config, rule_settings
+        from analyzer.base.config import communication_kernels, config_source, load_config, rule_settings
         from analyzer.rules.engine import all_rules
         config = load_config(config_path)
         rule_settings(config, all_rules(), config_source(config_path))  # bad config: fail early
+        communication_kernels(config, config_source(config_path))
         return command(*args, config=config, config_path=config_path, **kwargs)
     return wrapper
 

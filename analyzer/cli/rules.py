@@ -43,11 +43,15 @@ def rules_command(fmt: str) -> None:
 @click.argument("name")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def explain_command(name: str, fmt: str) -> None:
-    """Print a rule's documentation, thresholds and configuration (NAME or code, e.g. TC101)."""
+    """Print a rule's documentation, thresholds and configuration (NAME or code, e.g. TC101);
+    `explain communication` lists the kernels that count as communication."""
+    if name.lower() == "communication":
+        _explain_communication(fmt)
+        return
     rules = _rules()
     rule = rules.get(name) or next((r for r in rules.values() if r.code.lower() == name.lower()), None)
     if rule is None:
-        raise click.BadParameter(f"unknown rule {name!r}; known: {', '.join(sorted(rules))}",
+        raise click.BadParameter(f"unknown rule {name!r}; known: {', '.join(sorted(rules))}, communication",
                                  param_hint="NAME")
     if fmt == "json":
         from analyzer.job.result import dumps
@@ -81,3 +85,27 @@ def _rule_dict(rule) -> dict[str, Any]:
                            for k, v in rule.thresholds.items()},
             "references": list(rule.references), "docs": rule.doc_sections()}
 
+
+
+def _explain_communication(fmt: str) -> None:
+    from analyzer.ingest.catalog import catalog
+    entries = [{"id": k.id, "library": k.library, "collective": k.collective, "generic": k.generic,
+                "pattern": k.pattern, "example": k.example, "note": k.note} for k in catalog()]
+    if fmt == "json":
+        from analyzer.job.result import dumps
+        click.echo(dumps({"communication_kernels": entries}), nl=False)
+        return
+    click.echo(communication_text(entries))
+
+
+def communication_text(entries: list[dict[str, Any]]) -> str:
+    lines = ["GPU kernels that count as communication (case-insensitive regexes, first match wins):", ""]
+    for e in entries:
+        kind = e["collective"] or ("from the linked CPU op (generic name)" if e["generic"]
+                                   else "from the CPU op, else the name")
+        lines += [f"{e['id']}  library {e['library']}, collective {kind}", f"  pattern  {e['pattern']}",
+                  f"  e.g.     {e['example']}", f"  {e['note']}"]
+    lines += ["", "Add your own: --comm-kernel REGEX (repeatable) or in pyproject.toml",
+              "  [tool.tracecliff.communication]", '  kernels = ["my_alltoall_kernel"]',
+              "Rows of kernels matched only by your patterns say library \"user\"."]
+    return "\n".join(lines)

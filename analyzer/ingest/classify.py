@@ -8,15 +8,14 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.trace import GpuKind, Marker
 
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
 
-# Communication kernels: NCCL and RCCL, whatever the version's naming
-# (ncclKernel_*, ncclDevKernel_*, ncclSymDevKernel_*); case-insensitive.
-DEFAULT_COMM_PATTERN = r"nccl|rccl"
+__all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 
 
 class KernelClassifier:
@@ -54,6 +53,35 @@ HOST_SYNC_NAMES = frozenset({
 _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
+_PIPELINE_ACTION = re.compile(r"^(?:Forward|Backward) \d+$")
+
+# Framework markers of parallelism (CPU op names: autograd Functions record their class name,
+# their backward "autograd::engine::evaluate_function: <Name>Backward"), by family.
+# Megatron-LM core/tensor_parallel (mappings.py, cross_entropy.py, layers.py) and
+# transformer/moe (fused_a2a.py, token_dispatcher.py); torch.distributed.pipelining schedules
+# ("Forward i" / "Backward i", "PP:<action>"); DTensor's to/from-local and redistribute autograd
+# functions (tensor parallelism; FSDP2 alone records none); DeepEP-style MoE dispatch/combine.
+FRAMEWORK_MARKERS = (
+    ("megatron_tp", re.compile(r"_(?:CopyTo|ReduceFrom|ScatterTo|GatherFrom)ModelParallelRegion"
+                               r"|LinearWithGradAccumulationAndAsyncCommunication")),
+    ("megatron_sp", re.compile(r"_(?:ScatterTo|GatherFrom|ReduceScatterTo|AllGatherFrom)SequenceParallelRegion")),
+    ("megatron_vocab", re.compile(r"_VocabParallelCrossEntropy")),
+    ("dtensor", re.compile(r"^(?:autograd::engine::evaluate_function: )?(?:_FromTorchTensor|_ToTorchTensor|Redistribute)"
+                           r"(?:Backward)?$")),
+    ("pipeline", re.compile(r"^(?:Forward|Backward) \d+$|^PP:")),
+    ("expert", re.compile(r"Fused(?:Dispatch|Combine)|TokenDispatcher|(?:^|[.: ])(?:moe_)?(?:dispatch|combine)$",
+                          re.IGNORECASE)),
+)
+
+
+@lru_cache(maxsize=65536)
+def framework_marker(name: str) -> str | None:
+    """The parallelism family a CPU op name marks (see FRAMEWORK_MARKERS), or None."""
+    body = name.split("evaluate_function: ", 1)[-1]
+    for family, pattern in FRAMEWORK_MARKERS:
+        if pattern.search(body):
+            return family
+    return None
 
 
 @lru_cache(maxsize=65536)
@@ -66,7 +94,7 @@ def marker_kind(name: str) -> int | None:
     if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")):
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
-        return Marker.BACKWARD
+        return Marker.BACKWARD  # framework markers among them are counted from the names
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return Marker.OPTIMIZER
     if name in HOST_SYNC_NAMES:
@@ -90,10 +118,14 @@ def marker_kind(name: str) -> int | None:
         return None
     if name in ("DistributedDataParallel.forward", "## forward ##"):
         return Marker.FORWARD
+    if _PIPELINE_ACTION.match(name):  # torch.distributed.pipelining's GPipe / 1F1B ranges
+        return Marker.FORWARD if name[0] == "F" else Marker.BACKWARD
     if name == "## backward ##":
         return Marker.BACKWARD
     if name.startswith("## optimizer"):
         return Marker.OPTIMIZER
+    if framework_marker(name):
+        return Marker.FRAMEWORK
     return None
 
 

@@ -57,11 +57,11 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         path=str(path),
         rank=rank,
         rank_source=source,
-        world_size=_positive(info.world_size) if info else None,
+        world_size=_world_size(info, warnings),
         host=_host_of(meta),
         backend=info.backend if info else None,
         nccl_version=info.nccl_version if info else None,
-        process_groups=_process_groups(info),
+        process_groups=_process_groups(info, _world_size(info, [])),
         devices=_devices(meta),
         strings=builder.names.strings,
         threads=builder.threads.strings,
@@ -99,8 +99,25 @@ def _host_of(doc: TraceFile) -> str | None:
     return None
 
 
-def _process_groups(info: Any) -> list[dict[str, Any]]:
-    if info is None or not info.pg_config:
+MAX_WORLD = 1 << 20  # GPUs: far beyond any job; a larger world_size is bad input, not a job
+
+
+def _world_size(info: Any, warnings: list[str]) -> int | None:
+    world = _positive(info.world_size) if info else None
+    if world and world > MAX_WORLD:
+        warnings.append(f"distributedInfo.world_size {world} is not a plausible job size: ignored")
+        return None
+    return world
+
+
+def _process_groups(info: Any, world: int | None) -> list[dict[str, Any]]:
+    if info is None:
+        return []
+    if not info.pg_config and world:
+        # No pg_config (older torch, other recorders): the default group is still the world.
+        return [{"name": "0", "description": "default_pg", "ranks": list(range(world)), "size": world,
+                 "backend": info.backend, "source": "distributedInfo.world_size (no pg_config)"}]
+    if not info.pg_config:
         return []
     groups = []
     for pg in info.pg_config:

@@ -35,6 +35,7 @@ class Marker(IntEnum):
     FSDP_UNIT = 6  # FSDP2 "FSDP::... (fqn)" annotations naming a module
     HOST_SYNC = 7  # the host blocked on the device: cuda*Synchronize, sync memcpy, aten::item
     HOST_INPUT = 8  # the host fetching the next batch: enumerate(DataLoader)#...
+    FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
 
 
 @dataclass

@@ -19,6 +19,7 @@ from analyzer.job.attribution import attribute_job
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
+from analyzer.job.parallelism import role_key
 from analyzer.job.mfu import compute_mfu, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
@@ -28,7 +29,7 @@ def analyze_job(result: Any, options: Any) -> None:
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
     stragglers = crossrank.analyze(result.collectives, world)
-    groups = fit_groups(result.collectives, topology, hardware)
+    groups = fit_groups(result.collectives, topology, hardware, result.job.get("group_roles") or {})
     result.topology = topology.to_dict()
     result.hardware = hardware.to_dict()
     result.stragglers = stragglers
@@ -57,9 +58,10 @@ def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> 
         raise ConfigError(str(exc)) from None
 
 
-def fit_groups(rows: list[dict[str, Any]], topology: Topology,
-               hardware: HardwareAssumptions) -> list[dict[str, Any]]:
-    """One entry per process group with collectives; annotates the rows with bandwidths and bound."""
+def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: HardwareAssumptions,
+               roles: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One entry per process group with collectives, with its ``role`` (analyzer.job.parallelism);
+    annotates the rows with bandwidths and bound."""
     members: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         members.setdefault(crossrank.group_key(row), []).append(row)
@@ -86,6 +88,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology,
             "name": group.get("name") if key[0] != "unknown" else None,
             "description": group.get("description"),
             "ranks": group.get("ranks"), "size": n,
+            "role": (roles or {}).get(role_key(group_rows[0]), "unknown"),
             "nodes": label["nodes"], "cross_node": label["cross_node"],
             "collectives": len(group_rows),
             "kinds": sorted(set(cols.kinds)),

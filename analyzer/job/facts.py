@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from analyzer.job.parallelism import is_data_parallel_row, role_key
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
@@ -64,7 +65,9 @@ class JobFacts:
     def __init__(self, result: Any):
         self.result = result
         self.job = result.job
-        self.strategy = result.job.get("strategy") or "unknown"
+        # The data-parallel strategy (ddp, fsdp1, fsdp2, fsdp, unknown) the DDP/FSDP rules
+        # test; results saved before job.dp_strategy existed had it in job.strategy.
+        self.strategy = result.job.get("dp_strategy") or result.job.get("strategy") or "unknown"
 
     # ---------------------------------------------------------------- steps
     @cached_property
@@ -156,6 +159,29 @@ class JobFacts:
             return measured
         link = self.link(row.get("group") or {})
         return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    @cached_property
+    def data_parallel_collectives(self) -> list[dict[str, Any]]:
+        """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
+        and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
+        roles = self.job.get("group_roles") or {}
+        return [row for row in self.result.collectives if is_data_parallel_row(row, roles)]
+
+    def role_of(self, row: dict[str, Any]) -> str:
+        """The role of a collective's process group (analyzer.job.parallelism)."""
+        return (self.job.get("group_roles") or {}).get(role_key(row), "unknown")
+
+    def rows_by_step(self, role: str) -> dict[tuple[int, Any], list[dict[str, Any]]]:
+        """GPU collectives of one role per (rank, step) that have a step."""
+        out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
+        for row in self.result.collectives:
+            if row.get("on_gpu") and row["step"] is not None and self.role_of(row) == role:
+                out.setdefault((row["rank"], row["step"]), []).append(row)
+        return out
+
+    @cached_property
+    def parallelism(self) -> dict[str, dict[str, Any]]:
+        return self.job.get("parallelism") or {}
 
     def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
         out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
@@ -260,6 +286,9 @@ class JobFacts:
             "all_ranks": (lambda: len(self.result.ranks) >= max(2, self.world_size),
                           "needs every rank's trace (the last arrival may be a rank not given)"),
             "collectives": (lambda: bool(self.result.collectives), "no collectives in the traces"),
+            "tensor_parallel": (lambda: "tp" in self.parallelism, "no tensor-parallel process group"),
+            "pipeline_parallel": (lambda: "pp" in self.parallelism, "no pipeline-parallel process group"),
+            "expert_parallel": (lambda: "ep" in self.parallelism, "no expert-parallel communication"),
         }
         # What rules the problem out first: a DDP rule on an FSDP job is not applicable even
         # when the traces have no GPU steps.

@@ -8,6 +8,7 @@ from typing import Any
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
+from analyzer.job.parallelism import infer_parallelism, is_data_parallel_row
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units, gradient_buckets
@@ -48,12 +49,17 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
+    job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"]))
+    # DDP buckets and FSDP units come from the data-parallel groups only: a tensor-parallel
+    # all-reduce is no gradient bucket, a kernel of another library no FSDP unit.
+    roles = job["group_roles"]
+    data_parallel = [row for row in collectives if is_data_parallel_row(row, roles)]
     return Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
         ranks=ranks, job=job, collectives=collectives,
-        buckets=gradient_buckets(collectives, _backward_starts(ranks, origin))
-        if job["strategy"] in ("ddp", "unknown") else [],
-        fsdp_units=fsdp_units(collectives) if job["strategy"].startswith("fsdp") else [],
+        buckets=gradient_buckets(data_parallel, _backward_starts(ranks, origin))
+        if job["dp_strategy"] in ("ddp", "unknown") else [],
+        fsdp_units=fsdp_units(data_parallel) if job["dp_strategy"].startswith("fsdp") else [],
         warnings=warnings,
     )
 
@@ -89,7 +95,8 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int) -> dict[s
     devices = next((r.devices for r in ranks if r.devices), [])
     hosts = sorted({r.host for r in ranks if r.host})
     return {
-        "strategy": strategy,
+        "strategy": strategy,  # replaced by the combination's name (analyzer.job.parallelism)
+        "dp_strategy": strategy,
         "world_size": next((r.world_size for r in ranks if r.world_size), None),
         "ranks_given": len(ranks),
         "hosts": hosts,

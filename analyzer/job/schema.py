@@ -27,9 +27,33 @@ class Input(msgspec.Struct):
     rank: int
 
 
+class Parallelism(msgspec.Struct):
+    """One parallelism dimension: its size and the evidence for it (analyzer.job.parallelism)."""
+
+    size: int | None
+    evidence: list[str] = []
+
+
+class JobProcessGroup(msgspec.Struct):
+    """A process group of the job, with its role (dp, dp_shard, dp_replicate, tp, pp, ep, cp, ...)."""
+
+    key: str
+    name: str | None
+    role: str
+    description: str | None = None
+    ranks: list[int] | None = None
+    size: int | None = None
+    evidence: str | None = None
+    collectives: dict[str, int] = {}
+
+
 class Job(msgspec.Struct):
     world_size: int | None
-    strategy: str
+    strategy: str  # the combination, e.g. "ddp", "fsdp2+tp", "megatron tp", "expert parallel"
+    dp_strategy: str | None = None  # the data-parallel part: ddp, fsdp1, fsdp2, fsdp, unknown
+    parallelism: dict[str, Parallelism] = {}
+    process_groups: list[JobProcessGroup] = []
+    group_roles: dict[str, str] = {}
     backend: str | None = None
     hosts: list[str] = []
     ranks_given: int | None = None
@@ -59,6 +83,8 @@ class Step(msgspec.Struct):
     low_precision_compute_us: float | None = None
     backward_launch_ns: int | None = None
     phase_windows: dict[str, dict[str, Any]] | None = None
+    window_ns: list[int] | None = None  # [first GPU activity, next step's] on the rank's clock
+    time_breakdown: dict[str, Any] | None = None  # the step's leaves (analyzer.rank.attribution)
 
 
 class ProcessGroup(msgspec.Struct):
@@ -67,6 +93,32 @@ class ProcessGroup(msgspec.Struct):
     size: int | None = None
     description: str | None = None
     backend: str | None = None
+
+
+class TimeBreakdown(msgspec.Struct):
+    """A typical step in five leaves that add up to ``step_time_us`` (µs), with the finer leaves
+    in ``details`` (by peer waited for, collective kind, group, phase, host activity)."""
+
+    step_time_us: float
+    compute_only_us: float
+    exposed_wait_us: float
+    exposed_transfer_us: float
+    other_gpu_us: float
+    idle_us: float
+    step: int | None = None
+    details: dict[str, Any] = {}
+    wait_source: str | None = None
+
+
+class Attribution(TimeBreakdown):
+    """The job's typical step: the leaves averaged over ranks, with the steady steps it was
+    chosen from and the steps left out (warm-up, drain, outliers) with the reason."""
+
+    ranks: int | None = None
+    steady_steps: list[Any] = []
+    excluded_steps: list[dict[str, Any]] = []
+    exposed_share: float | None = None
+    idle_share: float | None = None
 
 
 class Rank(msgspec.Struct):
@@ -97,6 +149,7 @@ class Rank(msgspec.Struct):
     gpu_event_count: int
     event_count: int
     rank_warnings: list[str]
+    time_breakdown: TimeBreakdown | None = None  # the rank's typical step
 
 
 class CollectiveGroup(msgspec.Struct):
@@ -136,6 +189,11 @@ class Collective(msgspec.Struct):
     algbw_gbps: float | None = None
     busbw_gbps: float | None = None
     bound: Bound | None = None
+    library: str | None = None  # who moved the bytes: nccl, rccl, deepep, gloo, ... (communication catalog)
+    collective_source: str | None = None
+    waited_for: int | None = None  # the member this rank's wait was for (cross-rank matching)
+    arrival_lag_us: float | None = None  # arrival after the group's median member (clocks aligned)
+    wait_estimated_us: float | None = None  # α-β estimate of the wait when not every rank is given
 
 
 class Bucket(msgspec.Struct):
@@ -186,6 +244,7 @@ class Group(msgspec.Struct):
     fit: str
     fit_source: str
     description: str | None = None
+    role: str | None = None  # dp, dp_shard, dp_replicate, tp, pp, ep, cp, ... (analyzer.job.parallelism)
 
 
 class CollectiveSummary(msgspec.Struct):
@@ -243,7 +302,7 @@ class Mfu(msgspec.Struct):
     note: str | None = None
 
 
-RuleStatusName = Literal["fired", "passed", "disabled", "not_applicable"]
+RuleStatusName = Literal["fired", "passed", "disabled", "not_applicable", "not_evaluated"]
 
 
 class RuleStatus(msgspec.Struct):
@@ -281,6 +340,7 @@ class ResultDocument(msgspec.Struct):
     stragglers: Stragglers | None = None
     collective_summary: list[CollectiveSummary] | None = None
     mfu: Mfu | None = None
+    attribution: Attribution | None = None
     rules: list[RuleStatus] | None = None
     verdict: str | None = None
     timeline: Section | None = None

@@ -40,6 +40,7 @@ __all__ = [
     "FsdpSchedule", "fsdp_unit_schedule",
     "flops_per_token", "hardware_flops_per_token", "achieved_tflops_per_gpu", "mfu", "hfu",
     "scaling_efficiency", "roofline_intensity_threshold",
+    "pipeline_bubble_fraction", "pipeline_time",
 ]
 
 BYTES_PER_KB = 1e3
@@ -721,3 +722,22 @@ def roofline_intensity_threshold(peak_tflops: float, bw_gbps: float) -> float:
     """Roofline ridge point in FLOPs per byte: ``peak / bandwidth`` (TFLOPS·1e12 ÷ GB/s·1e9);
     an operation with a lower arithmetic intensity is bandwidth-bound. §6."""
     return _positive("peak_tflops", peak_tflops) * 1e12 / (_positive("bw_gbps", bw_gbps) * 1e9)
+
+
+# --- §7 pipeline parallelism ----------------------------------------------------------------
+
+def pipeline_bubble_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Share of a pipeline's time its stages sit in the fill / drain bubble:
+    ``(p − 1) / (v·m + p − 1)`` for GPipe and 1F1B (``v = 1``) and the interleaved 1F1B schedule
+    with ``v`` model chunks per stage (Narayanan et al., SC 2021). §7."""
+    p = int(_positive("stages", stages))
+    m = int(_positive("microbatches", microbatches))
+    v = int(_positive("virtual_stages", virtual_stages))
+    return (p - 1) / (v * m + p - 1)
+
+
+def pipeline_time(work_us: float, stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Time of one pipelined step whose stage computes ``work_us`` per step split into ``m``
+    micro-batches: ``work · (v·m + p − 1) / (v·m)`` (transfers between stages left out). §7."""
+    bubble = pipeline_bubble_fraction(stages, microbatches, virtual_stages)
+    return _nonneg("work_us", work_us) / (1.0 - bubble)

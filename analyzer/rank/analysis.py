@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from analyzer.rank.comms import collectives_for_rank
+from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
+from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, step_window
@@ -87,7 +89,7 @@ def mean_step_time(r: RankAnalysis) -> float | None:
 
 @dataclass(frozen=True)
 class RankOptions:
-    comm_pattern: str = r"nccl|rccl"
+    comm_pattern: str = DEFAULT_COMM_PATTERN  # analyzer.ingest.catalog.comm_pattern(user patterns)
     max_inflate_bytes: int = 8 * 10**9
     steps: tuple[int, ...] | None = None  # ProfilerStep numbers to keep (None: all)
     keep_timeline: bool = False
@@ -122,7 +124,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
     elif not (gpu.kind == GpuKind.COMM).any():
-        warnings.append("no NCCL/RCCL kernels found: communication is zero for this rank")
+        warnings.append("no communication kernels found (nothing matched the catalog of `tracecliff explain "
+                        "communication` or --comm-kernel): communication is zero for this rank")
     if len(gpu) and (att.launch_thread < 0).all():
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
     exposed: dict[str, list[list[int]]] = {}
@@ -224,6 +227,12 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
+    for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
+        seen[family] = 0
+    for name in names:
+        family = framework_marker(name)
+        if family:
+            seen[family] += 1
     return seen
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
 from analyzer.ingest.classify import fsdp_module_of
 from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
 from analyzer.ingest.trace import GpuKind, Marker, RankTrace
@@ -152,16 +153,22 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     module_row = _module_markers(rank, ts, thread)
     compute = compute_union(gpu)
     covered = iv.covered_length(compute, gpu.ts[rows_idx], gpu.end[rows_idx])
+    names = [rank.strings[gpu.name[row]] for row in rows_idx]
+    kernels = [lookup(name) for name in names]  # cached per unique name
+    metas = [_merge_sources(rank.kernel_comm_args.get(int(row)),
+                            m.comm_args.get(int(params_row[k])) if params_row[k] >= 0 else None,
+                            m.comm_args.get(int(op_row[k])) if op_row[k] >= 0 else None,
+                            rank.strings[m.name[op_row[k]]] if op_row[k] >= 0 else None,
+                            names[k], kernels[k])
+             for k, row in enumerate(rows_idx)]
+    _kinds_from_stream_order(rank, gpu, rows_idx, metas, kernels, params_row, op_row)
+    amd = _on_amd(rank)
     out = []
     for k, row in enumerate(rows_idx):
-        name = rank.strings[gpu.name[row]]
-        meta = _merge_sources(rank.kernel_comm_args.get(int(row)),
-                              m.comm_args.get(int(params_row[k])) if params_row[k] >= 0 else None,
-                              m.comm_args.get(int(op_row[k])) if op_row[k] >= 0 else None,
-                              rank.strings[m.name[op_row[k]]] if op_row[k] >= 0 else None,
-                              name)
+        name, meta = names[k], metas[k]
         dur = int(gpu.end[row] - gpu.ts[row])
-        out.append(_row(rank, meta, {
+        sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
+        out.append(_row(rank, meta, sole_group, {
             "step": int(att.step[row]) if att.step[row] != NO_STEP else None,
             "phase": PHASES[att.phase[row]],
             "stream": int(gpu.stream[row]),
@@ -170,10 +177,75 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
             "exposed_us": round((dur - int(covered[k])) / 1000.0, 3),
             "launch_us": round((int(ts[k]) - origin_ns) / 1000.0, 3) if thread[k] >= 0 else None,
             "kernel": name,
+            "library": _library(kernels[k], amd),
             "module": fsdp_module_of(rank.strings[m.name[module_row[k]]]) if module_row[k] >= 0 else None,
             "on_gpu": True,
         }))
     return out
+
+
+def _cpu_collective_rows(rank: RankTrace) -> np.ndarray:
+    """One CPU marker per issued collective: record_param_comms when the trace has it, else the
+    ``nccl:*`` ops, else the ``c10d::*`` ones (the two nest: counting both would double)."""
+    m = rank.markers
+    params = np.flatnonzero(m.kind == Marker.COMM_PARAMS)
+    if len(params):
+        return params
+    ops = np.flatnonzero(m.kind == Marker.COMM_OP)
+    for prefix in ("nccl:", "c10d::"):
+        rows = np.array([r for r in ops if rank.strings[m.name[r]].startswith(prefix)], dtype=np.int64)
+        if len(rows):
+            return rows
+    return ops
+
+
+def _library(kernel: CommKernel | None, amd: bool) -> str:
+    if kernel is None:
+        return USER_LIBRARY
+    # RCCL keeps NCCL's kernel names: only the device tells them apart.
+    return "rccl" if amd and kernel.library == "nccl" else kernel.library
+
+
+def _on_amd(rank: RankTrace) -> bool:
+    return any(re.search(r"\bAMD\b|Instinct|\bMI\d{3}", d.get("name") or "") for d in rank.devices)
+
+
+def _kinds_from_stream_order(rank: RankTrace, gpu, rows_idx: np.ndarray, metas: list[dict[str, Any]],
+                             kernels: list[CommKernel | None], params_row: np.ndarray, op_row: np.ndarray) -> None:
+    """Generic NCCL kernels with no CPU link (their name says nothing of the collective): each
+    takes the kind of the next CPU collective no kernel is linked to, in its stream's order.
+    A stream runs one communicator's work in issue order, so the CPU collectives of the
+    stream's process group (when its linked kernels tell it) are the candidates."""
+    todo = [k for k, meta in enumerate(metas)
+            if meta["collective"] == "unknown" and kernels[k] is not None and kernels[k].generic
+            and params_row[k] < 0 and op_row[k] < 0]
+    if not todo:
+        return
+    m = rank.markers
+    linked = set(params_row[params_row >= 0].tolist()) | set(op_row[op_row >= 0].tolist())
+    free = []  # (start ns, collective, process group) of CPU collectives with no kernel
+    for row in _cpu_collective_rows(rank):
+        if int(row) in linked:
+            continue
+        args = m.comm_args.get(int(row), {})
+        kind = canonical_collective(args.get("collective")) or canonical_collective(
+            rank.strings[m.name[row]].split(":", 1)[-1])
+        if kind not in (None, "barrier"):
+            free.append([int(m.ts[row]), kind, args.get("pg_name")])
+    stream_pg: dict[int, Any] = {}
+    for k, meta in enumerate(metas):
+        if meta.get("pg_name") is not None:
+            stream_pg.setdefault(int(gpu.stream[rows_idx[k]]), meta["pg_name"])
+    claimed = set(stream_pg.values())
+    for k in sorted(todo, key=lambda k: int(gpu.ts[rows_idx[k]])):
+        row = rows_idx[k]
+        pg = stream_pg.get(int(gpu.stream[row]))
+        match = next((c for c in free if c[0] <= int(gpu.ts[row])
+                      and (c[2] == pg if pg is not None else c[2] not in claimed)), None)
+        if match is not None:
+            free.remove(match)
+            metas[k]["collective"] = match[1]
+            metas[k]["collective_source"] = "stream order of CPU collectives"
 
 
 def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.ndarray:
@@ -188,8 +260,15 @@ def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.n
     return best
 
 
-def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name) -> dict[str, Any]:
-    """Collective metadata from the best available source, remembering which one gave the size."""
+# Libraries whose kernel names follow NCCL's <Kernel|Func>_<Collective>_... convention.
+NCCL_NAMED = ("nccl", "rccl", "msccl")
+
+
+def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
+                   kernel: CommKernel | None = None) -> dict[str, Any]:
+    """Collective metadata from the best available source, remembering which one gave the size.
+    The collective: the CPU op's, else the catalog's for that kernel, else the kernel name's
+    (NCCL's naming only, and never a generic kernel's name: it says nothing of what ran)."""
     meta: dict[str, Any] = {}
     size_source = None
     for source, args in (("kernel args", kernel_args), ("record_param_comms", params_args)):
@@ -202,7 +281,9 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name) -> d
     collective = canonical_collective(meta.get("collective"))
     if collective is None and op_name:
         collective = canonical_collective(op_name.split(":", 1)[-1])
-    if collective is None:
+    if collective is None and kernel is not None:
+        collective = kernel.collective
+    if collective is None and kernel is not None and kernel.library in NCCL_NAMED and not kernel.generic:
         collective = collective_from_kernel_name(kernel_name)
     dtype = canonical_dtype(meta.get("dtype"))
     if size_source is None and op_args and op_name and "input_dims" in op_args:
@@ -219,8 +300,8 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name) -> d
     return meta
 
 
-def _row(rank: RankTrace, meta: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
-    group = _group_of(rank, meta)
+def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[str, Any]) -> dict[str, Any]:
+    group = _group_of(rank, meta, sole_group)
     elem = DTYPE_BYTES.get(meta["dtype"]) if meta["dtype"] else None
     in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
     row = {
@@ -235,11 +316,16 @@ def _row(rank: RankTrace, meta: dict[str, Any], timing: dict[str, Any]) -> dict[
         "seq": meta.get("seq"),
         "comms_id": meta.get("comms_id"),
     }
+    if meta.get("collective_source"):  # an inferred kind says so
+        row["collective_source"] = meta["collective_source"]
     row.update(timing)
     return row
 
 
-def _group_of(rank: RankTrace, meta: dict[str, Any]) -> dict[str, Any]:
+def _group_of(rank: RankTrace, meta: dict[str, Any], sole_group: bool) -> dict[str, Any]:
+    """The collective's process group from its metadata; ``sole_group``: a collective of a
+    c10d backend with no group metadata ran in the trace's only declared group (kernels of other
+    libraries, e.g. DeepEP's, use their own communicators: their group stays unknown)."""
     name = meta.get("pg_name")
     ranks = meta.get("pg_ranks")
     desc = meta.get("pg_desc")
@@ -250,7 +336,7 @@ def _group_of(rank: RankTrace, meta: dict[str, Any]) -> dict[str, Any]:
                 ranks = ranks if ranks is not None else pg["ranks"]
                 desc = desc or pg["description"]
                 size = size or pg["size"]
-    if name is None and ranks is None and len(rank.process_groups) == 1:
+    if sole_group and name is None and ranks is None and len(rank.process_groups) == 1:
         # The trace declares exactly one process group: every collective ran in it.
         pg = rank.process_groups[0]
         name, desc, ranks, size = pg["name"], pg["description"], pg["ranks"], size or pg["size"]
@@ -295,16 +381,27 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
             types = m.comm_args.get(done, {}).get("input_types")
             meta["dtype"] = sizes_from_input_dims(rank.strings[m.name[done]], [[1]], types)[2]
         dur = int(m.end[done] - m.ts[done])
-        out.append(_row(rank, meta, {
+        out.append(_row(rank, meta, True, {
             "step": int(step[k]) if step[k] != NO_STEP else None,
             "phase": PHASES[phase[k]], "stream": None,
             "start_us": round((int(m.ts[done]) - origin_ns) / 1000.0, 3),
             "dur_us": round(dur / 1000.0, 3), "exposed_us": None,
             "launch_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
-            "kernel": None, "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),
+            "kernel": None, "library": _cpu_library(rank, name),
+            "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),
             "on_gpu": False,
         }))
     return out
+
+
+def _cpu_library(rank: RankTrace, op_name: str) -> str | None:
+    """The backend of a CPU-side collective: the op's prefix (gloo:, mpi:, ucc:), else the
+    trace's single backend; None when the trace does not say."""
+    prefix = op_name.split(":", 1)[0]
+    if prefix in ("gloo", "mpi", "ucc", "nccl"):
+        return prefix
+    backend = (rank.backend or "").lower()
+    return backend if backend and backend.isidentifier() else None
 
 
 def _module_at(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> str | None:

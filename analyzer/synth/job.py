@@ -61,17 +61,22 @@ def dumps(obj) -> bytes:
 
 def write_job(spec: JobSpec, outdir: str | Path, gzip: bool = True) -> Path:
     """Write rank-{r}.json[.gz] per rank and truth.json into outdir; identical bytes every time."""
+    sim = simulate(spec)
+    return write_folder(outdir, sim.rank_traces, sim.truth, gzip)
+
+
+def write_folder(outdir: str | Path, rank_traces: Mapping[int, dict], truth: dict, gzip: bool = True) -> Path:
+    """rank-{r}.json[.gz] per rank and truth.json into outdir (also analyzer.synth.parallel's)."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    sim = simulate(spec)
-    for rank, trace in sim.rank_traces.items():
+    for rank, trace in rank_traces.items():
         data = dumps(trace)
         if gzip:
             (out / f"rank-{rank}.json.gz").write_bytes(_gzip(data))
         else:
             (out / f"rank-{rank}.json").write_bytes(data)
-    truth = json.dumps(sim.truth, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    (out / "truth.json").write_bytes(truth.encode() + b"\n")
+    text = json.dumps(truth, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    (out / "truth.json").write_bytes(text.encode() + b"\n")
     return out
 
 

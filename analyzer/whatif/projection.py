@@ -119,7 +119,7 @@ class Config:
 
 def measured_strategy(result: Any) -> str:
     index = GroupIndex(result)
-    strategy = result.job.get("strategy", "unknown")
+    strategy = result.job.get("dp_strategy") or result.job.get("strategy", "unknown")  # data parallel
     rows = result.collectives
     if strategy == "ddp" or (strategy == "unknown" and not any(r["collective"] == "allgather" for r in rows)):
         return "ddp"
@@ -662,6 +662,10 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     """Project the measured job onto ``scenario`` (None fields: as measured)."""
     if result.groups is None:
         raise ConfigError("project() needs a Result from diagnose() (job analyses missing)")
+    beyond = [d for d in ("tp", "pp", "ep", "cp") if d in (result.job.get("parallelism") or {})]
+    if beyond:  # its TP/PP/EP communication would be taken for DDP/FSDP traffic
+        raise ConfigError(f"the what-if models data-parallel jobs only; this one also has {', '.join(beyond)} "
+                          f"(strategy {result.job.get('strategy')}): not projected")
     notes: list[str] = []
     base, assumptions = measured_config(result, scenario, notes)
     target = target_config(base, scenario, assumptions)

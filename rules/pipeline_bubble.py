@@ -1,0 +1,105 @@
+"""pipeline-bubble (TC402)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from analyzer.model import formulas as models
+from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
+from analyzer.job.facts import median
+
+
+@register
+class PipelineBubble(Rule):
+    """Pipeline stages idle (or spinning in recv) for a large share of each step.
+
+    What it detects:
+        Pipeline-parallel jobs (send/recv-only groups, ``mesh_pp`` / Megatron
+        ``PIPELINE_MODEL_PARALLEL_GROUP``, ``Forward i`` / ``PP:`` schedule ranges) whose
+        stages spend at least ``bubble_fraction`` of the step not computing: waiting in a
+        posted recv for the neighbouring stage, or idle. The number of micro-batches m is
+        counted from the first stage's forward sends per step; the fill/drain bubble of
+        GPipe and 1F1B is (p − 1)/(m + p − 1).
+
+    Why it matters:
+        During fill and drain only some stages have work: with p stages and m micro-batches
+        a step takes (m + p − 1)/m times the stage's compute. With few micro-batches most of
+        every GPU's time is spent waiting for its neighbours, and adding stages makes it worse.
+
+    Evidence:
+        Per rank and step: step time and compute; the median non-compute share; p, m and the
+        ideal bubble (p − 1)/(m + p − 1); the step time the model predicts with more
+        micro-batches.
+
+    Fix:
+        More micro-batches per step (m ≥ 4(p − 1): smaller micro-batches or gradient
+        accumulation), an interleaved schedule (``ScheduleInterleaved1F1B`` with v model
+        chunks per stage: bubble (p − 1)/(v·m + p − 1)), or fewer stages.
+
+    References:
+        Huang et al., "GPipe", NeurIPS 2019; Narayanan et al., "PipeDream" (SOSP 2019) and
+        "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+        SC 2021 (§2.2, interleaved schedule); docs/models.md §7.
+    """
+
+    name = "pipeline-bubble"
+    code = "TC402"
+    title = "The pipeline is kept full"
+    failure_title = "Pipeline bubble: stages wait for each other for much of each step"
+    severity = "warning"
+    needs = ("gpu_steps", "pipeline_parallel")
+    thresholds = {
+        "bubble_fraction": Threshold(0.25, "share of the step a stage does not compute (median over "
+                                     "pipeline ranks and steps) from which the rule fires", 0.0, 1.0),
+        "min_gain_fraction": MIN_GAIN_FRACTION,
+    }
+    references = ("Huang et al., GPipe, NeurIPS 2019", "Narayanan et al., SC 2021", "docs/models.md §7")
+
+    def check(self, ctx):
+        facts = ctx.facts
+        by_step = facts.rows_by_step("pp")
+        views = [facts.step_view(rank, step) for rank, step in by_step]
+        views = [v for v in views if v is not None and v.step_time_us]
+        if not views:
+            return []
+        bubble = median(1.0 - v.compute_us / v.step_time_us for v in views)
+        if bubble < ctx.thresholds["bubble_fraction"]:
+            return []
+        p = int(facts.parallelism["pp"]["size"])
+        sends = Counter(key for key, rows in by_step.items() for r in rows
+                        if r["collective"] == "send" and r["phase"] == "forward")
+        m = max(sends.values(), default=0)
+        step_us = median(v.step_time_us for v in views)
+        work = median(v.compute_us for v in views)
+        ideal = models.pipeline_bubble_fraction(p, m) if m else None
+        target = max(2 * m, 4 * (p - 1)) if m else None
+        gain = None
+        if m and p > 1:
+            predicted = step_us * models.pipeline_time(1.0, p, target) / models.pipeline_time(1.0, p, m)
+            gain = step_us - predicted
+            if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+                gain = None
+        ideal_text = (f"; with p = {p} stages and m = {m} micro-batches the fill/drain bubble alone is "
+                      f"(p − 1)/(m + p − 1) = {100 * ideal:.0f}%" if ideal is not None else
+                      "; the micro-batch count is unknown (no forward sends on the first stage)")
+        summary = (f"Pipeline stages do not compute for {100 * bubble:.0f}% of a {step_us / 1000:,.1f} ms step "
+                   f"(median over {len(views)} rank-steps){ideal_text}"
+                   + (f"; {target} micro-batches are predicted to cut the step to "
+                      f"{(step_us - gain) / 1000:,.1f} ms." if gain is not None else "."))
+        model = (f"step ≈ work·(m + p − 1)/m; measured non-compute share {bubble:.3f}"
+                 + (f", ideal {ideal:.3f}; m = {m} -> {target}: step × ((m' + p − 1)/m')/((m + p − 1)/m)"
+                    if ideal is not None else ""))
+        evidence = {
+            "stages": p, "microbatches": m or None, "ideal_bubble_fraction": None if ideal is None else round(ideal, 4),
+            "bubble_fraction_median": round(bubble, 4), "step_time_us": round(step_us, 1),
+            "compute_us_median": round(work, 1), "suggested_microbatches": target,
+            "by_rank_step": [[v.rank, v.step, round(v.step_time_us, 1), round(v.compute_us, 1)] for v in views],
+        }
+        return [ctx.finding(summary=summary, ranks=[v.rank for v in views], steps=[v.step for v in views],
+                            evidence=evidence, estimated_gain_us=gain, model=model,
+                            fix_text=f"Run more micro-batches per step (m ≥ 4(p − 1) = {4 * (p - 1)}) or an "
+                                     "interleaved schedule with several model chunks per stage.",
+                            fix_snippet=(f"schedule = ScheduleInterleaved1F1B(stages, n_microbatches={target or 4 * (p - 1)}, "
+                                         "loss_fn=loss_fn)  # torch.distributed.pipelining\n"
+                                         "# Megatron-LM: --num-layers-per-virtual-pipeline-stage N, larger "
+                                         "--global-batch-size / smaller --micro-batch-size"))]
