@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.job.columns import round_list
+from analyzer.job.columns import keys_per_group, round_list
 
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
@@ -123,7 +123,7 @@ def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]
 
 def _match(rows: list[dict[str, Any]], columns: tuple[np.ndarray, ...]) -> tuple[str | None, dict[int, list[int]]]:
     ranks, starts, _ = columns
-    groups = _codes(group_key(r) for r in rows)
+    groups = _codes(keys_per_group(rows, group_key))
     for method in METHODS:
         codes = _key_codes(rows, method, groups, ranks, starts)
         if codes is None or not _valid(ranks, codes):

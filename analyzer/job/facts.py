@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from analyzer.job.parallelism import is_data_parallel_row, role_key
+from analyzer.job.parallelism import data_parallel_rows, role_key
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
@@ -165,7 +165,7 @@ class JobFacts:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
         roles = self.job.get("group_roles") or {}
-        return [row for row in self.result.collectives if is_data_parallel_row(row, roles)]
+        return data_parallel_rows(self.result.collectives, roles)
 
     def role_of(self, row: dict[str, Any]) -> str:
         """The role of a collective's process group (analyzer.job.parallelism)."""

@@ -17,6 +17,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from analyzer.job.columns import keys_per_group
+
 DIMS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "ep", "cp")
 EXPERT_LIBRARIES = ("deepep", "pplx")
 # Custom all-reduce / overlap kernels: tensor-parallel reductions (vLLM, sglang, TensorRT-LLM,
@@ -65,6 +67,12 @@ def is_data_parallel_row(row: dict[str, Any], roles: dict[str, str]) -> bool:
     """Whether a collective row belongs to data parallelism: a data-parallel group's, issued by
     a c10d backend's library (a DeepEP or custom all-reduce kernel never is)."""
     return row.get("library") in DP_LIBRARIES and is_data_parallel(roles.get(role_key(row)))
+
+
+def data_parallel_rows(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[str, Any]]:
+    """The rows for which ``is_data_parallel_row`` holds, each group's role looked up once."""
+    return [row for row, key in zip(rows, keys_per_group(rows, role_key))
+            if row.get("library") in DP_LIBRARIES and is_data_parallel(roles.get(key))]
 
 
 def description_role(description: str | None) -> str | None:
@@ -145,9 +153,11 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
         for pg in r.process_groups or []:
             key = role_key(pg)
             groups.setdefault(key, _Group(key, pg))
-    for row in collectives:
-        key = role_key(row)
-        groups.setdefault(key, _Group(key, row.get("group") or {})).add(row)
+    for row, key in zip(collectives, keys_per_group(collectives, role_key)):
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(key, row.get("group") or {})
+        group.add(row)
     world = world_size or len(ranks)
     declared = max((len(r.process_groups or []) for r in ranks), default=0)
     if not any(row.get("phase") == "backward" for row in collectives):

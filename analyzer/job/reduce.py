@@ -8,7 +8,8 @@ from typing import Any
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.parallelism import infer_parallelism, is_data_parallel_row
+from analyzer.job.columns import share_groups
+from analyzer.job.parallelism import data_parallel_rows, infer_parallelism
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units, gradient_buckets
@@ -47,13 +48,14 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
         if r.timeline is not None:
             r.timeline["start_us"] = [round(t + shift, 3) for t in r.timeline["start_us"]]
     collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    share_groups(collectives)
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"]))
     # DDP buckets and FSDP units come from the data-parallel groups only: a tensor-parallel
     # all-reduce is no gradient bucket, a kernel of another library no FSDP unit.
     roles = job["group_roles"]
-    data_parallel = [row for row in collectives if is_data_parallel_row(row, roles)]
+    data_parallel = data_parallel_rows(collectives, roles)
     return Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
         ranks=ranks, job=job, collectives=collectives,
