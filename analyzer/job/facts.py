@@ -154,11 +154,14 @@ class JobFacts:
         When some ranks are missing that minimum may still include waiting for one of them, so
         it is capped by the α-β model time when the group's link is known."""
         measured = self.transfer_us.get((row["rank"], row["start_us"]), row["dur_us"])
-        if len(self.result.ranks) >= self.world_size or not row.get("bytes") \
-                or row["collective"] not in models.COLLECTIVE_KINDS:
+        if self._every_rank or not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS:
             return measured
         link = self.link(row.get("group") or {})
         return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    @cached_property
+    def _every_rank(self) -> bool:
+        return len(self.result.ranks) >= self.world_size
 
     @cached_property
     def data_parallel_collectives(self) -> list[dict[str, Any]]:
