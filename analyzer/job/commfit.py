@@ -109,6 +109,14 @@ def size_bucket(size_bytes: int) -> int:
     return max(0, int(size_bytes).bit_length() - 1)
 
 
+def size_buckets(sizes: np.ndarray) -> np.ndarray:
+    """``size_bucket(int(s))`` of each size (non-negative floats), over the array: floor(s)'s
+    binary exponent is its bit length, exact below 2**53 (larger sizes go through Python)."""
+    if len(sizes) and (sizes.min() < 0 or sizes.max() >= 2.0 ** 53 or np.isnan(sizes).any()):
+        return np.array([size_bucket(int(v)) for v in sizes], dtype=np.int64)
+    return np.maximum(np.frexp(np.floor(sizes))[1].astype(np.int64) - 1, 0)
+
+
 def bucket_label(k: int) -> str:
     return f"{_human(2 ** k)}-{_human(2 ** (k + 1))}"
 
@@ -139,7 +147,7 @@ def envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fastest point (smallest y) of each power-of-two bucket of x, buckets ascending."""
     order = np.lexsort((y, x))
     x, y = x[order], y[order]
-    keys = np.array([size_bucket(int(v)) for v in x])
+    keys = size_buckets(x)
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     best_x, best_y = [], []
     for lo, hi in zip(first, np.r_[first[1:], len(x)]):
@@ -180,15 +188,20 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
     usable = {k: has_bus_model(k, n) for k in set(kinds)}
-    scale = {k: (busbw_factor(k, n), hops(k, n)) for k, ok in usable.items() if ok}
-    points = [(s * scale[k][0] / scale[k][1], t / scale[k][1])
-              for k, s, t in zip(kinds, sizes, times_us) if usable[k] and s and t and t > 0]
-    distinct = len({s for k, s in zip(kinds, sizes) if s and modelled(k)})
+    factor = np.array([busbw_factor(k, n) if usable[k] else np.nan for k in kinds], float)
+    hop = np.array([hops(k, n) if usable[k] else np.nan for k in kinds], float)
+    s = np.array([0.0 if v is None else v for v in sizes], float)  # None: no size, left out as 0 is
+    t = np.asarray(times_us, float)
+    with np.errstate(invalid="ignore"):
+        keep = ~np.isnan(factor) & (s != 0) & (t > 0)  # kinds with a model, s and t truthy, t > 0
+    px, py = s[keep] * factor[keep] / hop[keep], t[keep] / hop[keep]
+    points = list(zip(px.tolist(), py.tolist()))
+    distinct = len({v for k, v in zip(kinds, sizes) if v and modelled(k)})
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
         return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
-    x, y = envelope(np.array([p[0] for p in points], float), np.array([p[1] for p in points], float))
+    x, y = envelope(px, py)
     line = lower_line(x, y)
     if line is None:
         return AlphaBeta(alpha_fb, beta_fb, f"{where}: transfer times do not grow with size, "
