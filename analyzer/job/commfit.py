@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from analyzer.job.columns import keys_per_group
 from analyzer.model import formulas as models
 
 MIN_DISTINCT_SIZES = 3
@@ -234,12 +235,17 @@ def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
     sized = [row for row in rows if row.get("bytes") is not None]
-    cells: dict[tuple, list[int]] = {}
-    for index, row in enumerate(sized):
-        key = (_group_name(row), row["collective"], max(0, int(row["bytes"]).bit_length() - 1))  # size_bucket
-        cells.setdefault(key, []).append(index)
+    sizes_list = [row["bytes"] for row in sized]
+    bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
+    codes: dict[tuple, int] = {}
+    cell_of = np.fromiter((codes.setdefault(key, len(codes)) for key in
+                           zip(keys_per_group(sized, _group_name), (row["collective"] for row in sized),
+                               map(bucket_of.__getitem__, sizes_list))), dtype=np.int64, count=len(sized))
+    order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
+    bounds_at = np.searchsorted(cell_of[order], np.arange(len(codes) + 1))
+    cells = {key: order[bounds_at[code]:bounds_at[code + 1]] for key, code in codes.items()}
     count = len(sized)
-    sizes = np.fromiter((r["bytes"] for r in sized), dtype=object, count=count)
+    sizes = np.fromiter(sizes_list, dtype=object, count=count)
     transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
     busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
                         dtype=float, count=count)
@@ -257,7 +263,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "transfer_us_median": round(float(np.median(cell_transfer)), 3),
             "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
             "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
-            "bound": _most_common(bounds[i] for i in members),
+            "bound": _most_common(bounds[i] for i in members.tolist()),
         })
     return out
 
