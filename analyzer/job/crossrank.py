@@ -30,6 +30,11 @@ _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
 
 
+# waited_for: the member whose kernel is shortest (the others waited for it); arrival_lag_us:
+# after the set's median arrival (clock offsets corrected)
+_UNMATCHED = {"wait_us": None, "waited_for": None, "arrival_lag_us": None}
+
+
 def group_key(row: dict[str, Any]) -> tuple:
     """A row's process group: by name, else by member ranks, else unknown (per collective kind)."""
     group = row.get("group") or {}
@@ -169,9 +174,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary."""
     ranks = sorted({r["rank"] for r in rows})
     for row in rows:
-        row["wait_us"] = None
-        row["waited_for"] = None  # the member whose kernel is shortest: the others waited for it
-        row["arrival_lag_us"] = None  # after the set's median arrival (clock offsets corrected)
+        row.update(_UNMATCHED)
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
