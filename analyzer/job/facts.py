@@ -246,7 +246,21 @@ class JobFacts:
 
     def link(self, group: dict[str, Any]) -> Link | None:
         """α/β of a collective's process group: the job analysis's fit when present, else the
-        hardware profile (None when neither is known, e.g. CPU-only traces)."""
+        hardware profile (None when neither is known, e.g. CPU-only traces). Once per group
+        object (rows share them; the group is kept so that its id is never reused): finding a
+        group's nodes reads all its members, per step and rule otherwise."""
+        if not group:
+            return self._link(group)
+        known = self._links.get(id(group))
+        if known is None:
+            known = self._links[id(group)] = (group, self._link(group))
+        return known[1]
+
+    @cached_property
+    def _links(self) -> dict[int, tuple[dict[str, Any], Link | None]]:
+        return {}
+
+    def _link(self, group: dict[str, Any]) -> Link | None:
         n = int(group.get("size") or len(self.group_ranks(group)))
         nodes = self.group_nodes(group)
         fitted = self._fitted_groups.get(group.get("name"))
