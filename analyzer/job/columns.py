@@ -35,17 +35,21 @@ def keys_per_group(rows: list[dict[str, Any]], key_of: Callable[[dict[str, Any]]
     """``[key_of(row) for row in rows]`` for a key that depends on the row's process group only
     when the group has a name or ranks (else on the collective too): computed once per group
     object, which the reduce shares between rows (``share_groups``)."""
-    memo: dict[int, Any] = {}
-    out = []
-    for row in rows:
+    groups = [row.get("group") for row in rows]  # held: their ids stay unique
+    ids = list(map(id, groups))
+    memo = {}
+    for ident, row in dict(zip(ids, rows)).items():  # one row of each group object
         group = row.get("group")
-        key = memo.get(id(group))
-        if key is None:
-            key = key_of(row)
-            if group and (group.get("name") is not None or group.get("ranks")):
-                memo[id(group)] = key
-        out.append(key)
-    return out
+        named = group and (group.get("name") is not None or group.get("ranks"))
+        memo[ident] = key_of(row) if named else _PER_ROW
+    keys = list(map(memo.__getitem__, ids))
+    if _PER_ROW in memo.values():
+        for index in [i for i, key in enumerate(keys) if key is _PER_ROW]:
+            keys[index] = key_of(rows[index])
+    return keys
+
+
+_PER_ROW = object()  # a group without name or ranks: the key depends on the row
 
 
 def share_groups(rows: list[dict[str, Any]]) -> None:
