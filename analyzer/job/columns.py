@@ -18,14 +18,14 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
     (``k / 10**digits``). ``rint(v·10**digits) / 10**digits`` divides the same integer k exactly
     rounded, so it agrees whenever ``rint`` picks Python's k: always, except where ``v·10**digits``
     lies within its own rounding error (≤ |v·10**digits|·2⁻⁵³) of a half. Those values, and
-    non-finite or huge ones, are rounded by Python itself."""
+    huge ones, are rounded by Python itself (NaN and ±inf stay as they are, as round() leaves them)."""
     values = np.asarray(values, dtype=np.float64)
     scale = 10.0 ** digits
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = values * scale
         out = (np.rint(scaled) / scale).tolist()
         margin = np.abs(scaled - np.floor(scaled) - 0.5)
-        sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT)
+        sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT) | ~np.isfinite(values)
     for i in np.flatnonzero(~sure).tolist():
         out[i] = round(float(values[i]), digits)
     return out

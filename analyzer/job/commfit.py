@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from analyzer.job.columns import keys_per_group
+from analyzer.job.columns import keys_per_group, round_list
 from analyzer.model import formulas as models
 
 MIN_DISTINCT_SIZES = 3
@@ -92,9 +92,9 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         latency = per_hop < (np.nan if s_star is None else s_star)
     bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
-    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
-    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
-        r["algbw_gbps"] = None if a != a else round(a, 4)
+    busbw = [None if b != b else b for b in round_list(bus, 4)]
+    for r, a, b, bound, ok in zip(rows, round_list(alg, 4), busbw, bounds, has_bound.tolist()):
+        r["algbw_gbps"] = None if a != a else a
         r["busbw_gbps"] = b
         r["bound"] = bound if ok else None
     return busbw
