@@ -60,6 +60,9 @@ def test_share_groups_shares_only_equal_groups_in_the_same_key_order():
     assert rows[2]["group"] is not rows[0]["group"]  # same items, other key order: JSON differs
     assert rows[5]["group"] is rows[6]["group"]
     assert [r["group"] for r in rows] == before and list(rows[2]["group"]) == list(before[2])
+    odd = [{"group": {"name": ["a"], "size": 2}}, {"group": {"name": ["a"], "size": 2}}]  # unhashable name
+    share_groups(odd)
+    assert odd[0]["group"] is odd[1]["group"]
 
 
 def test_size_buckets_match_size_bucket():
