@@ -14,9 +14,13 @@ from __future__ import annotations
 import argparse
 import copy
 import resource
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+# This checkout's analyzer, not an installed one (the script's folder is bench/).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analyzer.api import DiagnoseOptions
 from analyzer.base.gc_pause import paused_gc

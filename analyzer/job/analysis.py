@@ -16,6 +16,7 @@ import numpy as np
 from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
+from analyzer.job.columns import keys_per_group
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
@@ -63,8 +64,8 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     """One entry per process group with collectives, with its ``role`` (analyzer.job.parallelism);
     annotates the rows with bandwidths and bound."""
     members: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        members.setdefault(crossrank.group_key(row), []).append(row)
+    for row, key in zip(rows, keys_per_group(rows, crossrank.group_key)):
+        members.setdefault(key, []).append(row)
     groups = []
     for key in sorted(members, key=str):
         group_rows = members[key]

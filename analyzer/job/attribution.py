@@ -104,10 +104,12 @@ class _RowIntervals:
     def __init__(self, rows: list[dict[str, Any]]):
         rows = sorted(rows, key=lambda r: (r["start_us"], r["dur_us"]))
         self.rows = rows
-        start = np.array([round(r["start_us"] * 1000) for r in rows], dtype=np.int64)
-        end = start + np.array([round(r["dur_us"] * 1000) for r in rows], dtype=np.int64)
-        wait = np.array([round(max(r.get("wait_us") or 0.0, r.get("wait_estimated_us") or 0.0) * 1000)
-                         for r in rows], dtype=np.int64)
+        count = len(rows)
+        # round(x * 1000) to the ns: np.rint rounds half to even on the same product, as round()
+        start = _ns(np.fromiter((r["start_us"] for r in rows), float, count))
+        end = start + _ns(np.fromiter((r["dur_us"] for r in rows), float, count))
+        wait = _ns(np.fromiter((max(r.get("wait_us") or 0.0, r.get("wait_estimated_us") or 0.0) for r in rows),
+                               float, count))
         before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(rows) \
             else np.zeros(0, np.int64)
         self.start = start
@@ -127,6 +129,10 @@ class _RowIntervals:
         owned = iv.covered_length(exposed, self.own_start[part], self.own_end[part])
         waiting = iv.covered_length(exposed, self.own_start[part], self.wait_end[part])
         return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+
+
+def _ns(us: np.ndarray) -> np.ndarray:
+    return np.rint(us * 1000).astype(np.int64)
 
 
 def _exposed_set(pairs: list[list[int]], origin_ns: int) -> iv.IntervalSet:

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from analyzer.job.columns import keys_per_group, round_list
 from analyzer.model import formulas as models
 
 MIN_DISTINCT_SIZES = 3
@@ -91,9 +92,9 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         latency = per_hop < (np.nan if s_star is None else s_star)
     bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
-    busbw = [None if b != b else round(b, 4) for b in bus.tolist()]
-    for r, a, b, bound, ok in zip(rows, alg.tolist(), busbw, bounds, has_bound.tolist()):
-        r["algbw_gbps"] = None if a != a else round(a, 4)
+    busbw = [None if b != b else b for b in round_list(bus, 4)]
+    for r, a, b, bound, ok in zip(rows, round_list(alg, 4), busbw, bounds, has_bound.tolist()):
+        r["algbw_gbps"] = None if a != a else a
         r["busbw_gbps"] = b
         r["bound"] = bound if ok else None
     return busbw
@@ -107,6 +108,14 @@ def busbw_factor(kind: str, n: int) -> float:
 def size_bucket(size_bytes: int) -> int:
     """Power-of-two size bucket: k such that 2**k <= S < 2**(k+1) (0 for S < 2)."""
     return max(0, int(size_bytes).bit_length() - 1)
+
+
+def size_buckets(sizes: np.ndarray) -> np.ndarray:
+    """``size_bucket(int(s))`` of each size (non-negative floats), over the array: floor(s)'s
+    binary exponent is its bit length, exact below 2**53 (larger sizes go through Python)."""
+    if len(sizes) and (sizes.min() < 0 or sizes.max() >= 2.0 ** 53 or np.isnan(sizes).any()):
+        return np.array([size_bucket(int(v)) for v in sizes], dtype=np.int64)
+    return np.maximum(np.frexp(np.floor(sizes))[1].astype(np.int64) - 1, 0)
 
 
 def bucket_label(k: int) -> str:
@@ -139,7 +148,7 @@ def envelope(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fastest point (smallest y) of each power-of-two bucket of x, buckets ascending."""
     order = np.lexsort((y, x))
     x, y = x[order], y[order]
-    keys = np.array([size_bucket(int(v)) for v in x])
+    keys = size_buckets(x)
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     best_x, best_y = [], []
     for lo, hi in zip(first, np.r_[first[1:], len(x)]):
@@ -180,15 +189,20 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
     usable = {k: has_bus_model(k, n) for k in set(kinds)}
-    scale = {k: (busbw_factor(k, n), hops(k, n)) for k, ok in usable.items() if ok}
-    points = [(s * scale[k][0] / scale[k][1], t / scale[k][1])
-              for k, s, t in zip(kinds, sizes, times_us) if usable[k] and s and t and t > 0]
-    distinct = len({s for k, s in zip(kinds, sizes) if s and modelled(k)})
+    factor = np.array([busbw_factor(k, n) if usable[k] else np.nan for k in kinds], float)
+    hop = np.array([hops(k, n) if usable[k] else np.nan for k in kinds], float)
+    s = np.array([0.0 if v is None else v for v in sizes], float)  # None: no size, left out as 0 is
+    t = np.asarray(times_us, float)
+    with np.errstate(invalid="ignore"):
+        keep = ~np.isnan(factor) & (s != 0) & (t > 0)  # kinds with a model, s and t truthy, t > 0
+    px, py = s[keep] * factor[keep] / hop[keep], t[keep] / hop[keep]
+    points = list(zip(px.tolist(), py.tolist()))
+    distinct = len({v for k, v in zip(kinds, sizes) if v and modelled(k)})
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
         return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
-    x, y = envelope(np.array([p[0] for p in points], float), np.array([p[1] for p in points], float))
+    x, y = envelope(px, py)
     line = lower_line(x, y)
     if line is None:
         return AlphaBeta(alpha_fb, beta_fb, f"{where}: transfer times do not grow with size, "
@@ -221,12 +235,17 @@ def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
     sized = [row for row in rows if row.get("bytes") is not None]
-    cells: dict[tuple, list[int]] = {}
-    for index, row in enumerate(sized):
-        key = (_group_name(row), row["collective"], max(0, int(row["bytes"]).bit_length() - 1))  # size_bucket
-        cells.setdefault(key, []).append(index)
+    sizes_list = [row["bytes"] for row in sized]
+    bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
+    codes: dict[tuple, int] = {}
+    cell_of = np.fromiter((codes.setdefault(key, len(codes)) for key in
+                           zip(keys_per_group(sized, _group_name), (row["collective"] for row in sized),
+                               map(bucket_of.__getitem__, sizes_list))), dtype=np.int64, count=len(sized))
+    order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
+    bounds_at = np.searchsorted(cell_of[order], np.arange(len(codes) + 1))
+    cells = {key: order[bounds_at[code]:bounds_at[code + 1]] for key, code in codes.items()}
     count = len(sized)
-    sizes = np.fromiter((r["bytes"] for r in sized), dtype=object, count=count)
+    sizes = np.fromiter(sizes_list, dtype=object, count=count)
     transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
     busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
                         dtype=float, count=count)
@@ -244,7 +263,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "transfer_us_median": round(float(np.median(cell_transfer)), 3),
             "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
             "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
-            "bound": _most_common(bounds[i] for i in members),
+            "bound": _most_common(bounds[i] for i in members.tolist()),
         })
     return out
 

@@ -24,8 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.job.columns import keys_per_group, round_list
+
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
+
+
+# waited_for: the member whose kernel is shortest (the others waited for it); arrival_lag_us:
+# after the set's median arrival (clock offsets corrected)
+_UNMATCHED = {"wait_us": None, "waited_for": None, "arrival_lag_us": None}
 
 
 def group_key(row: dict[str, Any]) -> tuple:
@@ -121,7 +128,7 @@ def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]
 
 def _match(rows: list[dict[str, Any]], columns: tuple[np.ndarray, ...]) -> tuple[str | None, dict[int, list[int]]]:
     ranks, starts, _ = columns
-    groups = _codes(group_key(r) for r in rows)
+    groups = _codes(keys_per_group(rows, group_key))
     for method in METHODS:
         codes = _key_codes(rows, method, groups, ranks, starts)
         if codes is None or not _valid(ranks, codes):
@@ -167,9 +174,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary."""
     ranks = sorted({r["rank"] for r in rows})
     for row in rows:
-        row["wait_us"] = None
-        row["waited_for"] = None  # the member whose kernel is shortest: the others waited for it
-        row["arrival_lag_us"] = None  # after the set's median arrival (clock offsets corrected)
+        row.update(_UNMATCHED)
     if len(ranks) < 2:
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
@@ -187,24 +192,24 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
     flat_arrivals = starts[flat] - np.array([offsets[r] for r in members.tolist()])
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
-    for i, w in zip(flat.tolist(), waits.tolist()):
-        rows[i]["wait_us"] = round(w, 3)
+    flat_rows = [rows[i] for i in flat.tolist()]
+    for row, w in zip(flat_rows, round_list(waits)):
+        row["wait_us"] = w
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
     caused: dict[int, float] = defaultdict(float)
     last_count: dict[int, int] = defaultdict(int)
     steps: dict[Any, dict[str, Any]] = {}
+    lags = np.empty(len(flat))
+    waited = np.empty(len(flat), dtype=np.int64)
     for k, indices in enumerate(sets.values()):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
         last = int(np.argmax(arrival))
         last_rank = int(members[lo + last])
         # Waited for: the member with the shortest kernel, the one the waits are measured against.
-        waited_for = int(members[lo + int(np.argmin(flat_durations[lo:hi]))])
-        for k_row, i in enumerate(indices):
-            rows[i]["arrival_lag_us"] = round(float(arrival[k_row] - np.median(arrival)), 3)
-            if rows[i]["rank"] != waited_for:
-                rows[i]["waited_for"] = waited_for
+        waited[lo:hi] = waited_for = int(members[lo + int(np.argmin(flat_durations[lo:hi]))])
+        lags[lo:hi] = arrival - np.median(arrival)
         others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1
@@ -213,6 +218,10 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         entry["caused"][last_rank] += others
         entry["sets"] += 1
         entry["max_skew_us"] = max(entry["max_skew_us"], float(arrival.max() - arrival.min()))
+    for row, lag, rank, waited_for in zip(flat_rows, round_list(lags), members.tolist(), waited.tolist()):
+        row["arrival_lag_us"] = lag
+        if rank != waited_for:
+            row["waited_for"] = waited_for
     summary = _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from analyzer.job.parallelism import is_data_parallel_row, role_key
+from analyzer.job.parallelism import data_parallel_rows, role_key
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
@@ -154,18 +154,21 @@ class JobFacts:
         When some ranks are missing that minimum may still include waiting for one of them, so
         it is capped by the α-β model time when the group's link is known."""
         measured = self.transfer_us.get((row["rank"], row["start_us"]), row["dur_us"])
-        if len(self.result.ranks) >= self.world_size or not row.get("bytes") \
-                or row["collective"] not in models.COLLECTIVE_KINDS:
+        if self._every_rank or not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS:
             return measured
         link = self.link(row.get("group") or {})
         return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    @cached_property
+    def _every_rank(self) -> bool:
+        return len(self.result.ranks) >= self.world_size
 
     @cached_property
     def data_parallel_collectives(self) -> list[dict[str, Any]]:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
         roles = self.job.get("group_roles") or {}
-        return [row for row in self.result.collectives if is_data_parallel_row(row, roles)]
+        return data_parallel_rows(self.result.collectives, roles)
 
     def role_of(self, row: dict[str, Any]) -> str:
         """The role of a collective's process group (analyzer.job.parallelism)."""
@@ -243,7 +246,21 @@ class JobFacts:
 
     def link(self, group: dict[str, Any]) -> Link | None:
         """α/β of a collective's process group: the job analysis's fit when present, else the
-        hardware profile (None when neither is known, e.g. CPU-only traces)."""
+        hardware profile (None when neither is known, e.g. CPU-only traces). Once per group
+        object (rows share them; the group is kept so that its id is never reused): finding a
+        group's nodes reads all its members, per step and rule otherwise."""
+        if not group:
+            return self._link(group)
+        known = self._links.get(id(group))
+        if known is None:
+            known = self._links[id(group)] = (group, self._link(group))
+        return known[1]
+
+    @cached_property
+    def _links(self) -> dict[int, tuple[dict[str, Any], Link | None]]:
+        return {}
+
+    def _link(self, group: dict[str, Any]) -> Link | None:
         n = int(group.get("size") or len(self.group_ranks(group)))
         nodes = self.group_nodes(group)
         fitted = self._fitted_groups.get(group.get("name"))

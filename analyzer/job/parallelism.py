@@ -17,6 +17,8 @@ import re
 from collections import Counter
 from typing import Any
 
+from analyzer.job.columns import keys_per_group
+
 DIMS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "ep", "cp")
 EXPERT_LIBRARIES = ("deepep", "pplx")
 # Custom all-reduce / overlap kernels: tensor-parallel reductions (vLLM, sglang, TensorRT-LLM,
@@ -65,6 +67,13 @@ def is_data_parallel_row(row: dict[str, Any], roles: dict[str, str]) -> bool:
     """Whether a collective row belongs to data parallelism: a data-parallel group's, issued by
     a c10d backend's library (a DeepEP or custom all-reduce kernel never is)."""
     return row.get("library") in DP_LIBRARIES and is_data_parallel(roles.get(role_key(row)))
+
+
+def data_parallel_rows(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[str, Any]]:
+    """The rows for which ``is_data_parallel_row`` holds, each group's role looked up once."""
+    keys = keys_per_group(rows, role_key)
+    data_parallel = {key: is_data_parallel(roles.get(key)) for key in set(keys)}
+    return [row for row, key in zip(rows, keys) if data_parallel[key] and row.get("library") in DP_LIBRARIES]
 
 
 def description_role(description: str | None) -> str | None:
@@ -119,16 +128,16 @@ class _Group:
         self.fsdp_rows = 0
         self.libraries: set[str] = set()
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.kinds[row["collective"]] += 1
-        if row.get("library"):
-            self.libraries.add(row["library"])
-        if row["collective"] == "allreduce":
-            self.forward_allreduces += row.get("phase") == "forward"
-            self.other_allreduces += row.get("phase") == "other"
-            self.backward_allreduces += row.get("phase") == "backward"
-        if row.get("module") is not None:
-            self.fsdp_rows += 1
+    def add(self, kind: str, library: str | None, phase: str | None, fsdp: bool, count: int = 1) -> None:
+        """``count`` rows of one collective kind, library, phase and FSDP annotation."""
+        self.kinds[kind] += count
+        if library:
+            self.libraries.add(library)
+        if kind == "allreduce":
+            self.forward_allreduces += count * (phase == "forward")
+            self.other_allreduces += count * (phase == "other")
+            self.backward_allreduces += count * (phase == "backward")
+        self.fsdp_rows += count * fsdp
 
     def members(self) -> int | None:
         return self.size or (len(self.ranks) if self.ranks else None)
@@ -145,12 +154,19 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
         for pg in r.process_groups or []:
             key = role_key(pg)
             groups.setdefault(key, _Group(key, pg))
-    for row in collectives:
-        key = role_key(row)
-        groups.setdefault(key, _Group(key, row.get("group") or {})).add(row)
+    # Rows counted by what the roles read (a handful of distinct combinations per group).
+    first_row: dict[str, dict[str, Any]] = {}
+    combos: Counter = Counter()
+    for row, key in zip(collectives, keys_per_group(collectives, role_key)):
+        first_row.setdefault(key, row)
+        combos[key, row["collective"], row.get("library"), row.get("phase"), row.get("module") is not None] += 1
+    for key, row in first_row.items():
+        groups.setdefault(key, _Group(key, row.get("group") or {}))
+    for (key, kind, library, phase, fsdp), count in combos.items():
+        groups[key].add(kind, library, phase, fsdp, count)
     world = world_size or len(ranks)
     declared = max((len(r.process_groups or []) for r in ranks), default=0)
-    if not any(row.get("phase") == "backward" for row in collectives):
+    if not any(phase == "backward" for _, _, _, phase, _ in combos):
         for g in groups.values():  # no backward pass anywhere: all-reduces in the forward pass
             g.forward_allreduces += g.other_allreduces
     roles = {key: _role(g, dp_strategy, markers, world, declared) for key, g in groups.items()}

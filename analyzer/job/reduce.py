@@ -6,9 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.parallelism import infer_parallelism, is_data_parallel_row
+from analyzer.job.columns import round_list, share_groups
+from analyzer.job.parallelism import data_parallel_rows, infer_parallelism
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units, gradient_buckets
@@ -39,21 +42,20 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     collectives = []
     for r in ranks:
         shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
-        for row in r.collectives:
-            for key in ("start_us", "launch_us"):
-                if row[key] is not None:
-                    row[key] = round(row[key] + shift, 3)
-            collectives.append(row)
+        for key in ("start_us", "launch_us"):
+            _shift(r.collectives, key, shift)
+        collectives.extend(r.collectives)
         if r.timeline is not None:
-            r.timeline["start_us"] = [round(t + shift, 3) for t in r.timeline["start_us"]]
+            r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
     collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    share_groups(collectives)
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"]))
     # DDP buckets and FSDP units come from the data-parallel groups only: a tensor-parallel
     # all-reduce is no gradient bucket, a kernel of another library no FSDP unit.
     roles = job["group_roles"]
-    data_parallel = [row for row in collectives if is_data_parallel_row(row, roles)]
+    data_parallel = data_parallel_rows(collectives, roles)
     return Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
         ranks=ranks, job=job, collectives=collectives,
@@ -62,6 +64,14 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
         fsdp_units=fsdp_units(data_parallel) if job["dp_strategy"].startswith("fsdp") else [],
         warnings=warnings,
     )
+
+
+def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
+    """``row[key] = round(row[key] + shift, 3)`` where the value is known, over an array."""
+    known = [row for row in rows if row[key] is not None]
+    values = np.fromiter((row[key] for row in known), dtype=float, count=len(known))
+    for row, value in zip(known, round_list(values + shift)):
+        row[key] = value
 
 
 def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
