@@ -1,7 +1,8 @@
 """The per-rank speed-ups of issue 13 give exactly what the row-by-row code gave.
 
-Each shortcut is checked on generated inputs against a plain statement of what it must give: interning pre-factorized names, the metadata-free fast path of ``comm_args_of``, the
-column-wise µs rounding of collective rows and the process-group lookup by name.
+Each shortcut is checked on generated inputs against a plain statement of what it must give:
+interning pre-factorized names, the metadata-free fast path of ``comm_args_of``, the column-wise
+µs rounding of collective rows, the metadata merge and the process-group lookup by name.
 """
 
 from __future__ import annotations
