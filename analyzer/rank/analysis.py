@@ -219,20 +219,22 @@ def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:
     """Counts of the framework markers present: the evidence for strategy detection."""
-    names = [trace.strings[i] for i in trace.markers.name]
+    # Each distinct name is judged once, weighted by how many markers bear it.
+    ids, counts = np.unique(trace.markers.name, return_counts=True)
+    names = [(trace.strings[i], n) for i, n in zip(ids.tolist(), counts.tolist())]
     seen = {
-        "ddp_forward": sum(n == "DistributedDataParallel.forward" for n in names),
-        "fsdp1": sum(n.startswith("FullyShardedDataParallel.") for n in names),
-        "fsdp2": sum(n.startswith("FSDP::") for n in names),
+        "ddp_forward": sum(n for name, n in names if name == "DistributedDataParallel.forward"),
+        "fsdp1": sum(n for name, n in names if name.startswith("FullyShardedDataParallel.")),
+        "fsdp2": sum(n for name, n in names if name.startswith("FSDP::")),
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
     for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
         seen[family] = 0
-    for name in names:
+    for name, n in names:
         family = framework_marker(name)
         if family:
-            seen[family] += 1
+            seen[family] += n
     return seen
 
 

@@ -9,6 +9,7 @@ stay ``None``: a guessed byte count would silently poison every model built on i
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from itertools import repeat
 from typing import Any
 
@@ -61,6 +62,11 @@ _NAME_DTYPE = re.compile(r"_(bf16|f16|f32|f64|half|float|double|int8_t|uint8_t|i
 def canonical_collective(text: str | None) -> str | None:
     if not text:
         return None
+    return _canonical_collective(text)
+
+
+@lru_cache(maxsize=4096)
+def _canonical_collective(text: str) -> str | None:  # the same few names, once per row
     squashed = re.sub(r"[^a-z]", "", text.lower())
     for word, name in _COLLECTIVE_WORDS:
         if word in squashed:
@@ -154,14 +160,16 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     module_row = _module_markers(rank, ts, thread)
     compute = compute_union(gpu)
     covered = iv.covered_length(compute, gpu.ts[rows_idx], gpu.end[rows_idx])
-    names = [rank.strings[gpu.name[row]] for row in rows_idx]
+    names = [rank.strings[i] for i in gpu.name[rows_idx].tolist()]
     kernels = [lookup(name) for name in names]  # cached per unique name
-    metas = [_merge_sources(rank.kernel_comm_args.get(int(row)),
-                            m.comm_args.get(int(params_row[k])) if params_row[k] >= 0 else None,
-                            m.comm_args.get(int(op_row[k])) if op_row[k] >= 0 else None,
-                            rank.strings[m.name[op_row[k]]] if op_row[k] >= 0 else None,
-                            names[k], kernels[k])
-             for k, row in enumerate(rows_idx)]
+    marker_names = m.name.tolist()
+    op_names = [rank.strings[marker_names[row]] if row >= 0 else None for row in op_row.tolist()]
+    metas = [_merge_sources(rank.kernel_comm_args.get(row),
+                            m.comm_args.get(params) if params >= 0 else None,
+                            m.comm_args.get(op) if op >= 0 else None,
+                            op_name, name, kernel)
+             for row, params, op, op_name, name, kernel
+             in zip(rows_idx.tolist(), params_row.tolist(), op_row.tolist(), op_names, names, kernels)]
     _kinds_from_stream_order(rank, gpu, rows_idx, metas, kernels, params_row, op_row)
     amd = _on_amd(rank)
     groups = _groups_by_name(rank)
