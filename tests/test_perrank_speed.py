@@ -15,8 +15,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.columns import Interner, comm_args_of, factorize
-from analyzer.ingest.schema import EventArgs
+from analyzer.ingest.columns import Interner, comm_args_of, factorize, thread_ids
+from analyzer.ingest.schema import Event, EventArgs
 from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
 
 NAMES = st.sampled_from(["aten::mm", "ProfilerStep#3", "nccl:all_reduce", "", "record_param_comms", "x"])
@@ -138,3 +138,19 @@ def test_merge_sources_kernel_args_win(kernel_args, params_args):
         assert meta.get(key) == merged.get(key)
     meta["collective"] = "changed"
     assert (kernel_args, params_args) == before  # the row's meta is its own dict
+
+
+IDS = st.one_of(st.integers(-3, 3), st.integers(2**62, 2**70), st.sampled_from(["7", "07", "x", ""]), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(IDS, IDS), max_size=30))
+def test_thread_ids_label_each_event(pairs):
+    """Each event's thread is "pid:tid" as written (a string "07" stays "07"), interned in
+    first-seen order."""
+    events = [Event(ph="X", pid=pid, tid=tid) for pid, tid in pairs]
+    threads = Interner()
+    ids = thread_ids(events, threads)
+    labels = [f"{pid}:{tid}" for pid, tid in pairs]
+    assert [threads.strings[i] for i in ids.tolist()] == labels
+    assert threads.strings == list(dict.fromkeys(labels))
