@@ -2,13 +2,20 @@
 
 Each shortcut is checked on generated inputs against a plain statement of what it must give:
 interning pre-factorized names, the metadata-free fast path of ``comm_args_of``, the column-wise
-µs rounding of collective rows, the metadata merge and the process-group lookup by name.
+µs rounding of collective rows, the metadata merge, the process-group lookup by name, the thread
+labels, and the reuse of the trace just loaded for the report's step timeline.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
+import multiprocessing
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -154,3 +161,66 @@ def test_thread_ids_label_each_event(pairs):
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
     assert [threads.strings[i] for i in ids.tolist()] == labels
     assert threads.strings == list(dict.fromkeys(labels))
+
+
+def _counting_loads(monkeypatch):
+    from analyzer.rank import analysis
+    calls = []
+    real = analysis.load_rank_trace
+
+    def load(path, *args):
+        calls.append(str(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(analysis, "load_rank_trace", load)
+    monkeypatch.setattr(analysis, "_LAST_LOADED", {})
+    return analysis, calls
+
+
+GPU_RANK = Path(__file__).resolve().parent.parent / "sample_traces" / "gpu_h200" / "ddp"
+
+
+def test_timeline_reuses_the_trace_just_loaded(monkeypatch, tmp_path):
+    """The report's second look at a rank (keep_timeline, one step) takes the trace this process
+    loaded for the map instead of decoding the file again, with the same result as a fresh
+    read; the slot is emptied by that use."""
+    analysis, calls = _counting_loads(monkeypatch)
+    path = str(sorted(GPU_RANK.glob("*.json*"))[0])
+    options = analysis.RankOptions()
+    analysis.analyze_rank_file(path, options)
+    step = analysis.analyze_rank_file(path, replace(options, keep_timeline=True, steps=None))
+    assert calls == [path]
+    assert not analysis._LAST_LOADED
+    again = analysis.analyze_rank_file(path, replace(options, keep_timeline=True, steps=None))
+    assert calls == [path, path]
+    assert json.dumps(step.timeline, default=str) == json.dumps(again.timeline, default=str)
+    assert step.collectives == again.collectives
+
+
+def test_a_rewritten_file_is_read_again(monkeypatch, tmp_path):
+    analysis, calls = _counting_loads(monkeypatch)
+    source = sorted(GPU_RANK.glob("*.json*"))[0]
+    path = tmp_path / source.name
+    shutil.copy(source, path)
+    analysis.analyze_rank_file(str(path), analysis.RankOptions())
+    shutil.copy(source, tmp_path / "other")
+    os.replace(tmp_path / "other", path)  # same bytes, a new file (inode and ctime change)
+    analysis.analyze_rank_file(str(path), analysis.RankOptions())
+    assert calls == [str(path), str(path)]
+
+
+def _load_in_child(path: str, queue) -> None:
+    from analyzer.rank import analysis
+    analysis.analyze_rank_file(path, analysis.RankOptions())
+    queue.put(len(analysis._LAST_LOADED))
+
+
+def test_workers_keep_nothing_between_ranks():
+    path = str(sorted(GPU_RANK.glob("*.json*"))[0])
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_load_in_child, args=(path, queue))
+    child.start()
+    kept = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert kept == 0
