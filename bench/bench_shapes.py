@@ -3,11 +3,16 @@
     python bench/bench_shapes.py --quick      # 8 x 10 MB jobs, a 40 MB rank: a few minutes
     python bench/bench_shapes.py              # 8 x 50 MB jobs, a ~200 MB rank (HTA takes minutes)
     python bench/bench_shapes.py --no-hta
+    python bench/bench_shapes.py --per-rank-only   # one 50 MB rank of each shape: a minute
 
 Shapes, tiled in time to the size asked (bench/make_big_trace.py):
 - few collectives: the real HTA DDP rank (../shared/traces/real/hta_ddp_rank0_of_2);
 - collective-heavy: a synthetic per-parameter all-reduce DDP rank (analyzer.synth, GPT_SMALL
-  with biases, bucket_cap_mb tiny so every gradient tensor is its own all-reduce).
+  with biases and 24 blocks, bucket_cap_mb tiny so every gradient tensor is its own all-reduce,
+  plus an activation all-reduce per block): ~8,800 collective kernels per 50 MB.
+For each single rank the map's CPU is also split by stage (imports, decode, columns, per-rank
+analysis; in-process timers in a fresh process), the rest of `diagnose` being the reduce, rules
+and render.
 Each job's files get a `"distributedInfo": {"rank": N, ...}` header written with blanks, since
 HTA finds the rank with the regex `"rank":\\s+(\\d+)`. Every command runs in a fresh process
 (interpreter start included) with the bytecode cache allowed (a warm-up run fills it), and
