@@ -28,7 +28,7 @@ import msgspec
 from analyzer.base.errors import InputError
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import ColumnBuilder
-from analyzer.ingest.files import CHUNK_BYTES, DEFAULT_MAX_INFLATE_BYTES, GZIP_MAGIC, iter_trace_chunks
+from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, GZIP_MAGIC, iter_trace_chunks
 from analyzer.ingest.loader import load_rank_trace, rank_trace_of
 from analyzer.ingest.stream import (
     EVENTS_DECODER,
@@ -44,11 +44,14 @@ from analyzer.ingest.trace import RankTrace
 
 MIN_PARALLEL_BYTES = 96 << 20  # smaller traces: starting a process costs more than it saves
 IN_FLIGHT = 2  # slices handed to the helper and not yet merged (bounds memory)
+# Slices stay large: each costs a round trip to the helper (the sequential loader's chunks are
+# smaller, see analyzer.ingest.files.CHUNK_BYTES).
+SLICE_BYTES = 32 << 20
 
 
 def load_rank_trace_parallel(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
                              max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES,
-                             chunk_bytes: int = CHUNK_BYTES) -> RankTrace:
+                             chunk_bytes: int = SLICE_BYTES) -> RankTrace:
     """:func:`analyzer.ingest.loader.load_rank_trace` on two cores (same result)."""
     try:
         loaded = _load_two_way(path, comm_pattern, max_inflate_bytes, chunk_bytes)
