@@ -3,11 +3,16 @@
     python bench/bench_shapes.py --quick      # 8 x 10 MB jobs, a 40 MB rank: a few minutes
     python bench/bench_shapes.py              # 8 x 50 MB jobs, a ~200 MB rank (HTA takes minutes)
     python bench/bench_shapes.py --no-hta
+    python bench/bench_shapes.py --per-rank-only   # one 50 MB rank of each shape: a minute
 
 Shapes, tiled in time to the size asked (bench/make_big_trace.py):
 - few collectives: the real HTA DDP rank (../shared/traces/real/hta_ddp_rank0_of_2);
 - collective-heavy: a synthetic per-parameter all-reduce DDP rank (analyzer.synth, GPT_SMALL
-  with biases, bucket_cap_mb tiny so every gradient tensor is its own all-reduce).
+  with biases and 24 blocks, bucket_cap_mb tiny so every gradient tensor is its own all-reduce,
+  plus an activation all-reduce per block): ~8,800 collective kernels per 50 MB.
+For each single rank the map's CPU is also split by stage (imports, decode, columns, per-rank
+analysis; in-process timers in a fresh process), the rest of `diagnose` being the reduce, rules
+and render.
 Each job's files get a `"distributedInfo": {"rank": N, ...}` header written with blanks, since
 HTA finds the rank with the regex `"rank":\\s+(\\d+)`. Every command runs in a fresh process
 (interpreter start included) with the bytecode cache allowed (a warm-up run fills it), and
@@ -23,6 +28,7 @@ import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -44,14 +50,48 @@ t = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
 print(len(t.t.traces))
 """
 BLANKS = (", ", ": ")
+# The per-rank map alone, in a fresh process, CPU seconds by stage: imports of the map's
+# modules, the streamed decode (inflate, cut, msgspec), the columns (ColumnBuilder.add and
+# finish, timed around their calls) and the per-rank analysis; "rest of diagnose" in the
+# table is the command's CPU less this (the CLI's other imports, reduce, rules, render).
+BREAKDOWN = """
+import sys, time
+t0 = time.process_time()
+from pathlib import Path
+from analyzer.ingest import loader
+from analyzer.ingest.columns import ColumnBuilder
+from analyzer.rank.analysis import RankOptions, analyze_rank
+t1 = time.process_time()
+columns = [0.0]
+def timed(method):
+    def run(*args):
+        start = time.process_time()
+        try:
+            return method(*args)
+        finally:
+            columns[0] += time.process_time() - start
+    return run
+ColumnBuilder.add, ColumnBuilder.finish = timed(ColumnBuilder.add), timed(ColumnBuilder.finish)
+trace = loader.load_rank_trace(Path(sys.argv[1]))
+t2 = time.process_time()
+analyze_rank(trace, RankOptions())
+t3 = time.process_time()
+print(f"{t1 - t0:.4f} {t2 - t1 - columns[0]:.4f} {columns[0]:.4f} {t3 - t2:.4f}")
+"""
+STAGES = ("imports", "decode", "columns", "per-rank analysis")
 
 
 def heavy_source(path: Path) -> Path:
-    """One rank of a per-parameter all-reduce DDP job (every gradient tensor its own bucket)."""
+    """One rank of a per-parameter all-reduce DDP job (every gradient tensor its own bucket),
+    24 blocks with a blocking activation all-reduce after each block's forward, shapes not
+    recorded (torch's default): ~9,000 collective kernels per 50 MB, the densest the generator's
+    knobs give (each collective brings ~15 events: its autograd hook, c10d op, record_param_comms,
+    nccl annotations, launch, event record/wait, kernel and flow arrows)."""
     if not path.exists():
         from analyzer.synth import simulate
         from analyzer.synth.scenarios import GPT_SMALL
-        spec = replace(GPT_SMALL, name="per_parameter_allreduce", bucket_cap_mb=0.0001, world_size=8, steps=2)
+        spec = replace(GPT_SMALL, name="per_parameter_allreduce", bucket_cap_mb=0.0001, world_size=8, steps=2,
+                       n_layers=24, record_shapes=False, forward_allreduce_mb=1.0)
         path.write_text(json.dumps(simulate(spec).rank_traces[0]))
     return path
 
@@ -75,6 +115,15 @@ def best(argv: list[str], repeat: int) -> dict[str, float]:
     return min((timed(argv) for _ in range(repeat)), key=lambda row: row["wall_s"])
 
 
+def breakdown(path: Path, repeat: int) -> dict[str, float]:
+    """CPU seconds of the per-rank map by stage (BREAKDOWN), the run with the least total."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", BREAKDOWN, str(path)], check=True, capture_output=True, text=True)
+        runs.append(dict(zip(STAGES, map(float, out.stdout.split()))))
+    return min(runs, key=lambda row: sum(row.values()))
+
+
 def diagnose(*paths: str, workers: str | None = None) -> list[str]:
     extra = ["--workers", workers] if workers else []
     return [sys.executable, "-m", "analyzer", "diagnose", *paths, "--format", "json", "--no-cache",
@@ -92,25 +141,8 @@ def ratio(label: str, value: float, target: str) -> None:
     print(f"  {label:<52} {value:>6.2f}x   (target {target})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 x 10 MB jobs and a 40 MB rank")
-    parser.add_argument("--no-hta", action="store_true", help="skip HTA (it takes minutes at full size)")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N for the single-rank commands")
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "tracecliff-shapes")
-    args = parser.parse_args()
-    rank_mb, big_mb = (10.0, 40.0) if args.quick else (50.0, 200.0)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # users run with .pyc files: so do we
-    work = args.dir / ("quick" if args.quick else "full")
-    work.mkdir(parents=True, exist_ok=True)
-    sources = {"few collectives": SOURCE, "collective-heavy": heavy_source(args.dir / "heavy-source.json")}
-    jobs = {}
-    for shape, source in sources.items():
-        folder = work / shape.replace(" ", "-")
-        if not (folder / "rank-7.json").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            print(f"making 8 ranks x {rank_mb:g} MB ({shape}) in {folder} ...", flush=True)
-        jobs[shape] = make_job(folder, 8, rank_mb, source, header_separators=BLANKS)
+def large_rank(work: Path, big_mb: float) -> Path:
+    """The few-collectives rank tiled to ``big_mb`` MB of JSON, gzipped (made once)."""
     big = work / f"one-rank-{big_mb:g}mb.json.gz"
     if not big.exists():
         print(f"making {big} ...", flush=True)
@@ -119,6 +151,38 @@ def main() -> None:
         with open(plain, "rb") as src, gzip.open(big, "wb", compresslevel=6) as out:
             shutil.copyfileobj(src, out, 16 << 20)
         plain.unlink()
+    return big
+
+
+def per_rank_ratios(per_rank: dict[str, dict[str, dict[str, float]]]) -> None:
+    for shape, rows in per_rank.items():
+        bare = rows["bare typed msgspec decode"]["cpu_s"]
+        ratio(f"per-rank CPU, {shape}: diagnose / bare decode", rows["diagnose --workers 1"]["cpu_s"] / bare,
+              "<= 1.3x")
+        ratio("  the map alone (imports, decode, columns, analysis) / bare", rows["map"]["cpu_s"] / bare, "<= 1.3x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 x 10 MB jobs and a 40 MB rank")
+    parser.add_argument("--no-hta", action="store_true", help="skip HTA (it takes minutes at full size)")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N for the single-rank commands")
+    parser.add_argument("--per-rank-only", action="store_true",
+                        help="only the one-rank CPU figures of both shapes (no large rank, no jobs)")
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "tracecliff-shapes")
+    args = parser.parse_args()
+    rank_mb, big_mb = (10.0, 40.0) if args.quick else (50.0, 200.0)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # users run with .pyc files: so do we
+    work = args.dir / ("quick" if args.quick else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    sources = {"few collectives": SOURCE, "collective-heavy": heavy_source(args.dir / "heavy-source-24l.json")}
+    jobs = {}
+    for shape, source in sources.items():
+        folder = work / shape.replace(" ", "-")
+        if not (folder / "rank-7.json").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"making 8 ranks x {rank_mb:g} MB ({shape}) in {folder} ...", flush=True)
+        jobs[shape] = make_job(folder, 8, rank_mb, source, header_separators=BLANKS)
     timed(diagnose(str(jobs["few collectives"][0]), workers="1"))  # warm-up: fills the bytecode cache
     py = sys.executable
 
@@ -130,7 +194,18 @@ def main() -> None:
                 "diagnose --workers 1": best(diagnose(str(files[0]), workers="1"), args.repeat)}
         show(f"one rank, {shape}: {files[0].stat().st_size / 1e6:.0f} MB, {kernels:,} collective kernels, "
              f"{groups:,} events with Process Group Ranks", rows)
+        stages = breakdown(files[0], args.repeat)
+        rest = rows["diagnose --workers 1"]["cpu_s"] - sum(stages.values())
+        print("  CPU by stage (the map alone, in-process timers): "
+              + ", ".join(f"{name} {value:.2f} s" for name, value in stages.items())
+              + f"; rest of diagnose (CLI imports, reduce, rules, render) {rest:.2f} s")
+        rows["map"] = {"cpu_s": sum(stages.values())}
         per_rank[shape] = rows
+    if args.per_rank_only:
+        print("\nratios")
+        per_rank_ratios(per_rank)
+        return
+    big = large_rank(work, big_mb)
     rows = {"bare decode, one core": best([py, "-c", BARE_DECODE, str(big)], args.repeat),
             "diagnose (default: two processes)": best(diagnose(str(big)), args.repeat)}
     if not args.no_hta:
@@ -147,9 +222,7 @@ def main() -> None:
         job_rows[shape] = rows
 
     print("\nratios")
-    for shape, rows in per_rank.items():
-        ratio(f"per-rank CPU, {shape}: diagnose / bare decode",
-              rows["diagnose --workers 1"]["cpu_s"] / rows["bare typed msgspec decode"]["cpu_s"], "<= 1.3x")
+    per_rank_ratios(per_rank)
     ratio("large rank wall: diagnose / one-core bare decode",
           big_rows["diagnose (default: two processes)"]["wall_s"] / big_rows["bare decode, one core"]["wall_s"],
           "<= 1.3x")

@@ -6,6 +6,8 @@ workers and only this compact summary (not the event arrays) travels back.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -99,9 +101,37 @@ def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = N
                       two_cores: bool = False) -> RankAnalysis:
     """``two_cores``: decode on this process and a helper (analyzer.ingest.parallel), for a job
     whose only rank would otherwise leave a core idle."""
+    return analyze_rank(_load(path, options, two_cores), options, origin_ns)
+
+
+# The trace the main process loaded last, for the report's step timeline: a job whose map ran
+# in this process (one rank) would otherwise decode the whole file a second time to draw one
+# step (issue 13: a third of a one-rank `--format json` run). One slot, keyed by the file's
+# stat identity (a rewritten file is read again), emptied when it is used and when the next
+# load starts; pool and Dask workers keep nothing between ranks.
+_LAST_LOADED: dict[tuple, RankTrace] = {}
+
+
+def _load(path: str, options: RankOptions, two_cores: bool) -> RankTrace:
+    key = _load_key(path, options)
+    trace = _LAST_LOADED.pop(key, None) if key else None
+    _LAST_LOADED.clear()
+    if trace is not None:
+        return trace
     load = load_rank_trace_parallel if two_cores else load_rank_trace
     trace = load(Path(path), options.comm_pattern, options.max_inflate_bytes)
-    return analyze_rank(trace, options, origin_ns)
+    if key and multiprocessing.parent_process() is None:
+        _LAST_LOADED[key] = trace
+    return trace
+
+
+def _load_key(path: str, options: RankOptions) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None  # the load reports it
+    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, options.comm_pattern,
+            options.max_inflate_bytes)
 
 
 def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
@@ -219,20 +249,22 @@ def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:
     """Counts of the framework markers present: the evidence for strategy detection."""
-    names = [trace.strings[i] for i in trace.markers.name]
+    # Each distinct name is judged once, weighted by how many markers bear it.
+    ids, counts = np.unique(trace.markers.name, return_counts=True)
+    names = [(trace.strings[i], n) for i, n in zip(ids.tolist(), counts.tolist())]
     seen = {
-        "ddp_forward": sum(n == "DistributedDataParallel.forward" for n in names),
-        "fsdp1": sum(n.startswith("FullyShardedDataParallel.") for n in names),
-        "fsdp2": sum(n.startswith("FSDP::") for n in names),
+        "ddp_forward": sum(n for name, n in names if name == "DistributedDataParallel.forward"),
+        "fsdp1": sum(n for name, n in names if name.startswith("FullyShardedDataParallel.")),
+        "fsdp2": sum(n for name, n in names if name.startswith("FSDP::")),
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
     for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
         seen[family] = 0
-    for name in names:
+    for name, n in names:
         family = framework_marker(name)
         if family:
-            seen[family] += 1
+            seen[family] += n
     return seen
 
 

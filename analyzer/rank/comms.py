@@ -9,6 +9,8 @@ stay ``None``: a guessed byte count would silently poison every model built on i
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,11 @@ _NAME_DTYPE = re.compile(r"_(bf16|f16|f32|f64|half|float|double|int8_t|uint8_t|i
 def canonical_collective(text: str | None) -> str | None:
     if not text:
         return None
+    return _canonical_collective(text)
+
+
+@lru_cache(maxsize=4096)
+def _canonical_collective(text: str) -> str | None:  # the same few names, once per row
     squashed = re.sub(r"[^a-z]", "", text.lower())
     for word, name in _COLLECTIVE_WORDS:
         if word in squashed:
@@ -153,35 +160,61 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     module_row = _module_markers(rank, ts, thread)
     compute = compute_union(gpu)
     covered = iv.covered_length(compute, gpu.ts[rows_idx], gpu.end[rows_idx])
-    names = [rank.strings[gpu.name[row]] for row in rows_idx]
+    names = [rank.strings[i] for i in gpu.name[rows_idx].tolist()]
     kernels = [lookup(name) for name in names]  # cached per unique name
-    metas = [_merge_sources(rank.kernel_comm_args.get(int(row)),
-                            m.comm_args.get(int(params_row[k])) if params_row[k] >= 0 else None,
-                            m.comm_args.get(int(op_row[k])) if op_row[k] >= 0 else None,
-                            rank.strings[m.name[op_row[k]]] if op_row[k] >= 0 else None,
-                            names[k], kernels[k])
-             for k, row in enumerate(rows_idx)]
+    marker_names = m.name.tolist()
+    op_names = [rank.strings[marker_names[row]] if row >= 0 else None for row in op_row.tolist()]
+    metas = [_merge_sources(rank.kernel_comm_args.get(row),
+                            m.comm_args.get(params) if params >= 0 else None,
+                            m.comm_args.get(op) if op >= 0 else None,
+                            op_name, name, kernel)
+             for row, params, op, op_name, name, kernel
+             in zip(rows_idx.tolist(), params_row.tolist(), op_row.tolist(), op_names, names, kernels)]
     _kinds_from_stream_order(rank, gpu, rows_idx, metas, kernels, params_row, op_row)
     amd = _on_amd(rank)
+    groups = _groups_by_name(rank)
+    # Times as columns, each element then rounded by Python's round (correctly rounded, as the
+    # row-by-row code did: numpy's rounding can differ in the last digit).
+    dur = gpu.end[rows_idx] - gpu.ts[rows_idx]
+    start_us = _us3(gpu.ts[rows_idx] - origin_ns)
+    dur_us, exposed_us = _us3(dur), _us3(dur - covered.astype(np.int64))
+    launch_us = _us3(ts - origin_ns)
+    steps = att.step[rows_idx].tolist()
+    phases = att.phase[rows_idx].tolist()
+    streams = gpu.stream[rows_idx].tolist()
+    linked = (thread >= 0).tolist()
+    modules = module_row.tolist()
     out = []
-    for k, row in enumerate(rows_idx):
-        name, meta = names[k], metas[k]
-        dur = int(gpu.end[row] - gpu.ts[row])
+    for k, meta in enumerate(metas):
         sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
         out.append(_row(rank, meta, sole_group, {
-            "step": int(att.step[row]) if att.step[row] != NO_STEP else None,
-            "phase": PHASES[att.phase[row]],
-            "stream": int(gpu.stream[row]),
-            "start_us": round((int(gpu.ts[row]) - origin_ns) / 1000.0, 3),
-            "dur_us": round(dur / 1000.0, 3),
-            "exposed_us": round((dur - int(covered[k])) / 1000.0, 3),
-            "launch_us": round((int(ts[k]) - origin_ns) / 1000.0, 3) if thread[k] >= 0 else None,
-            "kernel": name,
+            "step": steps[k] if steps[k] != NO_STEP else None,
+            "phase": PHASES[phases[k]],
+            "stream": streams[k],
+            "start_us": start_us[k],
+            "dur_us": dur_us[k],
+            "exposed_us": exposed_us[k],
+            "launch_us": launch_us[k] if linked[k] else None,
+            "kernel": names[k],
             "library": _library(kernels[k], amd),
-            "module": fsdp_module_of(rank.strings[m.name[module_row[k]]]) if module_row[k] >= 0 else None,
+            "module": fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
             "on_gpu": True,
-        }))
+        }, groups))
     return out
+
+
+def _us3(ns: np.ndarray) -> list[float]:
+    """Nanoseconds as µs rounded to 3 decimals, exactly as ``round(int(v) / 1000.0, 3)`` per
+    value (int64 to float64 and the division are the same IEEE operations in numpy)."""
+    return list(map(round, (ns.astype(np.int64) / 1000.0).tolist(), repeat(3, len(ns))))
+
+
+def _groups_by_name(rank: RankTrace) -> dict[Any, list[dict[str, Any]]]:
+    """The trace's declared process groups by name, in declaration order."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for pg in rank.process_groups:
+        groups.setdefault(pg["name"], []).append(pg)
+    return groups
 
 
 def _cpu_collective_rows(rank: RankTrace) -> np.ndarray:
@@ -269,15 +302,15 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     """Collective metadata from the best available source, remembering which one gave the size.
     The collective: the CPU op's, else the catalog's for that kernel, else the kernel name's
     (NCCL's naming only, and never a generic kernel's name: it says nothing of what ran)."""
-    meta: dict[str, Any] = {}
+    # The kernel's own args win; record_param_comms fills the rest (keys are only looked up).
+    meta: dict[str, Any] = dict(params_args) if params_args else {}
+    if kernel_args:
+        meta.update(kernel_args)
     size_source = None
     for source, args in (("kernel args", kernel_args), ("record_param_comms", params_args)):
-        if not args:
-            continue
-        for key, value in args.items():
-            meta.setdefault(key, value)
-        if size_source is None and ("in_nelems" in args or "out_nelems" in args):
+        if args and ("in_nelems" in args or "out_nelems" in args):
             size_source = source
+            break
     collective = canonical_collective(meta.get("collective"))
     if collective is None and op_name:
         collective = canonical_collective(op_name.split(":", 1)[-1])
@@ -300,8 +333,9 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     return meta
 
 
-def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[str, Any]) -> dict[str, Any]:
-    group = _group_of(rank, meta, sole_group)
+def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[str, Any],
+         groups: dict[Any, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    group = _group_of(rank, meta, sole_group, groups)
     elem = DTYPE_BYTES.get(meta["dtype"]) if meta["dtype"] else None
     in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
     row = {
@@ -322,7 +356,8 @@ def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[s
     return row
 
 
-def _group_of(rank: RankTrace, meta: dict[str, Any], sole_group: bool) -> dict[str, Any]:
+def _group_of(rank: RankTrace, meta: dict[str, Any], sole_group: bool,
+              groups: dict[Any, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """The collective's process group from its metadata; ``sole_group``: a collective of a
     c10d backend with no group metadata ran in the trace's only declared group (kernels of other
     libraries, e.g. DeepEP's, use their own communicators: their group stays unknown)."""
@@ -331,11 +366,10 @@ def _group_of(rank: RankTrace, meta: dict[str, Any], sole_group: bool) -> dict[s
     desc = meta.get("pg_desc")
     size = meta.get("group_size")
     if name is not None:
-        for pg in rank.process_groups:
-            if pg["name"] == name:
-                ranks = ranks if ranks is not None else pg["ranks"]
-                desc = desc or pg["description"]
-                size = size or pg["size"]
+        for pg in (groups if groups is not None else _groups_by_name(rank)).get(name, ()):
+            ranks = ranks if ranks is not None else pg["ranks"]
+            desc = desc or pg["description"]
+            size = size or pg["size"]
     if sole_group and name is None and ranks is None and len(rank.process_groups) == 1:
         # The trace declares exactly one process group: every collective ran in it.
         pg = rank.process_groups[0]

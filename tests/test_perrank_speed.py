@@ -1,0 +1,226 @@
+"""The per-rank speed-ups of issue 13 give exactly what the row-by-row code gave.
+
+Each shortcut is checked on generated inputs against a plain statement of what it must give:
+interning pre-factorized names, the metadata-free fast path of ``comm_args_of``, the column-wise
+µs rounding of collective rows, the metadata merge, the process-group lookup by name, the thread
+labels, and the reuse of the trace just loaded for the report's step timeline.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import multiprocessing
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import msgspec
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer.ingest.columns import Interner, comm_args_of, factorize, thread_ids
+from analyzer.ingest.schema import Event, EventArgs
+from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
+
+NAMES = st.sampled_from(["aten::mm", "ProfilerStep#3", "nccl:all_reduce", "", "record_param_comms", "x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(NAMES, max_size=40), st.lists(NAMES, max_size=10), st.data())
+def test_ids_of_codes_interns_like_ids(names, earlier, data):
+    """Interning a subset of factorized rows gives the ids (and string table) that interning
+    the subset's values would, after the same earlier strings."""
+    rows = np.array(sorted(data.draw(st.sets(st.integers(0, max(len(names) - 1, 0)))) if names else []),
+                    dtype=np.int64)
+    codes, uniques = factorize(names)
+    reference, fast = Interner(), Interner()
+    reference.ids(earlier)
+    fast.ids(earlier)
+    expected = reference.ids([names[i] for i in rows.tolist()])
+    got = fast.ids_of_codes(codes[rows], uniques)
+    assert got.tolist() == expected.tolist()
+    assert fast.strings == reference.strings
+
+
+OTHER = st.one_of(st.none(), st.integers(0, 9), st.just("7"))
+# One collective field at a time, with a valid value, and the key it must give.
+ONE_FIELD = st.sampled_from([("collective_name", "allreduce", "collective"), ("in_nelems", "4", "in_nelems"),
+                             ("out_nelems", 4, "out_nelems"), ("group_size", 2.0, "group_size"),
+                             ("seq", 0, "seq"), ("comms_id", 12, "comms_id"), ("dtype", "Float", "dtype"),
+                             ("pg_name", 0, "pg_name"), ("pg_desc", "dp", "pg_desc"),
+                             ("pg_ranks", "[0, 1]", "pg_ranks")])
+
+
+@settings(max_examples=200, deadline=None)
+@given(OTHER, OTHER, OTHER, OTHER, ONE_FIELD)
+def test_comm_args_fast_path(correlation, external_id, stream, device, field):
+    """Args without collective metadata (whatever else they hold) give {}; any one collective
+    field, however written, is still read."""
+    plain = dict(correlation=correlation, external_id=external_id, stream=stream, device=device)
+    assert comm_args_of(EventArgs(**plain)) == {}
+    assert comm_args_of(None) == {}
+    name, value, key = field
+    assert list(comm_args_of(EventArgs(**plain, **{name: value}))) == [key]
+    shaped = comm_args_of(EventArgs(**plain, input_dims=msgspec.Raw(b"[[2, 3]]"), input_type=msgspec.Raw(b'["float"]')))
+    assert shaped == {"input_dims": [[2, 3]], "input_types": ["float"]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(2**52), 2**52), max_size=50))
+def test_us3_rounds_each_value_like_python(values):
+    ns = np.asarray(values, dtype=np.int64)
+    assert _us3(ns) == [round(int(v) / 1000.0, 3) for v in values]
+
+
+def test_us3_half_way_cases():
+    """Values whose µs sit on a rounding boundary: Python's correctly rounded round, not numpy's."""
+    values = [1_234_5, 2_675, 1_0005, -2_675, 4_503_599_627_370_495]
+    assert _us3(np.asarray(values)) == [round(v / 1000.0, 3) for v in values]
+
+
+class _Rank:
+    def __init__(self, groups):
+        self.process_groups = groups
+
+
+def _reference_group(rank, meta, sole_group):
+    """What a collective's group is, stated directly: the metadata's fields, each missing one
+    taken from the declared groups of that name in order (ranks: the first known; description
+    and size: the first non-empty); with no name and no ranks, a lone declared group."""
+    name = meta.get("pg_name")
+    named = [pg for pg in rank.process_groups if name is not None and pg["name"] == name]
+    ranks = next((r for r in [meta.get("pg_ranks")] + [pg["ranks"] for pg in named] if r is not None), None)
+    desc = functools.reduce(lambda a, b: a or b, [pg["description"] for pg in named], meta.get("pg_desc"))
+    size = functools.reduce(lambda a, b: a or b, [pg["size"] for pg in named], meta.get("group_size"))
+    if sole_group and name is None and ranks is None and len(rank.process_groups) == 1:
+        lone = rank.process_groups[0]
+        name, desc, ranks, size = lone["name"], lone["description"], lone["ranks"], size or lone["size"]
+    return {"name": name, "description": desc, "ranks": ranks,
+            "size": len(ranks) if ranks is not None and size is None else size}
+
+
+PG = st.fixed_dictionaries({"name": st.sampled_from(["0", "1", None]),
+                            "description": st.sampled_from([None, "", "default_pg", "dp"]),
+                            "ranks": st.sampled_from([None, [0, 1], [0, 1, 2, 3]]),
+                            "size": st.sampled_from([None, 0, 2, 4])})
+META = st.fixed_dictionaries({}, optional={"pg_name": st.sampled_from(["0", "1", "2"]),
+                                           "pg_ranks": st.sampled_from([[0], [0, 1]]),
+                                           "pg_desc": st.sampled_from(["", "tp"]),
+                                           "group_size": st.sampled_from([None, 2, 8])})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PG, max_size=4), META, st.booleans())
+def test_group_lookup_by_name_matches_scan(groups, meta, sole_group):
+    """Repeated names included: every declared group of that name contributes, in order."""
+    rank = _Rank(groups)
+    expected = _reference_group(rank, meta, sole_group)
+    assert _group_of(rank, meta, sole_group, _groups_by_name(rank)) == expected
+    assert _group_of(rank, meta, sole_group) == expected
+
+
+ARGS = st.fixed_dictionaries({}, optional={"collective": st.just("allreduce"), "in_nelems": st.integers(0, 9),
+                                           "out_nelems": st.integers(0, 9), "pg_name": st.sampled_from(["0", "1"]),
+                                           "dtype": st.sampled_from(["Float", "BFloat16"]), "seq": st.integers(0, 9)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), ARGS), st.one_of(st.none(), ARGS))
+def test_merge_sources_kernel_args_win(kernel_args, params_args):
+    before = copy.deepcopy((kernel_args, params_args))
+    meta = _merge_sources(kernel_args, params_args, None, None, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    assert (kernel_args, params_args) == before  # the sources are not modified
+    merged = {}
+    for args in (kernel_args, params_args):
+        for key, value in (args or {}).items():
+            merged.setdefault(key, value)
+    sized = [source for source, args in (("kernel args", kernel_args), ("record_param_comms", params_args))
+             if args and ("in_nelems" in args or "out_nelems" in args)]
+    assert meta["size_source"] == (sized[0] if sized else None)
+    for key in ("in_nelems", "out_nelems", "pg_name", "seq"):
+        assert meta.get(key) == merged.get(key)
+    meta["collective"] = "changed"
+    assert (kernel_args, params_args) == before  # the row's meta is its own dict
+
+
+IDS = st.one_of(st.integers(-3, 3), st.integers(2**62, 2**70), st.sampled_from(["7", "07", "x", ""]), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(IDS, IDS), max_size=30))
+def test_thread_ids_label_each_event(pairs):
+    """Each event's thread is "pid:tid" as written (a string "07" stays "07"), interned in
+    first-seen order."""
+    events = [Event(ph="X", pid=pid, tid=tid) for pid, tid in pairs]
+    threads = Interner()
+    ids = thread_ids(events, threads)
+    labels = [f"{pid}:{tid}" for pid, tid in pairs]
+    assert [threads.strings[i] for i in ids.tolist()] == labels
+    assert threads.strings == list(dict.fromkeys(labels))
+
+
+def _counting_loads(monkeypatch):
+    from analyzer.rank import analysis
+    calls = []
+    real = analysis.load_rank_trace
+
+    def load(path, *args):
+        calls.append(str(path))
+        return real(path, *args)
+
+    monkeypatch.setattr(analysis, "load_rank_trace", load)
+    monkeypatch.setattr(analysis, "_LAST_LOADED", {})
+    return analysis, calls
+
+
+GPU_RANK = Path(__file__).resolve().parent.parent / "sample_traces" / "gpu_h200" / "ddp"
+
+
+def test_timeline_reuses_the_trace_just_loaded(monkeypatch, tmp_path):
+    """The report's second look at a rank (keep_timeline, one step) takes the trace this process
+    loaded for the map instead of decoding the file again, with the same result as a fresh
+    read; the slot is emptied by that use."""
+    analysis, calls = _counting_loads(monkeypatch)
+    path = str(sorted(GPU_RANK.glob("*.json*"))[0])
+    options = analysis.RankOptions()
+    analysis.analyze_rank_file(path, options)
+    step = analysis.analyze_rank_file(path, replace(options, keep_timeline=True, steps=None))
+    assert calls == [path]
+    assert not analysis._LAST_LOADED
+    again = analysis.analyze_rank_file(path, replace(options, keep_timeline=True, steps=None))
+    assert calls == [path, path]
+    assert json.dumps(step.timeline, default=str) == json.dumps(again.timeline, default=str)
+    assert step.collectives == again.collectives
+
+
+def test_a_rewritten_file_is_read_again(monkeypatch, tmp_path):
+    analysis, calls = _counting_loads(monkeypatch)
+    source = sorted(GPU_RANK.glob("*.json*"))[0]
+    path = tmp_path / source.name
+    shutil.copy(source, path)
+    analysis.analyze_rank_file(str(path), analysis.RankOptions())
+    shutil.copy(source, tmp_path / "other")
+    os.replace(tmp_path / "other", path)  # same bytes, a new file (inode and ctime change)
+    analysis.analyze_rank_file(str(path), analysis.RankOptions())
+    assert calls == [str(path), str(path)]
+
+
+def _load_in_child(path: str, queue) -> None:
+    from analyzer.rank import analysis
+    analysis.analyze_rank_file(path, analysis.RankOptions())
+    queue.put(len(analysis._LAST_LOADED))
+
+
+def test_workers_keep_nothing_between_ranks():
+    path = str(sorted(GPU_RANK.glob("*.json*"))[0])
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_load_in_child, args=(path, queue))
+    child.start()
+    kept = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert kept == 0
