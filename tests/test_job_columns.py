@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.job import commfit
-from analyzer.job.columns import keys_per_group, round_list, share_groups
+from analyzer.job.columns import keys_per_group, round_list
+from analyzer.rank.comms import share_groups
 from analyzer.job.crossrank import group_key
 from analyzer.job.parallelism import role_key
 

@@ -50,24 +50,3 @@ def keys_per_group(rows: list[dict[str, Any]], key_of: Callable[[dict[str, Any]]
 
 
 _PER_ROW = object()  # a group without name or ranks: the key depends on the row
-
-
-def share_groups(rows: list[dict[str, Any]]) -> None:
-    """Give equal ``group`` dicts (same keys in the same order, same values) one object: every
-    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks)."""
-    by_id: dict[int, dict[str, Any]] = {}
-    by_name: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        group = row.get("group")
-        if not group:
-            continue
-        shared = by_id.get(id(group))
-        if shared is None:
-            # str(): a hostile trace's name may be a list (unhashable); equality decides below
-            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
-            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
-            if shared is None:
-                candidates.append(group)
-                shared = group
-            by_id[id(group)] = shared
-        row["group"] = shared

@@ -10,7 +10,8 @@ import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import round_list, share_groups
+from analyzer.job.columns import round_list
+from analyzer.rank.comms import share_groups
 from analyzer.job.parallelism import data_parallel_rows, infer_parallelism
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis

@@ -200,6 +200,7 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
             "module": fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
             "on_gpu": True,
         }, groups))
+    share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
 
 
@@ -491,3 +492,24 @@ def fsdp_units(collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _step_key(step: Any) -> tuple[int, int]:
     return (0, step) if isinstance(step, int) else (1, 0)
+
+
+def share_groups(rows: list[dict[str, Any]]) -> None:
+    """Give equal ``group`` dicts (same keys in the same order, same values) one object: every
+    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks)."""
+    by_id: dict[int, dict[str, Any]] = {}
+    by_name: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        group = row.get("group")
+        if not group:
+            continue
+        shared = by_id.get(id(group))
+        if shared is None:
+            # str(): a hostile trace's name may be a list (unhashable); equality decides below
+            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
+            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
+            if shared is None:
+                candidates.append(group)
+                shared = group
+            by_id[id(group)] = shared
+        row["group"] = shared
