@@ -117,43 +117,14 @@ class JobFacts:
             index.setdefault((row["rank"], row["step"]), []).append(row)
         return index
 
-    @cached_property
-    def matched(self) -> dict[tuple, dict[int, dict[str, Any]]]:
-        """The same collective on every rank that has it: by (group, Seq) when recorded, else by
-        (group, collective, step, occurrence on that rank). GPU collectives only; point-to-point
-        transfers are left out (a send and its recv do not end together on every rank)."""
-        out: dict[tuple, dict[int, dict[str, Any]]] = {}
-        seen: dict[tuple, int] = {}
-        for row in self.result.collectives:  # sorted by rank, then start
-            if not row.get("on_gpu") or row["collective"] in POINT_TO_POINT:
-                continue
-            group = (row.get("group") or {}).get("name")
-            if row.get("seq") is not None:
-                key = (group, "seq", row["seq"])
-            else:
-                base = (group, row["collective"], row["step"])
-                index = seen.get((row["rank"], base), 0)
-                seen[(row["rank"], base)] = index + 1
-                key = (*base, index)
-            out.setdefault(key, {})[row["rank"]] = row
-        return out
-
-    @cached_property
-    def transfer_us(self) -> dict[tuple[int, float], float]:
-        """(rank, start_us) of a GPU collective -> its transfer time: the shortest duration of
-        the same collective across ranks (the others waited for the last arrival)."""
-        out = {}
-        for rows in self.matched.values():
-            shortest = min(r["dur_us"] for r in rows.values())
-            for rank, row in rows.items():
-                out[(rank, row["start_us"])] = shortest
-        return out
-
     def transfer_time(self, row: dict[str, Any]) -> float:
         """A collective's transfer time (µs): the shortest duration across the ranks given.
         When some ranks are missing that minimum may still include waiting for one of them, so
         it is capped by the α-β model time when the group's link is known."""
-        measured = self.transfer_us.get((row["rank"], row["start_us"]), row["dur_us"])
+        measured = row["dur_us"]
+        wait = row.get("wait_us")  # the cross-rank matching's (analyzer.job.crossrank): dur − the set's shortest
+        if wait is not None and row.get("on_gpu") and row["collective"] not in POINT_TO_POINT:
+            measured -= wait
         if self._every_rank or not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS:
             return measured
         link = self.link(row.get("group") or {})
