@@ -270,6 +270,7 @@ class Durations:
         self.base, self.target = base, target
         self.groups = GroupIndex(result)
         self.kept = 0
+        self._ratios: dict[tuple, float | None] = {}
 
     def role(self, row: dict[str, Any]) -> str:
         role = self.groups.role(row)
@@ -278,7 +279,16 @@ class Durations:
         return role
 
     def ratio(self, row: dict[str, Any], role: str | None = None) -> float | None:
-        """T_model(target) / T_model(measured) of a row, None when it cannot be modelled."""
+        """T_model(target) / T_model(measured) of a row, None when it cannot be modelled. It
+        depends on the row's group, kind, size and role only: computed once per distinct one
+        (a step repeats the same collectives, and the scaling curve projects the job ten times)."""
+        name = (row.get("group") or {}).get("name")
+        key = (None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role)
+        if key not in self._ratios:
+            self._ratios[key] = self._ratio(row, role)
+        return self._ratios[key]
+
+    def _ratio(self, row: dict[str, Any], role: str | None) -> float | None:
         kind, size = row["collective"], row.get("bytes")
         measured = _measured_link(self.groups.entry(row), self.base)
         if kind not in models.COLLECTIVE_KINDS or not size or measured is None or not row.get("on_gpu"):
