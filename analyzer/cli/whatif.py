@@ -32,7 +32,7 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     from analyzer.job.result import dumps
     from analyzer.reports.whatif_text import render_text
     from analyzer.whatif.projection import Scenario, project
-    result = load_run(list(paths), options, config)
+    result = load_run(list(paths), options, config, report=False)  # no report sections: only the projection
     scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
                         nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
                         bucket_mb=bucket_mb, model_params=options.model_params,
