@@ -110,13 +110,15 @@ class RuleContext:
     """What a rule sees: the Result, shared facts, and its own settings."""
 
     def __init__(self, rule: type[Rule], facts: JobFacts, settings: dict[str, Any],
-                 findings: list[dict[str, Any]] | None = None):
+                 findings: list[dict[str, Any]] | None = None,
+                 statuses: list[dict[str, Any]] | None = None):
         self.rule = rule
         self.facts = facts
         self.result = facts.result
         self.thresholds = settings["thresholds"]
         self.severity = settings["severity"]
         self.findings = list(findings or [])  # the findings of the rules that ran before
+        self.statuses = {s["rule"]: s["status"] for s in statuses or []}  # and how each ended
 
     def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
                 estimated_gain_us: float | None, model: str | None, fix_text: str,
@@ -157,7 +159,7 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
             what, reason = missing
             statuses.append({**status, "status": what, "reason": reason})
             continue
-        ctx = RuleContext(rule, facts, settings[name], findings)
+        ctx = RuleContext(rule, facts, settings[name], findings, statuses)
         try:
             produced = list(rule().check(ctx) or [])
         except NotEvaluated as exc:

@@ -233,11 +233,10 @@ def _owned_by_parallelism(ctx, details: dict[str, Any]) -> dict[str, Any]:
     parallelism's own rule rather than counted as unexplained here: a pipeline's send/recv
     (their waits are the fill/drain bubble: pipeline-bubble) and tensor-parallel collectives
     inside a node (tp-cross-node judges the cross-node case; inside NVLink they are TP's price)."""
-    statuses = {s["rule"]: s["status"] for s in ctx.result.rules or []} if ctx.result.rules else {}
     by_kind = details.get("by_kind") or {}
     kinds: list[str] = []
     wait = 0.0
-    if "pp" in (ctx.result.job.get("parallelism") or {}) and statuses.get("pipeline-bubble", "fired") in ("fired", "passed"):
+    if "pp" in (ctx.result.job.get("parallelism") or {}) and ctx.statuses.get("pipeline-bubble") in ("fired", "passed"):
         kinds = [k for k in ("send", "recv", "sendrecv") if k in by_kind]
         wait += sum(by_kind[k].get("wait_us") or 0.0 for k in kinds)
     tp_groups = {group_label(g) for g in ctx.result.groups or []

@@ -62,8 +62,3 @@ def lookup(name: str) -> CommKernel | None:
 @lru_cache(maxsize=1)
 def _compiled() -> tuple[tuple[re.Pattern, CommKernel], ...]:
     return tuple((re.compile(k.pattern, re.IGNORECASE), k) for k in catalog())
-
-
-def library_of(name: str) -> str:
-    kernel = lookup(name)
-    return kernel.library if kernel else USER_LIBRARY

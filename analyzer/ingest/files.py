@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-import os
 import zlib
 from pathlib import Path
 from typing import Iterator
@@ -147,8 +146,3 @@ def _inflate(path: Path, handle, data: bytes, cap: int, chunk_bytes: int) -> Ite
         raise InputError(path, f"corrupt gzip data ({exc})") from None
     if total == 0:
         raise InputError(path, "empty file (the gzip data inflates to nothing)")
-
-
-def file_identity(path: Path) -> str:
-    """Display name used in errors and outputs (as given, not resolved)."""
-    return os.fspath(path)

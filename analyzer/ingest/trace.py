@@ -98,6 +98,3 @@ class RankTrace:
     kernel_comm_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     event_count: int = 0
-
-    def name_of(self, index: int) -> str:
-        return self.strings[index]

@@ -34,7 +34,7 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
 def keys_per_group(rows: list[dict[str, Any]], key_of: Callable[[dict[str, Any]], Any]) -> list[Any]:
     """``[key_of(row) for row in rows]`` for a key that depends on the row's process group only
     when the group has a name or ranks (else on the collective too): computed once per group
-    object, which the reduce shares between rows (``share_groups``)."""
+    object, which the map and the reduce share between rows (``analyzer.rank.comms.share_groups``)."""
     groups = [row.get("group") for row in rows]  # held: their ids stay unique
     ids = list(map(id, groups))
     memo = {}
