@@ -20,7 +20,7 @@ from analyzer.job.reduce import build_result, resolve_ranks
 from analyzer.job import result as job_result
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 from analyzer.rules.engine import run_rules
-from analyzer.run.executors import map_ranks
+from analyzer.run.executors import map_ranks, map_step_timelines
 
 if TYPE_CHECKING:
     from analyzer.compare.gate import GateReport
@@ -87,7 +87,7 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
         analyze_job(result, options)
         run_rules(result, config)
         if report:
-            add_report_sections(result, options.rank_options(), html_step)
+            add_report_sections(result, options, html_step)
     if hta:
         from analyzer.job.hta import deep_dive
         result.hta = deep_dive({r.rank: r.path for r in result.ranks})
@@ -107,11 +107,16 @@ def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progres
     return resolve_ranks(results)
 
 
-def add_report_sections(result: Result, rank_options: RankOptions, step: int | None = None) -> None:
-    """The sections only the HTML view draws, computed here so that renderers only render."""
+def add_report_sections(result: Result, options: DiagnoseOptions, step: int | None = None) -> None:
+    """The sections only the HTML view draws, computed here so that renderers only render. The
+    ranks the timeline shows are read again like the map (in parallel, through the cache)."""
     from analyzer.job.step_timeline import report_timeline
     from analyzer.whatif.scaling import scaling_data
-    result.timeline = report_timeline(result.to_dict(), result, step, rank_options)
+
+    def read(paths: list[str], rank_options: RankOptions, origin_ns: int) -> list[dict[str, Any]]:
+        return map_step_timelines(paths, rank_options, origin_ns, options.executor, options.scheduler,
+                                  options.workers, options.cache_dir)
+    result.timeline = report_timeline(result.to_dict(), result, step, options.rank_options(), read)
     result.scaling = scaling_data(result)
 
 

@@ -23,19 +23,22 @@ def job(tmp_path):
     return [two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json") for r in (0, 1)]
 
 
-def entries(cache_dir):
-    return sorted(p for p in cache_dir.rglob("*.json") if p.parent.name != "stat")
+def entries(cache_dir, kind=".json"):
+    """The rank entries (kind ".timeline.json": the report's step timelines)."""
+    return sorted(p for p in cache_dir.rglob("*.json") if p.parent.name != "stat"
+                  and (p.name.endswith(".timeline.json") == (kind == ".timeline.json")))
 
 
 def test_hit_is_identical_and_skips_analysis(job, tmp_path, monkeypatch):
     store = tmp_path / "cache"
     fresh = run(job, None)
     assert run(job, store) == fresh
-    assert len(entries(store)) == 2
+    assert len(entries(store)) == 2 and len(entries(store, ".timeline.json")) == 2  # both ranks shown
 
     def boom(*args, **kwargs):
         raise AssertionError("a cache hit must not re-analyze the trace")
     monkeypatch.setattr(cache, "analyze_rank_file", boom)
+    monkeypatch.setattr(cache, "step_timeline_file", boom)
     assert run(job, store) == fresh
 
 
@@ -153,8 +156,9 @@ def test_prune_keeps_the_most_recently_used(job, tmp_path):
     run(job, store)
     old, recent = entries(store)
     os.utime(old, (1, 1))
-    assert cache.prune(store, max_bytes=recent.stat().st_size) == 1
-    assert entries(store) == [recent]
+    total = sum(p.stat().st_size for p in store.glob("??/*.json"))
+    assert cache.prune(store, max_bytes=total - old.stat().st_size) == 1
+    assert entries(store) == [recent] and len(entries(store, ".timeline.json")) == 2
     assert cache.prune(store, max_bytes=10**9) == 0
 
 

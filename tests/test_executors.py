@@ -59,7 +59,7 @@ def test_memory_gate_limits_ranks_in_flight(job, monkeypatch):
     monkeypatch.setattr(executors.ProcessPoolExecutor, "submit", tracking_submit)
     from analyzer.rank.analysis import RankOptions
     jobs = [(i, (p, RankOptions(), None, None)) for i, p in enumerate(job)]
-    done = dict(executors._memory_gated_pool(jobs, peaks, workers=4, budget=20))
+    done = dict(executors._memory_gated_pool(executors.analyze_and_store, jobs, peaks, workers=4, budget=20))
     assert sorted(done) == list(range(len(job))) and max(seen) <= 2
     assert [done[i].rank for i in range(len(job))] == [0, 1, 2, 3]
 
@@ -155,3 +155,39 @@ def test_two_core_diagnose_gives_the_same_bytes(real_traces, monkeypatch):
     one_core = run(path, workers=1)
     monkeypatch.setattr(executors, "MIN_PARALLEL_BYTES", 1)
     assert run(path) == one_core
+
+
+def test_step_timelines_read_in_parallel_then_from_the_cache(job, tmp_path, monkeypatch):
+    """The report's re-read of the shown ranks: a pool gives what one-by-one reading gives, and a
+    second run with the cache reads no trace."""
+    from analyzer.job.step_timeline import read_one_by_one
+    from analyzer.rank.analysis import RankOptions
+    from analyzer.run import cache
+    options = RankOptions(keep_timeline=True, steps=(2,))
+    expected = read_one_by_one(job[:3], options, 5)
+    assert executors.map_step_timelines(job[:3], options, 5, workers=2) == expected
+    store = str(tmp_path / "cache")
+    assert executors.map_step_timelines(job[:3], options, 5, workers=2, cache_dir=store) == expected
+
+    def no_read(*_):
+        raise AssertionError("read a trace although its step timeline is cached")
+    monkeypatch.setattr(cache, "step_timeline_file", no_read)
+    assert executors.map_step_timelines(job[:3], options, 5, workers=2, cache_dir=store) == expected
+    with pytest.raises(AssertionError, match="read a trace"):  # another origin: another entry
+        executors.map_step_timelines(job[:1], options, 6, workers=1, cache_dir=store)
+
+
+def test_one_rank_job_decodes_its_file_once(job, monkeypatch):
+    """The report's timeline of a one-rank job uses the trace the map left in the main process."""
+    from analyzer.rank import analysis
+    loads = []
+    real_load = analysis.load_rank_trace
+
+    def counting(*args):
+        loads.append(args[0])
+        return real_load(*args)
+    monkeypatch.setattr(analysis, "load_rank_trace", counting)
+    result = diagnose(job[:1], DiagnoseOptions(workers=1))
+    assert len(loads) == 1 and result.timeline["available"]
+    kept = diagnose(job[:1], DiagnoseOptions(workers=1, keep_timeline=True))
+    assert result.timeline == kept.timeline

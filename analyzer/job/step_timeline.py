@@ -2,7 +2,7 @@
 
 Only this section needs per-kernel data. The step and the ranks are planned from per-rank step
 summaries (``plan_timeline``); ``report_timeline`` then loads only those ranks' kernels of that
-step (re-reading the files with ``keep_timeline``) and ``draw_timeline`` turns them into plain
+step (re-reading the files, in parallel and cached when analyzer.api passes that reader) and ``draw_timeline`` turns them into plain
 JSON-able data, kept in ``Result.timeline``, that ``reports/html.py`` draws.
 ``timeline_data`` does both when the analyses already kept timelines.
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from statistics import mean
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.base.errors import TracecliffError
-from analyzer.rank.analysis import RankOptions, analyze_rank_file
+from analyzer.rank.analysis import RankOptions, step_timeline_file
 
 PLOT_WIDTH_PX = 1000
 MAX_MARKS_PER_LANE = 800
@@ -289,10 +289,28 @@ def _phase_extents(ev, t0, phase_names) -> list[dict[str, Any]]:
     return out
 
 
-def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_options: RankOptions) -> dict[str, Any]:
+# Reads the step timelines of trace files: (paths, options with the step, time origin) -> one
+# ``step_timeline_file`` dict per path. analyzer.api passes the parallel, cached one of
+# analyzer.run.executors; the default reads one file after the other in this process.
+TimelineReader = Callable[[list[str], RankOptions, int], list[dict[str, Any]]]
+
+
+def read_one_by_one(paths: list[str], options: RankOptions, origin_ns: int) -> list[dict[str, Any]]:
+    return [step_timeline_file(path, options, origin_ns) for path in paths]
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """What ``draw_timeline`` reads of a rank it shows (as of a RankAnalysis with a timeline)."""
+    host: str | None
+    timeline: dict[str, Any]
+
+
+def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_options: RankOptions,
+                    read: TimelineReader = read_one_by_one) -> dict[str, Any]:
     """The timeline section. Kernel lists of every rank would cost memory in proportion to the
-    job; the step and ranks are chosen from the per-rank summaries instead, and only those ranks
-    are read again, keeping just that step's kernels (unless the Result already kept them)."""
+    job; the step and ranks are chosen from the per-rank summaries instead, and only that step's
+    kernels of those ranks are read again (unless the Result already kept them)."""
     if any(r.timeline for r in result.ranks):
         return timeline_data(result.ranks, doc, step)
     summaries = [{"rank": r["rank"], "steps": r.get("steps") or [], "span_us": r.get("span_us")}
@@ -306,8 +324,10 @@ def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_opt
         return unavailable(f"no input file for rank(s) {missing}")
     options = replace(rank_options, keep_timeline=True, steps=None if plan.step is None else (plan.step,))
     origin = int((doc.get("job") or {}).get("time_origin_ns") or 0)
+    shown = [rank for rank, _ in plan.ranks]
     try:
-        analyses = {rank: analyze_rank_file(paths[rank], options, origin_ns=origin) for rank, _ in plan.ranks}
+        timelines = read([paths[rank] for rank in shown], options, origin)
     except TracecliffError as exc:  # the file changed since it was read: the rest of the page stands
         return unavailable(f"could not read the kernels again: {exc}")
-    return draw_timeline(analyses, plan)
+    hosts = {r.rank: r.host for r in result.ranks}
+    return draw_timeline({rank: _Shown(hosts.get(rank), tl) for rank, tl in zip(shown, timelines)}, plan)

@@ -125,6 +125,24 @@ def _load(path: str, options: RankOptions, two_cores: bool) -> RankTrace:
     return trace
 
 
+def step_timeline_file(path: str, options: RankOptions, origin_ns: int) -> dict[str, Any]:
+    """``RankAnalysis.timeline`` of the kernels of ``options.steps`` (all when None), without the
+    rest of the analysis: what the report's step timeline needs of a rank it shows. A one-rank
+    job finds the trace in the slot above; elsewhere the file is decoded again (the decode is
+    nearly all of the cost). Only the kernel names used are kept (``strings`` re-indexed), so
+    the result is small enough to travel back from a worker and to cache."""
+    trace = _load(path, options, two_cores=False)
+    att = attribute(trace)
+    if options.steps is not None:
+        rows = np.flatnonzero(np.isin(att.step, np.asarray(options.steps, dtype=np.int64)))
+        trace, att = replace(trace, gpu=trace.gpu.take(rows)), att.take(rows)
+    used, names = np.unique(trace.gpu.name, return_inverse=True)
+    timeline = _timeline(trace, att, origin_ns)
+    timeline["name"] = names.reshape(-1).tolist()
+    timeline["strings"] = [trace.strings[i] for i in used.tolist()]
+    return timeline
+
+
 def _load_key(path: str, options: RankOptions) -> tuple | None:
     try:
         st = os.stat(path)

@@ -24,7 +24,7 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.gc_pause import paused_gc
-from analyzer.rank.analysis import RankAnalysis, RankOptions, analyze_rank_file
+from analyzer.rank.analysis import RankAnalysis, RankOptions, analyze_rank_file, step_timeline_file
 
 CACHE_FORMAT = 1
 RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
@@ -152,7 +152,36 @@ def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, ke
     return analysis
 
 
-def load_entry(entry: Path) -> RankAnalysis | None:
+def timeline_entry(path: str, options: RankOptions, origin_ns: int, cache_dir: str | None) -> Path | None:
+    """Where a rank's step timeline (``step_timeline_file``) is cached: under the rank's key for
+    these options (their ``steps``: the step shown) and the time origin. None: no cache, or the
+    file cannot be read (the read then reports it)."""
+    key = key_or_none(path, options, cache_dir) if cache_dir else None
+    if not (cache_dir and key):
+        return None
+    key = hashlib.blake2b(f"{key} timeline {origin_ns}".encode(), digest_size=20).hexdigest()
+    # Beside the rank entries (the same pruning), named apart from them.
+    return entry_path(cache_dir, key).with_suffix(".timeline.json")
+
+
+def cached_timeline(entry: Path | None) -> dict[str, Any] | None:
+    doc = _read_json(entry) if entry else None
+    if doc is None or doc.get("format") != CACHE_FORMAT or not isinstance(doc.get("timeline"), dict):
+        return None
+    return doc["timeline"]
+
+
+def step_timeline_and_store(path: str, options: RankOptions, origin_ns: int, entry: Path | None) -> dict[str, Any]:
+    """``step_timeline_file``, stored at ``entry`` (from ``timeline_entry``) when there is one:
+    a re-run's report then reads no trace at all."""
+    timeline = step_timeline_file(path, options, origin_ns)
+    if entry:
+        _write_json_atomic(entry, {"format": CACHE_FORMAT, "timeline": timeline})
+    return timeline
+
+
+def _read_json(entry: Path) -> dict[str, Any] | None:
+    """A cache entry's document (None when missing or damaged), marked recently used."""
     try:
         with open(entry, "rb") as handle:
             raw = handle.read()
@@ -162,10 +191,18 @@ def load_entry(entry: Path) -> RankAnalysis | None:
             except msgspec.DecodeError:
                 doc = json.loads(raw)  # NaN literals (json.dump writes them), huge ints
         os.utime(entry)  # recently used: pruned last
-        if doc.get("format") != CACHE_FORMAT or set(doc["rank"]) != set(_FIELDS):
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def load_entry(entry: Path) -> RankAnalysis | None:
+    doc = _read_json(entry)
+    try:
+        if doc is None or doc.get("format") != CACHE_FORMAT or set(doc["rank"]) != set(_FIELDS):
             return None
         return RankAnalysis(**doc["rank"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return None  # missing or damaged: recompute
 
 

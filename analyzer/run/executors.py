@@ -14,9 +14,10 @@ import uuid
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from analyzer.run.cache import analyze_and_store, analyze_rank_cached, cached_entry, key_or_none, prune
+from analyzer.run.cache import (analyze_and_store, analyze_rank_cached, cached_entry, cached_timeline, key_or_none,
+                                prune, step_timeline_and_store, timeline_entry)
 from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
@@ -119,9 +120,7 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     if progress and done_count:
         progress(done_count, len(paths), paths[-1])
     peaks = {i: estimated_peak_bytes(paths[i]) for i in todo}
-    available = available_memory_bytes()
-    budget = int(available * MEMORY_HEADROOM) if available is not None else None
-    count = workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget)
+    count, budget = _pool_size(peaks, workers)
     if count <= 1 or len(todo) <= 1:
         # one rank to read, a spare core and memory for a second process: split its decoding
         two_cores = (len(todo) == 1 and (workers or 2) >= 2 and (os.cpu_count() or 1) >= 2
@@ -134,12 +133,19 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
                 progress(done_count, len(paths), paths[index])
     else:
         jobs = [(i, (paths[i], options, cache_dir, keys[i])) for i in todo]
-        for index, analysis in _memory_gated_pool(jobs, peaks, count, budget):
+        for index, analysis in _memory_gated_pool(analyze_and_store, jobs, peaks, count, budget):
             results[index] = analysis
             done_count += 1
             if progress:
                 progress(done_count, len(paths), paths[index])
     return results  # type: ignore[return-value]
+
+
+def _pool_size(peaks: dict[int, int], workers: int | None) -> tuple[int, int | None]:
+    """(processes, memory budget in bytes or None) for ranks of these estimated peaks."""
+    available = available_memory_bytes()
+    budget = int(available * MEMORY_HEADROOM) if available is not None else None
+    return workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget), budget
 
 
 def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[str | None]:
@@ -152,11 +158,11 @@ def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[
         return list(pool.map(lambda path: key_or_none(path, options, cache_dir), paths))
 
 
-def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], workers: int,
-                       budget: int | None) -> Iterator[tuple[int, RankAnalysis]]:
+def _memory_gated_pool(function: Callable[..., Any], jobs: list[tuple[int, tuple]], peaks: dict[int, int],
+                       workers: int, budget: int | None) -> Iterator[tuple[int, Any]]:
     """A process pool that starts a rank only while the estimated peaks of the ranks in flight
     fit the memory budget (always at least one), largest first so a big rank never waits last.
-    Yields (index, analysis) as ranks finish."""
+    Yields (index, ``function(*arguments)``) as ranks finish."""
     queue = deque(sorted(jobs, key=lambda job: -peaks[job[0]]))
     running: dict[Future, int] = {}
     planned = 0
@@ -166,7 +172,7 @@ def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], wor
                 while queue and len(running) < workers and (
                         not running or budget is None or planned + peaks[queue[0][0]] <= budget):
                     index, arguments = queue.popleft()
-                    running[pool.submit(analyze_and_store, *arguments)] = index
+                    running[pool.submit(function, *arguments)] = index
                     planned += peaks[index]
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
@@ -179,12 +185,53 @@ def _memory_gated_pool(jobs: list[tuple[int, tuple]], peaks: dict[int, int], wor
             raise
 
 
+def map_step_timelines(paths: list[str], options: RankOptions, origin_ns: int, executor: str = "local",
+                       scheduler: str | None = None, workers: int | None = None,
+                       cache_dir: str | None = None) -> list[dict[str, Any]]:
+    """The report's step timeline of each file (``analyzer.rank.analysis.step_timeline_file``, the
+    step in ``options.steps``), in the order of ``paths``. Cached ones are read here; the others
+    are decoded again in parallel like the map (the same pool, memory budget and --workers), so
+    three ranks cost about one rank's decode in wall time. A Dask job sends them to its
+    scheduler; without one (a LocalCluster) a local pool is used: starting a cluster for a few
+    files would cost more than reading them."""
+    entries = [timeline_entry(path, options, origin_ns, cache_dir) for path in paths]
+    results = [cached_timeline(entry) for entry in entries]
+    calls = [(i, (paths[i], options, origin_ns, entries[i])) for i, timeline in enumerate(results) if timeline is None]
+    if executor == "dask" and scheduler:
+        done = _dask_calls(step_timeline_and_store, calls, paths, scheduler)
+    else:
+        peaks = {i: estimated_peak_bytes(paths[i]) for i, _ in calls}
+        count, budget = _pool_size(peaks, workers)
+        if count <= 1 or len(calls) <= 1:  # in this process: a one-rank job's trace is still loaded
+            done = ((i, step_timeline_and_store(*arguments)) for i, arguments in calls)
+        else:
+            done = _memory_gated_pool(step_timeline_and_store, calls, peaks, count, budget)
+    for index, timeline in done:
+        results[index] = timeline
+    return results  # type: ignore[return-value]
+
+
 # -- dask ------------------------------------------------------------------------------------
 
 def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cache_dir: str | None,
               progress: Progress | None) -> list[RankAnalysis]:
     """Per-rank map on a Dask cluster (``scheduler`` address, or a LocalCluster when None).
     Workers read the trace paths themselves: they must see the same file system."""
+    results: list[RankAnalysis | None] = [None] * len(paths)
+    calls = [(i, (path, options, cache_dir)) for i, path in enumerate(paths)]
+    for done, (index, analysis) in enumerate(_dask_calls(analyze_rank_cached, calls, paths, scheduler), 1):
+        results[index] = analysis
+        if progress:
+            progress(done, len(paths), paths[index])
+    return results  # type: ignore[return-value]
+
+
+def _dask_calls(function: Callable[..., Any], calls: list[tuple[int, tuple]], paths: list[str],
+                scheduler: str | None) -> Iterator[tuple[int, Any]]:
+    """(index, ``function(*arguments)``) for each call, run on the Dask cluster as they finish;
+    ``paths[index]`` names the file of a call whose workers died."""
+    if not calls:  # all answered by the cache: no cluster to reach
+        return
     try:
         from distributed import Client, KilledWorker, as_completed
     except ImportError:
@@ -192,21 +239,19 @@ def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cac
     client = _connect(Client, scheduler)
     try:
         run = uuid.uuid4().hex[:12]  # fresh keys: a shared scheduler must never hand back old results
-        futures = client.map(analyze_rank_cached, paths, options=options, cache_dir=cache_dir,
-                             pure=False, key=[f"tracecliff-{run}-rank-{i}" for i in range(len(paths))])
-        order = {future.key: index for index, future in enumerate(futures)}
-        results: list[RankAnalysis | None] = [None] * len(paths)
-        for done, future in enumerate(as_completed(futures), 1):
+        indices = [index for index, _ in calls]
+        futures = client.map(function, *map(list, zip(*(arguments for _, arguments in calls))), pure=False,
+                             key=[f"tracecliff-{run}-{function.__name__}-{index}" for index in indices])
+        order = {future.key: index for index, future in zip(indices, futures)}
+        for future in as_completed(futures):
             index = order[future.key]
             try:
-                results[index] = future.result()  # re-raises the worker's InputError as it was
+                result = future.result()  # re-raises the worker's InputError as it was
             except KilledWorker as exc:  # the scheduler's retries are spent: one line, not a traceback
                 raise InputError(paths[index], f"the Dask workers analyzing it died {exc.allowed_failures + 1} "
                                                "time(s) (killed, out of memory or crashed; see the worker logs)"
                                  ) from None
-            if progress:
-                progress(done, len(paths), paths[index])
-        return results  # type: ignore[return-value]
+            yield index, result
     finally:
         _close(client, owns_cluster=scheduler is None)
 
