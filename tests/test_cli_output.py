@@ -1,7 +1,9 @@
 """The diagnose command's outputs: deterministic bytes, 100-column text, --steps, -o files."""
 
 import json
+from pathlib import Path
 
+import click
 import pytest
 
 from analyzer.cli.main import main
@@ -58,3 +60,26 @@ def test_output_file_written_atomically(tmp_path, capsys):
     assert code == 0 and out == ""
     assert json.loads(target.read_text())["schema_version"] == 1
     assert [p.name for p in target.parent.iterdir()] == ["result.json"]  # no temp file left behind
+
+
+def test_commands_load_lazily_and_help_lists_them_all():
+    """`tracecliff diagnose` imports no other command's module; `--help` lists every command
+    with the short help the command itself gives, still without importing it."""
+    import subprocess
+    import sys
+
+    from analyzer.cli.main import COMMANDS, LazyGroup, cli
+    repo = Path(__file__).resolve().parents[1]
+    needed = {"analyzer.cli.diagnose", "analyzer.cli.rules"}  # diagnose's --fail-on exit code is in rules
+    others = sorted({target.split(":")[0] for target in COMMANDS.values()} - needed)
+    code = ("import sys; from analyzer.cli.main import main\n"
+            "try:\n    main(['diagnose', '--help'])\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {others!r} + ['analyzer.compare.gate', 'analyzer.hang'] if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+    lazy = LazyGroup(name="t", lazy_commands=COMMANDS)  # nothing imported yet: docstrings read
+    eager = click.Group(name="t", commands=[cli.get_command(click.Context(cli), name) for name in COMMANDS])
+    listing = lazy.get_help(click.Context(lazy))
+    assert listing == eager.get_help(click.Context(eager)) and not lazy.commands
+    assert all(f"\n  {name} " in listing for name in COMMANDS) and len(COMMANDS) >= 9

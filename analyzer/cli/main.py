@@ -4,9 +4,13 @@ never a traceback."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 import traceback
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,7 +20,58 @@ from analyzer.base.errors import TracecliffError
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group that imports a command's module only when that command runs: ``diagnose`` need
+    not import what ``whatif``, ``gate``, ``diff`` or ``hang`` are made of. The command list of
+    ``--help`` reads each command's docstring from its source instead of importing it."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = lazy_commands  # name -> "module:function"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy_commands:
+            module, function = self.lazy_commands[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), function), name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listed = [self.commands.get(name) or click.Command(name, help=_docstring(self.lazy_commands[name]))
+                  for name in self.list_commands(ctx)]
+        click.Group.format_commands(click.Group(commands=listed), ctx, formatter)
+
+
+def _docstring(target: str) -> str | None:
+    """The docstring of ``module:function``, read from the module's source without running it
+    (its imports are the analysis stack); imported when there is no source to read."""
+    import ast  # only for --help
+
+    module, function = target.split(":")
+    spec = importlib.util.find_spec(module)
+    if spec is None or not str(spec.origin).endswith(".py"):
+        return getattr(importlib.import_module(module), function).__doc__
+    tree = ast.parse(Path(str(spec.origin)).read_text(encoding="utf-8"))
+    return next((ast.get_docstring(node, clean=False) for node in tree.body
+                 if isinstance(node, ast.FunctionDef) and node.name == function), None)
+
+
+COMMANDS = {  # name -> "module:function" of its Click command (a command: add it here)
+    "annotate": "analyzer.cli.annotate:annotate_command",
+    "diagnose": "analyzer.cli.diagnose:diagnose_command",
+    "diff": "analyzer.cli.diff:diff_command",
+    "explain": "analyzer.cli.rules:explain_command",
+    "gate": "analyzer.cli.gate:gate_command",
+    "hang": "analyzer.cli.hang:hang_command",
+    "rules": "analyzer.cli.rules:rules_command",
+    "schema": "analyzer.cli.schema:schema_command",
+    "whatif": "analyzer.cli.whatif:whatif_command",
+}
+
+
+@click.group(cls=LazyGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tracecliff")
 def cli() -> None:
     """Explain distributed-training scaling cliffs from PyTorch profiler traces."""
@@ -46,20 +101,3 @@ def main(argv: list[str] | None = None) -> None:
                    "(set TRACECLIFF_DEBUG=1 for the traceback)", err=True)
         code = EXIT_INPUT
     sys.exit(code if isinstance(code, int) else EXIT_OK)
-
-
-def _register() -> None:
-    from analyzer.cli.annotate import annotate_command
-    from analyzer.cli.diagnose import diagnose_command
-    from analyzer.cli.diff import diff_command
-    from analyzer.cli.gate import gate_command
-    from analyzer.cli.hang import hang_command
-    from analyzer.cli.rules import explain_command, rules_command
-    from analyzer.cli.schema import schema_command
-    from analyzer.cli.whatif import whatif_command
-    for command in (diagnose_command, rules_command, explain_command, gate_command, diff_command,
-                    annotate_command, whatif_command, hang_command, schema_command):
-        cli.add_command(command)
-
-
-_register()
