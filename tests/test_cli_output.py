@@ -62,21 +62,27 @@ def test_output_file_written_atomically(tmp_path, capsys):
     assert [p.name for p in target.parent.iterdir()] == ["result.json"]  # no temp file left behind
 
 
-def test_commands_load_lazily_and_help_lists_them_all():
-    """`tracecliff diagnose` imports no other command's module; `--help` lists every command
-    with the short help the command itself gives, still without importing it."""
+def imported_by(argv, names):
+    """Which of ``names`` a fresh interpreter has imported after running ``tracecliff ARGV``."""
     import subprocess
     import sys
+    code = ("import sys; from analyzer.cli.main import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {names!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1]
 
+
+def test_commands_load_lazily_and_help_lists_them_all():
+    """`tracecliff diagnose` imports no other command's module (a command that reads no trace,
+    not the analysis); `--help` lists every command with the short help the command itself
+    gives, still without importing it."""
     from analyzer.cli.main import COMMANDS, LazyGroup, cli
-    repo = Path(__file__).resolve().parents[1]
     needed = {"analyzer.cli.diagnose", "analyzer.cli.rules"}  # diagnose's --fail-on exit code is in rules
     others = sorted({target.split(":")[0] for target in COMMANDS.values()} - needed)
-    code = ("import sys; from analyzer.cli.main import main\n"
-            "try:\n    main(['diagnose', '--help'])\nexcept SystemExit:\n    pass\n"
-            f"print([m for m in {others!r} + ['analyzer.compare.gate', 'analyzer.hang'] if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert imported_by(["diagnose", "--help"], others + ["analyzer.compare.gate", "analyzer.hang"]) == "[]"
+    assert imported_by(["hang", "--help"], ["analyzer.api", "numpy"]) == "[]"
 
     lazy = LazyGroup(name="t", lazy_commands=COMMANDS)  # nothing imported yet: docstrings read
     eager = click.Group(name="t", commands=[cli.get_command(click.Context(cli), name) for name in COMMANDS])

@@ -10,8 +10,7 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from analyzer.api import DiagnoseOptions
-from analyzer.run.executors import EXECUTORS, scale_settings
+from analyzer.run import EXECUTORS
 
 
 def parse_steps(text: str | None) -> tuple[int, ...] | None:
@@ -85,6 +84,9 @@ def trace_options(command):
     (DiagnoseOptions)."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        # Imported when a command reads traces: `hang` or `schema` need not import the analysis.
+        from analyzer.api import DiagnoseOptions
+        from analyzer.run.executors import scale_settings
         given = {k: kwargs.pop(k) for k in _TRACE_KEYS}
         scale = scale_settings(given.pop("executor"), given.pop("scheduler"), given.pop("cache_dir"),
                                given.pop("no_cache"), given.pop("max_inflate_gb"))

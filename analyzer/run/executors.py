@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, Thr
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from analyzer.run import EXECUTORS
 from analyzer.run.cache import (analyze_and_store, analyze_rank_cached, cached_entry, cached_timeline, key_or_none,
                                 prune, step_timeline_and_store, timeline_entry)
 from analyzer.base.errors import ConfigError, InputError
@@ -23,7 +24,6 @@ from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 
-EXECUTORS = ("local", "dask")
 Progress = Callable[[int, int, str], None]
 
 # Peak memory of one rank's worker ~ fixed cost (interpreter, numpy, pandas, two decode chunks)
