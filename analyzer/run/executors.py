@@ -142,10 +142,12 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
 
 
 def _pool_size(peaks: dict[int, int], workers: int | None) -> tuple[int, int | None]:
-    """(processes, memory budget in bytes or None) for ranks of these estimated peaks."""
+    """(processes, memory budget in bytes or None) for ranks of these estimated peaks: --workers,
+    else what the CPUs and memory allow; never more processes than ranks."""
     available = available_memory_bytes()
     budget = int(available * MEMORY_HEADROOM) if available is not None else None
-    return workers or plan_workers(list(peaks.values()), os.cpu_count() or 1, budget), budget
+    count = min(workers, len(peaks)) if workers else plan_workers(list(peaks.values()), os.cpu_count() or 1, budget)
+    return max(1, count), budget
 
 
 def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[str | None]:
