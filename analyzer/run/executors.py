@@ -8,6 +8,7 @@ scheduling, retries and dashboard) instead of growing a home-made one. See docs/
 
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import uuid
@@ -208,8 +209,15 @@ def map_step_timelines(paths: list[str], options: RankOptions, origin_ns: int, e
             done = ((i, step_timeline_and_store(*arguments)) for i, arguments in calls)
         else:
             done = _memory_gated_pool(step_timeline_and_store, calls, peaks, count, budget)
-    for index, timeline in done:
-        results[index] = timeline
+    # The workers fork from a parent that now holds the whole job's summaries (gigabytes at
+    # 1,024 ranks), shared copy-on-write: a collection in a worker would visit, and so copy,
+    # every object. Frozen objects are never visited.
+    gc.freeze()
+    try:
+        for index, timeline in done:
+            results[index] = timeline
+    finally:
+        gc.unfreeze()
     return results  # type: ignore[return-value]
 
 
