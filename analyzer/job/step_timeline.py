@@ -2,8 +2,9 @@
 
 Only this section needs per-kernel data. The step and the ranks are planned from per-rank step
 summaries (``plan_timeline``); ``report_timeline`` then loads only those ranks' kernels of that
-step (re-reading the files, in parallel and cached when analyzer.api passes that reader) and ``draw_timeline`` turns them into plain
-JSON-able data, kept in ``Result.timeline``, that ``reports/html.py`` draws.
+step (re-reading the files: in parallel and cached with the reader analyzer.api passes) and
+``draw_timeline`` turns them into plain JSON-able data, kept in ``Result.timeline``, that
+``reports/html.py`` draws.
 ``timeline_data`` does both when the analyses already kept timelines.
 
 Downsampling is deterministic: a kernel narrower than ``merge_px`` pixels at the page's width is
