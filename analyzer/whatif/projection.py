@@ -35,6 +35,7 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -264,10 +265,11 @@ def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | N
     return base.link(entry["size"] / nodes, nodes), entry["size"]
 
 
-def _ratio_key(row: dict[str, Any], role: str | None) -> tuple:
-    """What ``Durations.ratio`` of a row depends on."""
-    name = (row.get("group") or {}).get("name")
-    return None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role
+def _ratio_keys(rows: list[dict[str, Any]], role: str | None) -> list[tuple]:
+    """What ``Durations.ratio`` of each row depends on (one comprehension: thousands of rows)."""
+    names = [(row.get("group") or {}).get("name") for row in rows]
+    return [(None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role)
+            for name, row in zip(names, rows)]
 
 
 @dataclass(frozen=True)
@@ -286,8 +288,8 @@ class _Transfers:
         index: dict[tuple, int] = {}
         keys: list[int] = []
         representatives: list[dict[str, Any]] = []
-        for row in rows:
-            keys.append(index.setdefault(_ratio_key(row, None), len(index)))
+        for row, key in zip(rows, _ratio_keys(rows, None)):
+            keys.append(index.setdefault(key, len(index)))
             if keys[-1] == len(representatives):
                 representatives.append(row)
         duration = np.array([row["dur_us"] for row in rows], dtype=float)
@@ -314,7 +316,7 @@ class Durations:
         """T_model(target) / T_model(measured) of a row, None when it cannot be modelled. It
         depends on the row's group, kind, size and role only: computed once per distinct one
         (a step repeats the same collectives, and the scaling curve projects the job ten times)."""
-        key = _ratio_key(row, role)
+        key = _ratio_keys([row], role)[0]
         if key not in self._ratios:
             self._ratios[key] = self._ratio(row, role)
         return self._ratios[key]
@@ -388,8 +390,8 @@ class _DdpSchedule:
 
 
 def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
-    buckets = sorted((r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
-                      and r.get("on_gpu")), key=lambda r: (r["start_us"], r["rank"]))
+    buckets = sorted([r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
+                      and r.get("on_gpu")], key=itemgetter("start_us", "rank"))
     if not buckets:
         return None
     ends = [r["start_us"] + r["dur_us"] for r in buckets]
@@ -726,7 +728,7 @@ class _RankStep:
 
     def __init__(self, rank: int, step: dict[str, Any], rows: list[dict[str, Any]], origin_ns: int):
         self.rank, self.step, self.rows, self.origin_ns = rank, step, rows, origin_ns
-        self.waits = sum(r.get("wait_us") or 0.0 for r in rows)
+        self.waits = sum([r.get("wait_us") or 0.0 for r in rows])
         self._rebucketed: dict[float, tuple[list[float], list[float]]] = {}
 
     def rebucketed(self, bucket_mb: float) -> tuple[list[float], list[float]]:
