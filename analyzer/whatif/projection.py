@@ -305,6 +305,7 @@ class Durations:
         self.groups = GroupIndex(result)
         self.kept = 0
         self._ratios: dict[tuple, float | None] = {}
+        self._new: dict[tuple, float] = {}
 
     def role(self, row: dict[str, Any]) -> str:
         role = self.groups.role(row)
@@ -358,11 +359,16 @@ class Durations:
         return np.where(kept, rows.duration, rows.transfer * ratio)
 
     def new(self, kind: str, size: float, role: str) -> float:
-        size_t, nodes_t, per_node = self.target.role_group(role)
-        link = self.target.link(per_node, nodes_t)
-        if link is None:
-            raise ConfigError("the projected link is unknown: pass --gpu (and --nic-gbps)")
-        return _model_time(kind, size, size_t, link)
+        """Model time of a collective on the target's ``role`` group, once per distinct one (the
+        re-bucketed and cross-strategy projections ask for the same sizes at every step)."""
+        key = (kind, size, role)
+        if key not in self._new:
+            size_t, nodes_t, per_node = self.target.role_group(role)
+            link = self.target.link(per_node, nodes_t)
+            if link is None:
+                raise ConfigError("the projected link is unknown: pass --gpu (and --nic-gbps)")
+            self._new[key] = _model_time(kind, size, size_t, link)
+        return self._new[key]
 
 
 # ---------------------------------------------------------------- schedule helpers
