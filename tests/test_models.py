@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -240,6 +241,26 @@ def test_bucket_pipeline_closed_form_equals_the_recurrence(buckets, bwd_end):
 
 
 @settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e4, 1e4), st.floats(0, 1e3)), max_size=30), st.floats(-1e4, 2e4))
+def test_bucket_pipeline_of_times_is_the_pipeline_of_their_sizes(buckets, bwd_end):
+    """The array entry point is the same formula, bit for bit (the what-if's output is compared
+    byte for byte before and after it)."""
+    ready = [r for r, _ in buckets]
+    durations = {float(i): t for i, (_, t) in enumerate(buckets)}
+    by_size = m.ddp_bucket_pipeline(ready, list(durations), bwd_end, lambda s: durations[s])
+    assert m.ddp_bucket_pipeline_of_times(ready, list(durations.values()), bwd_end) == by_size
+
+
+@pytest.mark.parametrize("times", [[1.0, -2.0, float("nan")], [1.0, float("nan"), -2.0]])
+def test_bucket_pipeline_of_times_says_what_the_per_bucket_check_says(times):
+    feed = iter(times)
+    with pytest.raises(ValueError) as per_bucket:
+        m.ddp_bucket_pipeline([0.0] * 3, [1.0] * 3, 0.0, lambda _size: next(feed))
+    with pytest.raises(ValueError, match=re.escape(str(per_bucket.value))):
+        m.ddp_bucket_pipeline_of_times([0.0] * 3, times, 0.0)
+
+
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=20), st.lists(st.floats(0, 500),
        min_size=20, max_size=20), st.floats(10, 1e4))
 def test_critical_overlap_bubble_is_a_lower_bound_of_the_pipeline(fractions, durations, t_bwd):
@@ -418,6 +439,8 @@ def test_scaling_efficiency_and_roofline():
     lambda: m.ddp_bucket_pipeline([1, 2], [1], 0, lambda s: 1.0),
     lambda: m.ddp_bucket_pipeline([1], [-1], 0, lambda s: 1.0),
     lambda: m.ddp_bucket_pipeline([1], [1], 0, lambda s: -1.0),
+    lambda: m.ddp_bucket_pipeline_of_times([1, 2], [1], 0),
+    lambda: m.ddp_bucket_pipeline_of_times([1], [float("inf")], 0),
     lambda: m.assign_buckets([1, -2], MIB),
     lambda: m.assign_buckets([1], 0),
     lambda: m.best_bucket_cap([1], [1], 1, lambda s: 1.0, []),

@@ -5,13 +5,18 @@ target job from scratch."""
 import dataclasses
 import json
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.cli.main import main
 from analyzer.base.errors import ConfigError
 from analyzer.synth import SCENARIOS, simulate, write_job
-from analyzer.whatif.projection import Scenario, project
+from analyzer.whatif.ddp import interpolate_ready
+from analyzer.whatif.projection import (Durations, Measured, Scenario, _Transfers, measured_config, project,
+                                        target_config)
 
 SMALL = {"n_layers": 2, "steps": 2}
 
@@ -152,3 +157,69 @@ def test_real_traces_project_onto_themselves(real_traces):
         result = diagnose([str(real_traces / folder)], DiagnoseOptions(workers=1))
         projection = project(result)
         assert projection.projected["step_time_us"] == pytest.approx(projection.measured["step_time_us"], rel=0.05)
+
+
+# ---------------------------------------------------------------- shared measurements (speed)
+SCENARIOS_OF = {
+    "ddp_two_nodes": [Scenario(), Scenario(gpus=8), Scenario(gpus=64), Scenario(bucket_mb=100),
+                      Scenario(gpus=64, bucket_mb=100), Scenario(strategy="hsdp"), Scenario(strategy="fsdp-full")],
+    "ddp_one_nic": [Scenario(), Scenario(gpus=16), Scenario(bucket_mb=4), Scenario(nics_per_node=4)],
+    "fsdp_two_nodes": [Scenario(), Scenario(gpus=64), Scenario(strategy="hsdp"), Scenario(strategy="ddp"),
+                       Scenario(strategy="ddp", bucket_mb=50), Scenario(strategy="fsdp-grad-op")],
+}
+
+
+@pytest.mark.parametrize("job", list(SCENARIOS_OF))
+def test_projections_sharing_one_measured_equal_fresh_ones(job, request):
+    """The schedules a Measured memoises (and its re-bucketings per cap) do not depend on the
+    scenario: projecting with one shared Measured, in any order, gives what a fresh one gives."""
+    _, _, result, _ = request.getfixturevalue(job)
+    shared = Measured(result)
+    for scenario in SCENARIOS_OF[job] + SCENARIOS_OF[job][::-1]:
+        assert project(result, scenario, shared).to_dict() == project(result, scenario).to_dict()
+
+
+def test_a_measured_belongs_to_its_result(ddp_two_nodes, ddp_one_nic):
+    with pytest.raises(ValueError, match="another result"):
+        project(ddp_two_nodes[2], Scenario(), Measured(ddp_one_nic[2]))
+
+
+@pytest.mark.parametrize("job", ["ddp_two_nodes", "fsdp_two_nodes"])
+@pytest.mark.parametrize("gpus", [8, 16, 64])
+def test_durations_of_rows_is_of_per_row(job, gpus, request):
+    """The array path (one ratio per distinct key) gives each row's ``of`` bit for bit, and
+    counts the rows that keep their measured duration the same way."""
+    _, _, result, _ = request.getfixturevalue(job)
+    notes: list[str] = []
+    base, assumptions = measured_config(result, Scenario(gpus=gpus), notes)
+    target = target_config(base, Scenario(gpus=gpus), assumptions)
+    rows = [dict(r, group={"name": "unknown group"}) if k % 7 == 3 else r  # some rows the model cannot scale
+            for k, r in enumerate(result.collectives)]
+    per_row, columns = Durations(result, base, target), Durations(result, base, target)
+    expected = [per_row.of(r) for r in rows]
+    assert columns.of_rows(_Transfers.of(rows)).tolist() == expected
+    assert columns.kept == per_row.kept > 0
+
+
+def _interpolate_ready_per_item(known, weights, upper, end_value):
+    """interpolate_ready as it was, one np.interp call per unknown item: the reference."""
+    cum = np.cumsum([0.0] + list(weights))[1:]
+    anchors = [(c, k) for c, k in zip(cum, known) if k is not None]
+    if end_value is not None and (not anchors or cum[-1] > anchors[-1][0]):
+        anchors.append((float(cum[-1]), end_value))
+    xs, ys = [x for x, _ in anchors], [y for _, y in anchors]
+    out: list[float] = []
+    for c, k, cap in zip(cum, known, upper):
+        value = min(k if k is not None else (float(np.interp(c, xs, ys)) if xs else cap), cap)
+        out.append(max(value, out[-1]) if out else value)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.floats(-1e6, 1e6)), st.floats(0, 1e9), st.floats(-1e6, 1e6)),
+                min_size=1, max_size=40),
+       st.one_of(st.none(), st.floats(-1e6, 1e6)))
+def test_interpolate_ready_in_one_call_equals_one_call_per_item(items, end_value):
+    known, weights, upper = (list(column) for column in zip(*items))
+    same_bits = [repr(v) for v in interpolate_ready(known, weights, upper, end_value)]  # -0.0 too
+    assert same_bits == [repr(v) for v in _interpolate_ready_per_item(known, weights, upper, end_value)]

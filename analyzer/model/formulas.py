@@ -34,7 +34,7 @@ __all__ = [
     "hsdp_volume_bytes", "dp_volume_bytes",
     "ddp_memory_bytes", "zero1_memory_bytes", "zero2_memory_bytes", "zero3_memory_bytes",
     "hsdp_memory_bytes", "static_memory_bytes", "canonical_strategy",
-    "BucketPipeline", "ddp_bucket_pipeline", "assign_buckets", "bucket_ready_times",
+    "BucketPipeline", "ddp_bucket_pipeline", "ddp_bucket_pipeline_of_times", "assign_buckets", "bucket_ready_times",
     "ddp_pipeline_for_cap", "OverlapBound", "critical_overlap", "BucketCapChoice",
     "best_bucket_cap", "DEFAULT_CANDIDATE_CAPS_BYTES",
     "FsdpSchedule", "fsdp_unit_schedule",
@@ -451,16 +451,22 @@ def _float_array(name: str, values: Sequence[float]) -> np.ndarray:
     return array
 
 
+def _nonneg_array(name: str, values: Sequence[float]) -> np.ndarray:
+    """``_nonneg`` of every item at once, with its error for the first bad item."""
+    array = np.asarray(values, dtype=float)
+    bad = ~(np.isfinite(array) & (array >= 0))
+    if bad.any():
+        _nonneg(name, float(array[np.argmax(bad)]))
+    return array
+
+
 def ddp_bucket_pipeline(ready_times_us: Sequence[float], bucket_bytes: Sequence[float],
                         backward_end_us: float,
                         allreduce_time_fn: Callable[[float], float]) -> BucketPipeline:
     """DDP bucket pipeline (§4; Li et al. 2020), buckets in launch order:
     ``s_i = max(r_i, e_{i-1})``, ``e_i = s_i + T_AR(S_i)``, exposed tail
     ``max(0, e_last − t_backward_end)``. Times in µs, sizes in bytes; ``allreduce_time_fn``
-    maps a bucket's bytes to its all-reduce time in µs.
-
-    Closed form of the recurrence, with C_k = Σ_{i≤k} T_i:
-    ``e_k = C_k + max_{j≤k}(r_j − C_{j-1})``.
+    maps a bucket's bytes to its all-reduce time in µs (``ddp_bucket_pipeline_of_times``).
     """
     ready = _float_array("ready_times_us", ready_times_us)
     sizes = _float_array("bucket_bytes", bucket_bytes)
@@ -468,10 +474,26 @@ def ddp_bucket_pipeline(ready_times_us: Sequence[float], bucket_bytes: Sequence[
         raise ValueError("ready_times_us and bucket_bytes must have the same length")
     if np.any(sizes < 0):
         raise ValueError("bucket_bytes must be >= 0")
+    durations = [_nonneg("allreduce time", allreduce_time_fn(float(s))) for s in sizes]
+    return ddp_bucket_pipeline_of_times(ready, durations, backward_end_us)
+
+
+def ddp_bucket_pipeline_of_times(ready_times_us: Sequence[float], allreduce_times_us: Sequence[float],
+                                 backward_end_us: float) -> BucketPipeline:
+    """The §4 pipeline of ``ddp_bucket_pipeline`` given each bucket's all-reduce time T_i (µs)
+    rather than its bytes: callers that have the times as an array (the what-if projection)
+    skip one Python call per bucket.
+
+    Closed form of the recurrence, with C_k = Σ_{i≤k} T_i:
+    ``e_k = C_k + max_{j≤k}(r_j − C_{j-1})``.
+    """
+    ready = _float_array("ready_times_us", ready_times_us)
+    durations = _nonneg_array("allreduce time", allreduce_times_us)
+    if ready.shape != durations.shape:
+        raise ValueError("ready_times_us and allreduce_times_us must have the same length")
     backward_end = _finite("backward_end_us", backward_end_us)
     if ready.size == 0:
         return BucketPipeline((), (), 0.0)
-    durations = np.array([_nonneg("allreduce time", allreduce_time_fn(float(s))) for s in sizes])
     done_before = np.concatenate(([0.0], np.cumsum(durations)[:-1]))
     ends = np.cumsum(durations) + np.maximum.accumulate(ready - done_before)
     starts = ends - durations

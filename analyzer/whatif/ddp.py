@@ -39,10 +39,12 @@ def interpolate_ready(known: list[float | None], weights: list[float], upper: li
     if end_value is not None and (not xs or cum[-1] > xs[-1]):
         xs.append(float(cum[-1]))
         ys.append(end_value)
+    # one np.interp over every item (elementwise the same as one call per item); the clamp is
+    # a Python loop so that min/max keep the scalar semantics exactly (signed zeros included)
+    filled = np.interp(cum, xs, ys).tolist() if xs else upper
     out: list[float] = []
-    for c, k, cap in zip(cum, known, upper):
-        value = k if k is not None else (float(np.interp(c, xs, ys)) if xs else cap)
-        value = min(value, cap)
+    for f, k, cap in zip(filled, known, upper):
+        value = min(k if k is not None else f, cap)
         out.append(max(value, out[-1]) if out else value)
     return out
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -263,6 +265,38 @@ def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | N
     return base.link(entry["size"] / nodes, nodes), entry["size"]
 
 
+def _ratio_keys(rows: list[dict[str, Any]], role: str | None) -> list[tuple]:
+    """What ``Durations.ratio`` of each row depends on (one comprehension: thousands of rows)."""
+    names = [(row.get("group") or {}).get("name") for row in rows]
+    return [(None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role)
+            for name, row in zip(names, rows)]
+
+
+@dataclass(frozen=True)
+class _Transfers:
+    """Collective rows as the columns ``Durations.of_rows`` reads: the measured duration, the
+    transfer time (the duration less the wait for late ranks), and the index of each row's
+    ratio key among the distinct ones, each with one representative row (role: the row's own)."""
+
+    duration: np.ndarray
+    transfer: np.ndarray
+    key_index: np.ndarray
+    representatives: tuple[dict[str, Any], ...]
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> _Transfers:
+        index: dict[tuple, int] = {}
+        keys: list[int] = []
+        representatives: list[dict[str, Any]] = []
+        for row, key in zip(rows, _ratio_keys(rows, None)):
+            keys.append(index.setdefault(key, len(index)))
+            if keys[-1] == len(representatives):
+                representatives.append(row)
+        duration = np.array([row["dur_us"] for row in rows], dtype=float)
+        wait = np.array([row.get("wait_us") or 0.0 for row in rows], dtype=float)
+        return cls(duration, duration - wait, np.array(keys, dtype=np.intp), tuple(representatives))
+
+
 class Durations:
     """Projected duration of each measured collective row (µs)."""
 
@@ -271,6 +305,7 @@ class Durations:
         self.groups = GroupIndex(result)
         self.kept = 0
         self._ratios: dict[tuple, float | None] = {}
+        self._new: dict[tuple, float] = {}
 
     def role(self, row: dict[str, Any]) -> str:
         role = self.groups.role(row)
@@ -282,8 +317,7 @@ class Durations:
         """T_model(target) / T_model(measured) of a row, None when it cannot be modelled. It
         depends on the row's group, kind, size and role only: computed once per distinct one
         (a step repeats the same collectives, and the scaling curve projects the job ten times)."""
-        name = (row.get("group") or {}).get("name")
-        key = (None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role)
+        key = _ratio_keys([row], role)[0]
         if key not in self._ratios:
             self._ratios[key] = self._ratio(row, role)
         return self._ratios[key]
@@ -316,12 +350,25 @@ class Durations:
         # is projected too, and the job's step is the slowest rank's.
         return (row["dur_us"] - wait) * ratio
 
+    def of_rows(self, rows: _Transfers) -> np.ndarray:
+        """``of`` of every row at once: the ratio per distinct key, then one array product."""
+        ratios = np.array([np.nan if r is None else r for r in map(self.ratio, rows.representatives)], dtype=float)
+        ratio = ratios[rows.key_index]
+        kept = np.isnan(ratio)
+        self.kept += int(kept.sum())
+        return np.where(kept, rows.duration, rows.transfer * ratio)
+
     def new(self, kind: str, size: float, role: str) -> float:
-        size_t, nodes_t, per_node = self.target.role_group(role)
-        link = self.target.link(per_node, nodes_t)
-        if link is None:
-            raise ConfigError("the projected link is unknown: pass --gpu (and --nic-gbps)")
-        return _model_time(kind, size, size_t, link)
+        """Model time of a collective on the target's ``role`` group, once per distinct one (the
+        re-bucketed and cross-strategy projections ask for the same sizes at every step)."""
+        key = (kind, size, role)
+        if key not in self._new:
+            size_t, nodes_t, per_node = self.target.role_group(role)
+            link = self.target.link(per_node, nodes_t)
+            if link is None:
+                raise ConfigError("the projected link is unknown: pass --gpu (and --nic-gbps)")
+            self._new[key] = _model_time(kind, size, size_t, link)
+        return self._new[key]
 
 
 # ---------------------------------------------------------------- schedule helpers
@@ -345,11 +392,12 @@ class _DdpSchedule:
     ready: list[float]
     backward_end: float
     measured_tail: float
+    transfers: _Transfers  # the buckets' all-reduces, for Durations.of_rows
 
 
 def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
-    buckets = sorted((r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
-                      and r.get("on_gpu")), key=lambda r: (r["start_us"], r["rank"]))
+    buckets = sorted([r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
+                      and r.get("on_gpu")], key=itemgetter("start_us", "rank"))
     if not buckets:
         return None
     ends = [r["start_us"] + r["dur_us"] for r in buckets]
@@ -359,36 +407,31 @@ def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: i
     sizes = [float(r["bytes"] or 0.0) for r in buckets]
     ready = bucket_ready_times([r["start_us"] for r in buckets], ends, sizes,
                                [r.get("launch_us") for r in buckets], backward_end)
-    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
+    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end),
+                        _Transfers.of(buckets))
 
 
-def _ddp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
-              scenario: Scenario) -> tuple[float, float] | None:
+def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> tuple[float, float] | None:
     """(measured exposed tail, projected exposed tail) of one rank's step, µs."""
-    ddp = _ddp_schedule(rows, step, origin_ns)
+    ddp = measured.ddp
     if ddp is None:
         return None
-    ready, sizes = ddp.ready, ddp.sizes
+    ready = ddp.ready
     if scenario.bucket_mb:
-        window = (step.get("phase_windows") or {}).get("backward")
-        start = _us(window["start_ns"], origin_ns) if window else ready[0]
-        ready, sizes, times = _rebucket(ddp.buckets, ready, sizes, durations, scenario.bucket_mb, start)
+        ready, times = _rebucket(measured, durations, scenario.bucket_mb)
     else:
-        times = [durations.of(r) for r in ddp.buckets]
-    feed = iter(times)
-    pipeline = models.ddp_bucket_pipeline(ready, sizes, ddp.backward_end, lambda _size: next(feed))
-    return ddp.measured_tail, pipeline.exposed_tail_us
+        times = durations.of_rows(ddp.transfers)
+    return ddp.measured_tail, models.ddp_bucket_pipeline_of_times(ready, times, ddp.backward_end).exposed_tail_us
 
 
-def _ddp_to_fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
-                      durations: Durations, target: Config) -> tuple[float, float] | None:
+def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config) -> tuple[float, float] | None:
     """FSDP from a DDP trace, each gradient bucket taken as one FSDP unit (parameters in the
     gradients' dtype): forward compute shared among units by bytes, backward compute between
     consecutive gradient-ready times; all-gathers prefetched one unit ahead (and again in
     backward unless SHARD_GRAD_OP), reduce-scatter when a unit's gradients are ready (HSDP: then
     an all-reduce of the shard across nodes); compute stalls from the replay."""
-    ddp = _ddp_schedule(rows, step, origin_ns)
-    windows = step.get("phase_windows") or {}
+    ddp, origin_ns = measured.ddp, measured.origin_ns
+    windows = measured.step.get("phase_windows") or {}
     if ddp is None or any(s <= 0 for s in ddp.sizes) or "forward" not in windows or "backward" not in windows:
         return None
     forward_start = _us(windows["forward"]["start_ns"], origin_ns)
@@ -427,43 +470,39 @@ def _in_issue_order(items: list[_Item]) -> list[_Item]:
             for i in order]
 
 
-def _rebucket(buckets, ready, sizes, durations: Durations, bucket_mb: float, backward_start: float):
-    """Measured buckets as ≤ 1 MiB gradient pieces (analyzer.whatif.ddp, as the bucket rules
-    do), re-bucketed with the new cap; the all-reduce times keep the measured transfers'
-    median ratio to the model."""
-    if any(s <= 0 for s in sizes):
+def _rebucket(measured: _RankStep, durations: Durations, bucket_mb: float) -> tuple[list[float], list[float]]:
+    """(ready time, all-reduce time) of each new bucket (``_RankStep.rebucketed``); the
+    all-reduce times keep the measured transfers' median ratio to the model."""
+    ddp = measured.ddp
+    if any(s <= 0 for s in ddp.sizes):
         raise ConfigError("--bucket-mb needs the size of every gradient bucket; the trace lacks some")
     ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
-              for r, s in zip(buckets, sizes)]
-    piece_sizes, piece_ready = gradient_pieces(sizes, ready, backward_start)
-    new_ready, new_sizes = rebucket(piece_sizes, piece_ready, bucket_mb * models.MIB)
+              for r, s in zip(ddp.buckets, ddp.sizes)]
+    new_ready, new_sizes = measured.rebucketed(bucket_mb)
     residual = float(np.median(ratios))
-    return new_ready, new_sizes, [durations.new("allreduce", s, "world") * residual for s in new_sizes]
+    return new_ready, [durations.new("allreduce", s, "world") * residual for s in new_sizes]
 
 
-def _fsdp_to_ddp_step(rows, step, origin_ns: int, durations: Durations,
-                      scenario: Scenario) -> tuple[float, float] | None:
+def _fsdp_to_ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> tuple[float, float] | None:
     """DDP from an FSDP trace: every FSDP stall goes; the gradients (reduce-scatter inputs, ready
     where each reduce-scatter was issued, in compute-progress time) are all-reduced in DDP
     buckets through the bucket pipeline against the end of backward. A unit's gradients are
     never split: DDP does not split a tensor, and a unit's tensor sizes are not in the trace."""
-    comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
+    fsdp = measured.fsdp
+    if fsdp is None:
+        return None
+    comm, issue = fsdp.comm, fsdp.issue
     reductions = [k for k, r in enumerate(comm) if r["collective"] == "reduce_scatter" and r["phase"] == "backward"]
     if not reductions or any(not comm[k].get("bytes") for k in reductions):
         return None
-    progress, measured_exposed = _progress(comm)
-    ends = [r["start_us"] + r["dur_us"] for r in comm]
-    backward_end = _phase_end(step, "backward", origin_ns)
-    p_backward = progress(backward_end if backward_end is not None else max(ends))
-    issue = _issue_points(comm, ends, progress)
     # DDP's default: 25 MiB buckets after a 1 MiB first one; an explicit bucket_cap_mb fills the first too
     cap = (scenario.bucket_mb or 25.0) * models.MIB
     ready, sizes = rebucket([float(comm[k]["bytes"]) for k in reductions], [issue[k] for k in reductions], cap,
                             None if scenario.bucket_mb else models.FIRST_BUCKET_BYTES)
     times = [durations.new("allreduce", s, "world") for s in sizes]
     feed = iter(times)
-    pipeline = models.ddp_bucket_pipeline(ready, sizes, p_backward, lambda _size: next(feed))
-    return measured_exposed, pipeline.exposed_tail_us
+    pipeline = models.ddp_bucket_pipeline(ready, sizes, fsdp.p_backward, lambda _size: next(feed))
+    return fsdp.measured_exposed, pipeline.exposed_tail_us
 
 
 # ---------------------------------------------------------------- FSDP replay
@@ -478,6 +517,7 @@ class _Item:
     depends: int | None = None  # index of another item it waits for
     end: float = 0.0
     final: bool = False  # needed by the end-of-backward wait (after every issue at that point)
+    measured_end: float = 0.0  # a measured row's end, in progress time
 
 
 def _progress(rows: list[dict[str, Any]]):
@@ -500,19 +540,40 @@ def _progress(rows: list[dict[str, Any]]):
     return progress, total
 
 
-def _fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int, durations: Durations,
-               base: Config, target: Config) -> tuple[float, float] | None:
+@dataclass(frozen=True)
+class _FsdpSchedule:
+    """One rank-step's GPU collectives (start order) in compute-progress time (``_progress``):
+    the measured exposed communication, the ends of backward and forward, each collective's
+    issue point and end, and the collective it waited for (``_comm_dependencies``)."""
+
+    comm: list[dict[str, Any]]
+    measured_exposed: float
+    p_backward: float
+    p_forward: float | None  # the end of forward, when the step has one
+    issue: list[float]
+    ends: list[float]  # each collective's end in progress time
+    depends: list[int | None]
+
+
+def _fsdp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _FsdpSchedule | None:
     comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
     if not comm:
         return None
     progress, measured_exposed = _progress(comm)
     backward_end = _phase_end(step, "backward", origin_ns)
-    forward_end = _phase_end(step, "forward", origin_ns)
     ends = [r["start_us"] + r["dur_us"] for r in comm]
-    last_end = max(ends)
-    p_backward = progress(backward_end if backward_end is not None else last_end)
-    issue = _issue_points(comm, ends, progress)
-    depends = _comm_dependencies(comm, ends)
+    p_backward = progress(backward_end if backward_end is not None else max(ends))
+    forward_end = _phase_end(step, "forward", origin_ns)
+    return _FsdpSchedule(comm, measured_exposed, p_backward,
+                         None if forward_end is None else progress(forward_end), _issue_points(comm, ends, progress),
+                         [progress(end) for end in ends], _comm_dependencies(comm, ends))
+
+
+def _fsdp_step(measured: _RankStep, durations: Durations, base: Config, target: Config) -> tuple[float, float] | None:
+    fsdp = measured.fsdp
+    if fsdp is None:
+        return None
+    comm, issue, depends, p_backward = fsdp.comm, fsdp.issue, fsdp.depends, fsdp.p_backward
     items = []
     item_of: dict[int, int] = {}
     for k, r in enumerate(comm):
@@ -524,16 +585,16 @@ def _fsdp_step(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
             continue  # no replicate all-reduce outside HYBRID_SHARD
         item_of[k] = len(items)
         items.append(_Item(r, r["collective"], r["stream"], issue[k], 0.0, durations.of(r, role),
-                           depends=item_of.get(depends[k]) if depends[k] is not None else None))
+                           depends=item_of.get(depends[k]) if depends[k] is not None else None,
+                           measured_end=fsdp.ends[k]))
         if (target.strategy == "hsdp" and base.strategy != "hsdp" and r["collective"] == "reduce_scatter"
                 and r.get("bytes")):
             shard = r["bytes"] / min(target.gpus, target.gpus_per_node)
             items.append(_Item(None, "allreduce", "replicate", issue[k], p_backward,
                                durations.new("allreduce", shard, "replicate"), depends=len(items) - 1,
                                final=True))
-    _need_points(items, progress, p_backward, forward_end)
-    waits = _replay(items)
-    return measured_exposed, waits
+    _need_points(items, p_backward, fsdp.p_forward)
+    return fsdp.measured_exposed, _replay(items)
 
 
 def _comm_dependencies(comm, ends) -> list[int | None]:
@@ -588,7 +649,7 @@ def _waited_for(row: dict[str, Any]) -> bool:
     return (row.get("exposed_us") or 0.0) > max(20.0, 0.02 * row["dur_us"])
 
 
-def _copy_out_rate(items: list[_Item], gathers: list[int], progress) -> float:
+def _copy_out_rate(items: list[_Item], gathers: list[int]) -> float:
     """µs per byte between the end of an all-gather that compute waited for and the issue of the
     next prefetch (FSDP2 copies the gathered unit out before prefetching the next one; FSDP1
     gives ~0): median over such pairs whose second all-gather found its stream idle."""
@@ -599,28 +660,27 @@ def _copy_out_rate(items: list[_Item], gathers: list[int], progress) -> float:
             continue
         if second["start_us"] <= first["start_us"] + first["dur_us"] + _EPS_US:
             continue  # queued behind the first: its issue point is not measured
-        lag = items[b].issue - progress(first["start_us"] + first["dur_us"])
+        lag = items[b].issue - items[a].measured_end
         if lag >= 0:
             rates.append(lag / first["bytes"])
     return float(np.median(rates)) if rates else 0.0
 
 
-def _need_points(items: list[_Item], progress, p_backward: float, forward_end: float | None) -> None:
+def _need_points(items: list[_Item], p_backward: float, p_forward: float | None) -> None:
     gathers = [i for i, item in enumerate(items) if item.row is not None and item.kind == "allgather"]
-    copy_out = _copy_out_rate(items, gathers, progress)
+    copy_out = _copy_out_rate(items, gathers)
     for i, item in enumerate(items):
         r = item.row
         if r is None:
             continue
-        end = progress(r["start_us"] + r["dur_us"])
+        end = item.measured_end
         if item.kind in _GRAD_REDUCTIONS and r["phase"] == "backward":
             item.need = max(end, p_backward)
             item.final = True
         elif item.kind == "allgather" and not _waited_for(r):
-            later = [items[j].issue for j in gathers if j > i and items[j].row["phase"] == r["phase"]]
-            phase_end = p_backward if r["phase"] == "backward" else (
-                progress(forward_end) if forward_end is not None else end)
-            next_issue = later[0] - copy_out * (r.get("bytes") or 0) if later else phase_end
+            later = next((items[j].issue for j in gathers if j > i and items[j].row["phase"] == r["phase"]), None)
+            phase_end = p_backward if r["phase"] == "backward" else (p_forward if p_forward is not None else end)
+            next_issue = later - copy_out * (r.get("bytes") or 0) if later is not None else phase_end
             item.need = max(end, next_issue)
         else:
             item.need = end
@@ -668,8 +728,63 @@ def _replay(items: list[_Item]) -> float:
 
 
 # ---------------------------------------------------------------- entry point
-def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
-    """Project the measured job onto ``scenario`` (None fields: as measured)."""
+class _RankStep:
+    """One measured rank-step as every projection reads it: its collective rows and, built on
+    first use, its DDP schedule or FSDP replay inputs (they do not depend on the scenario)."""
+
+    def __init__(self, rank: int, step: dict[str, Any], rows: list[dict[str, Any]], origin_ns: int):
+        self.rank, self.step, self.rows, self.origin_ns = rank, step, rows, origin_ns
+        self.waits = sum([r.get("wait_us") or 0.0 for r in rows])
+        self._rebucketed: dict[float, tuple[list[float], list[float]]] = {}
+
+    def rebucketed(self, bucket_mb: float) -> tuple[list[float], list[float]]:
+        """(ready time, bytes) of the DDP buckets with cap ``bucket_mb``: the measured buckets
+        as ≤ 1 MiB gradient pieces (analyzer.whatif.ddp, as the bucket rules do) re-bucketed.
+        Once per cap: the fix series of the scaling curve has one cap at every GPU count."""
+        if bucket_mb not in self._rebucketed:
+            ddp = self.ddp
+            assert ddp is not None
+            window = (self.step.get("phase_windows") or {}).get("backward")
+            start = _us(window["start_ns"], self.origin_ns) if window else ddp.ready[0]
+            piece_sizes, piece_ready = gradient_pieces(ddp.sizes, ddp.ready, start)
+            self._rebucketed[bucket_mb] = rebucket(piece_sizes, piece_ready, bucket_mb * models.MIB)
+        return self._rebucketed[bucket_mb]
+
+    @cached_property
+    def ddp(self) -> _DdpSchedule | None:
+        return _ddp_schedule(self.rows, self.step, self.origin_ns)
+
+    @cached_property
+    def fsdp(self) -> _FsdpSchedule | None:
+        return _fsdp_schedule(self.rows, self.step, self.origin_ns)
+
+
+class Measured:
+    """The measured side of one Result's projections, built once and passed to each
+    ``project`` of one call chain (the scaling curve projects the job ten times, a finding's
+    gain twice): every rank-step in rank, step order. Not a global cache: it lives as long as
+    its caller holds it, and serves ``result`` only."""
+
+    def __init__(self, result: Any):
+        self.result = result
+
+    @cached_property
+    def steps(self) -> list[_RankStep]:  # on first use: project() checks the result first
+        origin = self.result.job["time_origin_ns"]
+        rows_by: dict[tuple, list[dict[str, Any]]] = {}
+        for row in self.result.collectives:
+            rows_by.setdefault((row["rank"], row["step"]), []).append(row)
+        return [_RankStep(rank.rank, step, rows_by.get((rank.rank, step["step"]), []), origin)
+                for rank in self.result.ranks for step in rank.steps]
+
+
+def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | None = None) -> Projection:
+    """Project the measured job onto ``scenario`` (None fields: as measured). ``measured``:
+    the ``Measured(result)`` shared by several projections of the same result."""
+    if measured is None:
+        measured = Measured(result)
+    elif measured.result is not result:
+        raise ValueError("project(): `measured` was built from another result")
     if result.groups is None:
         raise ConfigError("project() needs a Result from diagnose() (job analyses missing)")
     beyond = [d for d in ("tp", "pp", "ep", "cp") if d in (result.job.get("parallelism") or {})]
@@ -681,37 +796,31 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     target = target_config(base, scenario, assumptions)
     _check_supported(base, target, scenario)
     durations = Durations(result, base, target)
-    origin = result.job["time_origin_ns"]
-    rows_by = {}
-    for row in result.collectives:
-        rows_by.setdefault((row["rank"], row["step"]), []).append(row)
     optimizer_factor = _optimizer_factor(base, target)
-    measured, projected = [], []
+    as_measured, projected = [], []
     unmodelled = 0
-    for rank in result.ranks:
-        for step in rank.steps:
-            rows = rows_by.get((rank.rank, step["step"]), [])
-            if base.strategy == "ddp" and target.strategy == "ddp":
-                change = _ddp_step(rows, step, origin, durations, scenario)
-            elif base.strategy == "ddp":
-                change = _ddp_to_fsdp_step(rows, step, origin, durations, target)
-            elif target.strategy == "ddp":
-                change = _fsdp_to_ddp_step(rows, step, origin, durations, scenario)
-            else:
-                change = _fsdp_step(rows, step, origin, durations, base, target)
-            if change is None:
-                unmodelled += 1
-            before, after = change if change is not None else (0.0, 0.0)
-            optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
-            extra_compute = optimizer * (optimizer_factor - 1.0)
-            exposed = step.get("exposed_comm_us") or 0.0
-            waits = sum(r.get("wait_us") or 0.0 for r in rows)
-            measured.append((step["step"], rank.rank, step["step_time_us"], exposed, step["compute_us"], waits))
-            projected.append((step["step"], rank.rank, step["step_time_us"] - before + after + extra_compute,
-                              max(0.0, exposed - before + after), step["compute_us"] + extra_compute, 0.0))
-    if not measured:
+    for rank_step in measured.steps:
+        if base.strategy == "ddp" and target.strategy == "ddp":
+            change = _ddp_step(rank_step, durations, scenario)
+        elif base.strategy == "ddp":
+            change = _ddp_to_fsdp_step(rank_step, durations, target)
+        elif target.strategy == "ddp":
+            change = _fsdp_to_ddp_step(rank_step, durations, scenario)
+        else:
+            change = _fsdp_step(rank_step, durations, base, target)
+        if change is None:
+            unmodelled += 1
+        before, after = change if change is not None else (0.0, 0.0)
+        step, rank = rank_step.step, rank_step.rank
+        optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
+        extra_compute = optimizer * (optimizer_factor - 1.0)
+        exposed = step.get("exposed_comm_us") or 0.0
+        as_measured.append((step["step"], rank, step["step_time_us"], exposed, step["compute_us"], rank_step.waits))
+        projected.append((step["step"], rank, step["step_time_us"] - before + after + extra_compute,
+                          max(0.0, exposed - before + after), step["compute_us"] + extra_compute, 0.0))
+    if not as_measured:
         raise ConfigError("no profiler steps in the trace: nothing to project")
-    if any(entry[5] for entry in measured):
+    if any(entry[5] for entry in as_measured):
         notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
                      "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
     if base.strategy == "ddp" and target.strategy != "ddp":
@@ -727,7 +836,7 @@ def project(result: Any, scenario: Scenario = Scenario()) -> Projection:
     if durations.kept:
         notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
     _assumption_notes(assumptions, scenario, target, optimizer_factor)
-    m, p = _summary(measured), _summary(projected)
+    m, p = _summary(as_measured), _summary(projected)
     m["gpus"], p["gpus"] = base.gpus, target.gpus
     p["scaling_efficiency"] = round(m["step_time_us"] / p["step_time_us"], 4) if p["step_time_us"] else None
     _mfu(result, scenario, base, target, m, p, assumptions)
@@ -815,8 +924,9 @@ def projected_change_us(result: Any, **changes: Any) -> float | None:
     residual on this job cancels. None when it cannot project this trace. The rules take their
     estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
     try:
-        base = project(result, Scenario()).projected.get("step_time_us")
-        changed = project(result, Scenario(**changes)).projected.get("step_time_us")
+        measured = Measured(result)
+        base = project(result, Scenario(), measured).projected.get("step_time_us")
+        changed = project(result, Scenario(**changes), measured).projected.get("step_time_us")
     except (TracecliffError, ValueError):
         return None
     if base is None or changed is None:

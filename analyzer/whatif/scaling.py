@@ -13,8 +13,10 @@ def scaling_data(result: Any) -> dict[str, Any]:
     100%) at 1/2×..8× the measured GPU count: as configured, and with the top finding's fix when the
     what-if model can express it."""
     measured_gpus = int(result.job.get("world_size") or len(result.ranks))
+    measured = whatif.Measured(result)  # the measured schedules, shared by every point's projection
+    own_size = whatif.Scenario(gpus=measured_gpus)
     try:  # the projection onto the job's own size: when even that cannot run, say why once
-        whatif.project(result, whatif.Scenario(gpus=measured_gpus))
+        at_own_size = whatif.project(result, own_size, measured)
     except Exception as exc:  # noqa: BLE001 - reported in the section
         return {"available": False, "why": f"the what-if model cannot project this trace: {exc}"}
     counts = sorted({max(measured_gpus // 2, 1), measured_gpus, 2 * measured_gpus, 4 * measured_gpus,
@@ -27,8 +29,10 @@ def scaling_data(result: Any) -> dict[str, Any]:
             continue
         points = []
         for gpus in counts:
+            scenario = whatif.Scenario(gpus=gpus, **changes)
             try:
-                projection = whatif.project(result, whatif.Scenario(gpus=gpus, **changes))
+                projection = at_own_size if scenario == own_size \
+                    else whatif.project(result, scenario, measured)
             except Exception as exc:  # noqa: BLE001 - an unsupported point is skipped, and said
                 notes.append(f"{label} at {gpus} GPUs: {exc}")
                 continue
