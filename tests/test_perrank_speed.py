@@ -128,8 +128,11 @@ def test_remap_matches_a_walk(args, data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-(2**52), 2**52), max_size=50))
+@given(st.lists(st.one_of(st.integers(-(2**52), 2**52), st.integers(-(2**63), 2**63 - 1),
+                          st.integers(2**50 - 2**20, 2**50 + 2**20)), max_size=50))
 def test_us3_rounds_each_value_like_python(values):
+    """Whole traces (and their exact shortcut up to 2**40 µs), absolute clocks, and around the
+    shortcut's limit."""
     ns = np.asarray(values, dtype=np.int64)
     assert _us3(ns) == [round(int(v) / 1000.0, 3) for v in values]
 
