@@ -22,7 +22,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.columns import Interner, _remap, comm_args_of, factorize, parse_ranks, thread_ids, to_int
+from analyzer.ingest.columns import Interner, _remap, comm_args_by_row, comm_args_of, factorize, parse_ranks, thread_ids, to_int
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
 
@@ -111,6 +111,16 @@ def test_comm_args_match_a_plain_walk(many):
         assert info == expected and list(info) == list(expected)
     lists = [id(info["pg_ranks"]) for info in got if "pg_ranks" in info]
     assert len(lists) == len(set(lists))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(COMM_ARGS, st.builds(EventArgs, correlation=OTHER, stream=OTHER)), max_size=12))
+def test_comm_args_by_row_skips_only_empty_args(many):
+    """The C-level filter keeps every event with collective metadata: the rows it returns are
+    exactly those whose comm_args_of is not empty, with that dict."""
+    rows = np.arange(len(many), dtype=np.int64) * 3 + 5
+    expected = {int(row): comm_args_of(args) for row, args in zip(rows, many) if comm_args_of(args)}
+    assert comm_args_by_row(many, rows) == expected
 
 
 @settings(max_examples=200, deadline=None)

@@ -248,10 +248,8 @@ class ColumnBuilder:
         kind = table[pair_codes]
         correlation = _ints(list(map(attrgetter("correlation"), args)))
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
-        for row in np.flatnonzero(kind[keep] == GpuKind.COMM):
-            info = comm_args_of(args[keep[row]])
-            if info:
-                self._gpu_args[self._gpu_rows + int(row)] = info
+        comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
+        self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
         self._gpu_rows += len(keep)
 
     def _add_launches(self, events: list[Event]) -> None:
@@ -281,10 +279,8 @@ class ColumnBuilder:
         thread = thread_ids(events, self.threads)
         external = _column(events, _ARG_EXTERNAL_ID, np.int64)
         self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
-        for row in np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5)):  # COMM_PARAMS, COMM_OP
-            info = comm_args_of(events[keep[row]].args)
-            if info:
-                self._marker_args[self._marker_rows + int(row)] = info
+        comm = np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5))  # COMM_PARAMS, COMM_OP
+        self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows))
         self._marker_rows += len(keep)
 
     def export(self) -> dict[str, Any]:
@@ -406,6 +402,23 @@ def _marker_kind(name: Any) -> int:
     return -1 if kind is None else int(kind)
 
 
+def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[str, Any]]:
+    """``{row: comm_args_of(a)}`` for the args that hold collective metadata. Most of a
+    collective's events hold none (its c10d and nccl: ops; its kernel before newer Kineto):
+    those are told apart in C-level passes, not by a call each."""
+    if not args:
+        return {}
+    unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
+    unset &= np.fromiter(map(len, map(_INPUT_DIMS, args)), dtype=np.int64, count=len(args)) == 0
+    found = {}
+    rows_of = rows.tolist()
+    for i in np.flatnonzero(~unset).tolist():
+        info = comm_args_of(args[i])
+        if info:
+            found[rows_of[i]] = info
+    return found
+
+
 def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
     """Collective metadata of one event's args, normalised; empty when it has none.
 
@@ -444,9 +457,12 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
 # are per collective), and the same with none set. msgspec decodes none of them as a bool, so
 # two tuples compare equal only when every field normalises to the same value (1 == 1.0 both
 # give 1).
-_SHAPE_FIELDS = attrgetter("collective_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc",
-                           "pg_ranks")
+_SHAPE_NAMES = ("collective_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks")
+_SHAPE_FIELDS = attrgetter(*_SHAPE_NAMES)
 _NO_SHAPE = (None,) * 8
+_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id")  # every field that makes comm_args_of non-empty
+_NO_META = (None,) * 10
+_INPUT_DIMS = attrgetter("input_dims")
 
 
 @lru_cache(maxsize=1 << 14)
