@@ -7,9 +7,12 @@
 
 Shapes, tiled in time to the size asked (bench/make_big_trace.py):
 - few collectives: the real HTA DDP rank (../shared/traces/real/hta_ddp_rank0_of_2);
-- collective-heavy: a synthetic per-parameter all-reduce DDP rank (analyzer.synth, GPT_SMALL
-  with biases and 24 blocks, bucket_cap_mb tiny so every gradient tensor is its own all-reduce,
-  plus an activation all-reduce per block): ~8,800 collective kernels per 50 MB.
+- collective-heavy: a synthetic rank of Megatron-style tensor parallelism over per-parameter
+  all-reduce data parallelism (analyzer.synth, GPT_SMALL with biases and 24 blocks, bucket_cap_mb
+  tiny so every gradient tensor is its own all-reduce, four tensor-parallel all-reduces per
+  block, collective args on the CPU ops only as Kineto wrote them before copying them onto the
+  kernels): ~10,300 collective kernels per 50 MB (heavy-source-tp.json, folder
+  collective-heavy-tp; the earlier 8,848-kernel shape, heavy-source-24l.json, is left as it is).
 For each single rank the map's CPU is also split by stage (imports, decode, columns, per-rank
 analysis; in-process timers in a fresh process), the rest of `diagnose` being the reduce, rules
 and render.
@@ -82,16 +85,19 @@ STAGES = ("imports", "decode", "columns", "per-rank analysis")
 
 
 def heavy_source(path: Path) -> Path:
-    """One rank of a per-parameter all-reduce DDP job (every gradient tensor its own bucket),
-    24 blocks with a blocking activation all-reduce after each block's forward, shapes not
-    recorded (torch's default): ~9,000 collective kernels per 50 MB, the densest the generator's
-    knobs give (each collective brings ~15 events: its autograd hook, c10d op, record_param_comms,
-    nccl annotations, launch, event record/wait, kernel and flow arrows)."""
+    """One rank of a job with Megatron-style tensor parallelism (an all-reduce of the block's
+    16 MiB of activations after attention and after the MLP, and of their gradients in backward)
+    over per-parameter all-reduce data parallelism (every gradient tensor its own bucket), 24
+    blocks, shapes not recorded (torch's default), collective args on record_param_comms and not
+    on the kernels (Kineto before torch copied them there): ~10,300 collective kernels per 50 MB.
+    Every collective is issued as torch does (~15 events: c10d op, record_param_comms, nccl
+    annotations, launch, event record/wait, kernel, flow arrows); the non-collective kernels are
+    a block's own (~60), which is what bounds the density."""
     if not path.exists():
         from analyzer.synth import simulate
         from analyzer.synth.scenarios import GPT_SMALL
-        spec = replace(GPT_SMALL, name="per_parameter_allreduce", bucket_cap_mb=0.0001, world_size=8, steps=2,
-                       n_layers=24, record_shapes=False, forward_allreduce_mb=1.0)
+        spec = replace(GPT_SMALL, name="tp_per_parameter_allreduce", bucket_cap_mb=0.0001, world_size=8, steps=2,
+                       n_layers=24, record_shapes=False, tp_allreduce_mb=16.0, kernel_comm_args=False)
         path.write_text(json.dumps(simulate(spec).rank_traces[0]))
     return path
 
@@ -175,10 +181,12 @@ def main() -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # users run with .pyc files: so do we
     work = args.dir / ("quick" if args.quick else "full")
     work.mkdir(parents=True, exist_ok=True)
-    sources = {"few collectives": SOURCE, "collective-heavy": heavy_source(args.dir / "heavy-source-24l.json")}
+    # New names for a changed shape: files of an earlier shape may serve others as references.
+    sources = {"few collectives": (SOURCE, "few-collectives"),
+               "collective-heavy": (heavy_source(args.dir / "heavy-source-tp.json"), "collective-heavy-tp")}
     jobs = {}
-    for shape, source in sources.items():
-        folder = work / shape.replace(" ", "-")
+    for shape, (source, name) in sources.items():
+        folder = work / name
         if not (folder / "rank-7.json").exists():
             shutil.rmtree(folder, ignore_errors=True)
             print(f"making 8 ranks x {rank_mb:g} MB ({shape}) in {folder} ...", flush=True)

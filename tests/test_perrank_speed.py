@@ -22,7 +22,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.columns import Interner, comm_args_of, factorize, thread_ids
+from analyzer.ingest.columns import Interner, _remap, comm_args_by_row, comm_args_of, factorize, parse_ranks, thread_ids, to_int
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
 
@@ -69,9 +69,80 @@ def test_comm_args_fast_path(correlation, external_id, stream, device, field):
     assert shaped == {"input_dims": [[2, 3]], "input_types": ["float"]}
 
 
+def walked_comm_args(args: EventArgs) -> dict:
+    """comm_args_of as a plain walk over the fields of one event (the code before issue 13's
+    cache of repeating fields)."""
+    info: dict = {}
+    if args.collective_name:
+        info["collective"] = args.collective_name
+    for key in ("in_nelems", "out_nelems", "group_size", "seq", "comms_id"):
+        value = to_int(getattr(args, key))
+        if value >= 0:
+            info[key] = value
+    for key, value in (("dtype", args.dtype), ("pg_name", None if args.pg_name is None else str(args.pg_name)),
+                       ("pg_desc", args.pg_desc), ("pg_ranks", parse_ranks(args.pg_ranks))):
+        if value is not None and (value or key == "pg_name" or key == "pg_ranks"):
+            info[key] = value
+    if len(args.input_dims):
+        info["input_dims"] = json.loads(bytes(args.input_dims))
+        info["input_types"] = json.loads(bytes(args.input_type)) if len(args.input_type) else None
+    return info
+
+
+INT_LIKE = st.one_of(st.none(), st.integers(-2, 2**64), st.sampled_from([1.0, 2.5, -0.0, "3", "x", "1e3", float("nan")]))
+COMM_ARGS = st.builds(
+    EventArgs, collective_name=st.sampled_from([None, "", "allreduce", "allgather"]), in_nelems=INT_LIKE,
+    out_nelems=INT_LIKE, group_size=INT_LIKE, seq=INT_LIKE, comms_id=INT_LIKE,
+    dtype=st.sampled_from([None, "", "BFloat16"]), pg_name=st.sampled_from([None, 0, "0", "", "tp"]),
+    pg_desc=st.sampled_from([None, "", "default_pg"]),
+    pg_ranks=st.sampled_from([None, "[0, 1]", "[]", " [2, 3] ", "bad", [0, 1], [True], []]),
+    input_dims=st.sampled_from([msgspec.Raw(b""), msgspec.Raw(b"[[2, 3]]"), msgspec.Raw(b"[[4], []]")]),
+    input_type=st.sampled_from([msgspec.Raw(b""), msgspec.Raw(b'["float"]')]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(COMM_ARGS, min_size=1, max_size=6))
+def test_comm_args_match_a_plain_walk(many):
+    """The per-combination cache gives each event the dict (keys in the same order, its own
+    rank list) a walk over its own fields gives, whichever events were read before it."""
+    got = [comm_args_of(args) for args in many]
+    for args, info in zip(many, got):
+        expected = walked_comm_args(args)
+        assert info == expected and list(info) == list(expected)
+    lists = [id(info["pg_ranks"]) for info in got if "pg_ranks" in info]
+    assert len(lists) == len(set(lists))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-(2**52), 2**52), max_size=50))
+@given(st.lists(st.one_of(COMM_ARGS, st.builds(EventArgs, correlation=OTHER, stream=OTHER)), max_size=12))
+def test_comm_args_by_row_skips_only_empty_args(many):
+    """The C-level filter keeps every event with collective metadata: the rows it returns are
+    exactly those whose comm_args_of is not empty, with that dict."""
+    rows = np.arange(len(many), dtype=np.int64) * 3 + 5
+    expected = {int(row): comm_args_of(args) for row, args in zip(rows, many) if comm_args_of(args)}
+    assert comm_args_by_row(many, rows) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 30), st.integers(), max_size=20), st.data())
+def test_remap_matches_a_walk(args, data):
+    """Args keyed by old row, after a reorder that drops rows, as the row-by-row remap gave
+    them (keys in ascending old row)."""
+    order = np.array(data.draw(st.permutations(range(data.draw(st.integers(0, 25)))))[:data.draw(st.integers(0, 25))],
+                     dtype=np.int64)
+    infos = {row: {"seq": value} for row, value in args.items()}
+    new_of = {int(old): new for new, old in enumerate(order.tolist())}
+    expected = {new_of[old]: info for old, info in sorted(infos.items()) if old in new_of}
+    got = _remap(infos, order)
+    assert got == expected and list(got) == list(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-(2**52), 2**52), st.integers(-(2**63), 2**63 - 1),
+                          st.integers(2**50 - 2**20, 2**50 + 2**20)), max_size=50))
 def test_us3_rounds_each_value_like_python(values):
+    """Whole traces (and their exact shortcut up to 2**40 µs), absolute clocks, and around the
+    shortcut's limit."""
     ns = np.asarray(values, dtype=np.int64)
     assert _us3(ns) == [round(int(v) / 1000.0, 3) for v in values]
 

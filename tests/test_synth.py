@@ -250,6 +250,23 @@ def test_fp32_gradients_double_the_all_reduce_bytes():
     assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)" in names
 
 
+def test_tensor_parallel_all_reduces_four_per_block_each_issued_as_torch_does():
+    """tp_allreduce_mb: two all-reduces per block in forward and two in backward, on top of the
+    gradients' buckets, each with its c10d op, record_param_comms, launch and flow like any other."""
+    plain = simulate(replace(TINY, steps=1))
+    tp = simulate(replace(TINY, steps=1, tp_allreduce_mb=1.0))
+    rows = [r for r in collective_rows(tp.truth) if r["rank"] == 0]
+    extra = [r for r in rows if "tp" in r]
+    assert len(rows) - len(extra) == len([r for r in collective_rows(plain.truth) if r["rank"] == 0])
+    for phase in ("forward", "backward"):
+        assert sum(r["tp"] == phase and r["phase"] == phase for r in extra) == 2 * TINY.n_layers
+    events = tp.rank_traces[0]["traceEvents"]
+    count = len(rows)
+    for name in ("c10d::allreduce_", "record_param_comms", "cudaLaunchKernelExC"):
+        assert sum(e.get("name") == name for e in events) == count
+    assert sum(e.get("cat") == "ac2g" and e.get("ph") == "s" for e in events) > count
+
+
 def test_step_time_is_the_slowest_ranks_profiler_step(ddp_sim):
     per_step = defaultdict(list)
     for trace in ddp_sim.rank_traces.values():

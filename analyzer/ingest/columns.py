@@ -248,10 +248,8 @@ class ColumnBuilder:
         kind = table[pair_codes]
         correlation = _ints(list(map(attrgetter("correlation"), args)))
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
-        for row in np.flatnonzero(kind[keep] == GpuKind.COMM):
-            info = comm_args_of(args[keep[row]])
-            if info:
-                self._gpu_args[self._gpu_rows + int(row)] = info
+        comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
+        self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
         self._gpu_rows += len(keep)
 
     def _add_launches(self, events: list[Event]) -> None:
@@ -281,10 +279,8 @@ class ColumnBuilder:
         thread = thread_ids(events, self.threads)
         external = _column(events, _ARG_EXTERNAL_ID, np.int64)
         self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
-        for row in np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5)):  # COMM_PARAMS, COMM_OP
-            info = comm_args_of(events[keep[row]].args)
-            if info:
-                self._marker_args[self._marker_rows + int(row)] = info
+        comm = np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5))  # COMM_PARAMS, COMM_OP
+        self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows))
         self._marker_rows += len(keep)
 
     def export(self) -> dict[str, Any]:
@@ -381,13 +377,20 @@ def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _remap(args: dict[int, dict[str, Any]], order: np.ndarray) -> dict[int, dict[str, Any]]:
-    """Row-keyed args after the rows were reordered (and some dropped) by ``order``."""
-    if not args:
+    """Row-keyed args after the rows were reordered (and some dropped) by ``order``; keyed in
+    ascending order of the old rows, over arrays (one entry per collective event)."""
+    if not args or not len(order):
         return {}
-    new_row = np.full(int(order.max(initial=-1)) + 1 if len(order) else 0, -1, dtype=np.int64)
+    new_row = np.full(int(order.max()) + 1, -1, dtype=np.int64)
     new_row[order] = np.arange(len(order))
-    return {int(new_row[old]): info for old, info in sorted(args.items())
-            if old < len(new_row) and new_row[old] >= 0}
+    old = np.fromiter(args, dtype=np.int64, count=len(args))
+    infos = list(args.values())
+    if len(old) > 1 and not (old[1:] > old[:-1]).all():  # built in row order: sorted already
+        by_old = np.argsort(old, kind="stable")
+        old, infos = old[by_old], _take(infos, by_old)
+    new = np.where(old < len(new_row), new_row[np.minimum(old, len(new_row) - 1)], -1)
+    kept = np.flatnonzero(new >= 0)
+    return dict(zip(new[kept].tolist(), _take(infos, kept)))
 
 
 def _tid_stream(event: Event) -> int | None:
@@ -399,48 +402,103 @@ def _marker_kind(name: Any) -> int:
     return -1 if kind is None else int(kind)
 
 
+def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[str, Any]]:
+    """``{row: comm_args_of(a)}`` for the args that hold collective metadata. Most of a
+    collective's events hold none (its c10d and nccl: ops; its kernel before newer Kineto):
+    those are told apart in C-level passes, not by a call each."""
+    if not args:
+        return {}
+    unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
+    unset &= np.fromiter(map(len, map(_INPUT_DIMS, args)), dtype=np.int64, count=len(args)) == 0
+    found = {}
+    rows_of = rows.tolist()
+    for i in np.flatnonzero(~unset).tolist():
+        info = comm_args_of(args[i])
+        if info:
+            found[rows_of[i]] = info
+    return found
+
+
 def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
-    """Collective metadata of one event's args, normalised; empty when it has none."""
-    if args is None or (_COMM_FIELDS(args) == _NO_COMM_FIELDS and not len(args.input_dims)):
+    """Collective metadata of one event's args, normalised; empty when it has none.
+
+    Everything but the sequence number and the Comms Id repeats between collectives (a group's
+    name and ranks, a parameter's size, the dtype), so those fields are normalised once per
+    distinct combination (:func:`_comm_shape`) and each row copies the result: a dict per event,
+    but no per-field Python walk (issue 13)."""
+    if args is None:
+        return {}
+    fields = _SHAPE_FIELDS(args)
+    seq, comms_id = args.seq, args.comms_id
+    dims = args.input_dims
+    if fields == _NO_SHAPE and seq is None and comms_id is None and not len(dims):
         return {}  # most c10d / nccl ops carry none: one C-level check instead of a field walk
-    info: dict[str, Any] = {}
-    if args.collective_name:
-        info["collective"] = args.collective_name
-    for key in ("in_nelems", "out_nelems", "group_size", "seq", "comms_id"):
-        value = to_int(getattr(args, key))
-        if value >= 0:
-            info[key] = value
-    if args.dtype:
-        info["dtype"] = args.dtype
-    if args.pg_name is not None:
-        info["pg_name"] = str(args.pg_name)
-    if args.pg_desc:
-        info["pg_desc"] = args.pg_desc
-    ranks = parse_ranks(args.pg_ranks)
+    if len(dims):
+        fields += (bytes(dims), bytes(args.input_type))
+    try:
+        head, tail, ranks, shapes = _comm_shape(fields)
+    except TypeError:  # a list of ranks (unhashable): this row alone, uncached
+        head, tail, ranks, shapes = _comm_shape.__wrapped__(fields)
+    info = head.copy()
+    for key, value in (("seq", seq), ("comms_id", comms_id)):
+        if value is not None:
+            value = value if type(value) is int else to_int(value)  # noqa: E721  (ints skip the call)
+            if value >= 0:
+                info[key] = value
+    info.update(tail)
     if ranks is not None:
-        info["pg_ranks"] = ranks
-    if len(args.input_dims):
-        # Kept raw-decoded: which argument holds the message depends on the op (see comms).
-        info["input_dims"] = _decode_raw(args.input_dims)
-        info["input_types"] = _decode_raw(args.input_type)
+        info["pg_ranks"] = list(ranks)  # each row its own list, as before
+    if shapes:
+        info.update(shapes)
     return info
 
 
-_COMM_FIELDS = attrgetter("collective_name", "in_nelems", "out_nelems", "group_size", "seq", "comms_id", "dtype",
-                          "pg_name", "pg_desc", "pg_ranks")
-_NO_COMM_FIELDS = (None,) * 10
+# The fields of a collective's args that repeat between collectives (``seq`` and ``comms_id``
+# are per collective), and the same with none set. msgspec decodes none of them as a bool, so
+# two tuples compare equal only when every field normalises to the same value (1 == 1.0 both
+# give 1).
+_SHAPE_NAMES = ("collective_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks")
+_SHAPE_FIELDS = attrgetter(*_SHAPE_NAMES)
+_NO_SHAPE = (None,) * 8
+_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id")  # every field that makes comm_args_of non-empty
+_NO_META = (None,) * 10
+_INPUT_DIMS = attrgetter("input_dims")
 
 
-def _decode_raw(raw: Any) -> Any:
-    if raw is None or not len(raw):
-        return None
-    return _decoded_text(bytes(raw))
+@lru_cache(maxsize=1 << 14)
+def _comm_shape(fields: tuple) -> tuple[dict[str, Any], dict[str, Any], tuple[int, ...] | None, dict[str, Any]]:
+    """(keys before ``seq``, keys between ``comms_id`` and the ranks, the ranks, the recorded
+    shapes) of :func:`comm_args_of` for one combination of repeating fields, so that its dict
+    keeps the key order it has always had."""
+    collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc, pg_ranks = fields[:8]
+    head: dict[str, Any] = {}
+    if collective:
+        head["collective"] = collective
+    for key, raw in (("in_nelems", in_nelems), ("out_nelems", out_nelems), ("group_size", group_size)):
+        value = to_int(raw)
+        if value >= 0:
+            head[key] = value
+    tail: dict[str, Any] = {}
+    if dtype:
+        tail["dtype"] = dtype
+    if pg_name is not None:
+        tail["pg_name"] = str(pg_name)
+    if pg_desc:
+        tail["pg_desc"] = pg_desc
+    ranks = parse_ranks(pg_ranks)
+    shapes: dict[str, Any] = {}
+    if len(fields) > 8:
+        # Kept raw-decoded: which argument holds the message depends on the op (see comms).
+        shapes["input_dims"] = _decoded_text(fields[8])
+        shapes["input_types"] = _decoded_text(fields[9]) if fields[9] else None
+    return head, tail, None if ranks is None else tuple(ranks), shapes
 
 
 # Collective args repeat: every collective of a group carries the same ranks string, and a
 # layer's collectives the same shapes. Each distinct text is parsed once per process (issue 13:
-# json.loads per collective was a tenth of a collective-heavy rank). Parsed shapes are shared
-# between rows and only read; rank lists are copied out per row.
+# json.loads per collective was a tenth of a collective-heavy rank), also when the rest of the
+# args is not cached (ranks written as a list). Parsed shapes are shared between rows and only
+# read; rank lists are copied out per row.
 @lru_cache(maxsize=1 << 14)
 def _decoded_text(text: bytes) -> Any:
     try:

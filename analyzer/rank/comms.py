@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -172,7 +171,7 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
              in zip(rows_idx.tolist(), params_row.tolist(), op_row.tolist(), op_names, names, kernels)]
     _kinds_from_stream_order(rank, gpu, rows_idx, metas, kernels, params_row, op_row)
     amd = _on_amd(rank)
-    groups = _groups_by_name(rank)
+    groups = _GroupLookup(rank)
     # Times as columns, each element then rounded by Python's round (correctly rounded, as the
     # row-by-row code did: numpy's rounding can differ in the last digit).
     dur = gpu.end[rows_idx] - gpu.ts[rows_idx]
@@ -187,7 +186,7 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     out = []
     for k, meta in enumerate(metas):
         sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
-        out.append(_row(rank, meta, sole_group, {
+        out.append(_row(rank, meta, groups.of(meta, sole_group), {
             "step": steps[k] if steps[k] != NO_STEP else None,
             "phase": PHASES[phases[k]],
             "stream": streams[k],
@@ -199,15 +198,27 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
             "library": _library(kernels[k], amd),
             "module": fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
             "on_gpu": True,
-        }, groups))
+        }))
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
 
 
 def _us3(ns: np.ndarray) -> list[float]:
     """Nanoseconds as µs rounded to 3 decimals, exactly as ``round(int(v) / 1000.0, 3)`` per
-    value (int64 to float64 and the division are the same IEEE operations in numpy)."""
-    return list(map(round, (ns.astype(np.int64) / 1000.0).tolist(), repeat(3, len(ns))))
+    value (int64 to float64 and the division are the same IEEE operations in numpy).
+
+    ``v / 1000.0`` is the double nearest the 3-decimal number v/1000, off it by at most half an
+    ulp; below 2**42 µs (51 days) that is under half a thousandth, so rounding to 3 decimals lands on
+    v/1000 again and gives back the same double: only values beyond 2**40 µs (12.7 days from the
+    trace's origin: hostile or absolute clocks) need Python's round."""
+    us = ns.astype(np.int64) / 1000.0
+    out = us.tolist()
+    for i in np.flatnonzero(~(np.abs(us) < _US3_EXACT)).tolist():
+        out[i] = round(out[i], 3)
+    return out
+
+
+_US3_EXACT = 2.0**40  # µs; exact up to 2**42 (see _us3), with a margin
 
 
 def _groups_by_name(rank: RankTrace) -> dict[Any, list[dict[str, Any]]]:
@@ -334,9 +345,7 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     return meta
 
 
-def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[str, Any],
-         groups: dict[Any, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
-    group = _group_of(rank, meta, sole_group, groups)
+def _row(rank: RankTrace, meta: dict[str, Any], group: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
     elem = DTYPE_BYTES.get(meta["dtype"]) if meta["dtype"] else None
     in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
     row = {
@@ -355,6 +364,25 @@ def _row(rank: RankTrace, meta: dict[str, Any], sole_group: bool, timing: dict[s
         row["collective_source"] = meta["collective_source"]
     row.update(timing)
     return row
+
+
+class _GroupLookup:
+    """The process group of each of a rank's collectives: one dict per distinct (name, ranks,
+    description, size, sole group) of their metadata, so that a group's rows share one dict
+    from the start (a collective-heavy rank has thousands of rows and a few groups)."""
+
+    def __init__(self, rank: RankTrace) -> None:
+        self.rank, self.by_name = rank, _groups_by_name(rank)
+        self.made: dict[tuple, dict[str, Any]] = {}
+
+    def of(self, meta: dict[str, Any], sole_group: bool) -> dict[str, Any]:
+        ranks = meta.get("pg_ranks")  # a list of ints (ingest.columns.parse_ranks) or absent
+        key = (meta.get("pg_name"), None if ranks is None else tuple(ranks), meta.get("pg_desc"),
+               meta.get("group_size"), sole_group)
+        group = self.made.get(key)
+        if group is None:
+            group = self.made[key] = _group_of(self.rank, meta, sole_group, self.by_name)
+        return group
 
 
 def _group_of(rank: RankTrace, meta: dict[str, Any], sole_group: bool,
@@ -416,7 +444,7 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
             types = m.comm_args.get(done, {}).get("input_types")
             meta["dtype"] = sizes_from_input_dims(rank.strings[m.name[done]], [[1]], types)[2]
         dur = int(m.end[done] - m.ts[done])
-        out.append(_row(rank, meta, True, {
+        out.append(_row(rank, meta, _group_of(rank, meta, True), {
             "step": int(step[k]) if step[k] != NO_STEP else None,
             "phase": PHASES[phase[k]], "stream": None,
             "start_us": round((int(m.ts[done]) - origin_ns) / 1000.0, 3),

@@ -102,7 +102,12 @@ FUSED_ADAMW = (
     "double, bool, double*, double*)"
 )
 
+def _nothing(thread: str) -> None:
+    pass
+
+
 GradHook = Callable[[list[Param], str], None]
+SublayerHook = Callable[[str], None]  # called on a thread after a block's attention or MLP part
 
 
 def gemm_name(arch: str, layout: str, tile: str) -> str:
@@ -184,18 +189,20 @@ class Compute:
         with self.eng.op(op, thread):
             self.elementwise(kernel, nbytes, thread)
 
-    def layer_forward(self) -> None:
+    def layer_forward(self, after_sublayer: SublayerHook = _nothing) -> None:
         s = self.spec
         t, d, f = s.tokens_per_rank, s.hidden, s.ffn
         self.layer_norm()
         self.linear(d, 3 * d)
         self.attention()
         self.linear(d, d)
+        after_sublayer("main")
         self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d)
         self.layer_norm()
         self.linear(d, f)
         self.simple("aten::gelu", GELU_FWD, 4.0 * t * f)
         self.linear(f, d)
+        after_sublayer("main")
         self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d)
 
     def embed_forward(self) -> None:
@@ -261,7 +268,7 @@ class Compute:
                 with self.eng.op(node, "autograd"):
                     self.elementwise(kernel, nbytes, "autograd")
 
-    def layer_backward(self, i: int, on_grads: GradHook) -> None:
+    def layer_backward(self, i: int, on_grads: GradHook, after_sublayer: SublayerHook = _nothing) -> None:
         s = self.spec
         t, d, f = s.tokens_per_rank, s.hidden, s.ffn
         by = _by_module(layer_params(s, i))
@@ -269,11 +276,13 @@ class Compute:
         self.linear_backward(f, d, by["mlp.fc2"], on_grads)
         self.elementwise_backward("GeluBackward0", GELU_BWD, 6.0 * t * f)
         self.linear_backward(d, f, by["mlp.fc1"], on_grads)
+        after_sublayer("autograd")
         self.layer_norm_backward(by["norm2"], on_grads)
         self.elementwise_backward("AddBackward0", None, 0)
         self.linear_backward(d, d, by["attn.out"], on_grads)
         self.attention_backward()
         self.linear_backward(d, 3 * d, by["attn.qkv"], on_grads)
+        after_sublayer("autograd")
         self.layer_norm_backward(by["norm1"], on_grads)
 
     def loss_backward(self) -> None:

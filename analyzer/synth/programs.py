@@ -184,7 +184,7 @@ class DdpProgram(Program):
         with eng.annotation("DistributedDataParallel.forward") as ann:
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
-                compute.layer_forward()
+                compute.layer_forward(self.tp_allreduce)
                 self.blocking_collective(ALLREDUCE, self.spec.forward_allreduce_mb, "main", {"tp": "forward"})
             compute.head_forward()
         eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
@@ -196,7 +196,7 @@ class DdpProgram(Program):
         compute.loss_backward()
         compute.head_backward(self.grads_ready)
         for i in reversed(range(self.spec.n_layers)):
-            compute.layer_backward(i, self.grads_ready)
+            compute.layer_backward(i, self.grads_ready, self.tp_allreduce)
         compute.embed_backward(self.grads_ready)
         self.embedding_alltoall("autograd")  # the sparse gradients go back to their shards
         # Reducer::finalize_backward: the compute stream waits for every bucket's all-reduce
@@ -218,6 +218,11 @@ class DdpProgram(Program):
         kernel = self.collective(kind, self.spec.param_dtype, nelems, "world", self.comm_stream, thread, ready, tag)
         if kernel is not None:
             self.eng.wait_event(COMPUTE_STREAM, kernel.start + kernel.dur, thread)
+
+    def tp_allreduce(self, thread: str) -> None:
+        """A tensor-parallel all-reduce after a block's attention or MLP part (tp_allreduce_mb)."""
+        phase = "forward" if thread == "main" else "backward"
+        self.blocking_collective(ALLREDUCE, self.spec.tp_allreduce_mb, thread, {"tp": phase})
 
     def grads_ready(self, params: list[Param], thread: str) -> None:
         """DDP's autograd hook: mark each gradient ready; launch a bucket once it is full (or,

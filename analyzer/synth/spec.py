@@ -72,6 +72,11 @@ class JobSpec:
     # tensor-parallel style: after each block's forward an all-reduce of this many MiB of
     # activations over the world group, which the next block waits for (0: none)
     forward_allreduce_mb: float = 0.0
+    # Megatron-style tensor parallelism: an all-reduce of this many MiB over the world group after
+    # attention and after the MLP in each block's forward (row-parallel outputs) and after the
+    # MLP's and attention's first linear in its backward (column-parallel input gradients), each
+    # waited for by the compute that follows (0: none)
+    tp_allreduce_mb: float = 0.0
     # DDP replaced by a synchronous all-reduce per gradient as it becomes ready (each waited for
     # by the host before backward goes on), and collectives recorded without message sizes
     sync_param_allreduce: bool = False
@@ -169,7 +174,12 @@ class JobSpec:
         return self.ffn_mult * self.hidden
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Knobs added after the committed samples were written are left out while off, so those
+        # samples' truth still describes them (and a spec read back gets the default).
+        return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
+
+
+_LATER_KNOBS = {"tp_allreduce_mb": 0.0}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
