@@ -46,4 +46,4 @@ def test_streamed_json_is_the_same_bytes(monkeypatch):
     doc = diagnose(str(JOBS[0]), DiagnoseOptions(workers=1)).to_dict()
     odd = {"b": [float("nan"), {"z": 1, "a": [1, 2, {"q": []}]}, [], {}, "x\ny"], "a": {}, "c": list(range(7))}
     for value in (doc, odd, {}):
-        assert "".join(iter_json(value)) == dumps(value)
+        assert b"".join(iter_json(value)) == dumps(value).encode("utf-8")

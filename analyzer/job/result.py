@@ -195,29 +195,30 @@ def dumps(doc: dict[str, Any]) -> str:
 _BATCH = 2000  # list items formatted per chunk when streaming
 
 
-def iter_json(doc: dict[str, Any]) -> Iterator[str]:
-    """``dumps(doc)`` in pieces, for writing a large result without holding its text twice
-    (raw and indented): the same bytes, top-level values formatted one by one and long lists a
-    batch of items at a time."""
+def iter_json(doc: dict[str, Any]) -> Iterator[bytes]:
+    """``dumps(doc)`` (UTF-8) in pieces, for writing a large result without holding its text
+    twice (raw and indented): the same bytes, top-level values formatted one by one and long
+    lists a batch of items at a time. The formatter indents each piece at its depth in the
+    document (a value inside ``{key: value}``, a batch inside ``[[batch]]``): no re-indenting,
+    no round trip through str."""
     keys = sorted(doc)
     if not keys:
-        yield "{}\n"
+        yield b"{}\n"
         return
-    yield "{\n"
+    yield b"{\n"
     for n, key in enumerate(keys):
         value = doc[key]
-        head = f" {_encode(key).decode('utf-8')}: "
         if isinstance(value, list) and len(value) > _BATCH:
-            yield head + "[\n"
+            yield b" " + _encode(key) + b": [\n"
             for i in range(0, len(value), _BATCH):
-                # a batch formatted as a list, its brackets dropped, its items one level deeper
-                inner = _formatted(value[i:i + _BATCH])[2:-2]
-                yield " " + inner.replace("\n", "\n ") + (",\n" if i + _BATCH < len(value) else "\n")
-            yield " ]"
+                # "[\n [\n" + the items two levels deep + "\n ]\n]"
+                inner = _formatted([value[i:i + _BATCH]])[5:-5]
+                yield inner + (b",\n" if i + _BATCH < len(value) else b"\n")
+            yield b" ]"
         else:
-            yield head + _formatted(value).replace("\n", "\n ")
-        yield ",\n" if n < len(keys) - 1 else "\n"
-    yield "}\n"
+            yield _formatted({key: value})[2:-2]  # "{\n" + ' "key": value' + "\n}"
+        yield b",\n" if n < len(keys) - 1 else b"\n"
+    yield b"}\n"
 
 
 def _encode(value: Any) -> bytes:
@@ -227,8 +228,8 @@ def _encode(value: Any) -> bytes:
         return _ENCODER.encode(_clean(value))  # unusual keys or values: normalise, then encode
 
 
-def _formatted(value: Any) -> str:
-    return msgspec.json.format(_encode(value), indent=1).decode("utf-8")
+def _formatted(value: Any) -> bytes:
+    return msgspec.json.format(_encode(value), indent=1)
 
 
 def _numpy_scalar(value: Any) -> Any:
