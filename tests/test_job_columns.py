@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.job import commfit
-from analyzer.job.columns import keys_per_group, round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.crossrank import group_key
 from analyzer.job.parallelism import role_key
@@ -45,12 +45,19 @@ def _rows():
             {"collective": "broadcast", "group": by_ranks}]
 
 
-def test_keys_per_group_matches_the_row_keys():
+def _keys(rows, key_of):
+    codes, keys = CollectiveColumns(rows).group_keys(key_of)
+    return [keys[k] for k in codes.tolist()]
+
+
+def test_group_keys_match_the_row_keys():
     rows = _rows()
     for key_of in (role_key, group_key):
-        assert keys_per_group(rows, key_of) == [key_of(r) for r in rows]
-    # a group without name or ranks keys on the collective: never memoised per group object
-    assert keys_per_group(rows, role_key)[3:5] == ["unknown:send", "unknown:recv"]
+        assert _keys(rows, key_of) == [key_of(r) for r in rows]
+    # a group without name or ranks keys on the collective: memoised per (group, kind), not per group
+    assert _keys(rows, role_key)[3:5] == ["unknown:send", "unknown:recv"]
+    codes, keys = CollectiveColumns(rows).group_keys(group_key)
+    assert keys == list(dict.fromkeys(group_key(r) for r in rows))  # numbered by first appearance
 
 
 def test_share_groups_shares_only_equal_groups_in_the_same_key_order():
@@ -95,3 +102,72 @@ def test_summarize_cells_against_a_plain_grouping():
     for cell, (_, members) in zip(out, sorted(expected.items())):
         assert cell["bytes_min"] == min(r["bytes"] for r in members)
         assert cell["transfer_us_min"] == round(min(r["dur_us"] - r["wait_us"] for r in members), 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()), min_size=1, max_size=60))
+def test_distinct_rows_numbers_tuples_by_first_appearance(tuples):
+    columns = [np.array(c, dtype=np.int64) for c in zip(*tuples)]
+    first, counts, number = distinct_rows(columns)
+    seen = list(dict.fromkeys(tuples))
+    assert [tuples[i] for i in first.tolist()] == seen
+    assert counts.tolist() == [tuples.count(t) for t in seen]
+    assert number.tolist() == [seen.index(t) for t in tuples]
+
+
+def _random_rows(seed: int, count: int = 300) -> list[dict]:
+    """Collective rows of a few ranks, groups (shared objects, one without name or ranks), kinds,
+    phases, libraries and steps (None among them), with missing launch times and sizes."""
+    rng = np.random.default_rng(seed)
+    groups = [{"name": "0", "ranks": [0, 1, 2], "size": 3}, {"name": "7", "ranks": [0, 2], "size": 2},
+              {"name": None, "ranks": [1, 2], "size": 2}, {}]
+    pick = lambda values: values[int(rng.integers(len(values)))]  # noqa: E731
+    rows = []
+    for _ in range(count):
+        start = round(float(rng.uniform(0, 1e4)), 3)
+        rows.append({"rank": int(rng.integers(3)), "step": pick([0, 1, 2, None]), "collective":
+                     pick(["allreduce", "allreduce", "allgather", "send"]), "phase": pick(["backward", "forward", None]),
+                     "library": pick(["nccl", "nccl", "deepep", None]), "group": pick(groups),
+                     "start_us": start, "launch_us": None if rng.random() < 0.2 else pick([start, start - 1.5]),
+                     "dur_us": round(float(rng.uniform(1, 50)), 3), "exposed_us": 0.5,
+                     "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 20)), "dtype": "bf16",
+                     "on_gpu": bool(rng.random() < 0.9), "module": None})
+    return rows
+
+
+def _gradient_buckets_by_row(collectives, backward_start_us):
+    """The per-row code the reduce's gradient_buckets replaced (analyzer.rank.comms, before the
+    columns): the reference it must equal."""
+    by_step = {}
+    for row in collectives:
+        if row["collective"] == "allreduce" and row["phase"] == "backward":
+            by_step.setdefault((row["rank"], row["step"]), []).append(row)
+    buckets = []
+    step_key = lambda step: (0, step) if isinstance(step, int) else (1, 0)  # noqa: E731
+    for (rank, step), rows in sorted(by_step.items(), key=lambda kv: (kv[0][0], step_key(kv[0][1]))):
+        rows.sort(key=lambda r: (r["launch_us"] if r["launch_us"] is not None else r["start_us"], r["start_us"]))
+        origin = backward_start_us.get((rank, step))
+        for index, row in enumerate(rows):
+            offset = None
+            if origin is not None and row["launch_us"] is not None:
+                offset = round(row["launch_us"] - origin, 3)
+            buckets.append({"rank": rank, "step": step, "index": index, "bytes": row["bytes"],
+                            "launch_offset_us": offset, "dtype": row["dtype"], "launch_us": row["launch_us"],
+                            "start_us": row["start_us"], "dur_us": row["dur_us"],
+                            "exposed_us": row["exposed_us"], "group": row["group"]["name"]})
+    return buckets
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_gradient_buckets_equal_the_per_row_code(seed):
+    from analyzer.job.parallelism import data_parallel_mask, is_data_parallel_row
+    from analyzer.job.reduce import gradient_buckets
+    rows = [r for r in _random_rows(seed) if r["group"]]  # a bucket names its group
+    roles = {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}
+    view = CollectiveColumns(rows)
+    keep = data_parallel_mask(view, roles)
+    assert keep.tolist() == [is_data_parallel_row(r, roles) for r in rows]
+    origins = {(rank, step): 100.25 * rank for rank in range(3) for step in (0, 2, None)}
+    chosen = [r for r, k in zip(rows, keep.tolist()) if k]
+    assert gradient_buckets(view, keep, origins) == _gradient_buckets_by_row(chosen, origins)

@@ -3,7 +3,10 @@ the rows' Python values exactly as the row-by-row code produced them."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from functools import cached_property
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -31,22 +34,184 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
     return out
 
 
-def keys_per_group(rows: list[dict[str, Any]], key_of: Callable[[dict[str, Any]], Any]) -> list[Any]:
-    """``[key_of(row) for row in rows]`` for a key that depends on the row's process group only
-    when the group has a name or ranks (else on the collective too): computed once per group
-    object, which the map and the reduce share between rows (``analyzer.rank.comms.share_groups``)."""
-    groups = [row.get("group") for row in rows]  # held: their ids stay unique
-    ids = list(map(id, groups))
-    memo = {}
-    for ident, row in dict(zip(ids, rows)).items():  # one row of each group object
-        group = row.get("group")
-        named = group and (group.get("name") is not None or group.get("ranks"))
-        memo[ident] = key_of(row) if named else _PER_ROW
-    keys = list(map(memo.__getitem__, ids))
-    if _PER_ROW in memo.values():
-        for index in [i for i, key in enumerate(keys) if key is _PER_ROW]:
-            keys[index] = key_of(rows[index])
-    return keys
+class CollectiveColumns:
+    """The job's collective rows as columns, read once and shared by the job analyses and the
+    rules: numpy arrays per field (row order), strings as categorical codes, process groups as
+    codes of the group objects (rows share them: ``analyzer.rank.comms.share_groups``), nullable
+    numbers as NaN plus a mask. The row dicts stay the JSON and renderer contract; the fields
+    the analyses write back (``wait_us``, ``arrival_lag_us``...) are added here as columns by
+    their writers too (``set``), so later readers need not read them from the rows again.
+
+    Built by ``of(result)`` once per Result and rows list; valid while the rows' read fields
+    (rank, times, kind, phase, library, group, step, bytes) are not changed in place."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.n = len(rows)
+        self.extra: dict[str, np.ndarray] = {}
+
+    # Each column is read from the rows on first use: a consumer pays only for what it reads.
+    @cached_property
+    def rank(self) -> np.ndarray:
+        return np.fromiter(map(itemgetter("rank"), self.rows), dtype=np.int64, count=self.n)
+
+    @cached_property
+    def start(self) -> np.ndarray:
+        return np.fromiter(map(itemgetter("start_us"), self.rows), dtype=np.float64, count=self.n)
+
+    @cached_property
+    def dur(self) -> np.ndarray:
+        return np.fromiter(map(itemgetter("dur_us"), self.rows), dtype=np.float64, count=self.n)
+
+    @cached_property
+    def launch(self) -> np.ndarray:
+        """``launch_us``, NaN where unknown."""
+        return _nullable(self.rows, "launch_us")
+
+    @cached_property
+    def size(self) -> np.ndarray:
+        """``bytes`` as float64, NaN where unknown."""
+        return _nullable(self.rows, "bytes")
+
+    @cached_property
+    def on_gpu(self) -> np.ndarray:
+        return np.array([bool(v) for v in _field(self.rows, "on_gpu")], dtype=bool)
+
+    @cached_property
+    def module_known(self) -> np.ndarray:
+        return np.array([v is not None for v in _field(self.rows, "module")], dtype=bool)
+
+    @cached_property
+    def _kind(self) -> tuple[np.ndarray, list[Any]]:
+        return categorical(map(itemgetter("collective"), self.rows), self.n)
+
+    @property
+    def kind(self) -> np.ndarray:
+        """Code of each row's collective kind (``kinds[code]`` is the name)."""
+        return self._kind[0]
+
+    @property
+    def kinds(self) -> list[Any]:
+        return self._kind[1]
+
+    @cached_property
+    def _phase(self) -> tuple[np.ndarray, list[Any]]:
+        return categorical(_field(self.rows, "phase"), self.n)
+
+    @property
+    def phase(self) -> np.ndarray:
+        return self._phase[0]
+
+    @property
+    def phases(self) -> list[Any]:
+        return self._phase[1]
+
+    @cached_property
+    def _library(self) -> tuple[np.ndarray, list[Any]]:
+        return categorical(_field(self.rows, "library"), self.n)
+
+    @property
+    def library(self) -> np.ndarray:
+        return self._library[0]
+
+    @property
+    def libraries(self) -> list[Any]:
+        return self._library[1]
+
+    @cached_property
+    def _step(self) -> tuple[np.ndarray, list[Any]]:
+        return categorical(_field(self.rows, "step"), self.n)
+
+    @property
+    def step(self) -> np.ndarray:
+        """Code of each row's step (``step_values[code]`` is the step, None included)."""
+        return self._step[0]
+
+    @property
+    def step_values(self) -> list[Any]:
+        return self._step[1]
+
+    @cached_property
+    def _groups(self) -> tuple[np.ndarray, list[Any]]:
+        groups = list(_field(self.rows, "group"))
+        codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
+        first = np.unique(codes, return_index=True)[1]
+        return codes, [groups[i] for i in first.tolist()]
+
+    @property
+    def group(self) -> np.ndarray:
+        """Code of each row's process-group object (the rows share them), in order of first
+        appearance; ``group_objects[code]`` is the group dict."""
+        return self._groups[0]
+
+    @property
+    def group_objects(self) -> list[Any]:
+        return self._groups[1]
+
+    @classmethod
+    def of(cls, result: Any) -> "CollectiveColumns":
+        """The view of ``result.collectives``, built on first use and kept on the Result."""
+        view = result.collective_columns
+        if view is None or view.rows is not result.collectives or view.n != len(result.collectives):
+            view = result.collective_columns = cls(result.collectives)
+        return view
+
+    def set(self, name: str, values: np.ndarray) -> None:
+        """A column the analyses computed (also written into the rows where the output needs it)."""
+        self.extra[name] = values
+
+    def get(self, name: str) -> np.ndarray | None:
+        return self.extra.get(name)
+
+    def codes_of(self, names: list[Any], wanted: tuple[Any, ...]) -> list[int]:
+        """The codes of the ``wanted`` values among a categorical column's ``names``."""
+        return [code for code, name in enumerate(names) if name in wanted]
+
+    def group_keys(self, key_of: Callable[[dict[str, Any]], Any]) -> tuple[np.ndarray, list[Any]]:
+        """(code per row, keys by code) of ``key_of(row)`` for a key that depends on the row's
+        group object and collective kind only (``crossrank.group_key``, ``parallelism.role_key``):
+        computed once per (group, kind) pair; codes numbered in order of first appearance."""
+        if not self.n:
+            return np.zeros(0, dtype=np.int64), []
+        pair = self.group * len(self.kinds) + self.kind
+        uniques, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        codes: dict[Any, int] = {}
+        pair_code = np.empty(len(uniques), dtype=np.int64)
+        for k in np.argsort(first, kind="stable").tolist():  # pairs in order of first appearance
+            pair_code[k] = codes.setdefault(key_of(self.rows[int(first[k])]), len(codes))
+        return pair_code[inverse.reshape(-1)], list(codes)
 
 
-_PER_ROW = object()  # a group without name or ranks: the key depends on the row
+def categorical(values: Iterable[Any], count: int) -> tuple[np.ndarray, list[Any]]:
+    """(int64 code per value, the distinct values by code), codes in order of first appearance."""
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=count)
+    return codes, list(seen)
+
+
+def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
+    """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
+    values = list(_field(rows, key))
+    try:
+        return np.array(values, dtype=np.float64)  # None becomes NaN
+    except (TypeError, ValueError, OverflowError):
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+
+def _field(rows: list[dict[str, Any]], key: str) -> Iterator[Any]:
+    """``row.get(key)`` of every row (an optional field), at C speed."""
+    return map(dict.get, rows, repeat(key))
+
+
+def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct tuples of several non-negative code columns: (first row of each, its count,
+    each row's tuple number), tuples numbered in order of first appearance."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:  # mixed radix: dense codes, so the product stays small
+        values, column = np.unique(column, return_inverse=True)
+        combined = np.unique(combined * len(values) + column.reshape(-1), return_inverse=True)[1].reshape(-1)
+    _, first, inverse, counts = np.unique(combined, return_index=True, return_inverse=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(len(order), dtype=np.int64)
+    renumber[order] = np.arange(len(order))
+    return first[order], counts[order], renumber[inverse.reshape(-1)]

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 from typing import Any, Iterable
 
 import numpy as np
 
-from analyzer.job.columns import keys_per_group, round_list
+from analyzer.job.columns import CollectiveColumns, round_list
 from analyzer.model import formulas as models
 
 MIN_DISTINCT_SIZES = 3
@@ -59,17 +60,30 @@ def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
 
 
 class GroupColumns:
-    """The fields of a group's collective rows that the fits need, read once as arrays."""
+    """The fields of a group's collective rows that the fits need, as arrays: the rows at
+    ``index`` of the job's view (its ``wait_us`` column set by the cross-rank matching), or
+    rows read on their own."""
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        count = len(rows)
-        self.kinds = [r["collective"] for r in rows]
-        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
-        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
-        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
-        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
-        self.transfer = durations - waits  # the wait for late ranks taken out
+    def __init__(self, rows: list[dict[str, Any]], view: CollectiveColumns | None = None,
+                 index: np.ndarray | None = None) -> None:
+        if view is None or index is None:
+            view, index = CollectiveColumns(rows), np.arange(len(rows))
+        self.kinds = [view.kinds[k] for k in view.kind[index].tolist()]
+        self.sizes = view.size[index]
+        self.on_gpu = view.on_gpu[index]
+        durations = view.dur[index]
+        self.transfer = durations - _waits(view)[index]  # the wait for late ranks taken out
         self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+
+def _waits(view: CollectiveColumns) -> np.ndarray:
+    """Each row's ``wait_us or 0.0``: the cross-rank matching's column, else the rows'."""
+    waits = view.get("wait_us")
+    if waits is None:
+        waits = np.array([np.nan if w is None else w for w in map(dict.get, view.rows, repeat("wait_us"))],
+                         dtype=float)
+        view.set("wait_us", waits)
+    return np.where(np.isnan(waits), 0.0, waits)
 
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
@@ -232,23 +246,30 @@ def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
                      f"with that α: {why}", "profile-alpha", 1)
 
 
-def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
-    sized = [row for row in rows if row.get("bytes") is not None]
+def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None) -> list[dict[str, Any]]:
+    """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics.
+    ``view``: the rows' columns when the caller has them (with the fits' ``busbw_gbps``)."""
+    view = view if view is not None else CollectiveColumns(rows)
+    index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
+    sized = [rows[i] for i in index.tolist()]
     sizes_list = [row["bytes"] for row in sized]
     bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
+    group_code, names = view.group_keys(_group_name)
     codes: dict[tuple, int] = {}
     cell_of = np.fromiter((codes.setdefault(key, len(codes)) for key in
-                           zip(keys_per_group(sized, _group_name), (row["collective"] for row in sized),
+                           zip([names[k] for k in group_code[index].tolist()],
+                               [view.kinds[k] for k in view.kind[index].tolist()],
                                map(bucket_of.__getitem__, sizes_list))), dtype=np.int64, count=len(sized))
     order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
     bounds_at = np.searchsorted(cell_of[order], np.arange(len(codes) + 1))
     cells = {key: order[bounds_at[code]:bounds_at[code + 1]] for key, code in codes.items()}
     count = len(sized)
     sizes = np.fromiter(sizes_list, dtype=object, count=count)
-    transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
-    busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
-                        dtype=float, count=count)
+    transfer = (view.dur - _waits(view))[index]
+    busbw = view.get("busbw_gbps")
+    if busbw is None:
+        busbw = np.array([np.nan if b is None else b for b in map(dict.get, rows, repeat("busbw_gbps"))], float)
+    busbw = busbw[index]
     bounds = [r.get("bound") for r in sized]
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):

@@ -102,6 +102,9 @@ class Result:
     timeline: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
     hta: dict[str, Any] | None = None
+    # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
+    # built on first use, never serialized: the rows above are the contract)
+    collective_columns: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return result_to_dict(self)
