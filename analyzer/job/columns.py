@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -32,6 +32,31 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
     for i in np.flatnonzero(~sure).tolist():
         out[i] = round(float(values[i]), digits)
     return out
+
+
+class Categorical(NamedTuple):
+    codes: np.ndarray  # int64, one per row
+    names: list[Any]  # the distinct values by code
+
+    def isin(self, values: tuple[Any, ...]) -> np.ndarray:
+        """Whether each row's value is one of ``values``."""
+        return np.isin(self.codes, [code for code, name in enumerate(self.names) if name in values])
+
+    def at(self, row: int) -> Any:
+        """The value of one row."""
+        return self.names[self.codes[row]]
+
+
+def categorical(values: Iterable[Any], count: int) -> Categorical:
+    """The code of each value (int64) and the distinct values by code, in order of first appearance."""
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=count)
+    return Categorical(codes, list(seen))
+
+
+def _categorical(key: str) -> cached_property:
+    """A view column of the rows' ``key`` as a Categorical, read on first use."""
+    return cached_property(lambda view: categorical(_field(view.rows, key), view.n))
 
 
 class CollectiveColumns:
@@ -81,72 +106,20 @@ class CollectiveColumns:
     def module_known(self) -> np.ndarray:
         return np.array([v is not None for v in _field(self.rows, "module")], dtype=bool)
 
-    @cached_property
-    def _kind(self) -> tuple[np.ndarray, list[Any]]:
-        return categorical(map(itemgetter("collective"), self.rows), self.n)
-
-    @property
-    def kind(self) -> np.ndarray:
-        """Code of each row's collective kind (``kinds[code]`` is the name)."""
-        return self._kind[0]
-
-    @property
-    def kinds(self) -> list[Any]:
-        return self._kind[1]
+    # Strings and other repeated values as (code per row, distinct values by code).
+    kind = _categorical("collective")
+    phase = _categorical("phase")
+    library = _categorical("library")
+    step = _categorical("step")  # None included
 
     @cached_property
-    def _phase(self) -> tuple[np.ndarray, list[Any]]:
-        return categorical(_field(self.rows, "phase"), self.n)
-
-    @property
-    def phase(self) -> np.ndarray:
-        return self._phase[0]
-
-    @property
-    def phases(self) -> list[Any]:
-        return self._phase[1]
-
-    @cached_property
-    def _library(self) -> tuple[np.ndarray, list[Any]]:
-        return categorical(_field(self.rows, "library"), self.n)
-
-    @property
-    def library(self) -> np.ndarray:
-        return self._library[0]
-
-    @property
-    def libraries(self) -> list[Any]:
-        return self._library[1]
-
-    @cached_property
-    def _step(self) -> tuple[np.ndarray, list[Any]]:
-        return categorical(_field(self.rows, "step"), self.n)
-
-    @property
-    def step(self) -> np.ndarray:
-        """Code of each row's step (``step_values[code]`` is the step, None included)."""
-        return self._step[0]
-
-    @property
-    def step_values(self) -> list[Any]:
-        return self._step[1]
-
-    @cached_property
-    def _groups(self) -> tuple[np.ndarray, list[Any]]:
+    def group(self) -> Categorical:
+        """Code of each row's process-group object (the rows share them), in order of first
+        appearance; ``group.names[code]`` is the group dict."""
         groups = list(_field(self.rows, "group"))
         codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
         first = np.unique(codes, return_index=True)[1]
-        return codes, [groups[i] for i in first.tolist()]
-
-    @property
-    def group(self) -> np.ndarray:
-        """Code of each row's process-group object (the rows share them), in order of first
-        appearance; ``group_objects[code]`` is the group dict."""
-        return self._groups[0]
-
-    @property
-    def group_objects(self) -> list[Any]:
-        return self._groups[1]
+        return Categorical(codes, [groups[i] for i in first.tolist()])
 
     @classmethod
     def of(cls, result: Any) -> "CollectiveColumns":
@@ -163,30 +136,19 @@ class CollectiveColumns:
     def get(self, name: str) -> np.ndarray | None:
         return self.extra.get(name)
 
-    def codes_of(self, names: list[Any], wanted: tuple[Any, ...]) -> list[int]:
-        """The codes of the ``wanted`` values among a categorical column's ``names``."""
-        return [code for code, name in enumerate(names) if name in wanted]
-
     def group_keys(self, key_of: Callable[[dict[str, Any]], Any]) -> tuple[np.ndarray, list[Any]]:
         """(code per row, keys by code) of ``key_of(row)`` for a key that depends on the row's
         group object and collective kind only (``crossrank.group_key``, ``parallelism.role_key``):
         computed once per (group, kind) pair; codes numbered in order of first appearance."""
         if not self.n:
             return np.zeros(0, dtype=np.int64), []
-        pair = self.group * len(self.kinds) + self.kind
+        pair = self.group.codes * len(self.kind.names) + self.kind.codes
         uniques, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
         codes: dict[Any, int] = {}
         pair_code = np.empty(len(uniques), dtype=np.int64)
         for k in np.argsort(first, kind="stable").tolist():  # pairs in order of first appearance
             pair_code[k] = codes.setdefault(key_of(self.rows[int(first[k])]), len(codes))
         return pair_code[inverse.reshape(-1)], list(codes)
-
-
-def categorical(values: Iterable[Any], count: int) -> tuple[np.ndarray, list[Any]]:
-    """(int64 code per value, the distinct values by code), codes in order of first appearance."""
-    seen: dict[Any, int] = {}
-    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), dtype=np.int64, count=count)
-    return codes, list(seen)
 
 
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:

@@ -68,7 +68,7 @@ class GroupColumns:
                  index: np.ndarray | None = None) -> None:
         if view is None or index is None:
             view, index = CollectiveColumns(rows), np.arange(len(rows))
-        self.kinds = [view.kinds[k] for k in view.kind[index].tolist()]
+        self.kinds = [view.kind.names[k] for k in view.kind.codes[index].tolist()]
         self.sizes = view.size[index]
         self.on_gpu = view.on_gpu[index]
         durations = view.dur[index]
@@ -258,7 +258,7 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     codes: dict[tuple, int] = {}
     cell_of = np.fromiter((codes.setdefault(key, len(codes)) for key in
                            zip([names[k] for k in group_code[index].tolist()],
-                               [view.kinds[k] for k in view.kind[index].tolist()],
+                               [view.kind.names[k] for k in view.kind.codes[index].tolist()],
                                map(bucket_of.__getitem__, sizes_list))), dtype=np.int64, count=len(sized))
     order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
     bounds_at = np.searchsorted(cell_of[order], np.arange(len(codes) + 1))

@@ -93,8 +93,8 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
         seqs = [r.get("seq") for r in rows]
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
-    ranks, starts, steps = view.rank, view.start, view.step
-    collective = ~np.isin(view.kind, view.codes_of(view.kinds, _P2P))
+    ranks, starts, steps = view.rank, view.start, view.step.codes
+    collective = ~view.kind.isin(_P2P)
     index = np.flatnonzero(collective)
     slots = np.stack([ranks[index], groups[index], steps[index]], axis=1)
     order = np.lexsort((index, starts[index], slots[:, 2], slots[:, 1], slots[:, 0]))

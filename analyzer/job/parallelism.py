@@ -81,10 +81,10 @@ def data_parallel_mask(view: CollectiveColumns, roles: dict[str, str]) -> np.nda
     """``is_data_parallel_row`` of every row of the view, as a boolean array."""
     key_code, keys = view.group_keys(role_key)
     by_key = np.array([is_data_parallel(roles.get(key)) for key in keys], dtype=bool)
-    by_library = np.array([library in DP_LIBRARIES for library in view.libraries], dtype=bool)
+    by_library = np.array([library in DP_LIBRARIES for library in view.library.names], dtype=bool)
     if not view.n:
         return np.zeros(0, dtype=bool)
-    return by_key[key_code] & by_library[view.library]
+    return by_key[key_code] & by_library[view.library.codes]
 
 
 def description_role(description: str | None) -> str | None:
@@ -171,10 +171,11 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
     key_code, keys = view.group_keys(role_key)
     combos: Counter = Counter()
     if view.n:
-        first, counts, _ = distinct_rows([key_code, view.kind, view.library, view.phase, view.module_known])
+        first, counts, _ = distinct_rows([key_code, view.kind.codes, view.library.codes, view.phase.codes,
+                                          view.module_known])
         for row, count in zip(first.tolist(), counts.tolist()):
-            combos[keys[key_code[row]], view.kinds[view.kind[row]], view.libraries[view.library[row]],
-                   view.phases[view.phase[row]], bool(view.module_known[row])] = count
+            combos[keys[key_code[row]], view.kind.at(row), view.library.at(row),
+                   view.phase.at(row), bool(view.module_known[row])] = count
         for key, row in zip(keys, np.unique(key_code, return_index=True)[1].tolist()):
             groups.setdefault(key, _Group(key, collectives[row].get("group") or {}))
     for (key, kind, library, phase, fsdp), count in combos.items():

@@ -76,14 +76,13 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     order (bucket 0 fills first), steps by rank then step number (steps without a number last).
     ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
     bucket's ``launch_offset_us`` (how long after backward started the bucket was ready)."""
-    chosen = keep & np.isin(view.kind, view.codes_of(view.kinds, ("allreduce",))) \
-        & np.isin(view.phase, view.codes_of(view.phases, ("backward",)))
+    chosen = keep & view.kind.isin(("allreduce",)) & view.phase.isin(("backward",))
     rows = np.flatnonzero(chosen)
     if not len(rows):
         return []
-    numbered = np.array([isinstance(v, int) for v in view.step_values], dtype=bool)
-    step_number = np.array([v if isinstance(v, int) else 0 for v in view.step_values], dtype=np.int64)
-    step = view.step[rows]
+    numbered = np.array([isinstance(v, int) for v in view.step.names], dtype=bool)
+    step_number = np.array([v if isinstance(v, int) else 0 for v in view.step.names], dtype=np.int64)
+    step = view.step.codes[rows]
     # (rank, step) pairs in order of first appearance: ties of the sort key (unnumbered steps)
     _, _, pair = distinct_rows([view.rank[rows], step])
     launch, start = view.launch[rows], view.start[rows]
@@ -94,7 +93,7 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     first = np.r_[True, pair[1:] != pair[:-1]]
     index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
     ranks = view.rank[rows].tolist()
-    steps = [view.step_values[k] for k in step.tolist()]
+    steps = [view.step.names[k] for k in step.tolist()]
     origin = np.array([backward_start_us.get(key, np.nan) for key in zip(ranks, steps)], dtype=np.float64)
     offsets = round_list(view.launch[rows] - origin)
     fields = itemgetter("bytes", "dtype", "launch_us", "start_us", "dur_us", "exposed_us", "group")
