@@ -171,3 +171,25 @@ def test_gradient_buckets_equal_the_per_row_code(seed):
     origins = {(rank, step): 100.25 * rank for rank in range(3) for step in (0, 2, None)}
     chosen = [r for r, k in zip(rows, keep.tolist()) if k]
     assert gradient_buckets(view, keep, origins) == _gradient_buckets_by_row(chosen, origins)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_straggler_lateness_equals_the_per_row_code(seed):
+    from types import SimpleNamespace
+
+    from analyzer.rules.straggler_rank import _lateness
+    rng = np.random.default_rng(seed)
+    rows = _random_rows(seed)
+    for row in rows:
+        row["arrival_lag_us"] = None if rng.random() < 0.2 else round(float(rng.uniform(-20, 20)), 3)
+    expected: dict = {}  # the per-row code _lateness replaced
+    for row in rows:
+        lag = row["arrival_lag_us"]
+        if lag is None or not row["on_gpu"] or row["collective"] == "send":
+            continue
+        by_rank = expected.setdefault(row["step"], {})
+        by_rank[row["rank"]] = max(by_rank.get(row["rank"], 0.0), float(lag))
+    got = _lateness(SimpleNamespace(collectives=rows, collective_columns=None))
+    assert got == expected and [list(v) for v in got.values()] == [list(v) for v in expected.values()]
+    assert list(got) == list(expected)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import repeat
 from typing import Any, Iterable
 
 import numpy as np
@@ -77,12 +76,8 @@ class GroupColumns:
 
 
 def _waits(view: CollectiveColumns) -> np.ndarray:
-    """Each row's ``wait_us or 0.0``: the cross-rank matching's column, else the rows'."""
-    waits = view.get("wait_us")
-    if waits is None:
-        waits = np.array([np.nan if w is None else w for w in map(dict.get, view.rows, repeat("wait_us"))],
-                         dtype=float)
-        view.set("wait_us", waits)
+    """Each row's ``wait_us or 0.0`` (the cross-rank matching's)."""
+    waits = view.written("wait_us")
     return np.where(np.isnan(waits), 0.0, waits)
 
 
@@ -266,10 +261,7 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     count = len(sized)
     sizes = np.fromiter(sizes_list, dtype=object, count=count)
     transfer = (view.dur - _waits(view))[index]
-    busbw = view.get("busbw_gbps")
-    if busbw is None:
-        busbw = np.array([np.nan if b is None else b for b in map(dict.get, rows, repeat("busbw_gbps"))], float)
-    busbw = busbw[index]
+    busbw = view.written("busbw_gbps")[index]
     bounds = [r.get("bound") for r in sized]
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
