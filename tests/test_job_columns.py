@@ -193,3 +193,37 @@ def test_straggler_lateness_equals_the_per_row_code(seed):
     got = _lateness(SimpleNamespace(collectives=rows, collective_columns=None))
     assert got == expected and [list(v) for v in got.values()] == [list(v) for v in expected.values()]
     assert list(got) == list(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), finite.filter(lambda v: abs(v) < 1e300)), max_size=40))
+def test_sequential_sums_are_pythons_sum(pairs):
+    from analyzer.job.columns import sequential_sums
+    segment = np.array([s for s, _ in pairs], dtype=np.int64)
+    values = np.array([v for _, v in pairs], dtype=float)
+    got = sequential_sums(values, segment, 6)
+    expected = [sum(v for s, v in pairs if s == k) for k in range(6)]
+    assert [repr(v) for v in got] == [repr(v) for v in expected]  # types too: an empty sum is int 0
+
+
+def test_facts_transfer_times_and_step_index_equal_the_per_row_code():
+    """On a job of some of its ranks (the α-β cap applies) and of all of them."""
+    from pathlib import Path
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.job.facts import JobFacts
+    folder = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_straggler"
+    files = sorted(str(p) for p in folder.glob("rank-*.json*"))
+    for given_files in (files[:3], files):
+        result = diagnose(given_files, DiagnoseOptions(workers=1))
+        facts, rows = JobFacts(result), result.collectives
+        assert facts.transfer_times.tolist() == [facts.transfer_time(r) for r in rows]
+        index: dict = {}
+        for row in rows:
+            index.setdefault((row["rank"], row["step"]), []).append(row)
+        assert list(facts._collectives_index) == list(index)
+        assert all(facts.collectives_of(*key) == value for key, value in index.items())
+        for key, value in index.items():
+            expected = sum(facts.transfer_time(c) for c in value
+                           if c["collective"] == "allreduce" and c["phase"] == "backward")
+            assert repr(facts.backward_allreduce_transfer_us.get(key, 0)) == repr(expected)

@@ -183,3 +183,19 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np
     renumber = np.empty(len(order), dtype=np.int64)
     renumber[order] = np.arange(len(order))
     return first[order], counts[order], renumber[inverse.reshape(-1)]
+
+
+def sequential_sums(values: np.ndarray, segment: np.ndarray, segments: int) -> list[float | int]:
+    """``sum(values of each segment, in order)`` as Python's ``sum`` gives it (left to right from
+    0; an empty segment sums to the int 0): numpy's own sums add pairwise, another rounding.
+    ``segment``: each value's segment number (< ``segments``). One vector step per position
+    within the segments."""
+    order = np.argsort(segment, kind="stable")
+    counts = np.bincount(segment, minlength=segments)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    ordered = values[order]
+    totals = np.zeros(segments)
+    for k in range(int(counts.max()) if segments and len(values) else 0):
+        live = np.flatnonzero(counts > k)
+        totals[live] += ordered[starts[live] + k]
+    return [total if count else 0 for total, count in zip(totals.tolist(), counts.tolist())]

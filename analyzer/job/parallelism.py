@@ -71,12 +71,6 @@ def is_data_parallel_row(row: dict[str, Any], roles: dict[str, str]) -> bool:
     return row.get("library") in DP_LIBRARIES and is_data_parallel(roles.get(role_key(row)))
 
 
-def data_parallel_rows(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[str, Any]]:
-    """The rows for which ``is_data_parallel_row`` holds, each group's role looked up once."""
-    keep = data_parallel_mask(CollectiveColumns(rows), roles)
-    return [rows[i] for i in np.flatnonzero(keep).tolist()]
-
-
 def data_parallel_mask(view: CollectiveColumns, roles: dict[str, str]) -> np.ndarray:
     """``is_data_parallel_row`` of every row of the view, as a boolean array."""
     key_code, keys = view.group_keys(role_key)

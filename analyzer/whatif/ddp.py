@@ -213,8 +213,7 @@ def typical_step(steps: list[DdpStep], metric: Callable[[DdpStep], float]) -> tu
 
 def backward_transfer_us(facts, rank: int, step: Any) -> float:
     """T_comm of a DDP step: the transfer time (not the waiting) of its gradient all-reduces."""
-    return sum(facts.transfer_time(c) for c in facts.collectives_of(rank, step)
-               if c["collective"] == "allreduce" and c["phase"] == "backward")
+    return facts.backward_allreduce_transfer_us.get((rank, step), 0)
 
 
 def allreduce_equation(link: Link, size_bytes: float) -> str:
