@@ -3,6 +3,7 @@ commfit.size_buckets): the JSON output of a speed change must be byte-identical.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,7 +171,14 @@ def test_gradient_buckets_equal_the_per_row_code(seed):
     assert keep.tolist() == [is_data_parallel_row(r, roles) for r in rows]
     origins = {(rank, step): 100.25 * rank for rank in range(3) for step in (0, 2, None)}
     chosen = [r for r, k in zip(rows, keep.tolist()) if k]
-    assert gradient_buckets(view, keep, origins) == _gradient_buckets_by_row(chosen, origins)
+    buckets = gradient_buckets(view, keep, origins)
+    assert [msgspec.to_builtins(b) for b in buckets] == _gradient_buckets_by_row(chosen, origins)
+    if buckets:  # read like the dicts they encode as
+        first = _gradient_buckets_by_row(chosen, origins)[0]
+        assert all(buckets[0][key] == first[key] and key in buckets[0] for key in first)
+        assert buckets[0].get("nothing", 7) == 7 and "nothing" not in buckets[0]
+        assert msgspec.json.encode(buckets, order="sorted") == msgspec.json.encode(
+            _gradient_buckets_by_row(chosen, origins), order="sorted")
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,7 +14,7 @@ from analyzer.base.errors import InputError
 from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
-from analyzer.job.result import Result
+from analyzer.job.result import Bucket, Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units
 
@@ -71,7 +71,7 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
 
 
 def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
-                     backward_start_us: dict[tuple[int, Any], float]) -> list[dict[str, Any]]:
+                     backward_start_us: dict[tuple[int, Any], float]) -> list[Bucket]:
     """DDP buckets: each step's backward all-reduces (of the rows ``keep`` selects) in launch
     order (bucket 0 fills first), steps by rank then step number (steps without a number last).
     ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
@@ -100,10 +100,8 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     buckets = []
     for row, rank, step_value, k, offset in zip(rows.tolist(), ranks, steps, index.tolist(), offsets):
         size, dtype, launch_us, start_us, dur_us, exposed_us, group = fields(view.rows[row])
-        buckets.append({"rank": rank, "step": step_value, "index": k, "bytes": size,
-                        "launch_offset_us": None if offset != offset else offset,
-                        "dtype": dtype, "launch_us": launch_us, "start_us": start_us, "dur_us": dur_us,
-                        "exposed_us": exposed_us, "group": group["name"]})
+        buckets.append(Bucket(size, dtype, dur_us, exposed_us, group["name"], k,
+                              None if offset != offset else offset, launch_us, rank, start_us, step_value))
     return buckets
 
 
