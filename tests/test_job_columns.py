@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -177,6 +178,8 @@ def test_gradient_buckets_equal_the_per_row_code(seed):
         first = _gradient_buckets_by_row(chosen, origins)[0]
         assert all(buckets[0][key] == first[key] and key in buckets[0] for key in first)
         assert buckets[0].get("nothing", 7) == 7 and "nothing" not in buckets[0]
+        with pytest.raises(KeyError):
+            buckets[0]["nothing"]
         assert msgspec.json.encode(buckets, order="sorted") == msgspec.json.encode(
             _gradient_buckets_by_row(chosen, origins), order="sorted")
 

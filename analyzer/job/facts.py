@@ -7,12 +7,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
 
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
 from analyzer.job.parallelism import data_parallel_mask, role_key
+from analyzer.job.result import Bucket
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
@@ -196,12 +198,17 @@ class JobFacts:
     def parallelism(self) -> dict[str, dict[str, Any]]:
         return self.job.get("parallelism") or {}
 
-    def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
-        out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-        for b in self.result.buckets:
-            out.setdefault((b["rank"], b["step"]), []).append(b)
+    def buckets_by_step(self) -> dict[tuple[int, Any], list[Any]]:
+        """{(rank, step): its DDP buckets by index}."""
+        buckets = self.result.buckets
+        # a Bucket's fields as attributes: its b["key"] is a Python call, millions of them here
+        read = attrgetter if buckets and isinstance(buckets[0], Bucket) else itemgetter
+        out: dict[tuple[int, Any], list[Any]] = {}
+        for key, b in zip(map(read("rank", "step"), buckets), buckets):
+            out.setdefault(key, []).append(b)
+        index = read("index")
         for rows in out.values():
-            rows.sort(key=lambda b: b["index"])
+            rows.sort(key=index)
         return out
 
     def units_by_pass(self) -> dict[tuple[int, Any, str, str], list[dict[str, Any]]]:

@@ -93,15 +93,18 @@ class Bucket(msgspec.Struct, gc=False):
     step: Any
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self.__struct_fields__:
-            raise KeyError(key)
-        return getattr(self, key)
+        if key in _BUCKET_FIELDS:
+            return getattr(self, key)
+        raise KeyError(key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in self.__struct_fields__ else default
+        return getattr(self, key) if key in _BUCKET_FIELDS else default
 
     def __contains__(self, key: object) -> bool:
-        return key in self.__struct_fields__
+        return key in _BUCKET_FIELDS
+
+
+_BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
 
 
 @dataclass
