@@ -168,16 +168,18 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     ``view``: the rows' columns when the caller has them."""
     view = view if view is not None else CollectiveColumns(rows)
     ranks = np.unique(view.rank).tolist()
-    for row in rows:
-        row.update(_UNMATCHED)
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
     if len(ranks) < 2:
+        for row in rows:
+            row.update(_UNMATCHED)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
     method, sets = _match(view)
     if method is None:
+        for row in rows:
+            row.update(_UNMATCHED)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
@@ -188,10 +190,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     flat_arrivals = starts[flat] - np.array([offsets[r] for r in members.tolist()])
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
-    flat_rows = [rows[i] for i in flat.tolist()]
     rounded_waits = round_list(waits)
-    for row, w in zip(flat_rows, rounded_waits):
-        row["wait_us"] = w
     view.extra["wait_us"][flat] = rounded_waits
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
@@ -211,17 +210,23 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1
-        step = rows[indices[0]].get("step")
+        step = view.step.at(indices[0])
         entry = steps.setdefault(step, {"caused": defaultdict(float), "sets": 0, "max_skew_us": 0.0})
         entry["caused"][last_rank] += others
         entry["sets"] += 1
         entry["max_skew_us"] = max(entry["max_skew_us"], float(arrival.max() - arrival.min()))
     rounded_lags = round_list(lags)
     view.extra["arrival_lag_us"][flat] = rounded_lags
-    for row, lag, rank, waited_for in zip(flat_rows, rounded_lags, members.tolist(), waited.tolist()):
+    matched = np.zeros(view.n, dtype=bool)
+    matched[flat] = True
+    for i in np.flatnonzero(~matched).tolist():
+        rows[i].update(_UNMATCHED)
+    for i, wait, lag, rank, waited_for in zip(flat.tolist(), rounded_waits, rounded_lags, members.tolist(),
+                                               waited.tolist()):
+        row = rows[i]  # the keys in _UNMATCHED's order
+        row["wait_us"] = wait
+        row["waited_for"] = waited_for if rank != waited_for else None
         row["arrival_lag_us"] = lag
-        if rank != waited_for:
-            row["waited_for"] = waited_for
     summary = _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
