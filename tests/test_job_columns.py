@@ -238,3 +238,15 @@ def test_facts_transfer_times_and_step_index_equal_the_per_row_code():
             expected = sum(facts.transfer_time(c) for c in value
                            if c["collective"] == "allreduce" and c["phase"] == "backward")
             assert repr(facts.backward_allreduce_transfer_us.get(key, 0)) == repr(expected)
+
+
+def test_bucket_fields_read_buckets_and_dicts_alike():
+    from analyzer.job.facts import JobFacts
+    from analyzer.job.result import Bucket
+    as_dicts = [{"bytes": 8, "start_us": 1.5, "launch_us": None}, {"bytes": None, "start_us": 2.5, "launch_us": 1.0}]
+    as_buckets = [Bucket(d["bytes"], "bf16", 1.0, 0.0, "0", k, None, d["launch_us"], 0, d["start_us"], 3)
+                  for k, d in enumerate(as_dicts)]
+    for keys in (("bytes", "start_us", "launch_us"), ("bytes",)):
+        expected = [tuple(d[key] for d in as_dicts) for key in keys]
+        assert JobFacts.bucket_fields(as_dicts, keys) == expected == JobFacts.bucket_fields(as_buckets, keys)
+    assert JobFacts.bucket_fields([], ("bytes", "dtype")) == [(), ()]

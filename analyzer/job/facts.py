@@ -211,6 +211,16 @@ class JobFacts:
             rows.sort(key=index)
         return out
 
+    @staticmethod
+    def bucket_fields(buckets: list[Any], keys: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        """``[tuple(b.get(key) for b in buckets) for key in keys]``, a Bucket's fields read as
+        attributes (its ``b[key]`` is a Python call)."""
+        if not buckets:
+            return [() for _ in keys]
+        if isinstance(buckets[0], Bucket) and len(keys) > 1:  # attrgetter of 2+ names gives tuples
+            return list(zip(*map(attrgetter(*keys), buckets)))
+        return [tuple(b.get(key) for b in buckets) for key in keys]
+
     def units_by_pass(self) -> dict[tuple[int, Any, str, str], list[dict[str, Any]]]:
         """FSDP units per (rank, step, phase, collective), in order."""
         out: dict[tuple[int, Any, str, str], list[dict[str, Any]]] = {}
