@@ -33,8 +33,7 @@ def render_chunks(result: Any, fmt: str, timestamp: bool = False) -> Iterator[st
     """``render`` in pieces: the JSON of a large job is streamed (the same bytes, UTF-8
     encoded), never held as one string."""
     if fmt == "json":
-        from analyzer.job.result import iter_json
-        return iter_json(result.to_dict())
+        return result.json_chunks()
     return iter([render(result, fmt, timestamp)])
 
 

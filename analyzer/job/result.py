@@ -78,7 +78,7 @@ class Bucket(msgspec.Struct, gc=False):
     """One DDP gradient bucket of ``Result.buckets`` (analyzer.job.reduce.gradient_buckets):
     read like the dict its JSON is (``b["bytes"]``, ``b.get("launch_us")``), at a sixth of a
     dict's memory (a 1,024-rank job has millions). Fields in sorted order: it encodes to the
-    bytes of the dict (``Result.from_dict`` gives the dicts back)."""
+    bytes of the dict; ``Result.to_dict()`` gives the dicts (plain JSON types)."""
 
     bytes: Any
     dtype: Any
@@ -173,7 +173,11 @@ class Result:
 
     def to_json(self) -> str:
         """The bytes of ``diagnose --format json``."""
-        return dumps(self.to_dict())
+        return dumps(result_to_dict(self, plain=False))
+
+    def json_chunks(self) -> Iterator[bytes]:
+        """``to_json()`` in pieces, UTF-8 (``iter_json``): what ``diagnose`` streams to a file."""
+        return iter_json(result_to_dict(self, plain=False))
 
     def __repr__(self) -> str:
         world = self.job.get("world_size") or len(self.ranks)
@@ -185,7 +189,12 @@ _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary
              "timeline", "scaling", "hta")
 
 
-def result_to_dict(result: Result) -> dict[str, Any]:
+def result_to_dict(result: Result, plain: bool = True) -> dict[str, Any]:
+    """The Result's document. ``plain``: JSON types only (the Buckets as dicts), else the Buckets
+    as they are, for the encoder (the same bytes, without a dict per bucket)."""
+    buckets = result.buckets
+    if plain and buckets and isinstance(buckets[0], Bucket):
+        buckets = msgspec.to_builtins(buckets)
     doc = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "tracecliff", "version": __version__},
@@ -193,7 +202,7 @@ def result_to_dict(result: Result) -> dict[str, Any]:
         "job": result.job,
         "ranks": [rank_entry(r) for r in result.ranks],
         "collectives": result.collectives,
-        "buckets": result.buckets,
+        "buckets": buckets,
         "fsdp_units": result.fsdp_units,
         "findings": result.findings,
         "warnings": result.warnings,
@@ -213,8 +222,7 @@ def result_from_dict(doc: dict[str, Any]) -> Result:
     ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
     sections = {key: doc.get(key) for key in _SECTIONS}
     return Result(inputs=list(doc.get("inputs") or []), ranks=ranks, job=dict(doc.get("job") or {}),
-                  collectives=list(doc.get("collectives") or []),
-                  buckets=[msgspec.to_builtins(b) if isinstance(b, Bucket) else b for b in doc.get("buckets") or []],
+                  collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
                   fsdp_units=list(doc.get("fsdp_units") or []), findings=list(doc.get("findings") or []),
                   warnings=list(doc.get("warnings") or []), **sections)
 
