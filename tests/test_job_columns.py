@@ -250,3 +250,40 @@ def test_bucket_fields_read_buckets_and_dicts_alike():
         expected = [tuple(d[key] for d in as_dicts) for key in keys]
         assert JobFacts.bucket_fields(as_dicts, keys) == expected == JobFacts.bucket_fields(as_buckets, keys)
     assert JobFacts.bucket_fields([], ("bytes", "dtype")) == [(), ()]
+
+
+def _share_groups_by_row(rows):
+    """The per-row code share_groups replaced: the reference it must equal."""
+    by_id, by_name = {}, {}
+    for row in rows:
+        group = row.get("group")
+        if not group:
+            continue
+        shared = by_id.get(id(group))
+        if shared is None:
+            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
+            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
+            if shared is None:
+                candidates.append(group)
+                shared = group
+            by_id[id(group)] = shared
+        row["group"] = shared
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 7), max_size=40))
+def test_share_groups_equals_the_per_row_code(picks):
+    def rows():  # copies and shared objects of equal groups, one in another key order, empty ones
+        base = [{"name": "0", "size": 2, "ranks": [0, 1]}, {"name": "1", "size": 2, "ranks": [0, 1]}]
+        made = [dict(base[0]), base[0], dict(base[1]), {"size": 2, "name": "0", "ranks": [0, 1]}, {},
+                None, base[1], dict(base[0])]
+        return [{"group": made[k]} for k in picks]
+    ours, reference = rows(), rows()
+    share_groups(ours)
+    _share_groups_by_row(reference)
+    ids_ours = [id(r["group"]) for r in ours]
+    ids_reference = [id(r["group"]) for r in reference]
+    # the same partition of rows into shared objects, with the same contents
+    assert [ids_ours.index(i) for i in ids_ours] == [ids_reference.index(i) for i in ids_reference]
+    assert [r["group"] for r in ours] == [r["group"] for r in reference]
+    assert [list(r["group"] or ()) for r in ours] == [list(r["group"] or ()) for r in reference]

@@ -1,5 +1,6 @@
-"""Column helpers of the reduce: numpy arrays of the collective rows' fields, turned back into
-the rows' Python values exactly as the row-by-row code produced them."""
+"""The reduce's columns: the job's collective rows as one columnar view (``CollectiveColumns``)
+that the job analyses and rules share, and the helpers that turn arrays back into the rows'
+Python values exactly as the row-by-row code produced them."""
 
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ class CollectiveColumns:
     the analyses write back (``wait_us``, ``arrival_lag_us``...) are added here as columns by
     their writers too (``set``), so later readers need not read them from the rows again.
 
-    Built by ``of(result)`` once per Result and rows list; valid while the rows' read fields
-    (rank, times, kind, phase, library, group, step, bytes) are not changed in place."""
+    Built by the reduce (``build_result``), or by ``of(result)`` for a Result without one; valid
+    while the rows' read fields (rank, times, kind, phase, library, group, step, bytes) are not
+    changed in place."""
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows

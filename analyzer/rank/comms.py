@@ -470,20 +470,23 @@ def _step_key(step: Any) -> tuple[int, int]:
 
 def share_groups(rows: list[dict[str, Any]]) -> None:
     """Give equal ``group`` dicts (same keys in the same order, same values) one object: every
-    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks)."""
-    by_id: dict[int, dict[str, Any]] = {}
+    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks).
+    Each group object is compared once (rows mostly share them already: the map shares its
+    rank's), and only the rows whose object is replaced are written."""
+    groups = list(map(dict.get, rows, repeat("group")))  # held: their ids stay unique
     by_name: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        group = row.get("group")
+    replaced: dict[int, dict[str, Any]] = {}
+    for group in dict(zip(map(id, groups), groups)).values():  # each object, by first appearance
         if not group:
             continue
-        shared = by_id.get(id(group))
+        # str(): a hostile trace's name may be a list (unhashable); equality decides below
+        candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
+        shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
         if shared is None:
-            # str(): a hostile trace's name may be a list (unhashable); equality decides below
-            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
-            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
-            if shared is None:
-                candidates.append(group)
-                shared = group
-            by_id[id(group)] = shared
-        row["group"] = shared
+            candidates.append(group)
+        else:
+            replaced[id(group)] = shared
+    if replaced:
+        for row, ident in zip(rows, map(id, groups)):
+            if ident in replaced:
+                row["group"] = replaced[ident]
