@@ -29,12 +29,11 @@ def render_summary_html(result: Any) -> str:
     return SummaryHtmlRenderer().render(result.to_dict())
 
 
-def render_chunks(result: Any, fmt: str, timestamp: bool = False) -> Iterator[str]:
-    """``render`` in pieces: the JSON of a large job is streamed (the same bytes), never held
-    as one string."""
+def render_chunks(result: Any, fmt: str, timestamp: bool = False) -> Iterator[str] | Iterator[bytes]:
+    """``render`` in pieces: the JSON of a large job is streamed (the same bytes, UTF-8
+    encoded), never held as one string."""
     if fmt == "json":
-        from analyzer.job.result import iter_json
-        return iter_json(result.to_dict())
+        return result.json_chunks()
     return iter([render(result, fmt, timestamp)])
 
 

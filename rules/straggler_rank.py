@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from analyzer.base.units import fmt_us
+from analyzer.job.columns import CollectiveColumns, distinct_rows
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
@@ -74,7 +77,7 @@ class StragglerRank(Rule):
             raise NotEvaluated("no time breakdown of the steps (no GPU steps on any rank)")
         every = _steps_by_number(ctx.result)
         steady = sorted(n for n in job["steady_steps"] if n in every)
-        lateness = _lateness(ctx.result.collectives)
+        lateness = _lateness(ctx.result)
         t = ctx.thresholds
         late: dict[int, list[Any]] = {}  # late rank -> steps in which it was late
         main: Counter = Counter()
@@ -128,15 +131,21 @@ class StragglerRank(Rule):
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
 
 
-def _lateness(rows: list[dict[str, Any]]) -> dict[Any, dict[int, float]]:
-    """{step: {rank: its largest arrival after the median member at the step's GPU collectives}}."""
+def _lateness(result: Any) -> dict[Any, dict[int, float]]:
+    """{step: {rank: its largest arrival after the median member at the step's GPU collectives
+    (0 when never after it)}}, steps and ranks in order of first appearance."""
+    view = CollectiveColumns.of(result)
+    lag = view.written("arrival_lag_us")
+    rows = np.flatnonzero(~np.isnan(lag) & view.on_gpu & ~view.kind.isin(POINT_TO_POINT))
+    if not len(rows):
+        return {}
+    first, _, pair = distinct_rows([view.step.codes[rows], view.rank[rows]])
+    order = np.argsort(pair, kind="stable")
+    starts = np.searchsorted(pair[order], np.arange(len(first)))
+    largest = np.maximum.reduceat(lag[rows][order], starts).tolist()
     out: dict[Any, dict[int, float]] = {}
-    for row in rows:
-        lag = row.get("arrival_lag_us")
-        if lag is None or not row.get("on_gpu") or row["collective"] in POINT_TO_POINT:
-            continue
-        by_rank = out.setdefault(row["step"], {})
-        by_rank[row["rank"]] = max(by_rank.get(row["rank"], 0.0), float(lag))
+    for row, value in zip(rows[first].tolist(), largest):
+        out.setdefault(view.step.at(row), {})[int(view.rank[row])] = value if value > 0.0 else 0.0
     return out
 
 

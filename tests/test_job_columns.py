@@ -3,12 +3,14 @@ commfit.size_buckets): the JSON output of a speed change must be byte-identical.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.job import commfit
-from analyzer.job.columns import keys_per_group, round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.crossrank import group_key
 from analyzer.job.parallelism import role_key
@@ -45,12 +47,19 @@ def _rows():
             {"collective": "broadcast", "group": by_ranks}]
 
 
-def test_keys_per_group_matches_the_row_keys():
+def _keys(rows, key_of):
+    codes, keys = CollectiveColumns(rows).group_keys(key_of)
+    return [keys[k] for k in codes.tolist()]
+
+
+def test_group_keys_match_the_row_keys():
     rows = _rows()
     for key_of in (role_key, group_key):
-        assert keys_per_group(rows, key_of) == [key_of(r) for r in rows]
-    # a group without name or ranks keys on the collective: never memoised per group object
-    assert keys_per_group(rows, role_key)[3:5] == ["unknown:send", "unknown:recv"]
+        assert _keys(rows, key_of) == [key_of(r) for r in rows]
+    # a group without name or ranks keys on the collective: memoised per (group, kind), not per group
+    assert _keys(rows, role_key)[3:5] == ["unknown:send", "unknown:recv"]
+    codes, keys = CollectiveColumns(rows).group_keys(group_key)
+    assert keys == list(dict.fromkeys(group_key(r) for r in rows))  # numbered by first appearance
 
 
 def test_share_groups_shares_only_equal_groups_in_the_same_key_order():
@@ -95,3 +104,186 @@ def test_summarize_cells_against_a_plain_grouping():
     for cell, (_, members) in zip(out, sorted(expected.items())):
         assert cell["bytes_min"] == min(r["bytes"] for r in members)
         assert cell["transfer_us_min"] == round(min(r["dur_us"] - r["wait_us"] for r in members), 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()), min_size=1, max_size=60))
+def test_distinct_rows_numbers_tuples_by_first_appearance(tuples):
+    columns = [np.array(c, dtype=np.int64) for c in zip(*tuples)]
+    first, counts, number = distinct_rows(columns)
+    seen = list(dict.fromkeys(tuples))
+    assert [tuples[i] for i in first.tolist()] == seen
+    assert counts.tolist() == [tuples.count(t) for t in seen]
+    assert number.tolist() == [seen.index(t) for t in tuples]
+
+
+def _random_rows(seed: int, count: int = 300) -> list[dict]:
+    """Collective rows of a few ranks, groups (shared objects, one without name or ranks), kinds,
+    phases, libraries and steps (None among them), with missing launch times and sizes."""
+    rng = np.random.default_rng(seed)
+    groups = [{"name": "0", "ranks": [0, 1, 2], "size": 3}, {"name": "7", "ranks": [0, 2], "size": 2},
+              {"name": None, "ranks": [1, 2], "size": 2}, {}]
+    pick = lambda values: values[int(rng.integers(len(values)))]  # noqa: E731
+    rows = []
+    for _ in range(count):
+        start = round(float(rng.uniform(0, 1e4)), 3)
+        rows.append({"rank": int(rng.integers(3)), "step": pick([0, 1, 2, None]), "collective":
+                     pick(["allreduce", "allreduce", "allgather", "send"]), "phase": pick(["backward", "forward", None]),
+                     "library": pick(["nccl", "nccl", "deepep", None]), "group": pick(groups),
+                     "start_us": start, "launch_us": None if rng.random() < 0.2 else pick([start, start - 1.5]),
+                     "dur_us": round(float(rng.uniform(1, 50)), 3), "exposed_us": 0.5,
+                     "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 20)), "dtype": "bf16",
+                     "on_gpu": bool(rng.random() < 0.9), "module": None})
+    return rows
+
+
+def _gradient_buckets_by_row(collectives, backward_start_us):
+    """The per-row code the reduce's gradient_buckets replaced (analyzer.rank.comms, before the
+    columns): the reference it must equal."""
+    by_step = {}
+    for row in collectives:
+        if row["collective"] == "allreduce" and row["phase"] == "backward":
+            by_step.setdefault((row["rank"], row["step"]), []).append(row)
+    buckets = []
+    step_key = lambda step: (0, step) if isinstance(step, int) else (1, 0)  # noqa: E731
+    for (rank, step), rows in sorted(by_step.items(), key=lambda kv: (kv[0][0], step_key(kv[0][1]))):
+        rows.sort(key=lambda r: (r["launch_us"] if r["launch_us"] is not None else r["start_us"], r["start_us"]))
+        origin = backward_start_us.get((rank, step))
+        for index, row in enumerate(rows):
+            offset = None
+            if origin is not None and row["launch_us"] is not None:
+                offset = round(row["launch_us"] - origin, 3)
+            buckets.append({"rank": rank, "step": step, "index": index, "bytes": row["bytes"],
+                            "launch_offset_us": offset, "dtype": row["dtype"], "launch_us": row["launch_us"],
+                            "start_us": row["start_us"], "dur_us": row["dur_us"],
+                            "exposed_us": row["exposed_us"], "group": row["group"]["name"]})
+    return buckets
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_gradient_buckets_equal_the_per_row_code(seed):
+    from analyzer.job.parallelism import data_parallel_mask, is_data_parallel_row
+    from analyzer.job.reduce import gradient_buckets
+    rows = [r for r in _random_rows(seed) if r["group"]]  # a bucket names its group
+    roles = {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}
+    view = CollectiveColumns(rows)
+    keep = data_parallel_mask(view, roles)
+    assert keep.tolist() == [is_data_parallel_row(r, roles) for r in rows]
+    origins = {(rank, step): 100.25 * rank for rank in range(3) for step in (0, 2, None)}
+    chosen = [r for r, k in zip(rows, keep.tolist()) if k]
+    buckets = gradient_buckets(view, keep, origins)
+    assert [msgspec.to_builtins(b) for b in buckets] == _gradient_buckets_by_row(chosen, origins)
+    if buckets:  # read like the dicts they encode as
+        first = _gradient_buckets_by_row(chosen, origins)[0]
+        assert all(buckets[0][key] == first[key] and key in buckets[0] for key in first)
+        assert buckets[0].get("nothing", 7) == 7 and "nothing" not in buckets[0]
+        with pytest.raises(KeyError):
+            buckets[0]["nothing"]
+        assert msgspec.json.encode(buckets, order="sorted") == msgspec.json.encode(
+            _gradient_buckets_by_row(chosen, origins), order="sorted")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_straggler_lateness_equals_the_per_row_code(seed):
+    from types import SimpleNamespace
+
+    from analyzer.rules.straggler_rank import _lateness
+    rng = np.random.default_rng(seed)
+    rows = _random_rows(seed)
+    for row in rows:
+        row["arrival_lag_us"] = None if rng.random() < 0.2 else round(float(rng.uniform(-20, 20)), 3)
+    expected: dict = {}  # the per-row code _lateness replaced
+    for row in rows:
+        lag = row["arrival_lag_us"]
+        if lag is None or not row["on_gpu"] or row["collective"] == "send":
+            continue
+        by_rank = expected.setdefault(row["step"], {})
+        by_rank[row["rank"]] = max(by_rank.get(row["rank"], 0.0), float(lag))
+    got = _lateness(SimpleNamespace(collectives=rows, collective_columns=None))
+    assert got == expected and [list(v) for v in got.values()] == [list(v) for v in expected.values()]
+    assert list(got) == list(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), finite.filter(lambda v: abs(v) < 1e300)), max_size=40))
+def test_sequential_sums_are_pythons_sum(pairs):
+    from analyzer.job.columns import sequential_sums
+    segment = np.array([s for s, _ in pairs], dtype=np.int64)
+    values = np.array([v for _, v in pairs], dtype=float)
+    got = sequential_sums(values, segment, 6)
+    expected = [sum(v for s, v in pairs if s == k) for k in range(6)]
+    assert [repr(v) for v in got] == [repr(v) for v in expected]  # types too: an empty sum is int 0
+
+
+def test_facts_transfer_times_and_step_index_equal_the_per_row_code():
+    """On a job of some of its ranks (the α-β cap applies) and of all of them."""
+    from pathlib import Path
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.job.facts import JobFacts
+    folder = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_straggler"
+    files = sorted(str(p) for p in folder.glob("rank-*.json*"))
+    for given_files in (files[:3], files):
+        result = diagnose(given_files, DiagnoseOptions(workers=1))
+        facts, rows = JobFacts(result), result.collectives
+        assert facts.transfer_times.tolist() == [facts.transfer_time(r) for r in rows]
+        index: dict = {}
+        for row in rows:
+            index.setdefault((row["rank"], row["step"]), []).append(row)
+        assert list(facts._collectives_index) == list(index)
+        assert all(facts.collectives_of(*key) == value for key, value in index.items())
+        for key, value in index.items():
+            expected = sum(facts.transfer_time(c) for c in value
+                           if c["collective"] == "allreduce" and c["phase"] == "backward")
+            assert repr(facts.backward_allreduce_transfer_us.get(key, 0)) == repr(expected)
+
+
+def test_bucket_fields_read_buckets_and_dicts_alike():
+    from analyzer.job.facts import JobFacts
+    from analyzer.job.result import Bucket
+    as_dicts = [{"bytes": 8, "start_us": 1.5, "launch_us": None}, {"bytes": None, "start_us": 2.5, "launch_us": 1.0}]
+    as_buckets = [Bucket(d["bytes"], "bf16", 1.0, 0.0, "0", k, None, d["launch_us"], 0, d["start_us"], 3)
+                  for k, d in enumerate(as_dicts)]
+    for keys in (("bytes", "start_us", "launch_us"), ("bytes",)):
+        expected = [tuple(d[key] for d in as_dicts) for key in keys]
+        assert JobFacts.bucket_fields(as_dicts, keys) == expected == JobFacts.bucket_fields(as_buckets, keys)
+    assert JobFacts.bucket_fields([], ("bytes", "dtype")) == [(), ()]
+
+
+def _share_groups_by_row(rows):
+    """The per-row code share_groups replaced: the reference it must equal."""
+    by_id, by_name = {}, {}
+    for row in rows:
+        group = row.get("group")
+        if not group:
+            continue
+        shared = by_id.get(id(group))
+        if shared is None:
+            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
+            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
+            if shared is None:
+                candidates.append(group)
+                shared = group
+            by_id[id(group)] = shared
+        row["group"] = shared
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 7), max_size=40))
+def test_share_groups_equals_the_per_row_code(picks):
+    def rows():  # copies and shared objects of equal groups, one in another key order, empty ones
+        base = [{"name": "0", "size": 2, "ranks": [0, 1]}, {"name": "1", "size": 2, "ranks": [0, 1]}]
+        made = [dict(base[0]), base[0], dict(base[1]), {"size": 2, "name": "0", "ranks": [0, 1]}, {},
+                None, base[1], dict(base[0])]
+        return [{"group": made[k]} for k in picks]
+    ours, reference = rows(), rows()
+    share_groups(ours)
+    _share_groups_by_row(reference)
+    ids_ours = [id(r["group"]) for r in ours]
+    ids_reference = [id(r["group"]) for r in reference]
+    # the same partition of rows into shared objects, with the same contents
+    assert [ids_ours.index(i) for i in ids_ours] == [ids_reference.index(i) for i in ids_reference]
+    assert [r["group"] for r in ours] == [r["group"] for r in reference]
+    assert [list(r["group"] or ()) for r in ours] == [list(r["group"] or ()) for r in reference]

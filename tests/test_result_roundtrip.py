@@ -43,7 +43,11 @@ def test_streamed_json_is_the_same_bytes(monkeypatch):
     import analyzer.job.result as result_module
     from analyzer.job.result import dumps, iter_json
     monkeypatch.setattr(result_module, "_BATCH", 3)  # every list here is "long"
-    doc = diagnose(str(JOBS[0]), DiagnoseOptions(workers=1)).to_dict()
+    result = diagnose(str(JOBS[0]), DiagnoseOptions(workers=1))
+    doc = result.to_dict()
+    # the Result streams its Buckets as they are: the bytes of its plain document
+    assert result.buckets and all(type(b) is dict for b in doc["buckets"])
+    assert b"".join(result.json_chunks()) == dumps(doc).encode("utf-8") == result.to_json().encode("utf-8")
     odd = {"b": [float("nan"), {"z": 1, "a": [1, 2, {"q": []}]}, [], {}, "x\ny"], "a": {}, "c": list(range(7))}
     for value in (doc, odd, {}):
-        assert "".join(iter_json(value)) == dumps(value)
+        assert b"".join(iter_json(value)) == dumps(value).encode("utf-8")

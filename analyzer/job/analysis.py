@@ -16,7 +16,7 @@ import numpy as np
 from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
-from analyzer.job.columns import keys_per_group
+from analyzer.job.columns import CollectiveColumns
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
@@ -29,13 +29,14 @@ def analyze_job(result: Any, options: Any) -> None:
     topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
-    stragglers = crossrank.analyze(result.collectives, world)
-    groups = fit_groups(result.collectives, topology, hardware, result.job.get("group_roles") or {})
+    view = CollectiveColumns.of(result)
+    stragglers = crossrank.analyze(result.collectives, world, view)
+    groups = fit_groups(result.collectives, topology, hardware, result.job.get("group_roles") or {}, view)
     result.topology = topology.to_dict()
     result.hardware = hardware.to_dict()
     result.stragglers = stragglers
     result.groups = groups
-    result.collective_summary = commfit.summarize(result.collectives)
+    result.collective_summary = commfit.summarize(result.collectives, view)
     attribute_job(result)
     n_gpus = world or result.job.get("ranks_given")
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
@@ -60,20 +61,25 @@ def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> 
 
 
 def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: HardwareAssumptions,
-               roles: dict[str, str] | None = None) -> list[dict[str, Any]]:
+               roles: dict[str, str] | None = None, view: CollectiveColumns | None = None) -> list[dict[str, Any]]:
     """One entry per process group with collectives, with its ``role`` (analyzer.job.parallelism);
-    annotates the rows with bandwidths and bound."""
-    members: dict[tuple, list[dict[str, Any]]] = {}
-    for row, key in zip(rows, keys_per_group(rows, crossrank.group_key)):
-        members.setdefault(key, []).append(row)
+    annotates the rows with bandwidths and bound (and the view with a ``busbw_gbps`` column).
+    ``view``: the rows' columns when the caller has them."""
+    view = view if view is not None else CollectiveColumns(rows)
+    key_code, keys = view.group_keys(crossrank.group_key)
+    order = np.argsort(key_code, kind="stable")  # each group's rows together, in row order
+    bounds_at = np.searchsorted(key_code[order], np.arange(len(keys) + 1))
+    members = {key: order[bounds_at[code]:bounds_at[code + 1]] for code, key in enumerate(keys)}
+    busbw_column = np.full(view.n, np.nan)
     groups = []
     for key in sorted(members, key=str):
-        group_rows = members[key]
+        index = members[key]
+        group_rows = [rows[i] for i in index.tolist()]
         group = group_rows[0].get("group") or {}
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
-        cols = commfit.GroupColumns(group_rows)
+        cols = commfit.GroupColumns(group_rows, view, index)
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
@@ -84,6 +90,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
                                         cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
         s_star = ab.s_star_bytes
         busbw = commfit.annotate_group(group_rows, n, s_star, cols)
+        busbw_column[index] = [np.nan if b is None else b for b in busbw]
         gpu_busbw = [b for b, g in zip(busbw, gpu.tolist()) if g and b is not None]
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
@@ -98,4 +105,5 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "fit": ab.fit, "fit_source": ab.source,
             "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
         })
+    view.set("busbw_gbps", busbw_column)
     return groups

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.job.columns import CollectiveColumns
 from analyzer.job.facts import JobFacts
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
@@ -48,14 +49,14 @@ def attribute_job(result: Any) -> None:
     """Split every step's exposed communication into wait and transfer, pick the typical step,
     and set each rank's ``time_breakdown`` and the Result's ``attribution`` section."""
     origin = int(result.job.get("time_origin_ns") or 0)
-    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in result.collectives:
-        if row.get("on_gpu"):
-            by_rank[row["rank"]].append(row)
     source = _wait_source(result, _estimate_waits(result))
+    view = CollectiveColumns.of(result)
+    on_gpu = np.flatnonzero(view.on_gpu)
+    order = np.argsort(view.rank[on_gpu], kind="stable")  # each rank's GPU rows together, in row order
+    by_rank = dict(zip(*_runs(view.rank[on_gpu][order], on_gpu[order])))
     per_rank: dict[int, dict[Any, dict[str, Any]]] = {}
     for rank in result.ranks:
-        rows = _RowIntervals(by_rank.get(rank.rank, []))
+        rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]))
         per_rank[rank.rank] = {}
         for entry in rank.steps:
             tb = entry.get("time_breakdown")
@@ -84,6 +85,7 @@ def _estimate_waits(result: Any) -> bool:
     if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
         return False
     facts, found = JobFacts(result), False
+    CollectiveColumns.of(result).extra.pop("wait_estimated_us", None)  # read again after this
     for row in result.collectives:
         if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
             continue
@@ -101,19 +103,18 @@ class _RowIntervals:
     """One rank's GPU collectives as the disjoint stretches each one *owns* (the instants where
     it is the earliest-started collective running) and the waiting prefix of each, in ns."""
 
-    def __init__(self, rows: list[dict[str, Any]]):
-        rows = sorted(rows, key=lambda r: (r["start_us"], r["dur_us"]))
-        self.rows = rows
-        count = len(rows)
+    def __init__(self, view: CollectiveColumns, index: np.ndarray):
+        index = index[np.lexsort((view.dur[index], view.start[index]))]  # by start, then duration
+        self.rows = list(map(view.rows.__getitem__, index.tolist()))
         # round(x * 1000) to the ns: np.rint rounds half to even on the same product, as round()
-        start = _ns(np.fromiter((r["start_us"] for r in rows), float, count))
-        end = start + _ns(np.fromiter((r["dur_us"] for r in rows), float, count))
-        wait = _ns(np.fromiter((max(r.get("wait_us") or 0.0, r.get("wait_estimated_us") or 0.0) for r in rows),
-                               float, count))
-        before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(rows) \
+        start = _ns(view.start[index])
+        end = start + _ns(view.dur[index])
+        measured, estimated = view.written("wait_us")[index], view.written("wait_estimated_us")[index]
+        wait = _ns(np.maximum(_known(measured), _known(estimated)))  # max(wait or 0.0, estimate or 0.0)
+        before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]]) if len(index) \
             else np.zeros(0, np.int64)
         self.start = start
-        self.longest = int((end - start).max()) if len(rows) else 0
+        self.longest = int((end - start).max()) if len(index) else 0
         self.own_start = np.minimum(np.maximum(start, before), end)
         self.own_end = end
         self.wait_end = np.clip(start + wait, self.own_start, end)
@@ -129,6 +130,16 @@ class _RowIntervals:
         owned = iv.covered_length(exposed, self.own_start[part], self.own_end[part])
         waiting = iv.covered_length(exposed, self.own_start[part], self.wait_end[part])
         return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+
+
+def _runs(keys: np.ndarray, values: np.ndarray) -> tuple[list[Any], list[np.ndarray]]:
+    """(each distinct key, its values) of values sorted by key."""
+    cut = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    return keys[cut].tolist(), np.split(values, cut[1:])
+
+
+def _known(values: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(values), 0.0, values)
 
 
 def _ns(us: np.ndarray) -> np.ndarray:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from analyzer.job.columns import keys_per_group, round_list
+from analyzer.job.columns import Categorical, CollectiveColumns, categorical, distinct_rows, round_list
 from analyzer.model import formulas as models
 
 MIN_DISTINCT_SIZES = 3
@@ -59,17 +59,26 @@ def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
 
 
 class GroupColumns:
-    """The fields of a group's collective rows that the fits need, read once as arrays."""
+    """The fields of a group's collective rows that the fits need, as arrays: the rows at
+    ``index`` of the job's view (its ``wait_us`` column set by the cross-rank matching), or
+    rows read on their own."""
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        count = len(rows)
-        self.kinds = [r["collective"] for r in rows]
-        self.sizes = np.fromiter((np.nan if r.get("bytes") is None else r["bytes"] for r in rows), float, count)
-        self.on_gpu = np.fromiter((bool(r.get("on_gpu")) for r in rows), bool, count)
-        durations = np.fromiter((r["dur_us"] for r in rows), float, count)
-        waits = np.fromiter((r.get("wait_us") or 0.0 for r in rows), float, count)
-        self.transfer = durations - waits  # the wait for late ranks taken out
+    def __init__(self, rows: list[dict[str, Any]], view: CollectiveColumns | None = None,
+                 index: np.ndarray | None = None) -> None:
+        if view is None or index is None:
+            view, index = CollectiveColumns(rows), np.arange(len(rows))
+        self.kinds = [view.kind.names[k] for k in view.kind.codes[index].tolist()]
+        self.sizes = view.size[index]
+        self.on_gpu = view.on_gpu[index]
+        durations = view.dur[index]
+        self.transfer = durations - _waits(view)[index]  # the wait for late ranks taken out
         self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+
+def _waits(view: CollectiveColumns) -> np.ndarray:
+    """Each row's ``wait_us or 0.0`` (the cross-rank matching's)."""
+    waits = view.written("wait_us")
+    return np.where(np.isnan(waits), 0.0, waits)
 
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
@@ -188,16 +197,19 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
-    usable = {k: has_bus_model(k, n) for k in set(kinds)}
-    factor = np.array([busbw_factor(k, n) if usable[k] else np.nan for k in kinds], float)
-    hop = np.array([hops(k, n) if usable[k] else np.nan for k in kinds], float)
-    s = np.array([0.0 if v is None else v for v in sizes], float)  # None: no size, left out as 0 is
+    kind, names = categorical(kinds, len(kinds))  # the per-kind figures once per kind
+    usable = [has_bus_model(k, n) for k in names]
+    factor = np.array([busbw_factor(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
+    hop = np.array([hops(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
+    # None: no size, left out as 0 is
+    s = np.array([0.0 if v is None else v for v in sizes] if None in sizes else sizes, float)
     t = np.asarray(times_us, float)
     with np.errstate(invalid="ignore"):
         keep = ~np.isnan(factor) & (s != 0) & (t > 0)  # kinds with a model, s and t truthy, t > 0
     px, py = s[keep] * factor[keep] / hop[keep], t[keep] / hop[keep]
     points = list(zip(px.tolist(), py.tolist()))
-    distinct = len({v for k, v in zip(kinds, sizes) if v and modelled(k)})
+    sized = np.array([modelled(k) for k in names], dtype=bool)[kind] & (s != 0)  # a known size of a modelled kind
+    distinct = len(set(s[sized].tolist()))
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
@@ -232,24 +244,28 @@ def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
                      f"with that α: {why}", "profile-alpha", 1)
 
 
-def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics."""
-    sized = [row for row in rows if row.get("bytes") is not None]
+def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None) -> list[dict[str, Any]]:
+    """Per (group, collective, size bucket): count, sizes, transfer time and busbw statistics.
+    ``view``: the rows' columns when the caller has them (with the fits' ``busbw_gbps``)."""
+    view = view if view is not None else CollectiveColumns(rows)
+    index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
+    sized = [rows[i] for i in index.tolist()]
     sizes_list = [row["bytes"] for row in sized]
     bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
-    codes: dict[tuple, int] = {}
-    cell_of = np.fromiter((codes.setdefault(key, len(codes)) for key in
-                           zip(keys_per_group(sized, _group_name), (row["collective"] for row in sized),
-                               map(bucket_of.__getitem__, sizes_list))), dtype=np.int64, count=len(sized))
-    order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
-    bounds_at = np.searchsorted(cell_of[order], np.arange(len(codes) + 1))
-    cells = {key: order[bounds_at[code]:bounds_at[code + 1]] for key, code in codes.items()}
+    group_code, names = view.group_keys(_group_name)
     count = len(sized)
+    bucket = np.fromiter(map(bucket_of.__getitem__, sizes_list), dtype=np.int64, count=count)
+    kinds = view.kind.codes[index]
+    # cells by (group name, kind, bucket), numbered in order of first appearance
+    first, _, cell_of = distinct_rows([group_code[index], kinds, bucket])
+    order = np.argsort(cell_of, kind="stable")  # each cell's rows together, in row order
+    bounds_at = np.searchsorted(cell_of[order], np.arange(len(first) + 1))
+    cells = {(names[group_code[index[i]]], view.kind.names[kinds[i]], int(bucket[i])):
+             order[bounds_at[code]:bounds_at[code + 1]] for code, i in enumerate(first.tolist())}
     sizes = np.fromiter(sizes_list, dtype=object, count=count)
-    transfer = np.fromiter((r["dur_us"] - (r.get("wait_us") or 0.0) for r in sized), dtype=float, count=count)
-    busbw = np.fromiter((np.nan if r.get("busbw_gbps") is None else r["busbw_gbps"] for r in sized),
-                        dtype=float, count=count)
-    bounds = [r.get("bound") for r in sized]
+    transfer = (view.dur - _waits(view))[index]
+    busbw = view.written("busbw_gbps")[index]
+    bounds = categorical((r.get("bound") for r in sized), count)
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         cell_transfer, cell_busbw = transfer[members], busbw[members]
@@ -263,18 +279,17 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "transfer_us_median": round(float(np.median(cell_transfer)), 3),
             "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
             "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
-            "bound": _most_common(bounds[i] for i in members.tolist()),
+            "bound": _most_common(bounds, members),
         })
     return out
 
 
-def _most_common(values: Iterable[str | None]) -> str | None:
-    """The most common non-null label (ties: alphabetical), None when all are null."""
-    counts: dict[str, int] = {}
-    for v in values:
-        if v is not None:
-            counts[v] = counts.get(v, 0) + 1
-    return min(counts, key=lambda v: (-counts[v], v)) if counts else None
+def _most_common(labels: Categorical, members: np.ndarray) -> str | None:
+    """The most common non-null label of the rows ``members`` (ties: alphabetical), None when
+    all are null."""
+    counts = np.bincount(labels.codes[members], minlength=len(labels.names)).tolist()
+    present = [(-n, name) for name, n in zip(labels.names, counts) if n and name is not None]
+    return min(present)[1] if present else None
 
 
 def _group_name(row: dict[str, Any]) -> str | None:

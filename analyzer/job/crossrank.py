@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.job.columns import keys_per_group, round_list
+from analyzer.job.columns import CollectiveColumns, round_list
 
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
@@ -83,10 +83,9 @@ def _dense(values: np.ndarray) -> np.ndarray:
     return np.unique(values, return_inverse=True)[1].astype(np.int64, copy=False)
 
 
-def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, ranks: np.ndarray,
-               starts: np.ndarray) -> np.ndarray | None:
+def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view: CollectiveColumns) -> np.ndarray | None:
     """One matching-key code per row (-1: this row is not matched), or None when the method
-    does not apply. ``groups``, ``ranks``, ``starts``: each row's process-group code, rank, start."""
+    does not apply. ``groups``: each row's process-group code."""
     if method == "comms_id":
         ids = [r.get("comms_id") for r in rows]
         return None if None in ids else _first_seen_codes([_identity_codes(ids)])
@@ -94,8 +93,8 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, rank
         seqs = [r.get("seq") for r in rows]
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
-    steps = _codes(r.get("step") for r in rows)
-    collective = np.fromiter((r["collective"] not in _P2P for r in rows), dtype=bool, count=len(rows))
+    ranks, starts, steps = view.rank, view.start, view.step.codes
+    collective = ~view.kind.isin(_P2P)
     index = np.flatnonzero(collective)
     slots = np.stack([ranks[index], groups[index], steps[index]], axis=1)
     order = np.lexsort((index, starts[index], slots[:, 2], slots[:, 1], slots[:, 0]))
@@ -123,15 +122,14 @@ def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
 def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]:
     """(method, {key code: indices into rows}) of the collectives seen on 2+ ranks; sets in
     order of their first row, indices ascending."""
-    return _match(rows, _columns(rows))
+    return _match(CollectiveColumns(rows))
 
 
-def _match(rows: list[dict[str, Any]], columns: tuple[np.ndarray, ...]) -> tuple[str | None, dict[int, list[int]]]:
-    ranks, starts, _ = columns
-    groups = _codes(keys_per_group(rows, group_key))
+def _match(view: CollectiveColumns) -> tuple[str | None, dict[int, list[int]]]:
+    groups = view.group_keys(group_key)[0]
     for method in METHODS:
-        codes = _key_codes(rows, method, groups, ranks, starts)
-        if codes is None or not _valid(ranks, codes):
+        codes = _key_codes(view.rows, method, groups, view)
+        if codes is None or not _valid(view.rank, codes):
             continue
         return method, _sets(codes)
     return None, {}
@@ -144,13 +142,6 @@ def _sets(codes: np.ndarray) -> dict[int, list[int]]:
     bounds = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1], True])
     return {int(sorted_codes[lo]): indices[lo:hi].tolist()
             for lo, hi in zip(bounds[:-1], bounds[1:]) if hi - lo > 1}
-
-
-def _columns(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    n = len(rows)
-    return (np.fromiter((r["rank"] for r in rows), dtype=np.int64, count=n),
-            np.fromiter((r["start_us"] for r in rows), dtype=np.float64, count=n),
-            np.fromiter((r["dur_us"] for r in rows), dtype=np.float64, count=n))
 
 
 def _flatten(sets: dict[Any, list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -170,31 +161,37 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
             for rank, part in zip(ranks.tolist(), np.split(diffs[order], first[1:]))}
 
 
-def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
-    """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary."""
-    ranks = sorted({r["rank"] for r in rows})
-    for row in rows:
-        row.update(_UNMATCHED)
+def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
+            view: CollectiveColumns | None = None) -> dict[str, Any]:
+    """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary;
+    the waits and arrival lags go into the view's columns too (NaN when unmatched).
+    ``view``: the rows' columns when the caller has them."""
+    view = view if view is not None else CollectiveColumns(rows)
+    ranks = np.unique(view.rank).tolist()
+    view.set("wait_us", np.full(view.n, np.nan))
+    view.set("arrival_lag_us", np.full(view.n, np.nan))
     if len(ranks) < 2:
+        for row in rows:
+            row.update(_UNMATCHED)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
-    columns = _columns(rows)
-    method, sets = _match(rows, columns)
+    method, sets = _match(view)
     if method is None:
+        for row in rows:
+            row.update(_UNMATCHED)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
-    rank_of, starts, durations = columns
+    rank_of, starts, durations = view.rank, view.start, view.dur
     flat, bounds = _flatten(sets)
     members, flat_durations = rank_of[flat], durations[flat]
     offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds)
     flat_arrivals = starts[flat] - np.array([offsets[r] for r in members.tolist()])
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
-    flat_rows = [rows[i] for i in flat.tolist()]
-    for row, w in zip(flat_rows, round_list(waits)):
-        row["wait_us"] = w
+    rounded_waits = round_list(waits)
+    view.extra["wait_us"][flat] = rounded_waits
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
     caused: dict[int, float] = defaultdict(float)
@@ -213,15 +210,23 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None) -> dict[s
         others = float(set_waits.sum() - set_waits[last])
         caused[last_rank] += others
         last_count[last_rank] += 1
-        step = rows[indices[0]].get("step")
+        step = view.step.at(indices[0])
         entry = steps.setdefault(step, {"caused": defaultdict(float), "sets": 0, "max_skew_us": 0.0})
         entry["caused"][last_rank] += others
         entry["sets"] += 1
         entry["max_skew_us"] = max(entry["max_skew_us"], float(arrival.max() - arrival.min()))
-    for row, lag, rank, waited_for in zip(flat_rows, round_list(lags), members.tolist(), waited.tolist()):
+    rounded_lags = round_list(lags)
+    view.extra["arrival_lag_us"][flat] = rounded_lags
+    matched = np.zeros(view.n, dtype=bool)
+    matched[flat] = True
+    for i in np.flatnonzero(~matched).tolist():
+        rows[i].update(_UNMATCHED)
+    for i, wait, lag, rank, waited_for in zip(flat.tolist(), rounded_waits, rounded_lags, members.tolist(),
+                                               waited.tolist()):
+        row = rows[i]  # the keys in _UNMATCHED's order
+        row["wait_us"] = wait
+        row["waited_for"] = waited_for if rank != waited_for else None
         row["arrival_lag_us"] = lag
-        if rank != waited_for:
-            row["waited_for"] = waited_for
     summary = _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "

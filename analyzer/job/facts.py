@@ -7,9 +7,14 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter, itemgetter
 from typing import Any
 
-from analyzer.job.parallelism import data_parallel_rows, role_key
+import numpy as np
+
+from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
+from analyzer.job.parallelism import data_parallel_mask, role_key
+from analyzer.job.result import Bucket
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.link import hardware_link
@@ -111,11 +116,47 @@ class JobFacts:
         return self._collectives_index.get((rank, step), [])
 
     @cached_property
+    def _step_pairs(self) -> tuple[np.ndarray, list[tuple[int, Any]]]:
+        """Each row's (rank, step) number and the pairs by number, in order of first appearance."""
+        view = CollectiveColumns.of(self.result)
+        if not view.n:
+            return np.zeros(0, dtype=np.int64), []
+        first, _, pair = distinct_rows([view.rank, view.step.codes])
+        return pair, [(int(view.rank[i]), view.step.at(i)) for i in first.tolist()]
+
+    @cached_property
     def _collectives_index(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
-        index: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-        for row in self.result.collectives:
-            index.setdefault((row["rank"], row["step"]), []).append(row)
-        return index
+        """{(rank, step): its rows, in row order}."""
+        pair, keys = self._step_pairs
+        order = np.argsort(pair, kind="stable")
+        ordered = list(map(self.result.collectives.__getitem__, order.tolist()))
+        bounds = np.searchsorted(pair[order], np.arange(len(keys) + 1)).tolist()
+        return {key: ordered[lo:hi] for key, lo, hi in zip(keys, bounds[:-1], bounds[1:])}
+
+    @cached_property
+    def backward_allreduce_transfer_us(self) -> dict[tuple[int, Any], float | int]:
+        """{(rank, step): the summed ``transfer_time`` of its backward all-reduces (T_comm of a
+        DDP step)}, summed as ``sum()`` over the rows in order gives it."""
+        view = CollectiveColumns.of(self.result)
+        pair, keys = self._step_pairs
+        rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
+        sums = sequential_sums(self.transfer_times[rows], pair[rows], len(keys))
+        return {key: total for key, total in zip(keys, sums)}
+
+    @cached_property
+    def transfer_times(self) -> np.ndarray:
+        """``transfer_time`` of every row, as an array (the α-β cap row by row, only where it
+        applies: some ranks missing, size and kind known)."""
+        view = CollectiveColumns.of(self.result)
+        waits = view.written("wait_us")
+        matched = ~np.isnan(waits) & view.on_gpu & ~view.kind.isin(POINT_TO_POINT)
+        times = np.where(matched, view.dur - np.where(matched, waits, 0.0), view.dur)
+        if not self._every_rank:
+            capped = np.flatnonzero(view.kind.isin(tuple(models.COLLECTIVE_KINDS)) & (view.size != 0)
+                                    & ~np.isnan(view.size))
+            rows = self.result.collectives
+            times[capped] = [self.transfer_time(rows[i]) for i in capped.tolist()]
+        return times
 
     def transfer_time(self, row: dict[str, Any]) -> float:
         """A collective's transfer time (µs): the shortest duration across the ranks given.
@@ -138,8 +179,8 @@ class JobFacts:
     def data_parallel_collectives(self) -> list[dict[str, Any]]:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
-        roles = self.job.get("group_roles") or {}
-        return data_parallel_rows(self.result.collectives, roles)
+        keep = data_parallel_mask(CollectiveColumns.of(self.result), self.job.get("group_roles") or {})
+        return list(map(self.result.collectives.__getitem__, np.flatnonzero(keep).tolist()))
 
     def role_of(self, row: dict[str, Any]) -> str:
         """The role of a collective's process group (analyzer.job.parallelism)."""
@@ -157,13 +198,28 @@ class JobFacts:
     def parallelism(self) -> dict[str, dict[str, Any]]:
         return self.job.get("parallelism") or {}
 
-    def buckets_by_step(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
-        out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-        for b in self.result.buckets:
-            out.setdefault((b["rank"], b["step"]), []).append(b)
+    def buckets_by_step(self) -> dict[tuple[int, Any], list[Any]]:
+        """{(rank, step): its DDP buckets by index}."""
+        buckets = self.result.buckets
+        # a Bucket's fields as attributes: its b["key"] is a Python call, millions of them here
+        read = attrgetter if buckets and isinstance(buckets[0], Bucket) else itemgetter
+        out: dict[tuple[int, Any], list[Any]] = {}
+        for key, b in zip(map(read("rank", "step"), buckets), buckets):
+            out.setdefault(key, []).append(b)
+        index = read("index")
         for rows in out.values():
-            rows.sort(key=lambda b: b["index"])
+            rows.sort(key=index)
         return out
+
+    @staticmethod
+    def bucket_fields(buckets: list[Any], keys: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        """``[tuple(b.get(key) for b in buckets) for key in keys]``, a Bucket's fields read as
+        attributes (its ``b[key]`` is a Python call)."""
+        if not buckets:
+            return [() for _ in keys]
+        if isinstance(buckets[0], Bucket) and len(keys) > 1:  # attrgetter of 2+ names gives tuples
+            return list(zip(*map(attrgetter(*keys), buckets)))
+        return [tuple(b.get(key) for b in buckets) for key in keys]
 
     def units_by_pass(self) -> dict[tuple[int, Any, str, str], list[dict[str, Any]]]:
         """FSDP units per (rank, step, phase, collective), in order."""

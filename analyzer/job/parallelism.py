@@ -17,7 +17,9 @@ import re
 from collections import Counter
 from typing import Any
 
-from analyzer.job.columns import keys_per_group
+import numpy as np
+
+from analyzer.job.columns import CollectiveColumns, distinct_rows
 
 DIMS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "ep", "cp")
 EXPERT_LIBRARIES = ("deepep", "pplx")
@@ -69,11 +71,14 @@ def is_data_parallel_row(row: dict[str, Any], roles: dict[str, str]) -> bool:
     return row.get("library") in DP_LIBRARIES and is_data_parallel(roles.get(role_key(row)))
 
 
-def data_parallel_rows(rows: list[dict[str, Any]], roles: dict[str, str]) -> list[dict[str, Any]]:
-    """The rows for which ``is_data_parallel_row`` holds, each group's role looked up once."""
-    keys = keys_per_group(rows, role_key)
-    data_parallel = {key: is_data_parallel(roles.get(key)) for key in set(keys)}
-    return [row for row, key in zip(rows, keys) if data_parallel[key] and row.get("library") in DP_LIBRARIES]
+def data_parallel_mask(view: CollectiveColumns, roles: dict[str, str]) -> np.ndarray:
+    """``is_data_parallel_row`` of every row of the view, as a boolean array."""
+    key_code, keys = view.group_keys(role_key)
+    by_key = np.array([is_data_parallel(roles.get(key)) for key in keys], dtype=bool)
+    by_library = np.array([library in DP_LIBRARIES for library in view.library.names], dtype=bool)
+    if not view.n:
+        return np.zeros(0, dtype=bool)
+    return by_key[key_code] & by_library[view.library.codes]
 
 
 def description_role(description: str | None) -> str | None:
@@ -144,8 +149,9 @@ class _Group:
 
 
 def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_strategy: str,
-                      world_size: int | None) -> dict[str, Any]:
-    """``{"parallelism", "strategy", "process_groups", "group_roles"}`` of a job (plain data)."""
+                      world_size: int | None, columns: CollectiveColumns | None = None) -> dict[str, Any]:
+    """``{"parallelism", "strategy", "process_groups", "group_roles"}`` of a job (plain data);
+    ``columns``: the view of ``collectives`` when the caller has it."""
     markers = Counter()
     for r in ranks:
         markers.update({k: v for k, v in (r.markers_seen or {}).items() if v})
@@ -155,13 +161,17 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
             key = role_key(pg)
             groups.setdefault(key, _Group(key, pg))
     # Rows counted by what the roles read (a handful of distinct combinations per group).
-    first_row: dict[str, dict[str, Any]] = {}
+    view = columns if columns is not None else CollectiveColumns(collectives)
+    key_code, keys = view.group_keys(role_key)
     combos: Counter = Counter()
-    for row, key in zip(collectives, keys_per_group(collectives, role_key)):
-        first_row.setdefault(key, row)
-        combos[key, row["collective"], row.get("library"), row.get("phase"), row.get("module") is not None] += 1
-    for key, row in first_row.items():
-        groups.setdefault(key, _Group(key, row.get("group") or {}))
+    if view.n:
+        first, counts, _ = distinct_rows([key_code, view.kind.codes, view.library.codes, view.phase.codes,
+                                          view.module_known])
+        for row, count in zip(first.tolist(), counts.tolist()):
+            combos[keys[key_code[row]], view.kind.at(row), view.library.at(row),
+                   view.phase.at(row), bool(view.module_known[row])] = count
+        for key, row in zip(keys, np.unique(key_code, return_index=True)[1].tolist()):
+            groups.setdefault(key, _Group(key, collectives[row].get("group") or {}))
     for (key, kind, library, phase, fsdp), count in combos.items():
         groups[key].add(kind, library, phase, fsdp, count)
     world = world_size or len(ranks)

@@ -4,18 +4,19 @@ clock, DDP buckets, FSDP units, warnings)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
 from analyzer.rank.comms import share_groups
-from analyzer.job.parallelism import data_parallel_rows, infer_parallelism
-from analyzer.job.result import Result
+from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
+from analyzer.job.result import Bucket, Result
 from analyzer.rank.analysis import RankAnalysis
-from analyzer.rank.comms import fsdp_units, gradient_buckets
+from analyzer.rank.comms import fsdp_units
 
 
 def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
@@ -50,21 +51,58 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
     collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
     share_groups(collectives)
+    view = CollectiveColumns(collectives)  # read once here, shared by the job analyses and rules
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
-    job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"]))
+    job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"], view))
     # DDP buckets and FSDP units come from the data-parallel groups only: a tensor-parallel
     # all-reduce is no gradient bucket, a kernel of another library no FSDP unit.
-    roles = job["group_roles"]
-    data_parallel = data_parallel_rows(collectives, roles)
-    return Result(
+    data_parallel = data_parallel_mask(view, job["group_roles"])
+    result = Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
-        ranks=ranks, job=job, collectives=collectives,
-        buckets=gradient_buckets(data_parallel, _backward_starts(ranks, origin))
-        if job["dp_strategy"] in ("ddp", "unknown") else [],
-        fsdp_units=fsdp_units(data_parallel) if job["dp_strategy"].startswith("fsdp") else [],
-        warnings=warnings,
+        ranks=ranks, job=job, collectives=collectives, buckets=[],
+        fsdp_units=fsdp_units([collectives[i] for i in np.flatnonzero(data_parallel).tolist()])
+        if job["dp_strategy"].startswith("fsdp") else [],
+        warnings=warnings, collective_columns=view,
     )
+    if job["dp_strategy"] in ("ddp", "unknown"):
+        result.buckets = gradient_buckets(view, data_parallel, _backward_starts(ranks, origin))
+    return result
+
+
+def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
+                     backward_start_us: dict[tuple[int, Any], float]) -> list[Bucket]:
+    """DDP buckets: each step's backward all-reduces (of the rows ``keep`` selects) in launch
+    order (bucket 0 fills first), steps by rank then step number (steps without a number last).
+    ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
+    bucket's ``launch_offset_us`` (how long after backward started the bucket was ready)."""
+    chosen = keep & view.kind.isin(("allreduce",)) & view.phase.isin(("backward",))
+    rows = np.flatnonzero(chosen)
+    if not len(rows):
+        return []
+    numbered = np.array([isinstance(v, int) for v in view.step.names], dtype=bool)
+    step_number = np.array([v if isinstance(v, int) else 0 for v in view.step.names], dtype=np.int64)
+    step = view.step.codes[rows]
+    # (rank, step) pairs in order of first appearance: ties of the sort key (unnumbered steps)
+    _, _, pair = distinct_rows([view.rank[rows], step])
+    launch, start = view.launch[rows], view.start[rows]
+    ready = np.where(np.isnan(launch), start, launch)
+    order = np.lexsort((np.arange(len(rows)), start, ready, pair, step_number[step], ~numbered[step],
+                        view.rank[rows]))
+    rows, pair, step = rows[order], pair[order], step[order]
+    first = np.r_[True, pair[1:] != pair[:-1]]
+    index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
+    ranks = view.rank[rows].tolist()
+    steps = [view.step.names[k] for k in step.tolist()]
+    origin = np.array([backward_start_us.get(key, np.nan) for key in zip(ranks, steps)], dtype=np.float64)
+    offsets = round_list(view.launch[rows] - origin)
+    fields = itemgetter("bytes", "dtype", "launch_us", "start_us", "dur_us", "exposed_us", "group")
+    buckets = []
+    for row, rank, step_value, k, offset in zip(rows.tolist(), ranks, steps, index.tolist(), offsets):
+        size, dtype, launch_us, start_us, dur_us, exposed_us, group = fields(view.rows[row])
+        buckets.append(Bucket(size, dtype, dur_us, exposed_us, group["name"], k,
+                              None if offset != offset else offset, launch_us, rank, start_us, step_value))
+    return buckets
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:

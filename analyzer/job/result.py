@@ -74,6 +74,39 @@ class Finding(_ReadsLikeADict):
         return msgspec.convert(doc, cls)
 
 
+class Bucket(msgspec.Struct, gc=False):
+    """One DDP gradient bucket of ``Result.buckets`` (analyzer.job.reduce.gradient_buckets):
+    read like the dict its JSON is (``b["bytes"]``, ``b.get("launch_us")``), at a sixth of a
+    dict's memory (a 1,024-rank job has millions). Fields in sorted order: it encodes to the
+    bytes of the dict; ``Result.to_dict()`` gives the dicts (plain JSON types)."""
+
+    bytes: Any
+    dtype: Any
+    dur_us: Any
+    exposed_us: Any
+    group: Any
+    index: int
+    launch_offset_us: Any
+    launch_us: Any
+    rank: int
+    start_us: Any
+    step: Any
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _BUCKET_FIELDS:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in _BUCKET_FIELDS else default
+
+    def __contains__(self, key: object) -> bool:
+        return key in _BUCKET_FIELDS
+
+
+_BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
+
+
 @dataclass
 class Result:
     """Everything ``diagnose`` knows about one job. Sections are plain data (JSON types)."""
@@ -82,7 +115,7 @@ class Result:
     ranks: list[RankAnalysis]
     job: dict[str, Any]
     collectives: list[dict[str, Any]]
-    buckets: list[dict[str, Any]]
+    buckets: list[dict[str, Any]] | list[Bucket]
     fsdp_units: list[dict[str, Any]]
     findings: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -102,6 +135,9 @@ class Result:
     timeline: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
     hta: dict[str, Any] | None = None
+    # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
+    # built on first use, never serialized: the rows above are the contract)
+    collective_columns: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return result_to_dict(self)
@@ -137,7 +173,11 @@ class Result:
 
     def to_json(self) -> str:
         """The bytes of ``diagnose --format json``."""
-        return dumps(self.to_dict())
+        return dumps(result_to_dict(self, plain=False))
+
+    def json_chunks(self) -> Iterator[bytes]:
+        """``to_json()`` in pieces, UTF-8 (``iter_json``): what ``diagnose`` streams to a file."""
+        return iter_json(result_to_dict(self, plain=False))
 
     def __repr__(self) -> str:
         world = self.job.get("world_size") or len(self.ranks)
@@ -149,7 +189,12 @@ _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary
              "timeline", "scaling", "hta")
 
 
-def result_to_dict(result: Result) -> dict[str, Any]:
+def result_to_dict(result: Result, plain: bool = True) -> dict[str, Any]:
+    """The Result's document. ``plain``: JSON types only (the Buckets as dicts), else the Buckets
+    as they are, for the encoder (the same bytes, without a dict per bucket)."""
+    buckets = result.buckets
+    if plain and buckets and isinstance(buckets[0], Bucket):
+        buckets = msgspec.to_builtins(buckets)
     doc = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "tracecliff", "version": __version__},
@@ -157,7 +202,7 @@ def result_to_dict(result: Result) -> dict[str, Any]:
         "job": result.job,
         "ranks": [rank_entry(r) for r in result.ranks],
         "collectives": result.collectives,
-        "buckets": result.buckets,
+        "buckets": buckets,
         "fsdp_units": result.fsdp_units,
         "findings": result.findings,
         "warnings": result.warnings,
@@ -195,29 +240,30 @@ def dumps(doc: dict[str, Any]) -> str:
 _BATCH = 2000  # list items formatted per chunk when streaming
 
 
-def iter_json(doc: dict[str, Any]) -> Iterator[str]:
-    """``dumps(doc)`` in pieces, for writing a large result without holding its text twice
-    (raw and indented): the same bytes, top-level values formatted one by one and long lists a
-    batch of items at a time."""
+def iter_json(doc: dict[str, Any]) -> Iterator[bytes]:
+    """``dumps(doc)`` (UTF-8) in pieces, for writing a large result without holding its text
+    twice (raw and indented): the same bytes, top-level values formatted one by one and long
+    lists a batch of items at a time. The formatter indents each piece at its depth in the
+    document (a value inside ``{key: value}``, a batch inside ``[[batch]]``): no re-indenting,
+    no round trip through str."""
     keys = sorted(doc)
     if not keys:
-        yield "{}\n"
+        yield b"{}\n"
         return
-    yield "{\n"
+    yield b"{\n"
     for n, key in enumerate(keys):
         value = doc[key]
-        head = f" {_encode(key).decode('utf-8')}: "
         if isinstance(value, list) and len(value) > _BATCH:
-            yield head + "[\n"
+            yield b" " + _encode(key) + b": [\n"
             for i in range(0, len(value), _BATCH):
-                # a batch formatted as a list, its brackets dropped, its items one level deeper
-                inner = _formatted(value[i:i + _BATCH])[2:-2]
-                yield " " + inner.replace("\n", "\n ") + (",\n" if i + _BATCH < len(value) else "\n")
-            yield " ]"
+                # "[\n [\n" + the items two levels deep + "\n ]\n]"
+                inner = _formatted([value[i:i + _BATCH]])[5:-5]
+                yield inner + (b",\n" if i + _BATCH < len(value) else b"\n")
+            yield b" ]"
         else:
-            yield head + _formatted(value).replace("\n", "\n ")
-        yield ",\n" if n < len(keys) - 1 else "\n"
-    yield "}\n"
+            yield _formatted({key: value})[2:-2]  # "{\n" + ' "key": value' + "\n}"
+        yield b",\n" if n < len(keys) - 1 else b"\n"
+    yield b"}\n"
 
 
 def _encode(value: Any) -> bytes:
@@ -227,8 +273,8 @@ def _encode(value: Any) -> bytes:
         return _ENCODER.encode(_clean(value))  # unusual keys or values: normalise, then encode
 
 
-def _formatted(value: Any) -> str:
-    return msgspec.json.format(_encode(value), indent=1).decode("utf-8")
+def _formatted(value: Any) -> bytes:
+    return msgspec.json.format(_encode(value), indent=1)
 
 
 def _numpy_scalar(value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -472,32 +473,6 @@ def _module_at(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> str | Non
     return fsdp_module_of(rank.strings[rank.markers.name[row]]) if row >= 0 else None
 
 
-def gradient_buckets(collectives: list[dict[str, Any]],
-                     backward_start_us: dict[tuple[int, Any], float] | None = None) -> list[dict[str, Any]]:
-    """DDP buckets: a step's backward all-reduces in launch order (bucket 0 fills first).
-    ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
-    bucket's ``launch_offset_us`` (how long after backward started the bucket was ready)."""
-    backward_start_us = backward_start_us or {}
-    by_step: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-    for row in collectives:
-        if row["collective"] == "allreduce" and row["phase"] == "backward":
-            by_step.setdefault((row["rank"], row["step"]), []).append(row)
-    buckets = []
-    for (rank, step), rows in sorted(by_step.items(), key=lambda kv: (kv[0][0], _step_key(kv[0][1]))):
-        rows.sort(key=lambda r: (r["launch_us"] if r["launch_us"] is not None else r["start_us"], r["start_us"]))
-        origin = backward_start_us.get((rank, step))
-        for index, row in enumerate(rows):
-            offset = None
-            if origin is not None and row["launch_us"] is not None:
-                offset = round(row["launch_us"] - origin, 3)
-            buckets.append({"rank": rank, "step": step, "index": index, "bytes": row["bytes"],
-                            "launch_offset_us": offset,
-                            "dtype": row["dtype"], "launch_us": row["launch_us"],
-                            "start_us": row["start_us"], "dur_us": row["dur_us"],
-                            "exposed_us": row["exposed_us"], "group": row["group"]["name"]})
-    return buckets
-
-
 def fsdp_units(collectives: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """FSDP units: all-gathers (forward and backward) and reduce-scatters of a step, in order,
     named by the FSDP2 module annotation when present."""
@@ -524,20 +499,23 @@ def _step_key(step: Any) -> tuple[int, int]:
 
 def share_groups(rows: list[dict[str, Any]]) -> None:
     """Give equal ``group`` dicts (same keys in the same order, same values) one object: every
-    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks)."""
-    by_id: dict[int, dict[str, Any]] = {}
+    row of a group held its own copy, member list included (kilobytes per row at 1,000 ranks).
+    Each group object is compared once (rows mostly share them already: the map shares its
+    rank's), and only the rows whose object is replaced are written."""
+    groups = list(map(dict.get, rows, repeat("group")))  # held: their ids stay unique
     by_name: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        group = row.get("group")
+    replaced: dict[int, dict[str, Any]] = {}
+    for group in dict(zip(map(id, groups), groups)).values():  # each object, by first appearance
         if not group:
             continue
-        shared = by_id.get(id(group))
+        # str(): a hostile trace's name may be a list (unhashable); equality decides below
+        candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
+        shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
         if shared is None:
-            # str(): a hostile trace's name may be a list (unhashable); equality decides below
-            candidates = by_name.setdefault((str(group.get("name")), str(group.get("size"))), [])
-            shared = next((c for c in candidates if c == group and list(c) == list(group)), None)
-            if shared is None:
-                candidates.append(group)
-                shared = group
-            by_id[id(group)] = shared
-        row["group"] = shared
+            candidates.append(group)
+        else:
+            replaced[id(group)] = shared
+    if replaced:
+        for row, ident in zip(rows, map(id, groups)):
+            if ident in replaced:
+                row["group"] = replaced[ident]

@@ -191,18 +191,17 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
         view: StepView | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
             continue
-        if any(b["bytes"] is None or b["start_us"] is None for b in buckets):
+        sizes, starts, durations, launches = facts.bucket_fields(buckets, ("bytes", "start_us", "dur_us", "launch_us"))
+        if None in sizes or None in starts:
             continue
         group = next((row["group"] for row in facts.collectives_of(rank, step)
                       if row["collective"] == "allreduce" and row["phase"] == "backward"), {})
         link = facts.link(group)
         start, end, _ = view.windows["backward"]
         out.append(DdpStep(rank, step, start, end,
-                           tuple(float(b["bytes"]) for b in buckets),
-                           tuple(float(b["start_us"]) for b in buckets),
-                           tuple(float(b["start_us"]) + float(b["dur_us"]) for b in buckets),
-                           link, buckets[0].get("dtype"),
-                           tuple(b.get("launch_us") for b in buckets)))
+                           tuple(map(float, sizes)), tuple(map(float, starts)),
+                           tuple(float(s) + float(d) for s, d in zip(starts, durations)),
+                           link, buckets[0].get("dtype"), launches))
     return out
 
 
@@ -215,8 +214,7 @@ def typical_step(steps: list[DdpStep], metric: Callable[[DdpStep], float]) -> tu
 
 def backward_transfer_us(facts, rank: int, step: Any) -> float:
     """T_comm of a DDP step: the transfer time (not the waiting) of its gradient all-reduces."""
-    return sum(facts.transfer_time(c) for c in facts.collectives_of(rank, step)
-               if c["collective"] == "allreduce" and c["phase"] == "backward")
+    return facts.backward_allreduce_transfer_us.get((rank, step), 0)
 
 
 def allreduce_equation(link: Link, size_bytes: float) -> str:
