@@ -1,9 +1,10 @@
 """Per-rank summary cache: hits give the same bytes as a fresh run, any change misses,
-damage is recomputed, entries are plain JSON."""
+damage is recomputed, entries are plain data (MessagePack), never pickle."""
 
 import json
 import os
 
+import msgspec
 import pytest
 
 from analyzer.run import cache
@@ -23,10 +24,9 @@ def job(tmp_path):
     return [two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json") for r in (0, 1)]
 
 
-def entries(cache_dir, kind=".json"):
+def entries(cache_dir, kind=cache.ENTRY_SUFFIX):
     """The rank entries (kind ".timeline.json": the report's step timelines)."""
-    return sorted(p for p in cache_dir.rglob("*.json") if p.parent.name != "stat"
-                  and (p.name.endswith(".timeline.json") == (kind == ".timeline.json")))
+    return sorted(p for p in cache_dir.rglob(f"*{kind}") if p.parent.name != "stat")
 
 
 def test_hit_is_identical_and_skips_analysis(job, tmp_path, monkeypatch):
@@ -89,24 +89,49 @@ def test_same_bytes_at_another_path_report_that_path(job, tmp_path):
     assert run(copies, store) == run(copies, None)
 
 
-@pytest.mark.parametrize("damage", [b"", b"{not json", b'{"format": 1, "rank": {"path": 1}}', b"[1, 2]",
-                                    b'{"format": 999, "rank": {}}'])
+def _columns_damaged(doc, damage):
+    """The entry ``doc`` with its collective columns damaged in one of several ways."""
+    rows = doc["rows"]
+    coded = rows["tables"].index(next(t for t in rows["tables"] if t is not None))
+    if damage == "short column":
+        rows["columns"][0] = rows["columns"][0][:-1]
+    elif damage == "code out of range":
+        rows["columns"][coded][0] = len(rows["tables"][coded])
+    elif damage == "negative code":
+        rows["columns"][coded][0] = -1
+    elif damage == "code not an int":
+        rows["columns"][coded][0] = "0"
+    elif damage == "key missing":
+        rows["keys"] = rows["keys"][1:]
+    return msgspec.msgpack.encode(doc)
+
+
+MSGPACK_DAMAGE = ["short column", "code out of range", "negative code", "code not an int", "key missing"]
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b"\x92\x01\x02", b'{"format": 1, "rank": {}}',
+                                    msgspec.msgpack.encode({"format": 999, "rank": {}}),
+                                    msgspec.msgpack.encode({"format": cache.CACHE_FORMAT, "rank": {"path": 1}}),
+                                    *MSGPACK_DAMAGE])
 def test_damaged_entry_is_recomputed(job, tmp_path, damage):
     store = tmp_path / "cache"
     fresh = run(job, store)
     for entry in entries(store):
-        entry.write_bytes(damage)
+        if isinstance(damage, str):
+            entry.write_bytes(_columns_damaged(msgspec.msgpack.decode(entry.read_bytes()), damage))
+        else:
+            entry.write_bytes(damage)
     assert run(job, store) == fresh
-    assert all(json.loads(e.read_text())["format"] == cache.CACHE_FORMAT for e in entries(store))
+    assert all(msgspec.msgpack.decode(e.read_bytes())["format"] == cache.CACHE_FORMAT for e in entries(store))
 
 
-def test_entries_are_json_not_pickle(job, tmp_path):
+def test_entries_are_plain_data_not_pickle(job, tmp_path):
     store = tmp_path / "cache"
     run(job, store)
     for entry in entries(store):
         raw = entry.read_bytes()
         assert not raw.startswith(b"\x80")  # pickle protocol header
-        assert json.loads(raw)["rank"]["rank"] in (0, 1)
+        assert msgspec.msgpack.decode(raw)["rank"]["rank"] in (0, 1)  # no extension types
 
 
 def test_unwritable_cache_never_fails_the_run(job, tmp_path):
@@ -156,7 +181,7 @@ def test_prune_keeps_the_most_recently_used(job, tmp_path):
     run(job, store)
     old, recent = entries(store)
     os.utime(old, (1, 1))
-    total = sum(p.stat().st_size for p in store.glob("??/*.json"))
+    total = sum(p.stat().st_size for p in store.glob("??/*.*"))
     assert cache.prune(store, max_bytes=total - old.stat().st_size) == 1
     assert entries(store) == [recent] and len(entries(store, ".timeline.json")) == 2
     assert cache.prune(store, max_bytes=10**9) == 0

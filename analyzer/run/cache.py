@@ -3,8 +3,9 @@
 The key is a content hash: the file's bytes (as stored, compressed or not), its base name (the
 rank may come from it), the tool version and every option that changes a rank's summary. A
 changed file, option or tool release therefore misses; nothing is keyed by path or mtime.
-Entries are JSON (never pickle: a cache directory may be shared, and loading must not run code),
-written atomically, and a damaged entry is simply recomputed. The cache never fails a run: an
+Entries are MessagePack of plain data (``analyzer.run.entry``; never pickle: a cache directory
+may be shared, and loading must not run code), written atomically, and a damaged entry is simply
+recomputed. The cache never fails a run: an
 unwritable directory only costs the speed-up.
 """
 
@@ -24,12 +25,14 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.gc_pause import paused_gc
+from analyzer.run import entry as entry_codec
 from analyzer.rank.analysis import RankAnalysis, RankOptions, analyze_rank_file, step_timeline_file
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: MessagePack, collective rows by column (analyzer.run.entry)
 RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
 MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
+ENTRY_SUFFIX = ".msgpack"  # rank entries; the report's step timelines are ".timeline.json"
 _FIELDS = tuple(f.name for f in dataclasses.fields(RankAnalysis))
 
 
@@ -112,7 +115,7 @@ def cache_key(path: str | Path, options: RankOptions, cache_dir: str | Path | No
 
 
 def entry_path(cache_dir: str | Path, key: str) -> Path:
-    return Path(cache_dir) / key[:2] / f"{key}.json"
+    return Path(cache_dir) / key[:2] / f"{key}{ENTRY_SUFFIX}"
 
 
 def analyze_rank_cached(path: str, options: RankOptions, cache_dir: str | None) -> RankAnalysis:
@@ -181,45 +184,67 @@ def step_timeline_and_store(path: str, options: RankOptions, origin_ns: int, ent
 
 
 def _read_json(entry: Path) -> dict[str, Any] | None:
-    """A cache entry's document (None when missing or damaged), marked recently used."""
+    """A cache entry's JSON document (None when missing or damaged), marked recently used."""
+    raw = _read_bytes(entry)
+    if raw is None:
+        return None
     try:
-        with open(entry, "rb") as handle:
-            raw = handle.read()
         with paused_gc():  # tens of thousands of fresh dicts, no cycles
             try:
                 doc = msgspec.json.decode(raw)  # ~3x faster than json for the common case
             except msgspec.DecodeError:
                 doc = json.loads(raw)  # NaN literals (json.dump writes them), huge ints
-        os.utime(entry)  # recently used: pruned last
-    except (OSError, ValueError):
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def load_entry(entry: Path) -> RankAnalysis | None:
-    doc = _read_json(entry)
+def _read_bytes(entry: Path) -> bytes | None:
+    """A cache entry's bytes (None when missing), marked recently used: pruned last."""
     try:
-        if doc is None or doc.get("format") != CACHE_FORMAT or set(doc["rank"]) != set(_FIELDS):
+        with open(entry, "rb") as handle:
+            raw = handle.read()
+        os.utime(entry)
+    except OSError:
+        return None
+    return raw
+
+
+def load_entry(entry: Path) -> RankAnalysis | None:
+    raw = _read_bytes(entry)
+    fields = entry_codec.decode(raw, CACHE_FORMAT) if raw is not None else None
+    try:
+        if fields is None or set(fields) != set(_FIELDS):
             return None
-        return RankAnalysis(**doc["rank"])
-    except (KeyError, TypeError, AttributeError):
-        return None  # missing or damaged: recompute
+        return RankAnalysis(**fields)
+    except TypeError:
+        return None  # damaged: recompute
 
 
 def store_entry(entry: Path, analysis: RankAnalysis) -> None:
-    _write_json_atomic(entry, {"format": CACHE_FORMAT, "rank": _plain(dataclasses.asdict(analysis))})
+    raw = entry_codec.encode(_plain(dataclasses.asdict(analysis)), CACHE_FORMAT)
+    if raw is not None:
+        _write_atomic(entry, raw)
 
 
 def _write_json_atomic(target: Path, doc: Any) -> None:
+    try:
+        raw = json.dumps(doc, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return
+    _write_atomic(target, raw)
+
+
+def _write_atomic(target: Path, raw: bytes) -> None:
     """Temporary file + rename; a failure only costs the cache entry."""
     tmp = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".entry.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, separators=(",", ":"))
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
         os.replace(tmp, target)
-    except (OSError, TypeError, ValueError):
+    except OSError:
         if tmp:
             try:
                 os.unlink(tmp)
@@ -265,7 +290,8 @@ def _prune_stat_memos(folder: Path, keep: int = MAX_STAT_MEMOS) -> None:
 
 def _prune_entries(cache_dir: str | Path, max_bytes: int) -> int:
     entries = []
-    for entry in Path(cache_dir).glob("??/*.json"):
+    found = [*Path(cache_dir).glob(f"??/*{ENTRY_SUFFIX}"), *Path(cache_dir).glob("??/*.json")]
+    for entry in found:  # ".json": the step timelines, and rank entries of format 1
         try:
             info = entry.stat()
         except OSError:

@@ -114,7 +114,7 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
     keys: list[str | None] = [None] * len(paths)
     if cache_dir:  # hits are answered here, without starting a single worker
         keys = _cache_keys(paths, options, cache_dir)
-        with paused_gc():  # every entry's rows survive to the end: scanning them is wasted
+        with paused_gc(long_lived=True):  # every entry's rows survive to the end: scanning them is wasted
             results = [cached_entry(path, key, cache_dir) for path, key in zip(paths, keys)]
     todo = [i for i, r in enumerate(results) if r is None]
     done_count = len(paths) - len(todo)

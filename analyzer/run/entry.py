@@ -1,0 +1,119 @@
+"""A cached rank summary as bytes and back: msgspec MessagePack of plain data (never pickle:
+decoding runs no code), the collective rows stored by column.
+
+A cached re-run of a 64-rank job spent as long reading its entries as JSON row dicts as on
+the whole reduce after it: 274,560 dicts, each with its own copy of every string and of its
+process-group dict (which ``share_groups`` then had to compare, row by row, to share again).
+By column, a string or group column is stored as its distinct values plus one code per row,
+and decoded back into rows that share those objects; numbers stay plain lists. MessagePack
+keeps what JSON loses (ints vs floats as written, NaN, non-string keys), so a hit gives the
+rows exactly as the map computed them.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any
+
+import msgspec
+
+from analyzer.base.gc_pause import paused_gc
+
+
+class RowColumns(msgspec.Struct, forbid_unknown_fields=True):
+    """Rows of one shape (the same keys in the same order), by column. ``tables[i]`` None:
+    ``columns[i]`` holds the values; else the distinct values, ``columns[i]`` their codes."""
+    keys: list[str]
+    columns: list[list[Any]]
+    tables: list[list[Any] | None]
+
+
+class Entry(msgspec.Struct, forbid_unknown_fields=True):
+    format: int
+    rank: dict[str, Any]  # the summary's fields; "collectives" is in ``rows`` when given
+    rows: RowColumns | None = None
+
+
+_DECODER = msgspec.msgpack.Decoder(Entry)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode(fields: dict[str, Any], version: int) -> bytes | None:
+    """The entry of a summary's plain fields (``cache._plain``); None when MessagePack cannot
+    hold a value (an int beyond 64 bits from a hostile trace): the rank is then not cached."""
+    rows = fields.get("collectives")
+    try:
+        columns = to_columns(rows) if isinstance(rows, list) else None
+        if columns is not None:
+            fields = {k: v for k, v in fields.items() if k != "collectives"}
+        return _ENCODER.encode(Entry(version, fields, columns))
+    except (msgspec.EncodeError, OverflowError, TypeError, ValueError):
+        return None
+
+
+def decode(raw: bytes, version: int) -> dict[str, Any] | None:
+    """The summary's fields, or None for a damaged entry or one of another format."""
+    try:
+        with paused_gc():  # a few hundred thousand fresh objects, no cycles
+            entry = _DECODER.decode(raw)
+            if entry.format != version:
+                return None
+            fields = entry.rank
+            if entry.rows is not None:
+                fields["collectives"] = from_columns(entry.rows)
+    except (msgspec.DecodeError, ValueError, IndexError, TypeError):
+        return None
+    return fields
+
+
+def to_columns(rows: list[Any]) -> RowColumns | None:
+    """``rows`` by column, or None when they are not dicts of one shape (kept as a list)."""
+    if not rows or not all(isinstance(row, dict) for row in rows):
+        return None
+    keys = list(rows[0])
+    if not all(isinstance(key, str) for key in keys) or any(list(row) != keys for row in rows):
+        return None
+    columns, tables = [], []
+    for key in keys:
+        values = [row[key] for row in rows]
+        table, codes = _coded(values)
+        columns.append(codes if table is not None else values)
+        tables.append(table)
+    return RowColumns(keys, columns, tables)
+
+
+def _coded(values: list[Any]) -> tuple[list[Any] | None, list[int]]:
+    """(distinct values, one code per value) for a column of strings or dicts (None allowed);
+    (None, []) for any other column. Values are told apart by their encoding, so 1, 1.0 and
+    True, or dicts with their keys in another order, stay distinct as ``==`` would not."""
+    if not all(v is None or isinstance(v, (str, dict)) for v in values):
+        return None, []
+    table: list[Any] = []
+    code_of: dict[bytes, int] = {}
+    codes = []
+    for value in values:
+        encoded = _ENCODER.encode(value)
+        code = code_of.get(encoded)
+        if code is None:
+            code = code_of[encoded] = len(table)
+            table.append(value)
+        codes.append(code)
+    return table, codes
+
+
+def from_columns(stored: RowColumns) -> list[dict[str, Any]]:
+    """The rows again; the rows of a coded column share its table's objects."""
+    count = len(stored.columns[0]) if stored.columns else 0
+    if not (len(stored.keys) == len(stored.columns) == len(stored.tables) > 0):
+        raise ValueError("damaged entry: columns do not match keys")
+    columns = []
+    for values, table in zip(stored.columns, stored.tables):
+        if len(values) != count:
+            raise ValueError("damaged entry: columns of different lengths")
+        if table is not None:
+            if values and (min(values) < 0 or max(values) >= len(table)):  # not ints: TypeError
+                raise ValueError("damaged entry: code out of range")
+            values = list(map(table.__getitem__, values))
+        columns.append(values)
+    # map() rather than a comprehension: no Python frame step per row (~25 % faster)
+    return list(map(dict, map(zip, repeat(stored.keys), zip(*columns))))

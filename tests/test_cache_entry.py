@@ -1,0 +1,57 @@
+"""The cache entry codec (analyzer.run.entry): any plain summary comes back equal, with the same
+types (ints stay ints, floats floats, NaN NaN) and key order; coded columns share their objects."""
+
+import math
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analyzer.run import entry
+
+VERSION = 7
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(allow_nan=True),
+                    st.sampled_from(["allreduce", "bf16", "backward", ""]), st.text(max_size=4))
+groups = st.one_of(st.none(), st.fixed_dictionaries({"name": st.sampled_from(["0", "1"]),
+                                                     "ranks": st.lists(st.integers(0, 7), max_size=3)}))
+
+
+def _same(a, b):
+    """Equal, with the same types and dict key order all the way down (NaN equal to NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(scalars, scalars, groups), max_size=30), st.booleans())
+def test_rows_round_trip(values, ragged):
+    rows = [{"bytes": a, "kind": b, "group": g} for a, b, g in values]
+    if ragged and rows:
+        rows[-1] = {"kind": rows[-1]["kind"]}  # another shape: the rows are kept as a list
+    fields = {"rank": 3, "metrics": {"span_us": 1.0}, "collectives": rows}  # decoded last
+    back = entry.decode(entry.encode(fields, VERSION), VERSION)
+    assert _same(back, fields)
+
+
+def test_coded_columns_share_their_values():
+    group = {"name": "0", "ranks": [0, 1]}
+    rows = [{"kind": "allreduce", "group": dict(group), "dur_us": float(i)} for i in range(5)]
+    back = entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)["collectives"]
+    assert back == rows
+    assert len({id(row["group"]) for row in back}) == 1 and len({id(row["kind"]) for row in back}) == 1
+    stored = msgspec.msgpack.decode(entry.encode({"collectives": rows}, VERSION))["rows"]
+    assert stored["tables"] == [["allreduce"], [group], None]
+
+
+def test_other_format_or_unencodable_values():
+    raw = entry.encode({"collectives": []}, VERSION)
+    assert entry.decode(raw, VERSION) == {"collectives": []}
+    assert entry.decode(raw, VERSION + 1) is None
+    assert entry.encode({"comms_id": 2**70}, VERSION) is None  # beyond MessagePack: not cached
