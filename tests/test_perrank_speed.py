@@ -22,7 +22,22 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.columns import Interner, _remap, comm_args_by_row, comm_args_of, factorize, parse_ranks, thread_ids, to_int
+from analyzer.ingest.classify import KernelClassifier
+from analyzer.ingest.columns import (
+    ColumnBuilder,
+    Interner,
+    _column,
+    _ints,
+    _remap,
+    _stream_correlation,
+    _ts_dur,
+    comm_args_by_row,
+    comm_args_of,
+    factorize,
+    parse_ranks,
+    thread_ids,
+    to_int,
+)
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
 
@@ -232,6 +247,57 @@ def test_thread_ids_label_each_event(pairs):
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
     assert [threads.strings[i] for i in ids.tolist()] == labels
     assert threads.strings == list(dict.fromkeys(labels))
+
+
+# What ts/dur/stream/correlation hold in real and hostile traces (schema: int, float, str or None).
+NUMS = st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True), st.none(), st.booleans(),
+                 st.sampled_from(["1.5", "7", "x", "", "nan", "inf"]), st.integers(2**62, 2**70))
+PLAIN_NUMS = st.one_of(st.integers(0, 10**6), st.floats(0, 1e9))  # the common case: the one-pass path
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(NUMS, NUMS), max_size=20) | st.lists(st.tuples(PLAIN_NUMS, PLAIN_NUMS), max_size=20))
+def test_ts_dur_in_one_pass_read_like_each_field(pairs):
+    """Reading ts and dur together gives the values the per-field path gives, hostile ones too."""
+    events = [Event(ph="X", ts=ts, dur=dur) for ts, dur in pairs]
+    ts, dur = _ts_dur(events)
+    np.testing.assert_array_equal(ts, _column(events, lambda e: e.ts, np.float64))
+    np.testing.assert_array_equal(dur, _column(events, lambda e: e.dur, np.float64))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(NUMS, NUMS), max_size=20) | st.lists(st.tuples(PLAIN_NUMS, PLAIN_NUMS), max_size=20))
+def test_stream_and_correlation_in_one_pass_read_like_each_field(pairs):
+    args = [EventArgs(stream=stream, correlation=correlation) for stream, correlation in pairs]
+    stream, correlation = _stream_correlation(args)
+    assert stream.tolist() == _ints([a.stream for a in args]).tolist()
+    assert correlation.tolist() == _ints([a.correlation for a in args]).tolist()
+    assert stream.flags.writeable and stream.flags.c_contiguous  # the caller fills in missing streams
+
+
+GPU_CATS = st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"])
+GPU_NAMES = st.one_of(st.sampled_from(["ncclKernel_AllReduce", "Memcpy HtoD", "gemm", "kernel"]), st.integers(0, 3),
+                      st.none())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(GPU_CATS, GPU_NAMES), min_size=1, max_size=30), st.lists(NAMES, max_size=5))
+def test_gpu_kinds_classify_each_row(rows, earlier):
+    """Each GPU row's kind is the classifier's for its own category and name (the category taken
+    from its group), and the names table gets the names, then the categories, in first-seen order."""
+    builder = ColumnBuilder(KernelClassifier())
+    builder.names.ids(earlier)
+    events = [Event(ph="X", cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
+              for i, (cat, name) in enumerate(rows)]
+    builder.add(events)
+    ordered = sorted(range(len(rows)), key=lambda i: rows[i][0])  # grouped by category, stable
+    text = ["" if rows[i][1] is None else str(rows[i][1]) for i in ordered]
+    classify = KernelClassifier()
+    _, _, _, kind, names, correlation = builder._gpu[0]
+    assert correlation.tolist() == ordered
+    assert [builder.names.strings[n] for n in names.tolist()] == text
+    assert kind.tolist() == [classify(rows[i][0], t) for i, t in zip(ordered, text)]
+    assert builder.names.strings == list(dict.fromkeys([*earlier, *text, *sorted({cat for cat, _ in rows})]))
 
 
 def _counting_loads(monkeypatch):

@@ -65,8 +65,7 @@ def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
 def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, valid mask) in int64 ns; events with missing, non-finite or negative
     ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
-    ts = _column(events, _get["ts"], np.float64)
-    dur = _column(events, _get["dur"], np.float64)
+    ts, dur = _ts_dur(events)
     # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed: out of range.
     valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur < 2**52)
     ts = np.where(valid, ts, 0.0)
@@ -80,6 +79,24 @@ def start_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     ts = _column(events, _get["ts"], np.float64)
     valid = np.isfinite(ts) & (np.abs(ts) < 2**52)
     return _us_to_ns(np.where(valid, ts, 0.0)), valid
+
+
+_TS_DUR = attrgetter("ts", "dur")
+_TS_DUR_RECORD = np.dtype([("ts", np.float64), ("dur", np.float64)])
+
+
+def _ts_dur(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
+    """ts and dur as float64, read in one pass (each event's struct is visited once: the
+    events of a category lie scattered in memory, so a pass costs cache misses, not arithmetic).
+    A record field turns None into NaN where the one-field path raises and decides otherwise
+    (booleans), so a NaN sends the batch to that path: the values are the same either way."""
+    try:
+        both = np.fromiter(map(_TS_DUR, events), dtype=_TS_DUR_RECORD, count=len(events))
+    except (TypeError, ValueError, OverflowError):
+        both = None
+    if both is None or np.isnan(both["ts"]).any() or np.isnan(both["dur"]).any():
+        return _column(events, _get["ts"], np.float64), _column(events, _get["dur"], np.float64)
+    return both["ts"], both["dur"]
 
 
 def _us_to_ns(us: np.ndarray) -> np.ndarray:
@@ -146,6 +163,20 @@ _ARG_EXTERNAL_ID = attrgetter("args.external_id")
 
 def _joined(groups: dict[str, list[Event]], cats) -> list[Event]:
     return list(chain.from_iterable(groups.get(cat, ()) for cat in sorted(cats)))
+
+
+_STREAM_CORRELATION = attrgetter("stream", "correlation")
+_INT_PAIR = np.dtype([("first", np.int64), ("second", np.int64)])
+
+
+def _stream_correlation(args: list[EventArgs]) -> tuple[np.ndarray, np.ndarray]:
+    """Stream and correlation of GPU events' args in one pass; any value that is not a plain
+    number (None, text) sends both to the tolerant per-field path, which gives the same values."""
+    try:
+        both = np.fromiter(map(_STREAM_CORRELATION, args), dtype=_INT_PAIR, count=len(args))
+        return both["first"].copy(), both["second"]
+    except (TypeError, ValueError, OverflowError):
+        return _ints(list(map(attrgetter("stream"), args))), _ints(list(map(attrgetter("correlation"), args)))
 
 
 def _args_of(events: list[Event]) -> list[EventArgs]:
@@ -223,17 +254,19 @@ class ColumnBuilder:
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
         groups = split_by_category(events)
-        self._add_gpu(_joined(groups, GPU_ACTIVITY_CATS))
+        self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
         self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS))
 
-    def _add_gpu(self, events: list[Event]) -> None:
+    def _add_gpu(self, groups: dict[str, list[Event]]) -> None:
+        cats = sorted(GPU_ACTIVITY_CATS.intersection(groups))  # the order of _joined
+        events = _joined(groups, cats)
         if not events:
             return
         start, end, valid = times_ns(events)
         args = _args_of(events)
-        stream = _ints(list(map(attrgetter("stream"), args)))
+        stream, correlation = _stream_correlation(args)
         no_stream = stream == MISSING
         if no_stream.any():  # fall back to the row (tid) the event is drawn on
             stream[no_stream] = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
@@ -241,16 +274,27 @@ class ColumnBuilder:
         # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
         keep = np.flatnonzero(valid & (stream >= 0))
         names = self.names.ids(list(map(_get["name"], events)))
-        cats = self.names.ids(list(map(_get["cat"], events)))
-        pair_codes, pairs = factorize(zip(cats.tolist(), names.tolist()))
-        strings = self.names.strings
-        table = np.asarray([self.classifier(strings[c], strings[n]) for c, n in pairs], dtype=np.int8)
-        kind = table[pair_codes]
-        correlation = _ints(list(map(attrgetter("correlation"), args)))
+        kind = self._gpu_kinds(names, cats, [len(groups[cat]) for cat in cats])
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
         comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
         self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
         self._gpu_rows += len(keep)
+
+    def _gpu_kinds(self, names: np.ndarray, cats: list[str], sizes: list[int]) -> np.ndarray:
+        """GpuKind of rows grouped by category (``sizes`` rows of each of ``cats``, in order):
+        the category of a row is known from its group, so only the names are read per row and
+        the classifier runs once per distinct name of each category."""
+        for cat in cats:  # interned after the names, as a pass over the rows' categories did
+            self.names._id(cat)
+        strings = self.names.strings
+        kind = np.empty(len(names), dtype=np.int8)
+        table = np.zeros(len(strings), dtype=np.int8)
+        for cat, stop, size in zip(cats, np.cumsum(sizes).tolist(), sizes):
+            rows = names[stop - size:stop]
+            present = np.unique(rows).tolist()
+            table[present] = [self.classifier(cat, strings[n]) for n in present]
+            kind[stop - size:stop] = table[rows]
+        return kind
 
     def _add_launches(self, events: list[Event]) -> None:
         correlation = _column(events, _ARG_CORRELATION, np.int64)
