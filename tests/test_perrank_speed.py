@@ -26,11 +26,7 @@ from analyzer.ingest.classify import KernelClassifier
 from analyzer.ingest.columns import (
     ColumnBuilder,
     Interner,
-    _column,
-    _ints,
     _remap,
-    _stream_correlation,
-    _ts_dur,
     comm_args_by_row,
     comm_args_of,
     factorize,
@@ -247,32 +243,6 @@ def test_thread_ids_label_each_event(pairs):
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
     assert [threads.strings[i] for i in ids.tolist()] == labels
     assert threads.strings == list(dict.fromkeys(labels))
-
-
-# What ts/dur/stream/correlation hold in real and hostile traces (schema: int, float, str or None).
-NUMS = st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True), st.none(), st.booleans(),
-                 st.sampled_from(["1.5", "7", "x", "", "nan", "inf"]), st.integers(2**62, 2**70))
-PLAIN_NUMS = st.one_of(st.integers(0, 10**6), st.floats(0, 1e9))  # the common case: the one-pass path
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(NUMS, NUMS), max_size=20) | st.lists(st.tuples(PLAIN_NUMS, PLAIN_NUMS), max_size=20))
-def test_ts_dur_in_one_pass_read_like_each_field(pairs):
-    """Reading ts and dur together gives the values the per-field path gives, hostile ones too."""
-    events = [Event(ph="X", ts=ts, dur=dur) for ts, dur in pairs]
-    ts, dur = _ts_dur(events)
-    np.testing.assert_array_equal(ts, _column(events, lambda e: e.ts, np.float64))
-    np.testing.assert_array_equal(dur, _column(events, lambda e: e.dur, np.float64))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(NUMS, NUMS), max_size=20) | st.lists(st.tuples(PLAIN_NUMS, PLAIN_NUMS), max_size=20))
-def test_stream_and_correlation_in_one_pass_read_like_each_field(pairs):
-    args = [EventArgs(stream=stream, correlation=correlation) for stream, correlation in pairs]
-    stream, correlation = _stream_correlation(args)
-    assert stream.tolist() == _ints([a.stream for a in args]).tolist()
-    assert correlation.tolist() == _ints([a.correlation for a in args]).tolist()
-    assert stream.flags.writeable and stream.flags.c_contiguous  # the caller fills in missing streams
 
 
 GPU_CATS = st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"])

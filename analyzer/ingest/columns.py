@@ -65,7 +65,8 @@ def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
 def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, valid mask) in int64 ns; events with missing, non-finite or negative
     ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
-    ts, dur = _ts_dur(events)
+    ts = _column(events, _get["ts"], np.float64)
+    dur = _column(events, _get["dur"], np.float64)
     # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed: out of range.
     valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur < 2**52)
     ts = np.where(valid, ts, 0.0)
@@ -79,24 +80,6 @@ def start_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     ts = _column(events, _get["ts"], np.float64)
     valid = np.isfinite(ts) & (np.abs(ts) < 2**52)
     return _us_to_ns(np.where(valid, ts, 0.0)), valid
-
-
-_TS_DUR = attrgetter("ts", "dur")
-_TS_DUR_RECORD = np.dtype([("ts", np.float64), ("dur", np.float64)])
-
-
-def _ts_dur(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-    """ts and dur as float64, read in one pass (each event's struct is visited once: the
-    events of a category lie scattered in memory, so a pass costs cache misses, not arithmetic).
-    A record field turns None into NaN where the one-field path raises and decides otherwise
-    (booleans), so a NaN sends the batch to that path: the values are the same either way."""
-    try:
-        both = np.fromiter(map(_TS_DUR, events), dtype=_TS_DUR_RECORD, count=len(events))
-    except (TypeError, ValueError, OverflowError):
-        both = None
-    if both is None or np.isnan(both["ts"]).any() or np.isnan(both["dur"]).any():
-        return _column(events, _get["ts"], np.float64), _column(events, _get["dur"], np.float64)
-    return both["ts"], both["dur"]
 
 
 def _us_to_ns(us: np.ndarray) -> np.ndarray:
@@ -163,20 +146,6 @@ _ARG_EXTERNAL_ID = attrgetter("args.external_id")
 
 def _joined(groups: dict[str, list[Event]], cats) -> list[Event]:
     return list(chain.from_iterable(groups.get(cat, ()) for cat in sorted(cats)))
-
-
-_STREAM_CORRELATION = attrgetter("stream", "correlation")
-_INT_PAIR = np.dtype([("first", np.int64), ("second", np.int64)])
-
-
-def _stream_correlation(args: list[EventArgs]) -> tuple[np.ndarray, np.ndarray]:
-    """Stream and correlation of GPU events' args in one pass; any value that is not a plain
-    number (None, text) sends both to the tolerant per-field path, which gives the same values."""
-    try:
-        both = np.fromiter(map(_STREAM_CORRELATION, args), dtype=_INT_PAIR, count=len(args))
-        return both["first"].copy(), both["second"]
-    except (TypeError, ValueError, OverflowError):
-        return _ints(list(map(attrgetter("stream"), args))), _ints(list(map(attrgetter("correlation"), args)))
 
 
 def _args_of(events: list[Event]) -> list[EventArgs]:
@@ -266,7 +235,7 @@ class ColumnBuilder:
             return
         start, end, valid = times_ns(events)
         args = _args_of(events)
-        stream, correlation = _stream_correlation(args)
+        stream = _ints(list(map(attrgetter("stream"), args)))
         no_stream = stream == MISSING
         if no_stream.any():  # fall back to the row (tid) the event is drawn on
             stream[no_stream] = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
@@ -275,6 +244,7 @@ class ColumnBuilder:
         keep = np.flatnonzero(valid & (stream >= 0))
         names = self.names.ids(list(map(_get["name"], events)))
         kind = self._gpu_kinds(names, cats, [len(groups[cat]) for cat in cats])
+        correlation = _ints(list(map(attrgetter("correlation"), args)))
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
         comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
         self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
