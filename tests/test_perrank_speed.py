@@ -22,7 +22,18 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.ingest.columns import Interner, _remap, comm_args_by_row, comm_args_of, factorize, parse_ranks, thread_ids, to_int
+from analyzer.ingest.classify import KernelClassifier
+from analyzer.ingest.columns import (
+    ColumnBuilder,
+    Interner,
+    _remap,
+    comm_args_by_row,
+    comm_args_of,
+    factorize,
+    parse_ranks,
+    thread_ids,
+    to_int,
+)
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.rank.comms import _group_of, _groups_by_name, _merge_sources, _us3
 
@@ -232,6 +243,31 @@ def test_thread_ids_label_each_event(pairs):
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
     assert [threads.strings[i] for i in ids.tolist()] == labels
     assert threads.strings == list(dict.fromkeys(labels))
+
+
+GPU_CATS = st.sampled_from(["kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"])
+GPU_NAMES = st.one_of(st.sampled_from(["ncclKernel_AllReduce", "Memcpy HtoD", "gemm", "kernel"]), st.integers(0, 3),
+                      st.none())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(GPU_CATS, GPU_NAMES), min_size=1, max_size=30), st.lists(NAMES, max_size=5))
+def test_gpu_kinds_classify_each_row(rows, earlier):
+    """Each GPU row's kind is the classifier's for its own category and name (the category taken
+    from its group), and the names table gets the names, then the categories, in first-seen order."""
+    builder = ColumnBuilder(KernelClassifier())
+    builder.names.ids(earlier)
+    events = [Event(ph="X", cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
+              for i, (cat, name) in enumerate(rows)]
+    builder.add(events)
+    ordered = sorted(range(len(rows)), key=lambda i: rows[i][0])  # grouped by category, stable
+    text = ["" if rows[i][1] is None else str(rows[i][1]) for i in ordered]
+    classify = KernelClassifier()
+    _, _, _, kind, names, correlation = builder._gpu[0]
+    assert correlation.tolist() == ordered
+    assert [builder.names.strings[n] for n in names.tolist()] == text
+    assert kind.tolist() == [classify(rows[i][0], t) for i, t in zip(ordered, text)]
+    assert builder.names.strings == list(dict.fromkeys([*earlier, *text, *sorted({cat for cat, _ in rows})]))
 
 
 def _counting_loads(monkeypatch):

@@ -223,12 +223,14 @@ class ColumnBuilder:
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
         groups = split_by_category(events)
-        self._add_gpu(_joined(groups, GPU_ACTIVITY_CATS))
+        self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
         self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS))
 
-    def _add_gpu(self, events: list[Event]) -> None:
+    def _add_gpu(self, groups: dict[str, list[Event]]) -> None:
+        cats = sorted(GPU_ACTIVITY_CATS.intersection(groups))  # the order of _joined
+        events = _joined(groups, cats)
         if not events:
             return
         start, end, valid = times_ns(events)
@@ -241,16 +243,28 @@ class ColumnBuilder:
         # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
         keep = np.flatnonzero(valid & (stream >= 0))
         names = self.names.ids(list(map(_get["name"], events)))
-        cats = self.names.ids(list(map(_get["cat"], events)))
-        pair_codes, pairs = factorize(zip(cats.tolist(), names.tolist()))
-        strings = self.names.strings
-        table = np.asarray([self.classifier(strings[c], strings[n]) for c, n in pairs], dtype=np.int8)
-        kind = table[pair_codes]
+        kind = self._gpu_kinds(names, cats, [len(groups[cat]) for cat in cats])
         correlation = _ints(list(map(attrgetter("correlation"), args)))
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
         comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
         self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
         self._gpu_rows += len(keep)
+
+    def _gpu_kinds(self, names: np.ndarray, cats: list[str], sizes: list[int]) -> np.ndarray:
+        """GpuKind of rows grouped by category (``sizes`` rows of each of ``cats``, in order):
+        the category of a row is known from its group, so only the names are read per row and
+        the classifier runs once per distinct name of each category."""
+        for cat in cats:  # interned after the names, as a pass over the rows' categories did
+            self.names._id(cat)
+        strings = self.names.strings
+        kind = np.empty(len(names), dtype=np.int8)
+        table = np.zeros(len(strings), dtype=np.int8)
+        for cat, stop, size in zip(cats, np.cumsum(sizes).tolist(), sizes):
+            rows = names[stop - size:stop]
+            present = np.unique(rows).tolist()
+            table[present] = [self.classifier(cat, strings[n]) for n in present]
+            kind[stop - size:stop] = table[rows]
+        return kind
 
     def _add_launches(self, events: list[Event]) -> None:
         correlation = _column(events, _ARG_CORRELATION, np.int64)
