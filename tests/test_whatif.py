@@ -223,3 +223,17 @@ def test_interpolate_ready_in_one_call_equals_one_call_per_item(items, end_value
     known, weights, upper = (list(column) for column in zip(*items))
     same_bits = [repr(v) for v in interpolate_ready(known, weights, upper, end_value)]  # -0.0 too
     assert same_bits == [repr(v) for v in _interpolate_ready_per_item(known, weights, upper, end_value)]
+
+
+def test_bucket_ready_never_before_its_cpu_launch():
+    """Back-to-back all-reduces: only the first start is a ready time, the rest are interpolated
+    in bytes up to the end of backward. A bucket whose all-reduce the CPU launched later than
+    that interpolation was not ready before its launch; never later than its own start."""
+    from analyzer.whatif.ddp import bucket_ready_times
+    starts, ends, sizes = [0.0, 200.0, 400.0], [200.0, 400.0, 600.0], [1.0, 1.0, 1.0]
+    no_launch = bucket_ready_times(starts, ends, sizes, [None, None, None], backward_end=330.0)
+    assert no_launch == [0.0, 165.0, 330.0]
+    ready = bucket_ready_times(starts, ends, sizes, [None, 180.0, 390.0], backward_end=330.0)
+    assert ready == [0.0, 180.0, 390.0]
+    # A host clock ahead of the GPU's: the launch after the start is bounded by the start.
+    assert bucket_ready_times(starts, ends, sizes, [None, 250.0, None], backward_end=330.0)[1] == 200.0

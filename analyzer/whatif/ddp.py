@@ -57,8 +57,10 @@ def bucket_ready_times(starts: list[float], ends: list[float], sizes: list[float
     CPU launch."""
     known = [s if k == 0 or s > ends[k - 1] + _IDLE_GAP_US else None for k, s in enumerate(starts)]
     ready = interpolate_ready(known, sizes, list(starts), min(backward_end, starts[-1]))
-    return [max(value, launch) if launch is not None and launch <= value else value
-            for value, launch in zip(ready, launches)]
+    # A bucket cannot be ready before the CPU launched its all-reduce; bound by its own start
+    # too, so a host clock slightly ahead of the GPU's never moves ready past the transfer.
+    return [value if launch is None else min(max(value, launch), start)
+            for value, launch, start in zip(ready, launches, starts)]
 
 
 def gradient_pieces(sizes: list[float], ready: list[float], start: float,
