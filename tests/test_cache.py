@@ -232,3 +232,30 @@ def test_damaged_digest_memo_is_ignored(job, tmp_path, monkeypatch):
     for damage in ("not json", json.dumps({**doc, "sha256": "../../etc"}), json.dumps({"stat": doc["stat"]})):
         memo.write_text(damage)
         assert cache.cache_key(job[0], options, store) == key
+
+
+@pytest.mark.parametrize("edited", ["rank/comms.py", "ingest/columns.py", "run/cache.py", "data/comm_kernels.toml"])
+def test_code_fingerprint_covers_the_whole_package(tmp_path, edited):
+    """An edit anywhere in the analyzer (not only next to the cache module) or in its data
+    files changes the fingerprint, so no summary of the old code is served."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    source = Path(cache.__file__).resolve().parents[1]
+    copy = tmp_path / "analyzer"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def fingerprint() -> str:
+        code = "from analyzer.run.cache import code_fingerprint; print(code_fingerprint())"
+        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
+                             capture_output=True, text=True).stdout.strip()
+        assert len(out) == 32
+        return out
+
+    before = fingerprint()
+    assert fingerprint() == before
+    with open(copy / edited, "a") as handle:
+        handle.write("\n# edited\n")
+    assert fingerprint() != before

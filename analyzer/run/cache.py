@@ -55,10 +55,13 @@ def file_digest(path: str | Path) -> str:
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """Digest of the analyzer's own source: an edited checkout (same version number, different
-    code) must not be served summaries computed by the old code."""
+    code) must not be served summaries computed by the old code. The whole package (this module
+    lives in analyzer/run/) with its data files: the communication catalog and the hardware
+    table change summaries too."""
     digest = hashlib.blake2b(__version__.encode(), digest_size=16)
-    package = Path(__file__).resolve().parent
-    for source in sorted(package.rglob("*.py")):
+    package = Path(__file__).resolve().parents[1]
+    data = package / "data"
+    for source in sorted([*package.rglob("*.py"), *data.glob("*.toml"), *data.glob("*.json")]):
         digest.update(str(source.relative_to(package)).encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()
