@@ -251,6 +251,20 @@ def test_bucket_pipeline_of_times_is_the_pipeline_of_their_sizes(buckets, bwd_en
     assert m.ddp_bucket_pipeline_of_times(ready, list(durations.values()), bwd_end) == by_size
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda count: st.lists(
+    st.tuples(st.lists(st.tuples(st.floats(-1e4, 1e4), st.floats(0, 1e3)), min_size=count, max_size=count),
+              st.floats(-1e4, 2e4)), min_size=1, max_size=6)))
+def test_exposed_tails_of_many_pipelines_are_each_pipelines_tail(pipelines):
+    """One 2-D call (the scaling curve's thousands of rank-steps) gives each row's
+    ``ddp_bucket_pipeline_of_times`` tail bit for bit."""
+    ready = np.array([[r for r, _ in buckets] for buckets, _ in pipelines])
+    times = np.array([[t for _, t in buckets] for buckets, _ in pipelines])
+    ends = np.array([end for _, end in pipelines])
+    expected = [m.ddp_bucket_pipeline_of_times(r, t, e).exposed_tail_us for r, t, e in zip(ready, times, ends)]
+    assert m.ddp_exposed_tails(ready, times, ends) == expected
+
+
 @pytest.mark.parametrize("times", [[1.0, -2.0, float("nan")], [1.0, float("nan"), -2.0]])
 def test_bucket_pipeline_of_times_says_what_the_per_bucket_check_says(times):
     feed = iter(times)
