@@ -16,6 +16,7 @@ N < 1, non-finite numbers, unknown collective names).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -197,12 +198,15 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def collective_time(kind: str, size_bytes: float, n: int, alpha_us: float,
                     beta_gbps: float) -> float:
     """Modelled time (µs) of one collective ``kind`` of S bytes on N ranks (ring algorithm).
 
     kind ∈ COLLECTIVE_KINDS; S follows nccl-tests: all-reduce buffer, all-gather *output*,
     reduce-scatter *input*, all-to-all bytes per rank, broadcast/reduce/p2p message. §2.
+    A pure function, cached: a collective-heavy rank asks for the same few sizes and groups
+    thousands of times (the rules' α-β caps). ``typed``: 1 and 1.0 are separate entries.
     """
     _check_kind(kind)
     if kind in _POINT_TO_POINT:
