@@ -167,3 +167,29 @@ def test_match_agrees_with_the_reference(rows):
     expected_method, expected_sets = reference_match(rows)
     assert method == expected_method
     assert list(sets.values()) == expected_sets
+
+
+VALUES = st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: round(v, 3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(VALUES, VALUES, st.integers(0, 7)), min_size=1, max_size=9), max_size=12))
+def test_per_set_figures_equal_the_set_by_set_ones(sets):
+    """The sets of one size as the rows of one 2-D array: each set's last arrival, skew,
+    median, lags and the member it waited for are the 1-D slice's, bit for bit (ties: the first)."""
+    import numpy as np
+
+    from analyzer.job.crossrank import _per_set, _set_medians
+    arrivals = np.array([a for s in sets for a, _, _ in s], dtype=float)
+    durations = np.array([d for s in sets for _, d, _ in s], dtype=float)
+    members = np.array([m for s in sets for _, _, m in s], dtype=np.int64)
+    bounds = np.cumsum([0] + [len(s) for s in sets])
+    lags, waited = np.empty(len(arrivals)), np.empty(len(arrivals), dtype=np.int64)
+    last, skew = _per_set(arrivals, durations, members, bounds, lags, waited)
+    for k, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        arrival = arrivals[lo:hi]
+        assert last[k] == int(np.argmax(arrival))
+        assert repr(skew[k]) == repr(float(arrival.max() - arrival.min()))
+        assert [repr(v) for v in lags[lo:hi].tolist()] == [repr(v) for v in (arrival - np.median(arrival)).tolist()]
+        assert set(waited[lo:hi].tolist()) == {int(members[lo + int(np.argmin(durations[lo:hi]))])}
+        assert repr(float(_set_medians(arrivals, bounds)[k])) == repr(float(np.median(arrival)))

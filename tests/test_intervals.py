@@ -46,6 +46,21 @@ def test_covered_length_per_query(a_pairs, queries):
     assert got.tolist() == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(intervals_strategy, st.lists(st.tuples(st.integers(0, 250), st.integers(0, 80), st.integers(0, 80)),
+                                    max_size=10))
+def test_covered_lengths_share_the_starts(a_pairs, queries):
+    """Several ends per start at once: each is covered_length of that end (the attribution's
+    owned and waiting parts of each collective)."""
+    a = as_set(a_pairs)
+    qs = np.array([q for q, _, _ in queries], dtype=np.int64)
+    first = np.array([q + n for q, n, _ in queries], dtype=np.int64)
+    second = np.array([q + m for q, _, m in queries], dtype=np.int64)
+    got = iv.covered_lengths(a, qs, first, second)
+    assert [g.tolist() for g in got] == [iv.covered_length(a, qs, first).tolist(),
+                                         iv.covered_length(a, qs, second).tolist()]
+
+
 def test_union_merges_touching_and_nested():
     starts, ends = iv.union(np.array([0, 5, 10, 2]), np.array([5, 8, 12, 3]))
     assert starts.tolist() == [0, 10] and ends.tolist() == [8, 12]

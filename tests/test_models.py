@@ -75,6 +75,28 @@ def test_dispatcher_covers_every_kind_and_one_rank_costs_nothing():
         m.ring_allreduce_time(25e6, 8, NVL_ALPHA, NVL_BETA)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(m.COLLECTIVE_KINDS), st.one_of(st.integers(0, 2**34), st.floats(0, 1e10)),
+       st.integers(1, 4096), st.one_of(st.integers(0, 50), st.floats(0, 50)), st.floats(0.1, 1000))
+def test_collective_time_cache_gives_what_the_formula_gives(kind, size, n, alpha, beta):
+    """collective_time is cached (a collective-heavy rank asks for ~100 distinct ones ~25,000
+    times): a cached answer is the uncached function's, bit for bit, int and float apart."""
+    uncached = m.collective_time.__wrapped__
+    assert m.collective_time(kind, size, n, alpha, beta) == uncached(kind, size, n, alpha, beta)
+    hits = m.collective_time.cache_info().hits
+    assert m.collective_time(kind, size, n, alpha, beta) == uncached(kind, size, n, alpha, beta)
+    assert m.collective_time.cache_info().hits == hits + 1
+    for _ in range(2):  # errors are not cached: each call raises
+        with pytest.raises(ValueError):
+            m.collective_time(kind, -1.0, n, alpha, beta)
+
+
+def test_collective_time_cache_keeps_int_and_float_apart():
+    m.collective_time.cache_clear()
+    assert m.collective_time("allreduce", 1024, 8, 1, 100.0) == m.collective_time("allreduce", 1024.0, 8, 1.0, 100.0)
+    assert m.collective_time.cache_info().currsize == 2
+
+
 def test_tree_latency():
     assert m.tree_allreduce_latency(8, NVL_ALPHA) == pytest.approx(6 * 0.8)
     assert m.tree_allreduce_latency(1024, 1.0) == pytest.approx(20.0)
@@ -249,6 +271,20 @@ def test_bucket_pipeline_of_times_is_the_pipeline_of_their_sizes(buckets, bwd_en
     durations = {float(i): t for i, (_, t) in enumerate(buckets)}
     by_size = m.ddp_bucket_pipeline(ready, list(durations), bwd_end, lambda s: durations[s])
     assert m.ddp_bucket_pipeline_of_times(ready, list(durations.values()), bwd_end) == by_size
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda count: st.lists(
+    st.tuples(st.lists(st.tuples(st.floats(-1e4, 1e4), st.floats(0, 1e3)), min_size=count, max_size=count),
+              st.floats(-1e4, 2e4)), min_size=1, max_size=6)))
+def test_exposed_tails_of_many_pipelines_are_each_pipelines_tail(pipelines):
+    """One 2-D call (the scaling curve's thousands of rank-steps) gives each row's
+    ``ddp_bucket_pipeline_of_times`` tail bit for bit."""
+    ready = np.array([[r for r, _ in buckets] for buckets, _ in pipelines])
+    times = np.array([[t for _, t in buckets] for buckets, _ in pipelines])
+    ends = np.array([end for _, end in pipelines])
+    expected = [m.ddp_bucket_pipeline_of_times(r, t, e).exposed_tail_us for r, t, e in zip(ready, times, ends)]
+    assert m.ddp_exposed_tails(ready, times, ends) == expected
 
 
 @pytest.mark.parametrize("times", [[1.0, -2.0, float("nan")], [1.0, float("nan"), -2.0]])

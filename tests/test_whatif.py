@@ -15,8 +15,8 @@ from analyzer.cli.main import main
 from analyzer.base.errors import ConfigError
 from analyzer.synth import SCENARIOS, simulate, write_job
 from analyzer.whatif.ddp import interpolate_ready
-from analyzer.whatif.projection import (Durations, Measured, Scenario, _Transfers, measured_config, project,
-                                        target_config)
+from analyzer.whatif.projection import (Durations, Measured, Scenario, _DdpBatch, _ddp_step, _Transfers,
+                                        measured_config, project, target_config)
 
 SMALL = {"n_layers": 2, "steps": 2}
 
@@ -177,6 +177,25 @@ def test_projections_sharing_one_measured_equal_fresh_ones(job, request):
     shared = Measured(result)
     for scenario in SCENARIOS_OF[job] + SCENARIOS_OF[job][::-1]:
         assert project(result, scenario, shared).to_dict() == project(result, scenario).to_dict()
+
+
+@pytest.mark.parametrize("job", ["ddp_two_nodes", "ddp_one_nic"])
+@pytest.mark.parametrize("gpus", [4, 16, 64])
+def test_ddp_steps_at_once_equal_one_step_at_a_time(job, gpus, request):
+    """The scaling curve's path (every rank-step's all-reduces and pipeline at once) gives each
+    step's ``_ddp_step`` bit for bit, and counts the collectives kept as measured the same way."""
+    _, _, result, _ = request.getfixturevalue(job)
+    scenario = Scenario(gpus=gpus)
+    base, assumptions = measured_config(result, scenario, [])
+    target = target_config(base, scenario, assumptions)
+    shared, one_by_one = Durations(result, base, target), Durations(result, base, target)
+    steps = Measured(result).steps
+    rows = [dict(r, group={"name": "unknown group"}) if k % 5 == 2 else r  # some rows the model cannot scale
+            for k, r in enumerate(steps[0].ddp.buckets)]
+    steps[0].ddp.__dict__.update(buckets=rows)  # a frozen dataclass; this Measured is the test's own
+    batch = _DdpBatch.of([s.ddp for s in steps])
+    assert batch.changes(shared) == [_ddp_step(s, one_by_one, scenario) for s in steps]
+    assert shared.kept == one_by_one.kept > 0
 
 
 def test_a_measured_belongs_to_its_result(ddp_two_nodes, ddp_one_nic):

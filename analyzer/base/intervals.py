@@ -79,21 +79,27 @@ def _complement_within(a: IntervalSet, covered: IntervalSet) -> IntervalSet:
 
 def covered_length(intervals: IntervalSet, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """For each query [s, e), how much of it the canonical set covers (vectorised)."""
+    return covered_lengths(intervals, starts, ends)[0]
+
+
+def covered_lengths(intervals: IntervalSet, starts: np.ndarray, *ends: np.ndarray) -> list[np.ndarray]:
+    """``covered_length(intervals, starts, e)`` for each array ``e`` of ends, sharing the work
+    on the set and the starts (the step attribution asks for two ends per collective)."""
     set_start, set_end = intervals
     starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
     if len(set_start) == 0:
-        return np.zeros(len(starts), dtype=np.int64)
+        return [np.zeros(len(starts), dtype=np.int64) for _ in ends]
     lengths = set_end - set_start
     prefix = np.concatenate([[0], np.cumsum(lengths)])
-    return _cumulative(set_start, lengths, prefix, ends) - _cumulative(set_start, lengths, prefix, starts)
+    before = _cumulative(set_start, lengths, prefix, starts)
+    return [_cumulative(set_start, lengths, prefix, np.asarray(e, dtype=np.int64)) - before for e in ends]
 
 
 def _cumulative(set_start: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Covered length in (-inf, t] for each t."""
     idx = np.searchsorted(set_start, t, side="right") - 1
     safe = np.maximum(idx, 0)
-    inside = np.clip(t - set_start[safe], 0, lengths[safe])
+    inside = np.minimum(np.maximum(t - set_start[safe], 0), lengths[safe])  # np.clip, without its overhead
     return np.where(idx >= 0, prefix[safe] + inside, 0)
 
 

@@ -55,6 +55,7 @@ def attribute_job(result: Any) -> None:
     order = np.argsort(view.rank[on_gpu], kind="stable")  # each rank's GPU rows together, in row order
     by_rank = dict(zip(*_runs(view.rank[on_gpu][order], on_gpu[order])))
     per_rank: dict[int, dict[Any, dict[str, Any]]] = {}
+    labels: dict[int, str] = {}
     for rank in result.ranks:
         rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]))
         per_rank[rank.rank] = {}
@@ -69,7 +70,7 @@ def attribute_job(result: Any) -> None:
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
             tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)
             tb["wait_by_peer"] = _wait_by_peer(split)
-            per_rank[rank.rank][entry["step"]] = _rank_breakdown(entry, split, source)
+            per_rank[rank.rank][entry["step"]] = _rank_breakdown(entry, split, source, labels)
     result.attribution = _job_section(result, per_rank, source)
 
 
@@ -127,8 +128,7 @@ class _RowIntervals:
         lo = int(np.searchsorted(self.start, exposed[0][0] - self.longest, side="left"))
         hi = int(np.searchsorted(self.start, exposed[1][-1], side="left"))
         part = slice(lo, hi)
-        owned = iv.covered_length(exposed, self.own_start[part], self.own_end[part])
-        waiting = iv.covered_length(exposed, self.own_start[part], self.wait_end[part])
+        owned, waiting = iv.covered_lengths(exposed, self.own_start[part], self.own_end[part], self.wait_end[part])
         return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
 
 
@@ -172,24 +172,43 @@ def _wait_source(result: Any, estimated: bool) -> str:
 
 
 def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int, int]],
-                    source: str) -> dict[str, Any]:
+                    source: str, labels: dict[int, str] | None = None) -> dict[str, Any]:
+    """``labels``: each group's ``group_label`` by the group's id, filled as they come (rows
+    share their group's dict; a 64-rank job has a few groups and ~300,000 split rows)."""
     tb = entry["time_breakdown"]
-    details: dict[str, dict[str, float]] = {"by_kind": {}, "by_group": {}, "by_phase": {}, "by_kind_phase": {},
-                                            "wait_by_peer": {}}
+    labels = {} if labels is None else labels
+    by_kind: dict[str, list[float]] = {}
+    by_group: dict[str, list[float]] = {}
+    by_phase: dict[str, list[float]] = {}
+    by_kind_phase: dict[str, list[float]] = {}
     for row, owned, wait in split:
-        phase = row.get("phase") or "other"
-        for key, label in (("by_kind", row["collective"]), ("by_group", group_label(row.get("group")) or "unknown"),
-                           ("by_phase", phase), ("by_kind_phase", f"{row['collective']} {phase}")):
-            cell = details[key].setdefault(label, {"wait_us": 0.0, "transfer_us": 0.0})
-            cell["wait_us"] += wait / 1000.0
-            cell["transfer_us"] += (owned - wait) / 1000.0
-    details["wait_by_peer"] = dict(tb["wait_by_peer"])
-    details["idle_by_host"] = dict(tb.get("idle_by_host") or {})
+        phase, kind, group = row.get("phase") or "other", row["collective"], row.get("group")
+        group_name = labels.get(id(group))
+        if group_name is None:
+            group_name = labels[id(group)] = group_label(group) or "unknown"
+        wait_us, transfer_us = wait / 1000.0, (owned - wait) / 1000.0
+        for cells, label in ((by_kind, kind), (by_group, group_name), (by_phase, phase),
+                             (by_kind_phase, f"{kind} {phase}")):
+            cell = cells.get(label)
+            if cell is None:
+                cells[label] = [0.0 + wait_us, 0.0 + transfer_us]  # as 0.0 += would
+            else:
+                cell[0] += wait_us
+                cell[1] += transfer_us
     out = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     out.update({k: tb[k] for k in LEAVES})
-    out["details"] = _rounded(details)
+    # _rounded's result (keys sorted at every level, floats to 3 decimals), built directly
+    out["details"] = {"by_group": _rounded_cells(by_group), "by_kind": _rounded_cells(by_kind),
+                      "by_kind_phase": _rounded_cells(by_kind_phase), "by_phase": _rounded_cells(by_phase),
+                      "idle_by_host": _rounded(dict(tb.get("idle_by_host") or {})),
+                      "wait_by_peer": _rounded(dict(tb["wait_by_peer"]))}
     out["wait_source"] = source
     return out
+
+
+def _rounded_cells(cells: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    return {label: {"transfer_us": round(cell[1], 3), "wait_us": round(cell[0], 3)}
+            for label, cell in sorted(cells.items())}
 
 
 def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, float]:

@@ -20,6 +20,7 @@ microseconds), and arrivals are compared on the corrected clocks.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -153,8 +154,7 @@ def _flatten(sets: dict[Any, list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> dict[int, float]:
-    middles = [float(np.median(ends[lo:hi])) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-    diffs = ends - np.repeat(middles, np.diff(bounds))
+    diffs = ends - np.repeat(_set_medians(ends, bounds), np.diff(bounds))
     order = np.argsort(members, kind="stable")
     ranks, first = np.unique(members[order], return_index=True)
     return {rank: float(np.median(part))
@@ -199,22 +199,19 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     steps: dict[Any, dict[str, Any]] = {}
     lags = np.empty(len(flat))
     waited = np.empty(len(flat), dtype=np.int64)
-    for k, indices in enumerate(sets.values()):
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        arrival, set_waits = flat_arrivals[lo:hi], waits[lo:hi]
-        last = int(np.argmax(arrival))
-        last_rank = int(members[lo + last])
-        # Waited for: the member with the shortest kernel, the one the waits are measured against.
-        waited[lo:hi] = waited_for = int(members[lo + int(np.argmin(flat_durations[lo:hi]))])
-        lags[lo:hi] = arrival - np.median(arrival)
-        others = float(set_waits.sum() - set_waits[last])
+    last, skew = _per_set(flat_arrivals, flat_durations, members, bounds, lags, waited)
+    first_rows = flat[bounds[:-1]].tolist()
+    for k, (lo, hi, last_k, skew_k) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), last, skew)):
+        set_waits = waits[lo:hi]
+        last_rank = int(members[lo + last_k])
+        others = float(set_waits.sum() - set_waits[last_k])
         caused[last_rank] += others
         last_count[last_rank] += 1
-        step = view.step.at(indices[0])
+        step = view.step.at(first_rows[k])
         entry = steps.setdefault(step, {"caused": defaultdict(float), "sets": 0, "max_skew_us": 0.0})
         entry["caused"][last_rank] += others
         entry["sets"] += 1
-        entry["max_skew_us"] = max(entry["max_skew_us"], float(arrival.max() - arrival.min()))
+        entry["max_skew_us"] = max(entry["max_skew_us"], skew_k)
     rounded_lags = round_list(lags)
     view.extra["arrival_lag_us"][flat] = rounded_lags
     matched = np.zeros(view.n, dtype=bool)
@@ -232,6 +229,41 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
                            "not be the last member, so waits are lower bounds")
     return summary
+
+
+def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(which sets, their flat positions as one row per set) for each set size: the sets of one
+    size as the rows of one 2-D array, where numpy's argmax, argmin, median, max and min of a
+    row are those of the set's 1-D slice."""
+    sizes = np.diff(bounds)
+    for size in np.unique(sizes).tolist():
+        which = np.flatnonzero(sizes == size)
+        yield which, bounds[which][:, None] + np.arange(size)
+
+
+def _set_medians(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``np.median`` of each set's values."""
+    out = np.empty(len(bounds) - 1)
+    for which, at in _sets_by_size(bounds):
+        out[which] = np.median(values[at], axis=1)
+    return out
+
+
+def _per_set(arrivals: np.ndarray, durations: np.ndarray, members: np.ndarray, bounds: np.ndarray,
+             lags: np.ndarray, waited: np.ndarray) -> tuple[list[int], list[float]]:
+    """Of each matched set (``bounds`` cut the flat members into sets): the position of its last
+    arrival and its skew (latest − earliest arrival); each member's arrival lag (arrival − the
+    set's median) into ``lags`` and the member it waited for (the one with the shortest kernel,
+    the one the waits are measured against) into ``waited`` (``_sets_by_size``)."""
+    last = np.empty(len(bounds) - 1, dtype=np.int64)
+    skew = np.empty(len(bounds) - 1)
+    for which, at in _sets_by_size(bounds):
+        arrival = arrivals[at]
+        last[which] = np.argmax(arrival, axis=1)
+        waited[at] = members[at[np.arange(len(which)), np.argmin(durations[at], axis=1)]][:, None]
+        lags[at] = arrival - np.median(arrival, axis=1)[:, None]
+        skew[which] = arrival.max(axis=1) - arrival.min(axis=1)
+    return last.tolist(), skew.tolist()
 
 
 def _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps) -> dict[str, Any]:

@@ -16,6 +16,7 @@ N < 1, non-finite numbers, unknown collective names).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ __all__ = [
     "hsdp_volume_bytes", "dp_volume_bytes",
     "ddp_memory_bytes", "zero1_memory_bytes", "zero2_memory_bytes", "zero3_memory_bytes",
     "hsdp_memory_bytes", "static_memory_bytes", "canonical_strategy",
-    "BucketPipeline", "ddp_bucket_pipeline", "ddp_bucket_pipeline_of_times", "assign_buckets", "bucket_ready_times",
+    "BucketPipeline", "ddp_bucket_pipeline", "ddp_bucket_pipeline_of_times", "ddp_exposed_tails",
+    "assign_buckets", "bucket_ready_times",
     "ddp_pipeline_for_cap", "OverlapBound", "critical_overlap", "BucketCapChoice",
     "best_bucket_cap", "DEFAULT_CANDIDATE_CAPS_BYTES",
     "FsdpSchedule", "fsdp_unit_schedule",
@@ -196,12 +198,15 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def collective_time(kind: str, size_bytes: float, n: int, alpha_us: float,
                     beta_gbps: float) -> float:
     """Modelled time (µs) of one collective ``kind`` of S bytes on N ranks (ring algorithm).
 
     kind ∈ COLLECTIVE_KINDS; S follows nccl-tests: all-reduce buffer, all-gather *output*,
     reduce-scatter *input*, all-to-all bytes per rank, broadcast/reduce/p2p message. §2.
+    A pure function, cached: a collective-heavy rank asks for the same few sizes and groups
+    thousands of times (the rules' α-β caps). ``typed``: 1 and 1.0 are separate entries.
     """
     _check_kind(kind)
     if kind in _POINT_TO_POINT:
@@ -499,6 +504,21 @@ def ddp_bucket_pipeline_of_times(ready_times_us: Sequence[float], allreduce_time
     starts = ends - durations
     tail = max(0.0, float(ends[-1]) - backward_end)
     return BucketPipeline(tuple(starts.tolist()), tuple(ends.tolist()), tail)
+
+
+def ddp_exposed_tails(ready_times_us: np.ndarray, allreduce_times_us: np.ndarray,
+                      backward_end_us: np.ndarray) -> list[float]:
+    """The exposed tail of ``ddp_bucket_pipeline_of_times`` for many pipelines of the same bucket
+    count at once: row i of the 2-D ``ready_times_us`` and ``allreduce_times_us`` is one
+    pipeline, ``backward_end_us[i]`` its end of backward. Bit for bit the same numbers (the
+    cumulative sums run along each row in order, as the 1-D ones do); the inputs must already
+    be what ``ddp_bucket_pipeline_of_times`` accepts (finite, times >= 0)."""
+    if ready_times_us.shape != allreduce_times_us.shape or ready_times_us.ndim != 2 or not ready_times_us.shape[1]:
+        raise ValueError("ready_times_us and allreduce_times_us must be 2-D arrays of one shape, one bucket or more")
+    done = np.cumsum(allreduce_times_us, axis=1)
+    done_before = np.concatenate((np.zeros((done.shape[0], 1)), done[:, :-1]), axis=1)
+    last_end = done[:, -1] + (ready_times_us - done_before).max(axis=1)
+    return [max(0.0, tail) for tail in (last_end - backward_end_us).tolist()]
 
 
 def assign_buckets(grad_sizes_bytes: Sequence[float], bucket_cap_bytes: float,

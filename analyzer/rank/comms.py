@@ -77,6 +77,11 @@ def _canonical_collective(text: str) -> str | None:  # the same few names, once 
 def canonical_dtype(text: str | None) -> str | None:
     if not text:
         return None
+    return _canonical_dtype(text) if type(text) is str else _DTYPE_ALIASES.get(text.strip().lower())
+
+
+@lru_cache(maxsize=1024)
+def _canonical_dtype(text: str) -> str | None:  # the same few names, once per row
     return _DTYPE_ALIASES.get(text.strip().lower())
 
 
@@ -187,19 +192,10 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     out = []
     for k, meta in enumerate(metas):
         sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
-        out.append(_row(rank, meta, groups.of(meta, sole_group), {
-            "step": steps[k] if steps[k] != NO_STEP else None,
-            "phase": PHASES[phases[k]],
-            "stream": streams[k],
-            "start_us": start_us[k],
-            "dur_us": dur_us[k],
-            "exposed_us": exposed_us[k],
-            "launch_us": launch_us[k] if linked[k] else None,
-            "kernel": names[k],
-            "library": _library(kernels[k], amd),
-            "module": fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
-            "on_gpu": True,
-        }))
+        out.append(_row(rank.rank, meta, groups.of(meta, sole_group), steps[k] if steps[k] != NO_STEP else None,
+                        PHASES[phases[k]], streams[k], start_us[k], dur_us[k], exposed_us[k],
+                        launch_us[k] if linked[k] else None, names[k], _library(kernels[k], amd),
+                        fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None, True))
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
 
@@ -316,14 +312,14 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     The collective: the CPU op's, else the catalog's for that kernel, else the kernel name's
     (NCCL's naming only, and never a generic kernel's name: it says nothing of what ran)."""
     # The kernel's own args win; record_param_comms fills the rest (keys are only looked up).
-    meta: dict[str, Any] = dict(params_args) if params_args else {}
-    if kernel_args:
-        meta.update(kernel_args)
-    size_source = None
-    for source, args in (("kernel args", kernel_args), ("record_param_comms", params_args)):
-        if args and ("in_nelems" in args or "out_nelems" in args):
-            size_source = source
-            break
+    meta: dict[str, Any] = {**params_args, **kernel_args} if params_args and kernel_args \
+        else dict(params_args or kernel_args or ())
+    if kernel_args and ("in_nelems" in kernel_args or "out_nelems" in kernel_args):
+        size_source: str | None = "kernel args"
+    elif params_args and ("in_nelems" in params_args or "out_nelems" in params_args):
+        size_source = "record_param_comms"
+    else:
+        size_source = None
     collective = canonical_collective(meta.get("collective"))
     if collective is None and op_name:
         collective = canonical_collective(op_name.split(":", 1)[-1])
@@ -346,24 +342,23 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     return meta
 
 
-def _row(rank: RankTrace, meta: dict[str, Any], group: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
-    elem = DTYPE_BYTES.get(meta["dtype"]) if meta["dtype"] else None
+def _row(rank: int, meta: dict[str, Any], group: dict[str, Any], step: int | None, phase: str, stream: Any,
+         start_us: float, dur_us: float, exposed_us: float | None, launch_us: float | None, kernel: str | None,
+         library: str | None, module: str | None, on_gpu: bool) -> dict[str, Any]:
+    """One collective row, built as one dict (thousands per collective-heavy rank)."""
+    collective, dtype = meta["collective"], meta["dtype"]
     in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
     row = {
-        "rank": rank.rank,
-        "collective": meta["collective"],
-        "dtype": meta["dtype"],
-        "in_nelems": in_n,
-        "out_nelems": out_n,
-        "bytes": message_bytes(meta["collective"], in_n, out_n, elem, group["size"]),
-        "size_source": meta["size_source"],
-        "group": group,
-        "seq": meta.get("seq"),
-        "comms_id": meta.get("comms_id"),
+        "rank": rank, "collective": collective, "dtype": dtype, "in_nelems": in_n, "out_nelems": out_n,
+        "bytes": message_bytes(collective, in_n, out_n, DTYPE_BYTES.get(dtype) if dtype else None, group["size"]),
+        "size_source": meta["size_source"], "group": group, "seq": meta.get("seq"), "comms_id": meta.get("comms_id"),
+        "collective_source": meta.get("collective_source"),  # an inferred kind says so; else no key
+        "step": step, "phase": phase, "stream": stream, "start_us": start_us, "dur_us": dur_us,
+        "exposed_us": exposed_us, "launch_us": launch_us, "kernel": kernel, "library": library, "module": module,
+        "on_gpu": on_gpu,
     }
-    if meta.get("collective_source"):  # an inferred kind says so
-        row["collective_source"] = meta["collective_source"]
-    row.update(timing)
+    if not row["collective_source"]:
+        del row["collective_source"]
     return row
 
 
@@ -445,16 +440,10 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
             types = m.comm_args.get(done, {}).get("input_types")
             meta["dtype"] = sizes_from_input_dims(rank.strings[m.name[done]], [[1]], types)[2]
         dur = int(m.end[done] - m.ts[done])
-        out.append(_row(rank, meta, _group_of(rank, meta, True), {
-            "step": int(step[k]) if step[k] != NO_STEP else None,
-            "phase": PHASES[phase[k]], "stream": None,
-            "start_us": round((int(m.ts[done]) - origin_ns) / 1000.0, 3),
-            "dur_us": round(dur / 1000.0, 3), "exposed_us": None,
-            "launch_us": round((int(m.ts[row]) - origin_ns) / 1000.0, 3),
-            "kernel": None, "library": _cpu_library(rank, name),
-            "module": _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]),
-            "on_gpu": False,
-        }))
+        out.append(_row(rank.rank, meta, _group_of(rank, meta, True), int(step[k]) if step[k] != NO_STEP else None,
+                        PHASES[phase[k]], None, round((int(m.ts[done]) - origin_ns) / 1000.0, 3),
+                        round(dur / 1000.0, 3), None, round((int(m.ts[row]) - origin_ns) / 1000.0, 3), None,
+                        _cpu_library(rank, name), _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]), False))
     return out
 
 

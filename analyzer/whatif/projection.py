@@ -267,9 +267,11 @@ def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | N
 
 def _ratio_keys(rows: list[dict[str, Any]], role: str | None) -> list[tuple]:
     """What ``Durations.ratio`` of each row depends on (one comprehension: thousands of rows)."""
-    names = [(row.get("group") or {}).get("name") for row in rows]
-    return [(None if name is None else str(name), row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role)
-            for name, row in zip(names, rows)]
+    return [(None if (name := (row.get("group") or _NO_GROUP).get("name")) is None else str(name),
+             row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role) for row in rows]
+
+
+_NO_GROUP: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -286,15 +288,11 @@ class _Transfers:
     @classmethod
     def of(cls, rows: list[dict[str, Any]]) -> _Transfers:
         index: dict[tuple, int] = {}
-        keys: list[int] = []
-        representatives: list[dict[str, Any]] = []
-        for row, key in zip(rows, _ratio_keys(rows, None)):
-            keys.append(index.setdefault(key, len(index)))
-            if keys[-1] == len(representatives):
-                representatives.append(row)
+        keys = np.array([index.setdefault(key, len(index)) for key in _ratio_keys(rows, None)], dtype=np.intp)
+        first = np.unique(keys, return_index=True)[1]  # keys are numbered in order of first use
         duration = np.array([row["dur_us"] for row in rows], dtype=float)
         wait = np.array([row.get("wait_us") or 0.0 for row in rows], dtype=float)
-        return cls(duration, duration - wait, np.array(keys, dtype=np.intp), tuple(representatives))
+        return cls(duration, duration - wait, keys, tuple(rows[i] for i in first.tolist()))
 
 
 class Durations:
@@ -392,7 +390,12 @@ class _DdpSchedule:
     ready: list[float]
     backward_end: float
     measured_tail: float
-    transfers: _Transfers  # the buckets' all-reduces, for Durations.of_rows
+
+    @cached_property
+    def transfers(self) -> _Transfers:
+        """The buckets' all-reduces, for Durations.of_rows (on first use: the projections that
+        keep the measured buckets read them all at once, ``_DdpBatch``)."""
+        return _Transfers.of(self.buckets)
 
 
 def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
@@ -407,8 +410,7 @@ def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: i
     sizes = [float(r["bytes"] or 0.0) for r in buckets]
     ready = bucket_ready_times([r["start_us"] for r in buckets], ends, sizes,
                                [r.get("launch_us") for r in buckets], backward_end)
-    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end),
-                        _Transfers.of(buckets))
+    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
 
 
 def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> tuple[float, float] | None:
@@ -422,6 +424,48 @@ def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> 
     else:
         times = durations.of_rows(ddp.transfers)
     return ddp.measured_tail, models.ddp_bucket_pipeline_of_times(ready, times, ddp.backward_end).exposed_tail_us
+
+
+@dataclass(frozen=True)
+class _DdpBatch:
+    """Every rank-step's DDP schedule at once, for the projections that keep the measured
+    buckets (the scaling curve's): the buckets' all-reduces of all steps as one ``_Transfers``
+    and the steps grouped by bucket count, each group's ready times one 2-D array."""
+
+    measured_tails: list[float | None]  # per rank-step, in ``Measured.steps`` order (None: no schedule)
+    transfers: _Transfers
+    groups: tuple[tuple[list[int], np.ndarray, np.ndarray, np.ndarray], ...]  # (positions, rows, ready, backward end)
+
+    @classmethod
+    def of(cls, schedules: list[_DdpSchedule | None]) -> _DdpBatch:
+        buckets: list[dict[str, Any]] = []
+        by_count: dict[int, list[tuple[int, int, _DdpSchedule]]] = {}  # (position, first row, schedule)
+        for position, ddp in enumerate(schedules):
+            if ddp is not None:
+                by_count.setdefault(len(ddp.buckets), []).append((position, len(buckets), ddp))
+                buckets.extend(ddp.buckets)
+        groups = []
+        for count, members in by_count.items():
+            rows = np.array([first for _, first, _ in members], dtype=np.intp)[:, None] + np.arange(count)
+            groups.append(([position for position, _, _ in members], rows,
+                           np.array([ddp.ready for _, _, ddp in members], dtype=float),
+                           np.array([ddp.backward_end for _, _, ddp in members], dtype=float)))
+        return cls([None if ddp is None else ddp.measured_tail for ddp in schedules], _Transfers.of(buckets),
+                   tuple(groups))
+
+    def changes(self, durations: Durations) -> list[tuple[float, float] | None] | None:
+        """``_ddp_step`` of every rank-step without re-bucketing, or None when some step's
+        numbers are not what the pipeline accepts (the per-step path then says why)."""
+        times = durations.of_rows(self.transfers)
+        out: list[tuple[float, float] | None] = [None] * len(self.measured_tails)
+        for positions, rows, ready, ends in self.groups:
+            step_times = times[rows]
+            if not (np.isfinite(ready).all() and np.isfinite(ends).all()
+                    and (np.isfinite(step_times) & (step_times >= 0)).all()):
+                return None
+            for p, tail in zip(positions, models.ddp_exposed_tails(ready, step_times, ends)):
+                out[p] = (self.measured_tails[p], tail)
+        return out
 
 
 def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config) -> tuple[float, float] | None:
@@ -777,6 +821,10 @@ class Measured:
         return [_RankStep(rank.rank, step, rows_by.get((rank.rank, step["step"]), []), origin)
                 for rank in self.result.ranks for step in rank.steps]
 
+    @cached_property
+    def ddp_batch(self) -> _DdpBatch:
+        return _DdpBatch.of([rank_step.ddp for rank_step in self.steps])
+
 
 def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | None = None) -> Projection:
     """Project the measured job onto ``scenario`` (None fields: as measured). ``measured``:
@@ -799,8 +847,16 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     optimizer_factor = _optimizer_factor(base, target)
     as_measured, projected = [], []
     unmodelled = 0
-    for rank_step in measured.steps:
-        if base.strategy == "ddp" and target.strategy == "ddp":
+    batched = None
+    if base.strategy == "ddp" and target.strategy == "ddp" and not scenario.bucket_mb:
+        kept = durations.kept
+        batched = measured.ddp_batch.changes(durations)
+        if batched is None:
+            durations.kept = kept  # the per-step path counts again
+    for position, rank_step in enumerate(measured.steps):
+        if batched is not None:
+            change = batched[position]
+        elif base.strategy == "ddp" and target.strategy == "ddp":
             change = _ddp_step(rank_step, durations, scenario)
         elif base.strategy == "ddp":
             change = _ddp_to_fsdp_step(rank_step, durations, target)
