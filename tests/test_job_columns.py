@@ -287,3 +287,43 @@ def test_share_groups_equals_the_per_row_code(picks):
     assert [ids_ours.index(i) for i in ids_ours] == [ids_reference.index(i) for i in ids_reference]
     assert [r["group"] for r in ours] == [r["group"] for r in reference]
     assert [list(r["group"] or ()) for r in ours] == [list(r["group"] or ()) for r in reference]
+
+
+_READ_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library",
+                 "step", "group")
+
+
+def _same_column(a, b):
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+    return np.array_equal(a.codes, b.codes) and a.codes.dtype == b.codes.dtype and \
+        len(a.names) == len(b.names) and all(x is y or x == y for x, y in zip(a.names, b.names))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 300))
+def test_read_all_equals_each_column_read_on_its_own(seed, batch):
+    import analyzer.job.columns as columns
+    rows = _random_rows(seed)
+    for k, row in enumerate(rows[::7]):  # other values the lazy columns accept
+        row["on_gpu"], row["module"] = [None, 1, "", True][k % 4], ["m", None, 0][k % 3]
+    old, columns._READ_BATCH = columns._READ_BATCH, batch  # batches that split the rows
+    try:
+        together = CollectiveColumns(rows).read_all()
+    finally:
+        columns._READ_BATCH = old
+    alone = CollectiveColumns(rows)
+    for name in _READ_COLUMNS:
+        assert name in together.__dict__
+        assert _same_column(getattr(together, name), getattr(alone, name)), name
+    assert together.group.names == alone.group.names and all(
+        a is b for a, b in zip(together.group.names, alone.group.names))
+
+
+def test_read_all_leaves_rows_without_a_field_to_the_lazy_columns():
+    rows = _random_rows(3, 20)
+    del rows[11]["module"]
+    view = CollectiveColumns(rows).read_all()
+    assert not any(name in view.__dict__ for name in _READ_COLUMNS)
+    assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
+    assert CollectiveColumns([]).read_all().n == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from itertools import repeat
-from operator import itemgetter
+from operator import is_not, itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -103,11 +103,11 @@ class CollectiveColumns:
 
     @cached_property
     def on_gpu(self) -> np.ndarray:
-        return np.array([bool(v) for v in _field(self.rows, "on_gpu")], dtype=bool)
+        return _truth(_field(self.rows, "on_gpu"), self.n)
 
     @cached_property
     def module_known(self) -> np.ndarray:
-        return np.array([v is not None for v in _field(self.rows, "module")], dtype=bool)
+        return _not_none(_field(self.rows, "module"), self.n)
 
     # Strings and other repeated values as (code per row, distinct values by code).
     kind = _categorical("collective")
@@ -119,10 +119,36 @@ class CollectiveColumns:
     def group(self) -> Categorical:
         """Code of each row's process-group object (the rows share them), in order of first
         appearance; ``group.names[code]`` is the group dict."""
-        groups = list(_field(self.rows, "group"))
-        codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
-        first = np.unique(codes, return_index=True)[1]
-        return Categorical(codes, [groups[i] for i in first.tolist()])
+        return _group_codes(list(_field(self.rows, "group")), self.n)
+
+    def read_all(self) -> "CollectiveColumns":
+        """Read every column above from the rows in one pass (each row's fields at once: a pass
+        per column reads each of millions of dicts from memory again), a batch of rows at a
+        time. The same arrays as reading each column on first use; rows missing one of the
+        fields are left to that (nothing is read here)."""
+        if not self.n or any(name in self.__dict__ for name in _READ):
+            return self
+        fields = itemgetter(*_READ.values())
+        values: list[list[Any]] = [[] for _ in _READ]
+        try:
+            for lo in range(0, self.n, _READ_BATCH):
+                for column, batch in zip(values, zip(*map(fields, self.rows[lo:lo + _READ_BATCH]))):
+                    column.extend(batch)
+        except KeyError:  # an optional field absent: each column by itself, with dict.get
+            return self
+        read = dict(zip(_READ, values))
+        columns = self.__dict__  # where each cached_property keeps its value
+        columns["rank"] = np.fromiter(read["rank"], dtype=np.int64, count=self.n)
+        columns["start"] = np.fromiter(read["start"], dtype=np.float64, count=self.n)
+        columns["dur"] = np.fromiter(read["dur"], dtype=np.float64, count=self.n)
+        columns["launch"] = _nullable_values(read["launch"])
+        columns["size"] = _nullable_values(read["size"])
+        columns["on_gpu"] = _truth(read["on_gpu"], self.n)
+        columns["module_known"] = _not_none(read["module_known"], self.n)
+        for name in ("kind", "phase", "library", "step"):
+            columns[name] = categorical(read[name], self.n)
+        columns["group"] = _group_codes(read["group"], self.n)
+        return self
 
     @classmethod
     def of(cls, result: Any) -> "CollectiveColumns":
@@ -159,9 +185,35 @@ class CollectiveColumns:
         return pair_code[inverse.reshape(-1)], list(codes)
 
 
+# The columns read_all reads, by the row key each is read from.
+_READ = {"rank": "rank", "start": "start_us", "dur": "dur_us", "launch": "launch_us", "size": "bytes",
+         "on_gpu": "on_gpu", "module_known": "module", "kind": "collective", "phase": "phase",
+         "library": "library", "step": "step", "group": "group"}
+_READ_BATCH = 1 << 16  # rows transposed at a time (a tuple per row while they are)
+
+
+def _truth(values: Iterable[Any], count: int) -> np.ndarray:
+    """``bool(v)`` of each value."""
+    return np.fromiter(map(bool, values), dtype=bool, count=count)
+
+
+def _not_none(values: Iterable[Any], count: int) -> np.ndarray:
+    """``v is not None`` of each value."""
+    return np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=count)
+
+
+def _group_codes(groups: list[Any], count: int) -> Categorical:
+    codes, _ = categorical(map(id, groups), count)  # the objects are held: ids stay unique
+    first = np.unique(codes, return_index=True)[1]
+    return Categorical(codes, [groups[i] for i in first.tolist()])
+
+
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
     """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
-    values = list(_field(rows, key))
+    return _nullable_values(list(_field(rows, key)))
+
+
+def _nullable_values(values: list[Any]) -> np.ndarray:
     try:
         return np.array(values, dtype=np.float64)  # None becomes NaN
     except (TypeError, ValueError, OverflowError):

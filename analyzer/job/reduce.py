@@ -51,7 +51,7 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
     collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
     share_groups(collectives)
-    view = CollectiveColumns(collectives)  # read once here, shared by the job analyses and rules
+    view = CollectiveColumns(collectives).read_all()  # read once here, shared by the job analyses and rules
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"], view))
