@@ -327,3 +327,50 @@ def test_read_all_leaves_rows_without_a_field_to_the_lazy_columns():
     assert not any(name in view.__dict__ for name in _READ_COLUMNS)
     assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
     assert CollectiveColumns([]).read_all().n == 0
+
+
+def _combined_by_row(ranks, shifts):
+    """The reduce's combine before the columns: each rank's times shifted and rounded row by
+    row, then Python's sort: the reference ``reduce._combined`` must equal."""
+    rows = []
+    for r, shift in zip(ranks, shifts):
+        for row in r.collectives:
+            for key in ("start_us", "launch_us"):
+                if row[key] is not None:
+                    row[key] = round(row[key] + shift, 3)
+        rows.extend(r.collectives)
+    rows.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    share_groups(rows)
+    return rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(["floats", "ints", "unrounded", "a field missing"]))
+def test_combined_equals_the_per_row_code(seed, times):
+    import copy
+    from types import SimpleNamespace
+    from analyzer.job.reduce import _combined
+    rows = _random_rows(seed, 200)
+    if times == "a field missing":  # the columns cannot be read at once: the per-row code
+        del rows[7]["module"]
+    for k, row in enumerate(rows):
+        if times == "ints" and k % 3 == 0:
+            row["start_us"] = int(row["start_us"])
+        if times == "unrounded" and row["launch_us"] is not None:
+            row["launch_us"] += 1e-4 * k
+        if k % 5 == 0:  # ties of rank and start: ordered by kind, then as given
+            row["start_us"] = rows[k - 1]["start_us"] if k else row["start_us"]
+        row["group"] = dict(row["group"])  # each row its own copy: shared by the combine
+    by_rank = {}
+    for row in rows:
+        by_rank.setdefault(row["rank"], []).append(row)
+    ranks = [SimpleNamespace(collectives=by_rank[k]) for k in sorted(by_rank)]
+    shifts = [[0.0, 12.5, 1e-3 * seed][k % 3] for k in range(len(ranks))]
+    expected = _combined_by_row(copy.deepcopy(ranks), shifts)
+    view = _combined(ranks, shifts)
+    assert [(repr(sorted(r.items()))) for r in view.rows] == [repr(sorted(r.items())) for r in expected]
+    assert [list(r) for r in view.rows] == [list(r) for r in expected]  # key order too
+    fresh = CollectiveColumns(view.rows)
+    for name in _READ_COLUMNS:
+        assert _same_column(getattr(view, name), getattr(fresh, name)), name
+    assert all(a is b for a, b in zip(view.group.names, fresh.group.names))

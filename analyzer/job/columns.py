@@ -77,6 +77,8 @@ class CollectiveColumns:
         self.rows = rows
         self.n = len(rows)
         self.extra: dict[str, np.ndarray] = {}
+        # read_all: whether every start / launch time read is a float (or None)
+        self.times_are_floats: dict[str, bool] = {}
 
     # Each column is read from the rows on first use: a consumer pays only for what it reads.
     @cached_property
@@ -137,6 +139,7 @@ class CollectiveColumns:
         except KeyError:  # an optional field absent: each column by itself, with dict.get
             return self
         read = dict(zip(_READ, values))
+        self.times_are_floats = {name: set(map(type, read[name])) <= {float, type(None)} for name in ("start", "launch")}
         columns = self.__dict__  # where each cached_property keeps its value
         columns["rank"] = np.fromiter(read["rank"], dtype=np.int64, count=self.n)
         columns["start"] = np.fromiter(read["start"], dtype=np.float64, count=self.n)
@@ -149,6 +152,26 @@ class CollectiveColumns:
             columns[name] = categorical(read[name], self.n)
         columns["group"] = _group_codes(read["group"], self.n)
         return self
+
+    def take(self, order: np.ndarray, rows: list[dict[str, Any]]) -> "CollectiveColumns":
+        """The view of ``rows`` = ``[self.rows[i] for i in order]`` (a permutation), its columns
+        those read here reordered (categories renumbered by first appearance, as reading them
+        from ``rows`` numbers them); the group column is read from ``rows`` again, on first use
+        (the reduce shares equal group objects after ordering the rows)."""
+        view = CollectiveColumns(rows)
+        for name, column in self.__dict__.items():
+            if name == "group" or name not in _READ:
+                continue
+            if isinstance(column, Categorical):
+                codes = column.codes[order]
+                present, first = np.unique(codes, return_index=True)
+                kept = present[np.argsort(first, kind="stable")]  # by first appearance in the new order
+                renumber = np.empty(len(column.names), dtype=np.int64)
+                renumber[kept] = np.arange(len(kept))
+                view.__dict__[name] = Categorical(renumber[codes], [column.names[k] for k in kept.tolist()])
+            else:
+                view.__dict__[name] = column[order]
+        return view
 
     @classmethod
     def of(cls, result: Any) -> "CollectiveColumns":

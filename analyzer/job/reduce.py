@@ -41,17 +41,12 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
 
 def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     origin = min((r.first_gpu_ns for r in ranks if r.first_gpu_ns is not None), default=0)
-    collectives = []
-    for r in ranks:
-        shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
-        for key in ("start_us", "launch_us"):
-            _shift(r.collectives, key, shift)
-        collectives.extend(r.collectives)
+    shifts = [((r.first_gpu_ns or origin) - origin) / 1000.0 for r in ranks]
+    for r, shift in zip(ranks, shifts):
         if r.timeline is not None:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
-    collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
-    share_groups(collectives)
-    view = CollectiveColumns(collectives).read_all()  # read once here, shared by the job analyses and rules
+    view = _combined(ranks, shifts)  # read once here, shared by the job analyses and rules
+    collectives = view.rows
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"], view))
@@ -103,6 +98,45 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
         buckets.append(Bucket(size, dtype, dur_us, exposed_us, group["name"], k,
                               None if offset != offset else offset, launch_us, rank, start_us, step_value))
     return buckets
+
+
+def _combined(ranks: list[RankAnalysis], shifts: list[float]) -> CollectiveColumns:
+    """The ranks' collectives on one clock (each rank's ``start_us`` and ``launch_us`` moved by
+    its shift, rounded to the ns), ordered by (rank, start, kind), equal groups shared: their
+    columns, read from the rows once (the shift and the order computed on them)."""
+    rows = [row for r in ranks for row in r.collectives]
+    read = CollectiveColumns(rows).read_all()
+    if "rank" not in read.__dict__ or not all(isinstance(name, str) for name in read.kind.names) \
+            or np.isnan(read.start).any():  # a field missing, or keys Python's sort orders its own way
+        for r, shift in zip(ranks, shifts):
+            for key in ("start_us", "launch_us"):
+                _shift(r.collectives, key, shift)
+        rows.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+        share_groups(rows)
+        return CollectiveColumns(rows)
+    by_row = np.repeat(np.asarray(shifts, dtype=np.float64), [len(r.collectives) for r in ranks])
+    read.__dict__["start"] = _shifted(rows, "start_us", read.start, by_row, read.times_are_floats["start"])
+    read.__dict__["launch"] = _shifted(rows, "launch_us", read.launch, by_row, read.times_are_floats["launch"])
+    kind_order = np.argsort(np.argsort(np.array(read.kind.names, dtype=object), kind="stable"))
+    order = np.lexsort((kind_order[read.kind.codes], read.start, read.rank))  # stable, as sort() is
+    rows = list(map(rows.__getitem__, order.tolist()))
+    share_groups(rows)
+    return read.take(order, rows)
+
+
+def _shifted(rows: list[dict[str, Any]], key: str, values: np.ndarray, shift: np.ndarray,
+             floats: bool) -> np.ndarray:
+    """``row[key] = round(row[key] + shift, 3)`` of every row where the value is known (NaN in
+    ``values``, the column read from the rows: None), over the array; the shifted column.
+    ``floats``: every known value is a float; then one the shift leaves as it is (same bits) is
+    not written again (an int is: round() makes it a float)."""
+    known = ~np.isnan(values)
+    moved = np.array(round_list(values + shift), dtype=np.float64)
+    moved[~known] = np.nan
+    write = known & (moved.view(np.int64) != values.view(np.int64)) if floats else known
+    for i, value in zip(np.flatnonzero(write).tolist(), moved[write].tolist()):
+        rows[i][key] = value
+    return moved
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
