@@ -374,3 +374,27 @@ def test_combined_equals_the_per_row_code(seed, times):
     for name in _READ_COLUMNS:
         assert _same_column(getattr(view, name), getattr(fresh, name)), name
     assert all(a is b for a, b in zip(view.group.names, fresh.group.names))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, None, "x"]), st.integers(0, 5)), max_size=40),
+       st.booleans())
+def test_buckets_by_step_equals_the_per_bucket_grouping(keys, typed):
+    """Runs of a step's buckets or scattered ones: {(rank, step): its buckets by index}, the
+    steps in order of first appearance."""
+    from types import SimpleNamespace
+    from analyzer.job.facts import JobFacts
+    from analyzer.job.result import Bucket
+    buckets = [Bucket(8, "bf16", 1.0, 0.0, "0", index, None, 0.5, rank, 1.5, step) for rank, step, index in keys]
+    if not typed:
+        buckets = [msgspec.to_builtins(b) for b in buckets]
+    expected = {}
+    for b in buckets:
+        expected.setdefault((b["rank"], b["step"]), []).append(b)
+    for rows in expected.values():
+        rows.sort(key=lambda b: b["index"])
+    facts = JobFacts.__new__(JobFacts)
+    facts.result = SimpleNamespace(buckets=buckets)
+    got = facts.buckets_by_step()
+    assert list(got) == list(expected)
+    assert all(a is b for key in got for a, b in zip(got[key], expected[key], strict=True))
