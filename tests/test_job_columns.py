@@ -133,7 +133,8 @@ def _random_rows(seed: int, count: int = 300) -> list[dict]:
                      "start_us": start, "launch_us": None if rng.random() < 0.2 else pick([start, start - 1.5]),
                      "dur_us": round(float(rng.uniform(1, 50)), 3), "exposed_us": 0.5,
                      "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 20)), "dtype": "bf16",
-                     "on_gpu": bool(rng.random() < 0.9), "module": None})
+                     "on_gpu": bool(rng.random() < 0.9), "module": None,
+                     "comms_id": pick([None, 7, 2**64 - 1, "a"]), "seq": pick([None, 3, 4])})
     return rows
 
 
@@ -290,10 +291,12 @@ def test_share_groups_equals_the_per_row_code(picks):
 
 
 _READ_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library",
-                 "step", "group")
+                 "step", "group", "comms_id", "seq")
 
 
 def _same_column(a, b):
+    if isinstance(a, list):
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
     if isinstance(a, np.ndarray):
         return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
     return np.array_equal(a.codes, b.codes) and a.codes.dtype == b.codes.dtype and \

@@ -108,6 +108,16 @@ class CollectiveColumns:
         return _truth(_field(self.rows, "on_gpu"), self.n)
 
     @cached_property
+    def comms_id(self) -> list[Any]:
+        """The rows' ``comms_id`` values as they are (the cross-rank matching's first key)."""
+        return list(_field(self.rows, "comms_id"))
+
+    @cached_property
+    def seq(self) -> list[Any]:
+        """The rows' ``seq`` values as they are."""
+        return list(_field(self.rows, "seq"))
+
+    @cached_property
     def module_known(self) -> np.ndarray:
         return _not_none(_field(self.rows, "module"), self.n)
 
@@ -151,6 +161,7 @@ class CollectiveColumns:
         for name in ("kind", "phase", "library", "step"):
             columns[name] = categorical(read[name], self.n)
         columns["group"] = _group_codes(read["group"], self.n)
+        columns["comms_id"], columns["seq"] = read["comms_id"], read["seq"]
         return self
 
     def take(self, order: np.ndarray, rows: list[dict[str, Any]]) -> "CollectiveColumns":
@@ -162,7 +173,9 @@ class CollectiveColumns:
         for name, column in self.__dict__.items():
             if name == "group" or name not in _READ:
                 continue
-            if isinstance(column, Categorical):
+            if isinstance(column, list):
+                view.__dict__[name] = list(map(column.__getitem__, order.tolist()))
+            elif isinstance(column, Categorical):
                 codes = column.codes[order]
                 present, first = np.unique(codes, return_index=True)
                 kept = present[np.argsort(first, kind="stable")]  # by first appearance in the new order
@@ -211,7 +224,7 @@ class CollectiveColumns:
 # The columns read_all reads, by the row key each is read from.
 _READ = {"rank": "rank", "start": "start_us", "dur": "dur_us", "launch": "launch_us", "size": "bytes",
          "on_gpu": "on_gpu", "module_known": "module", "kind": "collective", "phase": "phase",
-         "library": "library", "step": "step", "group": "group"}
+         "library": "library", "step": "step", "group": "group", "comms_id": "comms_id", "seq": "seq"}
 _READ_BATCH = 1 << 16  # rows transposed at a time (a tuple per row while they are)
 
 

@@ -87,10 +87,10 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     """One matching-key code per row (-1: this row is not matched), or None when the method
     does not apply. ``groups``: each row's process-group code."""
     if method == "comms_id":
-        ids = [r.get("comms_id") for r in rows]
+        ids = view.comms_id
         return None if None in ids else _first_seen_codes([_identity_codes(ids)])
     if method == "seq":
-        seqs = [r.get("seq") for r in rows]
+        seqs = view.seq
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
     ranks, starts, steps = view.rank, view.start, view.step.codes
