@@ -290,7 +290,7 @@ def test_share_groups_equals_the_per_row_code(picks):
     assert [list(r["group"] or ()) for r in ours] == [list(r["group"] or ()) for r in reference]
 
 
-_READ_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library",
+_VIEW_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library",
                  "step", "group", "comms_id", "seq")
 
 
@@ -301,35 +301,6 @@ def _same_column(a, b):
         return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
     return np.array_equal(a.codes, b.codes) and a.codes.dtype == b.codes.dtype and \
         len(a.names) == len(b.names) and all(x is y or x == y for x, y in zip(a.names, b.names))
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10**6), st.integers(1, 300))
-def test_read_all_equals_each_column_read_on_its_own(seed, batch):
-    import analyzer.job.columns as columns
-    rows = _random_rows(seed)
-    for k, row in enumerate(rows[::7]):  # other values the lazy columns accept
-        row["on_gpu"], row["module"] = [None, 1, "", True][k % 4], ["m", None, 0][k % 3]
-    old, columns._READ_BATCH = columns._READ_BATCH, batch  # batches that split the rows
-    try:
-        together = CollectiveColumns(rows).read_all()
-    finally:
-        columns._READ_BATCH = old
-    alone = CollectiveColumns(rows)
-    for name in _READ_COLUMNS:
-        assert name in together.__dict__
-        assert _same_column(getattr(together, name), getattr(alone, name)), name
-    assert together.group.names == alone.group.names and all(
-        a is b for a, b in zip(together.group.names, alone.group.names))
-
-
-def test_read_all_leaves_rows_without_a_field_to_the_lazy_columns():
-    rows = _random_rows(3, 20)
-    del rows[11]["module"]
-    view = CollectiveColumns(rows).read_all()
-    assert not any(name in view.__dict__ for name in _READ_COLUMNS)
-    assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
-    assert CollectiveColumns([]).read_all().n == 0
 
 
 def _combined_by_row(ranks, shifts):
@@ -348,14 +319,16 @@ def _combined_by_row(ranks, shifts):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10**6), st.sampled_from(["floats", "ints", "unrounded", "a field missing"]))
+@given(st.integers(0, 10**6), st.sampled_from(["floats", "ints", "unrounded", "a kind not a string"]))
 def test_combined_equals_the_per_row_code(seed, times):
+    """The combine's shift and order on the columns, and the view it gives, equal the per-row
+    code's rows and a view read from them."""
     import copy
     from types import SimpleNamespace
     from analyzer.job.reduce import _combined
     rows = _random_rows(seed, 200)
-    if times == "a field missing":  # the columns cannot be read at once: the per-row code
-        del rows[7]["module"]
+    if times == "a kind not a string":  # not ordered on the columns: the per-row code
+        rows[7]["collective"] = 7
     for k, row in enumerate(rows):
         if times == "ints" and k % 3 == 0:
             row["start_us"] = int(row["start_us"])
@@ -374,7 +347,7 @@ def test_combined_equals_the_per_row_code(seed, times):
     assert [(repr(sorted(r.items()))) for r in view.rows] == [repr(sorted(r.items())) for r in expected]
     assert [list(r) for r in view.rows] == [list(r) for r in expected]  # key order too
     fresh = CollectiveColumns(view.rows)
-    for name in _READ_COLUMNS:
+    for name in _VIEW_COLUMNS:
         assert _same_column(getattr(view, name), getattr(fresh, name)), name
     assert all(a is b for a, b in zip(view.group.names, fresh.group.names))
 
@@ -401,3 +374,12 @@ def test_buckets_by_step_equals_the_per_bucket_grouping(keys, typed):
     got = facts.buckets_by_step()
     assert list(got) == list(expected)
     assert all(a is b for key in got for a, b in zip(got[key], expected[key], strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(finite | st.floats() | st.integers(-10**9, 10**9).map(lambda k: k / 2000), max_size=50))
+def test_round_array_holds_round_lists_floats(values):
+    from analyzer.job.columns import round_array
+    got = round_array(np.array(values, dtype=float))
+    assert got.dtype == np.float64
+    assert [repr(v) for v in got.tolist()] == [repr(v) for v in round_list(np.array(values, dtype=float))]

@@ -23,11 +23,16 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
     rounded, so it agrees whenever ``rint`` picks Python's k: always, except where ``v·10**digits``
     lies within its own rounding error (≤ |v·10**digits|·2⁻⁵³) of a half. Those values, and
     huge ones, are rounded by Python itself (NaN and ±inf stay as they are, as round() leaves them)."""
+    return round_array(values, digits).tolist()
+
+
+def round_array(values: np.ndarray, digits: int = 3) -> np.ndarray:
+    """``round_list`` as an array (float64 holds each of its floats exactly)."""
     values = np.asarray(values, dtype=np.float64)
     scale = 10.0 ** digits
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = values * scale
-        out = (np.rint(scaled) / scale).tolist()
+        out = np.rint(scaled) / scale
         margin = np.abs(scaled - np.floor(scaled) - 0.5)
         sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT) | ~np.isfinite(values)
     for i in np.flatnonzero(~sure).tolist():
@@ -77,8 +82,6 @@ class CollectiveColumns:
         self.rows = rows
         self.n = len(rows)
         self.extra: dict[str, np.ndarray] = {}
-        # read_all: whether every start / launch time read is a float (or None)
-        self.times_are_floats: dict[str, bool] = {}
 
     # Each column is read from the rows on first use: a consumer pays only for what it reads.
     @cached_property
@@ -133,37 +136,6 @@ class CollectiveColumns:
         appearance; ``group.names[code]`` is the group dict."""
         return _group_codes(list(_field(self.rows, "group")), self.n)
 
-    def read_all(self) -> "CollectiveColumns":
-        """Read every column above from the rows in one pass (each row's fields at once: a pass
-        per column reads each of millions of dicts from memory again), a batch of rows at a
-        time. The same arrays as reading each column on first use; rows missing one of the
-        fields are left to that (nothing is read here)."""
-        if not self.n or any(name in self.__dict__ for name in _READ):
-            return self
-        fields = itemgetter(*_READ.values())
-        values: list[list[Any]] = [[] for _ in _READ]
-        try:
-            for lo in range(0, self.n, _READ_BATCH):
-                for column, batch in zip(values, zip(*map(fields, self.rows[lo:lo + _READ_BATCH]))):
-                    column.extend(batch)
-        except KeyError:  # an optional field absent: each column by itself, with dict.get
-            return self
-        read = dict(zip(_READ, values))
-        self.times_are_floats = {name: set(map(type, read[name])) <= {float, type(None)} for name in ("start", "launch")}
-        columns = self.__dict__  # where each cached_property keeps its value
-        columns["rank"] = np.fromiter(read["rank"], dtype=np.int64, count=self.n)
-        columns["start"] = np.fromiter(read["start"], dtype=np.float64, count=self.n)
-        columns["dur"] = np.fromiter(read["dur"], dtype=np.float64, count=self.n)
-        columns["launch"] = _nullable_values(read["launch"])
-        columns["size"] = _nullable_values(read["size"])
-        columns["on_gpu"] = _truth(read["on_gpu"], self.n)
-        columns["module_known"] = _not_none(read["module_known"], self.n)
-        for name in ("kind", "phase", "library", "step"):
-            columns[name] = categorical(read[name], self.n)
-        columns["group"] = _group_codes(read["group"], self.n)
-        columns["comms_id"], columns["seq"] = read["comms_id"], read["seq"]
-        return self
-
     def take(self, order: np.ndarray, rows: list[dict[str, Any]]) -> "CollectiveColumns":
         """The view of ``rows`` = ``[self.rows[i] for i in order]`` (a permutation), its columns
         those read here reordered (categories renumbered by first appearance, as reading them
@@ -171,7 +143,7 @@ class CollectiveColumns:
         (the reduce shares equal group objects after ordering the rows)."""
         view = CollectiveColumns(rows)
         for name, column in self.__dict__.items():
-            if name == "group" or name not in _READ:
+            if name not in _COLUMNS:
                 continue
             if isinstance(column, list):
                 view.__dict__[name] = list(map(column.__getitem__, order.tolist()))
@@ -221,11 +193,9 @@ class CollectiveColumns:
         return pair_code[inverse.reshape(-1)], list(codes)
 
 
-# The columns read_all reads, by the row key each is read from.
-_READ = {"rank": "rank", "start": "start_us", "dur": "dur_us", "launch": "launch_us", "size": "bytes",
-         "on_gpu": "on_gpu", "module_known": "module", "kind": "collective", "phase": "phase",
-         "library": "library", "step": "step", "group": "group", "comms_id": "comms_id", "seq": "seq"}
-_READ_BATCH = 1 << 16  # rows transposed at a time (a tuple per row while they are)
+# The columns read from the rows that ``take`` reorders (the group column is read again).
+_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library", "step",
+            "comms_id", "seq")
 
 
 def _truth(values: Iterable[Any], count: int) -> np.ndarray:
@@ -246,10 +216,11 @@ def _group_codes(groups: list[Any], count: int) -> Categorical:
 
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
     """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
-    return _nullable_values(list(_field(rows, key)))
+    return nullable_values(list(_field(rows, key)))
 
 
-def _nullable_values(values: list[Any]) -> np.ndarray:
+def nullable_values(values: list[Any]) -> np.ndarray:
+    """Numbers (None among them) as float64, NaN for None."""
     try:
         return np.array(values, dtype=np.float64)  # None becomes NaN
     except (TypeError, ValueError, OverflowError):

@@ -12,7 +12,7 @@ import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, nullable_values, round_array, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
 from analyzer.job.result import Bucket, Result
@@ -106,9 +106,11 @@ def _combined(ranks: list[RankAnalysis], shifts: list[float]) -> CollectiveColum
     its shift, rounded to the ns), ordered by (rank, start, kind), equal groups shared: their
     columns, read from the rows once (the shift and the order computed on them)."""
     rows = [row for r in ranks for row in r.collectives]
-    read = CollectiveColumns(rows).read_all()
-    if "rank" not in read.__dict__ or not all(isinstance(name, str) for name in read.kind.names) \
-            or np.isnan(read.start).any():  # a field missing, or keys Python's sort orders its own way
+    read = CollectiveColumns(rows)  # the columns the shift and the order need, read here
+    starts = list(map(itemgetter("start_us"), rows))
+    read.__dict__["start"] = np.fromiter(starts, dtype=np.float64, count=read.n)  # as the column reads it
+    if not all(isinstance(name, str) for name in read.kind.names) or np.isnan(read.start).any():
+        # keys Python's sort orders its own way: the per-row code
         for r, shift in zip(ranks, shifts):
             for key in ("start_us", "launch_us"):
                 _shift(r.collectives, key, shift)
@@ -116,8 +118,9 @@ def _combined(ranks: list[RankAnalysis], shifts: list[float]) -> CollectiveColum
         share_groups(rows)
         return CollectiveColumns(rows)
     by_row = np.repeat(np.asarray(shifts, dtype=np.float64), [len(r.collectives) for r in ranks])
-    read.__dict__["start"] = _shifted(rows, "start_us", read.start, by_row, read.times_are_floats["start"])
-    read.__dict__["launch"] = _shifted(rows, "launch_us", read.launch, by_row, read.times_are_floats["launch"])
+    read.__dict__["start"] = _shifted(rows, "start_us", starts, read.start, by_row)
+    launches = list(map(dict.get, rows, repeat("launch_us")))
+    read.__dict__["launch"] = _shifted(rows, "launch_us", launches, nullable_values(launches), by_row)
     kind_order = np.argsort(np.argsort(np.array(read.kind.names, dtype=object), kind="stable"))
     order = np.lexsort((kind_order[read.kind.codes], read.start, read.rank))  # stable, as sort() is
     rows = list(map(rows.__getitem__, order.tolist()))
@@ -125,15 +128,15 @@ def _combined(ranks: list[RankAnalysis], shifts: list[float]) -> CollectiveColum
     return read.take(order, rows)
 
 
-def _shifted(rows: list[dict[str, Any]], key: str, values: np.ndarray, shift: np.ndarray,
-             floats: bool) -> np.ndarray:
-    """``row[key] = round(row[key] + shift, 3)`` of every row where the value is known (NaN in
-    ``values``, the column read from the rows: None), over the array; the shifted column.
-    ``floats``: every known value is a float; then one the shift leaves as it is (same bits) is
-    not written again (an int is: round() makes it a float)."""
+def _shifted(rows: list[dict[str, Any]], key: str, read: list[Any], values: np.ndarray,
+             shift: np.ndarray) -> np.ndarray:
+    """``row[key] = round(row[key] + shift, 3)`` of every row where the value is known
+    (``read``: the rows' values; ``values``: as float64, NaN for None), over the array; the
+    shifted column. When every known value is a float, one the shift leaves as it is (same
+    bits) is not written again (an int is: round() makes it a float)."""
     known = ~np.isnan(values)
-    moved = np.array(round_list(values + shift), dtype=np.float64)
-    moved[~known] = np.nan
+    moved = round_array(values + shift)  # NaN stays NaN
+    floats = set(map(type, read)) <= {float, type(None)}
     write = known & (moved.view(np.int64) != values.view(np.int64)) if floats else known
     for i, value in zip(np.flatnonzero(write).tolist(), moved[write].tolist()):
         rows[i][key] = value
