@@ -23,16 +23,11 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
     rounded, so it agrees whenever ``rint`` picks Python's k: always, except where ``v·10**digits``
     lies within its own rounding error (≤ |v·10**digits|·2⁻⁵³) of a half. Those values, and
     huge ones, are rounded by Python itself (NaN and ±inf stay as they are, as round() leaves them)."""
-    return round_array(values, digits).tolist()
-
-
-def round_array(values: np.ndarray, digits: int = 3) -> np.ndarray:
-    """``round_list`` as an array (float64 holds each of its floats exactly)."""
     values = np.asarray(values, dtype=np.float64)
     scale = 10.0 ** digits
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = values * scale
-        out = np.rint(scaled) / scale
+        out = (np.rint(scaled) / scale).tolist()
         margin = np.abs(scaled - np.floor(scaled) - 0.5)
         sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT) | ~np.isfinite(values)
     for i in np.flatnonzero(~sure).tolist():
@@ -108,7 +103,7 @@ class CollectiveColumns:
 
     @cached_property
     def on_gpu(self) -> np.ndarray:
-        return _truth(_field(self.rows, "on_gpu"), self.n)
+        return np.fromiter(map(bool, _field(self.rows, "on_gpu")), dtype=bool, count=self.n)
 
     @cached_property
     def comms_id(self) -> list[Any]:
@@ -122,7 +117,7 @@ class CollectiveColumns:
 
     @cached_property
     def module_known(self) -> np.ndarray:
-        return _not_none(_field(self.rows, "module"), self.n)
+        return np.fromiter(map(is_not, _field(self.rows, "module"), repeat(None)), dtype=bool, count=self.n)
 
     # Strings and other repeated values as (code per row, distinct values by code).
     kind = _categorical("collective")
@@ -134,29 +129,10 @@ class CollectiveColumns:
     def group(self) -> Categorical:
         """Code of each row's process-group object (the rows share them), in order of first
         appearance; ``group.names[code]`` is the group dict."""
-        return _group_codes(list(_field(self.rows, "group")), self.n)
-
-    def take(self, order: np.ndarray, rows: list[dict[str, Any]]) -> "CollectiveColumns":
-        """The view of ``rows`` = ``[self.rows[i] for i in order]`` (a permutation), its columns
-        those read here reordered (categories renumbered by first appearance, as reading them
-        from ``rows`` numbers them); the group column is read from ``rows`` again, on first use
-        (the reduce shares equal group objects after ordering the rows)."""
-        view = CollectiveColumns(rows)
-        for name, column in self.__dict__.items():
-            if name not in _COLUMNS:
-                continue
-            if isinstance(column, list):
-                view.__dict__[name] = list(map(column.__getitem__, order.tolist()))
-            elif isinstance(column, Categorical):
-                codes = column.codes[order]
-                present, first = np.unique(codes, return_index=True)
-                kept = present[np.argsort(first, kind="stable")]  # by first appearance in the new order
-                renumber = np.empty(len(column.names), dtype=np.int64)
-                renumber[kept] = np.arange(len(kept))
-                view.__dict__[name] = Categorical(renumber[codes], [column.names[k] for k in kept.tolist()])
-            else:
-                view.__dict__[name] = column[order]
-        return view
+        groups = list(_field(self.rows, "group"))
+        codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
+        first = np.unique(codes, return_index=True)[1]
+        return Categorical(codes, [groups[i] for i in first.tolist()])
 
     @classmethod
     def of(cls, result: Any) -> "CollectiveColumns":
@@ -193,34 +169,9 @@ class CollectiveColumns:
         return pair_code[inverse.reshape(-1)], list(codes)
 
 
-# The columns read from the rows that ``take`` reorders (the group column is read again).
-_COLUMNS = ("rank", "start", "dur", "launch", "size", "on_gpu", "module_known", "kind", "phase", "library", "step",
-            "comms_id", "seq")
-
-
-def _truth(values: Iterable[Any], count: int) -> np.ndarray:
-    """``bool(v)`` of each value."""
-    return np.fromiter(map(bool, values), dtype=bool, count=count)
-
-
-def _not_none(values: Iterable[Any], count: int) -> np.ndarray:
-    """``v is not None`` of each value."""
-    return np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=count)
-
-
-def _group_codes(groups: list[Any], count: int) -> Categorical:
-    codes, _ = categorical(map(id, groups), count)  # the objects are held: ids stay unique
-    first = np.unique(codes, return_index=True)[1]
-    return Categorical(codes, [groups[i] for i in first.tolist()])
-
-
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
     """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
-    return nullable_values(list(_field(rows, key)))
-
-
-def nullable_values(values: list[Any]) -> np.ndarray:
-    """Numbers (None among them) as float64, NaN for None."""
+    values = list(_field(rows, key))
     try:
         return np.array(values, dtype=np.float64)  # None becomes NaN
     except (TypeError, ValueError, OverflowError):

@@ -12,7 +12,7 @@ import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import CollectiveColumns, distinct_rows, nullable_values, round_array, round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
 from analyzer.job.result import Bucket, Result
@@ -42,12 +42,17 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
 
 def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     origin = min((r.first_gpu_ns for r in ranks if r.first_gpu_ns is not None), default=0)
-    shifts = [((r.first_gpu_ns or origin) - origin) / 1000.0 for r in ranks]
-    for r, shift in zip(ranks, shifts):
+    collectives = []
+    for r in ranks:
+        shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
+        for key in ("start_us", "launch_us"):
+            _shift(r.collectives, key, shift)
+        collectives.extend(r.collectives)
         if r.timeline is not None:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
-    view = _combined(ranks, shifts)  # read once here, shared by the job analyses and rules
-    collectives = view.rows
+    collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    share_groups(collectives)
+    view = CollectiveColumns(collectives)  # read once here, shared by the job analyses and rules
     warnings = _job_warnings(ranks)
     job = job_facts(ranks, options, origin)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"], view))
@@ -99,48 +104,6 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     return list(map(Bucket, size, dtype, dur_us, exposed_us, map(itemgetter("name"), group), index.tolist(),
                     [None if offset != offset else offset for offset in offsets], launch_us, ranks, start_us,
                     steps))
-
-
-def _combined(ranks: list[RankAnalysis], shifts: list[float]) -> CollectiveColumns:
-    """The ranks' collectives on one clock (each rank's ``start_us`` and ``launch_us`` moved by
-    its shift, rounded to the ns), ordered by (rank, start, kind), equal groups shared: their
-    columns, read from the rows once (the shift and the order computed on them)."""
-    rows = [row for r in ranks for row in r.collectives]
-    read = CollectiveColumns(rows)  # the columns the shift and the order need, read here
-    starts = list(map(itemgetter("start_us"), rows))
-    read.__dict__["start"] = np.fromiter(starts, dtype=np.float64, count=read.n)  # as the column reads it
-    if not all(isinstance(name, str) for name in read.kind.names) or np.isnan(read.start).any():
-        # keys Python's sort orders its own way: the per-row code
-        for r, shift in zip(ranks, shifts):
-            for key in ("start_us", "launch_us"):
-                _shift(r.collectives, key, shift)
-        rows.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
-        share_groups(rows)
-        return CollectiveColumns(rows)
-    by_row = np.repeat(np.asarray(shifts, dtype=np.float64), [len(r.collectives) for r in ranks])
-    read.__dict__["start"] = _shifted(rows, "start_us", starts, read.start, by_row)
-    launches = list(map(dict.get, rows, repeat("launch_us")))
-    read.__dict__["launch"] = _shifted(rows, "launch_us", launches, nullable_values(launches), by_row)
-    kind_order = np.argsort(np.argsort(np.array(read.kind.names, dtype=object), kind="stable"))
-    order = np.lexsort((kind_order[read.kind.codes], read.start, read.rank))  # stable, as sort() is
-    rows = list(map(rows.__getitem__, order.tolist()))
-    share_groups(rows)
-    return read.take(order, rows)
-
-
-def _shifted(rows: list[dict[str, Any]], key: str, read: list[Any], values: np.ndarray,
-             shift: np.ndarray) -> np.ndarray:
-    """``row[key] = round(row[key] + shift, 3)`` of every row where the value is known
-    (``read``: the rows' values; ``values``: as float64, NaN for None), over the array; the
-    shifted column. When every known value is a float, one the shift leaves as it is (same
-    bits) is not written again (an int is: round() makes it a float)."""
-    known = ~np.isnan(values)
-    moved = round_array(values + shift)  # NaN stays NaN
-    floats = set(map(type, read)) <= {float, type(None)}
-    write = known & (moved.view(np.int64) != values.view(np.int64)) if floats else known
-    for i, value in zip(np.flatnonzero(write).tolist(), moved[write].tolist()):
-        rows[i][key] = value
-    return moved
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
