@@ -98,12 +98,12 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     origin = np.array(list(map(backward_start_us.get, zip(ranks, steps), repeat(np.nan))), dtype=np.float64)
     offsets = round_list(view.launch[rows] - origin)
     fields = itemgetter("bytes", "dtype", "launch_us", "start_us", "dur_us", "exposed_us", "group")
-    # The rows' fields transposed and the records built by map(): no Python loop per bucket.
-    size, dtype, launch_us, start_us, dur_us, exposed_us, group = zip(*map(fields, map(view.rows.__getitem__,
-                                                                                        rows.tolist())))
-    return list(map(Bucket, size, dtype, dur_us, exposed_us, map(itemgetter("name"), group), index.tolist(),
-                    [None if offset != offset else offset for offset in offsets], launch_us, ranks, start_us,
-                    steps))
+    buckets = []
+    for row, rank, step_value, k, offset in zip(rows.tolist(), ranks, steps, index.tolist(), offsets):
+        size, dtype, launch_us, start_us, dur_us, exposed_us, group = fields(view.rows[row])
+        buckets.append(Bucket(size, dtype, dur_us, exposed_us, group["name"], k,
+                              None if offset != offset else offset, launch_us, rank, start_us, step_value))
+    return buckets
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
