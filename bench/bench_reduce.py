@@ -6,7 +6,8 @@ matching, fits, rules, serialisation) for a job of many small ranks, without rea
 One synthetic rank (sample_traces/synthetic/ddp_healthy_8r, rank 0) is analysed once, its
 collectives tiled to the count asked (steps repeated), and cloned per rank with the rank
 number changed, so the reduce sees a job of ``ranks`` x ``collectives`` rows. Prints the time of
-each stage and the peak memory growth (tracemalloc-free: RSS from /proc), in one run.
+each stage (wall, and CPU seconds of this process: the machine may be shared) and the peak
+memory growth (tracemalloc-free: RSS from /proc), in one run.
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ def clone(template, rank: int, world: int):
                    steps=copy.deepcopy(template.steps), host=f"node{rank // 8}")
 
 
+def timed(chunks, spent: list[float]):
+    """The chunks, adding the wall and CPU seconds spent producing them (encoding and formatting,
+    not writing) to ``spent``."""
+    chunks = iter(chunks)
+    while True:
+        wall, cpu = time.perf_counter(), time.process_time()
+        chunk = next(chunks, None)
+        spent[0] += time.perf_counter() - wall
+        spent[1] += time.process_time() - cpu
+        if chunk is None:
+            return
+        yield chunk
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
@@ -76,27 +91,29 @@ def main() -> None:
     args = parser.parse_args()
     template = tiled_rank(args.collectives)
     start_rss = rss_mb()
-    t0 = time.perf_counter()
+    t0 = time.perf_counter(), time.process_time()
     ranks = [clone(template, r, args.ranks) for r in range(args.ranks)]
-    t1 = time.perf_counter()
+    t1 = time.perf_counter(), time.process_time()
     options = DiagnoseOptions()
     with paused_gc():
         result = build_result(ranks, options)
-        t2 = time.perf_counter()
+        t2 = time.perf_counter(), time.process_time()
         analyze_job(result, options)
-        t3 = time.perf_counter()
+        t3 = time.perf_counter(), time.process_time()
         run_rules(result, {})
-        t4 = time.perf_counter()
-        write_atomic(args.output, render_chunks(result, "json"))  # streamed, as the CLI does
-        t5 = time.perf_counter()
+        t4 = time.perf_counter(), time.process_time()
+        encoding = [0.0, 0.0]
+        write_atomic(args.output, timed(render_chunks(result, "json"), encoding))  # streamed, as the CLI does
+        t5 = time.perf_counter(), time.process_time()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{args.ranks} ranks x {len(template.collectives)} collectives = {args.ranks * len(template.collectives):,} rows")
-    print(f"  ranks in memory (the map's output): {t1 - t0:6.2f} s")
-    print(f"  combine (build_result):             {t2 - t1:6.2f} s")
-    print(f"  job analysis (match, fits, MFU):    {t3 - t2:6.2f} s")
-    print(f"  rules:                              {t4 - t3:6.2f} s")
-    print(f"  JSON ({Path(args.output).stat().st_size / 1e6:,.0f} MB, streamed):        {t5 - t4:6.2f} s")
-    print(f"  reduce total (combine..JSON):       {t5 - t1:6.2f} s")
+    size = f"{Path(args.output).stat().st_size / 1e6:,.0f} MB"
+    print("  stage                               wall      CPU")
+    for label, (a, b) in (("ranks in memory (the map's output)", (t0, t1)), ("combine (build_result)", (t1, t2)),
+                          ("job analysis (match, fits, MFU)", (t2, t3)), ("rules", (t3, t4)),
+                          (f"JSON ({size}, streamed)", (t4, t5)), ("  of which encoding, formatting", ((0, 0), encoding)),
+                          ("reduce total (combine..JSON)", (t1, t5))):
+        print(f"  {label + ':':<35}{b[0] - a[0]:6.2f} s {b[1] - a[1]:6.2f} s")
     print(f"  RSS: {start_rss:,.0f} MB before the ranks, peak {peak:,.0f} MB")
 
 

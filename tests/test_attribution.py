@@ -145,3 +145,26 @@ def test_one_rank_waiting_is_an_alpha_beta_estimate(real_traces):
     assert rows and all(c["wait_us"] is None and 0 < c["wait_estimated_us"] < c["dur_us"] for c in rows)
     assert job["details"]["wait_by_peer"] == {"estimated (α-β)": job["exposed_wait_us"]}
     assert 0 < job["exposed_wait_us"] < job["exposed_wait_us"] + job["exposed_transfer_us"]
+
+
+def test_rank_breakdown_is_its_typical_steps_figures_even_when_steps_share_a_dict():
+    """Each rank's time_breakdown is the typical step's figures as its split left them (the
+    details are built for that step only, after it is chosen): also when the steps share one
+    time_breakdown dict (bench/bench_reduce.py's tiled steps do), which later steps overwrite."""
+    from analyzer.job.attribution import attribute_job
+    job = next(j for j in SAMPLE_JOBS if j.endswith("ddp_healthy_8r"))
+    result = diagnose([job], report=False)
+    expected = {rank.rank: rank.time_breakdown for rank in result.ranks}
+    typical = result.attribution["step"]
+    for rank in result.ranks:
+        entry = next(s for s in rank.steps if s["step"] == typical)
+        assert {k: entry["time_breakdown"][k] for k in LEAVES} == {k: rank.time_breakdown[k] for k in LEAVES}
+        assert rank.time_breakdown["details"]["wait_by_peer"] == entry["time_breakdown"]["wait_by_peer"]
+    shared = {}
+    for rank in result.ranks:  # the typical step and every later one share its dict
+        for step in rank.steps:
+            if step["step"] >= typical and "window_ns" in step:
+                step["time_breakdown"] = shared.setdefault(rank.rank, step["time_breakdown"])
+    attribute_job(result)
+    assert result.attribution["step"] == typical
+    assert {rank.rank: rank.time_breakdown for rank in result.ranks} == expected

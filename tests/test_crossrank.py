@@ -193,3 +193,27 @@ def test_per_set_figures_equal_the_set_by_set_ones(sets):
         assert [repr(v) for v in lags[lo:hi].tolist()] == [repr(v) for v in (arrival - np.median(arrival)).tolist()]
         assert set(waited[lo:hi].tolist()) == {int(members[lo + int(np.argmin(durations[lo:hi]))])}
         assert repr(float(_set_medians(arrivals, bounds)[k])) == repr(float(np.median(arrival)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(collective_rows(), st.lists(st.integers(1, 9), min_size=40, max_size=40))
+def test_row_fields_agree_with_the_per_set_reference(rows, durations):
+    """What analyze writes into each row (in row order, from the columns): per matched set the
+    wait over the shortest member, the member waited for (None for that member itself, a
+    Python int otherwise), the keys in the order unmatched rows get them; None for the rest."""
+    for r, d in zip(rows, durations):
+        r["dur_us"] = d * 1.5
+    _, sets = match(copy.deepcopy(rows))
+    analyze(rows)
+    expected = {i: (None, None) for i in range(len(rows))}
+    for members in sets.values():
+        shortest = min(members, key=lambda i: (rows[i]["dur_us"], members.index(i)))
+        for i in members:
+            peer = rows[shortest]["rank"]
+            expected[i] = (round(rows[i]["dur_us"] - rows[shortest]["dur_us"], 3),
+                           None if peer == rows[i]["rank"] else peer)
+    for i, r in enumerate(rows):
+        assert list(r)[-3:] == ["wait_us", "waited_for", "arrival_lag_us"]
+        assert (r["wait_us"], r["waited_for"]) == expected[i]
+        assert type(r["waited_for"]) in (int, type(None))
+        assert (r["arrival_lag_us"] is None) == (r["wait_us"] is None)

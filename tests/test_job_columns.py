@@ -133,7 +133,8 @@ def _random_rows(seed: int, count: int = 300) -> list[dict]:
                      "start_us": start, "launch_us": None if rng.random() < 0.2 else pick([start, start - 1.5]),
                      "dur_us": round(float(rng.uniform(1, 50)), 3), "exposed_us": 0.5,
                      "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 20)), "dtype": "bf16",
-                     "on_gpu": bool(rng.random() < 0.9), "module": None})
+                     "on_gpu": bool(rng.random() < 0.9), "module": None,
+                     "comms_id": pick([None, 7, 2**64 - 1, "a"]), "seq": pick([None, 3, 4])})
     return rows
 
 
@@ -287,3 +288,37 @@ def test_share_groups_equals_the_per_row_code(picks):
     assert [ids_ours.index(i) for i in ids_ours] == [ids_reference.index(i) for i in ids_reference]
     assert [r["group"] for r in ours] == [r["group"] for r in reference]
     assert [list(r["group"] or ()) for r in ours] == [list(r["group"] or ()) for r in reference]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, None, "x"]), st.integers(0, 5)), max_size=40),
+       st.booleans())
+def test_buckets_by_step_equals_the_per_bucket_grouping(keys, typed):
+    """Runs of a step's buckets or scattered ones: {(rank, step): its buckets by index}, the
+    steps in order of first appearance."""
+    from types import SimpleNamespace
+    from analyzer.job.facts import JobFacts
+    from analyzer.job.result import Bucket
+    buckets = [Bucket(8, "bf16", 1.0, 0.0, "0", index, None, 0.5, rank, 1.5, step) for rank, step, index in keys]
+    if not typed:
+        buckets = [msgspec.to_builtins(b) for b in buckets]
+    expected = {}
+    for b in buckets:
+        expected.setdefault((b["rank"], b["step"]), []).append(b)
+    for rows in expected.values():
+        rows.sort(key=lambda b: b["index"])
+    facts = JobFacts.__new__(JobFacts)
+    facts.result = SimpleNamespace(buckets=buckets)
+    got = facts.buckets_by_step()
+    assert list(got) == list(expected)
+    assert all(a is b for key in got for a, b in zip(got[key], expected[key], strict=True))
+
+
+def test_flag_and_raw_columns_read_as_the_row_code_did():
+    values = [None, True, False, 0, 1, "", "x", [], [0]]
+    rows = [{"on_gpu": v, "module": v, "comms_id": v, "seq": v} for v in values] + [{}]
+    view = CollectiveColumns(rows)
+    assert view.on_gpu.tolist() == [bool(r.get("on_gpu")) for r in rows]
+    assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
+    assert all(a is b for a, b in zip(view.comms_id, [r.get("comms_id") for r in rows], strict=True))
+    assert all(a is b for a, b in zip(view.seq, [r.get("seq") for r in rows], strict=True))

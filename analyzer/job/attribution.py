@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from analyzer.rank.timeline import ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
 DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host")
+# (row, exposed ns it owns, of which waiting) of the rows with exposed time in a step
+_Split = list[tuple[dict[str, Any], int, int]]
 # A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
 OUTLIER_FRACTION = 0.3
 
@@ -54,8 +56,9 @@ def attribute_job(result: Any) -> None:
     on_gpu = np.flatnonzero(view.on_gpu)
     order = np.argsort(view.rank[on_gpu], kind="stable")  # each rank's GPU rows together, in row order
     by_rank = dict(zip(*_runs(view.rank[on_gpu][order], on_gpu[order])))
-    per_rank: dict[int, dict[Any, dict[str, Any]]] = {}
-    labels: dict[int, str] = {}
+    # Each rank's steps, by step: the per-step detail tables are built for the typical step only
+    # (the only one the output carries), once it is chosen from every step's time.
+    per_rank: dict[int, dict[Any, _Step]] = {}
     for rank in result.ranks:
         rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]))
         per_rank[rank.rank] = {}
@@ -70,7 +73,7 @@ def attribute_job(result: Any) -> None:
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
             tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)
             tb["wait_by_peer"] = _wait_by_peer(split)
-            per_rank[rank.rank][entry["step"]] = _rank_breakdown(entry, split, source, labels)
+            per_rank[rank.rank][entry["step"]] = _step_figures(entry, split)
     result.attribution = _job_section(result, per_rank, source)
 
 
@@ -171,17 +174,31 @@ def _wait_source(result: Any, estimated: bool) -> str:
     return f"cross-rank matching of all {given} ranks ({stragglers['method']})"
 
 
-def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int, int]],
-                    source: str, labels: dict[int, str] | None = None) -> dict[str, Any]:
-    """``labels``: each group's ``group_label`` by the group's id, filled as they come (rows
-    share their group's dict; a 64-rank job has a few groups and ~300,000 split rows)."""
+class _Step(NamedTuple):
+    """A rank's figures of one step as they are when its split is made (steps may share their
+    ``time_breakdown`` dict), and the split, the typical step's details are made of."""
+    figures: dict[str, Any]  # step, step_time_us and the leaves
+    split: _Split
+    wait_by_peer: dict[str, float]
+    idle_by_host: dict[str, float]
+
+
+def _step_figures(entry: dict[str, Any], split: _Split) -> _Step:
     tb = entry["time_breakdown"]
+    figures = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
+    figures.update({k: tb[k] for k in LEAVES})
+    return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}))
+
+
+def _rank_breakdown(step: _Step, source: str, labels: dict[int, str] | None = None) -> dict[str, Any]:
+    """The typical step's breakdown of a rank. ``labels``: each group's ``group_label`` by the
+    group's id, filled as they come (rows share their group's dict)."""
     labels = {} if labels is None else labels
     by_kind: dict[str, list[float]] = {}
     by_group: dict[str, list[float]] = {}
     by_phase: dict[str, list[float]] = {}
     by_kind_phase: dict[str, list[float]] = {}
-    for row, owned, wait in split:
+    for row, owned, wait in step.split:
         phase, kind, group = row.get("phase") or "other", row["collective"], row.get("group")
         group_name = labels.get(id(group))
         if group_name is None:
@@ -195,13 +212,12 @@ def _rank_breakdown(entry: dict[str, Any], split: list[tuple[dict[str, Any], int
             else:
                 cell[0] += wait_us
                 cell[1] += transfer_us
-    out = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
-    out.update({k: tb[k] for k in LEAVES})
+    out = dict(step.figures)
     # _rounded's result (keys sorted at every level, floats to 3 decimals), built directly
     out["details"] = {"by_group": _rounded_cells(by_group), "by_kind": _rounded_cells(by_kind),
                       "by_kind_phase": _rounded_cells(by_kind_phase), "by_phase": _rounded_cells(by_phase),
-                      "idle_by_host": _rounded(dict(tb.get("idle_by_host") or {})),
-                      "wait_by_peer": _rounded(dict(tb["wait_by_peer"]))}
+                      "idle_by_host": _rounded(step.idle_by_host),
+                      "wait_by_peer": _rounded(step.wait_by_peer)}
     out["wait_source"] = source
     return out
 
@@ -251,11 +267,13 @@ def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], li
     return kept, sorted(excluded, key=lambda e: e["step"])
 
 
-def _job_section(result: Any, per_rank: dict[int, dict[Any, dict[str, Any]]], source: str) -> dict[str, Any] | None:
+def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str) -> dict[str, Any] | None:
+    """The job's section: the typical step from every step's time (mean over ranks), and each
+    rank's breakdown of it."""
     times: dict[Any, list[float]] = defaultdict(list)
     for steps in per_rank.values():
-        for number, tb in steps.items():
-            times[number].append(tb["step_time_us"])
+        for number, step in steps.items():
+            times[number].append(step.figures["step_time_us"])
     if not times:
         for rank in result.ranks:
             rank.time_breakdown = None
@@ -266,8 +284,10 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, dict[str, Any]]], so
     middle = statistics.median(means[s] for s in kept)
     typical = min(kept, key=lambda s: (abs(means[s] - middle), s))
     chosen = []
+    labels: dict[int, str] = {}
     for rank in result.ranks:
-        rank.time_breakdown = per_rank.get(rank.rank, {}).get(typical)
+        figures = per_rank.get(rank.rank, {}).get(typical)
+        rank.time_breakdown = None if figures is None else _rank_breakdown(figures, source, labels)
         if rank.time_breakdown is not None:
             chosen.append(rank.time_breakdown)
     section = _mean_breakdown(chosen)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from itertools import repeat
-from operator import itemgetter
+from operator import is_not, itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
@@ -103,11 +103,21 @@ class CollectiveColumns:
 
     @cached_property
     def on_gpu(self) -> np.ndarray:
-        return np.array([bool(v) for v in _field(self.rows, "on_gpu")], dtype=bool)
+        return np.fromiter(map(bool, _field(self.rows, "on_gpu")), dtype=bool, count=self.n)
+
+    @cached_property
+    def comms_id(self) -> list[Any]:
+        """The rows' ``comms_id`` values as they are (the cross-rank matching's first key)."""
+        return list(_field(self.rows, "comms_id"))
+
+    @cached_property
+    def seq(self) -> list[Any]:
+        """The rows' ``seq`` values as they are."""
+        return list(_field(self.rows, "seq"))
 
     @cached_property
     def module_known(self) -> np.ndarray:
-        return np.array([v is not None for v in _field(self.rows, "module")], dtype=bool)
+        return np.fromiter(map(is_not, _field(self.rows, "module"), repeat(None)), dtype=bool, count=self.n)
 
     # Strings and other repeated values as (code per row, distinct values by code).
     kind = _categorical("collective")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -249,8 +251,8 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     ``view``: the rows' columns when the caller has them (with the fits' ``busbw_gbps``)."""
     view = view if view is not None else CollectiveColumns(rows)
     index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
-    sized = [rows[i] for i in index.tolist()]
-    sizes_list = [row["bytes"] for row in sized]
+    sized = list(map(rows.__getitem__, index.tolist()))
+    sizes_list = list(map(itemgetter("bytes"), sized))
     bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
     group_code, names = view.group_keys(_group_name)
     count = len(sized)
@@ -265,7 +267,7 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     sizes = np.fromiter(sizes_list, dtype=object, count=count)
     transfer = (view.dur - _waits(view))[index]
     busbw = view.written("busbw_gbps")[index]
-    bounds = categorical((r.get("bound") for r in sized), count)
+    bounds = categorical(map(dict.get, sized, repeat("bound")), count)
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         cell_transfer, cell_busbw = transfer[members], busbw[members]

@@ -88,10 +88,10 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     """One matching-key code per row (-1: this row is not matched), or None when the method
     does not apply. ``groups``: each row's process-group code."""
     if method == "comms_id":
-        ids = [r.get("comms_id") for r in rows]
+        ids = view.comms_id
         return None if None in ids else _first_seen_codes([_identity_codes(ids)])
     if method == "seq":
-        seqs = [r.get("seq") for r in rows]
+        seqs = view.seq
         return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
     ranks, starts, steps = view.rank, view.start, view.step.codes
@@ -216,14 +216,18 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     view.extra["arrival_lag_us"][flat] = rounded_lags
     matched = np.zeros(view.n, dtype=bool)
     matched[flat] = True
-    for i in np.flatnonzero(~matched).tolist():
-        rows[i].update(_UNMATCHED)
-    for i, wait, lag, rank, waited_for in zip(flat.tolist(), rounded_waits, rounded_lags, members.tolist(),
-                                               waited.tolist()):
-        row = rows[i]  # the keys in _UNMATCHED's order
-        row["wait_us"] = wait
-        row["waited_for"] = waited_for if rank != waited_for else None
-        row["arrival_lag_us"] = lag
+    others = members != waited  # a member waited for by the others: no wait of its own to name
+    waited_for = np.full(view.n, None, dtype=object)
+    waited_for[flat[others]] = waited[others].astype(object)  # Python ints
+    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order.
+    for row, known, wait, peer, lag in zip(rows, matched.tolist(), view.extra["wait_us"].tolist(),
+                                           waited_for.tolist(), view.extra["arrival_lag_us"].tolist()):
+        if known:
+            row["wait_us"] = wait
+            row["waited_for"] = peer
+            row["arrival_lag_us"] = lag
+        else:
+            row.update(_UNMATCHED)
     summary = _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "

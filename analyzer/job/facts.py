@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import groupby
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -204,8 +205,9 @@ class JobFacts:
         # a Bucket's fields as attributes: its b["key"] is a Python call, millions of them here
         read = attrgetter if buckets and isinstance(buckets[0], Bucket) else itemgetter
         out: dict[tuple[int, Any], list[Any]] = {}
-        for key, b in zip(map(read("rank", "step"), buckets), buckets):
-            out.setdefault(key, []).append(b)
+        # a step's buckets mostly lie together (the reduce's order): a run at a time
+        for key, run in groupby(zip(map(read("rank", "step"), buckets), buckets), key=itemgetter(0)):
+            out.setdefault(key, []).extend(map(itemgetter(1), run))
         index = read("index")
         for rows in out.values():
             rows.sort(key=index)

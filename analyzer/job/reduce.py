@@ -4,6 +4,7 @@ clock, DDP buckets, FSDP units, warnings)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -93,8 +94,8 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     first = np.r_[True, pair[1:] != pair[:-1]]
     index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
     ranks = view.rank[rows].tolist()
-    steps = [view.step.names[k] for k in step.tolist()]
-    origin = np.array([backward_start_us.get(key, np.nan) for key in zip(ranks, steps)], dtype=np.float64)
+    steps = list(map(view.step.names.__getitem__, step.tolist()))
+    origin = np.array(list(map(backward_start_us.get, zip(ranks, steps), repeat(np.nan))), dtype=np.float64)
     offsets = round_list(view.launch[rows] - origin)
     fields = itemgetter("bytes", "dtype", "launch_us", "start_us", "dur_us", "exposed_us", "group")
     buckets = []

@@ -257,8 +257,8 @@ def iter_json(doc: dict[str, Any]) -> Iterator[bytes]:
             yield b" " + _encode(key) + b": [\n"
             for i in range(0, len(value), _BATCH):
                 # "[\n [\n" + the items two levels deep + "\n ]\n]"
-                inner = _formatted([value[i:i + _BATCH]])[5:-5]
-                yield inner + (b",\n" if i + _BATCH < len(value) else b"\n")
+                yield _formatted([value[i:i + _BATCH]])[5:-5]
+                yield b",\n" if i + _BATCH < len(value) else b"\n"  # apart: no copy of the batch
             yield b" ]"
         else:
             yield _formatted({key: value})[2:-2]  # "{\n" + ' "key": value' + "\n}"

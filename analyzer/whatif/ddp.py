@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from operator import add
 from typing import Any, Callable
 
 import numpy as np
@@ -202,7 +203,7 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
         start, end, _ = view.windows["backward"]
         out.append(DdpStep(rank, step, start, end,
                            tuple(map(float, sizes)), tuple(map(float, starts)),
-                           tuple(float(s) + float(d) for s, d in zip(starts, durations)),
+                           tuple(map(add, map(float, starts), map(float, durations))),
                            link, buckets[0].get("dtype"), launches))
     return out
 
