@@ -226,6 +226,9 @@ def test_group_links_open_folded_groups(browser, tmp_path):
         folded = view.page.locator("details.group:not([open])").first
         group_id = folded.get_attribute("id")
         view.page.locator(f"table.groups a[href='#{group_id}']").click()
+        # The page opens it on the hash change, which fires after the click returns: wait for it
+        # (a timeout here is the failure).
+        view.page.wait_for_selector(f"details#{group_id}[open]", state="attached", timeout=5000)
         assert view.page.locator(f"details#{group_id}").get_attribute("open") is not None
         assert view.errors == []
     finally:
