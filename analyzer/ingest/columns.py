@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
     GPU_ACTIVITY_CATS,
@@ -261,7 +262,7 @@ class ColumnBuilder:
         table = np.zeros(len(strings), dtype=np.int8)
         for cat, stop, size in zip(cats, np.cumsum(sizes).tolist(), sizes):
             rows = names[stop - size:stop]
-            present = np.unique(rows).tolist()
+            present = arrays.unique(rows).tolist()
             table[present] = [self.classifier(cat, strings[n]) for n in present]
             kind[stop - size:stop] = table[rows]
         return kind
@@ -330,7 +331,7 @@ class ColumnBuilder:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
         gpu, kernel_args = self._finish_gpu(warnings)
-        return gpu, kernel_args, self._finish_launches(np.unique(gpu.correlation)), self._finish_markers(warnings)
+        return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
 
     def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.job.columns import CollectiveColumns, round_list
 
 _P2P = ("send", "recv", "sendrecv")
@@ -167,7 +168,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     the waits and arrival lags go into the view's columns too (NaN when unmatched).
     ``view``: the rows' columns when the caller has them."""
     view = view if view is not None else CollectiveColumns(rows)
-    ranks = np.unique(view.rank).tolist()
+    ranks = arrays.unique(view.rank).tolist()
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
     if len(ranks) < 2:
@@ -236,7 +237,7 @@ def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]
     size as the rows of one 2-D array, where numpy's argmax, argmin, median, max and min of a
     row are those of the set's 1-D slice."""
     sizes = np.diff(bounds)
-    for size in np.unique(sizes).tolist():
+    for size in arrays.unique(sizes).tolist():
         which = np.flatnonzero(sizes == size)
         yield which, bounds[which][:, None] + np.arange(size)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
@@ -158,7 +159,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     gpu, keep = trace.gpu, None
     if options.steps is not None:
         keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
-        missing = sorted(set(options.steps) - set(np.unique(att.step[keep]).tolist()))
+        missing = sorted(set(options.steps) - set(arrays.unique(att.step[keep]).tolist()))
         if missing:
             warnings.append(f"requested step(s) {missing} not found in this trace")
         gpu = gpu.take(np.flatnonzero(keep))
@@ -209,7 +210,7 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
 
 
 def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
-    numbers = sorted(int(s) for s in np.unique(att.step) if s != NO_STEP)
+    numbers = sorted(int(s) for s in arrays.unique(att.step) if s != NO_STEP)
     steps = []
     firsts = {}
     for number in numbers:

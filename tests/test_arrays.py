@@ -1,0 +1,28 @@
+"""analyzer.base.arrays: numpy's results, without numpy's optional modules (issue 13)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from analyzer.base import arrays
+
+
+@pytest.mark.parametrize("values", [
+    np.array([], dtype=np.int64), np.array([5], dtype=np.int32), np.array([3, 1, 3, -2, 1, 7], dtype=np.int64),
+    np.array([True, False, True]), np.arange(1000, dtype=np.int8) % 7, np.array([2, 2, 2], dtype=np.uint16),
+    [4, 1, 4], np.array([1.5, np.nan, 1.5, np.nan, 0.0]), np.array(["b", "a", "b"]), np.array([[2, 1], [1, 3]]),
+])
+def test_unique_is_np_unique(values):
+    expected, got = np.unique(values), arrays.unique(values)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_unique_leaves_numpy_ma_unimported():
+    code = ("import sys, numpy as np; from analyzer.base import arrays; arrays.unique(np.array([3, 1, 3]));"
+            "print('numpy.ma' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
