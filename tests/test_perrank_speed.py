@@ -237,7 +237,7 @@ IDS = st.one_of(st.integers(-3, 3), st.integers(2**62, 2**70), st.sampled_from([
 def test_thread_ids_label_each_event(pairs):
     """Each event's thread is "pid:tid" as written (a string "07" stays "07"), interned in
     first-seen order."""
-    events = [Event(ph="X", pid=pid, tid=tid) for pid, tid in pairs]
+    events = [Event(pid=pid, tid=tid) for pid, tid in pairs]
     threads = Interner()
     ids = thread_ids(events, threads)
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
@@ -257,7 +257,7 @@ def test_gpu_kinds_classify_each_row(rows, earlier):
     from its group), and the names table gets the names, then the categories, in first-seen order."""
     builder = ColumnBuilder(KernelClassifier())
     builder.names.ids(earlier)
-    events = [Event(ph="X", cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
+    events = [Event(cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
               for i, (cat, name) in enumerate(rows)]
     builder.add(events)
     ordered = sorted(range(len(rows)), key=lambda i: rows[i][0])  # grouped by category, stable

@@ -133,7 +133,7 @@ def test_load_uses_small_chunks_and_gzip(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, problem", [
-    (b'{"traceEvents": [{"ph": "X"}, {"ph": 5}]}', "$.traceEvents[1].ph"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "cat": 5}]}', "$.traceEvents[1].cat"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"} {"ph": "X"}]}', "invalid JSON"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}', "ends early"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": "unterminated}]}', "ends early"),

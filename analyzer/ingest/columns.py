@@ -30,7 +30,7 @@ from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
 MISSING = -1
 NO_ARGS = EventArgs()
 
-_get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_get = {name: attrgetter(name) for name in ("cat", "name", "pid", "tid", "ts", "dur", "args")}
 
 
 def factorize(values) -> tuple[np.ndarray, list[Any]]:

@@ -39,7 +39,8 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
 
 
 class Event(msgspec.Struct, gc=False):
-    ph: Optional[str] = None
+    # No ``ph``: nothing reads it (an event of a category tracecliff reads but without a
+    # duration is dropped by its missing ``dur``), and decoding it cost ~8 % of the decode.
     cat: Optional[str] = None
     name: Union[str, int, float, None] = None
     pid: Union[int, str, None] = None
