@@ -67,11 +67,11 @@ ONE_FIELD = st.sampled_from([("collective_name", "allreduce", "collective"), ("i
 
 
 @settings(max_examples=200, deadline=None)
-@given(OTHER, OTHER, OTHER, OTHER, ONE_FIELD)
-def test_comm_args_fast_path(correlation, external_id, stream, device, field):
+@given(OTHER, OTHER, OTHER, ONE_FIELD)
+def test_comm_args_fast_path(correlation, external_id, stream, field):
     """Args without collective metadata (whatever else they hold) give {}; any one collective
     field, however written, is still read."""
-    plain = dict(correlation=correlation, external_id=external_id, stream=stream, device=device)
+    plain = dict(correlation=correlation, external_id=external_id, stream=stream)
     assert comm_args_of(EventArgs(**plain)) == {}
     assert comm_args_of(None) == {}
     name, value, key = field
