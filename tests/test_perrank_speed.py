@@ -331,3 +331,16 @@ def test_workers_keep_nothing_between_ranks():
     kept = queue.get(timeout=120)
     child.join(timeout=60)
     assert kept == 0
+
+
+def test_one_rank_map_imports_no_process_machinery():
+    """A one-process run imports neither multiprocessing nor concurrent.futures (~20 ms, issue
+    13): they are imported where a pool or the two-core helper starts. The one-slot trace cache
+    still tells the main process from a worker."""
+    import subprocess
+    import sys
+    code = ("import sys; from analyzer.rank import analysis; from analyzer.run import executors; "
+            "print(analysis._main_process(), [m for m in ('multiprocessing', 'concurrent.futures', 'numpy.ma', "
+            "'importlib.resources') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True []"

@@ -6,8 +6,8 @@ workers and only this compact summary (not the event arrays) travels back.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,16 @@ def _load(path: str, options: RankOptions, two_cores: bool) -> RankTrace:
         return trace
     load = load_rank_trace_parallel if two_cores else load_rank_trace
     trace = load(Path(path), options.comm_pattern, options.max_inflate_bytes)
-    if key and multiprocessing.parent_process() is None:
+    if key and _main_process():
         _LAST_LOADED[key] = trace
     return trace
+
+
+def _main_process() -> bool:
+    """Not a pool or Dask worker: ``multiprocessing.parent_process() is None``, without importing
+    multiprocessing (~8 ms) into a process that never did (one not started by it)."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is None or mp.parent_process() is None
 
 
 def step_timeline_file(path: str, options: RankOptions, origin_ns: int) -> dict[str, Any]:
