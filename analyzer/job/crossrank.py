@@ -158,7 +158,7 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
     diffs = ends - np.repeat(_set_medians(ends, bounds), np.diff(bounds))
     order = np.argsort(members, kind="stable")
     ranks, first = np.unique(members[order], return_index=True)
-    return {rank: float(np.median(part))
+    return {rank: float(arrays.median(part))
             for rank, part in zip(ranks.tolist(), np.split(diffs[order], first[1:]))}
 
 
@@ -246,7 +246,7 @@ def _set_medians(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """``np.median`` of each set's values."""
     out = np.empty(len(bounds) - 1)
     for which, at in _sets_by_size(bounds):
-        out[which] = np.median(values[at], axis=1)
+        out[which] = arrays.median(values[at], axis=1)
     return out
 
 
@@ -262,7 +262,7 @@ def _per_set(arrivals: np.ndarray, durations: np.ndarray, members: np.ndarray, b
         arrival = arrivals[at]
         last[which] = np.argmax(arrival, axis=1)
         waited[at] = members[at[np.arange(len(which)), np.argmin(durations[at], axis=1)]][:, None]
-        lags[at] = arrival - np.median(arrival, axis=1)[:, None]
+        lags[at] = arrival - arrays.median(arrival, axis=1)[:, None]
         skew[which] = arrival.max(axis=1) - arrival.min(axis=1)
     return last.tolist(), skew.tolist()
 
