@@ -344,3 +344,22 @@ def test_one_rank_map_imports_no_process_machinery():
             "'importlib.resources') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True []"
+
+
+ARG_JSON = st.fixed_dictionaries({}, optional={
+    "correlation": st.integers(0, 9), "External id": st.integers(0, 9), "stream": st.just(7),
+    "Collective name": st.just("allreduce"), "Seq": st.one_of(st.integers(-1, 3), st.just("2")),
+    "Comms Id": st.integers(0, 3), "Process Group Ranks": st.just("[0, 1]"), "dtype": st.just("Float"),
+    "Input Dims": st.sampled_from([[], [[2, 3]], [[]]]), "Input type": st.just(["float"]),
+})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(ARG_JSON, max_size=12))
+def test_comm_args_by_row_is_comm_args_of_per_row(decoded):
+    """The one C-level pass that skips args without collective metadata (recorded shapes
+    included: decoded events share the default Raw) keeps exactly the rows comm_args_of fills."""
+    args = msgspec.json.decode(json.dumps(decoded).encode(), type=list[EventArgs])
+    rows = np.arange(len(args)) * 3 + 1
+    expected = {int(row): comm_args_of(a) for row, a in zip(rows, args) if comm_args_of(a)}
+    assert comm_args_by_row(args, rows) == expected

@@ -424,7 +424,6 @@ def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[
     if not args:
         return {}
     unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
-    unset &= np.fromiter(map(len, map(_INPUT_DIMS, args)), dtype=np.int64, count=len(args)) == 0
     found = {}
     rows_of = rows.tolist()
     for i in np.flatnonzero(~unset).tolist():
@@ -475,9 +474,10 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
 _SHAPE_NAMES = ("collective_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks")
 _SHAPE_FIELDS = attrgetter(*_SHAPE_NAMES)
 _NO_SHAPE = (None,) * 8
-_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id")  # every field that makes comm_args_of non-empty
-_NO_META = (None,) * 10
-_INPUT_DIMS = attrgetter("input_dims")
+# Every field that makes comm_args_of non-empty, and their values when none is set: one pass
+# (the recorded shapes unset are the default Raw(b""), which every decoded event shares).
+_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id", "input_dims")
+_NO_META = (None,) * 10 + (NO_ARGS.input_dims,)
 
 
 @lru_cache(maxsize=1 << 14)
