@@ -48,7 +48,8 @@ def test_memory_gate_limits_ranks_in_flight(job, monkeypatch):
     """With a budget for two estimated peaks, never more than two ranks run at once."""
     peaks = {i: 10 for i in range(len(job))}
     in_flight, seen = [], []
-    real_submit = executors.ProcessPoolExecutor.submit
+    from concurrent.futures import ProcessPoolExecutor  # the executors import it where a pool starts
+    real_submit = ProcessPoolExecutor.submit
 
     def tracking_submit(pool, fn, *args):
         in_flight.append(1)
@@ -56,7 +57,7 @@ def test_memory_gate_limits_ranks_in_flight(job, monkeypatch):
         future = real_submit(pool, fn, *args)
         future.add_done_callback(lambda _: in_flight.pop())
         return future
-    monkeypatch.setattr(executors.ProcessPoolExecutor, "submit", tracking_submit)
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", tracking_submit)
     from analyzer.rank.analysis import RankOptions
     jobs = [(i, (p, RankOptions(), None, None)) for i, p in enumerate(job)]
     done = dict(executors._memory_gated_pool(executors.analyze_and_store, jobs, peaks, workers=4, budget=20))

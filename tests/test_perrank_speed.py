@@ -67,11 +67,11 @@ ONE_FIELD = st.sampled_from([("collective_name", "allreduce", "collective"), ("i
 
 
 @settings(max_examples=200, deadline=None)
-@given(OTHER, OTHER, OTHER, OTHER, ONE_FIELD)
-def test_comm_args_fast_path(correlation, external_id, stream, device, field):
+@given(OTHER, OTHER, OTHER, ONE_FIELD)
+def test_comm_args_fast_path(correlation, external_id, stream, field):
     """Args without collective metadata (whatever else they hold) give {}; any one collective
     field, however written, is still read."""
-    plain = dict(correlation=correlation, external_id=external_id, stream=stream, device=device)
+    plain = dict(correlation=correlation, external_id=external_id, stream=stream)
     assert comm_args_of(EventArgs(**plain)) == {}
     assert comm_args_of(None) == {}
     name, value, key = field
@@ -237,7 +237,7 @@ IDS = st.one_of(st.integers(-3, 3), st.integers(2**62, 2**70), st.sampled_from([
 def test_thread_ids_label_each_event(pairs):
     """Each event's thread is "pid:tid" as written (a string "07" stays "07"), interned in
     first-seen order."""
-    events = [Event(ph="X", pid=pid, tid=tid) for pid, tid in pairs]
+    events = [Event(pid=pid, tid=tid) for pid, tid in pairs]
     threads = Interner()
     ids = thread_ids(events, threads)
     labels = [f"{pid}:{tid}" for pid, tid in pairs]
@@ -257,7 +257,7 @@ def test_gpu_kinds_classify_each_row(rows, earlier):
     from its group), and the names table gets the names, then the categories, in first-seen order."""
     builder = ColumnBuilder(KernelClassifier())
     builder.names.ids(earlier)
-    events = [Event(ph="X", cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
+    events = [Event(cat=cat, name=name, ts=1, dur=1, args=EventArgs(stream=7, correlation=i))
               for i, (cat, name) in enumerate(rows)]
     builder.add(events)
     ordered = sorted(range(len(rows)), key=lambda i: rows[i][0])  # grouped by category, stable
@@ -331,3 +331,35 @@ def test_workers_keep_nothing_between_ranks():
     kept = queue.get(timeout=120)
     child.join(timeout=60)
     assert kept == 0
+
+
+def test_one_rank_map_imports_no_process_machinery():
+    """A one-process run imports neither multiprocessing nor concurrent.futures (~20 ms, issue
+    13): they are imported where a pool or the two-core helper starts. The one-slot trace cache
+    still tells the main process from a worker."""
+    import subprocess
+    import sys
+    code = ("import sys; from analyzer.rank import analysis; from analyzer.run import executors; "
+            "print(analysis._main_process(), [m for m in ('multiprocessing', 'concurrent.futures', 'numpy.ma', "
+            "'importlib.resources') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True []"
+
+
+ARG_JSON = st.fixed_dictionaries({}, optional={
+    "correlation": st.integers(0, 9), "External id": st.integers(0, 9), "stream": st.just(7),
+    "Collective name": st.just("allreduce"), "Seq": st.one_of(st.integers(-1, 3), st.just("2")),
+    "Comms Id": st.integers(0, 3), "Process Group Ranks": st.just("[0, 1]"), "dtype": st.just("Float"),
+    "Input Dims": st.sampled_from([[], [[2, 3]], [[]]]), "Input type": st.just(["float"]),
+})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(ARG_JSON, max_size=12))
+def test_comm_args_by_row_is_comm_args_of_per_row(decoded):
+    """The one C-level pass that skips args without collective metadata (recorded shapes
+    included: decoded events share the default Raw) keeps exactly the rows comm_args_of fills."""
+    args = msgspec.json.decode(json.dumps(decoded).encode(), type=list[EventArgs])
+    rows = np.arange(len(args)) * 3 + 1
+    expected = {int(row): comm_args_of(a) for row, a in zip(rows, args) if comm_args_of(a)}
+    assert comm_args_by_row(args, rows) == expected

@@ -133,7 +133,7 @@ def test_load_uses_small_chunks_and_gzip(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, problem", [
-    (b'{"traceEvents": [{"ph": "X"}, {"ph": 5}]}', "$.traceEvents[1].ph"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "cat": 5}]}', "$.traceEvents[1].cat"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"} {"ph": "X"}]}', "invalid JSON"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"}', "ends early"),
     (b'{"traceEvents": [{"ph": "X"}, {"ph": "X", "name": "unterminated}]}', "ends early"),
@@ -225,3 +225,31 @@ def test_two_core_load_with_spawned_helper(monkeypatch):
     monkeypatch.setattr(parallel, "_context", lambda: multiprocessing.get_context("spawn"))
     monkeypatch.setattr(parallel, "load_rank_trace", lambda *a: pytest.fail("fell back to the sequential loader"))
     assert_same(resolved(parallel.load_rank_trace_parallel(path, chunk_bytes=1 << 18)), resolved(load_rank_trace(path)))
+
+
+@pytest.mark.parametrize("separator", [b",", b" ,\n ", b"\n,\t"])
+def test_decode_cut_in_place_equals_a_copied_slice(separator):
+    """The sequential decoder reads the events before a cut in place (the comma briefly read as
+    ``]``): the same events as the copied slice the two-core loader decodes, and the buffer
+    as it was, whatever blanks surround the comma."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i} }},{{", "ts": i, "dur": 1, "args": {"stream": 7}}
+              for i in range(5)]
+    text = separator.join(json.dumps(e).encode() for e in events) + separator + b'{"ph": "X"'
+    store = stream.bracketed(memoryview(text))
+    before = bytes(store)
+    brace, after_comma = stream.last_candidate_cut(memoryview(store)[1:])
+    state = stream.Decoding("rank-0.json")
+    in_place = stream.decode_cut(state, store, after_comma)
+    copied = stream.EVENTS_DECODER.decode(stream.events_slice(text, brace))
+    assert in_place == copied and len(in_place) == 5
+    assert bytes(store) == before
+
+
+def test_decode_cut_fixes_nonfinite_in_a_copy():
+    text = b'{"ph": "X", "cat": "kernel", "name": "k", "ts": NaN, "dur": 1},{"ph": "X"'
+    store = stream.bracketed(text)
+    before = bytes(store)
+    state = stream.Decoding("rank-0.json")
+    events = stream.decode_cut(state, store, stream.last_candidate_cut(memoryview(store)[1:])[1])
+    assert len(events) == 1 and events[0].ts is None and state.replaced_nonfinite == 1
+    assert bytes(store) == before

@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+from analyzer import data
 
 USER_LIBRARY = "user"  # kernels counted as communication only through a user pattern
 
@@ -35,7 +36,7 @@ class CommKernel:
 
 @lru_cache(maxsize=1)
 def catalog() -> tuple[CommKernel, ...]:
-    text = resources.files("analyzer.data").joinpath("comm_kernels.toml").read_text(encoding="utf-8")
+    text = data.text("comm_kernels.toml")
     return tuple(CommKernel(e["id"], e["library"], e["pattern"], e.get("collective"), bool(e.get("generic")),
                             e.get("example", ""), e.get("note", ""))
                  for e in tomllib.loads(text)["kernel"])

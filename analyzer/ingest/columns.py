@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
     GPU_ACTIVITY_CATS,
@@ -29,7 +30,7 @@ from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
 MISSING = -1
 NO_ARGS = EventArgs()
 
-_get = {name: attrgetter(name) for name in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_get = {name: attrgetter(name) for name in ("cat", "name", "pid", "tid", "ts", "dur", "args")}
 
 
 def factorize(values) -> tuple[np.ndarray, list[Any]]:
@@ -261,7 +262,7 @@ class ColumnBuilder:
         table = np.zeros(len(strings), dtype=np.int8)
         for cat, stop, size in zip(cats, np.cumsum(sizes).tolist(), sizes):
             rows = names[stop - size:stop]
-            present = np.unique(rows).tolist()
+            present = arrays.unique(rows).tolist()
             table[present] = [self.classifier(cat, strings[n]) for n in present]
             kind[stop - size:stop] = table[rows]
         return kind
@@ -330,7 +331,7 @@ class ColumnBuilder:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
         gpu, kernel_args = self._finish_gpu(warnings)
-        return gpu, kernel_args, self._finish_launches(np.unique(gpu.correlation)), self._finish_markers(warnings)
+        return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
 
     def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),
@@ -423,7 +424,6 @@ def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[
     if not args:
         return {}
     unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
-    unset &= np.fromiter(map(len, map(_INPUT_DIMS, args)), dtype=np.int64, count=len(args)) == 0
     found = {}
     rows_of = rows.tolist()
     for i in np.flatnonzero(~unset).tolist():
@@ -474,9 +474,10 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
 _SHAPE_NAMES = ("collective_name", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks")
 _SHAPE_FIELDS = attrgetter(*_SHAPE_NAMES)
 _NO_SHAPE = (None,) * 8
-_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id")  # every field that makes comm_args_of non-empty
-_NO_META = (None,) * 10
-_INPUT_DIMS = attrgetter("input_dims")
+# Every field that makes comm_args_of non-empty, and their values when none is set: one pass
+# (the recorded shapes unset are the default Raw(b""), which every decoded event shares).
+_META_FIELDS = attrgetter(*_SHAPE_NAMES, "seq", "comms_id", "input_dims")
+_NO_META = (None,) * 10 + (NO_ARGS.input_dims,)
 
 
 @lru_cache(maxsize=1 << 14)

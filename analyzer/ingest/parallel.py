@@ -15,13 +15,11 @@ each of those: the rare file pays twice, the common one half.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -41,6 +39,9 @@ from analyzer.ingest.stream import (
     read_head,
 )
 from analyzer.ingest.trace import RankTrace
+
+if TYPE_CHECKING:  # imported where a helper starts: ~20 ms of every process that never starts one
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 MIN_PARALLEL_BYTES = 96 << 20  # smaller traces: starting a process costs more than it saves
 IN_FLIGHT = 2  # slices handed to the helper and not yet merged (bounds memory)
@@ -99,6 +100,8 @@ class _Merger:
 
     def drain(self, keep: int) -> None:
         """Merge finished results from the front, waiting while more than ``keep`` are pending."""
+        from concurrent.futures import Future
+
         while self.pending:
             head = self.pending[0]
             if isinstance(head, Future) and len(self.pending) <= keep and not head.done():
@@ -122,6 +125,8 @@ def _load_two_way(path: Path, comm_pattern: str, max_inflate_bytes: int, chunk_b
     with open(path, "rb") as handle:
         plain = handle.read(2) != GZIP_MAGIC
     merger = _Merger(builder)
+    from concurrent.futures import ProcessPoolExecutor
+
     with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as helper:
         if plain:
             chunks.close()  # the file is read by offsets instead
@@ -203,4 +208,6 @@ def _cut_before(handle, start: int, stop: int) -> tuple[int, int] | None:
 def _context():
     # Linux: fork, so the helper inherits the imported modules (no re-import). Elsewhere the
     # platform's default (spawn on macOS and Windows, where forking is unsafe or missing).
+    import multiprocessing
+
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)

@@ -50,7 +50,7 @@ class Decoding:
         self.replaced_nonfinite = 0  # slices whose NaN/Infinity literals were read as null
         self.array_closed = False  # the traceEvents array ended: the rest is one final decode
 
-    def decode(self, decoder, data: bytes):
+    def decode(self, decoder, data: bytes | memoryview):
         """Decode, tolerating two common departures from JSON, each once and with a warning:
         invalid UTF-8 in strings, and NaN/Infinity literals (Python's json.dump writes them)."""
         fixed_utf8 = fixed_nonfinite = False
@@ -58,6 +58,7 @@ class Decoding:
             try:
                 return decoder.decode(data)
             except msgspec.DecodeError as exc:
+                data = bytes(data)  # a view of a buffer (decode_cut) is fixed in a copy
                 message = str(exc)
                 if "UTF-8" in message and not fixed_utf8:
                     data, fixed_utf8 = data.decode("utf-8", "replace").encode("utf-8"), True
@@ -70,7 +71,7 @@ class Decoding:
                     continue
                 raise
 
-    def error(self, exc: msgspec.MsgspecError, data: bytes, to_file_offset: Callable[[int], int],
+    def error(self, exc: msgspec.MsgspecError, to_file_offset: Callable[[int], int],
               events_before: int) -> InputError:
         message = str(exc)
         if isinstance(exc, msgspec.ValidationError):
@@ -100,17 +101,26 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
     if array_at is None or array_at < 0:  # no array start found early: one whole decode
         return decode_final(state, b"".join((buf, *chunks)), b"", 0, on_events), state
     head = buf[:array_at]  # up to and including the array's "["
-    buf = buf[array_at:]
-    offset = array_at  # file offset of buf[0]
+    store = bracketed(memoryview(buf)[array_at:])
+    offset = array_at  # file offset of the text's first byte (store[1])
     while True:
-        consumed = _decode_batches(state, buf, offset, on_events)
+        consumed = _decode_batches(state, store, offset, on_events)
         offset += consumed
         chunk = next(chunks, None)
         if chunk is None:
-            buf = buf[consumed:]
             break
-        buf = advance(buf, consumed, chunk)
-    return decode_final(state, head + buf, head, offset, on_events), state
+        store = bracketed(memoryview(store)[1 + consumed:], chunk)
+    return decode_final(state, head + memoryview(store)[1 + consumed:], head, offset, on_events), state
+
+
+def bracketed(*parts) -> bytearray:
+    """``[`` then the parts, in one fresh buffer (one copy per chunk). The events before a cut
+    are decoded where they lie, the comma after the last one briefly read as ``]``
+    (:func:`decode_cut`), instead of being copied out with brackets around them. The buffer
+    is written in place (that one byte) but never resized: a view of it (np.frombuffer, a
+    memoryview) can outlive its line when something holds the frame (Dask's workers sample
+    thread stacks), and resizing a bytearray while a view lives raises BufferError (issue 13)."""
+    return bytearray().join((b"[", *parts))
 
 
 def advance(buf: bytes, consumed: int, chunk: bytes) -> bytes:
@@ -136,21 +146,22 @@ def read_head(chunks: Iterator[bytes]) -> tuple[bytes, int | None]:
     return buf, array_at
 
 
-def _decode_batches(state: Decoding, buf: bytes, offset: int, on_events: OnEvents) -> int:
-    """Decode the whole events at the start of ``buf``; return how many bytes were consumed
-    (0: no whole event yet, wait for more text)."""
+def _decode_batches(state: Decoding, store: bytearray, offset: int, on_events: OnEvents) -> int:
+    """Decode the whole events at the start of the text ``store[1:]`` (``store[0]`` is a ``[``
+    of :func:`bracketed`); return how many bytes of the text were consumed (0: no whole event
+    yet, wait for more text)."""
     if state.array_closed:
         return 0
+    buf = memoryview(store)[1:]
     cut = last_candidate_cut(buf)
     if cut is not None:
         brace, after_comma = cut
-        data = events_slice(buf, brace)
         try:
-            events = state.decode(EVENTS_DECODER, data)
+            events = decode_cut(state, store, after_comma)
         except msgspec.MsgspecError as exc:
-            events, after_comma = _decode_exact(state, buf, offset, exc, data, brace)
+            events, after_comma = _decode_exact(state, store, offset, exc, brace)
     elif len(buf) > MAX_EVENT_BYTES:
-        events, after_comma = _decode_exact(state, buf, offset, None, b"", -1)
+        events, after_comma = _decode_exact(state, store, offset, None, -1)
     else:
         return 0
     if events is None:
@@ -158,6 +169,18 @@ def _decode_batches(state: Decoding, buf: bytes, offset: int, on_events: OnEvent
     on_events(events)
     state.events_seen += len(events)
     return after_comma
+
+
+def decode_cut(state: Decoding, store: bytearray, after_comma: int) -> list[Event]:
+    """The events of the text ``store[1:]`` before the comma that ends at ``after_comma`` (an
+    offset in the text): the comma (``store[after_comma]``) is read as the array's ``]`` for
+    the decode, then put back. The same bytes as :func:`events_slice` up to that comma, with
+    no copy."""
+    store[after_comma] = 0x5D  # "]"
+    try:
+        return state.decode(EVENTS_DECODER, memoryview(store)[:after_comma + 1])
+    finally:
+        store[after_comma] = 0x2C  # ","
 
 
 def last_candidate_cut(buf: bytes) -> tuple[int, int] | None:
@@ -180,21 +203,21 @@ def events_slice(buf: bytes, brace: int) -> bytes:
     return b"".join((b"[", memoryview(buf)[:brace + 1], b"]"))
 
 
-def _decode_exact(state: Decoding, buf: bytes, offset: int, error, data: bytes, brace: int):
+def _decode_exact(state: Decoding, store: bytearray, offset: int, error, brace: int):
     """After a failed cut: the true last event boundary (exact scan) tells a cut inside a string
     or a nested object (decode up to the true boundary, or wait for more text) from bad data."""
     def to_file(at: int) -> int:
         return offset + at - 1
 
+    buf = memoryview(store)[1:]
     exact, closed = last_element_end(buf, len(buf))
     if closed:  # the events end in this buffer: the final decode takes the rest, metadata too
         state.array_closed = True
         return None, 0
     after = _COMMA_AFTER.match(buf, exact + 1) if exact is not None else None
     if exact is not None and exact != brace and after:
-        data = events_slice(buf, exact)
         try:
-            return state.decode(EVENTS_DECODER, data), after.end()
+            return decode_cut(state, store, after.end()), after.end()
         except msgspec.MsgspecError as exc:
             error = exc
     elif len(buf) <= MAX_EVENT_BYTES and (exact is None or exact > brace):
@@ -202,7 +225,7 @@ def _decode_exact(state: Decoding, buf: bytes, offset: int, error, data: bytes, 
     if error is None:
         raise InputError(state.path, f"invalid JSON: no complete event in the {len(buf):,} bytes after byte "
                                      f"{offset:,} of the JSON text")
-    raise state.error(error, data, to_file, state.events_seen) from None
+    raise state.error(error, to_file, state.events_seen) from None
 
 
 def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_events: OnEvents) -> TraceFile:
@@ -212,7 +235,7 @@ def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_even
     try:
         doc = state.decode(TRACE_DECODER, data)
     except msgspec.MsgspecError as exc:
-        raise state.error(exc, data, to_file, state.events_seen) from None
+        raise state.error(exc, to_file, state.events_seen) from None
     if isinstance(doc, list):
         doc = TraceFile(traceEvents=doc)
     if doc.traceEvents is None:

@@ -22,8 +22,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from importlib import resources
 from typing import Any
+
+from analyzer import data as data_files
 
 __all__ = [
     "ORIGINS", "GpuProfile", "NicProfile", "Profiles", "Sourced", "HardwareAssumptions",
@@ -86,7 +87,7 @@ _NIC_NUMBERS = ("line_rate_gbps", "achievable_gbps", "alpha_us")
 @lru_cache(maxsize=1)
 def load_profiles() -> Profiles:
     """Read the shipped ``analyzer/data/hardware.json`` (cached)."""
-    text = resources.files("analyzer.data").joinpath("hardware.json").read_text("utf-8")
+    text = data_files.text("hardware.json")
     data = json.loads(text)
     gpus = []
     for entry in data["gpus"]:

@@ -6,14 +6,15 @@ workers and only this compact summary (not the event arrays) travels back.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
@@ -120,9 +121,16 @@ def _load(path: str, options: RankOptions, two_cores: bool) -> RankTrace:
         return trace
     load = load_rank_trace_parallel if two_cores else load_rank_trace
     trace = load(Path(path), options.comm_pattern, options.max_inflate_bytes)
-    if key and multiprocessing.parent_process() is None:
+    if key and _main_process():
         _LAST_LOADED[key] = trace
     return trace
+
+
+def _main_process() -> bool:
+    """Not a pool or Dask worker: ``multiprocessing.parent_process() is None``, without importing
+    multiprocessing (~8 ms) into a process that never did (one not started by it)."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is None or mp.parent_process() is None
 
 
 def step_timeline_file(path: str, options: RankOptions, origin_ns: int) -> dict[str, Any]:
@@ -158,7 +166,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     gpu, keep = trace.gpu, None
     if options.steps is not None:
         keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
-        missing = sorted(set(options.steps) - set(np.unique(att.step[keep]).tolist()))
+        missing = sorted(set(options.steps) - set(arrays.unique(att.step[keep]).tolist()))
         if missing:
             warnings.append(f"requested step(s) {missing} not found in this trace")
         gpu = gpu.take(np.flatnonzero(keep))
@@ -209,7 +217,7 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
 
 
 def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
-    numbers = sorted(int(s) for s in np.unique(att.step) if s != NO_STEP)
+    numbers = sorted(int(s) for s in arrays.unique(att.step) if s != NO_STEP)
     steps = []
     firsts = {}
     for number in numbers:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.rank.timeline import PHASES
 from analyzer.ingest.trace import GpuEvents, GpuKind
@@ -46,7 +47,7 @@ def step_facts(strings: list[str], gpu: GpuEvents, phase: np.ndarray) -> dict[st
     low = np.zeros(len(gpu), dtype=bool)
     names = gpu.name[compute]
     if len(names):
-        unique = np.unique(names)
+        unique = arrays.unique(names)
         low_names = [i for i in unique.tolist() if _is_low_precision(strings[i])]
         low[np.flatnonzero(compute)[np.isin(names, low_names)]] = True
     low_us = iv.total(iv.union(gpu.ts[low], gpu.end[low])) / 1000.0 if low.any() else 0.0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.classify import step_number
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
@@ -141,7 +142,7 @@ def _steps(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray) ->
 def _fill_unlinked_by_stream(gpu: GpuEvents, values: np.ndarray, linked: np.ndarray) -> None:
     """GPU work with no CPU link takes the value of the previous linked work on its stream
     (a stream runs in order, so that is the step/phase it was queued in)."""
-    for stream in np.unique(gpu.stream[~linked]):
+    for stream in arrays.unique(gpu.stream[~linked]):
         rows = np.flatnonzero(gpu.stream == stream)  # gpu is sorted by start
         have = linked[rows]
         if not have.any():
@@ -159,13 +160,13 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
         return phase
     m = rank.markers
     decided = np.zeros(len(launch_ts), dtype=bool)
-    step_threads = set(np.unique(m.thread[m.kind == Marker.STEP]).tolist())
+    step_threads = set(arrays.unique(m.thread[m.kind == Marker.STEP]).tolist())
     for marker, code in ((Marker.OPTIMIZER, OPTIMIZER), (Marker.BACKWARD, BACKWARD), (Marker.FORWARD, FORWARD)):
         inside = _inside_marker(m, marker, launch_ts, launch_thread) & ~decided
         phase[inside] = code
         decided |= inside
     # Autograd runs backward on its own thread (one per device): work launched there is backward.
-    backward_threads = set(np.unique(m.thread[m.kind == Marker.BACKWARD]).tolist()) - step_threads
+    backward_threads = set(arrays.unique(m.thread[m.kind == Marker.BACKWARD]).tolist()) - step_threads
     if backward_threads:
         on_bwd = np.isin(launch_thread, list(backward_threads)) & linked & ~decided
         phase[on_bwd] = BACKWARD
@@ -176,7 +177,7 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
 
 def _forward_before_backward(phase, decided, linked, launch_ts, step) -> None:
     """Within a step, undecided work launched before the first backward launch is forward."""
-    for number in np.unique(step[linked & (step != NO_STEP)]):
+    for number in arrays.unique(step[linked & (step != NO_STEP)]):
         in_step = linked & (step == number)
         bwd = in_step & (phase == BACKWARD)
         first_bwd = launch_ts[bwd].min() if bwd.any() else None
@@ -190,7 +191,7 @@ def _inside_marker(markers, kind: Marker, ts: np.ndarray, thread: np.ndarray) ->
     """Is each (thread, ts) launch inside any marker of ``kind`` on the same thread?"""
     result = np.zeros(len(ts), dtype=bool)
     rows = markers.kind == kind
-    for tid in np.unique(markers.thread[rows]):
+    for tid in arrays.unique(markers.thread[rows]):
         sel = rows & (markers.thread == tid)
         merged = iv.union(markers.ts[sel], markers.end[sel])
         query = np.flatnonzero(thread == tid)
@@ -206,7 +207,7 @@ def innermost_marker(markers, kind: Marker, ts: np.ndarray, thread: np.ndarray, 
     """Row of the innermost marker of ``kind`` on the launch's thread that contains it, or -1."""
     found = np.full(len(ts), -1, dtype=np.int64)
     rows_all = np.flatnonzero(markers.kind == kind)
-    for tid in np.unique(markers.thread[rows_all]):
+    for tid in arrays.unique(markers.thread[rows_all]):
         rows = rows_all[markers.thread[rows_all] == tid]  # sorted by start
         query = np.flatnonzero(thread == tid)
         if not len(query):

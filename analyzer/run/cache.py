@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -243,6 +242,8 @@ def _write_atomic(target: Path, raw: bytes) -> None:
     tmp = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # only when an entry is written (issue 13: not in --no-cache runs)
+
         fd, tmp = tempfile.mkstemp(prefix=".entry.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(raw)

@@ -13,9 +13,8 @@ import os
 import struct
 import uuid
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from analyzer.run import EXECUTORS
 from analyzer.run.cache import (analyze_and_store, analyze_rank_cached, cached_entry, cached_timeline, key_or_none,
@@ -24,6 +23,9 @@ from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank.analysis import RankAnalysis, RankOptions
+
+if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts (issue 13: ~20 ms a process)
+    from concurrent.futures import Future
 
 Progress = Callable[[int, int, str], None]
 
@@ -157,6 +159,8 @@ def _cache_keys(paths: list[str], options: RankOptions, cache_dir: str) -> list[
     tens of ms at a time, so it runs after, not beside, the hashing.)"""
     if len(paths) < 2:
         return [key_or_none(path, options, cache_dir) for path in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(len(paths), (os.cpu_count() or 1) + 1)) as pool:
         return list(pool.map(lambda path: key_or_none(path, options, cache_dir), paths))
 
@@ -166,6 +170,8 @@ def _memory_gated_pool(function: Callable[..., Any], jobs: list[tuple[int, tuple
     """A process pool that starts a rank only while the estimated peaks of the ranks in flight
     fit the memory budget (always at least one), largest first so a big rank never waits last.
     Yields (index, ``function(*arguments)``) as ranks finish."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
     queue = deque(sorted(jobs, key=lambda job: -peaks[job[0]]))
     running: dict[Future, int] = {}
     planned = 0
