@@ -230,6 +230,10 @@ def test_group_links_open_folded_groups(browser, tmp_path):
         # (a timeout here is the failure).
         view.page.wait_for_selector(f"details#{group_id}[open]", state="attached", timeout=5000)
         assert view.page.locator(f"details#{group_id}").get_attribute("open") is not None
+        # Folded again by hand, the same link (no hash change now) opens it again.
+        view.page.evaluate(f"document.getElementById('{group_id}').open = false")
+        view.page.locator(f"table.groups a[href='#{group_id}']").click()
+        view.page.wait_for_selector(f"details#{group_id}[open]", state="attached", timeout=5000)
         assert view.errors == []
     finally:
         view.close()

@@ -45,6 +45,12 @@
     if (target && target.tagName === "DETAILS") { target.open = true; }
   }
   window.addEventListener("hashchange", openTarget);
+  // The same link clicked again after its group was folded changes no hash: open it on the click.
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest ? event.target.closest("a[href^='#']") : null;
+    var target = link ? document.getElementById(link.getAttribute("href").slice(1)) : null;
+    if (target && target.tagName === "DETAILS") { target.open = true; }
+  });
   openTarget();
   // A printout cannot be clicked: show the folded details (hardware, rules, assumptions).
   window.addEventListener("beforeprint", function () {
