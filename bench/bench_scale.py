@@ -8,8 +8,10 @@ and the per-rank cache's re-run speed-up; optionally one huge rank's peak memory
 The job is one synthetic rank (sample_traces/synthetic, tiled in time to the size asked) written
 once per rank with its own distributedInfo.rank, so every file is analyzed in full. Wall time
 includes interpreter start. Peak RSS is measured two ways: the largest single process
-(getrusage) and the whole process tree (parent + pool workers, sampled every 0.1 s from /proc):
-the tree figure is the one that must stay bounded. Generated traces stay in /tmp (not the repo).
+(getrusage) and the whole process tree (parent + pool workers, sampled every 0.1 s from /proc),
+as RSS (a page a forked worker shares with its parent counts in both) and as PSS (shared pages
+split between the processes sharing them: the memory the tree takes): the tree figures are the
+ones that must stay bounded. Generated traces stay in /tmp (not the repo).
 """
 
 from __future__ import annotations
@@ -64,7 +66,35 @@ def make_job(directory: Path, ranks: int, mb: float, source: Path,
 
 
 def tree_rss_bytes(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants, from /proc."""
+    """Resident memory of ``root`` and all its descendants, from /proc (pages a forked worker
+    shares with its parent count once per process: an upper bound; see tree_pss_bytes)."""
+    return sum(_resident(pid) for pid in _tree(root))
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Proportional set size of ``root`` and its descendants (/proc/PID/smaps_rollup): a page
+    shared by n processes counts 1/n in each, so copy-on-write pages of forked workers count
+    once in the sum: the memory the tree takes from the machine. RSS where smaps is unreadable."""
+    total = 0
+    for pid in _tree(root):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                total += next(int(line.split()[1]) * 1024 for line in handle if line.startswith("Pss:"))
+        except (OSError, StopIteration, IndexError, ValueError):
+            total += _resident(pid)
+    return total
+
+
+def _resident(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -75,16 +105,12 @@ def tree_rss_bytes(root: int) -> int:
             children.setdefault(int(fields[1]), []).append(int(entry))
         except (OSError, IndexError, ValueError):
             continue
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
+        found.append(pid)
         todo.extend(children.get(pid, []))
-        try:
-            with open(f"/proc/{pid}/statm") as handle:
-                total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+    return found
 
 
 def measure(argv: list[str]) -> dict[str, float]:
@@ -92,12 +118,13 @@ def measure(argv: list[str]) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], tree_rss_bytes(proc.pid))
+            peak[1] = max(peak[1], tree_pss_bytes(proc.pid))
             done.wait(0.1)
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -108,7 +135,7 @@ def measure(argv: list[str]) -> dict[str, float]:
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(argv)}\n{err.strip()[-800:]}")
     single = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"wall_s": wall, "tree_rss_mb": peak[0] / 2**20,
+    return {"wall_s": wall, "tree_rss_mb": peak[0] / 2**20, "tree_pss_mb": peak[1] / 2**20,
             "process_rss_mb": (single if single > before else float("nan")) / 1024}
 
 
@@ -166,9 +193,10 @@ def run_job(args) -> None:
         for cache in caches:
             shutil.rmtree(cache, ignore_errors=True)
     print(f"\njob: {len(files)} ranks, {total_mb:,.0f} MB of JSON, {os.cpu_count()} CPUs")
-    print(f"{'run':<28} {'wall s':>8} {'tree peak RSS MB':>17} {'largest process MB':>19}")
+    print(f"{'run':<28} {'wall s':>8} {'tree peak RSS MB':>17} {'tree peak PSS MB':>17} {'largest process MB':>19}")
     for name, row in rows.items():
-        print(f"{name:<28} {row['wall_s']:>8.1f} {row['tree_rss_mb']:>17,.0f} {row['process_rss_mb']:>19,.0f}")
+        print(f"{name:<28} {row['wall_s']:>8.1f} {row['tree_rss_mb']:>17,.0f} {row['tree_pss_mb']:>17,.0f}"
+              f" {row['process_rss_mb']:>19,.0f}")
     cold, warm = rows["diagnose (cold cache)"], rows["diagnose (cached re-run)"]
     map_cold, map_warm = rows["per-rank map (cold)"], rows["per-rank map (cached)"]
     print(f"\nper-rank map: {total_mb / map_cold['wall_s']:,.1f} MB/s; cached re-run {map_cold['wall_s'] / map_warm['wall_s']:.1f}x "
