@@ -29,35 +29,3 @@ def test_unique_leaves_numpy_ma_unimported():
     code = ("import sys, numpy as np; from analyzer.base import arrays; arrays.unique(np.array([3, 1, 3]));"
             "print('numpy.ma' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
-
-
-def _median_cases():
-    rng = np.random.default_rng(0)
-    for n in [*range(1, 8), 100, 101]:
-        floats = rng.normal(size=n)
-        with_nan = floats.copy()
-        with_nan[rng.integers(0, n)] = np.nan
-        with_inf = floats.copy()
-        with_inf[-1] = np.inf
-        for values in (floats, with_nan, with_inf, rng.integers(-50, 50, n), rng.integers(0, 9, n).astype(np.int32),
-                       floats.astype(np.float32), list(floats)):
-            yield values, None
-        grid = rng.normal(size=(3, n))
-        grid[1, 0] = np.nan
-        yield grid, 1
-        yield rng.integers(0, 9, (4, n)), 1
-
-
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_median_is_np_median_bit_for_bit():
-    for values, axis in [*_median_cases(), (np.array([]), None)]:
-        expected, got = np.median(values, axis=axis), arrays.median(values, axis=axis)
-        assert type(got) is type(expected)
-        assert np.asarray(got).dtype == np.asarray(expected).dtype
-        assert np.asarray(got).tobytes() == np.asarray(expected).tobytes()
-
-
-def test_median_leaves_numpy_ma_unimported():
-    code = ("import sys, numpy as np; from analyzer.base import arrays; arrays.median(np.array([3.0, np.nan]));"
-            "arrays.median(np.ones((2, 3)), axis=1); print('numpy.ma' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -1,8 +1,7 @@
-"""Small array helpers that keep optional numpy modules out of a run."""
+"""Small array helpers that keep optional numpy modules out of the per-rank map (each pool
+worker pays an import once; the job-level code, once per run, uses numpy's own)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -30,30 +29,3 @@ def unique(values: ArrayLike) -> np.ndarray:
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
 
-
-def median(values: ArrayLike, axis: int | None = None) -> Any:
-    """``np.median(values, axis)`` (axis None or one int), the same steps and result, without
-    importing ``numpy.ma``: numpy's NaN check after the partition asks ``np.ma.isMaskedArray``
-    (issue 13). A NaN in a lane gives NaN there, as numpy's does."""
-    array = np.asanyarray(values)
-    size = array.size if axis is None else array.shape[axis]
-    kth = [size // 2 - 1, size // 2] if size % 2 == 0 else [(size - 1) // 2]
-    nans = np.issubdtype(array.dtype, np.inexact) or array.dtype.kind in "Mm"
-    if nans:
-        kth.append(-1)
-    part = np.partition(array, kth, axis=axis)
-    if part.shape == ():
-        return part.item()
-    axis = 0 if axis is None else axis
-    index = part.shape[axis] // 2
-    indexer = [slice(None)] * part.ndim
-    indexer[axis] = slice(index, index + 1) if part.shape[axis] % 2 == 1 else slice(index - 1, index + 1)
-    result = np.mean(part[tuple(indexer)], axis=axis)
-    if nans and size > 0:
-        last = part.take(-1, axis=axis)
-        missing = np.isnan(last)
-        if missing.any():
-            if isinstance(result, np.generic):
-                return last
-            np.copyto(result, last, where=missing)
-    return result

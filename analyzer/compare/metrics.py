@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.job.attribution import group_label  # noqa: F401  (re-exported: the diff and gate use it)
 
 AGGREGATIONS = ("median", "max", "min", "p90")
@@ -71,7 +70,7 @@ def aggregate(values: list[float] | np.ndarray, how: str) -> float:
     """median | max | min | p90 (90th percentile, linear interpolation between samples)."""
     data = np.asarray(values, dtype=np.float64)
     if how == "median":
-        return float(arrays.median(data))
+        return float(np.median(data))
     if how == "max":
         return float(data.max())
     if how == "min":

@@ -25,7 +25,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.base.errors import InputError
 from analyzer.ingest.trace import GpuKind
@@ -93,7 +92,7 @@ def step_and_phase_windows(timeline: dict[str, Any], origin_ns: int,
     phase = np.asarray(timeline["phase"], dtype=np.int64)
     info = {s["step"]: s for s in steps_info}
     step_rows, phase_rows = [], []
-    for number in arrays.unique(step[step >= 0]).tolist():
+    for number in np.unique(step[step >= 0]).tolist():
         mask = step == number
         facts = info.get(number, {})
         step_rows.append({"name": f"ProfilerStep#{number}", "start_ns": int(start[mask].min()),

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
@@ -104,7 +103,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
             "fit": ab.fit, "fit_source": ab.source,
-            "busbw_median_gbps": round(float(arrays.median(gpu_busbw)), 3) if gpu_busbw else None,
+            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
         })
     view.set("busbw_gbps", busbw_column)
     return groups

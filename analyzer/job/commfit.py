@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.job.columns import Categorical, CollectiveColumns, categorical, distinct_rows, round_list
 from analyzer.model import formulas as models
 
@@ -223,7 +222,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
         return AlphaBeta(alpha_fb, beta_fb, f"{where}: transfer times do not grow with size, "
                          "no α/β fit", source)
     alpha, c = line
-    gap = float(arrays.median((y - (alpha + c * x)) / y))
+    gap = float(np.median((y - (alpha + c * x)) / y))
     if gap > MAX_MEDIAN_GAP:
         return AlphaBeta(alpha_fb, beta_fb, f"{where}: the fastest transfers do not follow α + S/β "
                          f"(median gap {100 * gap:.0f}% to the best line)", source)
@@ -279,8 +278,8 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
             "count": len(members),
             "bytes_min": min(cell_sizes), "bytes_max": max(cell_sizes),
             "transfer_us_min": round(float(cell_transfer.min()), 3),
-            "transfer_us_median": round(float(arrays.median(cell_transfer)), 3),
-            "busbw_gbps_median": round(float(arrays.median(cell_busbw)), 3) if cell_busbw.size else None,
+            "transfer_us_median": round(float(np.median(cell_transfer)), 3),
+            "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,
             "busbw_gbps_max": round(float(cell_busbw.max()), 3) if cell_busbw.size else None,
             "bound": _most_common(bounds, members),
         })

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.job.columns import CollectiveColumns, round_list
 
 _P2P = ("send", "recv", "sendrecv")
@@ -158,7 +157,7 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
     diffs = ends - np.repeat(_set_medians(ends, bounds), np.diff(bounds))
     order = np.argsort(members, kind="stable")
     ranks, first = np.unique(members[order], return_index=True)
-    return {rank: float(arrays.median(part))
+    return {rank: float(np.median(part))
             for rank, part in zip(ranks.tolist(), np.split(diffs[order], first[1:]))}
 
 
@@ -168,7 +167,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     the waits and arrival lags go into the view's columns too (NaN when unmatched).
     ``view``: the rows' columns when the caller has them."""
     view = view if view is not None else CollectiveColumns(rows)
-    ranks = arrays.unique(view.rank).tolist()
+    ranks = np.unique(view.rank).tolist()
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
     if len(ranks) < 2:
@@ -241,7 +240,7 @@ def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]
     size as the rows of one 2-D array, where numpy's argmax, argmin, median, max and min of a
     row are those of the set's 1-D slice."""
     sizes = np.diff(bounds)
-    for size in arrays.unique(sizes).tolist():
+    for size in np.unique(sizes).tolist():
         which = np.flatnonzero(sizes == size)
         yield which, bounds[which][:, None] + np.arange(size)
 
@@ -250,7 +249,7 @@ def _set_medians(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """``np.median`` of each set's values."""
     out = np.empty(len(bounds) - 1)
     for which, at in _sets_by_size(bounds):
-        out[which] = arrays.median(values[at], axis=1)
+        out[which] = np.median(values[at], axis=1)
     return out
 
 
@@ -266,7 +265,7 @@ def _per_set(arrivals: np.ndarray, durations: np.ndarray, members: np.ndarray, b
         arrival = arrivals[at]
         last[which] = np.argmax(arrival, axis=1)
         waited[at] = members[at[np.arange(len(which)), np.argmin(durations[at], axis=1)]][:, None]
-        lags[at] = arrival - arrays.median(arrival, axis=1)[:, None]
+        lags[at] = arrival - np.median(arrival, axis=1)[:, None]
         skew[which] = arrival.max(axis=1) - arrival.min(axis=1)
     return last.tolist(), skew.tolist()
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.base.errors import TracecliffError
 from analyzer.rank.analysis import RankOptions, step_timeline_file
@@ -216,7 +215,7 @@ def _rank_rows(r, rank, role, ev, t0, span, names, step_time_us) -> dict[str, An
 
 def _lanes(ev, t0, span, strings, names) -> tuple[list[dict[str, Any]], int]:
     lanes = []
-    for stream in arrays.unique(ev["stream"]):
+    for stream in np.unique(ev["stream"]):
         on = ev["stream"] == stream
         kinds = ev["kind"][on]
         kind = COMM if (kinds == COMM).any() else COMPUTE if (kinds == COMPUTE).any() else int(kinds.min())

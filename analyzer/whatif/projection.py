@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
 from analyzer.model.link import cross_node_beta, node_nic_gbps
@@ -524,7 +523,7 @@ def _rebucket(measured: _RankStep, durations: Durations, bucket_mb: float) -> tu
     ratios = [(r["dur_us"] - (r.get("wait_us") or 0.0)) / durations.new("allreduce", s, "world")
               for r, s in zip(ddp.buckets, ddp.sizes)]
     new_ready, new_sizes = measured.rebucketed(bucket_mb)
-    residual = float(arrays.median(ratios))
+    residual = float(np.median(ratios))
     return new_ready, [durations.new("allreduce", s, "world") * residual for s in new_sizes]
 
 
@@ -708,7 +707,7 @@ def _copy_out_rate(items: list[_Item], gathers: list[int]) -> float:
         lag = items[b].issue - items[a].measured_end
         if lag >= 0:
             rates.append(lag / first["bytes"])
-    return float(arrays.median(rates)) if rates else 0.0
+    return float(np.median(rates)) if rates else 0.0
 
 
 def _need_points(items: list[_Item], p_backward: float, p_forward: float | None) -> None:
