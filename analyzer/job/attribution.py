@@ -190,10 +190,9 @@ def _step_figures(entry: dict[str, Any], split: _Split) -> _Step:
     return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}))
 
 
-def _rank_breakdown(step: _Step, source: str, labels: dict[int, str] | None = None) -> dict[str, Any]:
+def _rank_breakdown(step: _Step, source: str, labels: dict[int, str]) -> dict[str, Any]:
     """The typical step's breakdown of a rank. ``labels``: each group's ``group_label`` by the
-    group's id, filled as they come (rows share their group's dict)."""
-    labels = {} if labels is None else labels
+    group's id, filled as they come and shared by the ranks (rows share their group's dict)."""
     by_kind: dict[str, list[float]] = {}
     by_group: dict[str, list[float]] = {}
     by_phase: dict[str, list[float]] = {}

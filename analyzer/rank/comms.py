@@ -192,10 +192,12 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     out = []
     for k, meta in enumerate(metas):
         sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
-        out.append(_row(rank.rank, meta, groups.of(meta, sole_group), steps[k] if steps[k] != NO_STEP else None,
-                        PHASES[phases[k]], streams[k], start_us[k], dur_us[k], exposed_us[k],
-                        launch_us[k] if linked[k] else None, names[k], _library(kernels[k], amd),
-                        fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None, True))
+        out.append(_row(rank.rank, meta, groups.of(meta, sole_group), step=steps[k] if steps[k] != NO_STEP else None,
+                        phase=PHASES[phases[k]], stream=streams[k], start_us=start_us[k], dur_us=dur_us[k],
+                        exposed_us=exposed_us[k], launch_us=launch_us[k] if linked[k] else None, kernel=names[k],
+                        library=_library(kernels[k], amd),
+                        module=fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
+                        on_gpu=True))
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
 
@@ -342,7 +344,7 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     return meta
 
 
-def _row(rank: int, meta: dict[str, Any], group: dict[str, Any], step: int | None, phase: str, stream: Any,
+def _row(rank: int, meta: dict[str, Any], group: dict[str, Any], *, step: int | None, phase: str, stream: Any,
          start_us: float, dur_us: float, exposed_us: float | None, launch_us: float | None, kernel: str | None,
          library: str | None, module: str | None, on_gpu: bool) -> dict[str, Any]:
     """One collective row, built as one dict (thousands per collective-heavy rank)."""
@@ -440,10 +442,12 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
             types = m.comm_args.get(done, {}).get("input_types")
             meta["dtype"] = sizes_from_input_dims(rank.strings[m.name[done]], [[1]], types)[2]
         dur = int(m.end[done] - m.ts[done])
-        out.append(_row(rank.rank, meta, _group_of(rank, meta, True), int(step[k]) if step[k] != NO_STEP else None,
-                        PHASES[phase[k]], None, round((int(m.ts[done]) - origin_ns) / 1000.0, 3),
-                        round(dur / 1000.0, 3), None, round((int(m.ts[row]) - origin_ns) / 1000.0, 3), None,
-                        _cpu_library(rank, name), _module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]), False))
+        out.append(_row(rank.rank, meta, _group_of(rank, meta, True),
+                        step=int(step[k]) if step[k] != NO_STEP else None, phase=PHASES[phase[k]], stream=None,
+                        start_us=round((int(m.ts[done]) - origin_ns) / 1000.0, 3), dur_us=round(dur / 1000.0, 3),
+                        exposed_us=None, launch_us=round((int(m.ts[row]) - origin_ns) / 1000.0, 3), kernel=None,
+                        library=_cpu_library(rank, name),
+                        module=_module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]), on_gpu=False))
     return out
 
 
