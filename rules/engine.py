@@ -217,9 +217,12 @@ def _headline(findings: list[dict[str, Any]], facts: JobFacts) -> str:
     if problems:
         top = problems[0]
         gain = top.get("estimated_gain_us")
+        # The gain is a share of the step its rule measured (e.g. the median over the ranks it
+        # fired on): quote that step, not the job's mean, so the sentence matches the finding's.
+        of_step = (top.get("evidence") or {}).get("step_time_us") or step
         cost = ""
-        if gain and step:
-            cost = f" (about {gain / 1000:.1f} ms of a {step / 1000:.1f} ms step)"
+        if gain and of_step:
+            cost = f" (about {gain / 1000:.1f} ms of a {of_step / 1000:.1f} ms step)"
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
         return f"{len(problems)} problem(s) found: {top['title']}{cost}{more}."
     if findings:

@@ -240,3 +240,16 @@ def test_subset_of_ranks(trace, expected):
     for f in result.findings:
         if f["rule"] == "exposed-communication":
             assert "lower bound" in f["summary"] and "2 of 8 ranks" in f["evidence"]["wait_source"]
+
+
+def test_verdict_quotes_the_step_its_top_finding_measured(real_traces):
+    """The headline's "about G ms of a S ms step" takes S from the top finding's evidence (the
+    step its gain is a share of: gpu-idle-host-bound's median over the ranks it fired on), not
+    the job's mean typical step, which differs on the DLRM job (ranks' steps 11-18 ms)."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    result = diagnose([str(real_traces / "param_dlrm_ddp_8rank")], DiagnoseOptions(workers=1))
+    top = next(f for f in result.findings if not f["title"].startswith("rule "))
+    step_us = top["evidence"]["step_time_us"]
+    assert step_us != result.attribution["step_time_us"]  # the case the sentence used to mix up
+    assert f"ms of a {step_us / 1000:.1f} ms step)" in result.verdict
+    assert f" {step_us / 1000:.1f} ms step" in top["summary"]
