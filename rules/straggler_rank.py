@@ -28,7 +28,8 @@ class StragglerRank(Rule):
         Per steady step (analyzer.job.attribution), the exposed wait each late rank causes on the
         median other rank. The late ranks are those causing at least ``wait_fraction`` of a step;
         the rule fires when there are any. The pattern is ``persistent`` when one rank is the
-        main late rank in at least ``consistency`` of the steps, else ``rotating``. It needs
+        main late rank in at least ``consistency`` of the steps, else ``rotating``; with one
+        steady step it is ``one step`` (which of the two cannot be told). It needs
         every rank's trace (with a subset, the last rank given may not be the last member).
 
     Why it matters:
@@ -102,14 +103,15 @@ class StragglerRank(Rule):
         wait = median(waits.values()) or 0.0
         step_us = median(step_times.values())
         top, count = min(main.items(), key=lambda kv: (-kv[1], kv[0]))
-        pattern = "persistent" if count >= t["consistency"] * len(steady) else "rotating"
+        # One steady step cannot show a rank late step after step, nor late ranks taking turns.
+        pattern = "one step" if len(steady) < 2 else \
+            "persistent" if count >= t["consistency"] * len(steady) else "rotating"
         causes = {rank: _cause(every, rank, late[rank], lateness, t["cause_fraction"]) for rank in sorted(late)}
         worst = max(late, key=lambda r: (sum(lateness[n][r] for n in late[r]), -r))
         names = ", ".join(str(r) for r in sorted(late))
         lead = causes[worst]
         summary = (f"Rank{'s' if len(late) > 1 else ''} {names} arrive{'' if len(late) > 1 else 's'} late at the "
-                   f"collectives ({pattern}: rank {top} is the latest in {count} of {len(steady)} steady "
-                   f"step(s)) and the other ranks wait {fmt_us(wait)} per step for "
+                   f"collectives ({_pattern_text(pattern, top, count, len(steady))}) and the other ranks wait {fmt_us(wait)} per step for "
                    f"{'them' if len(late) > 1 else 'it'} ({100 * wait / step_us:.1f}% of the step); cause: "
                    f"{lead['cause']} — {lead['text']}.")
         model = ("lateness = a rank's largest arrival after the median member at the step's collectives "
@@ -129,6 +131,12 @@ class StragglerRank(Rule):
         return [ctx.finding(summary=summary, ranks=sorted(late), steps=sorted({n for v in late.values() for n in v}),
                             evidence=evidence, estimated_gain_us=wait, model=model,
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
+
+
+def _pattern_text(pattern: str, top: int, count: int, steady: int) -> str:
+    if pattern == "one step":
+        return f"rank {top} is the latest in the one steady step: whether it is late every step cannot be told"
+    return f"{pattern}: rank {top} is the latest in {count} of {steady} steady step(s)"
 
 
 def _lateness(result: Any) -> dict[Any, dict[int, float]]:

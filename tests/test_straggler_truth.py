@@ -52,3 +52,11 @@ def test_entry_skew_single_step():
 def test_gpu_idle_on_the_stalling_ranks_only(job, ranks, activity):
     f = finding(f"synthetic/{job}", "gpu-idle-host-bound")
     assert f["ranks"] == ranks and f["evidence"]["host_activity"] == activity
+
+
+def test_one_steady_step_names_no_pattern(real_traces):
+    """The DLRM job has one steady step: a rank late in it is neither shown late step after step
+    (persistent) nor taking turns (rotating), and the finding says it cannot tell."""
+    f = finding("real/param_dlrm_ddp_8rank", "straggler-rank")
+    assert f["evidence"]["steady_steps"] == [10] and f["evidence"]["pattern"] == "one step"
+    assert "persistent" not in f["summary"] and "cannot be told" in f["summary"]
