@@ -55,3 +55,27 @@ def test_other_format_or_unencodable_values():
     assert entry.decode(raw, VERSION) == {"collectives": []}
     assert entry.decode(raw, VERSION + 1) is None
     assert entry.encode({"comms_id": 2**70}, VERSION) is None  # beyond MessagePack: not cached
+
+
+def test_numpy_scalars_and_tuples_come_back_plain():
+    """The summary is encoded as the map left it (no plain-data copy first): numpy scalars come
+    back as the Python numbers they hold, tuples as lists, as the copy used to make them."""
+    import numpy as np
+
+    rows = [{"bytes": np.int64(4096), "dur_us": np.float64(1.5), "on_gpu": np.bool_(True), "ranks": (0, 1),
+             "lat": np.float32(0.25)}]
+    fields = {"rank": np.int32(3), "steps": [{"step": np.int64(7), "window_ns": (1, 2)}], "collectives": rows}
+    back = entry.decode(entry.encode(fields, VERSION), VERSION)
+    assert _same(back, {"rank": 3, "steps": [{"step": 7, "window_ns": [1, 2]}],
+                        "collectives": [{"bytes": 4096, "dur_us": 1.5, "on_gpu": True, "ranks": [0, 1], "lat": 0.25}]})
+    assert entry.encode({"collectives": [{"x": np.zeros(3)}]}, VERSION) is None  # not a scalar: not cached
+
+
+def test_equal_but_distinct_objects_share_one_code():
+    """Codes are by encoding: rows holding equal strings or groups as separate objects get one
+    table entry; 1 and 1.0-like lookalikes in a dict stay apart."""
+    rows = [{"kind": "".join(["all", "reduce"]), "group": {"size": 2}} for _ in range(3)]
+    rows.append({"kind": "allreduce", "group": {"size": 2.0}})
+    stored = msgspec.msgpack.decode(entry.encode({"collectives": rows}, VERSION))["rows"]
+    assert stored["tables"][0] == ["allreduce"] and stored["columns"][0] == [0, 0, 0, 0]
+    assert stored["columns"][1] == [0, 0, 0, 1]

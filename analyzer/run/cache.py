@@ -224,7 +224,9 @@ def load_entry(entry: Path) -> RankAnalysis | None:
 
 
 def store_entry(entry: Path, analysis: RankAnalysis) -> None:
-    raw = entry_codec.encode(_plain(dataclasses.asdict(analysis)), CACHE_FORMAT)
+    # The fields as they are (no deep copy: encoding reads them); numpy scalars and tuples
+    # become numbers and arrays in the encoder.
+    raw = entry_codec.encode({name: getattr(analysis, name) for name in _FIELDS}, CACHE_FORMAT)
     if raw is not None:
         _write_atomic(entry, raw)
 
@@ -254,17 +256,6 @@ def _write_atomic(target: Path, raw: bytes) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready copy: numpy scalars to Python numbers, tuples to lists (as JSON reads back)."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        return value.item()
-    return value
 
 
 MAX_STAT_MEMOS = 100_000  # ~200 bytes each

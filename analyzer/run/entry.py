@@ -12,7 +12,8 @@ rows exactly as the map computed them.
 
 from __future__ import annotations
 
-from itertools import repeat
+from collections import defaultdict
+from itertools import count, repeat
 from typing import Any
 
 import msgspec
@@ -34,13 +35,24 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True):
     rows: RowColumns | None = None
 
 
+def _plain_scalar(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (np.float64 is a float and never gets here);
+    anything else msgspec cannot encode is refused."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    raise TypeError(f"cannot cache a {type(value).__name__}")
+
+
 _DECODER = msgspec.msgpack.Decoder(Entry)
-_ENCODER = msgspec.msgpack.Encoder()
+# Tuples encode as arrays (read back as lists, as JSON would), numpy scalars as their numbers:
+# the summary is encoded as the map left it, with no plain-data copy of it first.
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain_scalar)
 
 
 def encode(fields: dict[str, Any], version: int) -> bytes | None:
-    """The entry of a summary's plain fields (``cache._plain``); None when MessagePack cannot
-    hold a value (an int beyond 64 bits from a hostile trace): the rank is then not cached."""
+    """The entry of a summary's fields (plain data, tuples and numpy scalars allowed); None when
+    MessagePack cannot hold a value (an int beyond 64 bits from a hostile trace): the rank is
+    then not cached."""
     rows = fields.get("collectives")
     try:
         columns = to_columns(rows) if isinstance(rows, list) else None
@@ -67,15 +79,15 @@ def decode(raw: bytes, version: int) -> dict[str, Any] | None:
 
 
 def to_columns(rows: list[Any]) -> RowColumns | None:
-    """``rows`` by column, or None when they are not dicts of one shape (kept as a list)."""
-    if not rows or not all(isinstance(row, dict) for row in rows):
+    """``rows`` by column, or None when they are not dicts of one shape (kept as a list).
+    Per-row work is C-level passes (the map's rows are tens of thousands per rank)."""
+    if not rows or not all(map(isinstance, rows, repeat(dict))):
         return None
     keys = list(rows[0])
-    if not all(isinstance(key, str) for key in keys) or any(list(row) != keys for row in rows):
+    if not all(isinstance(key, str) for key in keys) or not all(map(keys.__eq__, map(list, rows))):
         return None
     columns, tables = [], []
-    for key in keys:
-        values = [row[key] for row in rows]
+    for values in map(list, zip(*map(dict.values, rows))):  # same keys in the same order
         table, codes = _coded(values)
         columns.append(codes if table is not None else values)
         tables.append(table)
@@ -85,20 +97,25 @@ def to_columns(rows: list[Any]) -> RowColumns | None:
 def _coded(values: list[Any]) -> tuple[list[Any] | None, list[int]]:
     """(distinct values, one code per value) for a column of strings or dicts (None allowed);
     (None, []) for any other column. Values are told apart by their encoding, so 1, 1.0 and
-    True, or dicts with their keys in another order, stay distinct as ``==`` would not."""
-    if not all(v is None or isinstance(v, (str, dict)) for v in values):
+    True, or dicts with their keys in another order, stay distinct as ``==`` would not. Rows
+    share their strings and group dicts, so each distinct object is checked and encoded once."""
+    by_object: defaultdict = defaultdict(count().__next__)
+    object_codes = list(map(by_object.__getitem__, map(id, values)))
+    objects = dict(zip(map(id, values), values))  # alive in ``values``: the ids stay unique
+    distinct = [objects[ident] for ident in by_object]
+    if not all(v is None or isinstance(v, (str, dict)) for v in distinct):
         return None, []
     table: list[Any] = []
     code_of: dict[bytes, int] = {}
-    codes = []
-    for value in values:
+    recode = []
+    for value in distinct:
         encoded = _ENCODER.encode(value)
         code = code_of.get(encoded)
         if code is None:
             code = code_of[encoded] = len(table)
             table.append(value)
-        codes.append(code)
-    return table, codes
+        recode.append(code)
+    return table, list(map(recode.__getitem__, object_codes))
 
 
 def from_columns(stored: RowColumns) -> list[dict[str, Any]]:
