@@ -168,3 +168,55 @@ def test_rank_breakdown_is_its_typical_steps_figures_even_when_steps_share_a_dic
     attribute_job(result)
     assert result.attribution["step"] == typical
     assert {rank.rank: rank.time_breakdown for rank in result.ranks} == expected
+
+
+def _row_intervals(starts, durs, waits):
+    """A _RowIntervals of rows (start, dur, wait) in ns, made as its constructor makes one."""
+    import numpy as np
+
+    from analyzer.job.attribution import _RowIntervals
+
+    order = np.lexsort((durs, starts))
+    start, dur, wait = (np.asarray(a, dtype=np.int64)[order] for a in (starts, durs, waits))
+    end = start + dur
+    rows = object.__new__(_RowIntervals)
+    rows.rows = [{"row": int(i)} for i in order]
+    before = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]])
+    rows.start, rows.longest = start, int(dur.max())
+    rows.own_start = np.minimum(np.maximum(start, before), end)
+    rows.own_end = end
+    rows.wait_end = np.clip(start + wait, rows.own_start, end)
+    return rows
+
+
+def _step_sets(cuts, gaps):
+    """Canonical sets in disjoint windows between sorted ``cuts``, one per window, some empty."""
+    import numpy as np
+
+    from analyzer.base import intervals as iv
+
+    sets = []
+    for lo, hi, gap in zip(cuts, cuts[1:], gaps):
+        points = np.arange(lo, hi, max(1, gap), dtype=np.int64)
+        sets.append(iv.union(points[::2][: len(points[1::2])], points[1::2]))
+    return sets
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=40),
+       st.lists(st.integers(0, 2400), min_size=2, max_size=12, unique=True), st.lists(st.integers(1, 90), min_size=11,
+                                                                                      max_size=11), st.randoms())
+def test_split_all_is_split_of_each_step(rows, cuts, gaps, rnd):
+    """The one-pass split of a rank's steps gives each step exactly what split() of its set
+    gives (same rows, owned and waiting ns), whatever the order of the steps; overlapping sets
+    take the step-by-step path and agree too."""
+    table = _row_intervals(*zip(*rows))
+    sets = _step_sets(sorted(cuts), gaps)
+    rnd.shuffle(sets)
+    assert table.split_all(sets) == [table.split(s) for s in sets]
+    if len(sets) > 1:  # a set repeated: not disjoint
+        assert table.split_all(sets + sets[:1]) == [table.split(s) for s in sets + sets[:1]]

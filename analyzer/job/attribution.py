@@ -62,12 +62,10 @@ def attribute_job(result: Any) -> None:
     for rank in result.ranks:
         rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]))
         per_rank[rank.rank] = {}
-        for entry in rank.steps:
-            tb = entry.get("time_breakdown")
-            if tb is None or "window_ns" not in entry:
-                continue
-            exposed = _exposed_set(rank.exposed_intervals.get(str(entry["step"]), []), origin)
-            split = rows.split(exposed)
+        entries = [e for e in rank.steps if e.get("time_breakdown") is not None and "window_ns" in e]
+        exposed_sets = [_exposed_set(rank.exposed_intervals.get(str(e["step"]), []), origin) for e in entries]
+        for entry, exposed, split in zip(entries, exposed_sets, rows.split_all(exposed_sets)):
+            tb = entry["time_breakdown"]
             wait_ns = sum(w for _, _, w in split)
             total = iv.total(exposed)
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
@@ -133,6 +131,44 @@ class _RowIntervals:
         part = slice(lo, hi)
         owned, waiting = iv.covered_lengths(exposed, self.own_start[part], self.own_end[part], self.wait_end[part])
         return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+
+
+    def split_all(self, sets: list[iv.IntervalSet]) -> list[_Split]:
+        """``split`` of each of a rank's step sets, in one pass over all of them (a long trace has
+        hundreds of steps): the steps' exposed stretches lie in disjoint windows, so together
+        they are one canonical set, and a query clamped to a step's extent [first start, last
+        end] measures that step's set alone (covered length is monotone in the clamp). Sets that
+        are not disjoint and in order once sorted are split one by one."""
+        present = [k for k, s in enumerate(sets) if len(s[0])]
+        if not self.rows or not present:
+            return [[] for _ in sets]
+        present.sort(key=lambda k: int(sets[k][0][0]))
+        starts = np.concatenate([sets[k][0] for k in present])
+        ends = np.concatenate([sets[k][1] for k in present])
+        if not ((ends > starts).all() and (starts[1:] >= ends[:-1]).all()):
+            return [self.split(s) for s in sets]
+        first = np.array([int(sets[k][0][0]) for k in present], dtype=np.int64)
+        last = np.array([int(sets[k][1][-1]) for k in present], dtype=np.int64)
+        lo = np.searchsorted(self.start, first - self.longest, side="left")
+        hi = np.maximum(np.searchsorted(self.start, last, side="left"), lo)
+        # (step, row) pairs: each step's candidate rows, as split() takes them
+        counts = hi - lo
+        step_of = np.repeat(np.arange(len(present)), counts)
+        row = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + lo[step_of]
+        low, high = first[step_of], last[step_of]
+
+        def clamp(t: np.ndarray) -> np.ndarray:
+            return np.minimum(np.maximum(t, low), high)
+
+        owned, waiting = iv.covered_lengths((starts, ends), clamp(self.own_start[row]), clamp(self.own_end[row]),
+                                            clamp(self.wait_end[row]))
+        hit = np.flatnonzero(owned > 0)
+        cut = np.searchsorted(step_of[hit], np.arange(len(present) + 1), side="left").tolist()
+        found = list(zip(map(self.rows.__getitem__, row[hit].tolist()), owned[hit].tolist(), waiting[hit].tolist()))
+        out: list[_Split] = [[] for _ in sets]
+        for j, k in enumerate(present):
+            out[k] = found[cut[j]:cut[j + 1]]
+        return out
 
 
 def _runs(keys: np.ndarray, values: np.ndarray) -> tuple[list[Any], list[np.ndarray]]:
