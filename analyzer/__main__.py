@@ -1,4 +1,4 @@
-from analyzer.cli.main import main
+from analyzer.cli.main import console
 
 if __name__ == "__main__":
-    main()
+    console()

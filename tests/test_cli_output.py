@@ -89,3 +89,22 @@ def test_commands_load_lazily_and_help_lists_them_all():
     listing = lazy.get_help(click.Context(lazy))
     assert listing == eager.get_help(click.Context(eager)) and not lazy.commands
     assert all(f"\n  {name} " in listing for name in COMMANDS) and len(COMMANDS) >= 9
+
+
+def test_console_exits_fast_with_full_output_exit_code_and_atexit(tmp_path, capsys):
+    """``python -m analyzer`` ends without freeing the result (os._exit): the output written to
+    a pipe is whole (the same bytes as main() prints), the exit code is main()'s, and atexit
+    handlers still run."""
+    import subprocess
+    import sys
+    path = two_step_ddp().write(tmp_path / "rank-0.json")
+    code, expected, _ = run(capsys, "diagnose", str(path), "--format", "json", "--no-cache")
+    script = ("import atexit, sys\nfrom analyzer.cli.main import console\n"
+              "atexit.register(lambda: sys.stderr.write('atexit ran'))\n"
+              f"sys.argv = ['tracecliff', 'diagnose', {str(path)!r}, '--format', 'json', '--no-cache']\nconsole()\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (code, expected) and out.stderr.endswith("atexit ran")
+    bad = subprocess.run([sys.executable, "-m", "analyzer", "diagnose", str(tmp_path / "missing.json")],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("tracecliff:") and bad.stderr.count("\n") == 1

@@ -1,5 +1,5 @@
 """Every Click command and shared option; nothing outside this package imports Click."""
 
-from analyzer.cli.main import cli, main
+from analyzer.cli.main import cli, console, main
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "console", "main"]

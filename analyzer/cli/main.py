@@ -101,3 +101,27 @@ def main(argv: list[str] | None = None) -> None:
                    "(set TRACECLIFF_DEBUG=1 for the traceback)", err=True)
         code = EXIT_INPUT
     sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def console() -> None:
+    """The ``tracecliff`` command and ``python -m analyzer``: :func:`main`, then the process ends
+    without freeing the run's objects one by one (a 64-rank job's result is ~275,000 row dicts:
+    ~0.2 s of deallocation that nothing needs). The output is flushed and the atexit handlers
+    run first; while another thread still runs (a Dask client's), the usual exit instead.
+    :func:`main` itself exits normally: it may run inside another program (tests, an API user)."""
+    try:
+        main()
+        code: Any = EXIT_OK
+    except SystemExit as exc:
+        code = exc.code
+    import atexit
+    import threading
+    if not isinstance(code, int) or threading.active_count() > 1:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
