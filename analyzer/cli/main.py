@@ -107,7 +107,8 @@ def console() -> None:
     """The ``tracecliff`` command and ``python -m analyzer``: :func:`main`, then the process ends
     without freeing the run's objects one by one (a 64-rank job's result is ~275,000 row dicts:
     ~0.2 s of deallocation that nothing needs). The output is flushed and the atexit handlers
-    run first; while another thread still runs (a Dask client's), the usual exit instead.
+    run first; while another thread still runs (a Dask client's) or a profiler or tracer is on,
+    the usual exit instead.
     :func:`main` itself exits normally: it may run inside another program (tests, an API user)."""
     try:
         main()
@@ -116,7 +117,9 @@ def console() -> None:
         code = exc.code
     import atexit
     import threading
-    if not isinstance(code, int) or threading.active_count() > 1:
+    # A profiler or coverage tracer writes its data at the normal exit: keep it.
+    traced = sys.getprofile() is not None or sys.gettrace() is not None
+    if not isinstance(code, int) or threading.active_count() > 1 or traced:
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):
         try:
