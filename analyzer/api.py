@@ -18,9 +18,9 @@ from analyzer.ingest.files import discover_trace_files
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result, resolve_ranks
 from analyzer.job import result as job_result
-from analyzer.rank.analysis import RankAnalysis, RankOptions
+from analyzer.rank.analysis import RankAnalysis, RankOptions, forget_loaded
 from analyzer.rules.engine import run_rules
-from analyzer.run.executors import map_ranks, map_step_timelines
+from analyzer.run.executors import map_ranks, map_step_timelines, store_step_timelines
 
 if TYPE_CHECKING:
     from analyzer.compare.gate import GateReport
@@ -78,7 +78,9 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     options = with_config_kernels(options, config)
     skipped: list[Path] = []
     files = discover_trace_files(paths, skipped)
-    ranks = analyze_files(files, options, progress)
+    # The map keeps each rank's kernels for the report's step timeline (unless the ranks keep
+    # whole timelines), so that it need not decode the shown ranks again.
+    ranks = analyze_files(files, options, progress, keep_kernels=report and not options.keep_timeline)
     with paused_gc():
         result = Result(**vars(build_result(ranks, options)))
         if skipped:
@@ -101,22 +103,34 @@ def with_config_kernels(options: DiagnoseOptions, config: dict[str, Any] | None)
     return replace(options, comm_kernels=kernels + tuple(options.comm_kernels)) if kernels else options
 
 
-def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progress | None = None) -> list[RankAnalysis]:
-    results = map_ranks(files, options.rank_options(), options.executor, options.scheduler,
-                        options.workers, options.cache_dir, progress)
+def analyze_files(files: list[Path], options: DiagnoseOptions, progress: Progress | None = None,
+                  keep_kernels: bool = False) -> list[RankAnalysis]:
+    """The ranks' summaries; ``keep_kernels``: with the kernels of every step of the ranks the map
+    decodes (``RankAnalysis.kernels``, within analyzer.run.executors.KEPT_KERNELS_BYTES), for the
+    report's step timeline."""
+    rank_options = replace(options.rank_options(), keep_kernels=keep_kernels)
+    results = map_ranks(files, rank_options, options.executor, options.scheduler, options.workers,
+                        options.cache_dir, progress)
     return resolve_ranks(results)
 
 
 def add_report_sections(result: Result, options: DiagnoseOptions, step: int | None = None) -> None:
     """The sections only the HTML view draws, computed here so that renderers only render. The
-    ranks the timeline shows are read again like the map (in parallel, through the cache)."""
+    ranks the timeline shows come from the kernels the map kept, else are read again like the
+    map (in parallel, through the cache); the kept kernels are let go after."""
     from analyzer.job.step_timeline import report_timeline
     from analyzer.whatif.scaling import scaling_data
 
     def read(paths: list[str], rank_options: RankOptions, origin_ns: int) -> list[dict[str, Any]]:
         return map_step_timelines(paths, rank_options, origin_ns, options.executor, options.scheduler,
                                   options.workers, options.cache_dir)
-    result.timeline = report_timeline(result.to_dict(), result, step, options.rank_options(), read)
+
+    def store(paths: list[str], rank_options: RankOptions, origin_ns: int, timelines: list[dict[str, Any]]) -> None:
+        store_step_timelines(paths, rank_options, origin_ns, timelines, options.cache_dir)
+    result.timeline = report_timeline(result.to_dict(), result, step, options.rank_options(), read, store)
+    for rank in result.ranks:
+        rank.kernels = None
+    forget_loaded()
     result.scaling = scaling_data(result)
 
 

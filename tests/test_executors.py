@@ -108,6 +108,16 @@ def test_dask_matches_local(job, real_traces, dask_cluster, tmp_path):
         assert run(job, executor="dask", scheduler=dask_cluster.scheduler_address, cache_dir=store) == run(job)
 
 
+def test_dask_map_keeps_kernels_for_the_report(job, dask_cluster, monkeypatch):
+    """The ranks' kernels come back from the Dask workers too: the report reads no rank again."""
+    expected = run(job, workers=1)
+
+    def refuse(*_):
+        raise AssertionError("read the shown ranks again")
+    monkeypatch.setattr("analyzer.api.map_step_timelines", refuse)
+    assert run(job, executor="dask", scheduler=dask_cluster.scheduler_address) == expected
+
+
 def test_dask_worker_error_is_input_error(job, dask_cluster, tmp_path):
     bad = tmp_path / "rank-5.json"
     bad.write_bytes(b"\x1f\x8b\x08\x00truncated")
@@ -178,9 +188,13 @@ def test_step_timelines_read_in_parallel_then_from_the_cache(job, tmp_path, monk
         executors.map_step_timelines(job[:1], options, 6, workers=1, cache_dir=store)
 
 
-def test_one_rank_job_decodes_its_file_once(job, monkeypatch):
-    """The report's timeline of a one-rank job uses the trace the map left in the main process."""
+@pytest.mark.parametrize("kept_kernels_bytes", [executors.KEPT_KERNELS_BYTES, 1])
+def test_one_rank_job_decodes_its_file_once(job, monkeypatch, kept_kernels_bytes):
+    """The report's timeline of a one-rank job uses the kernels the map kept or, past their
+    budget, the trace the map left in the main process; the report then lets that trace go."""
     from analyzer.rank import analysis
+    monkeypatch.setattr(executors, "KEPT_KERNELS_BYTES", kept_kernels_bytes)
+    monkeypatch.setattr(analysis, "_LAST_LOADED", {})
     loads = []
     real_load = analysis.load_rank_trace
 
@@ -189,6 +203,6 @@ def test_one_rank_job_decodes_its_file_once(job, monkeypatch):
         return real_load(*args)
     monkeypatch.setattr(analysis, "load_rank_trace", counting)
     result = diagnose(job[:1], DiagnoseOptions(workers=1))
-    assert len(loads) == 1 and result.timeline["available"]
+    assert len(loads) == 1 and result.timeline["available"] and not analysis._LAST_LOADED
     kept = diagnose(job[:1], DiagnoseOptions(workers=1, keep_timeline=True))
     assert result.timeline == kept.timeline

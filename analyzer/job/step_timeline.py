@@ -1,10 +1,10 @@
 """The timeline section's data: one representative step of a few ranks, lane by lane, downsampled.
 
 Only this section needs per-kernel data. The step and the ranks are planned from per-rank step
-summaries (``plan_timeline``); ``report_timeline`` then loads only those ranks' kernels of that
-step (re-reading the files: in parallel and cached with the reader analyzer.api passes) and
-``draw_timeline`` turns them into plain JSON-able data, kept in ``Result.timeline``, that
-``reports/html.py`` draws.
+summaries (``plan_timeline``); ``report_timeline`` then takes only those ranks' kernels of that
+step (from the kernels the map kept, ``RankAnalysis.kernels``; else re-reading the files: in
+parallel and cached with the reader analyzer.api passes) and ``draw_timeline`` turns them into
+plain JSON-able data, kept in ``Result.timeline``, that ``reports/html.py`` draws.
 ``timeline_data`` does both when the analyses already kept timelines.
 
 Downsampling is deterministic: a kernel narrower than ``merge_px`` pixels at the page's width is
@@ -23,7 +23,7 @@ import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.base.errors import TracecliffError
-from analyzer.rank.analysis import RankOptions, step_timeline_file
+from analyzer.rank.analysis import RankOptions, kernels_timeline, step_timeline_file
 
 PLOT_WIDTH_PX = 1000
 MAX_MARKS_PER_LANE = 800
@@ -294,6 +294,10 @@ def _phase_extents(ev, t0, phase_names) -> list[dict[str, Any]]:
 # ``step_timeline_file`` dict per path. analyzer.api passes the parallel, cached one of
 # analyzer.run.executors; the default reads one file after the other in this process.
 TimelineReader = Callable[[list[str], RankOptions, int], list[dict[str, Any]]]
+# Keeps the step timelines drawn from the map's kernels (paths, options, origin, timelines) where
+# a later run finds them as the reader's (analyzer.api: its cache), since that run's cached
+# summaries hold no kernels.
+TimelineStore = Callable[[list[str], RankOptions, int, list[dict[str, Any]]], None]
 
 
 def read_one_by_one(paths: list[str], options: RankOptions, origin_ns: int) -> list[dict[str, Any]]:
@@ -308,10 +312,11 @@ class _Shown:
 
 
 def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_options: RankOptions,
-                    read: TimelineReader = read_one_by_one) -> dict[str, Any]:
+                    read: TimelineReader = read_one_by_one, store: TimelineStore | None = None) -> dict[str, Any]:
     """The timeline section. Kernel lists of every rank would cost memory in proportion to the
-    job; the step and ranks are chosen from the per-rank summaries instead, and only that step's
-    kernels of those ranks are read again (unless the Result already kept them)."""
+    job; the step and ranks are chosen from the per-rank summaries instead, and that step's
+    kernels of those ranks are taken from the kernels the map kept (``RankAnalysis.kernels``),
+    else read again (unless the Result already kept timelines)."""
     if any(r.timeline for r in result.ranks):
         return timeline_data(result.ranks, doc, step)
     summaries = [{"rank": r["rank"], "steps": r.get("steps") or [], "span_us": r.get("span_us")}
@@ -326,9 +331,25 @@ def report_timeline(doc: dict[str, Any], result: Any, step: int | None, rank_opt
     options = replace(rank_options, keep_timeline=True, steps=None if plan.step is None else (plan.step,))
     origin = int((doc.get("job") or {}).get("time_origin_ns") or 0)
     shown = [rank for rank, _ in plan.ranks]
+    timelines = _from_kept_kernels(result.ranks, shown, options.steps, origin,
+                                   filtered=rank_options.steps is not None)
+    if store and timelines:
+        store([paths[rank] for rank in timelines], options, origin, list(timelines.values()))
+    again = [rank for rank in shown if rank not in timelines]
     try:
-        timelines = read([paths[rank] for rank in shown], options, origin)
+        timelines.update(zip(again, read([paths[rank] for rank in again], options, origin) if again else []))
     except TracecliffError as exc:  # the file changed since it was read: the rest of the page stands
         return unavailable(f"could not read the kernels again: {exc}")
     hosts = {r.rank: r.host for r in result.ranks}
-    return draw_timeline({rank: _Shown(hosts.get(rank), tl) for rank, tl in zip(shown, timelines)}, plan)
+    return draw_timeline({rank: _Shown(hosts.get(rank), timelines[rank]) for rank in shown}, plan)
+
+
+def _from_kept_kernels(ranks: Sequence[Any], shown: list[int], steps: tuple[int, ...] | None, origin: int,
+                       filtered: bool) -> dict[int, dict[str, Any]]:
+    """rank -> its step timeline, of the shown ranks whose kernels the map kept: what
+    ``step_timeline_file`` reads from the trace, from the same kernels. ``filtered``: the map kept
+    only some steps (--steps), so all of the trace (``steps`` None) is not among its kernels."""
+    if filtered and steps is None:
+        return {}
+    kept = {r.rank: r.kernels for r in ranks if getattr(r, "kernels", None) is not None}
+    return {rank: kernels_timeline(kept[rank], steps, origin) for rank in shown if rank in kept}

@@ -23,8 +23,9 @@ from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.steps import step_facts
-from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, attribute, breakdown, exposed_by_phase, step_windows
-from analyzer.ingest.trace import GpuKind, Marker, RankTrace
+from analyzer.rank.timeline import (BACKWARD, NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
+                                    step_windows)
+from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
 
 
 @dataclass
@@ -53,6 +54,36 @@ class RankAnalysis:
     exposed_intervals: dict[str, list[list[int]]] = field(default_factory=dict)
     # The typical step's time breakdown, set by the job analysis (analyzer.job.attribution).
     time_breakdown: dict[str, Any] | None = None
+    # The kernels of every step, for the report's step timeline (RankOptions.keep_kernels): this
+    # run's alone, never cached (analyzer.run.cache) nor written to the result.
+    kernels: RankKernels | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, eq=False)
+class RankKernels:
+    """GPU kernels by column, as the report's step timeline reads them (``kernels_timeline``).
+    The map sends a rank's back with its summary so that the report need not decode the trace a
+    second time to draw one step (issue 13); compact for that trip: numpy columns (pickled as
+    raw buffers, ~22 bytes a kernel) and, in the map's, only the kernel names used."""
+
+    ts: np.ndarray  # int64 ns
+    end: np.ndarray  # int64 ns
+    stream: np.ndarray  # ints
+    kind: np.ndarray  # int8 GpuKind
+    name: np.ndarray  # ints, index into ``strings``
+    step: np.ndarray  # ints, ProfilerStep number or NO_STEP
+    phase: np.ndarray  # int8 index into PHASES
+    strings: list[str]
+
+    def take(self, rows: np.ndarray) -> RankKernels:
+        return RankKernels(self.ts[rows], self.end[rows], self.stream[rows], self.kind[rows], self.name[rows],
+                           self.step[rows], self.phase[rows], self.strings)
+
+    @property
+    def nbytes(self) -> int:
+        return (sum(column.nbytes for column in (self.ts, self.end, self.stream, self.kind, self.name, self.step,
+                                                 self.phase))
+                + sum(map(sys.getsizeof, self.strings)))
 
 
 RANK_METRICS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us",
@@ -96,6 +127,7 @@ class RankOptions:
     max_inflate_bytes: int = 8 * 10**9
     steps: tuple[int, ...] | None = None  # ProfilerStep numbers to keep (None: all)
     keep_timeline: bool = False
+    keep_kernels: bool = False  # RankAnalysis.kernels, for the report's step timeline
 
 
 def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = None,
@@ -107,9 +139,11 @@ def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = N
 
 # The trace the main process loaded last, for the report's step timeline: a job whose map ran
 # in this process (one rank) would otherwise decode the whole file a second time to draw one
-# step (issue 13: a third of a one-rank `--format json` run). One slot, keyed by the file's
-# stat identity (a rewritten file is read again), emptied when it is used and when the next
-# load starts; pool and Dask workers keep nothing between ranks.
+# step (issue 13: a third of a one-rank `--format json` run) when the map kept no kernels of it
+# (RankAnalysis.kernels: past their memory budget, or a caller that asked for none). One slot,
+# keyed by the file's stat identity (a rewritten file is read again), emptied when it is used,
+# when the report is drawn (``forget_loaded``) and when the next load starts; pool and Dask
+# workers keep nothing between ranks.
 _LAST_LOADED: dict[tuple, RankTrace] = {}
 
 
@@ -126,6 +160,12 @@ def _load(path: str, options: RankOptions, two_cores: bool) -> RankTrace:
     return trace
 
 
+def forget_loaded() -> None:
+    """Empty the slot: the report's step timeline is drawn (from kernels the map kept, which
+    leave the slot unused) and the trace is not needed again."""
+    _LAST_LOADED.clear()
+
+
 def _main_process() -> bool:
     """Not a pool or Dask worker: ``multiprocessing.parent_process() is None``, without importing
     multiprocessing (~8 ms) into a process that never did (one not started by it)."""
@@ -135,20 +175,63 @@ def _main_process() -> bool:
 
 def step_timeline_file(path: str, options: RankOptions, origin_ns: int) -> dict[str, Any]:
     """``RankAnalysis.timeline`` of the kernels of ``options.steps`` (all when None), without the
-    rest of the analysis: what the report's step timeline needs of a rank it shows. A one-rank
-    job finds the trace in the slot above; elsewhere the file is decoded again (the decode is
-    nearly all of the cost). Only the kernel names used are kept (``strings`` re-indexed), so
-    the result is small enough to travel back from a worker and to cache."""
+    rest of the analysis: what the report's step timeline needs of a rank it shows when the map
+    kept no ``RankAnalysis.kernels`` of it. A one-rank job finds the trace in the slot above;
+    elsewhere the file is decoded again (the decode is nearly all of the cost)."""
     trace = _load(path, options, two_cores=False)
-    att = attribute(trace)
-    if options.steps is not None:
-        rows = np.flatnonzero(np.isin(att.step, np.asarray(options.steps, dtype=np.int64)))
-        trace, att = replace(trace, gpu=trace.gpu.take(rows)), att.take(rows)
-    used, names = np.unique(trace.gpu.name, return_inverse=True)
-    timeline = _timeline(trace, att, origin_ns)
-    timeline["name"] = names.reshape(-1).tolist()
-    timeline["strings"] = [trace.strings[i] for i in used.tolist()]
-    return timeline
+    return kernels_timeline(_kernels(trace.gpu, attribute(trace), trace.strings), options.steps, origin_ns)
+
+
+def kernels_timeline(kernels: RankKernels, steps: tuple[int, ...] | None, origin_ns: int,
+                     used_names: bool = True) -> dict[str, Any]:
+    """``RankAnalysis.timeline`` of the kernels of ``steps`` (all when None), times from
+    ``origin_ns``. ``used_names``: only the kernel names used are kept (``strings`` re-indexed),
+    so that the result is small enough to travel back from a worker and to cache."""
+    if steps is not None:
+        kernels = kernels.take(np.flatnonzero(np.isin(kernels.step, np.asarray(steps, dtype=np.int64))))
+    names, strings = kernels.name, kernels.strings
+    if used_names:
+        used, names = np.unique(kernels.name, return_inverse=True)
+        strings = [strings[i] for i in used.tolist()]
+    return {
+        "start_us": np.round((kernels.ts - origin_ns) / 1000.0, 3).tolist(),
+        "dur_us": np.round((kernels.end - kernels.ts) / 1000.0, 3).tolist(),
+        "stream": kernels.stream.tolist(),
+        "kind": kernels.kind.tolist(),
+        "name": names.reshape(-1).tolist(),
+        "step": kernels.step.tolist(),
+        "phase": kernels.phase.tolist(),
+        "strings": list(strings),
+        "phases": list(PHASES),
+    }
+
+
+def _kernels(gpu: GpuEvents, att: Attribution, strings: list[str]) -> RankKernels:
+    return RankKernels(gpu.ts, gpu.end, gpu.stream, gpu.kind, gpu.name, att.step, att.phase, strings)
+
+
+def kept_kernels(gpu: GpuEvents, att: Attribution, strings: list[str]) -> RankKernels:
+    """What the report's step timeline can show of a rank, compactly (``RankAnalysis.kernels``):
+    the kernels of its steps (a rank with steps is shown one step at a time, never its
+    unstepped kernels; one without, whole), small ints in the narrowest type that holds them,
+    and only the kernel names used."""
+    kernels = _kernels(gpu, att, strings)
+    stepped = att.step != NO_STEP
+    if stepped.any() and not stepped.all():
+        kernels = kernels.take(np.flatnonzero(stepped))
+    used, names = np.unique(kernels.name, return_inverse=True)
+    return replace(kernels, stream=_narrow(kernels.stream), name=_narrow(names.reshape(-1)),
+                   step=_narrow(kernels.step), strings=[strings[i] for i in used.tolist()])
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """Integers in the narrowest of int8/16/32 that holds them (as they are when none does)."""
+    if len(values):
+        low, high = int(values.min()), int(values.max())
+        for dtype in (np.int8, np.int16, np.int32):
+            if np.iinfo(dtype).min <= low and high <= np.iinfo(dtype).max:
+                return values.astype(dtype)
+    return values
 
 
 def _load_key(path: str, options: RankOptions) -> tuple | None:
@@ -198,6 +281,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
         warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
+        kernels=kept_kernels(gpu, att, trace.strings) if options.keep_kernels else None,
     )
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
@@ -295,15 +379,4 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
 
 
 def _timeline(trace: RankTrace, att, origin: int) -> dict[str, Any]:
-    gpu = trace.gpu
-    return {
-        "start_us": np.round((gpu.ts - origin) / 1000.0, 3).tolist(),
-        "dur_us": np.round((gpu.end - gpu.ts) / 1000.0, 3).tolist(),
-        "stream": gpu.stream.tolist(),
-        "kind": gpu.kind.tolist(),
-        "name": gpu.name.tolist(),
-        "step": att.step.tolist(),
-        "phase": att.phase.tolist(),
-        "strings": list(trace.strings),
-        "phases": list(PHASES),
-    }
+    return kernels_timeline(_kernels(trace.gpu, att, trace.strings), None, origin, used_names=False)

@@ -32,7 +32,9 @@ RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
 MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
 ENTRY_SUFFIX = ".msgpack"  # rank entries; the report's step timelines are ".timeline.json"
-_FIELDS = tuple(f.name for f in dataclasses.fields(RankAnalysis))
+# The fields an entry holds: all but the kernels the map keeps for this run's report
+# (RankAnalysis.kernels), which a hit does without (the report then reads its timeline as before).
+_FIELDS = tuple(f.name for f in dataclasses.fields(RankAnalysis) if f.name != "kernels")
 
 
 def default_cache_dir() -> Path:
@@ -180,9 +182,14 @@ def step_timeline_and_store(path: str, options: RankOptions, origin_ns: int, ent
     """``step_timeline_file``, stored at ``entry`` (from ``timeline_entry``) when there is one:
     a re-run's report then reads no trace at all."""
     timeline = step_timeline_file(path, options, origin_ns)
+    store_timeline(entry, timeline)
+    return timeline
+
+
+def store_timeline(entry: Path | None, timeline: dict[str, Any]) -> None:
+    """A step timeline stored at ``entry`` (from ``timeline_entry``; None: no cache)."""
     if entry:
         _write_json_atomic(entry, {"format": CACHE_FORMAT, "timeline": timeline})
-    return timeline
 
 
 def _read_json(entry: Path) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from analyzer.run import EXECUTORS
 from analyzer.run.cache import (analyze_and_store, analyze_rank_cached, cached_entry, cached_timeline, key_or_none,
-                                prune, step_timeline_and_store, timeline_entry)
+                                prune, step_timeline_and_store, store_timeline, timeline_entry)
 from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
@@ -37,6 +37,14 @@ WORKER_BASE_BYTES = 300 << 20
 PEAK_PER_INFLATED_BYTE = 0.25
 GZIP_RATIO_GUESS = 12  # when a gzip trailer's size field wrapped (members > 4 GiB)
 MEMORY_HEADROOM = 0.8  # share of the available memory the pool may plan to use
+# The kernels the map keeps for the report's step timeline (RankAnalysis.kernels, ~22 bytes a
+# kernel: 0.65 MB for a 49 MB rank of 29,000 kernels) wait in this process until the report
+# draws up to three ranks of them. They are kept while their total stays within this budget:
+# ~100 such ranks, the jobs where decoding three ranks again is a noticeable share of the run
+# (0.75 s of 4.4 s at 8 ranks); past it all are dropped and the report decodes its ranks again,
+# as before, so a 1,024-rank job never holds most of a gigabyte of kernels for a saving that is
+# small next to its map.
+KEPT_KERNELS_BYTES = 64 << 20
 
 
 def map_ranks(files: list[Path], rank_options: RankOptions, executor: str = "local",
@@ -48,13 +56,38 @@ def map_ranks(files: list[Path], rank_options: RankOptions, executor: str = "loc
         raise ConfigError(f"unknown executor {executor!r} (choose from {', '.join(EXECUTORS)})")
     if scheduler and executor != "dask":
         raise ConfigError("--scheduler needs --executor dask")
+    kept = KernelBudget()
     if executor == "dask":
-        results = _map_dask(paths, rank_options, scheduler, cache_dir, progress)
+        results = _map_dask(paths, rank_options, scheduler, cache_dir, progress, kept)
     else:
-        results = _map_local(paths, rank_options, workers, cache_dir, progress)
+        results = _map_local(paths, rank_options, workers, cache_dir, progress, kept)
     if cache_dir:
         prune(cache_dir)
     return results
+
+
+class KernelBudget:
+    """Keeps the ranks' kept kernels while their total is within ``limit`` bytes; past it, drops
+    them all (those admitted before and every one after), so the report reads its timeline again."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = KEPT_KERNELS_BYTES if limit is None else limit
+        self.total = 0
+        self.holding: list[RankAnalysis] | None = []  # None: over the budget
+
+    def admit(self, analysis: RankAnalysis) -> RankAnalysis:
+        if analysis.kernels is None:
+            return analysis
+        if self.holding is not None:
+            self.total += analysis.kernels.nbytes
+            if self.total <= self.limit:
+                self.holding.append(analysis)
+                return analysis
+            for held in self.holding:
+                held.kernels = None
+            self.holding = None
+        analysis.kernels = None
+        return analysis
 
 
 # -- local -----------------------------------------------------------------------------------
@@ -111,7 +144,7 @@ def plan_workers(peaks: list[int], cpus: int, budget: int | None) -> int:
 
 
 def _map_local(paths: list[str], options: RankOptions, workers: int | None, cache_dir: str | None,
-               progress: Progress | None) -> list[RankAnalysis]:
+               progress: Progress | None, kept: KernelBudget) -> list[RankAnalysis]:
     results: list[RankAnalysis | None] = [None] * len(paths)
     keys: list[str | None] = [None] * len(paths)
     if cache_dir:  # hits are answered here, without starting a single worker
@@ -130,14 +163,15 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
                      and inflated_size(paths[todo[0]]) >= MIN_PARALLEL_BYTES
                      and (budget is None or peaks[todo[0]] + WORKER_BASE_BYTES <= budget))
         for index in todo:
-            results[index] = analyze_and_store(paths[index], options, cache_dir, keys[index], two_cores)
+            analysis = analyze_and_store(paths[index], options, cache_dir, keys[index], two_cores)
+            results[index] = kept.admit(analysis)
             done_count += 1
             if progress:
                 progress(done_count, len(paths), paths[index])
     else:
         jobs = [(i, (paths[i], options, cache_dir, keys[i])) for i in todo]
         for index, analysis in _memory_gated_pool(analyze_and_store, jobs, peaks, count, budget):
-            results[index] = analysis
+            results[index] = kept.admit(analysis)
             done_count += 1
             if progress:
                 progress(done_count, len(paths), paths[index])
@@ -227,16 +261,25 @@ def map_step_timelines(paths: list[str], options: RankOptions, origin_ns: int, e
     return results  # type: ignore[return-value]
 
 
+def store_step_timelines(paths: list[str], options: RankOptions, origin_ns: int, timelines: list[dict[str, Any]],
+                         cache_dir: str | None) -> None:
+    """Step timelines the report drew from the map's kernels, cached where ``map_step_timelines``
+    looks for them: a re-run, whose cached summaries hold no kernels, then reads no trace."""
+    if cache_dir:
+        for path, timeline in zip(paths, timelines):
+            store_timeline(timeline_entry(path, options, origin_ns, cache_dir), timeline)
+
+
 # -- dask ------------------------------------------------------------------------------------
 
 def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cache_dir: str | None,
-              progress: Progress | None) -> list[RankAnalysis]:
+              progress: Progress | None, kept: KernelBudget) -> list[RankAnalysis]:
     """Per-rank map on a Dask cluster (``scheduler`` address, or a LocalCluster when None).
     Workers read the trace paths themselves: they must see the same file system."""
     results: list[RankAnalysis | None] = [None] * len(paths)
     calls = [(i, (path, options, cache_dir)) for i, path in enumerate(paths)]
     for done, (index, analysis) in enumerate(_dask_calls(analyze_rank_cached, calls, paths, scheduler), 1):
-        results[index] = analysis
+        results[index] = kept.admit(analysis)
         if progress:
             progress(done, len(paths), paths[index])
     return results  # type: ignore[return-value]
