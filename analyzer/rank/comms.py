@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections import deque
 from functools import lru_cache
 from itertools import repeat
+from operator import setitem
 from typing import Any
 
 import numpy as np
@@ -188,28 +190,25 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     modules = _module_names(rank, module_row)
     codes = sources.codes
     seqs, comms_ids = sources.per_row("seq", combos.seq_from), sources.per_row("comms_id", combos.comms_id_from)
-    count = len(rows_idx)
-    columns = (repeat(rank.rank, count), *(_take(column, codes) for column in combos.columns), seqs, comms_ids,
-               steps, phases, streams, start_us, dur_us, exposed_us, launch_us, _take(combos.kernel, codes),
-               _take(combos.library, codes), modules, repeat(True, count))
-    out = list(map(dict, map(zip, repeat(_ROW_KEYS), zip(*columns))))
+    # Each row: its combination's row (a C-level clone), then its own fields set column by column
+    # (keys already in place: the order stays).
+    out = list(map(dict.copy, _take(combos.rows, codes)))
+    for key, column in (("seq", seqs), ("comms_id", comms_ids), ("step", steps), ("phase", phases),
+                        ("stream", streams), ("start_us", start_us), ("dur_us", dur_us), ("exposed_us", exposed_us),
+                        ("launch_us", launch_us), ("module", modules)):
+        deque(map(setitem, out, repeat(key), column), 0)
     inferred = _kinds_from_stream_order(rank, gpu, rows_idx, combos.metas, combos.kernels, codes, params_row, op_row)
     for k in sorted(set(np.flatnonzero(combos.sourced[codes]).tolist()) | set(inferred)):
         meta = sources.meta(k)
         if k in inferred:
             meta["collective"], meta["collective_source"] = inferred[k], "stream order of CPU collectives"
         c = codes[k]
-        out[k] = _row(rank.rank, meta, combos.columns[6][c], step=steps[k], phase=phases[k], stream=streams[k],
+        out[k] = _row(rank.rank, meta, combos.rows[c]["group"], step=steps[k], phase=phases[k], stream=streams[k],
                       start_us=start_us[k], dur_us=dur_us[k], exposed_us=exposed_us[k], launch_us=launch_us[k],
-                      kernel=combos.kernel[c], library=combos.library[c], module=modules[k], on_gpu=True)
+                      kernel=combos.rows[c]["kernel"], library=combos.rows[c]["library"], module=modules[k],
+                      on_gpu=True)
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
-
-
-# The keys of a collective row without a ``collective_source`` (:func:`_row`), in its order.
-_ROW_KEYS = ("rank", "collective", "dtype", "in_nelems", "out_nelems", "bytes", "size_source", "group", "seq",
-             "comms_id", "step", "phase", "stream", "start_us", "dur_us", "exposed_us", "launch_us", "kernel",
-             "library", "module", "on_gpu")
 
 
 class _Sources:
@@ -289,10 +288,7 @@ class _Combination:
     def __init__(self) -> None:
         self.metas: list[dict[str, Any]] = []  # the merged metadata of its first kernel
         self.kernels: list[CommKernel | None] = []
-        self.kernel: list[str] = []
-        self.library: list[str] = []
-        # The row's collective, dtype, in_nelems, out_nelems, bytes, size_source and group.
-        self.columns: tuple[list[Any], ...] = tuple([] for _ in range(7))
+        self.rows: list[dict[str, Any]] = []  # its row (:func:`_row`), the per-kernel fields None
         self.seq_from = self.comms_id_from = self.sourced = np.empty(0)
 
 
@@ -307,17 +303,11 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
         name = rank.strings[sources.name[k]]
         kernel = lookup(name)
         group = groups.of(meta, kernel is not None and kernel.library in NCCL_NAMED)
-        collective, dtype = meta["collective"], meta["dtype"]
-        in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
-        for column, value in zip(combos.columns, (
-                collective, dtype, in_n, out_n,
-                message_bytes(collective, in_n, out_n, DTYPE_BYTES.get(dtype) if dtype else None, group["size"]),
-                meta["size_source"], group)):
-            column.append(value)
+        combos.rows.append(_row(rank.rank, meta, group, step=None, phase="", stream=None, start_us=0.0, dur_us=0.0,
+                                exposed_us=None, launch_us=None, kernel=name, library=_library(kernel, amd),
+                                module=None, on_gpu=True))
         combos.metas.append(meta)
         combos.kernels.append(kernel)
-        combos.kernel.append(name)
-        combos.library.append(_library(kernel, amd))
         kernel_args, params_args = sources.kernel_args[k], sources.params_args[k]
         # The merge: the kernel's args win, record_param_comms fills the rest.
         seq_from.append(1 if kernel_args and "seq" in kernel_args else 2 if params_args else 0)
@@ -437,9 +427,13 @@ def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.n
     best = np.full(len(ts), -1, dtype=np.int64)
     for kind in (Marker.FSDP_UNIT, Marker.FORWARD, Marker.BACKWARD):
         rows = innermost_marker(m, kind, ts, thread)
-        for k in np.flatnonzero((rows >= 0) & (best < 0)):
-            if fsdp_module_of(rank.strings[m.name[rows[k]]]) is not None:
-                best[k] = rows[k]
+        todo = np.flatnonzero((rows >= 0) & (best < 0))
+        names = m.name[rows[todo]]
+        present = arrays.unique(names)
+        fsdp = np.zeros(int(present.max()) + 1 if len(present) else 0, dtype=bool)  # by name, parsed once
+        fsdp[present] = [fsdp_module_of(rank.strings[n]) is not None for n in present.tolist()]
+        hit = todo[fsdp[names]] if len(todo) else todo
+        best[hit] = rows[hit]
     return best
 
 
