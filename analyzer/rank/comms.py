@@ -8,7 +8,6 @@ stay ``None``: a guessed byte count would silently poison every model built on i
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections import deque
 from functools import lru_cache
@@ -264,22 +263,36 @@ def _args_keys(args: list[dict[str, Any] | None]) -> Any:
 
 
 def _args_key(args: dict[str, Any] | None) -> Any:
-    """What :func:`_merge_sources` reads of one source, less the values of ``seq`` and ``Comms
-    Id`` (their presence stays): its pickle, equal only for the same keys in the same order with
-    values of the same types and contents (1, 1.0 and True differ). An empty source is None, as
-    no source; one that does not pickle is a combination of its own."""
+    """What :func:`_merge_sources` and the group lookup read of one source, less the values of
+    ``seq``, ``Comms Id`` (their presence stays) and ``pg_ranks`` (as :class:`_GroupLookup` keys
+    it, by its tuple): its keys in order and the identity of each other value. Sources built from
+    the same combination of fields share those objects (``analyzer.ingest.columns``); equal values
+    held by other objects only make more combinations. An empty source is None, as no source."""
     if not args:
         return None
-    if "seq" in args or "comms_id" in args:
-        args = dict(args)
-        if "seq" in args:
-            args["seq"] = None
-        if "comms_id" in args:
-            args["comms_id"] = None
+    ids = list(map(id, args.values()))
+    names = tuple(args)
+    for i in _per_row_slots(names):
+        ids[i] = None
+    return names, tuple(ids), _ranks_key(args.get("pg_ranks"))
+
+
+def _ranks_key(ranks: Any) -> Any:
+    """``tuple(ranks)``, the group lookup's key; the object's identity where that is no key
+    (a hand-made value the lookup would refuse, or that no lookup reads: an op's)."""
+    if ranks is None:
+        return None
     try:
-        return pickle.dumps(args, protocol=5)
-    except Exception:  # noqa: BLE001  (whatever a hand-made value raises)
-        return object()
+        key = tuple(ranks)
+        hash(key)
+    except TypeError:
+        return id(ranks)
+    return key
+
+
+@lru_cache(maxsize=1024)
+def _per_row_slots(names: tuple) -> tuple[int, ...]:
+    return tuple(i for i, name in enumerate(names) if name in ("seq", "comms_id", "pg_ranks"))
 
 
 class _Combination:
