@@ -9,15 +9,19 @@ stay ``None``: a guessed byte count would silently poison every model built on i
 from __future__ import annotations
 
 import re
+from collections import deque
 from functools import lru_cache
 from itertools import repeat
+from operator import setitem
 from typing import Any
 
 import numpy as np
 
+from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
 from analyzer.ingest.classify import fsdp_module_of
+from analyzer.ingest.columns import _take, factorize
 from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
 from analyzer.ingest.trace import GpuKind, Marker, RankTrace
 
@@ -153,7 +157,13 @@ def sizes_from_input_dims(op_name: str, dims: Any, types: Any) -> tuple[int | No
 
 
 def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> list[dict[str, Any]]:
-    """One row per communication kernel of this rank (CPU-side ops when it has no GPU comm)."""
+    """One row per communication kernel of this rank (CPU-side ops when it has no GPU comm).
+
+    A collective's metadata repeats (the same group, collective, dtype and sizes; only its
+    ``seq``, ``Comms Id`` and times differ), so everything its sources decide is worked out once
+    per distinct combination of them (:func:`_combinations`), and the rows are built in C-level
+    passes from that and the per-row columns (issue 13). Rows whose kind is inferred, or that
+    carry a ``collective_source``, are built one by one (:func:`_row`)."""
     gpu = rank.gpu
     rows_idx = np.flatnonzero(gpu.kind == GpuKind.COMM)
     if len(rows_idx) == 0:
@@ -165,41 +175,169 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     module_row = _module_markers(rank, ts, thread)
     compute = compute_union(gpu)
     covered = iv.covered_length(compute, gpu.ts[rows_idx], gpu.end[rows_idx])
-    names = [rank.strings[i] for i in gpu.name[rows_idx].tolist()]
-    kernels = [lookup(name) for name in names]  # cached per unique name
-    marker_names = m.name.tolist()
-    op_names = [rank.strings[marker_names[row]] if row >= 0 else None for row in op_row.tolist()]
-    metas = [_merge_sources(rank.kernel_comm_args.get(row),
-                            m.comm_args.get(params) if params >= 0 else None,
-                            m.comm_args.get(op) if op >= 0 else None,
-                            op_name, name, kernel)
-             for row, params, op, op_name, name, kernel
-             in zip(rows_idx.tolist(), params_row.tolist(), op_row.tolist(), op_names, names, kernels)]
-    _kinds_from_stream_order(rank, gpu, rows_idx, metas, kernels, params_row, op_row)
-    amd = _on_amd(rank)
-    groups = _GroupLookup(rank)
+    sources = _Sources(rank, rows_idx, params_row, op_row)
+    combos = _combinations(rank, sources)
     # Times as columns, each element then rounded by Python's round (correctly rounded, as the
     # row-by-row code did: numpy's rounding can differ in the last digit).
     dur = gpu.end[rows_idx] - gpu.ts[rows_idx]
     start_us = _us3(gpu.ts[rows_idx] - origin_ns)
     dur_us, exposed_us = _us3(dur), _us3(dur - covered.astype(np.int64))
-    launch_us = _us3(ts - origin_ns)
-    steps = att.step[rows_idx].tolist()
-    phases = att.phase[rows_idx].tolist()
+    launch_us = [us if linked else None for us, linked in zip(_us3(ts - origin_ns), (thread >= 0).tolist())]
+    steps = [step if step != NO_STEP else None for step in att.step[rows_idx].tolist()]
+    phases = _take(PHASES, att.phase[rows_idx])
     streams = gpu.stream[rows_idx].tolist()
-    linked = (thread >= 0).tolist()
-    modules = module_row.tolist()
-    out = []
-    for k, meta in enumerate(metas):
-        sole_group = kernels[k] is not None and kernels[k].library in NCCL_NAMED
-        out.append(_row(rank.rank, meta, groups.of(meta, sole_group), step=steps[k] if steps[k] != NO_STEP else None,
-                        phase=PHASES[phases[k]], stream=streams[k], start_us=start_us[k], dur_us=dur_us[k],
-                        exposed_us=exposed_us[k], launch_us=launch_us[k] if linked[k] else None, kernel=names[k],
-                        library=_library(kernels[k], amd),
-                        module=fsdp_module_of(rank.strings[m.name[modules[k]]]) if modules[k] >= 0 else None,
-                        on_gpu=True))
+    modules = _module_names(rank, module_row)
+    codes = sources.codes
+    seqs, comms_ids = sources.per_row("seq", combos.seq_from), sources.per_row("comms_id", combos.comms_id_from)
+    # Each row: its combination's row (a C-level clone), then its own fields set column by column
+    # (keys already in place: the order stays).
+    out = list(map(dict.copy, _take(combos.rows, codes)))
+    for key, column in (("seq", seqs), ("comms_id", comms_ids), ("step", steps), ("phase", phases),
+                        ("stream", streams), ("start_us", start_us), ("dur_us", dur_us), ("exposed_us", exposed_us),
+                        ("launch_us", launch_us), ("module", modules)):
+        deque(map(setitem, out, repeat(key), column), 0)
+    inferred = _kinds_from_stream_order(rank, gpu, rows_idx, combos.metas, combos.kernels, codes, params_row, op_row)
+    for k in sorted(set(np.flatnonzero(combos.sourced[codes]).tolist()) | set(inferred)):
+        meta = sources.meta(k)
+        if k in inferred:
+            meta["collective"], meta["collective_source"] = inferred[k], "stream order of CPU collectives"
+        c = codes[k]
+        out[k] = _row(rank.rank, meta, combos.rows[c]["group"], step=steps[k], phase=phases[k], stream=streams[k],
+                      start_us=start_us[k], dur_us=dur_us[k], exposed_us=exposed_us[k], launch_us=launch_us[k],
+                      kernel=combos.rows[c]["kernel"], library=combos.rows[c]["library"], module=modules[k],
+                      on_gpu=True)
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return out
+
+
+class _Sources:
+    """The metadata sources of each communication kernel: its own args, the enclosing
+    ``record_param_comms`` op's, the ``nccl:*``/``c10d::*`` op's and that op's name; and
+    ``codes``, the number of each kernel's distinct combination of them (first seen first),
+    where two args count the same when they differ only in ``seq`` and ``Comms Id`` values."""
+
+    def __init__(self, rank: RankTrace, rows_idx: np.ndarray, params_row: np.ndarray, op_row: np.ndarray) -> None:
+        m = rank.markers
+        self.rank = rank
+        self.name = gpu_names = rank.gpu.name[rows_idx].tolist()
+        self.kernel_args = _args_at(rank.kernel_comm_args, rows_idx)
+        self.params_args = _args_at(m.comm_args, params_row)
+        self.op_args = _args_at(m.comm_args, op_row)
+        self.op_name = np.where(op_row >= 0, m.name[np.maximum(op_row, 0)], -1).tolist() if len(m.name) else \
+            [-1] * len(op_row)
+        self.codes, _ = factorize(zip(gpu_names, _args_keys(self.kernel_args), _args_keys(self.params_args),
+                                      _args_keys(self.op_args), self.op_name))
+
+    def meta(self, k: int) -> dict[str, Any]:
+        """Kernel ``k``'s merged metadata (:func:`_merge_sources`), its own."""
+        strings = self.rank.strings
+        name = strings[self.name[k]]
+        return _merge_sources(self.kernel_args[k], self.params_args[k], self.op_args[k],
+                              strings[self.op_name[k]] if self.op_name[k] >= 0 else None, name, lookup(name))
+
+    def per_row(self, key: str, source: np.ndarray) -> list[Any]:
+        """Each kernel's ``key`` in its merged metadata, from the source its combination names
+        (0: none, 1: the kernel's args, 2: record_param_comms')."""
+        where = source[self.codes]
+        if (where == 2).all():  # the usual: record_param_comms' args
+            return list(map(dict.get, self.params_args, repeat(key)))
+        values: list[Any] = [None] * len(self.codes)
+        for k in np.flatnonzero(where == 1).tolist():
+            values[k] = self.kernel_args[k][key]
+        for k in np.flatnonzero(where == 2).tolist():
+            values[k] = self.params_args[k].get(key)
+        return values
+
+
+def _args_at(args: dict[int, dict[str, Any]], rows: np.ndarray) -> list[dict[str, Any] | None]:
+    """``args.get(row)`` of each row, None for -1 (no such marker)."""
+    found = list(map(args.get, rows.tolist()))
+    if -1 in args:  # only a hand-made trace keys a row -1
+        found = [None if row < 0 else value for row, value in zip(rows.tolist(), found)]
+    return found
+
+
+def _args_keys(args: list[dict[str, Any] | None]) -> Any:
+    """:func:`_args_key` of each source (a C-level check when there are none)."""
+    return map(_args_key, args) if any(args) else repeat(None, len(args))
+
+
+def _args_key(args: dict[str, Any] | None) -> Any:
+    """What :func:`_merge_sources` and the group lookup read of one source, less the values of
+    ``seq``, ``Comms Id`` (their presence stays) and ``pg_ranks`` (as :class:`_GroupLookup` keys
+    it, by its tuple): its keys in order and the identity of each other value. Sources built from
+    the same combination of fields share those objects (``analyzer.ingest.columns``); equal values
+    held by other objects only make more combinations. An empty source is None, as no source."""
+    if not args:
+        return None
+    ids = list(map(id, args.values()))
+    names = tuple(args)
+    for i in _per_row_slots(names):
+        ids[i] = None
+    return names, tuple(ids), _ranks_key(args.get("pg_ranks"))
+
+
+def _ranks_key(ranks: Any) -> Any:
+    """``tuple(ranks)``, the group lookup's key; the object's identity where that is no key
+    (a hand-made value the lookup would refuse, or that no lookup reads: an op's)."""
+    if ranks is None:
+        return None
+    try:
+        key = tuple(ranks)
+        hash(key)
+    except TypeError:
+        return id(ranks)
+    return key
+
+
+@lru_cache(maxsize=1024)
+def _per_row_slots(names: tuple) -> tuple[int, ...]:
+    return tuple(i for i, name in enumerate(names) if name in ("seq", "comms_id", "pg_ranks"))
+
+
+class _Combination:
+    """Everything a row takes from its combination of sources, by combination number."""
+
+    def __init__(self) -> None:
+        self.metas: list[dict[str, Any]] = []  # the merged metadata of its first kernel
+        self.kernels: list[CommKernel | None] = []
+        self.rows: list[dict[str, Any]] = []  # its row (:func:`_row`), the per-kernel fields None
+        self.seq_from = self.comms_id_from = self.sourced = np.empty(0)
+
+
+def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
+    """The row fields of each distinct combination of sources, from its first kernel."""
+    amd = _on_amd(rank)
+    groups = _GroupLookup(rank)
+    combos = _Combination()
+    seq_from, comms_id_from, sourced = [], [], []
+    for k in np.unique(sources.codes, return_index=True)[1].tolist():
+        meta = sources.meta(k)
+        name = rank.strings[sources.name[k]]
+        kernel = lookup(name)
+        group = groups.of(meta, kernel is not None and kernel.library in NCCL_NAMED)
+        combos.rows.append(_row(rank.rank, meta, group, step=None, phase="", stream=None, start_us=0.0, dur_us=0.0,
+                                exposed_us=None, launch_us=None, kernel=name, library=_library(kernel, amd),
+                                module=None, on_gpu=True))
+        combos.metas.append(meta)
+        combos.kernels.append(kernel)
+        kernel_args, params_args = sources.kernel_args[k], sources.params_args[k]
+        # The merge: the kernel's args win, record_param_comms fills the rest.
+        seq_from.append(1 if kernel_args and "seq" in kernel_args else 2 if params_args else 0)
+        comms_id_from.append(1 if kernel_args and "comms_id" in kernel_args else 2 if params_args else 0)
+        sourced.append(bool(meta.get("collective_source")))
+    combos.seq_from, combos.comms_id_from = np.array(seq_from, dtype=np.int8), np.array(comms_id_from, dtype=np.int8)
+    combos.sourced = np.array(sourced, dtype=bool)
+    return combos
+
+
+def _module_names(rank: RankTrace, module_row: np.ndarray) -> list[str | None]:
+    """The FSDP module of each annotation row (-1: None), parsed once per distinct name."""
+    names = np.where(module_row >= 0, rank.markers.name[np.maximum(module_row, 0)], -1) if len(rank.markers.name) \
+        else np.full(len(module_row), -1)
+    present = arrays.unique(names)
+    table = dict(zip(present.tolist(), [fsdp_module_of(rank.strings[n]) if n >= 0 else None for n in present.tolist()]))
+    return list(map(table.__getitem__, names.tolist()))
 
 
 def _us3(ns: np.ndarray) -> list[float]:
@@ -255,16 +393,20 @@ def _on_amd(rank: RankTrace) -> bool:
 
 
 def _kinds_from_stream_order(rank: RankTrace, gpu, rows_idx: np.ndarray, metas: list[dict[str, Any]],
-                             kernels: list[CommKernel | None], params_row: np.ndarray, op_row: np.ndarray) -> None:
+                             kernels: list[CommKernel | None], codes: np.ndarray, params_row: np.ndarray,
+                             op_row: np.ndarray) -> dict[int, str]:
     """Generic NCCL kernels with no CPU link (their name says nothing of the collective): each
     takes the kind of the next CPU collective no kernel is linked to, in its stream's order.
     A stream runs one communicator's work in issue order, so the CPU collectives of the
-    stream's process group (when its linked kernels tell it) are the candidates."""
-    todo = [k for k, meta in enumerate(metas)
-            if meta["collective"] == "unknown" and kernels[k] is not None and kernels[k].generic
-            and params_row[k] < 0 and op_row[k] < 0]
+    stream's process group (when its linked kernels tell it) are the candidates. ``metas`` (the
+    merged metadata, read only) and ``kernels`` (the catalog entries) are by combination, ``codes``
+    each kernel's; gives the kind of each kernel so inferred, by its index."""
+    generic = [meta["collective"] == "unknown" and kernel is not None and kernel.generic
+               for meta, kernel in zip(metas, kernels)]
+    todo = np.flatnonzero(np.array(generic, dtype=bool)[codes] & (params_row < 0) & (op_row < 0)).tolist()
+    inferred: dict[int, str] = {}
     if not todo:
-        return
+        return inferred
     m = rank.markers
     linked = set(params_row[params_row >= 0].tolist()) | set(op_row[op_row >= 0].tolist())
     free = []  # (start ns, collective, process group) of CPU collectives with no kernel
@@ -277,9 +419,9 @@ def _kinds_from_stream_order(rank: RankTrace, gpu, rows_idx: np.ndarray, metas: 
         if kind not in (None, "barrier"):
             free.append([int(m.ts[row]), kind, args.get("pg_name")])
     stream_pg: dict[int, Any] = {}
-    for k, meta in enumerate(metas):
-        if meta.get("pg_name") is not None:
-            stream_pg.setdefault(int(gpu.stream[rows_idx[k]]), meta["pg_name"])
+    for k, code in enumerate(codes.tolist()):
+        if metas[code].get("pg_name") is not None:
+            stream_pg.setdefault(int(gpu.stream[rows_idx[k]]), metas[code]["pg_name"])
     claimed = set(stream_pg.values())
     for k in sorted(todo, key=lambda k: int(gpu.ts[rows_idx[k]])):
         row = rows_idx[k]
@@ -288,8 +430,8 @@ def _kinds_from_stream_order(rank: RankTrace, gpu, rows_idx: np.ndarray, metas: 
                       and (c[2] == pg if pg is not None else c[2] not in claimed)), None)
         if match is not None:
             free.remove(match)
-            metas[k]["collective"] = match[1]
-            metas[k]["collective_source"] = "stream order of CPU collectives"
+            inferred[k] = match[1]
+    return inferred
 
 
 def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.ndarray:
@@ -298,9 +440,13 @@ def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.n
     best = np.full(len(ts), -1, dtype=np.int64)
     for kind in (Marker.FSDP_UNIT, Marker.FORWARD, Marker.BACKWARD):
         rows = innermost_marker(m, kind, ts, thread)
-        for k in np.flatnonzero((rows >= 0) & (best < 0)):
-            if fsdp_module_of(rank.strings[m.name[rows[k]]]) is not None:
-                best[k] = rows[k]
+        todo = np.flatnonzero((rows >= 0) & (best < 0))
+        names = m.name[rows[todo]]
+        present = arrays.unique(names)
+        fsdp = np.zeros(int(present.max()) + 1 if len(present) else 0, dtype=bool)  # by name, parsed once
+        fsdp[present] = [fsdp_module_of(rank.strings[n]) is not None for n in present.tolist()]
+        hit = todo[fsdp[names]] if len(todo) else todo
+        best[hit] = rows[hit]
     return best
 
 
