@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import arrays
+from analyzer.base.gc_pause import paused_gc
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
@@ -133,8 +134,12 @@ class RankOptions:
 def analyze_rank_file(path: str, options: RankOptions, origin_ns: int | None = None,
                       two_cores: bool = False) -> RankAnalysis:
     """``two_cores``: decode on this process and a helper (analyzer.ingest.parallel), for a job
-    whose only rank would otherwise leave a core idle."""
-    return analyze_rank(_load(path, options, two_cores), options, origin_ns)
+    whose only rank would otherwise leave a core idle. The cyclic collector is paused: the
+    decode and analysis make hundreds of thousands of objects and no cycles, and a collection
+    would scan them all (~25 ms, a twentieth of a collective-heavy rank's map); what survives
+    (the summary) goes to the oldest generation unscanned, as the cache's entries do."""
+    with paused_gc(long_lived=True):
+        return analyze_rank(_load(path, options, two_cores), options, origin_ns)
 
 
 # The trace the main process loaded last, for the report's step timeline: a job whose map ran
