@@ -322,3 +322,31 @@ def test_flag_and_raw_columns_read_as_the_row_code_did():
     assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
     assert all(a is b for a, b in zip(view.comms_id, [r.get("comms_id") for r in rows], strict=True))
     assert all(a is b for a, b in zip(view.seq, [r.get("seq") for r in rows], strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.sampled_from([0, 0.0, 1, 2, 2.5, 7.25, -1.0, 2**60, 2**60 + 1, 10**400,
+                                                       float("nan"), "x", True]),
+                          st.integers(0, 2), st.sampled_from([1.0, 2.0])), max_size=25), st.integers(1, 6))
+def test_text_top_collectives_equal_the_plain_selection(rows, limit):
+    """The text view's candidates for the most exposed collectives, read as a column, against
+    the plain filter over every row: the same count, and the same top rows (ties in row order)."""
+    import heapq
+
+    from analyzer.reports.text import _exposed_rows
+    collectives = [{"exposed_us": e, "rank": r, "start_us": s} for e, r, s in rows]
+    plain = [c for c in collectives if c.get("exposed_us")]
+    shown, candidates = _exposed_rows(collectives, limit)
+    assert shown == len(plain)
+    assert [id(c) for c in candidates] == [id(c) for c in plain if any(c is d for d in candidates)]  # row order
+
+    def top(rows):
+        return [id(c) for c in heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))]
+    try:
+        expected = top(plain)
+    except TypeError:  # a string among them: both fail
+        with pytest.raises(TypeError):
+            top(candidates)
+        return
+    assert top(candidates) == expected
+
