@@ -350,3 +350,17 @@ def test_text_top_collectives_equal_the_plain_selection(rows, limit):
         return
     assert top(candidates) == expected
 
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(["allreduce", "reduce_scatter", "allgather"]),
+       st.sampled_from(["backward", "forward"]))
+def test_data_parallel_of_equals_the_row_filter(seed, kind, phase):
+    from types import SimpleNamespace
+
+    from analyzer.job.facts import JobFacts
+    rows = _random_rows(seed)
+    result = SimpleNamespace(collectives=rows, collective_columns=None,
+                             job={"group_roles": {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}})
+    facts = JobFacts(result)
+    expected = [c for c in facts.data_parallel_collectives if c["collective"] == kind and c["phase"] == phase]
+    assert [id(c) for c in facts.data_parallel_of(kind, phase)] == [id(c) for c in expected]
