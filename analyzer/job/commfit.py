@@ -69,7 +69,7 @@ class GroupColumns:
                  index: np.ndarray | None = None) -> None:
         if view is None or index is None:
             view, index = CollectiveColumns(rows), np.arange(len(rows))
-        self.kinds = [view.kind.names[k] for k in view.kind.codes[index].tolist()]
+        self.kinds = list(map(view.kind.names.__getitem__, view.kind.codes[index].tolist()))
         self.sizes = view.size[index]
         self.on_gpu = view.on_gpu[index]
         durations = view.dur[index]
