@@ -132,7 +132,8 @@ def test_group_annotation_matches_the_per_row_model(n, s_star):
             for size, dur, wait, on_gpu in ((2**20, 100.0, 20.0, True), (None, 50.0, None, True),
                                             (3 * 10**9 + 7, 8000.5, None, False), (4096, 0.0, None, True),
                                             (1, 30.0, 30.0, True))]
-    commfit.annotate_group(rows, n, s_star)
+    _, codes = commfit.annotate_group(rows, n, s_star)
+    assert [commfit.BOUNDS[c] for c in codes.tolist()] == [r["bound"] for r in rows]
     for r in rows:
         time = r["dur_us"] - (r["wait_us"] or 0.0) if r["on_gpu"] else r["dur_us"]
         alg, bus = commfit.bandwidths(r["collective"], r["bytes"], time, n)

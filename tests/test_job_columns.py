@@ -82,15 +82,18 @@ def test_size_buckets_match_size_bucket():
     assert commfit.size_buckets(sizes).tolist() == [commfit.size_bucket(int(s)) for s in sizes]
 
 
-def test_summarize_cells_against_a_plain_grouping():
-    """Cells by (group name, kind, power-of-two bucket) with counts and extremes, by hand."""
+@pytest.mark.parametrize("huge", [False, True])
+def test_summarize_cells_against_a_plain_grouping(huge):
+    """Cells by (group name, kind, power-of-two bucket) with counts and extremes, by hand (sizes
+    beyond 2**53, not exact as floats, too)."""
     rng = np.random.default_rng(5)
     groups = [{"name": "0", "ranks": [0, 1]}, {"name": "1", "ranks": [0, 1]}, None]
     rows = []
     for _ in range(400):
+        size = int(rng.integers(1, 1 << 30)) * (2**40 + 1 if huge else 1)
         rows.append({"collective": ["allreduce", "allgather"][int(rng.integers(2))],
                      "group": groups[int(rng.integers(3))],
-                     "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 30)),
+                     "bytes": None if rng.random() < 0.1 else [size, float(size)][int(rng.integers(2))],
                      "dur_us": float(rng.uniform(1, 100)), "wait_us": float(rng.uniform(0, 1)),
                      "busbw_gbps": None, "bound": None})
     out = commfit.summarize(rows)
@@ -98,11 +101,13 @@ def test_summarize_cells_against_a_plain_grouping():
     for r in rows:
         if r["bytes"] is not None:
             name = (r["group"] or {}).get("name")
-            expected.setdefault((str(name), r["collective"], r["bytes"].bit_length() - 1), []).append(r)
+            expected.setdefault((str(name), r["collective"], int(r["bytes"]).bit_length() - 1), []).append(r)
     assert [(c["group"] if c["group"] is None else str(c["group"]), c["collective"], c["count"]) for c in out] == \
         [(None if k[0] == "None" else k[0], k[1], len(v)) for k, v in sorted(expected.items())]
     for cell, (_, members) in zip(out, sorted(expected.items())):
-        assert cell["bytes_min"] == min(r["bytes"] for r in members)
+        for got, plain in ((cell["bytes_min"], min(r["bytes"] for r in members)),
+                           (cell["bytes_max"], max(r["bytes"] for r in members))):
+            assert repr(got) == repr(plain)  # the first extreme, int or float as written
         assert cell["transfer_us_min"] == round(min(r["dur_us"] - r["wait_us"] for r in members), 3)
 
 
@@ -364,3 +369,17 @@ def test_data_parallel_of_equals_the_row_filter(seed, kind, phase):
     facts = JobFacts(result)
     expected = [c for c in facts.data_parallel_collectives if c["collective"] == kind and c["phase"] == phase]
     assert [id(c) for c in facts.data_parallel_of(kind, phase)] == [id(c) for c in expected]
+
+
+def test_summarize_reads_the_fits_bounds_as_the_rows_give_them():
+    """The collective summary from the job analysis's columns (sizes, the fits' bound codes)
+    equals the one read from the rows alone, on sample jobs."""
+    from pathlib import Path
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    for job in (root / "synthetic" / "ddp_straggler", root / "cpu_gloo" / "fsdp2_tp"):
+        result = diagnose([str(job)], DiagnoseOptions(workers=1))
+        assert "bound" in result.collective_columns.extra
+        assert commfit.summarize(result.collectives, result.collective_columns) == result.collective_summary
+        assert commfit.summarize(result.collectives) == result.collective_summary

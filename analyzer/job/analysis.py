@@ -72,6 +72,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     bounds_at = np.searchsorted(key_code[order], np.arange(len(keys) + 1))
     members = {key: order[bounds_at[code]:bounds_at[code + 1]] for code, key in enumerate(keys)}
     busbw_column = np.full(view.n, np.nan)
+    bound_column = np.zeros(view.n, dtype=np.int64)  # commfit.BOUNDS codes
     groups = []
     for key in sorted(members, key=str):
         index = members[key]
@@ -90,7 +91,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             ab = commfit.fit_alpha_beta(list(compress(cols.kinds, gpu.tolist())),
                                         cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
         s_star = ab.s_star_bytes
-        busbw = commfit.annotate_group(group_rows, n, s_star, cols)
+        busbw, bound_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
         busbw_column[index] = group_busbw = np.array(busbw, dtype=float)  # None: NaN
         gpu_busbw = group_busbw[gpu & ~np.isnan(group_busbw)]
         groups.append({
@@ -107,4 +108,5 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if len(gpu_busbw) else None,
         })
     view.set("busbw_gbps", busbw_column)
+    view.set("bound", bound_column)
     return groups
