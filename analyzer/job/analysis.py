@@ -89,7 +89,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
         else:
             ab = commfit.fit_alpha_beta(list(compress(cols.kinds, gpu.tolist())),
-                                        cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
+                                        cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
         busbw, bound_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
         busbw_column[index] = group_busbw = np.array(busbw, dtype=float)  # None: NaN

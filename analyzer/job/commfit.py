@@ -199,27 +199,30 @@ def lower_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     return best
 
 
-def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n: int,
+def fit_alpha_beta(kinds: list[str], sizes: list[int] | np.ndarray, times_us: list[float] | np.ndarray, n: int,
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
-    """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
+    """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time;
+    S and t as lists or arrays).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
     kind, names = categorical(kinds, len(kinds))  # the per-kind figures once per kind
     usable = [has_bus_model(k, n) for k in names]
     factor = np.array([busbw_factor(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
     hop = np.array([hops(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
     # None: no size, left out as 0 is
-    s = np.array([0.0 if v is None else v for v in sizes] if None in sizes else sizes, float)
+    if isinstance(sizes, np.ndarray):  # NaN: no size
+        s = np.where(np.isnan(sizes), 0.0, sizes).astype(float)
+    else:
+        s = np.array([0.0 if v is None else v for v in sizes] if None in sizes else sizes, float)
     t = np.asarray(times_us, float)
     with np.errstate(invalid="ignore"):
         keep = ~np.isnan(factor) & (s != 0) & (t > 0)  # kinds with a model, s and t truthy, t > 0
     px, py = s[keep] * factor[keep] / hop[keep], t[keep] / hop[keep]
-    points = list(zip(px.tolist(), py.tolist()))
     sized = np.array([modelled(k) for k in names], dtype=bool)[kind] & (s != 0)  # a known size of a modelled kind
     distinct = len(set(s[sized].tolist()))
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
-        return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
+        return _beta_only(list(zip(px.tolist(), py.tolist())), alpha_fb, beta_fb, where, distinct, source)
     x, y = envelope(px, py)
     line = lower_line(x, y)
     if line is None:
@@ -232,7 +235,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                          f"(median gap {100 * gap:.0f}% to the best line)", source)
     beta = 1e-3 / c  # y µs = x B · c  ->  β GB/s = 1e-3 / c
     return AlphaBeta(round(alpha, 4), round(beta, 3),
-                     f"lower-envelope fit of {len(points)} collectives ({distinct} distinct sizes, "
+                     f"lower-envelope fit of {len(px)} collectives ({distinct} distinct sizes, "
                      f"{len(x)} size buckets)", "fit", len(x))
 
 
