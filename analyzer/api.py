@@ -127,7 +127,9 @@ def add_report_sections(result: Result, options: DiagnoseOptions, step: int | No
 
     def store(paths: list[str], rank_options: RankOptions, origin_ns: int, timelines: list[dict[str, Any]]) -> None:
         store_step_timelines(paths, rank_options, origin_ns, timelines, options.cache_dir)
-    result.timeline = report_timeline(result.to_dict(), result, step, options.rank_options(), read, store)
+    # the document without a dict per DDP bucket: the timeline never reads them
+    doc = job_result.result_to_dict(result, plain=False)
+    result.timeline = report_timeline(doc, result, step, options.rank_options(), read, store)
     for rank in result.ranks:
         rank.kernels = None
     forget_loaded()

@@ -9,10 +9,12 @@ from typing import Any, Iterator
 def render(result: Any, fmt: str, timestamp: bool = False) -> str:
     """``result`` (a Result) as ``text``, ``json`` or ``html``. ``timestamp``: HTML shows the
     generation time (off by default so the bytes are reproducible)."""
-    doc = result.to_dict()
     if fmt == "json":
         from analyzer.reports.json_report import JsonRenderer
-        return JsonRenderer().render(doc)
+        return JsonRenderer().render(result.to_dict())
+    from analyzer.job.result import result_to_dict
+    # The views never read the DDP buckets: left as they are (no dict per bucket)
+    doc = result_to_dict(result, plain=False)
     if fmt == "html":
         from datetime import datetime, timezone
 

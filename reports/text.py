@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import heapq
 import textwrap
+from itertools import repeat
+from operator import is_not
 from typing import Any
+
+import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_us
 
@@ -159,10 +163,9 @@ def _tree(doc: dict[str, Any]) -> list[str]:
 
 
 def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
-    rows = [c for c in doc["collectives"] if c.get("exposed_us")]
-    if not rows:
+    shown, rows = _exposed_rows(doc["collectives"], limit)
+    if not shown:
         return ["No exposed communication." if doc["collectives"] else "No communication kernels.", ""]
-    shown = len(rows)
     # The first ``limit`` of the sorted rows (ties in row order, as a stable sort), without
     # sorting hundreds of thousands of rows of a large job.
     rows = heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
@@ -175,6 +178,30 @@ def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
         lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} {size:>10} "
                      f"{c['dur_us']:>10,.0f} {c['exposed_us']:>11,.0f}  {group}")
     return lines + [""]
+
+
+def _exposed_rows(collectives: list[dict[str, Any]], limit: int) -> tuple[int, list[dict[str, Any]]]:
+    """(how many rows have exposed time (a truthy ``exposed_us``), those of them that can be
+    among the ``limit`` most exposed, in row order): the rows whose exposed time is at least
+    the ``limit``-th largest, read as a column (a float is never above a larger exact value,
+    so no row of the top is left out). All of them where the values are not plain numbers."""
+    values = list(map(dict.get, collectives, repeat("exposed_us")))
+    exposed = None
+    if set(map(type, values)) <= {float, int, type(None)}:
+        try:
+            exposed = np.array(values, dtype=float)  # None: NaN
+        except OverflowError:  # an int beyond the floats
+            pass
+    known = np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values))
+    if exposed is None or np.isnan(exposed[known]).any():  # not plain numbers, or NaN
+        rows = [c for c in collectives if c.get("exposed_us")]
+        return len(rows), rows
+    index = np.flatnonzero(known & (exposed != 0))
+    shown = len(index)
+    if shown > limit:
+        threshold = np.partition(exposed[index], shown - limit)[shown - limit]
+        index = index[exposed[index] >= threshold]
+    return shown, list(map(collectives.__getitem__, index.tolist()))
 
 
 def _groups(doc: dict[str, Any]) -> list[str]:

@@ -99,16 +99,16 @@ class CommBoundStep(Rule):
 
     @staticmethod
     def _ddp_rows(facts):
-        rows = []
-        for s in ddp_steps(facts, need_link=False):
-            t_comm = backward_transfer_us(facts, s.rank, s.step)
-            bound = models.critical_overlap(t_comm, s.backward_us, s.first_wait_us)
-            view = facts.step_view(s.rank, s.step)
-            rows.append({"kind": "ddp", "rank": s.rank, "step": s.step, "t_comm_us": t_comm,
-                         "t_window_us": s.backward_us, "wait_us": s.first_wait_us,
-                         "min_bubble_us": bound.min_bubble_us, "exposed_us": view.exposed_comm_us,
-                         "collectives": "backward all-reduce (DDP gradient buckets)"})
-        return rows
+        steps = ddp_steps(facts, need_link=False)  # a large job has thousands: the bound of all at once
+        t_comm = [backward_transfer_us(facts, s.rank, s.step) for s in steps]
+        backward = [s.backward_us for s in steps]
+        wait = [s.first_wait_us for s in steps]
+        bubbles = models.critical_overlap_bubbles(t_comm, backward, wait)
+        return [{"kind": "ddp", "rank": s.rank, "step": s.step, "t_comm_us": comm, "t_window_us": window,
+                 "wait_us": first_wait, "min_bubble_us": bubble,
+                 "exposed_us": facts.step_view(s.rank, s.step).exposed_comm_us,
+                 "collectives": "backward all-reduce (DDP gradient buckets)"}
+                for s, comm, window, first_wait, bubble in zip(steps, t_comm, backward, wait, bubbles)]
 
     @staticmethod
     def _window_rows(facts):

@@ -58,8 +58,7 @@ class Fp32GradientComm(Rule):
         facts = ctx.facts
         fsdp = facts.strategy.startswith("fsdp")
         kind = "reduce_scatter" if fsdp else "allreduce"
-        grads = [c for c in facts.data_parallel_collectives if c["collective"] == kind
-                 and c["phase"] == "backward"]
+        grads = facts.data_parallel_of(kind, "backward")
         if not grads or not all(c["dtype"] == "f32" for c in grads):
             return []
         low_share = median(v.low_precision_compute_us / v.compute_us for v in facts.steps if v.compute_us)

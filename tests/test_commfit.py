@@ -132,10 +132,26 @@ def test_group_annotation_matches_the_per_row_model(n, s_star):
             for size, dur, wait, on_gpu in ((2**20, 100.0, 20.0, True), (None, 50.0, None, True),
                                             (3 * 10**9 + 7, 8000.5, None, False), (4096, 0.0, None, True),
                                             (1, 30.0, 30.0, True))]
-    commfit.annotate_group(rows, n, s_star)
+    _, codes = commfit.annotate_group(rows, n, s_star)
+    assert [commfit.BOUNDS[c] for c in codes.tolist()] == [r["bound"] for r in rows]
     for r in rows:
         time = r["dur_us"] - (r["wait_us"] or 0.0) if r["on_gpu"] else r["dur_us"]
         alg, bus = commfit.bandwidths(r["collective"], r["bytes"], time, n)
         assert r["algbw_gbps"] == (None if alg is None else round(alg, 4)), r
         assert r["busbw_gbps"] == (None if bus is None else round(bus, 4)), r
         assert r["bound"] == commfit.bound_of(r["collective"], r["bytes"], n, s_star), r
+
+
+@pytest.mark.parametrize("case", ["envelope", "few sizes", "flat"])
+def test_fit_takes_arrays_as_it_takes_lists(case):
+    """fit_groups hands the sizes and times over as arrays (NaN for no size, as None is)."""
+    if case == "envelope":
+        kinds, sizes, times = inflated_points(12.0, 45.0, 16)
+    elif case == "few sizes":
+        kinds, sizes, times = ["allgather"] * 4, [10**8, 10**8, None, 10**6], [900.0, 950.0, 3.0, 20.0]
+    else:
+        kinds, sizes, times = ["allreduce"] * 3, [1000, 10**6, 10**8], [500.0, 400.0, 300.0]
+    plain = commfit.fit_alpha_beta(kinds, sizes, times, 16, PROFILE)
+    arrays = commfit.fit_alpha_beta(kinds, np.array([np.nan if v is None else v for v in sizes], dtype=float),
+                                    np.array(times), 16, PROFILE)
+    assert repr(arrays) == repr(plain)

@@ -82,15 +82,18 @@ def test_size_buckets_match_size_bucket():
     assert commfit.size_buckets(sizes).tolist() == [commfit.size_bucket(int(s)) for s in sizes]
 
 
-def test_summarize_cells_against_a_plain_grouping():
-    """Cells by (group name, kind, power-of-two bucket) with counts and extremes, by hand."""
+@pytest.mark.parametrize("huge", [False, True])
+def test_summarize_cells_against_a_plain_grouping(huge):
+    """Cells by (group name, kind, power-of-two bucket) with counts and extremes, by hand (sizes
+    beyond 2**53, not exact as floats, too)."""
     rng = np.random.default_rng(5)
     groups = [{"name": "0", "ranks": [0, 1]}, {"name": "1", "ranks": [0, 1]}, None]
     rows = []
     for _ in range(400):
+        size = int(rng.integers(1, 1 << 30)) * (2**40 + 1 if huge else 1)
         rows.append({"collective": ["allreduce", "allgather"][int(rng.integers(2))],
                      "group": groups[int(rng.integers(3))],
-                     "bytes": None if rng.random() < 0.1 else int(rng.integers(1, 1 << 30)),
+                     "bytes": None if rng.random() < 0.1 else [size, float(size)][int(rng.integers(2))],
                      "dur_us": float(rng.uniform(1, 100)), "wait_us": float(rng.uniform(0, 1)),
                      "busbw_gbps": None, "bound": None})
     out = commfit.summarize(rows)
@@ -98,11 +101,13 @@ def test_summarize_cells_against_a_plain_grouping():
     for r in rows:
         if r["bytes"] is not None:
             name = (r["group"] or {}).get("name")
-            expected.setdefault((str(name), r["collective"], r["bytes"].bit_length() - 1), []).append(r)
+            expected.setdefault((str(name), r["collective"], int(r["bytes"]).bit_length() - 1), []).append(r)
     assert [(c["group"] if c["group"] is None else str(c["group"]), c["collective"], c["count"]) for c in out] == \
         [(None if k[0] == "None" else k[0], k[1], len(v)) for k, v in sorted(expected.items())]
     for cell, (_, members) in zip(out, sorted(expected.items())):
-        assert cell["bytes_min"] == min(r["bytes"] for r in members)
+        for got, plain in ((cell["bytes_min"], min(r["bytes"] for r in members)),
+                           (cell["bytes_max"], max(r["bytes"] for r in members))):
+            assert repr(got) == repr(plain)  # the first extreme, int or float as written
         assert cell["transfer_us_min"] == round(min(r["dur_us"] - r["wait_us"] for r in members), 3)
 
 
@@ -322,3 +327,59 @@ def test_flag_and_raw_columns_read_as_the_row_code_did():
     assert view.module_known.tolist() == [r.get("module") is not None for r in rows]
     assert all(a is b for a, b in zip(view.comms_id, [r.get("comms_id") for r in rows], strict=True))
     assert all(a is b for a, b in zip(view.seq, [r.get("seq") for r in rows], strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.sampled_from([0, 0.0, 1, 2, 2.5, 7.25, -1.0, 2**60, 2**60 + 1, 10**400,
+                                                       float("nan"), "x", True]),
+                          st.integers(0, 2), st.sampled_from([1.0, 2.0])), max_size=25), st.integers(1, 6))
+def test_text_top_collectives_equal_the_plain_selection(rows, limit):
+    """The text view's candidates for the most exposed collectives, read as a column, against
+    the plain filter over every row: the same count, and the same top rows (ties in row order)."""
+    import heapq
+
+    from analyzer.reports.text import _exposed_rows
+    collectives = [{"exposed_us": e, "rank": r, "start_us": s} for e, r, s in rows]
+    plain = [c for c in collectives if c.get("exposed_us")]
+    shown, candidates = _exposed_rows(collectives, limit)
+    assert shown == len(plain)
+    assert [id(c) for c in candidates] == [id(c) for c in plain if any(c is d for d in candidates)]  # row order
+
+    def top(rows):
+        return [id(c) for c in heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))]
+    try:
+        expected = top(plain)
+    except TypeError:  # a string among them: both fail
+        with pytest.raises(TypeError):
+            top(candidates)
+        return
+    assert top(candidates) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(["allreduce", "reduce_scatter", "allgather"]),
+       st.sampled_from(["backward", "forward"]))
+def test_data_parallel_of_equals_the_row_filter(seed, kind, phase):
+    from types import SimpleNamespace
+
+    from analyzer.job.facts import JobFacts
+    rows = _random_rows(seed)
+    result = SimpleNamespace(collectives=rows, collective_columns=None,
+                             job={"group_roles": {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}})
+    facts = JobFacts(result)
+    expected = [c for c in facts.data_parallel_collectives if c["collective"] == kind and c["phase"] == phase]
+    assert [id(c) for c in facts.data_parallel_of(kind, phase)] == [id(c) for c in expected]
+
+
+def test_summarize_reads_the_fits_bounds_as_the_rows_give_them():
+    """The collective summary from the job analysis's columns (sizes, the fits' bound codes)
+    equals the one read from the rows alone, on sample jobs."""
+    from pathlib import Path
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    root = Path(__file__).resolve().parents[1] / "sample_traces"
+    for job in (root / "synthetic" / "ddp_straggler", root / "cpu_gloo" / "fsdp2_tp"):
+        result = diagnose([str(job)], DiagnoseOptions(workers=1))
+        assert "bound" in result.collective_columns.extra
+        assert commfit.summarize(result.collectives, result.collective_columns) == result.collective_summary
+        assert commfit.summarize(result.collectives) == result.collective_summary

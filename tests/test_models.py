@@ -488,3 +488,24 @@ def test_scaling_efficiency_and_roofline():
 def test_bad_inputs_raise_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+_OVERLAP_VALUES = (st.floats(-10.0, 1e7, allow_nan=False) | st.integers(-5, 10**6)
+                   | st.sampled_from([0.0, -0.0, float("nan"), float("inf"), True, 10**400]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_OVERLAP_VALUES, _OVERLAP_VALUES, _OVERLAP_VALUES), max_size=12))
+def test_critical_overlap_bubbles_equal_the_scalar_bound(steps):
+    """The many-steps bound gives each step's min_bubble_us bit for bit, or the scalar's error."""
+    def scalar():
+        return [m.critical_overlap(c, b, w).min_bubble_us for c, b, w in steps]
+    columns = [list(column) for column in zip(*steps)] if steps else [[], [], []]
+    try:
+        expected = scalar()
+    except (ValueError, OverflowError) as exc:
+        with pytest.raises(type(exc)) as got:
+            m.critical_overlap_bubbles(*columns)
+        assert str(got.value) == str(exc)
+        return
+    assert [repr(v) for v in m.critical_overlap_bubbles(*columns)] == [repr(v) for v in expected]

@@ -9,6 +9,7 @@ waits and stragglers, per-collective bandwidth, per-group α/β, MFU.
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -71,10 +72,11 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     bounds_at = np.searchsorted(key_code[order], np.arange(len(keys) + 1))
     members = {key: order[bounds_at[code]:bounds_at[code + 1]] for code, key in enumerate(keys)}
     busbw_column = np.full(view.n, np.nan)
+    bound_column = np.zeros(view.n, dtype=np.int64)  # commfit.BOUNDS codes
     groups = []
     for key in sorted(members, key=str):
         index = members[key]
-        group_rows = [rows[i] for i in index.tolist()]
+        group_rows = list(map(rows.__getitem__, index.tolist()))
         group = group_rows[0].get("group") or {}
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
@@ -86,12 +88,12 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         elif not gpu.any():
             ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
         else:
-            ab = commfit.fit_alpha_beta([k for k, g in zip(cols.kinds, gpu.tolist()) if g],
-                                        cols.sizes[gpu].tolist(), cols.transfer[gpu].tolist(), n, fallback)
+            ab = commfit.fit_alpha_beta(list(compress(cols.kinds, gpu.tolist())),
+                                        cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
-        busbw = commfit.annotate_group(group_rows, n, s_star, cols)
-        busbw_column[index] = [np.nan if b is None else b for b in busbw]
-        gpu_busbw = [b for b, g in zip(busbw, gpu.tolist()) if g and b is not None]
+        busbw, bound_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
+        busbw_column[index] = group_busbw = np.array(busbw, dtype=float)  # None: NaN
+        gpu_busbw = group_busbw[gpu & ~np.isnan(group_busbw)]
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
             "description": group.get("description"),
@@ -103,7 +105,8 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
             "fit": ab.fit, "fit_source": ab.source,
-            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if gpu_busbw else None,
+            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if len(gpu_busbw) else None,
         })
     view.set("busbw_gbps", busbw_column)
+    view.set("bound", bound_column)
     return groups

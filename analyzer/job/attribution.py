@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -66,7 +67,7 @@ def attribute_job(result: Any) -> None:
         exposed_sets = [_exposed_set(rank.exposed_intervals.get(str(e["step"]), []), origin) for e in entries]
         for entry, exposed, split in zip(entries, exposed_sets, rows.split_all(exposed_sets)):
             tb = entry["time_breakdown"]
-            wait_ns = sum(w for _, _, w in split)
+            wait_ns = sum(map(itemgetter(2), split))  # the waiting ns of each (row, owned, waiting)
             total = iv.total(exposed)
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
             tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)

@@ -69,7 +69,7 @@ class GroupColumns:
                  index: np.ndarray | None = None) -> None:
         if view is None or index is None:
             view, index = CollectiveColumns(rows), np.arange(len(rows))
-        self.kinds = [view.kind.names[k] for k in view.kind.codes[index].tolist()]
+        self.kinds = list(map(view.kind.names.__getitem__, view.kind.codes[index].tolist()))
         self.sizes = view.size[index]
         self.on_gpu = view.on_gpu[index]
         durations = view.dur[index]
@@ -83,11 +83,15 @@ def _waits(view: CollectiveColumns) -> np.ndarray:
     return np.where(np.isnan(waits), 0.0, waits)
 
 
+BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
+
+
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
-                   cols: GroupColumns | None = None) -> list[float | None]:
+                   cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
     duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks: the arithmetic
-    of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw values."""
+    of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw
+    values and the bounds as codes (``BOUNDS``)."""
     cols = cols or GroupColumns(rows)
     count, sizes, times = len(rows), cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in set(cols.kinds)}
@@ -108,7 +112,7 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         r["algbw_gbps"] = None if a != a else a
         r["busbw_gbps"] = b
         r["bound"] = bound if ok else None
-    return busbw
+    return busbw, np.where(has_bound, np.where(latency, 1, 2), 0)
 
 
 @lru_cache(maxsize=4096)
@@ -195,27 +199,30 @@ def lower_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     return best
 
 
-def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n: int,
+def fit_alpha_beta(kinds: list[str], sizes: list[int] | np.ndarray, times_us: list[float] | np.ndarray, n: int,
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
-    """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time).
+    """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time;
+    S and t as lists or arrays).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
     kind, names = categorical(kinds, len(kinds))  # the per-kind figures once per kind
     usable = [has_bus_model(k, n) for k in names]
     factor = np.array([busbw_factor(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
     hop = np.array([hops(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
     # None: no size, left out as 0 is
-    s = np.array([0.0 if v is None else v for v in sizes] if None in sizes else sizes, float)
+    if isinstance(sizes, np.ndarray):  # NaN: no size
+        s = np.where(np.isnan(sizes), 0.0, sizes).astype(float)
+    else:
+        s = np.array([0.0 if v is None else v for v in sizes] if None in sizes else sizes, float)
     t = np.asarray(times_us, float)
     with np.errstate(invalid="ignore"):
         keep = ~np.isnan(factor) & (s != 0) & (t > 0)  # kinds with a model, s and t truthy, t > 0
     px, py = s[keep] * factor[keep] / hop[keep], t[keep] / hop[keep]
-    points = list(zip(px.tolist(), py.tolist()))
     sized = np.array([modelled(k) for k in names], dtype=bool)[kind] & (s != 0)  # a known size of a modelled kind
     distinct = len(set(s[sized].tolist()))
     alpha_fb, beta_fb, where = fallback
     source = "profile" if beta_fb is not None else "none"
     if distinct < MIN_DISTINCT_SIZES:
-        return _beta_only(points, alpha_fb, beta_fb, where, distinct, source)
+        return _beta_only(list(zip(px.tolist(), py.tolist())), alpha_fb, beta_fb, where, distinct, source)
     x, y = envelope(px, py)
     line = lower_line(x, y)
     if line is None:
@@ -228,7 +235,7 @@ def fit_alpha_beta(kinds: list[str], sizes: list[int], times_us: list[float], n:
                          f"(median gap {100 * gap:.0f}% to the best line)", source)
     beta = 1e-3 / c  # y µs = x B · c  ->  β GB/s = 1e-3 / c
     return AlphaBeta(round(alpha, 4), round(beta, 3),
-                     f"lower-envelope fit of {len(points)} collectives ({distinct} distinct sizes, "
+                     f"lower-envelope fit of {len(px)} collectives ({distinct} distinct sizes, "
                      f"{len(x)} size buckets)", "fit", len(x))
 
 
@@ -252,11 +259,18 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     view = view if view is not None else CollectiveColumns(rows)
     index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
     sized = list(map(rows.__getitem__, index.tolist()))
-    sizes_list = list(map(itemgetter("bytes"), sized))
-    bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
-    group_code, names = view.group_keys(_group_name)
     count = len(sized)
-    bucket = np.fromiter(map(bucket_of.__getitem__, sizes_list), dtype=np.int64, count=count)
+    known = view.size[index]
+    # Sizes below 2**53 are exact in the column: buckets and each cell's extremes from it (the
+    # extreme's row gives the value as written); larger ones from the rows' values
+    exact = not count or float(np.abs(known).max()) < 2.0 ** 53
+    sizes_list = [] if exact else list(map(itemgetter("bytes"), sized))
+    if exact:
+        bucket = size_buckets(known)
+    else:
+        bucket_of = {size: size_bucket(size) for size in set(sizes_list)}  # a job has few distinct sizes
+        bucket = np.fromiter(map(bucket_of.__getitem__, sizes_list), dtype=np.int64, count=count)
+    group_code, names = view.group_keys(_group_name)
     kinds = view.kind.codes[index]
     # cells by (group name, kind, bucket), numbered in order of first appearance
     first, _, cell_of = distinct_rows([group_code[index], kinds, bucket])
@@ -264,19 +278,26 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     bounds_at = np.searchsorted(cell_of[order], np.arange(len(first) + 1))
     cells = {(names[group_code[index[i]]], view.kind.names[kinds[i]], int(bucket[i])):
              order[bounds_at[code]:bounds_at[code + 1]] for code, i in enumerate(first.tolist())}
-    sizes = np.fromiter(sizes_list, dtype=object, count=count)
+    sizes = None if exact else np.fromiter(sizes_list, dtype=object, count=count)
     transfer = (view.dur - _waits(view))[index]
     busbw = view.written("busbw_gbps")[index]
-    bounds = categorical(map(dict.get, sized, repeat("bound")), count)
+    codes = view.extra.get("bound")  # the fits' (fit_groups), else the rows'
+    bounds = Categorical(codes[index], list(BOUNDS)) if codes is not None else \
+        categorical(map(dict.get, sized, repeat("bound")), count)
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         cell_transfer, cell_busbw = transfer[members], busbw[members]
         cell_busbw = cell_busbw[~np.isnan(cell_busbw)]
-        cell_sizes = sizes[members]
+        if sizes is None:  # min() and max() of the values: the first row of the extreme (argmin's)
+            cell_known = known[members]
+            bytes_min = sized[int(members[np.argmin(cell_known)])]["bytes"]
+            bytes_max = sized[int(members[np.argmax(cell_known)])]["bytes"]
+        else:
+            bytes_min, bytes_max = min(sizes[members]), max(sizes[members])
         out.append({
             "group": group, "collective": kind, "size_bucket": bucket_label(bucket),
             "count": len(members),
-            "bytes_min": min(cell_sizes), "bytes_max": max(cell_sizes),
+            "bytes_min": bytes_min, "bytes_max": bytes_max,
             "transfer_us_min": round(float(cell_transfer.min()), 3),
             "transfer_us_median": round(float(np.median(cell_transfer)), 3),
             "busbw_gbps_median": round(float(np.median(cell_busbw)), 3) if cell_busbw.size else None,

@@ -180,8 +180,19 @@ class JobFacts:
     def data_parallel_collectives(self) -> list[dict[str, Any]]:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
+        return list(map(self.result.collectives.__getitem__, self._data_parallel_rows.tolist()))
+
+    @cached_property
+    def _data_parallel_rows(self) -> np.ndarray:
         keep = data_parallel_mask(CollectiveColumns.of(self.result), self.job.get("group_roles") or {})
-        return list(map(self.result.collectives.__getitem__, np.flatnonzero(keep).tolist()))
+        return np.flatnonzero(keep)
+
+    def data_parallel_of(self, kind: str, phase: str) -> list[dict[str, Any]]:
+        """``[c for c in data_parallel_collectives if c["collective"] == kind and c["phase"] ==
+        phase]``, chosen from the columns (no row is read)."""
+        view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
+        chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
+        return list(map(self.result.collectives.__getitem__, chosen.tolist()))
 
     def role_of(self, row: dict[str, Any]) -> str:
         """The role of a collective's process group (analyzer.job.parallelism)."""

@@ -50,7 +50,7 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
         collectives.extend(r.collectives)
         if r.timeline is not None:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
-    collectives.sort(key=lambda row: (row["rank"], row["start_us"], row["collective"]))
+    collectives.sort(key=itemgetter("rank", "start_us", "collective"))  # (rank, start_us, collective) tuples
     share_groups(collectives)
     view = CollectiveColumns(collectives)  # read once here, shared by the job analyses and rules
     warnings = _job_warnings(ranks)

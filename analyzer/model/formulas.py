@@ -607,6 +607,27 @@ def critical_overlap(t_comm_us: float, t_bwd_us: float,
     return OverlapBound(hidden=slack >= 0, min_bubble_us=max(0.0, -slack), slack_us=slack)
 
 
+def critical_overlap_bubbles(t_comm_us: Sequence[float], t_bwd_us: Sequence[float],
+                             t_first_bucket_wait_us: Sequence[float]) -> list[float]:
+    """``[critical_overlap(c, b, w).min_bubble_us ...]`` of many steps at once: the same floats
+    (and, at the first step whose figures are not valid, the same error)."""
+    columns = (t_comm_us, t_bwd_us, t_first_bucket_wait_us)
+    valid = all(type(v) in (int, float) for column in columns for v in column)
+    if valid:
+        try:
+            comm, backward, wait = (np.array(column, dtype=float) for column in columns)
+        except OverflowError:  # an int beyond the floats
+            valid = False
+    if valid:
+        with np.errstate(invalid="ignore"):
+            valid = bool((np.isfinite(comm) & (comm >= 0) & np.isfinite(backward) & (backward >= 0)
+                          & np.isfinite(wait) & (wait >= 0) & (wait <= backward)).all())
+    if not valid:  # the scalar's checks and error, step by step
+        return [critical_overlap(c, b, w).min_bubble_us for c, b, w in zip(*columns)]
+    short = -((backward - wait) - comm)  # -slack, the same float operations
+    return np.where(short > 0.0, short, 0.0).tolist()  # max(0.0, -slack)
+
+
 DEFAULT_CANDIDATE_CAPS_BYTES: tuple[int, ...] = tuple(
     mib * MIB for mib in (1, 2, 5, 10, 15, 25, 50, 100, 200))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from operator import add
+from operator import add, attrgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.facts import Link, StepView
+from analyzer.job.result import Bucket
 
 _IDLE_GAP_US = 2.0  # comm stream idle at least this long before a start: the start is a ready time
 _PIECE_BYTES = models.MIB  # re-bucketing granularity (DDP buckets hold whole gradients)
@@ -190,11 +191,14 @@ def why_no_ddp_steps(facts, need_link: bool = True) -> str:
 
 def _all_ddp_steps(facts) -> list[DdpStep]:
     out = []
+    keys = ("bytes", "start_us", "dur_us", "launch_us")
+    fields = attrgetter(*keys)  # a Bucket's (facts.bucket_fields), read here without a call per step
     for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         view: StepView | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
             continue
-        sizes, starts, durations, launches = facts.bucket_fields(buckets, ("bytes", "start_us", "dur_us", "launch_us"))
+        sizes, starts, durations, launches = zip(*map(fields, buckets)) if isinstance(buckets[0], Bucket) \
+            else facts.bucket_fields(buckets, keys)
         if None in sizes or None in starts:
             continue
         group = next((row["group"] for row in facts.collectives_of(rank, step)
