@@ -186,10 +186,11 @@ def _ns(us: np.ndarray) -> np.ndarray:
     return np.rint(us * 1000).astype(np.int64)
 
 
-def _exposed_set(pairs: list[list[int]], origin_ns: int) -> iv.IntervalSet:
-    if not pairs:
+def _exposed_set(flat: list[int], origin_ns: int) -> iv.IntervalSet:
+    """A step's exposed intervals (``RankAnalysis.exposed_intervals``: flat start, end pairs)."""
+    if not flat:
         return iv.EMPTY
-    array = np.asarray(pairs, dtype=np.int64) - origin_ns
+    array = np.asarray(flat, dtype=np.int64).reshape(-1, 2) - origin_ns
     return array[:, 0], array[:, 1]
 
 

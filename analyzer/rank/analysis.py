@@ -50,9 +50,11 @@ class RankAnalysis:
     event_count: int
     warnings: list[str] = field(default_factory=list)
     timeline: dict[str, Any] | None = None  # kernels of chosen steps, for the HTML report
-    # Per step (str(number)): its exposed-communication intervals [[start_ns, end_ns], ...] on
-    # this rank's clock, for the job analysis's wait/transfer split (analyzer.job.attribution).
-    exposed_intervals: dict[str, list[list[int]]] = field(default_factory=dict)
+    # Per step (str(number)): its exposed-communication intervals on this rank's clock, for the
+    # job analysis's wait/transfer split (analyzer.job.attribution), flat: [start_ns, end_ns,
+    # start_ns, end_ns, ...], one list per step rather than one small list per interval (a
+    # 64-rank job's cached entries held 750,000 of those: half their decode and conversion).
+    exposed_intervals: dict[str, list[int]] = field(default_factory=dict)
     # The typical step's time breakdown, set by the job analysis (analyzer.job.attribution).
     time_breakdown: dict[str, Any] | None = None
     # The kernels of every step, for the report's step timeline (RankOptions.keep_kernels): this
@@ -272,7 +274,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
                         "communication` or --comm-kernel): communication is zero for this rank")
     if len(gpu) and (att.launch_thread < 0).all():
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
-    exposed: dict[str, list[list[int]]] = {}
+    exposed: dict[str, list[int]] = {}
     steps = _per_step(trace, att, gpu, exposed)
     if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
         warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
@@ -305,7 +307,7 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
     return replace(trace, gpu=gpu, kernel_comm_args=args)
 
 
-def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -> list[dict[str, Any]]:
+def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list[dict[str, Any]]:
     numbers = sorted(int(s) for s in arrays.unique(att.step) if s != NO_STEP)
     steps = []
     firsts = {}
@@ -353,13 +355,13 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[list[int]]]) -
 
 
 def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
-                     exposed: dict[str, list[list[int]]]) -> None:
+                     exposed: dict[str, list[int]]) -> None:
     """Each step's time breakdown over its window (analyzer.rank.attribution)."""
     for entry in steps:
         start, end = step_window(firsts[entry["step"]], entry["step_time_us"])
         entry["time_breakdown"], intervals = timeline.step(start, end)
         entry["window_ns"] = [start, end]
-        exposed[str(entry["step"])] = np.stack(intervals, axis=1).tolist() if len(intervals[0]) else []
+        exposed[str(entry["step"])] = np.stack(intervals, axis=1).ravel().tolist()
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:

@@ -27,7 +27,7 @@ from analyzer.base.gc_pause import paused_gc
 from analyzer.run import entry as entry_codec
 from analyzer.rank.analysis import RankAnalysis, RankOptions, analyze_rank_file, step_timeline_file
 
-CACHE_FORMAT = 2  # 2: MessagePack, collective rows by column (analyzer.run.entry)
+CACHE_FORMAT = 3  # 2: MessagePack, collective rows by column (analyzer.run.entry); 3: flat exposed intervals
 RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
 MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
