@@ -7,6 +7,7 @@ import click
 from analyzer.api import load_run
 from analyzer.base.gc_pause import paused_gc
 from analyzer.base.progress import ProgressBar
+from analyzer.cli.main import keep_until_exit
 from analyzer.cli.options import config_option, emit, html_options, output_option, trace_options
 from analyzer.cli.rules import exit_code
 
@@ -34,4 +35,5 @@ def diagnose_command(paths, fmt, output, fail_on, options, html, config, config_
         emit(render_chunks(result, fmt, timestamp=html["timestamp"]), output, inputs)
         if html.get("file"):
             emit(render(result, "html", timestamp=html["timestamp"]), html["file"], inputs)
+    keep_until_exit(result)
     return exit_code(result.findings, fail_on)
