@@ -99,8 +99,7 @@ def test_console_exits_fast_with_full_output_exit_code_and_atexit(tmp_path, caps
     import sys
     path = two_step_ddp().write(tmp_path / "rank-0.json")
     code, expected, _ = run(capsys, "diagnose", str(path), "--format", "json", "--no-cache")
-    import analyzer.cli.main as cli_main
-    assert cli_main._KEPT is None  # main() in a process of its caller: no result held to the end
+    assert sys.modules["analyzer.cli.main"]._KEPT is None  # main() in a process of its caller: no result held to the end
     script = ("import atexit, sys\nfrom analyzer.cli.main import console\n"
               "atexit.register(lambda: sys.stderr.write('atexit ran'))\n"
               f"sys.argv = ['tracecliff', 'diagnose', {str(path)!r}, '--format', 'json', '--no-cache']\nconsole()\n")
