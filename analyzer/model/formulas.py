@@ -603,8 +603,14 @@ def critical_overlap(t_comm_us: float, t_bwd_us: float,
     wait = _nonneg("t_first_bucket_wait_us", t_first_bucket_wait_us)
     if wait > backward:
         raise ValueError(f"t_first_bucket_wait_us ({wait}) exceeds t_bwd_us ({backward})")
-    slack = backward - wait - comm
+    slack = _overlap_slack(comm, backward, wait)
     return OverlapBound(hidden=slack >= 0, min_bubble_us=max(0.0, -slack), slack_us=slack)
+
+
+def _overlap_slack(comm, backward, wait):
+    """``T_bwd − T_first_bucket_wait − T_comm`` of the critical overlap equation, for numbers or
+    arrays alike (the same float operations either way)."""
+    return backward - wait - comm
 
 
 def critical_overlap_bubbles(t_comm_us: Sequence[float], t_bwd_us: Sequence[float],
@@ -624,7 +630,7 @@ def critical_overlap_bubbles(t_comm_us: Sequence[float], t_bwd_us: Sequence[floa
                           & np.isfinite(wait) & (wait >= 0) & (wait <= backward)).all())
     if not valid:  # the scalar's checks and error, step by step
         return [critical_overlap(c, b, w).min_bubble_us for c, b, w in zip(*columns)]
-    short = -((backward - wait) - comm)  # -slack, the same float operations
+    short = -_overlap_slack(comm, backward, wait)
     return np.where(short > 0.0, short, 0.0).tolist()  # max(0.0, -slack)
 
 
