@@ -265,13 +265,13 @@ def _measured_link(entry: dict[str, Any] | None, base: Config) -> tuple[Link | N
     return base.link(entry["size"] / nodes, nodes), entry["size"]
 
 
+_NO_GROUP: dict[str, Any] = {}  # a row without a group, read as one without a name
+
+
 def _ratio_keys(rows: list[dict[str, Any]], role: str | None) -> list[tuple]:
     """What ``Durations.ratio`` of each row depends on (one comprehension: thousands of rows)."""
     return [(None if (name := (row.get("group") or _NO_GROUP).get("name")) is None else str(name),
              row["collective"], row.get("bytes"), bool(row.get("on_gpu")), role) for row in rows]
-
-
-_NO_GROUP: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
