@@ -25,6 +25,7 @@ from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import _clean
+from analyzer.rules.host import HOST_ACTIVITY
 
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
@@ -252,7 +253,8 @@ def _leaf_notes(typical: dict[str, Any]) -> tuple[str, str]:
     busiest = max(host, key=lambda k: (host[k], k)) if host else None
     if not busiest or not host[busiest] > 0:
         return exposed, ""
-    return exposed, f"; most while the host is in: {busiest.replace('_', ' ')} ({fmt_us(host[busiest])})"
+    activity = HOST_ACTIVITY.get(busiest, busiest.replace("_", " "))  # the findings' words
+    return exposed, f"; most while the host is in: {activity} ({fmt_us(host[busiest])})"
 
 
 # ----------------------------------------------------------------------------- per-rank bars

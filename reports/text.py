@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
 # Whole-trace columns, for ranks without a typical step (no ProfilerStep markers).
@@ -20,8 +21,6 @@ COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "c
 LEAF_COLUMNS = (("step time", "step_time_us"), ("compute only", "compute_only_us"),
                 ("waiting", "exposed_wait_us"), ("transfer", "exposed_transfer_us"),
                 ("other GPU", "other_gpu_us"), ("idle", "idle_us"))
-IDLE_NAMES = {"input": "data loader", "device_sync": "device sync", "launch": "kernel launches",
-              "unknown": "host elsewhere"}
 
 
 class TextRenderer:
@@ -143,7 +142,7 @@ def _tree(doc: dict[str, Any]) -> list[str]:
         if cells and exposed:
             splits.append(f"{title}: " + ", ".join(f"{label} {fmt_us(c['wait_us'] + c['transfer_us'])}"
                                                    for label, c in cells[:4]))
-    idle = sorted(((IDLE_NAMES.get(k, k), v) for k, v in (d.get("idle_by_host") or {}).items() if v),
+    idle = sorted(((HOST_ACTIVITY.get(k, k), v) for k, v in (d.get("idle_by_host") or {}).items() if v),
                   key=lambda kv: -kv[1])
     rows = [("├─ ", "compute only", tb["compute_only_us"], ""),
             ("├─ ", "exposed communication", exposed, ""),
@@ -156,7 +155,9 @@ def _tree(doc: dict[str, Any]) -> list[str]:
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
     if idle:
-        lines.append("           host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle))
+        # the findings' words for the same leaves (analyzer.rules.host)
+        lines += textwrap.wrap("host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle), WIDTH,
+                               initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
     lines += textwrap.wrap(f"waiting measured by: {tb.get('wait_source')}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
