@@ -259,3 +259,16 @@ def test_code_fingerprint_covers_the_whole_package(tmp_path, edited):
     with open(copy / edited, "a") as handle:
         handle.write("\n# edited\n")
     assert fingerprint() != before
+
+
+def test_a_pool_worker_stores_the_entry_one_process_stores(job, tmp_path):
+    """A pool worker's path (cache.analyze_and_pack: the rows by column, shared with the entry)
+    writes the bytes the one-process path writes, and its packed rows unpack to that path's rows."""
+    options = RankOptions()
+    one, pooled = tmp_path / "one", tmp_path / "pooled"
+    key = cache.cache_key(job[0], options, one)
+    alone = cache.analyze_and_store(str(job[0]), options, str(one), key)
+    summary, packed = cache.analyze_and_pack(str(job[0]), options, str(pooled), key)
+    assert packed is not None and summary.collectives == []
+    assert [p.read_bytes() for p in entries(one)] == [p.read_bytes() for p in entries(pooled)]
+    assert cache.unpacked(summary, packed) == alone

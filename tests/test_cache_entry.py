@@ -79,3 +79,40 @@ def test_equal_but_distinct_objects_share_one_code():
     stored = msgspec.msgpack.decode(entry.encode({"collectives": rows}, VERSION))["rows"]
     assert stored["tables"][0] == ["allreduce"] and stored["columns"][0] == [0, 0, 0, 0]
     assert stored["columns"][1] == [0, 0, 0, 1]
+
+
+packed_scalars = st.one_of(scalars, st.tuples(st.integers(0, 7)), st.just(float("-0.0")),
+                           st.floats(allow_nan=False).map(lambda x: __import__("numpy").float64(x)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(scalars, packed_scalars, groups), min_size=1, max_size=30),
+       st.sampled_from([None, 0.5, 7, True, 2**64 - 1]))
+def test_packed_rows_come_back_as_they_were(values, uniform):
+    """Rows a worker sends by column (entry.pack, for the parent to hold arrays instead of dicts)
+    come back with the very values: the same types (bool, int, float, numpy scalars, tuples),
+    the same bits (-0.0, NaN), ints beyond 64 bits, mixed columns."""
+    rows = [{"bytes": a, "odd": b, "group": g} for a, b, g in values]
+    if uniform is not None:  # a column of one number type: packed as an array
+        for row in rows:
+            row["bytes"] = uniform
+    packed = entry.pack(entry.to_columns(rows))
+    back = entry.from_columns(packed)
+    assert len(back) == len(rows)
+    for got, want in zip(back, rows):
+        assert list(got) == list(want)
+        for key in want:
+            assert type(got[key]) is type(want[key]) and repr(got[key]) == repr(want[key])
+
+
+def test_number_columns_are_packed_as_arrays():
+    import numpy as np
+
+    rows = [{"start_us": float(i), "rank": i, "on_gpu": True, "launch_us": None if i else 1.0,
+             "comms_id": 2**64 - i, "kind": "allreduce"} for i in range(4)]
+    packed = entry.pack(entry.to_columns(rows))
+    # None among floats and an int beyond 64 bits stay lists; a string column's codes are an array
+    assert [type(c).__name__ for c in packed.columns] == ["ndarray", "ndarray", "ndarray", "list", "list", "ndarray"]
+    assert packed.columns[0].dtype == np.float64 and packed.columns[1].dtype == np.int64
+    assert packed.tables[5] == ["allreduce"]
+    assert entry.from_columns(packed) == rows

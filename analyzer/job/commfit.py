@@ -105,14 +105,15 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         bus = alg * factors
         per_hop = sizes * factors / hop_counts  # the bytes each of the collective's α terms carries
         latency = per_hop < (np.nan if s_star is None else s_star)
-    bounds = np.where(latency, "latency-bound", "bandwidth-bound").tolist()
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
+    codes = np.where(has_bound, np.where(latency, 1, 2), 0)
     busbw = [None if b != b else b for b in round_list(bus, 4)]
-    for r, a, b, bound, ok in zip(rows, round_list(alg, 4), busbw, bounds, has_bound.tolist()):
+    # The rows share the BOUNDS strings (an array's tolist() would make one string per row).
+    for r, a, b, bound in zip(rows, round_list(alg, 4), busbw, map(BOUNDS.__getitem__, codes.tolist())):
         r["algbw_gbps"] = None if a != a else a
         r["busbw_gbps"] = b
-        r["bound"] = bound if ok else None
-    return busbw, np.where(has_bound, np.where(latency, 1, 2), 0)
+        r["bound"] = bound
+    return busbw, codes
 
 
 @lru_cache(maxsize=4096)

@@ -159,6 +159,40 @@ def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, ke
     return analysis
 
 
+def analyze_and_pack(path: str, options: RankOptions, cache_dir: str | None,
+                     key: str | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
+    """``analyze_and_store`` in a worker process: the summary and its collective rows apart, by
+    column (``entry.PackedRows``; None when the rows have no one shape and stay in the summary),
+    so that the parent holds arrays, not dicts, until the pool is done (``unpacked``). The
+    columns serve the cache entry too."""
+    analysis = analyze_rank_file(path, options)
+    columns = entry_codec.to_columns(analysis.collectives)
+    if cache_dir and key:
+        store_entry(entry_path(cache_dir, key), analysis, columns)
+    return _packed(analysis, columns)
+
+
+def analyze_rank_cached_packed(path: str, options: RankOptions,
+                               cache_dir: str | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
+    """``analyze_rank_cached`` on a Dask worker, its rows by column as ``analyze_and_pack``."""
+    analysis = analyze_rank_cached(path, options, cache_dir)
+    return _packed(analysis, entry_codec.to_columns(analysis.collectives))
+
+
+def _packed(analysis: RankAnalysis,
+            columns: entry_codec.RowColumns | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
+    if columns is None:
+        return analysis, None
+    return dataclasses.replace(analysis, collectives=[]), entry_codec.pack(columns)
+
+
+def unpacked(analysis: RankAnalysis, packed: entry_codec.PackedRows | None) -> RankAnalysis:
+    """The summary with its rows again (from ``analyze_and_pack``)."""
+    if packed is not None:
+        analysis.collectives = entry_codec.from_columns(packed)
+    return analysis
+
+
 def timeline_entry(path: str, options: RankOptions, origin_ns: int, cache_dir: str | None) -> Path | None:
     """Where a rank's step timeline (``step_timeline_file``) is cached: under the rank's key for
     these options (their ``steps``: the step shown) and the time origin. None: no cache, or the
@@ -230,10 +264,11 @@ def load_entry(entry: Path) -> RankAnalysis | None:
         return None  # damaged: recompute
 
 
-def store_entry(entry: Path, analysis: RankAnalysis) -> None:
+def store_entry(entry: Path, analysis: RankAnalysis, columns: entry_codec.RowColumns | None = None) -> None:
+    """``columns``: the rows by column when the caller has them (``entry.to_columns``)."""
     # The fields as they are (no deep copy: encoding reads them); numpy scalars and tuples
     # become numbers and arrays in the encoder.
-    raw = entry_codec.encode({name: getattr(analysis, name) for name in _FIELDS}, CACHE_FORMAT)
+    raw = entry_codec.encode({name: getattr(analysis, name) for name in _FIELDS}, CACHE_FORMAT, columns)
     if raw is not None:
         _write_atomic(entry, raw)
 

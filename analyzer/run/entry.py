@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from itertools import count, repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 
 from analyzer.base.gc_pause import paused_gc
 
@@ -49,13 +50,14 @@ _DECODER = msgspec.msgpack.Decoder(Entry)
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_plain_scalar)
 
 
-def encode(fields: dict[str, Any], version: int) -> bytes | None:
+def encode(fields: dict[str, Any], version: int, columns: RowColumns | None = None) -> bytes | None:
     """The entry of a summary's fields (plain data, tuples and numpy scalars allowed); None when
     MessagePack cannot hold a value (an int beyond 64 bits from a hostile trace): the rank is
-    then not cached."""
+    then not cached. ``columns``: ``to_columns`` of its rows, when the caller has it."""
     rows = fields.get("collectives")
     try:
-        columns = to_columns(rows) if isinstance(rows, list) else None
+        if columns is None:
+            columns = to_columns(rows) if isinstance(rows, list) else None
         if columns is not None:
             fields = {k: v for k, v in fields.items() if k != "collectives"}
         return _ENCODER.encode(Entry(version, fields, columns))
@@ -94,17 +96,22 @@ def to_columns(rows: list[Any]) -> RowColumns | None:
     return RowColumns(keys, columns, tables)
 
 
+_CODED_TYPES = (str, dict, type(None))
+
+
 def _coded(values: list[Any]) -> tuple[list[Any] | None, list[int]]:
     """(distinct values, one code per value) for a column of strings or dicts (None allowed);
     (None, []) for any other column. Values are told apart by their encoding, so 1, 1.0 and
     True, or dicts with their keys in another order, stay distinct as ``==`` would not. Rows
     share their strings and group dicts, so each distinct object is checked and encoded once."""
+    # The types first, in one C-level pass: a number column (most of them, each value its own
+    # object) is refused before an id table is built over its values.
+    if not all(issubclass(kind, _CODED_TYPES) for kind in set(map(type, values))):
+        return None, []
     by_object: defaultdict = defaultdict(count().__next__)
     object_codes = list(map(by_object.__getitem__, map(id, values)))
     objects = dict(zip(map(id, values), values))  # alive in ``values``: the ids stay unique
     distinct = [objects[ident] for ident in by_object]
-    if not all(v is None or isinstance(v, (str, dict)) for v in distinct):
-        return None, []
     table: list[Any] = []
     code_of: dict[bytes, int] = {}
     recode = []
@@ -118,13 +125,15 @@ def _coded(values: list[Any]) -> tuple[list[Any] | None, list[int]]:
     return table, list(map(recode.__getitem__, object_codes))
 
 
-def from_columns(stored: RowColumns) -> list[dict[str, Any]]:
+def from_columns(stored: RowColumns | PackedRows) -> list[dict[str, Any]]:
     """The rows again; the rows of a coded column share its table's objects."""
     count = len(stored.columns[0]) if stored.columns else 0
     if not (len(stored.keys) == len(stored.columns) == len(stored.tables) > 0):
         raise ValueError("damaged entry: columns do not match keys")
     columns = []
     for values, table in zip(stored.columns, stored.tables):
+        if isinstance(values, np.ndarray):  # packed (PackedRows): the same Python values again
+            values = values.tolist()
         if len(values) != count:
             raise ValueError("damaged entry: columns of different lengths")
         if table is not None:
@@ -134,3 +143,33 @@ def from_columns(stored: RowColumns) -> list[dict[str, Any]]:
         columns.append(values)
     # map() rather than a comprehension: no Python frame step per row (~25 % faster)
     return list(map(dict, map(zip, repeat(stored.keys), zip(*columns))))
+
+
+class PackedRows(NamedTuple):
+    """Rows of one shape by column (as ``RowColumns``) on their way from a worker process to the
+    parent: a column of one number type is an array, codes included. The parent holds them so
+    until every worker is done (a heavy rank's 10,000 rows: 1.7 MB instead of 9 MB as dicts),
+    and unpacks them with ``from_columns``."""
+    keys: list[str]
+    columns: list[Any]  # np.ndarray (one number type), else the list of values
+    tables: list[list[Any] | None]
+
+
+def pack(columns: RowColumns) -> PackedRows:
+    return PackedRows(columns.keys, [_packed(values) for values in columns.columns], columns.tables)
+
+
+def _packed(values: list[Any]) -> Any:
+    """An array that ``tolist()`` turns back into these values (same types, same bits), or
+    the list itself (mixed types, None, ints beyond 64 bits)."""
+    kinds = set(map(type, values))
+    dtype = _DTYPES.get(kinds.pop()) if len(kinds) == 1 else None
+    if dtype is None:
+        return values
+    try:
+        return np.array(values, dtype=dtype)
+    except OverflowError:
+        return values
+
+
+_DTYPES = {float: np.float64, int: np.int64, bool: np.bool_}
