@@ -4,9 +4,10 @@ clock, DDP buckets, FSDP units, warnings)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import repeat
-from operator import itemgetter
-from typing import Any
+from collections import deque
+from itertools import compress, repeat
+from operator import is_not, itemgetter, setitem
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -96,22 +97,28 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     ranks = view.rank[rows].tolist()
     steps = list(map(view.step.names.__getitem__, step.tolist()))
     origin = np.array(list(map(backward_start_us.get, zip(ranks, steps), repeat(np.nan))), dtype=np.float64)
-    offsets = round_list(view.launch[rows] - origin)
-    fields = itemgetter("bytes", "dtype", "launch_us", "start_us", "dur_us", "exposed_us", "group")
-    buckets = []
-    for row, rank, step_value, k, offset in zip(rows.tolist(), ranks, steps, index.tolist(), offsets):
-        size, dtype, launch_us, start_us, dur_us, exposed_us, group = fields(view.rows[row])
-        buckets.append(Bucket(size, dtype, dur_us, exposed_us, group["name"], k,
-                              None if offset != offset else offset, launch_us, rank, start_us, step_value))
-    return buckets
+    since_backward = view.launch[rows] - origin
+    offsets: list[float | None] = round_list(since_backward)  # type: ignore[assignment]
+    for i in np.flatnonzero(np.isnan(since_backward)).tolist():
+        offsets[i] = None  # no backward start or no launch time
+    chosen_rows = list(map(view.rows.__getitem__, rows.tolist()))
+
+    def field(key: str) -> Iterator[Any]:
+        return map(itemgetter(key), chosen_rows)
+    # One C-level pass per field, no Python step per bucket (a 64-rank job has 200,000 of them).
+    return list(map(Bucket, field("bytes"), field("dtype"), field("dur_us"), field("exposed_us"),
+                    map(itemgetter("name"), field("group")), index.tolist(), offsets, field("launch_us"),
+                    ranks, field("start_us"), steps))
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
-    """``row[key] = round(row[key] + shift, 3)`` where the value is known, over an array."""
-    known = [row for row in rows if row[key] is not None]
-    values = np.fromiter((row[key] for row in known), dtype=float, count=len(known))
-    for row, value in zip(known, round_list(values + shift)):
-        row[key] = value
+    """``row[key] = round(row[key] + shift, 3)`` where the value is known, over an array (and
+    C-level passes over the rows: a 64-rank job has 275,000 of them)."""
+    values = list(map(itemgetter(key), rows))
+    is_known = list(map(is_not, values, repeat(None)))
+    known = list(compress(rows, is_known))
+    shifted = np.fromiter(compress(values, is_known), dtype=float, count=len(known)) + shift
+    deque(map(setitem, known, repeat(key), round_list(shifted)), maxlen=0)
 
 
 def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
