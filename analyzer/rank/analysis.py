@@ -23,8 +23,8 @@ from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, step_window
 from analyzer.rank.checks import partial_result_warnings
-from analyzer.rank.steps import step_facts
-from analyzer.rank.timeline import (BACKWARD, NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
+from analyzer.rank.steps import step_figures
+from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
                                     step_windows)
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
 
@@ -308,20 +308,8 @@ def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
 
 
 def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list[dict[str, Any]]:
-    numbers = sorted(int(s) for s in arrays.unique(att.step) if s != NO_STEP)
-    steps = []
-    firsts = {}
-    for number in numbers:
-        rows = np.flatnonzero(att.step == number)
-        sub = gpu.take(rows)
-        entry = {"step": number}
-        entry.update(breakdown(sub))
-        entry["phases"] = exposed_by_phase(sub, att.phase[rows])
-        entry.update(step_facts(trace.strings, sub, att.phase[rows]))
-        firsts[number] = int(sub.ts.min())
-        backward = (att.phase[rows] == BACKWARD) & (att.launch_thread[rows] >= 0)
-        entry["backward_launch_ns"] = int(att.launch_ts[rows][backward].min()) if backward.any() else None
-        steps.append(entry)
+    steps = step_figures(trace.strings, gpu, att)
+    firsts = {entry["step"]: entry.pop("first_ns") for entry in steps}
     # Step time: from this step's first GPU activity to the next step's (the gap before the next
     # step is this step's stall); the last step has no successor, so its span stands in.
     for entry, nxt in zip(steps, steps[1:] + [None]):

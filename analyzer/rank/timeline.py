@@ -49,8 +49,12 @@ def breakdown(gpu: GpuEvents) -> dict[str, float]:
     compute = _union_of(gpu, GpuKind.COMPUTE)
     comm = _union_of(gpu, GpuKind.COMM)
     span = int(gpu.end.max() - gpu.ts.min())
-    busy_ns, compute_ns, comm_ns = iv.total(busy), iv.total(compute), iv.total(comm)
-    overlap_ns = iv.total(iv.intersect(compute, comm))
+    return breakdown_of(span, iv.total(busy), iv.total(compute), iv.total(comm), iv.total(iv.intersect(compute, comm)))
+
+
+def breakdown_of(span: int, busy_ns: int, compute_ns: int, comm_ns: int, overlap_ns: int) -> dict[str, float]:
+    """``breakdown`` from its nanosecond totals (the per-step figures compute them for every
+    step at once: analyzer.rank.steps)."""
     return {
         "span_us": ns_to_us(span),
         "busy_us": ns_to_us(busy_ns),
