@@ -81,3 +81,22 @@ def test_clip_touches_only_the_window():
         got = clip(canonical, lo, hi)
         want = [(max(s, lo), min(e, hi)) for s, e in zip(*canonical) if min(e, hi) > max(s, lo)]
         assert list(zip(got[0].tolist(), got[1].tolist())) == want, (lo, hi)
+
+
+@settings(max_examples=300, deadline=None)
+@given(intervals_strategy, st.lists(st.tuples(st.integers(-20, 320), st.integers(-30, 120)), max_size=10))
+def test_clip_each_is_clip_of_every_window(a_pairs, windows):
+    a = as_set(a_pairs)
+    lo = np.array([s for s, _ in windows], dtype=np.int64)
+    hi = np.array([s + n for s, n in windows], dtype=np.int64)
+    window, starts, ends = iv.clip_each(a, lo, hi)
+    for k in range(len(windows)):
+        want = iv.clip(a, int(lo[k]), int(hi[k]))
+        assert starts[window == k].tolist() == want[0].tolist()
+        assert ends[window == k].tolist() == want[1].tolist()
+    assert window.tolist() == sorted(window.tolist())
+    gaps = iv.gaps(a)
+    for k in range(len(windows)):
+        got = iv.clip_each(gaps, lo[k:k + 1], hi[k:k + 1])
+        want = iv.subtract((lo[k:k + 1], hi[k:k + 1]), a) if hi[k] > lo[k] else iv.EMPTY
+        assert (got[1].tolist(), got[2].tolist()) == (want[0].tolist(), want[1].tolist())

@@ -51,13 +51,18 @@ def intersect(a: IntervalSet, b: IntervalSet) -> IntervalSet:
     counts = np.maximum(hi - lo, 0)
     if counts.sum() == 0:
         return EMPTY
-    a_index = np.repeat(np.arange(len(a_start)), counts)
-    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    b_index = np.repeat(lo, counts) + offsets
+    a_index, b_index = _runs(lo, counts)
     starts = np.maximum(a_start[a_index], b_start[b_index])
     ends = np.minimum(a_end[a_index], b_end[b_index])
     keep = ends > starts
     return starts[keep], ends[keep]
+
+
+def _runs(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, index) of every index in the runs first[k], first[k] + 1, ... (counts[k] of them)."""
+    owner = np.repeat(np.arange(len(first)), counts)
+    offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return owner, np.repeat(first, counts) + offsets
 
 
 def subtract(a: IntervalSet, b: IntervalSet) -> IntervalSet:
@@ -114,3 +119,26 @@ def clip(intervals: IntervalSet, lo: int, hi: int) -> IntervalSet:
     ends = np.minimum(ends, hi)
     keep = ends > starts
     return starts[keep], ends[keep]
+
+
+def clip_each(intervals: IntervalSet, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``clip(intervals, lo[k], hi[k])`` of every window k at once, concatenated in window order:
+    (k of each piece, starts, ends). The step attribution clips the rank's sets to every step
+    window (issue 13: one clip per step was most of its cost)."""
+    starts, ends = intervals
+    first = np.searchsorted(ends, lo, side="right")
+    counts = np.maximum(np.searchsorted(starts, hi, side="left") - first, 0)
+    window, index = _runs(first, counts)
+    clipped_starts = np.maximum(starts[index], lo[window])
+    clipped_ends = np.minimum(ends[index], hi[window])
+    keep = clipped_ends > clipped_starts
+    return window[keep], clipped_starts[keep], clipped_ends[keep]
+
+
+def gaps(intervals: IntervalSet) -> IntervalSet:
+    """What a canonical set leaves uncovered, from -2**63 to 2**63 - 1 (gap k ends where interval
+    k starts); canonical but for an empty first or last gap where the set reaches int64's ends
+    (``clip_each`` to a finite window drops them)."""
+    starts, ends = intervals
+    int64 = np.iinfo(np.int64)
+    return np.concatenate([[int64.min], ends]), np.concatenate([starts, [int64.max]])

@@ -345,11 +345,12 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
 def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
                      exposed: dict[str, list[int]]) -> None:
     """Each step's time breakdown over its window (analyzer.rank.attribution)."""
-    for entry in steps:
-        start, end = step_window(firsts[entry["step"]], entry["step_time_us"])
-        entry["time_breakdown"], intervals = timeline.step(start, end)
-        entry["window_ns"] = [start, end]
-        exposed[str(entry["step"])] = np.stack(intervals, axis=1).ravel().tolist()
+    windows = [step_window(firsts[entry["step"]], entry["step_time_us"]) for entry in steps]
+    starts, ends = (np.array(bounds, dtype=np.int64) for bounds in zip(*windows))
+    for entry, window, (leaves, intervals) in zip(steps, windows, timeline.steps(starts, ends)):
+        entry["time_breakdown"] = leaves
+        entry["window_ns"] = list(window)
+        exposed[str(entry["step"])] = intervals
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:

@@ -41,37 +41,52 @@ def step_window(first_ns: int, step_time_us: float) -> tuple[int, int]:
 
 
 class RankTimeline:
-    """The rank's GPU unions and host ranges, built once and clipped per step window."""
+    """The rank's GPU unions and host ranges, built once and clipped to every step window."""
 
     def __init__(self, trace: RankTrace, gpu: GpuEvents, launch_ts: np.ndarray):
         kind = gpu.kind
         self.compute = _union(gpu, kind == GpuKind.COMPUTE)
-        self.comm = _union(gpu, kind == GpuKind.COMM)
+        self.exposed = iv.subtract(_union(gpu, kind == GpuKind.COMM), self.compute)
         self.busy = iv.union(gpu.ts, gpu.end)
         m = trace.markers
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _marker_union(m, Marker.HOST_SYNC)
+        # Idle: what busy leaves of a window; the rest, which the causes after the data loader
+        # share: what busy and the data loader leave.
+        self.idle = iv.gaps(self.busy)
+        self.rest = iv.gaps(iv.union(np.concatenate([self.busy[0], self.input[0]]),
+                                     np.concatenate([self.busy[1], self.input[1]])))
         # Launch time of the GPU work that starts first at or after each instant: the work that
         # ended an idle gap (a gap ends where the next work starts).
         order = np.argsort(gpu.ts, kind="stable")
         self._next_ts, self._next_launch = gpu.ts[order], launch_ts[order]
 
-    def step(self, start: int, end: int) -> tuple[dict[str, Any], iv.IntervalSet]:
-        """(leaves in µs + idle causes, the exposed-communication intervals) of [start, end)."""
-        compute = iv.clip(self.compute, start, end)
-        comm = iv.subtract(iv.clip(self.comm, start, end), compute)
-        busy = iv.clip(self.busy, start, end)
-        idle = iv.subtract((np.array([start], np.int64), np.array([end], np.int64)), busy)
-        compute_ns, comm_ns, busy_ns = iv.total(compute), iv.total(comm), iv.total(busy)
-        causes = self._idle_causes(idle)
-        out = {
-            "compute_only_us": ns_to_us(compute_ns),
-            "exposed_comm_us": ns_to_us(comm_ns),
-            "other_gpu_us": ns_to_us(busy_ns - compute_ns - comm_ns),
-            "idle_us": ns_to_us((end - start) - busy_ns),
-            "idle_by_host": {k: ns_to_us(v) for k, v in causes.items()},
-        }
-        return out, comm
+    def steps(self, starts: np.ndarray, ends: np.ndarray) -> list[tuple[dict[str, Any], list[int]]]:
+        """For each window [starts[k], ends[k]): (leaves in µs + idle causes, its exposed-
+        communication intervals flat: [start, end, start, end, ...]). Every window at once, in
+        whole nanoseconds; a window that ends before it starts holds nothing, all of it idle
+        (unknown), its leaves still adding up to its length."""
+        ends_at_least = np.maximum(ends, starts)
+        compute_ns = iv.covered_length(self.compute, starts, ends_at_least).tolist()
+        comm_ns = iv.covered_length(self.exposed, starts, ends_at_least).tolist()
+        busy_ns = iv.covered_length(self.busy, starts, ends_at_least).tolist()
+        causes = self._idle_causes(starts, ends_at_least)
+        window, exposed_starts, exposed_ends = iv.clip_each(self.exposed, starts, ends_at_least)
+        flat = np.stack([exposed_starts, exposed_ends], axis=1).ravel().tolist()
+        cuts = (2 * np.searchsorted(window, np.arange(len(starts) + 1))).tolist()
+        out = []
+        for k, (start, end) in enumerate(zip(starts.tolist(), ends.tolist())):
+            idle_ns = (end - start) - busy_ns[k]
+            found = {cause: ns[k] for cause, ns in causes.items()}
+            found["unknown"] = idle_ns - sum(found.values())
+            out.append(({
+                "compute_only_us": ns_to_us(compute_ns[k]),
+                "exposed_comm_us": ns_to_us(comm_ns[k]),
+                "other_gpu_us": ns_to_us(busy_ns[k] - compute_ns[k] - comm_ns[k]),
+                "idle_us": ns_to_us(idle_ns),
+                "idle_by_host": {cause: ns_to_us(ns) for cause, ns in found.items()},
+            }, flat[cuts[k]:cuts[k + 1]]))
+        return out
 
     def host_before(self, cpu_start: int, first_gpu: int) -> dict[str, float]:
         """µs the host spent in the data loader / blocking syncs between the step's CPU start
@@ -81,43 +96,41 @@ class RankTimeline:
         return {"input": ns_to_us(iv.total(iv.clip(self.input, cpu_start, first_gpu))),
                 "device_sync": ns_to_us(iv.total(iv.clip(self.sync, cpu_start, first_gpu)))}
 
-    def _idle_causes(self, idle: iv.IntervalSet) -> dict[str, int]:
-        """Nanoseconds of idle per host cause; they add up to the idle total."""
-        rest = idle
-        found = {}
-        found["input"], rest = _take(rest, self.input)
-        found["device_sync"], rest = _take(rest, self._sync_gaps(rest))
-        found["launch"], rest = _take(rest, self._launch_gaps(idle))  # whole gaps, not their rest
-        found["unknown"] = iv.total(rest)
-        return found
+    def _idle_causes(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, list[int]]:
+        """Nanoseconds of idle per host cause in each window, in priority order, but unknown
+        (what is left): the data loader's; then what blocking calls cover of each piece of the
+        rest, all of a piece that began while the host was blocked in one (the sync drained the
+        queue); then the rest of a short idle gap ended by work launched after it began."""
+        n = len(starts)
+        idle_window, idle_starts, idle_ends = iv.clip_each(self.idle, starts, ends)
+        window, rest_starts, rest_ends = iv.clip_each(self.rest, starts, ends)
+        length = rest_ends - rest_starts
+        blocked = iv.covered_length(self.sync, rest_starts - 1, rest_starts) > 0  # host blocked as the GPU drained
+        synced = np.where(blocked, length, iv.covered_length(self.sync, rest_starts, rest_ends))
+        launch = self._launch_gap(window, rest_starts, starts, ends)
+        idle_ns, rest_ns = _per_window(idle_window, idle_ends - idle_starts, n), _per_window(window, length, n)
+        return {"input": (idle_ns - rest_ns).tolist(), "device_sync": _per_window(window, synced, n).tolist(),
+                "launch": _per_window(window, np.where(launch, length - synced, 0), n).tolist()}
 
-    def _sync_gaps(self, gaps: iv.IntervalSet) -> iv.IntervalSet:
-        """Inside a blocking call, or the whole of a gap that began while the host was in one."""
-        starts, ends = gaps
-        if not len(starts) or not len(self.sync[0]):
-            return iv.EMPTY
-        inside = iv.covered_length(self.sync, starts - 1, starts) > 0  # host blocked as the GPU drained
-        near = iv.clip(self.sync, int(starts[0]), int(ends[-1]))
-        return iv.union(np.concatenate([starts[inside], near[0]]), np.concatenate([ends[inside], near[1]]))
-
-    def _launch_gaps(self, gaps: iv.IntervalSet) -> iv.IntervalSet:
-        """Short gaps ended by work that was launched after the gap began."""
-        starts, ends = gaps
-        if not len(starts) or not len(self._next_ts):
-            return iv.EMPTY
-        idx = np.searchsorted(self._next_ts, ends, side="left")
+    def _launch_gap(self, window: np.ndarray, inside: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Is the idle gap around each instant ``inside`` (in window ``window``) short and ended
+        by work that was launched after it began? Whole gaps: the data loader's and the syncs'
+        parts of a gap count towards its length."""
+        if not len(self._next_ts):
+            return np.zeros(len(inside), dtype=bool)
+        gap = np.searchsorted(self.busy[0], inside, side="right")  # the busy intervals before it
+        gap_start = np.maximum(self.idle[0][gap], starts[window])
+        gap_end = np.minimum(self.idle[1][gap], ends[window])
+        idx = np.searchsorted(self._next_ts, gap_end, side="left")
         has_next = idx < len(self._next_ts)
         launch = np.where(has_next, self._next_launch[np.minimum(idx, len(self._next_ts) - 1)], -1)
-        short = (ends - starts) <= LAUNCH_GAP_NS
-        late = has_next & (launch >= starts)
-        keep = short & late
-        return starts[keep], ends[keep]
+        return ((gap_end - gap_start) <= LAUNCH_GAP_NS) & has_next & (launch >= gap_start)
 
 
-def _take(rest: iv.IntervalSet, cause: iv.IntervalSet) -> tuple[int, iv.IntervalSet]:
-    """(ns of ``rest`` covered by ``cause``, what is left of ``rest``)."""
-    taken = iv.intersect(rest, cause)
-    return iv.total(taken), iv.subtract(rest, taken)
+def _per_window(window: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Sums of ``values`` by ``window`` (ascending), in whole nanoseconds, for windows 0..n-1."""
+    prefix = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return np.diff(prefix[np.searchsorted(window, np.arange(n + 1))])
 
 
 def _union(gpu: GpuEvents, mask: np.ndarray) -> iv.IntervalSet:
