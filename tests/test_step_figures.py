@@ -3,8 +3,9 @@ same keys in the same order, same values and types.
 
 The references below are the code as it was before: the per-step loop (``breakdown``,
 ``exposed_by_phase`` and the step facts of each step's own events: analyzer.rank.steps
-.step_figures now) and the time breakdown of one step window at a time
-(analyzer.rank.attribution.RankTimeline.steps now)."""
+.step_figures now), the time breakdown and the host's stall before the step of one step at a
+time (analyzer.rank.attribution.RankTimeline.steps and .host_before now), and the first backward
+marker of each step (analyzer.rank.analysis._first_within now)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from analyzer.base import intervals as iv
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, Markers
 from analyzer.rank.attribution import LAUNCH_GAP_NS, RankTimeline
 from analyzer.rank import steps as steps_module
+from analyzer.rank.analysis import _first_within
 from analyzer.rank.steps import _is_low_precision, step_figures
 from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, Attribution, breakdown, exposed_by_phase, ns_to_us
 
@@ -129,6 +131,12 @@ class PlainTimeline:
         }
         return out, np.stack(comm, axis=1).ravel().tolist()
 
+    def host_before(self, cpu_start, first_gpu):
+        if first_gpu <= cpu_start:
+            return {"input": 0.0, "device_sync": 0.0}
+        return {"input": ns_to_us(iv.total(iv.clip(self.input, cpu_start, first_gpu))),
+                "device_sync": ns_to_us(iv.total(iv.clip(self.sync, cpu_start, first_gpu)))}
+
     def _idle_causes(self, idle):
         rest = idle
         found = {}
@@ -209,4 +217,23 @@ def test_every_window_at_once_is_window_by_window(kernels, kinds, launches, host
     ends = starts + np.array([n * SCALE // 3 for _, n in windows], dtype=np.int64)
     plain = PlainTimeline(trace, gpu, launch_ts)
     want = [plain.step(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
-    assert_same(RankTimeline(trace, gpu, launch_ts).steps(starts, ends), want)
+    timeline = RankTimeline(trace, gpu, launch_ts)
+    assert_same(timeline.steps(starts, ends), want)
+    # The same windows as (CPU start, first GPU activity) pairs, either way round.
+    want = [plain.host_before(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
+    assert_same(timeline.host_before(starts, ends), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(spans, st.lists(st.tuples(st.integers(-10, 210), st.integers(-20, 80)), min_size=1, max_size=8))
+def test_first_marker_within_each_window(backward, windows):
+    trace, _, _ = timeline_trace([], [0], [0], [], backward, [0])
+    trace.markers.kind[:] = Marker.BACKWARD
+    starts = np.array([s * SCALE for s, _ in windows], dtype=np.int64)
+    ends = starts + np.array([n * SCALE for _, n in windows], dtype=np.int64)
+    begins = trace.markers.ts
+    want = []
+    for start, end in zip(starts, ends):  # as _per_step did
+        inside = begins[(begins >= start) & (begins <= end)]
+        want.append(int(inside.min()) if len(inside) else None)
+    assert_same(_first_within(trace, Marker.BACKWARD, starts, ends), want)

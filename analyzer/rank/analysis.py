@@ -325,21 +325,31 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
     cpu_start = {int(n): int(s) for n, s in zip(cpu_numbers, cpu_starts)}
     for entry in steps:
         entry["cpu_step_us"] = cpu.get(entry["step"])
-        if entry["step"] in cpu_start:
-            entry["time_breakdown"]["host_before_us"] = timeline.host_before(cpu_start[entry["step"]],
-                                                                             firsts[entry["step"]])
+    with_cpu = [entry for entry in steps if entry["step"] in cpu_start]
+    if with_cpu:
+        befores = timeline.host_before(np.array([cpu_start[entry["step"]] for entry in with_cpu], dtype=np.int64),
+                                       np.array([firsts[entry["step"]] for entry in with_cpu], dtype=np.int64))
+        for entry, before in zip(with_cpu, befores):
+            entry["time_breakdown"]["host_before_us"] = before
     # When backward began on the CPU (first autograd function of the step, else the first
     # backward launch): the origin of DDP's gradient-ready (bucket launch) times. CPU-only
     # traces have no step entries (no GPU metrics), hence no offsets.
-    m = trace.markers
-    bwd_starts = m.ts[m.kind == Marker.BACKWARD]
-    for number, start, end in zip(cpu_numbers, cpu_starts, cpu_ends):
-        inside = bwd_starts[(bwd_starts >= start) & (bwd_starts <= end)]
-        if len(inside):
-            entry = next((e for e in steps if e["step"] == int(number)), None)
-            if entry is not None:
-                entry["backward_launch_ns"] = int(inside.min())
+    by_number = {entry["step"]: entry for entry in steps}
+    for number, begun in zip(cpu_numbers.tolist(), _first_within(trace, Marker.BACKWARD, cpu_starts, cpu_ends)):
+        if begun is not None and number in by_number:
+            by_number[number]["backward_launch_ns"] = begun
     return steps
+
+
+def _first_within(trace: RankTrace, kind: Marker, starts: np.ndarray, ends: np.ndarray) -> list[int | None]:
+    """The first start of a ``kind`` marker in each [starts[k], ends[k]], or None."""
+    begins = np.sort(trace.markers.ts[trace.markers.kind == kind])
+    if not len(begins):
+        return [None] * len(starts)
+    idx = np.searchsorted(begins, starts, side="left")
+    first = begins[np.minimum(idx, len(begins) - 1)]
+    found = (idx < len(begins)) & (first <= ends)
+    return [value if ok else None for value, ok in zip(first.tolist(), found.tolist())]
 
 
 def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],

@@ -88,13 +88,14 @@ class RankTimeline:
             }, flat[cuts[k]:cuts[k + 1]]))
         return out
 
-    def host_before(self, cpu_start: int, first_gpu: int) -> dict[str, float]:
-        """µs the host spent in the data loader / blocking syncs between the step's CPU start
-        and its first GPU activity: a stall that delays the step's entry (it lies in no window)."""
-        if first_gpu <= cpu_start:
-            return {"input": 0.0, "device_sync": 0.0}
-        return {"input": ns_to_us(iv.total(iv.clip(self.input, cpu_start, first_gpu))),
-                "device_sync": ns_to_us(iv.total(iv.clip(self.sync, cpu_start, first_gpu)))}
+    def host_before(self, cpu_starts: np.ndarray, first_gpus: np.ndarray) -> list[dict[str, float]]:
+        """For each step: µs the host spent in the data loader / blocking syncs between its CPU
+        start and its first GPU activity (none when that comes first): a stall that delays the
+        step's entry (it lies in no window)."""
+        ends = np.maximum(first_gpus, cpu_starts)
+        input_ns = iv.covered_length(self.input, cpu_starts, ends).tolist()
+        sync_ns = iv.covered_length(self.sync, cpu_starts, ends).tolist()
+        return [{"input": ns_to_us(i), "device_sync": ns_to_us(s)} for i, s in zip(input_ns, sync_ns)]
 
     def _idle_causes(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, list[int]]:
         """Nanoseconds of idle per host cause in each window, in priority order, but unknown
