@@ -8,6 +8,9 @@ By column, a string or group column is stored as its distinct values plus one co
 and decoded back into rows that share those objects; numbers stay plain lists. MessagePack
 keeps what JSON loses (ints vs floats as written, NaN, non-string keys), so a hit gives the
 rows exactly as the map computed them.
+
+The same columns carry a worker's rows to the parent process (``PackedRows``: number columns
+as arrays), which holds them so until the pool is done.
 """
 
 from __future__ import annotations
