@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from analyzer.job import commfit
+from analyzer.job.columns import Categorical
 from analyzer.model import formulas as models
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.synth import SCENARIOS, write_job
@@ -155,3 +156,7 @@ def test_fit_takes_arrays_as_it_takes_lists(case):
     arrays = commfit.fit_alpha_beta(kinds, np.array([np.nan if v is None else v for v in sizes], dtype=float),
                                     np.array(times), 16, PROFILE)
     assert repr(arrays) == repr(plain)
+    # as codes of the job's kinds (fit_groups): kinds of other groups among the names change nothing
+    names = ["send", "alltoall"] + sorted(set(kinds)) + ["broadcast"]
+    codes = Categorical(np.array([names.index(k) for k in kinds], dtype=np.int64), names)
+    assert repr(commfit.fit_alpha_beta(codes, sizes, times, 16, PROFILE)) == repr(plain)

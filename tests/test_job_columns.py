@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.job import commfit
-from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list, tuple_numbers
 from analyzer.rank.comms import share_groups
 from analyzer.job.crossrank import group_key
 from analyzer.job.parallelism import role_key
@@ -114,12 +114,32 @@ def test_summarize_cells_against_a_plain_grouping(huge):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.booleans()), min_size=1, max_size=60))
 def test_distinct_rows_numbers_tuples_by_first_appearance(tuples):
-    columns = [np.array(c, dtype=np.int64) for c in zip(*tuples)]
-    first, counts, number = distinct_rows(columns)
+    _check_distinct_rows(tuples)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6).flatmap(lambda width: st.lists(
+    st.tuples(*[st.integers(-2**63, 2**63 - 1) | st.integers(0, 3)] * width), min_size=1, max_size=40)))
+def test_distinct_rows_of_wide_values_stay_exact(tuples):
+    _check_distinct_rows(tuples)  # spans and products beyond int64: made dense on the way
+
+
+def _check_distinct_rows(tuples):
+    first, counts, number = distinct_rows([np.array(c, dtype=np.int64) for c in zip(*tuples)])
     seen = list(dict.fromkeys(tuples))
     assert [tuples[i] for i in first.tolist()] == seen
     assert counts.tolist() == [tuples.count(t) for t in seen]
     assert number.tolist() == [seen.index(t) for t in tuples]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5).flatmap(lambda width: st.lists(
+    st.tuples(*[st.integers(-2**63, 2**63 - 1) | st.integers(-2, 3)] * width), min_size=1, max_size=40)))
+def test_tuple_numbers_order_rows_as_their_tuples(tuples):
+    numbers = tuple_numbers([np.array(c, dtype=np.int64) for c in zip(*tuples)]).tolist()
+    assert np.argsort(numbers, kind="stable").tolist() == sorted(range(len(tuples)), key=tuples.__getitem__)
+    assert all((numbers[i] == numbers[j]) == (tuples[i] == tuples[j])
+               for i in range(len(tuples)) for j in range(len(tuples)))
 
 
 def _random_rows(seed: int, count: int = 300) -> list[dict]:

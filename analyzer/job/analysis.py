@@ -9,7 +9,6 @@ waits and stragglers, per-collective bandwidth, per-group α/β, MFU.
 
 from __future__ import annotations
 
-from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
-from analyzer.job.columns import CollectiveColumns
+from analyzer.job.columns import Categorical, CollectiveColumns
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
@@ -88,7 +87,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         elif not gpu.any():
             ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
         else:
-            ab = commfit.fit_alpha_beta(list(compress(cols.kinds, gpu.tolist())),
+            ab = commfit.fit_alpha_beta(Categorical(cols.kind.codes[gpu], cols.kind.names),
                                         cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
         busbw, bound_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
@@ -101,7 +100,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "role": (roles or {}).get(role_key(group_rows[0]), "unknown"),
             "nodes": label["nodes"], "cross_node": label["cross_node"],
             "collectives": len(group_rows),
-            "kinds": sorted(set(cols.kinds)),
+            "kinds": sorted(cols.present_kinds()),
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
             "fit": ab.fit, "fit_source": ab.source,

@@ -160,13 +160,20 @@ class CollectiveColumns:
         computed once per (group, kind) pair; codes numbered in order of first appearance."""
         if not self.n:
             return np.zeros(0, dtype=np.int64), []
-        pair = self.group.codes * len(self.kind.names) + self.kind.codes
-        uniques, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        first, inverse = self._group_kind_pairs
         codes: dict[Any, int] = {}
-        pair_code = np.empty(len(uniques), dtype=np.int64)
+        pair_code = np.empty(len(first), dtype=np.int64)
         for k in np.argsort(first, kind="stable").tolist():  # pairs in order of first appearance
             pair_code[k] = codes.setdefault(key_of(self.rows[int(first[k])]), len(codes))
-        return pair_code[inverse.reshape(-1)], list(codes)
+        return pair_code[inverse], list(codes)
+
+    @cached_property
+    def _group_kind_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first row of each distinct (group, kind) pair, each row's pair number): one sort
+        serves every ``group_keys`` (several analyses ask, each with its own key)."""
+        pair = self.group.codes * len(self.kind.names) + self.kind.codes
+        _, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
 
 
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
@@ -183,18 +190,51 @@ def _field(rows: list[dict[str, Any]], key: str) -> Iterator[Any]:
     return map(dict.get, rows, repeat(key))
 
 
+# A mixed-radix number stays below this (int64 holds it; the next digit may still be added).
+_RADIX_LIMIT = 2 ** 62
+
+
 def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct tuples of several non-negative code columns: (first row of each, its count,
     each row's tuple number), tuples numbered in order of first appearance."""
-    combined = np.zeros(len(columns[0]), dtype=np.int64)
-    for column in columns:  # mixed radix: dense codes, so the product stays small
-        values, column = np.unique(column, return_inverse=True)
-        combined = np.unique(combined * len(values) + column.reshape(-1), return_inverse=True)[1].reshape(-1)
+    combined = tuple_numbers(columns)
+    if not len(combined):
+        return combined, combined.copy(), combined.copy()
     _, first, inverse, counts = np.unique(combined, return_index=True, return_inverse=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     renumber = np.empty(len(order), dtype=np.int64)
     renumber[order] = np.arange(len(order))
     return first[order], counts[order], renumber[inverse.reshape(-1)]
+
+
+def tuple_numbers(columns: list[np.ndarray]) -> np.ndarray:
+    """One non-negative int64 per row, equal exactly where the rows' tuples of ``columns``
+    (integers) are and ordered as the tuples are: mixed radix, one digit per column; digits and
+    the number are made dense (np.unique keeps their order) only where the product would leave
+    int64, so mostly no sort at all."""
+    combined = np.zeros(len(columns[0]), dtype=np.int64)
+    if not len(combined):
+        return combined
+    for column in columns:
+        digit = _digit(np.asarray(column, dtype=np.int64))
+        radix = int(digit.max()) + 1
+        if int(combined.max()) >= _RADIX_LIMIT // radix:
+            combined = _dense_codes(combined)
+            if int(combined.max()) >= _RADIX_LIMIT // radix:
+                digit = _dense_codes(digit)
+                radix = int(digit.max()) + 1
+        combined = combined * radix + digit
+    return combined
+
+
+def _digit(column: np.ndarray) -> np.ndarray:
+    """The column's values from 0: minus its least, or dense codes where that span is huge."""
+    low, high = int(column.min()), int(column.max())
+    return column - low if high - low < _RADIX_LIMIT else _dense_codes(column)
+
+
+def _dense_codes(values: np.ndarray) -> np.ndarray:
+    return np.unique(values, return_inverse=True)[1].reshape(-1)
 
 
 def sequential_sums(values: np.ndarray, segment: np.ndarray, segments: int) -> list[float | int]:

@@ -69,12 +69,23 @@ class GroupColumns:
                  index: np.ndarray | None = None) -> None:
         if view is None or index is None:
             view, index = CollectiveColumns(rows), np.arange(len(rows))
-        self.kinds = list(map(view.kind.names.__getitem__, view.kind.codes[index].tolist()))
+        # codes of the view's kinds (kinds of other groups among the names): no string per row
+        self.kind = Categorical(view.kind.codes[index], view.kind.names)
         self.sizes = view.size[index]
         self.on_gpu = view.on_gpu[index]
         durations = view.dur[index]
         self.transfer = durations - _waits(view)[index]  # the wait for late ranks taken out
         self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
+
+    def present_kinds(self) -> list[str]:
+        """The distinct kinds of the group's rows."""
+        seen = np.bincount(self.kind.codes, minlength=len(self.kind.names))
+        return [self.kind.names[code] for code in np.flatnonzero(seen).tolist()]
+
+
+def _by_kind(kind: Categorical, figures: dict[str, float]) -> np.ndarray:
+    """Each row's figure of its kind (``figures`` holds the kinds present)."""
+    return np.array([figures.get(name, np.nan) for name in kind.names], dtype=float)[kind.codes]
 
 
 def _waits(view: CollectiveColumns) -> np.ndarray:
@@ -93,12 +104,10 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
     of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw
     values and the bounds as codes (``BOUNDS``)."""
     cols = cols or GroupColumns(rows)
-    count, sizes, times = len(rows), cols.sizes, cols.time
-    defined = {kind: has_bus_model(kind, n) for kind in set(cols.kinds)}
-    factor_of = {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()}
-    hops_of = {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()}
-    factors = np.fromiter(map(factor_of.__getitem__, cols.kinds), float, count)
-    hop_counts = np.fromiter(map(hops_of.__getitem__, cols.kinds), float, count)
+    sizes, times = cols.sizes, cols.time
+    defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
+    factors = _by_kind(cols.kind, {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()})
+    hop_counts = _by_kind(cols.kind, {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()})
     with np.errstate(invalid="ignore", divide="ignore"):
         known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
         alg = np.where(known, sizes / times * 1e-3, np.nan)
@@ -200,12 +209,13 @@ def lower_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float] | None:
     return best
 
 
-def fit_alpha_beta(kinds: list[str], sizes: list[int] | np.ndarray, times_us: list[float] | np.ndarray, n: int,
+def fit_alpha_beta(kinds: list[str] | Categorical, sizes: list[int] | np.ndarray, times_us: list[float] | np.ndarray, n: int,
                    fallback: tuple[float | None, float | None, str]) -> AlphaBeta:
     """α (µs) and β (GB/s) of one group of N ranks from its collectives' (kind, S, transfer time;
-    S and t as lists or arrays).
+    S and t as lists or arrays; the kinds as a list or as codes).
     ``fallback`` = (α, β, where from) used when fewer than 3 distinct sizes are known."""
-    kind, names = categorical(kinds, len(kinds))  # the per-kind figures once per kind
+    # the per-kind figures once per kind (names of kinds absent from these rows are harmless)
+    kind, names = kinds if isinstance(kinds, Categorical) else categorical(kinds, len(kinds))
     usable = [has_bus_model(k, n) for k in names]
     factor = np.array([busbw_factor(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]
     hop = np.array([hops(k, n) if ok else np.nan for k, ok in zip(names, usable)], float)[kind]

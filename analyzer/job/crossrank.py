@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.job.columns import CollectiveColumns, round_list
+from analyzer.job.columns import CollectiveColumns, round_list, tuple_numbers
 
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
@@ -61,22 +61,26 @@ def _identity_codes(values: list[Any]) -> np.ndarray:
         return _codes(str(v) for v in values)
 
 
-def _first_seen_codes(columns: list[np.ndarray], matched: np.ndarray | None = None) -> np.ndarray:
-    """One code per distinct tuple of ``columns`` values, numbered in order of first appearance;
-    -1 where ``matched`` is False."""
+def _tuple_codes(columns: list[np.ndarray], matched: np.ndarray | None = None) -> np.ndarray:
+    """One code per distinct tuple of ``columns`` values (dense, in no particular order: enough
+    to test a method, ``_first_seen`` numbers the chosen one's); -1 where ``matched`` is False."""
     count = len(columns[0])
     matched = np.ones(count, dtype=bool) if matched is None else matched
     out = np.full(count, -1, dtype=np.int64)
     if not matched.any():
         return out
-    combined = _dense(columns[0][matched])
-    for column in columns[1:]:  # pairs of dense codes < count**2: never overflow int64
-        part = _dense(column[matched])
-        combined = _dense(combined * (int(part.max()) + 1) + part)
-    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    out[matched] = _dense(tuple_numbers([column[matched] for column in columns]))
+    return out
+
+
+def _first_seen(codes: np.ndarray) -> np.ndarray:
+    """The codes (-1 kept) renumbered in order of first appearance."""
+    used = codes >= 0
+    _, first, inverse = np.unique(codes[used], return_index=True, return_inverse=True)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    out[matched] = renumber[inverse]
+    out = np.full(len(codes), -1, dtype=np.int64)
+    out[used] = renumber[inverse.reshape(-1)]
     return out
 
 
@@ -85,27 +89,27 @@ def _dense(values: np.ndarray) -> np.ndarray:
 
 
 def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view: CollectiveColumns) -> np.ndarray | None:
-    """One matching-key code per row (-1: this row is not matched), or None when the method
-    does not apply. ``groups``: each row's process-group code."""
+    """One matching-key code per row (``_tuple_codes``; -1: this row is not matched), or None
+    when the method does not apply. ``groups``: each row's process-group code."""
     if method == "comms_id":
         ids = view.comms_id
-        return None if None in ids else _first_seen_codes([_identity_codes(ids)])
+        return None if None in ids else _tuple_codes([_identity_codes(ids)])
     if method == "seq":
         seqs = view.seq
-        return None if None in seqs else _first_seen_codes([groups, _identity_codes(seqs)])
+        return None if None in seqs else _tuple_codes([groups, _identity_codes(seqs)])
     # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
     ranks, starts, steps = view.rank, view.start, view.step.codes
     collective = ~view.kind.isin(_P2P)
     index = np.flatnonzero(collective)
-    slots = np.stack([ranks[index], groups[index], steps[index]], axis=1)
-    order = np.lexsort((index, starts[index], slots[:, 2], slots[:, 1], slots[:, 0]))
-    slots = slots[order]
-    new_slot = np.r_[True, np.any(slots[1:] != slots[:-1], axis=1)]
+    slot = tuple_numbers([ranks[index], groups[index], steps[index]])  # (rank, group, step) order kept
+    order = np.lexsort((index, starts[index], slot))
+    slot = slot[order]
+    new_slot = np.r_[True, slot[1:] != slot[:-1]]
     run_start = np.maximum.accumulate(np.where(new_slot, np.arange(len(order)), 0))
     nth = np.empty(len(rows), dtype=np.int64)
     nth[index[order]] = np.arange(len(order)) - run_start
     nth[~collective] = 0
-    return _first_seen_codes([groups, steps, nth], collective)
+    return _tuple_codes([groups, steps, nth], collective)
 
 
 def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
@@ -123,34 +127,34 @@ def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
 def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]:
     """(method, {key code: indices into rows}) of the collectives seen on 2+ ranks; sets in
     order of their first row, indices ascending."""
-    return _match(CollectiveColumns(rows))
+    method, codes = _match(CollectiveColumns(rows))
+    if codes is None:
+        return None, {}
+    flat, bounds = _flat_sets(codes)
+    return method, {int(codes[flat[lo]]): flat[lo:hi].tolist() for lo, hi in zip(bounds[:-1], bounds[1:])}
 
 
-def _match(view: CollectiveColumns) -> tuple[str | None, dict[int, list[int]]]:
+def _match(view: CollectiveColumns) -> tuple[str | None, np.ndarray | None]:
+    """(method, key code per row numbered by first appearance, -1 unmatched), or (None, None)."""
     groups = view.group_keys(group_key)[0]
     for method in METHODS:
         codes = _key_codes(view.rows, method, groups, view)
         if codes is None or not _valid(view.rank, codes):
             continue
-        return method, _sets(codes)
-    return None, {}
+        return method, _first_seen(codes)
+    return None, None
 
 
-def _sets(codes: np.ndarray) -> dict[int, list[int]]:
+def _flat_sets(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of each key seen on 2+ rows, set after set (sets by code, indices ascending within
+    a set), and the sets' bounds: no list per set (a 64-rank job has thousands)."""
     indices = np.flatnonzero(codes >= 0)
     indices = indices[np.argsort(codes[indices], kind="stable")]  # by code = by first appearance
     sorted_codes = codes[indices]
     bounds = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1], True])
-    return {int(sorted_codes[lo]): indices[lo:hi].tolist()
-            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi - lo > 1}
-
-
-def _flatten(sets: dict[Any, list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Every matched row, set after set (indices ascending within a set), and the sets' bounds."""
-    if not sets:
-        return np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    flat = np.concatenate([np.asarray(indices, dtype=np.int64) for indices in sets.values()])
-    return flat, np.cumsum([0] + [len(indices) for indices in sets.values()])
+    sizes = np.diff(bounds)
+    shared = sizes > 1
+    return indices[np.repeat(shared, sizes)], np.r_[0, np.cumsum(sizes[shared])]
 
 
 def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> dict[int, float]:
@@ -176,18 +180,19 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
-    method, sets = _match(view)
-    if method is None:
+    method, codes = _match(view)
+    if codes is None:
         for row in rows:
             row.update(_UNMATCHED)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
     rank_of, starts, durations = view.rank, view.start, view.dur
-    flat, bounds = _flatten(sets)
+    flat, bounds = _flat_sets(codes)
     members, flat_durations = rank_of[flat], durations[flat]
     offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds)
-    flat_arrivals = starts[flat] - np.array([offsets[r] for r in members.tolist()])
+    offset_ranks = np.array(list(offsets), dtype=np.int64)  # ascending (np.unique's)
+    flat_arrivals = starts[flat] - np.array(list(offsets.values()))[np.searchsorted(offset_ranks, members)]
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
     rounded_waits = round_list(waits)
@@ -228,7 +233,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
             row["arrival_lag_us"] = lag
         else:
             row.update(_UNMATCHED)
-    summary = _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps)
+    summary = _summary(method, len(bounds) - 1, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
                            "not be the last member, so waits are lower bounds")
@@ -270,7 +275,7 @@ def _per_set(arrivals: np.ndarray, durations: np.ndarray, members: np.ndarray, b
     return last.tolist(), skew.tolist()
 
 
-def _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps) -> dict[str, Any]:
+def _summary(method, total, ranks, offsets, caused, incurred, last_count, steps) -> dict[str, Any]:
     per_step = []
     for step in sorted(steps, key=lambda s: (s is None, s if s is not None else 0)):
         entry = steps[step]
@@ -283,7 +288,6 @@ def _summary(method, sets, ranks, offsets, caused, incurred, last_count, steps) 
                 "wait_incurred_us": round(incurred.get(r, 0.0), 3),
                 "clock_offset_us": round(offsets.get(r, 0.0), 3)} for r in ranks]
     top = min(ranks, key=lambda r: (-caused.get(r, 0.0), r))
-    total = len(sets)
     return {
         "method": method, "matched_collectives": total, "ranks_compared": ranks,
         "note": None,

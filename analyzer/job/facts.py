@@ -117,6 +117,17 @@ class JobFacts:
         return self._collectives_index.get((rank, step), [])
 
     @cached_property
+    def backward_allreduce_groups(self) -> dict[tuple[int, Any], Any]:
+        """{(rank, step): the ``group`` of its first backward all-reduce row, in row order}: the
+        first such row of ``collectives_of``, found for every step in one pass over the columns."""
+        pair, keys = self._step_pairs
+        view = CollectiveColumns.of(self.result)
+        rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
+        pairs, first = np.unique(pair[rows], return_index=True)
+        collectives = self.result.collectives
+        return {keys[p]: collectives[row]["group"] for p, row in zip(pairs.tolist(), rows[first].tolist())}
+
+    @cached_property
     def _step_pairs(self) -> tuple[np.ndarray, list[tuple[int, Any]]]:
         """Each row's (rank, step) number and the pairs by number, in order of first appearance."""
         view = CollectiveColumns.of(self.result)

@@ -201,9 +201,7 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
             else facts.bucket_fields(buckets, keys)
         if None in sizes or None in starts:
             continue
-        group = next((row["group"] for row in facts.collectives_of(rank, step)
-                      if row["collective"] == "allreduce" and row["phase"] == "backward"), {})
-        link = facts.link(group)
+        link = facts.link(facts.backward_allreduce_groups.get((rank, step), {}))
         start, end, _ = view.windows["backward"]
         out.append(DdpStep(rank, step, start, end,
                            tuple(map(float, sizes)), tuple(map(float, starts)),
