@@ -4,7 +4,8 @@ hand-worked figures of small traces (analyzer.rank.attribution, analyzer.job.att
 import pytest
 
 from analyzer.api import diagnose
-from analyzer.job.attribution import LEAVES, exposed_share, steady_steps
+from analyzer.base import intervals as iv
+from analyzer.job.attribution import LEAVES, _exposed_set, _exposed_sets, exposed_share, steady_steps
 from builders import AUTOGRAD, TraceBuilder, two_step_ddp
 from conftest import SAMPLES
 
@@ -220,3 +221,20 @@ def test_split_all_is_split_of_each_step(rows, cuts, gaps, rnd):
     assert table.split_all(sets) == [table.split(s) for s in sets]
     if len(sets) > 1:  # a set repeated: not disjoint
         assert table.split_all(sets + sets[:1]) == [table.split(s) for s in sets + sets[:1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(-2**62, 2**62), max_size=8), max_size=6), st.integers(0, 2**61))
+def test_exposed_sets_of_a_rank_equal_the_sets_step_by_step(flats, origin):
+    """attribute_job reads all of a rank's steps at once: the same sets and totals as one step at
+    a time (wrapping int64 sums alike; lists of odd length go step by step and fail alike)."""
+    try:
+        plain = [_exposed_set(flat, origin) for flat in flats]
+    except ValueError:
+        with pytest.raises(ValueError):
+            _exposed_sets(flats, origin)
+        return
+    sets, totals = _exposed_sets(flats, origin)
+    assert [(a.tolist(), b.tolist()) for a, b in sets] == [(a.tolist(), b.tolist()) for a, b in plain]
+    assert totals == [iv.total(s) for s in plain]
+    assert all(type(t) is int for t in totals)

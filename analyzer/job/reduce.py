@@ -86,7 +86,10 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     step_number = np.array([v if isinstance(v, int) else 0 for v in view.step.names], dtype=np.int64)
     step = view.step.codes[rows]
     # (rank, step) pairs in order of first appearance: ties of the sort key (unnumbered steps)
-    _, _, pair = distinct_rows([view.rank[rows], step])
+    pair_row, _, pair = distinct_rows([view.rank[rows], step])
+    # when backward began, looked up once per (rank, step) rather than once per bucket
+    pair_keys = zip(view.rank[rows[pair_row]].tolist(), map(view.step.names.__getitem__, step[pair_row].tolist()))
+    pair_origin = np.array(list(map(backward_start_us.get, pair_keys, repeat(np.nan))), dtype=np.float64)
     launch, start = view.launch[rows], view.start[rows]
     ready = np.where(np.isnan(launch), start, launch)
     order = np.lexsort((np.arange(len(rows)), start, ready, pair, step_number[step], ~numbered[step],
@@ -96,8 +99,7 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
     ranks = view.rank[rows].tolist()
     steps = list(map(view.step.names.__getitem__, step.tolist()))
-    origin = np.array(list(map(backward_start_us.get, zip(ranks, steps), repeat(np.nan))), dtype=np.float64)
-    since_backward = view.launch[rows] - origin
+    since_backward = view.launch[rows] - pair_origin[pair]
     offsets: list[float | None] = round_list(since_backward)  # type: ignore[assignment]
     for i in np.flatnonzero(np.isnan(since_backward)).tolist():
         offsets[i] = None  # no backward start or no launch time
@@ -138,14 +140,14 @@ def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
 
 def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int) -> dict[str, Any]:
     seen = {k: sum(r.markers_seen.get(k, 0) for r in ranks) for k in ("ddp_forward", "fsdp1", "fsdp2")}
-    collectives = {row["collective"] for r in ranks for row in r.collectives}
+    # The markers first: the rows' kinds (a pass over every row) only when no marker decides.
     if seen["fsdp2"]:
         strategy = "fsdp2"
     elif seen["fsdp1"]:
         strategy = "fsdp1"
     elif seen["ddp_forward"]:
         strategy = "ddp"
-    elif {"allgather", "reduce_scatter"} <= collectives:
+    elif {"allgather", "reduce_scatter"} <= {row["collective"] for r in ranks for row in r.collectives}:
         strategy = "fsdp"
     else:
         strategy = "unknown"
