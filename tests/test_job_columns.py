@@ -349,6 +349,16 @@ def test_flag_and_raw_columns_read_as_the_row_code_did():
     assert all(a is b for a, b in zip(view.seq, [r.get("seq") for r in rows], strict=True))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | st.floats() | st.integers(-2**70, 2**70), max_size=12), st.booleans())
+def test_nullable_columns_read_none_as_nan(values, keyless):
+    """``written`` (and the launch and size columns): NaN where a row's value is None or absent."""
+    rows = [{} if keyless and v is None else {"wait_estimated_us": v} for v in values]
+    got = CollectiveColumns(rows).written("wait_estimated_us")
+    plain = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    assert got.dtype == plain.dtype and got.tobytes() == plain.tobytes()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.none() | st.sampled_from([0, 0.0, 1, 2, 2.5, 7.25, -1.0, 2**60, 2**60 + 1, 10**400,
                                                        float("nan"), "x", True]),

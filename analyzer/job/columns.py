@@ -179,6 +179,8 @@ class CollectiveColumns:
 def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
     """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
     values = list(_field(rows, key))
+    if values and values[0] is None and values.count(None) == len(values):
+        return np.full(len(values), np.nan)  # a field no row has: numpy converts None slowly
     try:
         return np.array(values, dtype=np.float64)  # None becomes NaN
     except (TypeError, ValueError, OverflowError):
