@@ -69,8 +69,9 @@ class RankTimeline:
         ends_at_least = np.maximum(ends, starts)
         compute_ns = iv.covered_length(self.compute, starts, ends_at_least).tolist()
         comm_ns = iv.covered_length(self.exposed, starts, ends_at_least).tolist()
-        busy_ns = iv.covered_length(self.busy, starts, ends_at_least).tolist()
-        causes = self._idle_causes(starts, ends_at_least)
+        busy = iv.covered_length(self.busy, starts, ends_at_least)
+        busy_ns = busy.tolist()
+        causes = self._idle_causes(starts, ends_at_least, (ends_at_least - starts) - busy)
         window, exposed_starts, exposed_ends = iv.clip_each(self.exposed, starts, ends_at_least)
         flat = np.stack([exposed_starts, exposed_ends], axis=1).ravel().tolist()
         cuts = (2 * np.searchsorted(window, np.arange(len(starts) + 1))).tolist()
@@ -97,20 +98,19 @@ class RankTimeline:
         sync_ns = iv.covered_length(self.sync, cpu_starts, ends).tolist()
         return [{"input": ns_to_us(i), "device_sync": ns_to_us(s)} for i, s in zip(input_ns, sync_ns)]
 
-    def _idle_causes(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, list[int]]:
-        """Nanoseconds of idle per host cause in each window, in priority order, but unknown
-        (what is left): the data loader's; then what blocking calls cover of each piece of the
-        rest, all of a piece that began while the host was blocked in one (the sync drained the
-        queue); then the rest of a short idle gap ended by work launched after it began."""
+    def _idle_causes(self, starts: np.ndarray, ends: np.ndarray, idle_ns: np.ndarray) -> dict[str, list[int]]:
+        """Nanoseconds of idle per host cause in each window (``idle_ns`` of idle in each), in
+        priority order, but unknown (what is left): the data loader's; then what blocking calls
+        cover of each piece of the rest, all of a piece that began while the host was blocked in
+        one (the sync drained the queue); then the rest of a short idle gap ended by work
+        launched after it began."""
         n = len(starts)
-        idle_window, idle_starts, idle_ends = iv.clip_each(self.idle, starts, ends)
         window, rest_starts, rest_ends = iv.clip_each(self.rest, starts, ends)
         length = rest_ends - rest_starts
         blocked = iv.covered_length(self.sync, rest_starts - 1, rest_starts) > 0  # host blocked as the GPU drained
         synced = np.where(blocked, length, iv.covered_length(self.sync, rest_starts, rest_ends))
         launch = self._launch_gap(window, rest_starts, starts, ends)
-        idle_ns, rest_ns = _per_window(idle_window, idle_ends - idle_starts, n), _per_window(window, length, n)
-        return {"input": (idle_ns - rest_ns).tolist(), "device_sync": _per_window(window, synced, n).tolist(),
+        return {"input": (idle_ns - _per_window(window, length, n)).tolist(), "device_sync": _per_window(window, synced, n).tolist(),
                 "launch": _per_window(window, np.where(launch, length - synced, 0), n).tolist()}
 
     def _launch_gap(self, window: np.ndarray, inside: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -82,11 +82,14 @@ def _lanes(strings: list[str], gpu: GpuEvents, att: Attribution, stride: int) ->
     def union(mask: np.ndarray) -> iv.IntervalSet:
         return iv.union(starts[mask], ends[mask])
 
+    # Lane k spans [k * stride, (k + 1) * stride), the outer lanes open-ended: a lone step
+    # longer than LANES_SPAN_NS overruns its stride.
+    cuts = np.arange(1, n, dtype=np.int64) * stride
+    lane_from, lane_to = np.r_[np.iinfo(np.int64).min, cuts], np.r_[cuts, np.iinfo(np.int64).max]
+
     def totals(intervals: iv.IntervalSet) -> list[int]:
         """Nanoseconds of the canonical set in each lane."""
-        prefix = np.concatenate([[0], np.cumsum(intervals[1] - intervals[0])])
-        cuts = np.concatenate([[0], np.searchsorted(intervals[0], np.arange(1, n) * stride), [len(prefix) - 1]])
-        return np.diff(prefix[cuts]).tolist()
+        return iv.covered_length(intervals, lane_from, lane_to).tolist()
 
     compute_rows, comm_rows = gpu.kind == GpuKind.COMPUTE, gpu.kind == GpuKind.COMM
     compute, comm = union(compute_rows), union(comm_rows)
