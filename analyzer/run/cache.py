@@ -169,18 +169,19 @@ def analyze_and_pack(path: str, options: RankOptions, cache_dir: str | None,
     columns = entry_codec.to_columns(analysis.collectives)
     if cache_dir and key:
         store_entry(entry_path(cache_dir, key), analysis, columns)
-    return _packed(analysis, columns)
+    return _rows_apart(analysis, columns)
 
 
 def analyze_rank_cached_packed(path: str, options: RankOptions,
                                cache_dir: str | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
     """``analyze_rank_cached`` on a Dask worker, its rows by column as ``analyze_and_pack``."""
     analysis = analyze_rank_cached(path, options, cache_dir)
-    return _packed(analysis, entry_codec.to_columns(analysis.collectives))
+    return _rows_apart(analysis, entry_codec.to_columns(analysis.collectives))
 
 
-def _packed(analysis: RankAnalysis,
-            columns: entry_codec.RowColumns | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
+def _rows_apart(analysis: RankAnalysis,
+                columns: entry_codec.RowColumns | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
+    """The summary without its rows, and the rows packed (None: no columns, the rows stay)."""
     if columns is None:
         return analysis, None
     return dataclasses.replace(analysis, collectives=[]), entry_codec.pack(columns)
