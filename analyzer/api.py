@@ -18,6 +18,8 @@ from analyzer.ingest.files import discover_trace_files
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result, resolve_ranks
 from analyzer.job import result as job_result
+from analyzer.job.result import Result
+from analyzer import reports  # noqa: F401  (registers the Result's rendered views: to_html, Jupyter's)
 from analyzer.rank.analysis import RankAnalysis, RankOptions, forget_loaded
 from analyzer.rules.engine import run_rules
 from analyzer.run.executors import map_ranks, map_step_timelines, store_step_timelines
@@ -26,21 +28,6 @@ if TYPE_CHECKING:
     from analyzer.compare.gate import GateReport
 
 Progress = Callable[[int, int, str], None]
-
-
-class Result(job_result.Result):
-    """The job's Result (analyzer.job.result: data, JSON, DataFrames) with its rendered views,
-    which live up here because the renderers (analyzer.reports) read the Result."""
-
-    def to_html(self) -> str:
-        """The self-contained report page of ``diagnose --format html``."""
-        from analyzer.reports import render
-        return render(self, "html")
-
-    def _repr_html_(self) -> str:
-        """Jupyter's inline view: verdict, headline numbers and findings (escaped)."""
-        from analyzer.reports import render_summary_html
-        return render_summary_html(self)
 
 
 @dataclass(frozen=True)
@@ -82,7 +69,7 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     # whole timelines), so that it need not decode the shown ranks again.
     ranks = analyze_files(files, options, progress, keep_kernels=report and not options.keep_timeline)
     with paused_gc():
-        result = Result(**vars(build_result(ranks, options)))
+        result = build_result(ranks, options)
         if skipped:
             result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
                                       + ", ".join(str(p) for p in skipped))

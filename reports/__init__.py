@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from analyzer.job.result import VIEWS
+
 
 def render(result: Any, fmt: str, timestamp: bool = False) -> str:
     """``result`` (a Result) as ``text``, ``json`` or ``html``. ``timestamp``: HTML shows the
@@ -29,6 +31,9 @@ def render_summary_html(result: Any) -> str:
     """Jupyter's inline view of a Result: verdict, headline numbers and findings (escaped)."""
     from analyzer.reports.html import SummaryHtmlRenderer
     return SummaryHtmlRenderer().render(result.to_dict())
+
+
+VIEWS.update({"html": lambda result: render(result, "html"), "summary-html": render_summary_html})
 
 
 def render_chunks(result: Any, fmt: str, timestamp: bool = False) -> Iterator[str] | Iterator[bytes]:

@@ -115,6 +115,7 @@ class RuleContext:
         self.rule = rule
         self.facts = facts
         self.result = facts.result
+        self.model = facts.model  # the job's typed facts (analyzer.job.model): what rules read
         self.thresholds = settings["thresholds"]
         self.severity = settings["severity"]
         self.findings = list(findings or [])  # the findings of the rules that ran before

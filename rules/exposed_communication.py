@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_us
-from analyzer.job.attribution import exposed_share, group_label
+from analyzer.job.model import group_label
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
@@ -105,11 +105,12 @@ class ExposedCommunication(Rule):
                   "Holistic Trace Analysis: comm-comp overlap")
 
     def check(self, ctx):
-        tb = ctx.result.attribution
-        if not tb or not tb.get("step_time_us"):
+        typical = ctx.model.typical
+        if typical is None:
             raise NotEvaluated("no time breakdown of a typical step (no GPU steps on any rank)")
-        step = tb["step_time_us"]
-        wait, transfer = tb["exposed_wait_us"], tb["exposed_transfer_us"]
+        tb = ctx.result.attribution  # its details, as the evidence quotes them
+        step = typical.step_time_us
+        wait, transfer = typical.leaves.exposed_wait_us, typical.leaves.exposed_transfer_us
         details = tb["details"]
         fired = {f["rule"] for f in ctx.findings}
         open_wait = 0.0 if fired & set(WAIT_RULES) else wait
@@ -130,7 +131,7 @@ class ExposedCommunication(Rule):
         model = _alpha_beta(ctx, tb["step"])
         top_kind = kinds[0][0] if kinds else None
         summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
-                   f"({100 * exposed_share(tb):.0f}%): {fmt_us(wait)} waiting for late peers and "
+                   f"({100 * typical.exposed_share:.0f}%): {fmt_us(wait)} waiting for late peers and "
                    f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "
                    f"by process group {_list(groups)}; "
                    f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")

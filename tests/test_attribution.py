@@ -5,7 +5,7 @@ import pytest
 
 from analyzer.api import diagnose
 from analyzer.base import intervals as iv
-from analyzer.job.attribution import LEAVES, _exposed_set, _exposed_sets, exposed_share, steady_steps
+from analyzer.job.attribution import LEAVES, _exposed_set, _exposed_sets, steady_steps
 from builders import AUTOGRAD, TraceBuilder, two_step_ddp
 from conftest import SAMPLES
 
@@ -95,8 +95,14 @@ def test_hand_worked_two_rank_ddp(tmp_path):
     # two steps: the last one is the drain (its time is its span), step 1 is typical
     job = result.attribution
     assert job["step"] == 1 and job["excluded_steps"][0]["step"] == 2
+    assert job["excluded_steps"][0]["role"] == "drain"
     assert job["details"]["wait_by_peer"] == {"1": 5.0}  # rank 0 waits 10 µs; mean over 2 ranks
-    assert exposed_share(job) == pytest.approx((5.0 + 10.0) / 100.0)
+    model = result.model
+    assert model.exposed_share == pytest.approx((5.0 + 10.0) / 100.0) == job["exposed_share"]
+    assert model.step_time_us == job["step_time_us"] and model.step_role(2) == "drain" and model.step_role(1) == "typical"
+    # each rank's steps carry their role; rank 0's typical leaves are its step 1
+    assert [s.role for s in model.ranks[0].steps] == ["typical", "drain"]
+    assert model.ranks[0].typical.exposed_wait_us == 10.0
 
 
 def host_stall_trace(tmp_path, kind):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.job.attribution import group_label  # noqa: F401  (re-exported: the diff and gate use it)
+from analyzer.job.model import group_label  # noqa: F401  (re-exported: the diff and gate use it)
 
 AGGREGATIONS = ("median", "max", "min", "p90")
 GROUP_METRIC = "busbw_gbps"

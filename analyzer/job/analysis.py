@@ -26,6 +26,7 @@ from analyzer.job.topology import Topology, build_topology
 
 
 def analyze_job(result: Any, options: Any) -> None:
+    result.job_model = None  # the model is read from what follows (analyzer.job.model)
     topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
@@ -42,6 +43,7 @@ def analyze_job(result: Any, options: Any) -> None:
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                                       getattr(options, "tokens_per_step", None), n_gpus,
                                       hardware.peak_tflops.to_dict())
+    result.job_model = None  # built afresh, from these sections, on first use
 
 
 def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:

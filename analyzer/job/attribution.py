@@ -31,22 +31,15 @@ import numpy as np
 from analyzer.base import intervals as iv
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.facts import JobFacts
+from analyzer.job.model import DRAIN, LEAVES, OUTLIER, WARM_UP, Leaves, group_label
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
 
-LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
 DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host")
 # (row, exposed ns it owns, of which waiting) of the rows with exposed time in a step
 _Split = list[tuple[dict[str, Any], int, int]]
 # A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
 OUTLIER_FRACTION = 0.3
-
-
-def exposed_share(breakdown: dict[str, Any] | None) -> float | None:
-    """Exposed communication (waiting + transfer) as a fraction of the step."""
-    if not breakdown or not breakdown.get("step_time_us"):
-        return None
-    return (breakdown["exposed_wait_us"] + breakdown["exposed_transfer_us"]) / breakdown["step_time_us"]
 
 
 def attribute_job(result: Any) -> None:
@@ -291,15 +284,6 @@ def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, flo
     return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
 
-def group_label(group: dict[str, Any] | None) -> str | None:
-    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
-    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
-
-
 def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], list[dict[str, Any]]]:
     """(steady step numbers, excluded [{step, reason}]) from each step's time."""
     steps = sorted(times)
@@ -307,16 +291,16 @@ def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], li
     kept = list(steps)
     if len(kept) > 1 and last_step in kept:
         kept.remove(last_step)
-        excluded.append({"step": last_step, "reason": "drain: the last step of the trace (no next step "
-                                                       "closes it: its time is its GPU span)"})
+        excluded.append({"step": last_step, "role": DRAIN,
+                         "reason": "drain: the last step of the trace (no next step closes it: its time is its GPU span)"})
     if len(kept) > 2:
         middle = statistics.median(times[s] for s in kept)
         for s in list(kept):
             ratio = times[s] / middle if middle else 1.0
             if abs(ratio - 1.0) > OUTLIER_FRACTION and len(kept) > 1:
                 kept.remove(s)
-                what = "warm-up" if s == steps[0] else "outlier"
-                excluded.append({"step": s, "reason": f"{what}: {ratio:.2f}x the median step time"})
+                what = WARM_UP if s == steps[0] else OUTLIER
+                excluded.append({"step": s, "role": what, "reason": f"{what}: {ratio:.2f}x the median step time"})
     return kept, sorted(excluded, key=lambda e: e["step"])
 
 
@@ -346,9 +330,9 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str
     section = _mean_breakdown(chosen)
     section.update({"step": typical, "ranks": len(chosen), "wait_source": source,
                     "steady_steps": kept, "excluded_steps": excluded})
-    section["exposed_share"] = _round(exposed_share(section), 4)
-    section["idle_share"] = _round(section["idle_us"] / section["step_time_us"], 4) \
-        if section["step_time_us"] else None
+    leaves = Leaves.of(section)  # the shares' one definition (analyzer.job.model)
+    section["exposed_share"] = _round(leaves.exposed_share, 4)
+    section["idle_share"] = _round(leaves.idle_share, 4)
     return section
 
 

@@ -18,7 +18,7 @@ from analyzer.job.parallelism import data_parallel_mask, role_key
 from analyzer.job.result import Bucket
 from analyzer.model import formulas as models
 from analyzer.job.topology import Topology, build_topology
-from analyzer.model.link import hardware_link
+from analyzer.model.link import Link, group_link, profile_link
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
 # Needs whose absence hides a problem rather than rule it out.
@@ -43,33 +43,10 @@ class StepView:
     cpu_step_us: float | None = None  # the ProfilerStep range on the CPU
 
 
-@dataclass(frozen=True)
-class Link:
-    """α/β of one process group and where they came from."""
-
-    alpha_us: float
-    beta_gbps: float
-    n: int
-    cross_node: bool
-    nodes: int
-    source: str
-
-    def time_us(self, kind: str, size_bytes: float) -> float:
-        return models.collective_time(kind, size_bytes, self.n, self.alpha_us, self.beta_gbps)
-
-    @property
-    def s_star_bytes(self) -> float:
-        return models.crossover_bytes(self.alpha_us, self.beta_gbps)
-
-    def evidence(self) -> dict[str, Any]:
-        return {"alpha_us": self.alpha_us, "beta_gbps": self.beta_gbps, "n": self.n,
-                "cross_node": self.cross_node, "nodes": self.nodes,
-                "s_star_bytes": round(self.s_star_bytes), "source": self.source}
-
-
 class JobFacts:
     def __init__(self, result: Any):
         self.result = result
+        self.model = result.model
         self.job = result.job
         # The data-parallel strategy (ddp, fsdp1, fsdp2, fsdp, unknown) the DDP/FSDP rules
         # test; results saved before job.dp_strategy existed had it in job.strategy.
@@ -313,26 +290,11 @@ class JobFacts:
 
     def _link(self, group: dict[str, Any]) -> Link | None:
         n = int(group.get("size") or len(self.group_ranks(group)))
-        nodes = self.group_nodes(group)
-        fitted = self._fitted_groups.get(group.get("name"))
-        if fitted and fitted.get("alpha_us") is not None and fitted.get("beta_gbps"):
-            return Link(float(fitted["alpha_us"]), float(fitted["beta_gbps"]), n,
-                        bool(fitted.get("cross_node", nodes > 1)), int(fitted.get("nodes") or nodes),
-                        f"fitted ({fitted.get('fit') or 'job analysis'})")
-        return self.profile_link(n, nodes, len(self.group_ranks(group)))
+        return group_link(self._fitted_groups.get(group.get("name")), self.hardware, n, self.group_nodes(group),
+                          len(self.group_ranks(group)))
 
     def profile_link(self, n: int, nodes: int, members: int | None = None) -> Link | None:
-        hw = self.hardware
-        if hw.intra_node_gbps.value is None or hw.intra_node_alpha_us.value is None:
-            return None
-        alpha, beta, _ = hardware_link(hw, nodes > 1, (members or n) / nodes)
-        if alpha is None or beta is None:
-            return None
-        if nodes <= 1:
-            return Link(alpha, beta, n, False, 1, f"profile {hw.gpu_profile.value} intra-node link")
-        return Link(alpha, beta, n, True, nodes,
-                    f"profile: {hw.nics_per_node.value} x {hw.nic_gbps.value:g} GB/s NICs per node "
-                    f"({hw.nics_per_node.origin})")
+        return profile_link(self.hardware, n, nodes, members)
 
     @cached_property
     def _fitted_groups(self) -> dict[Any, dict[str, Any]]:

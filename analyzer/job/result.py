@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, TypeVar
 
 import msgspec
 
@@ -18,6 +18,8 @@ from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
 
 if TYPE_CHECKING:  # pandas is imported only when a table is asked for
     import pandas as pd
+
+    from analyzer.job.model import JobModel
 
 SCHEMA_VERSION = 1
 _R = TypeVar("_R", bound="Result")
@@ -138,6 +140,17 @@ class Result:
     # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
     # built on first use, never serialized: the rows above are the contract)
     collective_columns: Any = field(default=None, repr=False, compare=False)
+    # the job's typed facts (analyzer.job.model.JobModel), built on first use after the job
+    # analyses, never serialized: the sections above are what it is read from
+    job_model: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def model(self) -> "JobModel":
+        """The job model every view reads (analyzer.job.model)."""
+        if self.job_model is None:
+            from analyzer.job.model import JobModel
+            self.job_model = JobModel(self)
+        return self.job_model
 
     def to_dict(self) -> dict[str, Any]:
         return result_to_dict(self)
@@ -145,6 +158,14 @@ class Result:
     @classmethod
     def from_dict(cls: type[_R], doc: dict[str, Any]) -> _R:
         return cls(**vars(result_from_dict(doc)))
+
+    def to_html(self) -> str:
+        """The self-contained report page of ``diagnose --format html``."""
+        return _view("html")(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's inline view: verdict, headline numbers and findings (escaped)."""
+        return _view("summary-html")(self)
 
     @property
     def typed_findings(self) -> list[Finding]:
@@ -183,6 +204,18 @@ class Result:
         world = self.job.get("world_size") or len(self.ranks)
         return (f"<Result {len(self.ranks)} of {world} rank(s), strategy {self.job.get('strategy')}, "
                 f"{len(self.collectives)} collectives, {len(self.findings)} finding(s)>")
+
+
+# The rendered views belong to the renderers (analyzer.reports), a layer above this one, which
+# registers them here when it is imported (analyzer.api and the command line import it).
+VIEWS: dict[str, Callable[[Result], str]] = {}
+
+
+def _view(name: str) -> Callable[[Result], str]:
+    if name not in VIEWS:
+        raise RuntimeError(f"the {name} view is registered by analyzer.reports: `import analyzer.api` "
+                           "(or use `analyzer.diagnose` / `analyzer.load_result`) first")
+    return VIEWS[name]
 
 
 _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .physics import Link, group_link
+from .physics import SimLink, group_link
 from .spec import DTYPE_BYTES, JobSpec
 
 
@@ -46,7 +46,7 @@ class ProcessGroup:
     name: str
     desc: str
     ranks: tuple[int, ...]
-    link: Link
+    link: SimLink
 
     @property
     def size(self) -> int:

@@ -14,7 +14,9 @@ ALLREDUCE, ALLGATHER, REDUCE_SCATTER, ALLTOALL = "allreduce", "allgather", "redu
 
 
 @dataclass(frozen=True)
-class Link:
+class SimLink:
+    """The generator's link (its own, not analyzer.model.link.Link: the thing under test)."""
+
     alpha_us: float
     beta_gbps: float
     nodes: int
@@ -24,7 +26,7 @@ class Link:
         return self.nodes > 1
 
 
-def group_link(spec: JobSpec, ranks: list[int]) -> Link:
+def group_link(spec: JobSpec, ranks: list[int]) -> SimLink:
     """α/β of a process group: NVLink inside one node, NICs once it spans nodes.
 
     Across nodes NCCL runs one ring per GPU of the node, so the node's aggregate NIC bandwidth
@@ -35,13 +37,13 @@ def group_link(spec: JobSpec, ranks: list[int]) -> Link:
     """
     nodes = sorted({spec.node_of(r) for r in ranks})
     if len(nodes) == 1:
-        return Link(spec.nvlink_alpha_us, spec.nvlink_gbps, 1)
+        return SimLink(spec.nvlink_alpha_us, spec.nvlink_gbps, 1)
     per_node = len(ranks) / len(nodes)
     node_bw = spec.nics_per_node * spec.nic_gbps * per_node / spec.ranks_per_node
-    return Link(spec.nic_alpha_us, min(spec.nvlink_gbps, node_bw), len(nodes))
+    return SimLink(spec.nic_alpha_us, min(spec.nvlink_gbps, node_bw), len(nodes))
 
 
-def ring_time_us(kind: str, size_bytes: float, n: int, link: Link) -> float:
+def ring_time_us(kind: str, size_bytes: float, n: int, link: SimLink) -> float:
     """NCCL ring: all-reduce 2(N-1)α + 2(N-1)/N·S/β; all-gather (output S) and reduce-scatter
     (input S) (N-1)α + (N-1)/N·S/β; all-to-all (S per rank, N-1 pairwise exchanges of S/N) the
     same as all-gather. β in GB/s = 1e3 bytes/µs."""

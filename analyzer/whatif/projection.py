@@ -42,7 +42,7 @@ import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
-from analyzer.model.link import cross_node_beta, node_nic_gbps
+from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif.ddp import bucket_ready_times, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError, TracecliffError
 
@@ -84,12 +84,6 @@ def _value(value: Any, origin: str, source: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- configuration and links
-@dataclass(frozen=True)
-class Link:
-    alpha_us: float
-    beta_gbps: float
-
-
 @dataclass(frozen=True)
 class Config:
     strategy: str
@@ -165,24 +159,24 @@ def _best_fit(result: Any, cross: bool) -> dict[str, Any] | None:
 
 
 def measured_config(result: Any, scenario: Scenario, notes: list[str]) -> tuple[Config, dict[str, Any]]:
-    hw = result.hardware
-    topo = result.topology
+    model = result.model  # the typed hardware and topology (analyzer.job.model)
+    hw, topo = model.hardware, model.topology
     gpus = result.job.get("world_size") or result.job.get("ranks_given")
-    g = topo["gpus_per_node"]
+    g = topo.gpus_per_node
     nodes = max(1, math.ceil(gpus / g))
     assumptions: dict[str, Any] = {
         "measured_gpus": _value(gpus, "measured", "trace world_size"),
-        "measured_gpus_per_node": _value(g, "measured" if topo["gpus_per_node_source"] != "default" else "default",
-                                         topo["gpus_per_node_source"]),
+        "measured_gpus_per_node": _value(g, "measured" if topo.gpus_per_node_source != "default" else "default",
+                                         topo.gpus_per_node_source),
         "measured_nodes": _value(nodes, "measured", "ceil(gpus / gpus_per_node)"),
     }
     intra_fit = _best_fit(result, False)
     if intra_fit:
         intra = Link(intra_fit["alpha_us"], intra_fit["beta_gbps"])
         origin, source = "measured", f"fit of group {intra_fit['name']} ({intra_fit['fit']})"
-    elif hw["intra_node_gbps"]["value"] is not None:
-        intra = Link(hw["intra_node_alpha_us"]["value"], hw["intra_node_gbps"]["value"])
-        origin, source = hw["intra_node_gbps"]["origin"], hw["intra_node_gbps"]["source"]
+    elif hw.intra_node_gbps.value is not None:
+        intra = Link(hw.intra_node_alpha_us.value, hw.intra_node_gbps.value)
+        origin, source = hw.intra_node_gbps.origin, hw.intra_node_gbps.source
     else:
         intra = None
         origin, source = "unknown", "no α/β fit and no GPU profile (pass --gpu)"
@@ -190,11 +184,9 @@ def measured_config(result: Any, scenario: Scenario, notes: list[str]) -> tuple[
     assumptions["intra_alpha_us"] = _value(intra and intra.alpha_us, origin, source)
     assumptions["intra_beta_gbps"] = _value(intra and intra.beta_gbps, origin, source)
 
-    nic_alpha, nic_gbps, nics = (hw["nic_alpha_us"]["value"], hw["nic_gbps"]["value"],
-                                 hw["nics_per_node"]["value"])
-    nic_src = {"nic_alpha_us": (hw["nic_alpha_us"]["origin"], hw["nic_alpha_us"]["source"]),
-               "nic_gbps": (hw["nic_gbps"]["origin"], hw["nic_gbps"]["source"]),
-               "nics_per_node": (hw["nics_per_node"]["origin"], hw["nics_per_node"]["source"])}
+    nic_alpha, nic_gbps, nics = hw.nic_alpha_us.value, hw.nic_gbps.value, hw.nics_per_node.value
+    nic_src = {key: (getattr(hw, key).origin, getattr(hw, key).source)
+               for key in ("nic_alpha_us", "nic_gbps", "nics_per_node")}
     cross_fit = _best_fit(result, True)
     if scenario.trace_nics_per_node:
         nics = scenario.trace_nics_per_node
@@ -934,7 +926,7 @@ def _summary(entries: list[tuple]) -> dict[str, Any]:
 def _mfu(result, scenario, base, target, m, p, assumptions) -> None:
     psi = scenario.model_params or (result.mfu or {}).get("model_params")
     tokens = scenario.tokens_per_step or (result.mfu or {}).get("tokens_per_step")
-    peak = result.hardware["peak_tflops"]
+    peak = result.model.hardware.peak_tflops.to_dict()
     assumptions["model_params"] = _value(psi, "user" if psi else "unknown", "--model-params")
     assumptions["tokens_per_step"] = _value(tokens, "user" if tokens else "unknown",
                                             "--tokens-per-step (measured configuration; weak scaling)")

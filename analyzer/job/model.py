@@ -1,0 +1,407 @@
+"""The job model: a diagnosed job's facts as frozen, typed objects, built once from the Result
+after the job analyses (``JobModel.of(result)``) and read by every view: the rules and the
+verdict, the what-if, the gate and the diff, the renderers and the notebook API.
+
+Each derived figure is defined here, once:
+
+- the **typical step** (``TypicalStep``): which step, why it was chosen, the role of every other
+  step (steady, warm-up, drain, outlier), and its time in five leaves (``Leaves``: compute only,
+  waiting for late peers, exposed transfer, other GPU work, idle) with the exposed and idle shares;
+- each rank's leaves of every step (``RankFacts``, ``RankStep``);
+- each process group's role, nodes, link (the one ``Link`` rule, analyzer.model.link) and bus
+  bandwidth (``GroupFacts``);
+- each rank's lateness and the waiting it causes the others (``RankLateness``);
+- the hardware (``HardwareAssumptions``), the topology, and the collectives as columns.
+
+Dicts exist only at the edges: the Result's sections are the JSON document these objects are
+read from (so a saved result gives the same model), and the DataFrames are made from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from analyzer.job.columns import CollectiveColumns
+from analyzer.job.topology import Topology, build_topology
+from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
+from analyzer.model.link import Link, group_link
+
+if TYPE_CHECKING:
+    from analyzer.job.result import Result
+
+# The five leaves of a step; they add up to its time (analyzer.job.attribution).
+LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
+LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for late peers",
+              "exposed_transfer_us": "exposed transfer", "other_gpu_us": "other GPU work", "idle_us": "GPU idle"}
+# The leaves where the GPU does no useful work: what findings can give back.
+LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
+
+# A step's role in the job (analyzer.job.attribution.steady_steps).
+TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED = "typical", "steady", "warm-up", "drain", "outlier", "unmeasured"
+STEP_ROLES = (TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED)
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """One step's time in its five leaves (µs); ``step_time_us`` is their sum (for the job's
+    typical step, the sum of the rounded means over ranks)."""
+
+    step_time_us: float
+    compute_only_us: float
+    exposed_wait_us: float
+    exposed_transfer_us: float
+    other_gpu_us: float
+    idle_us: float
+
+    @classmethod
+    def of(cls, figures: Mapping[str, Any]) -> Leaves:
+        return cls(float(figures["step_time_us"]), *(float(figures[leaf]) for leaf in LEAVES))
+
+    def leaf(self, name: str) -> float:
+        if name not in LEAVES:
+            raise KeyError(name)
+        return float(getattr(self, name))
+
+    @property
+    def exposed_us(self) -> float:
+        """Exposed communication: waiting for late peers + exposed transfer."""
+        return self.exposed_wait_us + self.exposed_transfer_us
+
+    @property
+    def lost_us(self) -> float:
+        """Exposed communication + idle: the step's time the GPU does no useful work."""
+        return self.exposed_us + self.idle_us
+
+    def share(self, us: float) -> float | None:
+        """``us`` as a fraction of this step (None for a zero-length step)."""
+        return us / self.step_time_us if self.step_time_us else None
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.share(self.exposed_us)
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.share(self.idle_us)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Exposed communication of one label (a collective kind, group, phase): waiting + transfer."""
+
+    wait_us: float
+    transfer_us: float
+
+    @property
+    def exposed_us(self) -> float:
+        return self.wait_us + self.transfer_us
+
+
+@dataclass(frozen=True)
+class Details:
+    """The finer leaves of a step: its exposed communication by collective kind, process group,
+    phase and kind × phase; its waiting by the peer waited for; its idle by what the host did."""
+
+    by_kind: Mapping[str, Split]
+    by_group: Mapping[str, Split]
+    by_phase: Mapping[str, Split]
+    by_kind_phase: Mapping[str, Split]
+    wait_by_peer: Mapping[str, float]
+    idle_by_host: Mapping[str, float]
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any] | None) -> Details:
+        doc = doc or {}
+
+        def splits(key: str) -> dict[str, Split]:
+            return {label: Split(float(cell["wait_us"]), float(cell["transfer_us"]))
+                    for label, cell in (doc.get(key) or {}).items()}
+
+        def figures(key: str) -> dict[str, float]:
+            return {label: float(value) for label, value in (doc.get(key) or {}).items()}
+        return cls(splits("by_kind"), splits("by_group"), splits("by_phase"), splits("by_kind_phase"),
+                   figures("wait_by_peer"), figures("idle_by_host"))
+
+
+@dataclass(frozen=True)
+class ExcludedStep:
+    step: int
+    role: str  # warm-up | drain | outlier
+    reason: str
+
+
+@dataclass(frozen=True)
+class TypicalStep:
+    """The job's typical step: a steady one, its leaves the mean over the ranks that have it."""
+
+    step: int
+    leaves: Leaves
+    ranks: int
+    steady_steps: tuple[int, ...]
+    excluded: tuple[ExcludedStep, ...]
+    details: Details
+    wait_source: str
+
+    @property
+    def step_time_us(self) -> float:
+        return self.leaves.step_time_us
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.leaves.exposed_share
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.leaves.idle_share
+
+    def role(self, step: Any) -> str:
+        if step == self.step:
+            return TYPICAL
+        if step in self.steady_steps:
+            return STEADY
+        return next((e.role for e in self.excluded if e.step == step), UNMEASURED)
+
+    @property
+    def reason(self) -> str:
+        """Why this step: in words, for the views that say which step they quote."""
+        left_out = "; ".join(f"step {e.step} {e.role}" for e in self.excluded)
+        return (f"the steady step whose time (mean over ranks) is nearest the median of the "
+                f"{len(self.steady_steps)} steady step(s)" + (f" (left out: {left_out})" if left_out else ""))
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One rank's step: its time, its role in the job and, where the job analysis made them, its
+    leaves and finer leaves; the whole-window figures as measured (µs)."""
+
+    rank: int
+    step: int
+    role: str
+    step_time_us: float
+    leaves: Leaves | None
+    wait_by_peer: Mapping[str, float]
+    idle_by_host: Mapping[str, float]
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    exposed_comm_us: float
+    busy_us: float
+    overlap_pct: float | None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One rank: its host, its steps, and its leaves of the job's typical step."""
+
+    rank: int
+    host: str | None
+    path: str
+    steps: tuple[RankStep, ...]
+    typical: Leaves | None  # its leaves of the job's typical step (None: it lacks that step)
+    typical_details: Details | None
+    span_us: float
+    comm_us: float
+    overlap_us: float
+    exposed_comm_us: float
+
+    def step(self, number: Any) -> RankStep | None:
+        return next((s for s in self.steps if s.step == number), None)
+
+
+@dataclass(frozen=True)
+class GroupFacts:
+    """A process group with collectives: its role, where it runs and its link."""
+
+    name: str | None
+    label: str | None  # the name it goes by in breakdowns, metrics and diffs (analyzer.job.attribution.group_label)
+    description: str | None
+    ranks: tuple[int, ...] | None
+    size: int | None
+    role: str
+    nodes: int | None
+    cross_node: bool | None
+    kinds: tuple[str, ...]
+    collectives: int
+    link: Link | None  # the fit of its collectives, else the hardware profile's
+    fit: str
+    fit_source: str
+    busbw_median_gbps: float | None  # median nccl-tests bus bandwidth of its GPU collectives
+
+
+@dataclass(frozen=True)
+class RankLateness:
+    """How late a rank arrives at the matched collectives, and the waiting it causes (µs, whole
+    trace, summed over the others): analyzer.job.crossrank."""
+
+    rank: int
+    times_last: int
+    wait_caused_us: float
+    wait_incurred_us: float
+    clock_offset_us: float
+
+
+class JobModel:
+    """The typed facts of one diagnosed job (see the module docstring). Build it with
+    ``JobModel.of(result)``: once per Result, after the job analyses."""
+
+    def __init__(self, result: Result):
+        self._result = result
+        job = result.job
+        self.world_size: int = int(job.get("world_size") or len(result.ranks) or 1)
+        self.ranks_given: int = len(result.ranks)
+        self.strategy: str = str(job.get("strategy") or "unknown")
+        self.dp_strategy: str = str(job.get("dp_strategy") or job.get("strategy") or "unknown")
+        self.parallelism: Mapping[str, int | None] = {
+            dim: (entry or {}).get("size") for dim, entry in (job.get("parallelism") or {}).items()}
+
+    @cached_property
+    def typical(self) -> TypicalStep | None:
+        return _typical(self._result.attribution)
+
+    @cached_property
+    def ranks(self) -> tuple[RankFacts, ...]:
+        return tuple(_rank_facts(r, self.typical) for r in self._result.ranks)
+
+    @cached_property
+    def lateness(self) -> tuple[RankLateness, ...]:
+        return _lateness(self._result.stragglers)
+
+    @classmethod
+    def of(cls, result: Result) -> JobModel:
+        """The Result's model, built on first use and kept with it (``Result.model``)."""
+        return result.model
+
+    # ---------------------------------------------------------------- the typical step's figures
+    @property
+    def step_time_us(self) -> float | None:
+        """The job's step time: the typical step's, mean over ranks. Every view quotes it."""
+        return self.typical.step_time_us if self.typical else None
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.typical.exposed_share if self.typical else None
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.typical.idle_share if self.typical else None
+
+    def step_role(self, step: Any) -> str:
+        return self.typical.role(step) if self.typical else UNMEASURED
+
+    def rank(self, number: int) -> RankFacts | None:
+        return next((r for r in self.ranks if r.rank == number), None)
+
+    def rank_steps(self) -> Iterator[RankStep]:
+        for rank in self.ranks:
+            yield from rank.steps
+
+    # ---------------------------------------------------------------- job-wide facts
+    @cached_property
+    def topology(self) -> Topology:
+        result = self._result
+        if result.topology:
+            return Topology.from_dict(result.topology, result.job.get("world_size"))
+        return build_topology(result.ranks)
+
+    @cached_property
+    def hardware(self) -> HardwareAssumptions:
+        """The hardware the job analysis resolved (the user's --gpu / --nics-per-node / --nic-gbps
+        included); resolved here from the devices only for a Result without job analyses."""
+        result = self._result
+        if result.hardware:
+            return HardwareAssumptions.from_dict(result.hardware)
+        devices = next((r.devices for r in result.ranks if r.devices), [])
+        names = [d.get("name") for d in devices if d.get("name")]
+        memory = [d.get("total_mem_bytes") for d in devices if d.get("name")]
+        return resolve_hardware(names, memory or None, gpus_per_node=self.topology.gpus_per_node)
+
+    @cached_property
+    def groups(self) -> tuple[GroupFacts, ...]:
+        return tuple(self._group(g) for g in self._result.groups or [])
+
+    def group(self, name: Any) -> GroupFacts | None:
+        """The group of this name (``groups[].name``; str or int), None when unknown."""
+        return self._groups_by_name.get(None if name is None else str(name))
+
+    @cached_property
+    def _groups_by_name(self) -> dict[str | None, GroupFacts]:
+        return {(None if g.name is None else str(g.name)): g for g in self.groups}
+
+    @cached_property
+    def collectives(self) -> CollectiveColumns:
+        return CollectiveColumns.of(self._result)
+
+    def caused_waiting_us(self, rank: int) -> float:
+        """The waiting rank ``rank`` caused the others over the whole trace (0 when unknown)."""
+        return next((late.wait_caused_us for late in self.lateness if late.rank == rank), 0.0)
+
+    def _group(self, g: Mapping[str, Any]) -> GroupFacts:
+        ranks = tuple(g["ranks"]) if g.get("ranks") else None
+        size = g.get("size")
+        nodes = g.get("nodes")
+        link = None
+        if size:
+            members = len(ranks) if ranks else int(size)
+            link = group_link(g, self.hardware, int(size), int(nodes or 1), members)
+        return GroupFacts(g.get("name"), group_label(g), g.get("description"), ranks, size,
+                          str(g.get("role") or "unknown"), nodes, g.get("cross_node"), tuple(g.get("kinds") or ()),
+                          int(g.get("collectives") or 0), link, str(g.get("fit") or ""), str(g.get("fit_source") or ""),
+                          g.get("busbw_median_gbps"))
+
+
+def group_label(group: Mapping[str, Any] | None) -> str | None:
+    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
+    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
+    if not group:
+        return None
+    label = group.get("description") or group.get("name")
+    return str(label) if label not in (None, "") else None
+
+
+def _typical(section: Mapping[str, Any] | None) -> TypicalStep | None:
+    if not section or not section.get("step_time_us"):
+        return None
+    excluded = tuple(ExcludedStep(e["step"], e.get("role") or _role_of_reason(e.get("reason")), str(e.get("reason") or ""))
+                     for e in section.get("excluded_steps") or [])
+    return TypicalStep(section["step"], Leaves.of(section), int(section.get("ranks") or 0),
+                       tuple(section.get("steady_steps") or ()), excluded, Details.of(section.get("details")),
+                       str(section.get("wait_source") or ""))
+
+
+def _role_of_reason(reason: Any) -> str:
+    """The role a saved result's excluded step had before ``role`` was written (its reason's
+    first word: "drain: ...", "warm-up: ...", "outlier: ...")."""
+    word = str(reason or "").split(":", 1)[0].strip()
+    return word if word in (WARM_UP, DRAIN, OUTLIER) else OUTLIER
+
+
+def _rank_facts(rank: Any, typical: TypicalStep | None) -> RankFacts:
+    steps = tuple(_rank_step(rank.rank, s, typical) for s in rank.steps)
+    tb = rank.time_breakdown
+    metrics = rank.metrics
+    return RankFacts(rank.rank, rank.host, rank.path, steps, Leaves.of(tb) if tb else None,
+                     Details.of(tb.get("details")) if tb else None, float(metrics.get("span_us") or 0.0),
+                     float(metrics.get("comm_us") or 0.0), float(metrics.get("overlap_us") or 0.0),
+                     float(metrics.get("exposed_comm_us") or 0.0))
+
+
+def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None) -> RankStep:
+    tb = entry.get("time_breakdown") or {}
+    leaves = Leaves.of({**tb, "step_time_us": entry["step_time_us"]}) \
+        if "exposed_wait_us" in tb and entry.get("step_time_us") is not None else None
+    role = typical.role(entry["step"]) if typical else UNMEASURED
+    if leaves is None and role in (TYPICAL, STEADY):
+        role = UNMEASURED  # this rank has no breakdown of the step
+    return RankStep(rank, entry["step"], role, float(entry.get("step_time_us") or 0.0), leaves,
+                    dict(tb.get("wait_by_peer") or {}), dict(tb.get("idle_by_host") or {}),
+                    float(entry.get("compute_us") or 0.0), float(entry.get("comm_us") or 0.0),
+                    float(entry.get("overlap_us") or 0.0), float(entry.get("exposed_comm_us") or 0.0),
+                    float(entry.get("busy_us") or 0.0), entry.get("overlap_pct"))
+
+
+def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:
+    return tuple(RankLateness(int(b["rank"]), int(b.get("times_last") or 0), float(b.get("wait_caused_us") or 0.0),
+                              float(b.get("wait_incurred_us") or 0.0), float(b.get("clock_offset_us") or 0.0))
+                 for b in (section or {}).get("by_rank") or [])
