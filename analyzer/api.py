@@ -125,7 +125,7 @@ def add_report_sections(result: Result, options: DiagnoseOptions, step: int | No
 
 def load_result(path: str | Path) -> Result:
     """A saved ``diagnose --format json`` result as a Result."""
-    from analyzer.compare.metrics import read_result_file
+    from analyzer.job.saved import read_result_file
     doc = read_result_file(Path(path))
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
@@ -156,7 +156,7 @@ def config_schema() -> dict[str, Any]:
 def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
              config: dict[str, Any] | None = None, progress: Progress | None = None, **report: Any) -> Result:
     """A run as a Result: one saved result file, or the diagnosis of trace paths."""
-    from analyzer.compare.metrics import read_result_file
+    from analyzer.job.saved import read_result_file
     if not paths:
         raise InputError("<arguments>", "no trace or result path given")
     for raw in paths:

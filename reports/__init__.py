@@ -14,23 +14,20 @@ def render(result: Any, fmt: str, timestamp: bool = False) -> str:
     if fmt == "json":
         from analyzer.reports.json_report import JsonRenderer
         return JsonRenderer().render(result.to_dict())
-    from analyzer.job.result import result_to_dict
-    # The views never read the DDP buckets: left as they are (no dict per bucket)
-    doc = result_to_dict(result, plain=False)
     if fmt == "html":
         from datetime import datetime, timezone
 
         from analyzer.reports.html import HtmlRenderer
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if timestamp else None
-        return HtmlRenderer(timestamp=stamp).render(doc)
+        return HtmlRenderer(timestamp=stamp).render(result)
     from analyzer.reports.text import TextRenderer
-    return TextRenderer().render(doc)
+    return TextRenderer().render(result)
 
 
 def render_summary_html(result: Any) -> str:
     """Jupyter's inline view of a Result: verdict, headline numbers and findings (escaped)."""
     from analyzer.reports.html import SummaryHtmlRenderer
-    return SummaryHtmlRenderer().render(result.to_dict())
+    return SummaryHtmlRenderer().render(result)
 
 
 VIEWS.update({"html": lambda result: render(result, "html"), "summary-html": render_summary_html})

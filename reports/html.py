@@ -1,8 +1,9 @@
 """Self-contained HTML diagnosis report: one file, no network, deterministic bytes.
 
-``HtmlRenderer().render(doc)`` turns the JSON document of ``diagnose`` into a page. Every section
-is built from whatever the document holds and says "not available: <why>" when its data is absent,
-so the report never fails on a missing key. Charts are inline SVG drawn here (printable, no
+``HtmlRenderer().render(result)`` turns a diagnosed Result into a page: its figures from the job
+model (analyzer.job.model), the drawn sections (timeline, collectives, scaling curve) from its
+document. Every section says "not available: <why>" when its data is absent, and a section whose
+data cannot be read says so in place instead of taking the page down. Charts are inline SVG drawn here (printable, no
 script needed); the timeline's kernel names travel once in a JSON block (``|tojson``) that a small
 inline script reads for the hover tooltip. The templates run with autoescape on, so no trace string
 (kernel, host, path, group, finding text) can open a tag or a script.
@@ -22,9 +23,11 @@ from markupsafe import Markup
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
+from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
+from analyzer.reports import evidence as structured
 from analyzer.reports.templating import TEMPLATES, environment
-from analyzer.job.result import _clean
+from analyzer.job.result import _clean, result_to_dict
 from analyzer.rules.host import HOST_ACTIVITY
 
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
@@ -45,8 +48,8 @@ class HtmlRenderer:
     def __init__(self, timestamp: str | None = None) -> None:
         self.timestamp = timestamp  # shown only when asked for: the bytes stay deterministic
 
-    def render(self, doc: dict[str, Any]) -> str:
-        view = build_view(_clean(doc))
+    def render(self, result: Any) -> str:
+        view = build_view(result)
         script = (TEMPLATES / "report.js").read_text(encoding="utf-8")
         # The page's policy allows exactly this script (by hash): nothing injected could run.
         view.update(timestamp=self.timestamp, script=Markup(script), script_hash=_sha256_source(script))
@@ -59,13 +62,13 @@ class SummaryHtmlRenderer:
 
     name = "summary-html"
 
-    def render(self, doc: dict[str, Any]) -> str:
-        doc = _clean(doc)
+    def render(self, result: Any) -> str:
+        doc, model = _document(result), result.model
         job = doc.get("job") or {}
         facts = (f"{len(doc.get('ranks') or [])} of {job.get('world_size') or len(doc.get('ranks') or [])} "
                  f"rank(s), {job.get('strategy') or 'unknown strategy'}")
         return _environment().get_template("summary.html.j2").render(
-            summary=_guarded(_summary, doc), findings=_guarded(_findings, doc), facts=facts,
+            summary=_guarded(_summary, doc, model), findings=_guarded(_findings, doc, model), facts=facts,
             warnings=len(doc.get("warnings") or []))
 
 
@@ -80,18 +83,28 @@ def _environment():
 
 
 # ----------------------------------------------------------------------------- view model
-def build_view(doc: dict[str, Any]) -> dict[str, Any]:
-    summary = _guarded(_summary, doc)
+def _document(result: Any) -> dict[str, Any]:
+    """The Result's document as the sections read it (the DDP buckets are never drawn: left as
+    they are, no dict per bucket; NaN as None)."""
+    return _clean(result_to_dict(result, plain=False))
+
+
+def build_view(result: Any) -> dict[str, Any]:
+    doc, model = _document(result), result.model
+    summary = _guarded(_summary, doc, model)
     view = {"tool": doc.get("tool") or {}, "summary": summary}
     for key, builder in SECTIONS:
-        view[key] = _guarded(builder, doc)
+        view[key] = _guarded(builder, doc, model)
     return view
 
 
-def _guarded(builder: Callable[[dict[str, Any]], dict[str, Any]], doc: dict[str, Any]) -> dict[str, Any]:
-    # A section whose upstream data changed shape must not take the whole report down.
+Builder = Callable[[dict[str, Any], JobModel], dict[str, Any]]
+
+
+def _guarded(builder: Builder, doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    # A section whose data cannot be read must not take the whole report down.
     try:
-        return builder(doc)
+        return builder(doc, model)
     except Exception as exc:  # noqa: BLE001 - reported on the page, in that section
         return unavailable(f"could not read this section's data ({type(exc).__name__}: {exc})")
 
@@ -109,10 +122,9 @@ def _per_step(rank: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _summary(doc: dict[str, Any]) -> dict[str, Any]:
+def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     job, ranks = doc.get("job") or {}, doc.get("ranks") or []
     per_step = [_per_step(r) for r in ranks]
-    has_steps = any(r.get("steps") for r in ranks)
     step_numbers = sorted({s.get("step") for r in ranks for s in r.get("steps") or [] if isinstance(s, dict)},
                           key=lambda n: (n is None, n))
     headline = []
@@ -121,20 +133,20 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
         headline.append({"label": "GPU time", "value": "–",
                          "note": "not available: no GPU activity in the traces (CPU-only profile)"})
     if gpu_seen:
-        step_time = median(p["step_time_us"] for p in per_step)
-        exposed = median(p["exposed_comm_us"] for p in per_step)
-        idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
-        step_note = "median over ranks of the mean step"
-        exposed_split = idle_split = ""
-        typical = doc.get("attribution")
-        if typical and typical.get("step_time_us"):  # the one definition (analyzer.job.attribution)
-            step_time, idle = typical["step_time_us"], typical["idle_us"]
-            exposed = typical["exposed_wait_us"] + typical["exposed_transfer_us"]
-            step_note = f"typical step {typical['step']}, mean over ranks"
+        typical = model.typical
+        if typical is not None:  # the one definition (analyzer.job.model)
+            step_time, idle, exposed = typical.step_time_us, typical.leaves.idle_us, typical.leaves.exposed_us
+            label, step_note = "step time", f"typical step {typical.step}, mean over ranks"
             exposed_split, idle_split = _leaf_notes(typical)
+        else:  # no step breakdown: whole-trace figures, labelled as such
+            step_time = median(p["step_time_us"] for p in per_step)
+            exposed = median(p["exposed_comm_us"] for p in per_step)
+            idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
+            label = "step time" if any(r.get("steps") for r in ranks) else "GPU span (no steps)"
+            step_note = "no step breakdown: median over ranks of the mean step (whole windows)"
+            exposed_split = idle_split = ""
         comm = sum(float(r.get("comm_us") or 0) for r in ranks)
         overlap = sum(float(r.get("overlap_us") or 0) for r in ranks)
-        label = "step time" if has_steps else "GPU span (no steps)"
         headline += [
             {"label": label, "value": fmt_us(step_time), "note": step_note},
             {"label": "exposed communication", "value": fmt_us(exposed),
@@ -166,10 +178,12 @@ def _hardware_rows(hardware: Any) -> list[dict[str, str]]:
     rows = []
     for key, item in sorted(hardware.items()):
         if isinstance(item, dict) and "value" in item:
-            rows.append({"key": key, "value": fmt_value(item["value"]), "origin": str(item.get("origin") or ""),
+            rows.append({"key": key, "value": structured.fmt_field(item["value"], structured.unit_of(key)),
+                         "origin": str(item.get("origin") or ""),
                          "source": str(item.get("source") or "")})
         elif not isinstance(item, (dict, list)):
-            rows.append({"key": key, "value": fmt_value(item), "origin": "", "source": ""})
+            rows.append({"key": key, "value": structured.fmt_field(item, structured.unit_of(key)),
+                         "origin": "", "source": ""})
     return rows
 
 
@@ -244,12 +258,12 @@ def _mfu_text(mfu: Any) -> tuple[str, str]:
     return "–", "not available: no FLOP count (pass --model-params and --tokens-per-step)"
 
 
-def _leaf_notes(typical: dict[str, Any]) -> tuple[str, str]:
+def _leaf_notes(typical: Any) -> tuple[str, str]:
     """The typical step's finer leaves for the headline: the waiting/transfer split of the
     exposed communication and what the host did during most of the idle."""
-    exposed = (f": waiting for late peers {fmt_us(typical['exposed_wait_us'])}, transfer "
-               f"{fmt_us(typical['exposed_transfer_us'])}")
-    host = (typical.get("details") or {}).get("idle_by_host") or {}
+    exposed = (f": waiting for late peers {fmt_us(typical.leaves.exposed_wait_us)}, transfer "
+               f"{fmt_us(typical.leaves.exposed_transfer_us)}")
+    host = typical.details.idle_by_host
     busiest = max(host, key=lambda k: (host[k], k)) if host else None
     if not busiest or not host[busiest] > 0:
         return exposed, ""
@@ -258,15 +272,15 @@ def _leaf_notes(typical: dict[str, Any]) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- per-rank bars
-def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
+def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
     if not any(_per_step(r)["span_us"] > 0 for r in ranks):
         return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
     stragglers = straggler_ranks(doc)
-    if any(r.get("time_breakdown") for r in ranks):
-        return _leaf_bars(doc, ranks, stragglers)
+    if model.typical is not None and any(r.typical for r in model.ranks):
+        return _leaf_bars(model, stragglers)
     rows = []
     for r in ranks:
         p = _per_step(r)
@@ -284,20 +298,21 @@ def _rank_bars(doc: dict[str, Any]) -> dict[str, Any]:
             "stragglers": stragglers, "legend": [{"key": k, "label": v} for k, v in BAR_SEGMENTS]}
 
 
-def _leaf_bars(doc: dict[str, Any], ranks: list[dict[str, Any]], stragglers: dict[Any, str]) -> dict[str, Any]:
+def _leaf_bars(model: JobModel, stragglers: dict[Any, str]) -> dict[str, Any]:
     """Each rank's typical step, leaf by leaf (ranks without a breakdown are left out)."""
     rows = []
-    for r in ranks:
-        tb = r.get("time_breakdown")
-        if not tb:
+    for r in model.ranks:
+        leaves = r.typical
+        if leaves is None:
             continue
-        parts = {"compute_only": tb["compute_only_us"], "wait": tb["exposed_wait_us"],
-                 "transfer": tb["exposed_transfer_us"], "other": tb["other_gpu_us"], "idle": tb["idle_us"]}
-        rows.append({"rank": r.get("rank"), "host": r.get("host"), "parts": parts, "total": sum(parts.values()),
-                     "straggler": stragglers.get(r.get("rank"))})
-    step = (doc.get("attribution") or {}).get("step")
+        parts = {"compute_only": leaves.compute_only_us, "wait": leaves.exposed_wait_us,
+                 "transfer": leaves.exposed_transfer_us, "other": leaves.other_gpu_us, "idle": leaves.idle_us}
+        rows.append({"rank": r.rank, "host": r.host, "parts": parts, "total": sum(parts.values()),
+                     "straggler": stragglers.get(r.rank)})
+    step = model.typical.step if model.typical else None
     return {"available": True, **_bar_geometry(rows, LEAF_SEGMENTS),
-            "per": f"typical step {step}: the leaves add up to the step time", "stragglers": stragglers,
+            "per": f"typical step {step}, each rank's own time of it: the leaves add up to its step time",
+            "stragglers": stragglers,
             "legend": [{"key": k, "label": v} for k, v in LEAF_SEGMENTS]}
 
 
@@ -332,7 +347,7 @@ def _frange(lo: float, hi: float, step: float) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- timeline
-def _timeline(doc: dict[str, Any]) -> dict[str, Any]:
+def _timeline(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     data = doc.get("timeline")
     if not isinstance(data, dict):
         return unavailable("kernel-level data was not kept for this report (render with "
@@ -361,7 +376,9 @@ def _timeline(doc: dict[str, Any]) -> dict[str, Any]:
         group["body_y"], group["body_h"] = group["y"] + head_h, y - group["y"] - head_h
         groups.append(group)
         y += 10
-    return {"available": True, "step": data.get("step"), "note": data.get("note"), "groups": groups,
+    step = data.get("step")
+    role = model.step_role(step) if step is not None else None
+    return {"available": True, "step": step, "role": role, "note": data.get("note"), "groups": groups,
             "names": data.get("names") or [], "width": label_w + plot_w + 10, "height": y + 4,
             "label_w": label_w, "lane_h": lane_h, "span_us": span,
             "ticks": _linear_ticks(span, scale, label_w), "downsampled": merged_lanes > 0,
@@ -374,23 +391,30 @@ def _mark(m: dict[str, Any], x0: float, scale: float) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- findings
-def _findings(doc: dict[str, Any]) -> dict[str, Any]:
+def _findings(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     findings = doc.get("findings") or []
     if not findings and "rules" not in doc and "verdict" not in doc:
         return unavailable("the diagnosis rules did not run on this document")
-    step_time = _summary_step_time(doc)
+    step_time = model.step_time_us
     cards = [_card(f, step_time) for f in findings if isinstance(f, dict)]
     cards.sort(key=lambda c: (c["gain_us"] is None, -(c["gain_us"] or 0.0),
                               SEVERITY_ORDER.get(c["severity"], 3), c["rule"]))
     statuses = [{"rule": str(r.get("rule")), "status": str(r.get("status") or ""),
                  "reason": fmt_value(r.get("reason")) if r.get("reason") else ""}
                 for r in doc.get("rules") or [] if isinstance(r, dict)]
-    return {"available": True, "cards": cards, "rules": statuses}
+    joint = doc.get("recoverable") if isinstance(doc.get("recoverable"), dict) else None
+    return {"available": True, "cards": cards, "rules": statuses, "joint": _joint(joint, step_time)}
 
 
-def _summary_step_time(doc: dict[str, Any]) -> float | None:
-    ranks = doc.get("ranks") or []
-    return median(_per_step(r)["step_time_us"] for r in ranks) if ranks else None
+def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, Any] | None:
+    """What the findings recover together (the verdict's figure), and the time they share."""
+    if not joint or len(joint.get("findings") or []) < 2:
+        return None
+    shared = [f"{f['rule']}: {fmt_us(sum(f['shared_us'].values()))} of "
+              + " and ".join(leaf_names(f["shared_us"])) + " already counted"
+              for f in joint["findings"] if f.get("shared_us")]
+    return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
+            "pct": 100 * joint["joint_us"] / step_time if step_time else None, "shared": shared}
 
 
 MODEL_ANCHORS = (("bucket", "model-buckets"), ("comm-bound", "model-buckets"), ("overlap", "model-buckets"),
@@ -409,7 +433,8 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         "rule": rule, "code": str(f.get("code") or ""), "severity": str(f.get("severity") or "info"),
         "title": str(f.get("title") or rule), "summary": str(f.get("summary") or ""),
         "ranks": _short_list(f.get("ranks")), "steps": _short_list(f.get("steps")),
-        "evidence": _evidence_rows(f.get("evidence")), "model": _model_text(f.get("model")),
+        "evidence": structured.rows(f.get("evidence")), "model": _model_text(f.get("model")),
+        "recovers": " and ".join(leaf_names(f.get("recovers"))),
         "fix_text": fix_text, "fix_snippet": fix_snippet, "gain_us": gain,
         "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
         "references": [fmt_value(r) for r in f.get("references") or []] if isinstance(f.get("references"), list)
@@ -422,14 +447,6 @@ def _short_list(values: Any) -> str:
     if not isinstance(values, list) or not values:
         return ""
     return ", ".join(str(v) for v in values[:16]) + (f" … ({len(values)} in all)" if len(values) > 16 else "")
-
-
-def _evidence_rows(evidence: Any) -> list[dict[str, str]]:
-    if isinstance(evidence, dict):
-        return [{"key": str(k), "value": fmt_value(v)} for k, v in sorted(evidence.items(), key=lambda kv: str(kv[0]))]
-    if isinstance(evidence, list):
-        return [{"key": str(i + 1), "value": fmt_value(v)} for i, v in enumerate(evidence[:30])]
-    return [{"key": "", "value": fmt_value(evidence)}] if evidence else []
 
 
 def _model_text(model: Any) -> str:
@@ -453,7 +470,7 @@ def _fix_parts(fix: Any) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- collectives
-def _collectives(doc: dict[str, Any]) -> dict[str, Any]:
+def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     rows = [c for c in doc.get("collectives") or [] if isinstance(c, dict)]
     if not rows:
         return unavailable("no collective operations in the traces")
@@ -637,7 +654,7 @@ def _log_bounds(lo: float, hi: float) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- scaling what-if
-def _scaling(doc: dict[str, Any]) -> dict[str, Any]:
+def _scaling(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     data = doc.get("scaling")
     if not isinstance(data, dict):
         return unavailable("no what-if projection in this document (the what-if model did not run)")
@@ -665,12 +682,12 @@ def _scaling(doc: dict[str, Any]) -> dict[str, Any]:
     return {"available": True, "w": w, "h": h, "left": left, "plot_right": w - right, "plot_bottom": h - bottom,
             "series": out, "xticks": [{"x": round(fx(g), 1), "label": str(g)} for g in gpus],
             "yticks": [{"y": round(fy(e), 1), "label": f"{100 * e:.0f}%"} for e in _frange(0, top, 0.25)],
-            "assumptions": [{"key": str(k), "value": fmt_value(v)} for k, v in sorted((data.get("assumptions") or {}).items())],
+            "assumptions": structured.rows(data.get("assumptions") or {}),
             "note": str(data.get("note") or "")}
 
 
 # ----------------------------------------------------------------------------- models appendix
-def _appendix(doc: dict[str, Any]) -> dict[str, Any]:
+def _appendix(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     """The worked examples of docs/models.md, computed by analyzer.model.formulas (so they agree with it)."""
     ar = models.ring_allreduce_time(25e6, 8, 0.8, 450.0)
     return {
@@ -690,7 +707,7 @@ def _appendix(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- HTA deep dive
-def _deep_dive(doc: dict[str, Any]) -> dict[str, Any]:
+def _deep_dive(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     data = doc.get("hta")
     if not isinstance(data, dict):
         return {"available": False, "requested": False,
@@ -715,7 +732,7 @@ def _deep_dive(doc: dict[str, Any]) -> dict[str, Any]:
             "notes": [str(n) for n in data.get("notes") or []]}
 
 
-SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+SECTIONS: tuple[tuple[str, Builder], ...] = (
     ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

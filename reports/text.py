@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.job.model import JobModel, leaf_names
+from analyzer.job.result import result_to_dict
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
@@ -26,20 +28,36 @@ LEAF_COLUMNS = (("step time", "step_time_us"), ("compute only", "compute_only_us
 class TextRenderer:
     name = "text"
 
-    def render(self, doc: dict[str, Any]) -> str:
+    def render(self, result: Any) -> str:
+        """``result``: a Result; its figures come from its job model (analyzer.job.model), the
+        rest (findings, collectives, groups, warnings) from its document."""
+        doc = result_to_dict(result, plain=False)  # the views never read the DDP buckets
+        model = result.model
         lines: list[str] = []
-        lines += _header(doc)
+        lines += _header(doc, model)
         lines += _findings(doc)
-        lines += _tree(doc)
-        lines += _rank_table(doc)
+        lines += _tree(model)
+        lines += _rank_table(doc, model)
         lines += _top_collectives(doc)
         lines += _groups(doc)
         lines += _stragglers(doc)
         lines += _warnings(doc)
-        return "\n".join(line[:WIDTH] if len(line) > WIDTH else line for line in lines) + "\n"
+        return "\n".join(_fitted(lines)) + "\n"
 
 
-def _header(doc: dict[str, Any]) -> list[str]:
+def _fitted(lines: list[str]) -> list[str]:
+    """Lines no wider than the page: a longer one is wrapped at words, never cut."""
+    out = []
+    for line in lines:
+        if len(line) <= WIDTH:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip())
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
+    return out
+
+
+def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     job = doc["job"]
     ranks = doc["ranks"]
     parts = [f"{job['ranks_given']} rank(s)"]
@@ -57,12 +75,11 @@ def _header(doc: dict[str, Any]) -> list[str]:
     verdict = doc.get("verdict")
     if verdict:
         lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)
-    job_tb = doc.get("attribution")
-    if job_tb and job_tb.get("step_time_us"):
-        step = job_tb["step_time_us"]
-        lines.append(f"typical step {job_tb['step']}: {fmt_us(step)}; exposed communication "
-                     f"{_share(job_tb['exposed_wait_us'] + job_tb['exposed_transfer_us'], step)}, "
-                     f"GPU idle {_share(job_tb['idle_us'], step)}")
+    typical = model.typical
+    if typical is not None:
+        leaves = typical.leaves
+        lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
+                     f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
         return lines + [""]
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)
@@ -85,6 +102,9 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  [{f.get('severity', '?')}] {f.get('code', '')} {f.get('rule')}{gain_text}")
         wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
         lines += textwrap.wrap(f.get("summary", ""), **wrap)
+        recovers = leaf_names(f.get("recovers"))
+        if recovers and isinstance(gain, (int, float)):
+            lines += textwrap.wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
         fix = (f.get("fix") or {}).get("text")
         if fix:
             lines += textwrap.wrap(f"fix: {fix}", **wrap)
@@ -98,18 +118,18 @@ def _cell(value: float | None, span: float) -> str:
     return f"{value:>9,.0f}{pct:>4.0f}%"
 
 
-def _rank_table(doc: dict[str, Any]) -> list[str]:
+def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
     """The typical step's leaves per rank (whole-trace figures for a rank without one)."""
-    with_tb = [r for r in doc["ranks"] if r.get("time_breakdown")]
-    if with_tb:
-        step = (doc.get("attribution") or {}).get("step")
+    with_tb = [r for r in model.ranks if r.typical is not None]
+    if with_tb and model.typical is not None:
         head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in LEAF_COLUMNS)
-        lines = [f"Per rank, step {step} (µs, % of the step):", head]
+        lines = [f"Per rank, typical step {model.typical.step}: each rank's own time of it (µs, % of the step):", head]
         for r in with_tb:
-            tb = r["time_breakdown"]
-            lines.append(f"{r['rank']:>5} " + " ".join(_cell(tb.get(key), tb["step_time_us"]) for _, key in LEAF_COLUMNS))
-        rest = [r for r in doc["ranks"] if not r.get("time_breakdown")]
-        return lines + ([f"  (no step breakdown for rank(s) {', '.join(str(r['rank']) for r in rest)})"] if rest else []) + [""]
+            leaves = r.typical
+            lines.append(f"{r.rank:>5} " + " ".join(_cell(getattr(leaves, key), leaves.step_time_us)
+                                                   for _, key in LEAF_COLUMNS))
+        rest = [r.rank for r in model.ranks if r.typical is None]
+        return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]
     for r in doc["ranks"]:
@@ -119,46 +139,46 @@ def _rank_table(doc: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _share(value: float, step: float) -> str:
-    return f"{fmt_us(value)} ({100 * value / step:.1f}%)" if step else fmt_us(value)
+def _share(value: float, leaves: Any) -> str:
+    share = leaves.share(value)
+    return fmt_us(value) if share is None else f"{fmt_us(value)} ({100 * share:.1f}%)"
 
 
-def _tree(doc: dict[str, Any]) -> list[str]:
+def _tree(model: JobModel) -> list[str]:
     """The typical step's time, leaf by leaf (mean over ranks), with the finer splits."""
-    tb = doc.get("attribution")
-    if not tb or not tb.get("step_time_us"):
+    typical = model.typical
+    if typical is None:
         return []
-    step, d = tb["step_time_us"], tb.get("details") or {}
-    excluded = "; ".join(f"step {e['step']} {e['reason'].split(':')[0]}" for e in tb.get("excluded_steps") or [])
-    lines = [f"Where the time of step {tb['step']} goes (mean of {tb['ranks']} rank(s)): {fmt_us(step)}"
+    leaves, d = typical.leaves, typical.details
+    step = leaves.step_time_us
+    excluded = "; ".join(f"step {e.step} {e.role}" for e in typical.excluded)
+    lines = [f"Where the time of step {typical.step} goes (mean of {typical.ranks} rank(s)): {fmt_us(step)}"
              + (f"  [left out: {excluded}]" if excluded else "")]
-    exposed = tb["exposed_wait_us"] + tb["exposed_transfer_us"]
-    peers = sorted((d.get("wait_by_peer") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    exposed = leaves.exposed_us
+    peers = sorted(d.wait_by_peer.items(), key=lambda kv: (-kv[1], kv[0]))
     peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
         + (f", +{len(peers) - 2}" if len(peers) > 2 else "")
     splits = []
-    for key, title in (("by_kind", "by collective"), ("by_phase", "by phase"), ("by_group", "by group")):
-        cells = sorted((d.get(key) or {}).items(), key=lambda kv: -(kv[1]["wait_us"] + kv[1]["transfer_us"]))
+    for cells_of, title in ((d.by_kind, "by collective"), (d.by_phase, "by phase"), (d.by_group, "by group")):
+        cells = sorted(cells_of.items(), key=lambda kv: -kv[1].exposed_us)
         if cells and exposed:
-            splits.append(f"{title}: " + ", ".join(f"{label} {fmt_us(c['wait_us'] + c['transfer_us'])}"
-                                                   for label, c in cells[:4]))
-    idle = sorted(((HOST_ACTIVITY.get(k, k), v) for k, v in (d.get("idle_by_host") or {}).items() if v),
-                  key=lambda kv: -kv[1])
-    rows = [("├─ ", "compute only", tb["compute_only_us"], ""),
+            splits.append(f"{title}: " + ", ".join(f"{label} {fmt_us(c.exposed_us)}" for label, c in cells[:4]))
+    idle = sorted(((HOST_ACTIVITY.get(k, k), v) for k, v in d.idle_by_host.items() if v), key=lambda kv: -kv[1])
+    rows = [("├─ ", "compute only", leaves.compute_only_us, ""),
             ("├─ ", "exposed communication", exposed, ""),
-            ("│  ├─ ", "waiting for late peers", tb["exposed_wait_us"], f"for {peer_text}" if peer_text else ""),
-            ("│  └─ ", "transfer", tb["exposed_transfer_us"], ""),
-            ("├─ ", "other GPU (copies, memsets)", tb["other_gpu_us"], ""),
-            ("└─ ", "GPU idle", tb["idle_us"], "")]
+            ("│  ├─ ", "waiting for late peers", leaves.exposed_wait_us, f"for {peer_text}" if peer_text else ""),
+            ("│  └─ ", "transfer", leaves.exposed_transfer_us, ""),
+            ("├─ ", "other GPU (copies, memsets)", leaves.other_gpu_us, ""),
+            ("└─ ", "GPU idle", leaves.idle_us, "")]
     for prefix, name, value, note in rows:
-        lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * value / step:5.1f}%  {note}".rstrip())
+        lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
     if idle:
         # the findings' words for the same leaves (analyzer.rules.host)
         lines += textwrap.wrap("host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle), WIDTH,
                                initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
-    lines += textwrap.wrap(f"waiting measured by: {tb.get('wait_source')}", WIDTH, initial_indent="  ",
+    lines += textwrap.wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 

@@ -51,12 +51,13 @@ class CommBoundStep(Rule):
         "min_bubble_fraction": Threshold(0.03, "lower bound of the bubble from the critical overlap "
                                          "equation, as a fraction of the step time", 0.0, 1.0),
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §2-§4", "Li et al., PyTorch Distributed, VLDB 2020",
                   "Thakur, Rabenseifner & Gropp, IJHPCA 2005")
 
     def check(self, ctx):
         facts = ctx.facts
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         if not step_us:
             raise NotEvaluated("no GPU step times")
         rows = self._ddp_rows(facts) if facts.strategy in ("ddp", "unknown") and facts.result.buckets \

@@ -54,12 +54,13 @@ class DdpBucketOversized(Rule):
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §4", "Li et al., PyTorch Distributed, VLDB 2020",
                   "Hockney, Parallel Computing 1994")
 
     def check(self, ctx):
         steps = ddp_steps(ctx.facts)
-        step_us = ctx.facts.typical_step_us
+        step_us = ctx.model.step_time_us
         if not steps or not step_us:
             raise NotEvaluated(why_no_ddp_steps(ctx.facts))
         tail, rep = typical_step(steps, lambda s: s.measured_tail_us)

@@ -55,12 +55,13 @@ class DdpBucketUndersized(Rule):
                                    "(2(N−1)α per bucket) above which α dominates", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §1, §4", "Hockney, Parallel Computing 1994",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
     def check(self, ctx):
         steps = ddp_steps(ctx.facts)
-        step_us = ctx.facts.typical_step_us
+        step_us = ctx.model.step_time_us
         if not steps or not step_us:
             raise NotEvaluated(why_no_ddp_steps(ctx.facts))
         t = ctx.thresholds

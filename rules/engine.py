@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from analyzer.base.config import SEVERITY_ORDER, rule_settings
+from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
+from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
 MODELS_DOC = "docs/models.md"
@@ -57,6 +59,8 @@ class Rule:
     thresholds: ClassVar[dict[str, Threshold]] = {}
     needs: ClassVar[tuple[str, ...]] = ()
     references: ClassVar[tuple[str, ...]] = ()
+    # The leaves of the typical step (analyzer.job.model.LEAVES) its fix gives back, by default.
+    recovers: ClassVar[tuple[str, ...]] = ()
     # Runs after the others and sees their findings (ctx.findings): a rule for what they leave.
     runs_last: ClassVar[bool] = False
 
@@ -123,8 +127,14 @@ class RuleContext:
 
     def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
                 estimated_gain_us: float | None, model: str | None, fix_text: str,
-                fix_snippet: str | None = None, severity: str | None = None) -> dict[str, Any]:
+                fix_snippet: str | None = None, severity: str | None = None,
+                recovers: dict[str, float] | tuple[str, ...] | None = None) -> dict[str, Any]:
+        """A finding; ``recovers``: the leaves its fix gives back (the rule's by default), or its
+        gain split over them in µs when the rule knows the split."""
         gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)
+        leaves = self.rule.recovers if recovers is None else recovers
+        parts = {leaf: None for leaf in leaves} if gain is None else \
+            {leaf: round(v, 1) for leaf, v in split_gain(gain, leaves, self.model.typical).items()}
         return {
             "rule": self.rule.name, "code": self.rule.code,
             "severity": severity or self.severity,
@@ -137,6 +147,7 @@ class RuleContext:
             "model": model,
             "fix": {"text": fix_text, "snippet": fix_snippet},
             "references": list(self.rule.references),
+            "recovers": parts,
         }
 
 
@@ -175,7 +186,10 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     statuses.sort(key=lambda s: s["rule"])
     result.findings = findings
     result.rules = statuses
-    result.verdict = verdict(findings, facts, statuses)
+    typical = facts.model.typical
+    problems = [f for f in findings if not f["title"].startswith("rule ")]
+    result.recoverable = recoverable(typical, problems).to_dict() if typical and problems else None
+    result.verdict = verdict(findings, facts.model, statuses, result.recoverable)
     return findings
 
 
@@ -196,7 +210,7 @@ def _error_finding(rule: type[Rule], exc: Exception) -> dict[str, Any]:
         "estimated_gain_us": None, "model": None,
         "fix": {"text": "Report this as a tracecliff bug with the trace that triggers it.",
                 "snippet": None},
-        "references": [],
+        "references": [], "recovers": {},
     }
 
 
@@ -204,42 +218,50 @@ def _error_finding(rule: type[Rule], exc: Exception) -> dict[str, Any]:
 LARGE_SHARE = 0.10
 
 
-def verdict(findings: list[dict[str, Any]], facts: JobFacts, statuses: list[dict[str, Any]] | None = None) -> str:
-    """One sentence: the biggest problem and its cost, or why the run looks healthy; then the
-    rules that could not check. "No scaling problem found" only when the typical step's exposed
-    communication and idle together are small (analyzer.job.attribution)."""
-    return _headline(findings, facts) + _unchecked(statuses or [])
+def verdict(findings: list[dict[str, Any]], model: JobModel, statuses: list[dict[str, Any]] | None = None,
+            joint: dict[str, Any] | None = None) -> str:
+    """One sentence: the biggest problem and its cost on the typical step, what the findings
+    together recover (``joint``: the Result's ``recoverable``), or why the run looks healthy;
+    then the rules that could not check. "No scaling problem found" only when the typical step's
+    exposed communication and idle together are small (analyzer.job.model)."""
+    return _headline(findings, model, joint) + _unchecked(statuses or [])
 
 
-def _headline(findings: list[dict[str, Any]], facts: JobFacts) -> str:
-    tb = facts.result.attribution
-    step = tb["step_time_us"] if tb else facts.typical_step_us
+def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, Any] | None) -> str:
+    typical = model.typical
+    step = model.step_time_us
     problems = [f for f in findings if not f["title"].startswith("rule ")]
     if problems:
         top = problems[0]
         gain = top.get("estimated_gain_us")
-        # The gain is a share of the step its rule measured (e.g. the median over the ranks it
-        # fired on): quote that step, not the job's mean, so the sentence matches the finding's.
-        of_step = (top.get("evidence") or {}).get("step_time_us") or step
-        cost = ""
-        if gain and of_step:
-            cost = f" (about {gain / 1000:.1f} ms of a {of_step / 1000:.1f} ms step)"
+        cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)" if gain and step else ""
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
-        return f"{len(problems)} problem(s) found: {top['title']}{cost}{more}."
+        return f"{len(problems)} problem(s) found: {top['title']}{cost}{_together(joint)}{more}."
     if findings:
         return "No problem found, but a rule failed (see findings)."
-    if tb and step:
-        exposed = (tb["exposed_wait_us"] + tb["exposed_transfer_us"]) / step
-        idle = tb["idle_us"] / step
+    if typical is not None and step:
+        exposed, idle = typical.exposed_share or 0.0, typical.idle_share or 0.0
         shares = (f"exposed communication is {100 * exposed:.1f}% and GPU idle {100 * idle:.1f}% "
-                  f"of a {step / 1000:.1f} ms step")
+                  f"of the {fmt_us(step)} typical step")
         if exposed + idle >= LARGE_SHARE:  # both are time the GPU does no useful work
             return f"No rule explains the lost time: {shares} (see the time breakdown)."
         return f"No scaling problem found: {shares}."
-    if step:
+    if model.ranks and any(r.steps for r in model.ranks):
         return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
     # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
     return "No GPU steps in the traces (CPU-only profile?): only structural checks ran, and none found a problem."
+
+
+def _together(joint: dict[str, Any] | None) -> str:
+    """What several findings recover together, counted once where they claim the same time."""
+    if not joint or len(joint["findings"]) < 2:
+        return ""
+    shared = leaf_names({leaf: 0 for f in joint["findings"] for leaf in f["shared_us"]})
+    text = f"; together the findings recover about {fmt_us(joint['joint_us'])}"
+    if shared:
+        text += (f", not the {fmt_us(joint['sum_us'])} their gains add up to: they claim the same "
+                 + " and ".join(shared))
+    return text
 
 
 def _unchecked(statuses: list[dict[str, Any]]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
@@ -51,6 +52,7 @@ class EpAlltoallExposed(Rule):
                                       "step time, from which the rule fires", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("DeepSeek-V3 Technical Report, 2024", "DeepEP", "Lepikhin et al., GShard, ICLR 2021",
                   "docs/models.md §4")
 
@@ -59,7 +61,7 @@ class EpAlltoallExposed(Rule):
         by_step = facts.rows_by_step("ep")
         rows = []
         for (rank, step), colls in by_step.items():
-            view = facts.step_view(rank, step)
+            view = facts.steady_view(rank, step)
             if view is None or not view.step_time_us:
                 continue
             exposed = sum(c["exposed_us"] or 0.0 for c in colls)
@@ -68,7 +70,7 @@ class EpAlltoallExposed(Rule):
             rows.append((view, exposed, total, bound.min_bubble_us))
         if not rows:
             return []
-        step_us = median(v.step_time_us for v, *_ in rows)
+        step_us = ctx.model.step_time_us or median(v.step_time_us for v, *_ in rows)
         exposed = median(e for _, e, _, _ in rows)
         if exposed < ctx.thresholds["exposed_fraction"] * step_us:
             return []
@@ -78,9 +80,10 @@ class EpAlltoallExposed(Rule):
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
             gain = None
         libraries = sorted({c.get("library") or "?" for colls in by_step.values() for c in colls})
-        summary = (f"Expert-parallel communication ({', '.join(libraries)}) is exposed for {exposed:,.0f} µs of a "
-                   f"{step_us / 1000:,.1f} ms step ({100 * exposed / step_us:.0f}%), {100 * exposed / total:.0f}% of its "
-                   f"{total:,.0f} µs; overlapped with compute at most {floor:,.0f} µs would stay exposed.")
+        summary = (f"Expert-parallel communication ({', '.join(libraries)}) is exposed for {fmt_us(exposed)} per step "
+                   f"(median over ranks and steady steps: {100 * exposed / step_us:.0f}% of the {fmt_us(step_us)} "
+                   f"typical step), {100 * exposed / total:.0f}% of its {fmt_us(total)}; overlapped with compute at "
+                   f"most {fmt_us(floor)} would stay exposed.")
         model = ("critical overlap: exposed ≥ max(0, T_a2a − T_compute) = "
                  f"max(0, {total:,.0f} − compute) ≈ {floor:,.0f} µs (median); gain = exposed − that bound")
         evidence = {

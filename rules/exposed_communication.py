@@ -101,6 +101,7 @@ class ExposedCommunication(Rule):
                                          "ended and mostly exposed, from which they are called synchronous "
                                          "per-parameter all-reduces", 2, 1e9),
     }
+    recovers = ("exposed_wait_us", "exposed_transfer_us")
     references = ("docs/models.md §2", "docs/models.md §4", "Thakur, Rabenseifner & Gropp, IJHPCA 2005",
                   "Holistic Trace Analysis: comm-comp overlap")
 
@@ -159,6 +160,7 @@ class ExposedCommunication(Rule):
         return [ctx.finding(
             summary=summary, ranks=ranks, steps=[tb["step"]], evidence=evidence,
             estimated_gain_us=unexplained,
+            recovers={"exposed_wait_us": open_wait, "exposed_transfer_us": open_transfer},
             model=("exposed = |comm \\ compute| over the step window, waiting = the part of each collective "
                    "before its last member arrived; the gain is an upper bound (all of it hidden). "
                    + model_text),

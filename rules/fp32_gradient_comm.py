@@ -51,6 +51,7 @@ class Fp32GradientComm(Rule):
         "min_gain_fraction": Threshold(0.01, "modelled saving, as a fraction of the step time, below "
                                        "which the finding is only informational", 0.0, 1.0),
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §3", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
@@ -66,7 +67,7 @@ class Fp32GradientComm(Rule):
         low_params = bool(gathered) and gathered <= set(LOW_PRECISION)
         if not low_params and (low_share is None or low_share < ctx.thresholds["low_precision_share"]):
             return []
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         gain, model = self._gain(facts, fsdp)
         per_step = median(self._bytes_per_step(grads).values())  # None: no size recorded
         severity = None

@@ -55,12 +55,13 @@ class FsdpFullShardCrossNode(Rule):
                                      "may take (the rest is left for activations)", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §2, §3, §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Rajbhandari et al., ZeRO, SC 2020")
 
     def check(self, ctx):
         facts = ctx.facts
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         steps = fsdp_steps(facts)
         if not step_us or not steps:
             return []

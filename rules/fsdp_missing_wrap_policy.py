@@ -47,6 +47,7 @@ class FsdpMissingWrapPolicy(Rule):
         "max_units": Threshold(1, "all-gathers per forward pass at or below which the model counts "
                                "as a single unit", 1, 1e9),
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Rajbhandari et al., ZeRO, SC 2020")
 

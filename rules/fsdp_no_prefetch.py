@@ -48,11 +48,12 @@ class FsdpNoPrefetch(Rule):
                                       "from which the pass counts as serialized", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023")
 
     def check(self, ctx):
         facts = ctx.facts
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         t = ctx.thresholds
         shares = []
         for (rank, step, phase, kind), rows in facts.units_by_pass().items():

@@ -55,12 +55,13 @@ class FsdpWhereDdpFits(Rule):
         "min_gain_fraction": Threshold(0.02, "projected saving, as a fraction of the step time, below "
                                        "which the finding is only informational", 0.0, 1.0),
     }
+    recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §3, §4", "Rajbhandari et al., ZeRO, SC 2020",
                   "Zhao et al., PyTorch FSDP, VLDB 2023")
 
     def check(self, ctx):
         facts = ctx.facts
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         psi, psi_source = parameter_count(facts)
         memory = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value
         if not psi or not memory or not step_us:
@@ -73,7 +74,7 @@ class FsdpWhereDdpFits(Rule):
         elem = DTYPE_BYTES.get(gathered[0], 2) if gathered else 2  # one dtype: the 1.5x of §3
         fsdp_volume = models.zero3_volume_bytes(psi, elem, n)
         ddp_volume = models.ddp_volume_bytes(psi, elem, n)
-        exposed = facts.typical_exposed_us or 0.0
+        exposed = (facts.model.typical.leaves.exposed_us if facts.model.typical else 0.0)
         projection = self._ddp_projection(facts, psi * elem)
         ddp_step = None if projection is None else step_us - exposed + projection[0] + projection[1]
         sgo_step = self._shard_grad_op_step(facts, step_us)

@@ -50,6 +50,7 @@ class GpuIdleHostBound(Rule):
         "idle_fraction": Threshold(0.25, "GPU idle time, as a fraction of the typical step on a "
                                    "rank, from which the rule fires for that rank", 0.0, 1.0),
     }
+    recovers = ("idle_us", "exposed_wait_us")  # on some ranks only: the others wait for them
     references = ("docs/models.md §6", "Holistic Trace Analysis: idle time breakdown",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
@@ -65,13 +66,13 @@ class GpuIdleHostBound(Rule):
         activity = _host_activity([by_rank[r] for r in hit])
         step = by_rank[hit[0]]["step"]
         idle = median(by_rank[r]["idle_us"] for r in hit)
-        step_us = median(by_rank[r]["step_time_us"] for r in hit)
+        own_step_us = median(by_rank[r]["step_time_us"] for r in hit)
         host = {k: round(median((by_rank[r]["details"].get("idle_by_host") or {}).get(k, 0.0) for r in hit), 1)
                 for k in HOST_ACTIVITY}
         host_text = ", ".join(f"{HOST_ACTIVITY[k]} {fmt_us(v)}" for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if v)
         who = (f"on {len(hit)} of {len(rows)} ranks" if len(hit) < len(rows) else "on every rank given")
-        summary = (f"The GPU is idle {fmt_us(idle)} of a {fmt_us(step_us)} step {who} "
-                   f"(median of those ranks, step {step}; up to {100 * max(shares[r] for r in hit):.0f}%); "
+        summary = (f"The GPU is idle {fmt_us(idle)} of its {fmt_us(own_step_us)} step {who} (median of those "
+                   f"ranks, typical step {step}; up to {100 * max(shares[r] for r in hit):.0f}%); "
                    f"meanwhile the host is in: {host_text or 'nothing the trace shows'}.")
         model = ("idle = the step window's time with no kernel, copy or collective on the GPU (waiting for "
                  "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: "
@@ -79,7 +80,8 @@ class GpuIdleHostBound(Rule):
                  "the rest; the gain is an upper bound (all of that idle recovered)")
         evidence = {
             "step": step, "idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
-            "idle_us_median": round(idle, 1), "step_time_us": round(step_us, 1),
+            "idle_us_median": round(idle, 1), "step_time_us": round(ctx.model.step_time_us, 1),
+            "step_time_us_median_of_those_ranks": round(own_step_us, 1),
             "idle_by_host_median_us": host, "host_activity": activity,
             "late_ranks_idle": "idle on a late rank is what the others then wait for (straggler-rank)",
         }

@@ -53,12 +53,13 @@ class PipelineBubble(Rule):
                                      "pipeline ranks and steps) from which the rule fires", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("idle_us", "exposed_wait_us", "exposed_transfer_us")
     references = ("Huang et al., GPipe, NeurIPS 2019", "Narayanan et al., SC 2021", "docs/models.md §7")
 
     def check(self, ctx):
         facts = ctx.facts
         by_step = facts.rows_by_step("pp")
-        views = [facts.step_view(rank, step) for rank, step in by_step]
+        views = [facts.steady_view(rank, step) for rank, step in by_step]
         views = [v for v in views if v is not None and v.step_time_us]
         if not views:
             return []
@@ -69,7 +70,7 @@ class PipelineBubble(Rule):
         sends = Counter(key for key, rows in by_step.items() for r in rows
                         if r["collective"] == "send" and r["phase"] == "forward")
         m = max(sends.values(), default=0)
-        step_us = median(v.step_time_us for v in views)
+        step_us = ctx.model.step_time_us or median(v.step_time_us for v in views)
         work = median(v.compute_us for v in views)
         ideal = models.pipeline_bubble_fraction(p, m) if m else None
         target = max(2 * m, 4 * (p - 1)) if m else None
@@ -82,8 +83,8 @@ class PipelineBubble(Rule):
         ideal_text = (f"; with p = {p} stages and m = {m} micro-batches the fill/drain bubble alone is "
                       f"(p − 1)/(m + p − 1) = {100 * ideal:.0f}%" if ideal is not None else
                       "; the micro-batch count is unknown (no forward sends on the first stage)")
-        summary = (f"Pipeline stages do not compute for {100 * bubble:.0f}% of a {step_us / 1000:,.1f} ms step "
-                   f"(median over {len(views)} rank-steps){ideal_text}"
+        summary = (f"Pipeline stages do not compute for {100 * bubble:.0f}% of their step (median over "
+                   f"{len(views)} steady rank-steps; the typical step is {step_us / 1000:,.1f} ms){ideal_text}"
                    + (f"; {target} micro-batches are predicted to cut the step to "
                       f"{(step_us - gain) / 1000:,.1f} ms." if gain is not None else "."))
         model = (f"step ≈ work·(m + p − 1)/m; measured non-compute share {bubble:.3f}"

@@ -69,6 +69,7 @@ class StragglerRank(Rule):
         "cause_fraction": Threshold(0.5, "share of the caused wait a difference in the late rank's "
                                     "own breakdown must reach to name the cause", 0.0, 1.0),
     }
+    recovers = ("exposed_wait_us",)
     references = ("docs/models.md §2", "NVIDIA nccl-tests doc/PERFORMANCE.md",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
@@ -101,7 +102,7 @@ class StragglerRank(Rule):
         if not late:
             return []
         wait = median(waits.values()) or 0.0
-        step_us = median(step_times.values())
+        step_us = ctx.model.step_time_us or median(step_times.values())  # the typical step's, as every view
         top, count = min(main.items(), key=lambda kv: (-kv[1], kv[0]))
         # One steady step cannot show a rank late step after step, nor late ranks taking turns.
         pattern = "one step" if len(steady) < 2 else \
@@ -112,12 +113,13 @@ class StragglerRank(Rule):
         lead = causes[worst]
         summary = (f"Rank{'s' if len(late) > 1 else ''} {names} arrive{'' if len(late) > 1 else 's'} late at the "
                    f"collectives ({_pattern_text(pattern, top, count, len(steady))}) and the other ranks wait {fmt_us(wait)} per step for "
-                   f"{'them' if len(late) > 1 else 'it'} ({100 * wait / step_us:.1f}% of the step); cause: "
+                   f"{'them' if len(late) > 1 else 'it'} (median of the steady steps they are late in: "
+                   f"{100 * wait / step_us:.1f}% of the {fmt_us(step_us)} typical step); cause: "
                    f"{lead['cause']} — {lead['text']}.")
         model = ("lateness = a rank's largest arrival after the median member at the step's collectives "
                  "(clock offsets corrected); wait = the exposed part of each collective before its last member "
-                 f"arrived, on the median rank that is not late; {fmt_us(wait)} = {100 * wait / step_us:.1f}% "
-                 f"of {fmt_us(step_us)}")
+                 f"arrived, on the median rank that is not late, median over the steady steps they are late in; "
+                 f"{fmt_us(wait)} = {100 * wait / step_us:.1f}% of the {fmt_us(step_us)} typical step")
         evidence = {
             "late_ranks": sorted(late), "pattern": pattern, "main_late_rank": top,
             "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
@@ -130,7 +132,26 @@ class StragglerRank(Rule):
         }
         return [ctx.finding(summary=summary, ranks=sorted(late), steps=sorted({n for v in late.values() for n in v}),
                             evidence=evidence, estimated_gain_us=wait, model=model,
+                            recovers=_recovers(ctx, set(late), wait, lead["cause"]),
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
+
+
+# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
+_OWN_LEAF = {"host": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
+             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
+
+
+def _recovers(ctx, late: set[int], gain: float, cause: str) -> dict[str, float]:
+    """The gain over the typical step's leaves: the others' waiting for the late ranks (mean over
+    ranks, as the step's leaves are), the rest in the leaf that holds the late ranks' own extra
+    time (a slow GPU's compute, a stalled host's idle)."""
+    typical = ctx.model.typical
+    waited = sum(v for peer, v in typical.details.wait_by_peer.items() if peer.isdigit() and int(peer) in late) \
+        if typical else 0.0
+    wait = min(gain, waited)
+    rest = _OWN_LEAF.get(cause, "exposed_wait_us")
+    return {"exposed_wait_us": wait, rest: gain - wait} if gain > wait and rest != "exposed_wait_us" \
+        else {"exposed_wait_us": gain}
 
 
 def _pattern_text(pattern: str, top: int, count: int, steady: int) -> str:

@@ -50,11 +50,12 @@ class TpCrossNode(Rule):
                                       "the step time, from which the rule fires", 0.0, 1.0),
         "min_gain_fraction": MIN_GAIN_FRACTION,
     }
+    recovers = ("exposed_transfer_us",)
     references = ("Shoeybi et al., Megatron-LM, 2019", "Narayanan et al., SC 2021", "docs/models.md §2")
 
     def check(self, ctx):
         facts = ctx.facts
-        step_us = facts.typical_step_us
+        step_us = facts.model.step_time_us
         by_step = facts.rows_by_step("tp")
         crossing = {key: rows for key, rows in by_step.items()
                     if facts.group_nodes(rows[0].get("group") or {}) > 1}

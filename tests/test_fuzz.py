@@ -217,7 +217,7 @@ def must_not_crash(path: Path) -> None:
         return
     doc = result.to_dict()
     text = JsonRenderer().render(doc)  # canonical JSON: raises on NaN or a non-serialisable value
-    TextRenderer().render(doc)
+    TextRenderer().render(result)
     _result_validator().validate(json.loads(text))  # and it keeps the published contract
 
 

@@ -47,7 +47,8 @@ def _html(doc):
         from analyzer.reports.html import HtmlRenderer
     except ImportError:  # the HTML renderer lands separately
         return None
-    return HtmlRenderer().render(doc)
+    from analyzer.job.result import Result
+    return HtmlRenderer().render(Result.from_dict(doc))
 
 
 def expect_warning(capsys, paths, needle):

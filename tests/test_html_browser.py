@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.api import DiagnoseOptions, Result, diagnose
 from analyzer.reports.html import HtmlRenderer
 from builders import TraceBuilder
 
@@ -78,7 +78,7 @@ def _write_report(tmp: Path, paths, name: str, **doc_changes) -> Path:
     doc = result.to_dict()
     doc.update(doc_changes)
     out = tmp / f"{name}.html"
-    out.write_text(HtmlRenderer().render(doc), encoding="utf-8")
+    out.write_text(HtmlRenderer().render(Result.from_dict(doc)), encoding="utf-8")
     return out
 
 

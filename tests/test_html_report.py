@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.api import DiagnoseOptions, Result, diagnose
 from analyzer.cli.main import main
 from analyzer.reports.html import TEMPLATES, HtmlRenderer, build_view
 from analyzer.job.step_timeline import MAX_MARKS_PER_LANE, _downsample, timeline_data
@@ -59,7 +59,8 @@ def parse(html: str) -> PageParser:
 
 
 def render(doc: dict) -> str:
-    return HtmlRenderer().render(doc)
+    """A document as the page of the Result it holds (the renderer reads a Result)."""
+    return HtmlRenderer().render(Result.from_dict(doc))
 
 
 def html_for(paths, step=None, **options) -> tuple[str, dict, object]:
@@ -80,7 +81,7 @@ def test_bars_split_each_rank_step_into_its_parts(ddp_pair):
     compute [0,70)+[90,95) = 75, all-reduce [60,90) on both ranks at once (no waiting), 20 µs of
     it exposed; idle [95,100) = 5: the leaves add up to the 100 µs step."""
     _, doc, _ = html_for(ddp_pair)
-    bars = build_view(doc)["bars"]
+    bars = build_view(Result.from_dict(doc))["bars"]
     assert bars["available"] and [r["rank"] for r in bars["rows"]] == [0, 1]
     parts = bars["rows"][0]["parts"]
     assert parts == pytest.approx({"compute_only": 75.0, "wait": 0.0, "transfer": 20.0,
@@ -89,12 +90,14 @@ def test_bars_split_each_rank_step_into_its_parts(ddp_pair):
     assert [seg["key"] for seg in bars["legend"]] == ["compute_only", "wait", "transfer", "other", "idle"]
 
 
-def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):
-    """Step times are 100 (step 1) and 95 (step 2): the lower median is step 2. Within it the
-    all-reduce [60,90) is under backward compute until 70, so [70,90) is exposed."""
-    _, doc, _ = html_for(ddp_pair)
+def test_timeline_typical_step_lanes_exposed_and_phases(ddp_pair):
+    """Step 1 is the typical step (step 2, the last, is the drain), the one every figure quotes:
+    the timeline shows it by default. Its kernels span [0,95); the all-reduce [60,90) is under
+    backward compute until 70, so [70,90) is exposed."""
+    html, doc, _ = html_for(ddp_pair)
     tl = doc["timeline"]
-    assert tl["available"] and tl["step"] == 2 and tl["span_us"] == pytest.approx(95.0)
+    assert tl["available"] and tl["step"] == doc["attribution"]["step"] == 1
+    assert tl["span_us"] == pytest.approx(95.0) and "the typical step" in tl["note"]
     rank = tl["ranks"][0]
     assert [(lane["stream"], lane["kind"]) for lane in rank["lanes"]] == [(7, "compute"), (20, "NCCL")]
     assert rank["exposed"] == [[70.0, 90.0]]
@@ -102,7 +105,8 @@ def test_timeline_median_step_lanes_exposed_and_phases(ddp_pair):
     assert phases == {"forward": (0.0, 30.0), "backward": (30.0, 90.0), "optimizer": (90.0, 95.0)}
     names = [tl["names"][m["n"]] for lane in rank["lanes"] for m in lane["marks"]]
     assert names[0] == "sm90_xmma_gemm_bf16<128, 64>" and names[-1].startswith("ncclDevKernel_AllReduce")
-    assert {r["role"] for r in tl["ranks"]} == {"slowest", "typical"}
+    assert {r["role"] for r in tl["ranks"]} == {"slowest", "median"}
+    assert "(drain step)" not in html
 
 
 def test_cli_path_rereads_only_the_planned_ranks_and_step(ddp_pair):
@@ -121,11 +125,14 @@ def test_cli_path_rereads_only_the_planned_ranks_and_step(ddp_pair):
     assert not gone["available"] and gone["why"].startswith("could not read the kernels again: ")
 
 
-def test_step_option_chooses_and_explains_a_missing_step(ddp_pair):
+def test_step_option_chooses_labels_and_explains_a_missing_step(ddp_pair):
     _, doc, _ = html_for(ddp_pair, step=1)
     assert doc["timeline"]["step"] == 1 and doc["timeline"]["note"] == "chosen with --step"
+    html, doc, _ = html_for(ddp_pair, step=2)  # the drain step, on request: labelled as such
+    assert doc["timeline"]["step"] == 2 and "not the typical step 1: drain" in doc["timeline"]["note"]
+    assert "Step 2 (drain step)" in html
     _, doc, _ = html_for(ddp_pair, step=9)
-    assert doc["timeline"]["step"] == 2 and "step 9 is not in the traces" in doc["timeline"]["note"]
+    assert doc["timeline"]["step"] == 1 and "step 9 is not in the traces" in doc["timeline"]["note"]
 
 
 def test_downsampling_is_deterministic_and_conserves_kernels():
@@ -165,14 +172,16 @@ def test_empty_document_renders_every_section_as_not_available():
     assert "could not read" not in html
 
 
-def test_unexpected_shapes_degrade_to_a_message_not_a_crash():
-    doc = {"job": [], "ranks": [{"rank": 0}], "findings": ["not a dict", {"rule": 3, "evidence": [1, {"a": None}]}],
-           "collectives": [{"group": "x", "bytes": "12", "dur_us": None}], "groups": None,
-           "stragglers": [3, {"rank": "x"}], "hardware": {"gpu_name": {"value": 5}}, "mfu": "?",
-           "timeline": {"available": True}, "scaling": {"series": [{"points": []}]}, "hta": {"idle": 4}}
+def test_a_section_it_cannot_read_says_so_in_place(ddp_pair):
+    """Malformed documents never reach the page (analyzer.job.saved refuses them, one line);
+    a report section whose drawn data lacks what the page needs says so in that section and
+    the rest of the page stands."""
+    _, doc, _ = html_for(ddp_pair)
+    doc["timeline"] = {"available": True}
+    doc["scaling"] = {"available": True, "series": [{"points": [{"gpus": "x"}]}]}
     html = render(doc)
     assert set(SECTION_IDS) <= parse(html).ids
-    assert "could not read this section" in html  # the malformed timeline says so, in its section
+    assert html.count("could not read this section") == 2 and "Headline numbers" in html
 
 
 def test_hostile_strings_cannot_open_tags_or_scripts(tmp_path):
@@ -217,7 +226,7 @@ def test_bytes_are_deterministic_and_timestamp_only_on_request(ddp_pair):
     second, _, _ = html_for(ddp_pair)
     assert first == second
     assert " on " not in first.split("<footer>")[1].split("</footer>")[0]
-    stamped = HtmlRenderer(timestamp="2030-01-02 03:04 UTC").render(doc)
+    stamped = HtmlRenderer(timestamp="2030-01-02 03:04 UTC").render(Result.from_dict(doc))
     assert "on 2030-01-02 03:04 UTC" in stamped
 
 
@@ -237,7 +246,7 @@ def test_cpu_only_traces_render_with_reasons():
     assert "Not available: the traces hold no GPU kernels (CPU-only profile?)" in html
     assert "Not available: no GPU activity in the traces (CPU-only profile): nothing to break down" in html
     assert "CPU-side operations only" in html
-    assert build_view(doc)["collectives"]["available"]
+    assert build_view(Result.from_dict(doc))["collectives"]["available"]
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +262,7 @@ def test_synthetic_straggler_job_marks_the_straggler_and_stays_small(synthetic_s
     paths, spec = synthetic_straggler
     html, doc, _ = html_for(paths)
     assert len(paths) == 8 and len(html.encode()) < 2_000_000
-    view = build_view(doc)
+    view = build_view(Result.from_dict(doc))
     assert view["bars"]["stragglers"].keys() == {spec.straggler_rank}
     assert doc["timeline"]["ranks"][0] == dict(doc["timeline"]["ranks"][0], rank=spec.straggler_rank,
                                                role="straggler")
@@ -294,7 +303,7 @@ def test_hta_deep_dive_comes_from_hta_and_agrees_with_our_kernel_sums(tmp_path):
     streams = {(c["rank"], c["stream"]) for c in result.collectives}
     assert streams <= {(row["rank"], row["stream"]) for row in data["idle"]}
     assert all(row[k] >= 0 for row in data["idle"] for k in ("host_wait_us", "kernel_wait_us", "other_wait_us"))
-    html = HtmlRenderer().render({"hta": data})
+    html = render({"hta": data})
     assert "Computed by HolisticTraceAnalysis" in html and "get_idle_time_breakdown" in html
 
 
@@ -305,7 +314,7 @@ def test_hta_missing_is_a_clear_line(monkeypatch):
     data = deep_dive({0: "rank-0.json"})
     assert data == {"available": False,
                     "why": "HTA is not installed: pip install 'tracecliff[hta]' (holistictraceanalysis)"}
-    assert "Not available: HTA is not installed" in HtmlRenderer().render({"hta": data})
+    assert "Not available: HTA is not installed" in render({"hta": data})
 
 
 # ----------------------------------------------------------------------------- scaling what-if
@@ -327,7 +336,7 @@ def test_scaling_curve_from_the_whatif_model_with_the_suggested_fix(tmp_path):
     assert series["projection"][8] == pytest.approx(1.0, abs=0.05)
     assert set(series["fix"]) == set(series["projection"]) and len(series["fix"]) >= 3
     assert all(series["fix"][g] > series["projection"][g] for g in series["fix"] if g >= 8)
-    view = build_view({"scaling": data})["scaling"]
+    view = build_view(Result.from_dict({"scaling": data}))["scaling"]
     assert view["available"] and [s["kind"] for s in view["series"]] == ["measured", "projection", "fix"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose
+from analyzer.job.model import LEAVES
 from analyzer.rules.engine import all_rules
 from analyzer.synth import JobSpec, write_job
 from rule_cases_lib import load_cases, sample_traces, diagnosed
@@ -52,7 +53,7 @@ def test_exact_rule_set(trace):
 def test_findings_follow_the_contract(trace):
     result = diagnosed(trace)
     keys = {"rule", "code", "severity", "title", "summary", "ranks", "steps", "evidence",
-            "estimated_gain_us", "model", "fix", "references"}
+            "estimated_gain_us", "model", "fix", "references", "recovers"}
     for f in result.findings:
         assert set(f) == keys
         assert f["severity"] in ("error", "warning", "info")
@@ -60,6 +61,10 @@ def test_findings_follow_the_contract(trace):
         assert set(f["fix"]) == {"text", "snippet"} and f["fix"]["text"]
         assert f["references"] and all(isinstance(r, str) for r in f["references"])
         assert all(isinstance(r, int) for r in f["ranks"]) and f["ranks"]
+        # the leaves its fix gives back; with a gain, its µs, adding up to the gain
+        assert f["recovers"] and set(f["recovers"]) <= set(LEAVES)
+        if f["estimated_gain_us"] is not None:
+            assert sum(f["recovers"].values()) == pytest.approx(f["estimated_gain_us"], abs=0.2)
     gains = [f["estimated_gain_us"] for f in result.findings if f["estimated_gain_us"] is not None]
     assert gains == sorted(gains, reverse=True)
     assert result.verdict.endswith(".")

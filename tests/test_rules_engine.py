@@ -242,14 +242,18 @@ def test_subset_of_ranks(trace, expected):
             assert "lower bound" in f["summary"] and "2 of 8 ranks" in f["evidence"]["wait_source"]
 
 
-def test_verdict_quotes_the_step_its_top_finding_measured(real_traces):
-    """The headline's "about G ms of a S ms step" takes S from the top finding's evidence (the
-    step its gain is a share of: gpu-idle-host-bound's median over the ranks it fired on), not
-    the job's mean typical step, which differs on the DLRM job (ranks' steps 11-18 ms)."""
+def test_verdict_quotes_the_typical_step_and_a_finding_labels_its_own(real_traces):
+    """One step time: the verdict's "about G of the S typical step" is the typical step's time
+    (mean over ranks), which every finding's evidence quotes too. On the DLRM job (ranks' steps
+    11-18 ms) gpu-idle-host-bound measures the idle of the median rank it fired on: its sentence
+    names that other step as theirs ("median of those ranks")."""
     from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.base.units import fmt_us
     result = diagnose([str(real_traces / "param_dlrm_ddp_8rank")], DiagnoseOptions(workers=1))
-    top = next(f for f in result.findings if not f["title"].startswith("rule "))
-    step_us = top["evidence"]["step_time_us"]
-    assert step_us != result.attribution["step_time_us"]  # the case the sentence used to mix up
-    assert f"ms of a {step_us / 1000:.1f} ms step)" in result.verdict
-    assert f" {step_us / 1000:.1f} ms step" in top["summary"]
+    typical = result.attribution["step_time_us"]
+    assert f"of the {fmt_us(typical)} typical step)" in result.verdict
+    top = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
+    assert top["evidence"]["step_time_us"] == round(typical, 1)
+    own = top["evidence"]["step_time_us_median_of_those_ranks"]
+    assert own != round(typical, 1) and f"of its {fmt_us(own)} step" in top["summary"]
+    assert "median of those ranks" in top["summary"]

@@ -18,7 +18,6 @@ step time) to the percentages; ``step_time_us`` is then unavailable for it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,39 +209,6 @@ def _num(value: Any) -> float | None:
 
 
 # ---------------------------------------------------------------- runs
-
-
-def is_result_doc(doc: Any) -> bool:
-    return isinstance(doc, dict) and "schema_version" in doc and "ranks" in doc and "traceEvents" not in doc
-
-
-def read_result_file(path: Path) -> dict[str, Any] | None:
-    """The result document in ``path``, or None when the file is a trace (decided by content:
-    traces name their event list within the first MB, results never contain that key)."""
-    from analyzer.ingest.files import read_trace_bytes
-    if b'"traceEvents"' in _head(path, 1 << 20):
-        return None
-    data = read_trace_bytes(path)
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None  # let the trace reader give its own error
-    return doc if is_result_doc(doc) else None
-
-
-def _head(path: Path, size: int) -> bytes:
-    """The first ``size`` bytes of the (possibly gzip) file's content, without reading it all."""
-    import gzip
-    import zlib
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(size)
-        if raw[:2] != b"\x1f\x8b":
-            return raw
-        with gzip.open(path, "rb") as handle:
-            return handle.read(size)
-    except (OSError, EOFError, zlib.error):
-        return b""  # unreadable or corrupt: the full reader reports it
 
 
 def as_document(run: Any) -> dict[str, Any]:

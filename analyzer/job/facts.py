@@ -46,11 +46,15 @@ class StepView:
 class JobFacts:
     def __init__(self, result: Any):
         self.result = result
-        self.model = result.model
         self.job = result.job
         # The data-parallel strategy (ddp, fsdp1, fsdp2, fsdp, unknown) the DDP/FSDP rules
         # test; results saved before job.dp_strategy existed had it in job.strategy.
         self.strategy = result.job.get("dp_strategy") or result.job.get("strategy") or "unknown"
+
+    @cached_property
+    def model(self):
+        """The job's typed facts (analyzer.job.model): the figures every rule quotes."""
+        return self.result.model
 
     # ---------------------------------------------------------------- steps
     @cached_property
@@ -66,21 +70,13 @@ class JobFacts:
                                       s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us")))
         return views
 
-    @cached_property
-    def typical_step_us(self) -> float | None:
-        """Median over ranks of each rank's mean step time (µs)."""
-        return self._median_of_rank_means("step_time_us")
-
-    @cached_property
-    def typical_exposed_us(self) -> float | None:
-        return self._median_of_rank_means("exposed_comm_us")
-
-    def _median_of_rank_means(self, key: str) -> float | None:
-        by_rank: dict[int, list[float]] = {}
-        for s in self.steps:
-            by_rank.setdefault(s.rank, []).append(getattr(s, key))
-        means = [statistics.fmean(v) for v in by_rank.values() if v]
-        return statistics.median(means) if means else None
+    def steady_view(self, rank: int, step: Any) -> StepView | None:
+        """``step_view`` of a steady step only (the typical step or another steady one; any step
+        when the job has no typical step): the warm-up, drain and outlier steps are left out of
+        the rules as out of every figure."""
+        if self.model.typical is not None and self.model.step_role(step) not in ("typical", "steady"):
+            return None
+        return self.step_view(rank, step)
 
     def step_view(self, rank: int, step: Any) -> StepView | None:
         return self._step_index.get((rank, step))

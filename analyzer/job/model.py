@@ -351,6 +351,11 @@ class JobModel:
                           g.get("busbw_median_gbps"))
 
 
+def leaf_names(leaves: Any) -> list[str]:
+    """The names of the leaves a finding recovers (``recovers``'s keys), in the step's order."""
+    return [LEAF_NAMES[leaf] for leaf in LEAVES if leaf in (leaves or {})]
+
+
 def group_label(group: Mapping[str, Any] | None) -> str | None:
     """The name a group goes by in breakdowns, metric names and diffs: its description, else its
     name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
@@ -405,3 +410,100 @@ def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:
     return tuple(RankLateness(int(b["rank"]), int(b.get("times_last") or 0), float(b.get("wait_caused_us") or 0.0),
                               float(b.get("wait_incurred_us") or 0.0), float(b.get("clock_offset_us") or 0.0))
                  for b in (section or {}).get("by_rank") or [])
+
+
+# ---------------------------------------------------------------- what the findings recover
+@dataclass(frozen=True)
+class Claim:
+    """The part of one finding's gain the joint estimate counts, leaf by leaf, and the part it
+    does not because earlier findings (larger gains) already claimed that leaf's time."""
+
+    rule: str
+    gain_us: float
+    counted_us: Mapping[str, float]
+    shared_us: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Recoverable:
+    """What the findings together could give back per typical step (µs): each finding's gain
+    split over the leaves it recovers (``Finding.recovers``), a leaf's time counted once however
+    many findings claim it (in gain order), and the lost time never beyond what the typical step
+    loses (exposed communication + idle, ``lost_bound_us``); compute a finding would save
+    (a slow rank's kernels) is counted apart, against the compute-only leaf."""
+
+    step_time_us: float
+    claims: tuple[Claim, ...]
+    lost_bound_us: float
+
+    @property
+    def sum_us(self) -> float:
+        """The findings' gains added up, as if they shared no time."""
+        return sum(c.gain_us for c in self.claims)
+
+    def counted(self, leaves: tuple[str, ...]) -> float:
+        return sum(v for c in self.claims for leaf, v in c.counted_us.items() if leaf in leaves)
+
+    @property
+    def lost_us(self) -> float:
+        """Exposed communication and idle the findings together recover (≤ ``lost_bound_us``)."""
+        return min(self.counted(LOST_LEAVES), self.lost_bound_us)
+
+    @property
+    def compute_us(self) -> float:
+        return self.counted(("compute_only_us", "other_gpu_us"))
+
+    @property
+    def joint_us(self) -> float:
+        return self.lost_us + self.compute_us
+
+    @property
+    def shared(self) -> list[tuple[str, str, float]]:
+        """(rule, leaf, µs) of each gain not counted again because other findings claim that time."""
+        return [(c.rule, leaf, v) for c in self.claims for leaf, v in sorted(c.shared_us.items()) if v > 0.05]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_time_us": round(self.step_time_us, 3), "sum_us": round(self.sum_us, 1),
+                "joint_us": round(self.joint_us, 1), "lost_us": round(self.lost_us, 1),
+                "compute_us": round(self.compute_us, 1), "lost_bound_us": round(self.lost_bound_us, 3),
+                "findings": [{"rule": c.rule, "gain_us": round(c.gain_us, 1),
+                              "counted_us": {k: round(v, 1) for k, v in sorted(c.counted_us.items())},
+                              "shared_us": {k: round(v, 1) for k, v in sorted(c.shared_us.items()) if v > 0.05}}
+                             for c in self.claims]}
+
+
+def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | str, typical: TypicalStep | None
+               ) -> dict[str, float]:
+    """A finding's gain as µs per leaf: given as such, or over the named leaves in the order
+    named, each up to its time in the typical step (a bucket fix gives back exposed transfer
+    first, then waiting), the last leaf holding what remains."""
+    if isinstance(leaves, Mapping):
+        return {leaf: float(v) for leaf, v in leaves.items() if leaf in LEAVES}
+    names = [leaves] if isinstance(leaves, str) else [leaf for leaf in leaves if leaf in LEAVES]
+    out: dict[str, float] = {}
+    left = gain_us
+    for i, leaf in enumerate(names):
+        room = typical.leaves.leaf(leaf) if typical else 0.0
+        take = left if i == len(names) - 1 else min(left, room)
+        if take > 0 or not out and i == len(names) - 1:
+            out[leaf] = take
+        left -= take
+    return out
+
+
+def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]]) -> Recoverable:
+    """The joint estimate of ``findings`` (in the order given: largest gain first) on the
+    typical step: each takes what is left of the leaves it recovers."""
+    left = {leaf: typical.leaves.leaf(leaf) for leaf in LEAVES}
+    claims = []
+    for f in findings:
+        gain, parts = f.get("estimated_gain_us"), f.get("recovers") or {}
+        if not gain or not parts:
+            continue
+        counted, shared = {}, {}
+        for leaf, want in parts.items():
+            take = min(float(want), left.get(leaf, 0.0))
+            left[leaf] = left.get(leaf, 0.0) - take
+            counted[leaf], shared[leaf] = take, float(want) - take
+        claims.append(Claim(str(f.get("rule")), float(gain), counted, shared))
+    return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us)

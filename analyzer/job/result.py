@@ -69,6 +69,9 @@ class Finding(_ReadsLikeADict):
     model: str | None
     fix: FindingFix
     references: list[str]
+    # The leaves of the typical step the fix gives back, with the µs of the gain each holds
+    # (analyzer.job.model.split_gain; None: the leaf, with no estimate of the gain).
+    recovers: dict[str, float | None] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> "Finding":
@@ -133,6 +136,8 @@ class Result:
     # rules (analyzer.rules.engine)
     rules: list[dict[str, Any]] | None = None
     verdict: str | None = None
+    # what the findings together recover per typical step (analyzer.job.model.Recoverable)
+    recoverable: dict[str, Any] | None = None
     # report sections (analyzer.job.step_timeline, analyzer.whatif.scaling, analyzer.job.hta)
     timeline: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
@@ -219,7 +224,7 @@ def _view(name: str) -> Callable[[Result], str]:
 
 
 _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",
-             "timeline", "scaling", "hta")
+             "recoverable", "timeline", "scaling", "hta")
 
 
 def result_to_dict(result: Result, plain: bool = True) -> dict[str, Any]:

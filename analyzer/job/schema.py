@@ -110,13 +110,21 @@ class TimeBreakdown(msgspec.Struct):
     wait_source: str | None = None
 
 
+class ExcludedStep(msgspec.Struct):
+    """A step left out of the typical step's choice, with its role and why."""
+
+    step: int
+    reason: str
+    role: Literal["warm-up", "drain", "outlier"] | None = None  # None: a result written before roles
+
+
 class Attribution(TimeBreakdown):
     """The job's typical step: the leaves averaged over ranks, with the steady steps it was
     chosen from and the steps left out (warm-up, drain, outliers) with the reason."""
 
     ranks: int | None = None
-    steady_steps: list[Any] = []
-    excluded_steps: list[dict[str, Any]] = []
+    steady_steps: list[int] = []
+    excluded_steps: list[ExcludedStep] = []
     exposed_share: float | None = None
     idle_share: float | None = None
 
@@ -312,6 +320,30 @@ class RuleStatus(msgspec.Struct):
     reason: str | None = None
 
 
+class RecoveredBy(msgspec.Struct):
+    """One finding's gain in the joint estimate: what it counts per leaf, and the time of it
+    other findings (larger gains) already claimed."""
+
+    rule: str
+    gain_us: float
+    counted_us: dict[str, float]
+    shared_us: dict[str, float] = {}
+
+
+class Recoverable(msgspec.Struct):
+    """What the findings together recover per typical step (µs; analyzer.job.model.Recoverable):
+    a leaf's time counted once however many findings claim it; ``lost_us`` (exposed communication
+    and idle) never beyond ``lost_bound_us``; ``compute_us`` (a slow rank's kernels) apart."""
+
+    step_time_us: float
+    sum_us: float
+    joint_us: float
+    lost_us: float
+    compute_us: float
+    lost_bound_us: float
+    findings: list[RecoveredBy]
+
+
 class Section(msgspec.Struct):
     """A report section (step timeline, scaling curve, HTA deep dive): its data when
     ``available``, else ``why`` it is not."""
@@ -343,6 +375,7 @@ class ResultDocument(msgspec.Struct):
     attribution: Attribution | None = None
     rules: list[RuleStatus] | None = None
     verdict: str | None = None
+    recoverable: Recoverable | None = None
     timeline: Section | None = None
     scaling: Section | None = None
     hta: Section | None = None

@@ -39,56 +39,24 @@ def unavailable(why: str) -> dict[str, Any]:
     return {"available": False, "why": why}
 
 
+STRAGGLER_RULE = "straggler-rank"
+
+
 def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
-    """rank -> why it is called a straggler, from the stragglers section and straggler findings.
-
-    The stragglers section's shape is owned by the job analyses; accept the plausible forms
-    (a list of ranks, a list of {rank, ...}, a dict with ``ranks`` / ``rank`` / ``per_step``)."""
+    """rank -> why it is called a straggler: the ranks a straggler-rank finding names, and only
+    those (the report says only what the analysis concluded: a rank that is merely last at some
+    collectives of a healthy job is no straggler)."""
     found: dict[int, str] = {}
-    section = doc.get("stragglers")
-    for item in _straggler_items(section):
-        if isinstance(item, bool):
-            continue
-        if isinstance(item, int):
-            found.setdefault(item, "straggler")
-        elif isinstance(item, dict):
-            rank = item.get("rank", item.get("last_rank", item.get("straggler_rank")))
-            if isinstance(rank, int) and not isinstance(rank, bool):
-                found.setdefault(rank, _straggler_reason(item))
-    if isinstance(section, dict) and isinstance(section.get("top_rank"), int):
-        share = section.get("top_rank_last_share")
-        # "Consistently last": a rank that is last at most matched collectives, not by chance.
-        if isinstance(share, (int, float)) and share >= CONSISTENTLY_LAST:
-            wait = section.get("top_rank_wait_caused_us")
-            found.setdefault(section["top_rank"], f"last to arrive at {100 * share:.0f}% of matched collectives"
-                             + (f", causing {wait:,.0f} µs of waiting on the others in all" if isinstance(wait, (int, float)) else ""))
     for finding in doc.get("findings") or []:
-        if isinstance(finding, dict) and "straggler" in str(finding.get("rule", "")):
-            for rank in finding.get("ranks") or []:
-                if isinstance(rank, int):
-                    found.setdefault(rank, str(finding.get("title") or "straggler finding"))
+        if not isinstance(finding, dict) or finding.get("rule") != STRAGGLER_RULE:
+            continue
+        causes = (finding.get("evidence") or {}).get("causes") or {}
+        for rank in finding.get("ranks") or []:
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                cause = (causes.get(str(rank)) or {}).get("cause") if isinstance(causes, dict) else None
+                found.setdefault(rank, f"{finding.get('code') or STRAGGLER_RULE}: late at the collectives"
+                                 + (f" (cause: {cause})" if cause else ""))
     return dict(sorted(found.items()))
-
-
-def _straggler_items(section: Any) -> list[Any]:
-    if isinstance(section, list):
-        return section
-    if isinstance(section, dict):
-        items: list[Any] = []
-        for key in ("ranks", "stragglers"):
-            if isinstance(section.get(key), list):
-                items += section[key]
-        if isinstance(section.get("rank"), int):
-            items.append(section)
-        return items
-    return []
-
-
-def _straggler_reason(item: dict[str, Any]) -> str:
-    wait = item.get("wait_caused_us", item.get("wait_us"))
-    if isinstance(wait, (int, float)):
-        return f"straggler: causes {wait:,.0f} µs of waiting on other ranks"
-    return "straggler"
 
 
 @dataclass(frozen=True)
@@ -119,7 +87,7 @@ def plan_timeline(summaries: Sequence[dict[str, Any]], doc: dict[str, Any],
     """summaries: {rank, steps, span_us} of the ranks with GPU activity (None when there are none)."""
     if not summaries:
         return None
-    chosen, note = _choose_step(summaries, step)
+    chosen, note = _choose_step(summaries, step, doc.get("attribution") or {})
     step_time = {s["rank"]: _step_time(s, chosen) for s in summaries}
     picked = _choose_ranks(step_time, straggler_ranks(doc))
     steps = sorted({st["step"] for s in summaries for st in s.get("steps") or []})
@@ -146,7 +114,10 @@ def draw_timeline(analyses: dict[int, Any], plan: TimelinePlan) -> dict[str, Any
     }
 
 
-def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None) -> tuple[int | None, str]:
+def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None,
+                 typical: dict[str, Any]) -> tuple[int | None, str]:
+    """The typical step (the one every figure of the report quotes) unless ``step`` asks for
+    another, which is then labelled with its role (warm-up, drain, outlier)."""
     times: dict[int, list[float]] = {}
     for summary in summaries:
         for s in summary.get("steps") or []:
@@ -154,14 +125,28 @@ def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None) -> tuple
                 times.setdefault(s["step"], []).append(s["step_time_us"])
     if not times:
         return None, "no ProfilerStep markers: the whole trace is shown"
-    by_time = sorted(times, key=lambda n: (mean(times[n]), n))
-    median = by_time[(len(by_time) - 1) // 2]
+    default, why = typical.get("step"), "the typical step, the one the report's figures quote"
+    if default not in times:  # no step breakdown: the median step, said as such
+        by_time = sorted(times, key=lambda n: (mean(times[n]), n))
+        default = by_time[(len(by_time) - 1) // 2]
+        why = f"median step by step time (mean over ranks) of {len(times)} step(s); no typical step was chosen"
     if step is None:
-        return median, f"median step by step time (mean over ranks) of {len(times)} step(s)"
+        return default, why
     if step in times:
-        return step, "chosen with --step"
-    return median, (f"step {step} is not in the traces (steps {_ranges(sorted(times))}): "
-                    f"showing the median step {median}")
+        return step, "chosen with --step" + _role_note(step, typical)
+    return default, f"step {step} is not in the traces (steps {_ranges(sorted(times))}): showing step {default}, {why}"
+
+
+def _role_note(step: int, typical: dict[str, Any]) -> str:
+    """What a step shown on request is, when it is not the typical one."""
+    if step == typical.get("step"):
+        return ""
+    excluded = next((e for e in typical.get("excluded_steps") or [] if e.get("step") == step), None)
+    if excluded:
+        return f"; not the typical step {typical.get('step')}: {excluded.get('reason')}"
+    if typical.get("step") is not None:
+        return f"; a steady step, not the typical step {typical.get('step')}"
+    return ""
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -185,7 +170,7 @@ def _choose_ranks(step_time: dict[int, float], stragglers: dict[int, str]) -> li
         picked.append((order[-1], "slowest"))
     rest = [k for k in order if k not in {p for p, _ in picked}]
     if rest:
-        picked.append((rest[(len(rest) - 1) // 2], "typical"))
+        picked.append((rest[(len(rest) - 1) // 2], "median"))
     rest = [k for k in order if k not in {p for p, _ in picked}]
     if rest and len(picked) < MAX_RANKS:
         picked.append((rest[0], "fastest"))

@@ -1,0 +1,94 @@
+"""Saved results are input too: a ``diagnose --format json`` file read back (``load_result``,
+``diagnose result.json``, ``gate``, ``diff``) is checked against the published contract
+(analyzer.job.schema) and its ``schema_version`` before any view reads it. A wrong one is one
+line naming the file and the key (``InputError``, exit 2), never a traceback or a page drawn from
+a document the tool did not write."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from analyzer.base.errors import InputError
+from analyzer.job.result import SCHEMA_VERSION
+
+
+def is_result_doc(doc: Any) -> bool:
+    """A tracecliff result rather than a trace: it carries ``schema_version``, no event list."""
+    return isinstance(doc, dict) and "schema_version" in doc and "traceEvents" not in doc
+
+
+def read_result_file(path: Path) -> dict[str, Any] | None:
+    """The result document in ``path``, checked (``check_document``); None when the file is a
+    trace (decided by content: traces name their event list within the first MB, results never
+    contain that key)."""
+    from analyzer.ingest.files import read_trace_bytes
+    head = _head(path, 1 << 20)
+    if b'"traceEvents"' in head:
+        return None
+    data = read_trace_bytes(path)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        if _looks_like_result(head):
+            raise InputError(path, "not valid JSON: a truncated or damaged tracecliff result") from None
+        return None  # let the trace reader give its own error
+    if not is_result_doc(doc):
+        return None
+    check_document(doc, path, data)
+    return doc
+
+
+def check_document(doc: dict[str, Any], source: Any, data: bytes | None = None) -> None:
+    """Raise ``InputError(source, ...)`` unless ``doc`` is a result of the schema version this
+    tracecliff reads, every key of the contract of its type (``data``: the document's bytes, when
+    the caller has them: checked straight from them, faster than from the dicts)."""
+    from analyzer.job.schema import ResultDocument
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise InputError(source, f"schema_version {json.dumps(version)} is not one this tracecliff reads "
+                                 f"(it reads {SCHEMA_VERSION}); re-run `tracecliff diagnose` on the traces")
+    try:
+        if data is not None:
+            msgspec.json.decode(data, type=ResultDocument)
+        else:
+            msgspec.convert(doc, ResultDocument)
+    except msgspec.ValidationError as exc:
+        raise InputError(source, f"not a valid tracecliff result: {_where(exc)}") from None
+    except msgspec.DecodeError:  # what json read, msgspec does not (NaN tokens): check the dicts
+        check_document(doc, source)
+
+
+def _where(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.ranks[0].rank`" as "ranks[0].rank: expected
+    `int`, got `str`"."""
+    text = str(exc)
+    problem, _, where = text.partition(" - at `")
+    where = where.rstrip("`").removeprefix("$").lstrip(".")
+    problem = problem[:1].lower() + problem[1:]
+    return f"{where}: {problem}" if where else problem
+
+
+def _looks_like_result(head: bytes) -> bool:
+    """The first bytes of a result document: its sorted keys begin with one of these."""
+    start = head.lstrip()[:40]
+    return start.startswith(b"{") and any(key in start for key in (b'"attribution"', b'"buckets"',
+                                                                    b'"collective_summary"', b'"collectives"'))
+
+
+def _head(path: Path, size: int) -> bytes:
+    """The first ``size`` bytes of the (possibly gzip) file's content, without reading it all."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(size)
+        if raw[:2] != b"\x1f\x8b":
+            return raw
+        with gzip.open(path, "rb") as handle:
+            return handle.read(size)
+    except (OSError, EOFError, zlib.error):
+        return b""  # unreadable or corrupt: the full reader reports it
