@@ -17,7 +17,7 @@ class DiffTextRenderer:
         lines = _header(doc)
         lines += _scaling(doc)
         lines += _decomposition(doc["step_time"])
-        lines += _section("Metrics (median over ranks and steps)",
+        lines += _section("Metrics (each run's typical step: the verdict's figures)",
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
                             pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
@@ -28,7 +28,7 @@ class DiffTextRenderer:
                             _pair(c["count"], "n"), _pair(c["bytes"], "B"), _pair(c["time_us"], "µs"),
                             _pair(c["exposed_us"], "µs")] for c in doc["collectives"]])
         lines += _findings(doc["findings"])
-        lines += _section("Step time per rank (mean)", ["rank", "base", "new", "change"],
+        lines += _section("Step time per rank (its own time of the run's typical step)", ["rank", "base", "new", "change"],
                           [[str(r["rank"]), fmt(r["base_step_time_us"], "µs"), fmt(r["new_step_time_us"], "µs"),
                             pct(r["delta_pct"])] for r in doc["ranks"]])
         return "\n".join(lines).rstrip() + "\n"
@@ -40,7 +40,8 @@ def _header(doc: dict[str, Any]) -> list[str]:
         f = doc[side]
         lines.append(f" {side:<4} {f['label']}: {f['world_size'] or '?'} rank(s) on {f['nodes'] or '?'} node(s)"
                      f"{' (' + f['nodes_source'] + ')' if f['nodes_source'] else ''}, {f['strategy'] or '?'}, "
-                     f"{f['ranks_given']} rank trace(s), step {fmt(f['mean_step_time_us'], 'µs')}")
+                     f"{f['ranks_given']} rank trace(s), typical step {f['step'] if f['step'] is not None else '?'}: "
+                     f"{fmt(f['step_time_us'], 'µs')} µs")
     return lines
 
 
@@ -72,7 +73,7 @@ def _decomposition(step: dict[str, Any]) -> list[str]:
             rows.append([f"  = {scope} collectives", "", "", signed(delta), "", ""])
     lines += table(["component", "base µs", "new µs", "Δ µs", "share", "eff. pts"], rows)
     if not step["straggler_wait_measured"]:
-        lines.append(" (straggler wait not measured: no cross-rank wait_us; it stays in exposed communication)")
+        lines.append(" (waiting for late peers not measured: no cross-rank matching; it stays in exposed communication)")
     return lines
 
 

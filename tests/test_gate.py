@@ -3,8 +3,9 @@ sides of each measured value, exit codes, baseline regressions, JUnit XML and th
 
 two_step_ddp, per rank: step 1 lasts 100 µs (next step starts 100 µs later), step 2 its span,
 95 µs; each has 20 µs of exposed all-reduce (30 µs, 10 under backward compute) and the GPU busy
-95 µs. So exposed_comm_pct = 20 and 20/95·100 = 21.0526 (median over 2 ranks × 2 steps:
-20.5263), overlap_pct = 33.33, idle_pct = 5 and 0 (median 2.5), step_time_us median 97.5.
+95 µs. Step 2, the last, is the drain: the typical step is step 1, the only steady one, and the
+gate quotes its figures as the verdict does: step_time_us 100, exposed_comm_pct 20 (20 µs of
+100), idle_pct 5, overlap_pct 33.33; one sample per rank of it.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import pytest
 from analyzer.cli.main import main
 from analyzer.base.errors import ConfigError
 from analyzer.compare.gate import GateConfig, evaluate, parse_assertion, parse_gate_config, regression_pct
-from analyzer.compare.metrics import aggregate, extract_samples
+from analyzer.compare.metrics import aggregate, run_metrics
 from builders import two_step_ddp
-
-EXPOSED_MEDIAN = (20.0 + 2000.0 / 95.0) / 2
 
 
 def load_run(paths):
-    """The run's JSON document (a saved result or traces), as gate and diff read it."""
+    """The run (a saved result or traces) as gate and diff read it: a Result."""
     from analyzer.api import load_run as load
-    return load(paths).to_dict()
+    return load(paths)
 
 
 def scaled(builder, factor: float):
@@ -63,41 +62,44 @@ def job(tmp_path, monkeypatch):
 
 
 def test_metrics_match_the_hand_worked_numbers(job):
-    samples = extract_samples(load_run([str(job)]))
-    values = {k: sorted(s.value for s in v) for k, v in samples.items()}
-    assert values["step_time_us"] == pytest.approx([95, 95, 100, 100])
-    assert values["exposed_comm_pct"] == pytest.approx([20, 20, 2000 / 95, 2000 / 95])
-    assert values["overlap_pct"] == pytest.approx([100 / 3] * 4, abs=1e-3)
-    assert values["idle_pct"] == pytest.approx([0, 0, 5, 5])
-    assert "mfu" not in samples
+    run = load_run([str(job)])
+    metrics = run_metrics(run)
+    typical = {k: m.typical for k, m in metrics.items()}
+    values = {k: sorted(s.value for s in m.samples) for k, m in metrics.items()}
+    assert typical["step_time_us"] == pytest.approx(100) == run.attribution["step_time_us"]
+    assert typical["exposed_comm_pct"] == pytest.approx(20) == pytest.approx(100 * run.attribution["exposed_share"])
+    assert typical["idle_pct"] == pytest.approx(5) and typical["overlap_pct"] == pytest.approx(100 / 3, abs=1e-3)
+    # the drain step (step 2) is never a sample: one per rank of the steady step 1
+    assert values["step_time_us"] == pytest.approx([100, 100]) and {s.step for s in metrics["step_time_us"].samples} == {1}
+    assert values["exposed_comm_pct"] == pytest.approx([20, 20]) and values["idle_pct"] == pytest.approx([5, 5])
+    assert "mfu" not in metrics
     # busbw of a 2000-byte (1000 bf16) all-reduce over 2 ranks in 30 µs: 2000/30e-6/1e9 × 2·1/2
     assert values["busbw_gbps:default_pg"] == pytest.approx([2000 / 30e-6 / 1e9] * 4, rel=1e-3)
-    assert aggregate(values["exposed_comm_pct"], "median") == pytest.approx(EXPOSED_MEDIAN)
     assert aggregate([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "p90") == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize("bound, level, code, status", [
-    ("max = 20.6", "error", 0, "PASS"),   # measured median 20.526: just under
-    ("max = 20.4", "error", 1, "FAIL"),   # just over
-    ("max = 20.4", "warn", 0, "WARN"),    # a warning never fails the gate
-    ("min = 20.4", "error", 0, "PASS"),
-    ("min = 20.6", "error", 1, "FAIL"),
+    ("max = 20.1", "error", 0, "PASS"),   # the typical step's 20.0: just under
+    ("max = 19.9", "error", 1, "FAIL"),   # just over
+    ("max = 19.9", "warn", 0, "WARN"),    # a warning never fails the gate
+    ("min = 19.9", "error", 0, "PASS"),
+    ("min = 20.1", "error", 1, "FAIL"),
 ])
 def test_threshold_on_both_sides_of_the_measured_value(job, tmp_path, capsys, bound, level, code, status):
     config = write_config(tmp_path / "g.toml", f'"exposed_comm_pct" = ["{level}", {{ {bound} }}]')
     rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
     assert rc == code
     row = next(line for line in out.splitlines() if "exposed_comm_pct" in line)
-    assert row.split()[0] == status and "20.53%" in row
+    assert row.split()[0] == status and "20.00%" in row and "typical step 1" in row
 
 
 @pytest.mark.parametrize("how, bound, code", [
-    ("max", "max = 21.06", 0), ("max", "max = 21.05", 1),     # max sample 21.0526
-    ("min", "min = 20.0", 0), ("min", "min = 20.01", 1),      # min sample 20
-    ("p90", "max = 21.06", 0),
+    ("max", "max = 5.01", 0), ("max", "max = 4.99", 1),     # idle: both samples 5 (the drain's 0 is none)
+    ("min", "min = 5.0", 0), ("min", "min = 5.01", 1),
+    ("p90", "max = 5.01", 0), ("median", "max = 4.99", 1),
 ])
 def test_aggregations(job, tmp_path, capsys, how, bound, code):
-    config = write_config(tmp_path / "g.toml", f'"exposed_comm_pct" = ["error", {{ {bound}, aggregate = "{how}" }}]')
+    config = write_config(tmp_path / "g.toml", f'"idle_pct" = ["error", {{ {bound}, aggregate = "{how}" }}]')
     assert run_cli(["gate", job, "--config", config], capsys)[0] == code
 
 
@@ -151,7 +153,8 @@ def test_unavailable_metric_fails_an_error_assertion_unless_allowed(job, tmp_pat
 
 
 def test_mfu_and_rule_assertions_on_a_result_document():
-    doc = {"schema_version": 1, "ranks": [], "mfu": {"mfu": 0.41},
+    from analyzer.job.result import Result
+    doc = {"schema_version": 1, "ranks": [], "mfu": {"mfu_mean": 0.41, "per_step": [], "n_gpus": 8},
            "findings": [{"rule": "straggler-rank", "severity": "warning", "summary": "rank 3 late"}],
            "rules": [{"rule": "straggler-rank", "status": "fired"}, {"rule": "fp32-gradient-comm", "status": "passed"},
                      {"rule": "fsdp-no-prefetch", "status": "disabled", "reason": "disabled in configuration"}]}
@@ -162,12 +165,12 @@ def test_mfu_and_rule_assertions_on_a_result_document():
         parse_assertion("rule:fp32-gradient-comm", "error", None),
         parse_assertion("rule:fsdp-no-prefetch", "error", None),
         parse_assertion("rule:fsdp-no-prefetch", ["warn", {"allow_unavailable": True}], None)))
-    statuses = [(c.name, c.status, c.actual) for c in evaluate(doc, config).checks]
+    statuses = [(c.name, c.status, c.actual) for c in evaluate(Result.from_dict(doc), config).checks]
     assert statuses == [("mfu", "pass", 0.41), ("rule:straggler-rank", "fail", 1.0),
                         ("rule:straggler-rank", "pass", 0.0), ("rule:fp32-gradient-comm", "pass", 0.0),
                         ("rule:fsdp-no-prefetch", "fail", None), ("rule:fsdp-no-prefetch", "skip", None)]
     del doc["rules"]  # a result the rules engine never saw
-    assert evaluate(doc, GateConfig(assertions=(parse_assertion("rule:straggler-rank", "error", None),))
+    assert evaluate(Result.from_dict(doc), GateConfig(assertions=(parse_assertion("rule:straggler-rank", "error", None),))
                     ).checks[0].message.startswith("unavailable: no rule results")
 
 
@@ -179,7 +182,7 @@ def test_mfu_and_rule_assertions_on_a_result_document():
      "gate.assertions.exposed_comm_pct[1]: unknown key 'maximum'; known: aggregate, allow_unavailable, max, min"),
     ('"exposed_comm_pct" = "error"', "", "gate.assertions.exposed_comm_pct: a metric assertion needs min and/or max"),
     ('"exposed_comm_pct" = ["error", { max = 1, aggregate = "mean" }]', "",
-     "gate.assertions.exposed_comm_pct[1].aggregate must be one of max, median, min, p90, got 'mean'"),
+     "gate.assertions.exposed_comm_pct[1].aggregate must be one of max, median, min, p90, typical, got 'mean'"),
     ('"exposed_comm_pct" = ["error", { max = "ten" }]', "", "exposed_comm_pct[1].max must be a number, got 'ten'"),
     ('"exposed_comm_pct" = ["error", { max = nan }]', "", "exposed_comm_pct[1].max must be a finite number"),
     ('"exposed_comm_pct" = ["error", "max"]', "", "gate.assertions.exposed_comm_pct[1] must be a table, got 'max'"),
@@ -232,9 +235,11 @@ def test_preset_from_pyproject_in_the_current_directory(job, tmp_path, capsys):
     (tmp_path / "pyproject.toml").write_text('[tool.tracecliff.gate]\npreset = "recommended"\n'
                                               '[tool.tracecliff.gate.assertions]\n"idle_pct" = "off"\n')
     rc, out, _ = run_cli(["gate", job], capsys)
-    # recommended: exposed ≤ 20% (20.53: warning), overlap ≥ 50% (33.3: warning); idle turned off
+    # recommended: exposed ≤ 20% (the typical step's 20.0 sits on the bound), overlap ≥ 50% (33.3:
+    # warning); idle turned off
     assert rc == 0
-    assert [line.split()[0] for line in out.splitlines() if "_pct" in line] == ["WARN", "WARN"]
+    rows = {line.split()[2]: line.split()[0] for line in out.splitlines() if "_pct" in line}
+    assert set(rows) == {"exposed_comm_pct", "overlap_pct"} and rows["overlap_pct"] == "WARN"
     assert "idle_pct" not in out
 
 
@@ -253,7 +258,7 @@ def test_junit_xml_and_github_summary(job, tmp_path, capsys, monkeypatch):
     assert rc == 1
     root = ET.parse(junit).getroot()
     cases = root.findall("testsuite/testcase")
-    compared = len(extract_samples(json.loads(base.read_text())))
+    compared = len(run_metrics(load_run([str(base)])))
     assert int(root.get("tests")) == len(cases) == 4 + compared
     assert int(root.get("failures")) == len(root.findall(".//failure")) == 1
     assert int(root.get("skipped")) == len(root.findall(".//skipped")) == 1
@@ -267,7 +272,7 @@ def test_junit_xml_and_github_summary(job, tmp_path, capsys, monkeypatch):
 def test_saved_result_is_detected_by_content_and_gives_the_same_metrics(job, tmp_path, capsys):
     saved = tmp_path / "renamed.trace.json"  # a trace-like name: content decides
     run_cli(["diagnose", job, "--format", "json", "-o", saved], capsys)
-    assert extract_samples(load_run([str(saved)])) == extract_samples(load_run([str(job)]))
+    assert run_metrics(load_run([str(saved)])) == run_metrics(load_run([str(job)]))
 
 
 def test_baseline_catches_a_synthetic_job_with_20_percent_slower_compute(tmp_path, capsys, monkeypatch):
@@ -290,13 +295,13 @@ def test_baseline_catches_a_synthetic_job_with_20_percent_slower_compute(tmp_pat
 
 
 def test_mfu_from_model_size_and_tokens(job, tmp_path, capsys):
-    """6Ψ FLOPs/token, Ψ = 1e6, 1000 tokens per step on 2 H100s (989 TFLOPS): steps of 100 and
-    95 µs give MFU 6e6·1e3/100e-6/2/989e12 = 0.030334 and 0.031930; median 0.031132."""
-    config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.0311, max = 0.0312 }]')
+    """6Ψ FLOPs/token, Ψ = 1e6, 1000 tokens per step on 2 H100s (989 TFLOPS): the typical step
+    (step 1, 100 µs) gives MFU 6e6·1e3/100e-6/2/989e12 = 0.030334."""
+    config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.0303, max = 0.0304 }]')
     rc, out, _ = run_cli(["gate", job, "--config", config, "--model-params", "1e6", "--tokens-per-step", "1000",
                           "--format", "json"], capsys)
     check = json.loads(out)["checks"][0]
-    assert rc == 0 and check["actual"] == pytest.approx((6e9 / 100e-6 + 6e9 / 95e-6) / 2 / 2 / 989e12, rel=1e-4)
+    assert rc == 0 and check["actual"] == pytest.approx(6e9 / 100e-6 / 2 / 989e12, rel=1e-4)
 
 
 def test_warn_and_warning_both_read_as_warning():

@@ -1,15 +1,12 @@
 """Compare two runs (trace paths or saved results): metric deltas, per-group collective deltas,
 findings that appeared or were resolved, per-rank step times, and the step-time change taken
-apart into compute, exposed communication (by group and collective, intra- vs cross-node), idle
-and straggler wait, and other GPU work, with the weak-scaling efficiency when the scales differ.
+apart into its leaves, with the weak-scaling efficiency when the runs differ in size.
 
-The decomposition uses means over (rank, step) windows, because means add up: per window
-``step time = compute + exposed comm + other GPU work + idle`` exactly (compute = union of compute
-kernels, exposed comm = comm not under compute, other = busy − both, idle = step time − busy), so
-the components' changes sum to the step-time change. Exposed communication is split by the
-collectives' own ``exposed_us`` (a residual row holds time where collectives overlap each other);
-straggler wait, when the cross-rank analysis measured ``wait_us``, is moved from exposed
-communication to "idle and straggler wait" (the exposed part of a collective's wait).
+Every figure is the job model's (analyzer.job.model), the one the verdict and the gate quote:
+the step time is each run's typical step (mean over ranks), and its change is taken apart into
+that step's leaves, which add up to it exactly: compute only, exposed transfer (by process group,
+intra- vs cross-node), idle and waiting for late peers, other GPU work. The collective deltas are
+means per steady (rank, step) window (warm-up, drain and outlier steps left out).
 """
 
 from __future__ import annotations
@@ -18,16 +15,15 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from analyzer.compare.metrics import as_document, extract_samples, group_label, metric_spec, step_records
+from analyzer.compare.metrics import DEFAULT_AGGREGATE, group_label, metric_spec, run_metrics
+from analyzer.job.model import STEADY, TYPICAL
 
-DIFF_SCHEMA_VERSION = 1
+DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
 SAME_PCT = 1.0  # |change| below 1% of the base is "same" (run-to-run noise)
-RESIDUAL = "(collectives overlapping each other)"
 
 
 def diff_runs(base: Any, new: Any, base_label: str = "base", new_label: str = "new") -> dict[str, Any]:
-    """The diff document of two runs (Results, or their JSON documents)."""
-    base, new = as_document(base), as_document(new)
+    """The diff document of two runs (Results)."""
     facts = {"base": run_facts(base, base_label), "new": run_facts(new, new_label)}
     return {
         "kind": "tracecliff-diff",
@@ -48,32 +44,31 @@ def diff_runs(base: Any, new: Any, base_label: str = "base", new_label: str = "n
 # ---------------------------------------------------------------- run facts and topology
 
 
-def run_facts(doc: dict[str, Any], label: str) -> dict[str, Any]:
-    job = doc.get("job") or {}
-    records = step_records(doc)
-    nodes, source = node_count(doc)
+def run_facts(run: Any, label: str) -> dict[str, Any]:
+    model = run.model
+    nodes, source = node_count(run)
+    mfu = run.mfu if isinstance(run.mfu, dict) else {}
     return {
         "label": label,
-        "strategy": job.get("strategy"),
-        "gpu": job.get("gpu"),
-        "world_size": job.get("world_size") or len(doc.get("ranks") or []) or None,
-        "ranks_given": len(doc.get("ranks") or []),
+        "strategy": run.job.get("strategy"),
+        "gpu": run.job.get("gpu"),
+        "world_size": run.job.get("world_size") or len(run.ranks) or None,
+        "ranks_given": len(run.ranks),
         "nodes": nodes,
         "nodes_source": source,
-        "windows": len(records),
-        "mean_step_time_us": _mean([r["step_time_us"] for r in records]),
-        "tokens_per_step": _num((doc.get("mfu") or {}).get("tokens_per_step")
-                                if isinstance(doc.get("mfu"), dict) else None),
+        "step": model.typical.step if model.typical else None,
+        "step_time_us": model.step_time_us,  # the typical step's (the verdict's)
+        "tokens_per_step": _num(mfu.get("tokens_per_step")),
     }
 
 
-def node_count(doc: dict[str, Any]) -> tuple[int | None, str | None]:
-    job = doc.get("job") or {}
+def node_count(run: Any) -> tuple[int | None, str | None]:
+    job = run.job
     hosts = job.get("hosts") or []
     world = job.get("world_size")
-    if hosts and (world is None or len(doc.get("ranks") or []) >= world):
+    if hosts and (world is None or len(run.ranks) >= world):
         return len(hosts), "host names"
-    spans = [g.get("nodes") for g in doc.get("groups") or [] if isinstance(g.get("nodes"), int)]
+    spans = [g.nodes for g in run.model.groups if isinstance(g.nodes, int)]
     if spans:
         return max(spans), "topology (groups)"
     per_node = job.get("devices_per_node")
@@ -84,39 +79,43 @@ def node_count(doc: dict[str, Any]) -> tuple[int | None, str | None]:
     return None, None
 
 
-def cross_node_of(doc: dict[str, Any], group: dict[str, Any] | None) -> tuple[bool | None, str | None]:
+def cross_node_of(run: Any, group: dict[str, Any] | None) -> tuple[bool | None, str | None]:
     """Whether a group spans nodes: the topology analysis's answer when present, else the host
     names of its ranks, else the torchrun layout (devices per node)."""
     if not group:
         return None, None
-    for known in doc.get("groups") or []:
-        if known.get("name") == group.get("name") and isinstance(known.get("cross_node"), bool):
-            return known["cross_node"], "topology"
+    known = run.model.group(group.get("name"))
+    if known is not None and isinstance(known.cross_node, bool):
+        return known.cross_node, "topology"
     members = group.get("ranks") or []
-    host_of = {r.get("rank"): r.get("host") for r in doc.get("ranks") or [] if r.get("host")}
+    host_of = {r.rank: r.host for r in run.ranks if r.host}
     hosts = {host_of[m] for m in members if m in host_of}
     if len(hosts) > 1:
         return True, "host names"
     if members and all(m in host_of for m in members):
         return False, "host names"
-    per_node = (doc.get("job") or {}).get("devices_per_node")
+    per_node = run.job.get("devices_per_node")
     if members and per_node:
         return len({m // per_node for m in members}) > 1, "layout"
     return None, None
 
 
+def _group_scope(run: Any, label: str) -> bool | None:
+    """Whether the group a breakdown label names (analyzer.job.model.group_label) spans nodes."""
+    return next((g.cross_node for g in run.model.groups if g.label == label), None)
+
+
 # ---------------------------------------------------------------- metric and rank deltas
 
 
-def metric_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    from analyzer.compare.metrics import aggregate
-    before, after = extract_samples(base), extract_samples(new)
+def metric_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
+    before, after = run_metrics(base), run_metrics(new)
     rows = []
     for name in sorted(set(before) | set(after)):
         spec = metric_spec(name)
-        b = aggregate([s.value for s in before[name]], "median") if name in before else None
-        a = aggregate([s.value for s in after[name]], "median") if name in after else None
-        rows.append({"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": "median",
+        b = before[name].typical if name in before else None
+        a = after[name].typical if name in after else None
+        rows.append({"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": DEFAULT_AGGREGATE,
                      "base": b, "new": a, **_change(b, a, spec.better)})
     return rows
 
@@ -133,13 +132,10 @@ def _change(base: float | None, new: float | None, better: str = "lower") -> dic
     return {"delta": delta, "delta_pct": pct, "verdict": verdict}
 
 
-def rank_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    def per_rank(doc):
-        times = defaultdict(list)
-        for r in step_records(doc):
-            if r["step"] is not None:
-                times[r["rank"]].append(r["step_time_us"])
-        return {rank: _mean(v) for rank, v in times.items()}
+def rank_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
+    """Each rank's own time of its run's typical step."""
+    def per_rank(run):
+        return {r.rank: r.typical.step_time_us for r in run.model.ranks if r.typical is not None}
     before, after = per_rank(base), per_rank(new)
     return [{"rank": rank, "base_step_time_us": before.get(rank), "new_step_time_us": after.get(rank),
              **_change(before.get(rank), after.get(rank))}
@@ -149,24 +145,21 @@ def rank_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any
 # ---------------------------------------------------------------- collectives
 
 
-def _rows_in_windows(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], int, str]:
-    """Collective rows inside the run's (rank, step) windows, the number of windows and what a
-    window is. A run without GPU windows (CPU-only traces) counts whole traces per rank."""
-    records = step_records(doc)
-    rows = doc.get("collectives") or []
-    if not records:
-        ranks = {r.get("rank") for r in doc.get("ranks") or []}
+def _rows_in_windows(run: Any) -> tuple[list[dict[str, Any]], int, str]:
+    """Collective rows inside the run's steady (rank, step) windows, the number of windows and
+    what a window is. A run without a step breakdown counts whole traces per rank."""
+    windows = {(s.rank, s.step) for s in run.model.rank_steps() if s.role in (TYPICAL, STEADY)}
+    rows = run.collectives
+    if not windows:
+        ranks = {r.rank for r in run.ranks}
         return [row for row in rows if row.get("rank") in ranks], max(len(ranks), 1), "rank"
-    windows = {(r["rank"], r["step"]) for r in records}
-    rows = [row for row in rows
-            if (row.get("rank"), row.get("step")) in windows or (row.get("rank"), None) in windows]
-    return rows, len(records), "rank-step"
+    return [row for row in rows if (row.get("rank"), row.get("step")) in windows], len(windows), "steady rank-step"
 
 
-def collective_totals(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per (group, collective): count, bytes, time, exposed and wait per (rank, step) window
-    (per rank when the run has no GPU step windows)."""
-    rows, windows, per = _rows_in_windows(doc)
+def collective_totals(run: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (group, collective): count, bytes, time, exposed and wait per steady (rank, step)
+    window (per rank when the run has no step breakdown)."""
+    rows, windows, per = _rows_in_windows(run)
     sums: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         key = (group_label(row.get("group")) or "(unknown group)", row.get("collective") or "unknown")
@@ -187,7 +180,7 @@ def collective_totals(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, An
         for key in ("count", "bytes", "time_us", "exposed_us", "wait_us"):
             if entry[key] is not None:
                 entry[key] = entry[key] / windows
-        entry["cross_node"], entry["cross_node_source"] = cross_node_of(doc, entry.pop("group"))
+        entry["cross_node"], entry["cross_node_source"] = cross_node_of(run, entry.pop("group"))
         entry["per"] = per
     return sums
 
@@ -200,7 +193,7 @@ def _exposed_wait(row: dict[str, Any]) -> float | None:
     return min(max(wait, 0.0), exposed)
 
 
-def collective_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def collective_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
     before, after = collective_totals(base), collective_totals(new)
     rows = []
     for key in sorted(set(before) | set(after)):
@@ -221,10 +214,10 @@ def collective_deltas(base: dict[str, Any], new: dict[str, Any]) -> list[dict[st
 # ---------------------------------------------------------------- findings
 
 
-def finding_changes(base: dict[str, Any], new: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    def by_rule(doc):
+def finding_changes(base: Any, new: Any) -> dict[str, list[dict[str, Any]]]:
+    def by_rule(run):
         grouped = defaultdict(list)
-        for f in doc.get("findings") or []:
+        for f in run.findings:
             grouped[f.get("rule") or "?"].append(f)
         return grouped
     before, after = by_rule(base), by_rule(new)
@@ -247,36 +240,31 @@ def finding_changes(base: dict[str, Any], new: dict[str, Any]) -> dict[str, list
 # ---------------------------------------------------------------- step-time decomposition
 
 
-def step_components(doc: dict[str, Any]) -> dict[str, Any]:
-    """Mean per (rank, step) window of the additive parts of the step time."""
-    records = step_records(doc)
-    if not records:
+def step_components(run: Any) -> dict[str, Any]:
+    """The typical step's leaves (mean over ranks; they add up to its time) and its exposed
+    transfer by process group."""
+    typical = run.model.typical
+    if typical is None:
         return {}
-    mean = {k: _mean([_num(r.get(k)) or 0.0 for r in records])
-            for k in ("step_time_us", "compute_us", "exposed_comm_us", "busy_us")}
-    totals = collective_totals(doc)
-    waits = [t["wait_us"] for t in totals.values() if t["wait_us"] is not None]
-    wait = sum(waits) if waits else None
-    by_collective = {key: t["exposed_us"] - (t["wait_us"] or 0.0) for key, t in totals.items()}
-    transfer = mean["exposed_comm_us"] - (wait or 0.0)
-    idle = mean["step_time_us"] - mean["busy_us"]
+    leaves = typical.leaves
     return {
-        "step_time_us": mean["step_time_us"],
-        "compute_us": mean["compute_us"],
-        "exposed_comm_us": transfer,
-        "by_collective": by_collective,
-        "residual_us": round(transfer - sum(by_collective.values()), 3),  # whole ns: no float dust
-        "cross_node": {key: t["cross_node"] for key, t in totals.items()},
-        "idle_us": idle,
-        "straggler_wait_us": wait,
-        "other_gpu_us": mean["busy_us"] - mean["compute_us"] - mean["exposed_comm_us"],
+        "step": typical.step,
+        "step_time_us": leaves.step_time_us,
+        "compute_us": leaves.compute_only_us,
+        "exposed_comm_us": leaves.exposed_transfer_us,
+        "by_group": {label: split.transfer_us for label, split in typical.details.by_group.items()},
+        "cross_node": {label: _group_scope(run, label) for label in typical.details.by_group},
+        "idle_us": leaves.idle_us,
+        "straggler_wait_us": leaves.exposed_wait_us,
+        "other_gpu_us": leaves.other_gpu_us,
+        "wait_source": typical.wait_source,
     }
 
 
-def decompose(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def decompose(base: Any, new: Any) -> dict[str, Any]:
     b, a = step_components(base), step_components(new)
     if not b or not a:
-        return {"available": False, "reason": "a run has no GPU step windows"}
+        return {"available": False, "reason": "a run has no step breakdown (no GPU steps with ProfilerStep markers)"}
     total = a["step_time_us"] - b["step_time_us"]
 
     def part(name, bv, av, children=None, **extra):
@@ -289,67 +277,60 @@ def decompose(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             out["parts"] = children
         return out
 
-    keys = sorted(set(b["by_collective"]) | set(a["by_collective"]))
-    comm_parts = [part(f"{g} {c}", b["by_collective"].get((g, c), 0.0), a["by_collective"].get((g, c), 0.0),
-                       group=g, collective=c, cross_node=a["cross_node"].get((g, c), b["cross_node"].get((g, c))),
-                       base_cross_node=b["cross_node"].get((g, c)))
-                  for g, c in keys]
-    comm_parts.append(part(RESIDUAL, b["residual_us"], a["residual_us"], group=None, collective=None,
-                           cross_node=None, base_cross_node=None))
-    wait_b, wait_a = b["straggler_wait_us"] or 0.0, a["straggler_wait_us"] or 0.0
-    idle_parts = [part("GPU idle", b["idle_us"], a["idle_us"])]
-    if b["straggler_wait_us"] is not None or a["straggler_wait_us"] is not None:
-        idle_parts.append(part("straggler wait (exposed)", wait_b, wait_a))
+    labels = sorted(set(b["by_group"]) | set(a["by_group"]))
+    comm_parts = [part(label, b["by_group"].get(label, 0.0), a["by_group"].get(label, 0.0), group=label,
+                       collective="all", cross_node=a["cross_node"].get(label, b["cross_node"].get(label)),
+                       base_cross_node=b["cross_node"].get(label))
+                  for label in labels]
+    idle_parts = [part("GPU idle", b["idle_us"], a["idle_us"]),
+                  part("straggler wait (exposed)", b["straggler_wait_us"], a["straggler_wait_us"])]
     components = [
         part("compute", b["compute_us"], a["compute_us"]),
         part("exposed communication", b["exposed_comm_us"], a["exposed_comm_us"], comm_parts,
              by_scope=_by_scope(comm_parts)),
-        part("idle and straggler wait", b["idle_us"] + wait_b, a["idle_us"] + wait_a, idle_parts),
+        part("idle and straggler wait", b["idle_us"] + b["straggler_wait_us"], a["idle_us"] + a["straggler_wait_us"],
+             idle_parts),
         part("other GPU work (memcpy, memset, sync)", b["other_gpu_us"], a["other_gpu_us"]),
     ]
-    return {"available": True, "per": "mean over (rank, step) windows",
+    return {"available": True, "per": f"typical step (base step {b['step']}, new step {a['step']}), mean over ranks",
             "base_step_time_us": b["step_time_us"], "new_step_time_us": a["step_time_us"],
             "delta_us": total, "components": components,
-            "straggler_wait_measured": b["straggler_wait_us"] is not None or a["straggler_wait_us"] is not None}
+            "straggler_wait_measured": not (b["wait_source"].startswith("not measured")
+                                            and a["wait_source"].startswith("not measured"))}
 
 
 def _by_scope(parts: list[dict[str, Any]]) -> dict[str, float]:
     scope = {True: "cross-node", False: "intra-node", None: "unknown"}
     out: dict[str, float] = {}
     for p in parts:
-        if p["component"] != RESIDUAL:
-            label = scope[p["cross_node"]]
-            out[label] = out.get(label, 0.0) + p["delta_us"]
+        label = scope[p["cross_node"]]
+        out[label] = out.get(label, 0.0) + p["delta_us"]
     return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------- scaling efficiency
 
 
-def scaling(base: dict[str, Any], new: dict[str, Any], facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def scaling(base: Any, new: Any, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from analyzer.model.formulas import scaling_efficiency
     b, a = facts["base"], facts["new"]
     out = {"kind": "same scale" if b["world_size"] == a["world_size"] else "weak scaling",
            "base_gpus": b["world_size"], "new_gpus": a["world_size"],
            "base_nodes": b["nodes"], "new_nodes": a["nodes"]}
-    tb, ta = b["mean_step_time_us"], a["mean_step_time_us"]
+    tb, ta = b["step_time_us"], a["step_time_us"]
     if not tb or not ta:
         return {**out, "efficiency": None, "basis": "unavailable: no step times"}
     if b["tokens_per_step"] and a["tokens_per_step"] and b["world_size"] and a["world_size"]:
         per_gpu = [t / (n * s * 1e-6) for t, n, s in ((b["tokens_per_step"], b["world_size"], tb),
                                                      (a["tokens_per_step"], a["world_size"], ta))]
-        basis, unit = "tokens per step / (GPUs × mean step time)", "tokens/s"
+        basis, unit = "tokens per step / (GPUs × typical step time)", "tokens/s"
     else:
         per_gpu = [1e6 / tb, 1e6 / ta]  # steps/s per GPU: equal per-GPU batch assumed
-        basis, unit = "mean step time, assuming equal per-GPU batch (tokens per step unknown)", "steps/s"
+        basis, unit = "typical step time, assuming equal per-GPU batch (tokens per step unknown)", "steps/s"
     efficiency = scaling_efficiency(per_gpu[1], per_gpu[0])
     return {**out, "efficiency": efficiency, "lost_pct": 100.0 * (1.0 - efficiency), "basis": basis,
             "base_throughput_per_gpu": per_gpu[0], "new_throughput_per_gpu": per_gpu[1],
             "throughput_unit": unit}
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def _num(value: Any) -> float | None:

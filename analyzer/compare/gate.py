@@ -9,7 +9,7 @@ Configuration (``[tool.tracecliff.gate]`` of ./pyproject.toml, or of ``--config 
     [tool.tracecliff.gate.max_regression_pct_by_metric]
     "step_time_us" = 3.0
     [tool.tracecliff.gate.assertions]
-    "exposed_comm_pct" = ["error", { max = 10.0, aggregate = "median" }]
+    "exposed_comm_pct" = ["error", { max = 10.0 }]       # the typical step's, as the verdict
     "overlap_pct" = ["warning", { min = 60.0 }]   # "warn" is read as "warning"
     "rule:ddp-bucket-oversized" = "error"
 
@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, config_error, validate
-from analyzer.compare.metrics import AGGREGATIONS, as_document, aggregate, extract_samples, metric_spec, unavailable_reason
+from analyzer.compare.metrics import AGGREGATIONS, DEFAULT_AGGREGATE, metric_spec, run_metrics, unavailable_reason
 from analyzer.base.units import fmt_unit
 
 LEVELS = ("off", "warning", "error")
@@ -64,7 +64,7 @@ class Assertion:
     level: str
     min: float | None = None
     max: float | None = None
-    aggregate: str = "median"
+    aggregate: str = DEFAULT_AGGREGATE
     allow_unavailable: bool = False
     severity: str | None = None  # rule assertions: count findings at or above this severity
 
@@ -128,7 +128,7 @@ class GateReport:
 class MetricOptions(msgspec.Struct, forbid_unknown_fields=True):
     min: float | None = None
     max: float | None = None
-    aggregate: Literal[AGGREGATIONS] = "median"  # type: ignore[valid-type]
+    aggregate: Literal[AGGREGATIONS] = DEFAULT_AGGREGATE  # type: ignore[valid-type]
     allow_unavailable: bool = False
 
 
@@ -253,31 +253,29 @@ def registered_rule_names() -> list[str]:
 
 
 def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label: str | None = None) -> GateReport:
-    """Check a run (a Result or its JSON document) against ``config`` and ``baseline``."""
-    doc = as_document(run)
-    baseline = None if baseline is None else as_document(baseline)
-    samples = extract_samples(doc)
-    checks = [check_assertion(doc, samples, a) for a in config.assertions]
+    """Check a run (a Result) against ``config`` and ``baseline`` (a Result)."""
+    metrics = run_metrics(run)
+    checks = [check_assertion(run, metrics, a) for a in config.assertions]
     if baseline is not None:
-        checks.extend(compare_baseline(doc, baseline, config))
+        checks.extend(compare_baseline(metrics, run_metrics(baseline), config))
     return GateReport(checks, baseline_label)
 
 
-def check_assertion(doc: dict[str, Any], samples, assertion: Assertion) -> Check:
+def check_assertion(run: Any, metrics: dict[str, Any], assertion: Assertion) -> Check:
     if assertion.rule is not None:
-        return _check_rule(doc, assertion)
-    found = samples.get(assertion.key)
+        return _check_rule(run, assertion)
+    found = metrics.get(assertion.key)
     bound = _bound_text(assertion)
-    if not found:
-        return _unavailable(assertion, bound, unavailable_reason(doc, assertion.key))
-    actual = aggregate([s.value for s in found], assertion.aggregate)
+    if found is None:
+        return _unavailable(assertion, bound, unavailable_reason(run, assertion.key))
+    actual = found.value(assertion.aggregate)
     problems = []
     if assertion.min is not None and actual < assertion.min:
         problems.append(f"below the minimum {_fmt(assertion.min, assertion.key)}")
     if assertion.max is not None and actual > assertion.max:
         problems.append(f"above the maximum {_fmt(assertion.max, assertion.key)}")
     status = _failed_status(assertion.level) if problems else "pass"
-    detail = f"{assertion.aggregate} of {len(found)} sample(s)"
+    detail = found.described(assertion.aggregate)
     return Check("assertion", assertion.key, assertion.level, status, actual, bound, assertion.aggregate,
                  f"{detail}: {'; '.join(problems)}" if problems else detail)
 
@@ -288,13 +286,13 @@ def _unavailable(assertion: Assertion, bound: str, why: str) -> Check:
                  assertion.aggregate, f"unavailable: {why}")
 
 
-def _check_rule(doc: dict[str, Any], assertion: Assertion) -> Check:
-    """Findings of the rule; ``doc["rules"]`` (the engine's per-rule status) tells whether the
+def _check_rule(run: Any, assertion: Assertion) -> Check:
+    """Findings of the rule; ``run.rules`` (the engine's per-rule status) tells whether the
     rule ran: a disabled rule, or a run the engine never saw, cannot vouch for anything."""
     bound = _bound_text(assertion)
-    statuses = {s.get("rule"): s for s in doc.get("rules") or [] if isinstance(s, dict)}
+    statuses = {s.get("rule"): s for s in run.rules or [] if isinstance(s, dict)}
     status = statuses.get(assertion.rule)
-    if "rules" not in doc:
+    if run.rules is None:
         return _unavailable(assertion, bound, "no rule results in this run (rules engine not run)")
     if status is not None and status.get("status") == "not_evaluated":
         return _unavailable(assertion, bound, f"rule {assertion.rule} could not check this run "
@@ -302,7 +300,7 @@ def _check_rule(doc: dict[str, Any], assertion: Assertion) -> Check:
     if status is None or status.get("status") == "disabled":
         return _unavailable(assertion, bound, f"rule {assertion.rule} did not run "
                                               f"({(status or {}).get('reason') or 'not in this run'})")
-    hits = [f for f in doc.get("findings") or [] if f.get("rule") == assertion.rule]
+    hits = [f for f in run.findings if f.get("rule") == assertion.rule]
     if assertion.severity:
         floor = SEVERITY_ORDER[assertion.severity]  # this severity or worse
         hits = [f for f in hits if SEVERITY_ORDER.get(f.get("severity"), len(SEVERITIES)) <= floor]
@@ -340,16 +338,16 @@ def regression_pct(base: float, new: float, better: str) -> float:
     return 100.0 * worse / abs(base)
 
 
-def compare_baseline(doc: dict[str, Any], baseline: dict[str, Any], config: GateConfig) -> list[Check]:
-    """Every metric measured in both runs, with the assertion's aggregate (else the median)."""
-    new_samples, base_samples = extract_samples(doc), extract_samples(baseline)
+def compare_baseline(new_metrics: dict[str, Any], base_metrics: dict[str, Any], config: GateConfig) -> list[Check]:
+    """Every metric measured in both runs, with the assertion's aggregate (else the typical
+    figure, the verdict's)."""
     how_of = {a.key: a.aggregate for a in config.assertions if a.rule is None}
     checks = []
-    for name in sorted(set(new_samples) & set(base_samples)):
-        how = how_of.get(name, "median")
+    for name in sorted(set(new_metrics) & set(base_metrics)):
+        how = how_of.get(name, DEFAULT_AGGREGATE)
         spec = metric_spec(name)
-        new = aggregate([s.value for s in new_samples[name]], how)
-        base = aggregate([s.value for s in base_samples[name]], how)
+        new = new_metrics[name].value(how)
+        base = base_metrics[name].value(how)
         worse = regression_pct(base, new, spec.better)
         limit = config.regression_limit(name)
         if worse > limit:

@@ -1,19 +1,22 @@
-"""Gate and diff metrics of a run: read from a result document (``diagnose --format json``).
+"""Gate and diff metrics of a run, read from its job model (analyzer.job.model): the same
+figures the verdict, the text and the HTML quote.
 
-A *run* is either trace paths (diagnosed here) or a saved result file; :func:`load_run` takes
-either. Metrics are sampled per (rank, step) and aggregated over steps and ranks together:
+Each metric has one value, the *typical* figure (the default aggregate: the verdict's), and its
+samples over the steady steps (one per rank and steady step: the typical step and the other
+steady ones; warm-up, drain and outlier steps are never a sample), which the other aggregates
+(median, max, min, p90) and the noise estimates read:
 
-| metric | per (rank, step) sample | better |
-|---|---|---|
-| ``step_time_us`` | the step's time (README "Definitions") | lower |
-| ``exposed_comm_pct`` | 100 · exposed comm (waiting + transfer) / step time, over the step window | lower |
-| ``overlap_pct`` | 100 · overlap / comm (steps with communication only) | higher |
-| ``idle_pct`` | 100 · GPU idle in the step window / step time | lower |
-| ``mfu`` | model FLOPs utilization, a fraction (0..1), from ``doc["mfu"]`` | higher |
-| ``busbw_gbps:<group>`` | nccl-tests bus bandwidth of each collective in the group | higher |
+| metric | typical figure | sample per (rank, steady step) | better |
+|---|---|---|---|
+| ``step_time_us`` | the typical step's time, mean over ranks | the step's time | lower |
+| ``exposed_comm_pct`` | 100 · exposed share of the typical step | 100 · (waiting + transfer) / step time | lower |
+| ``idle_pct`` | 100 · idle share of the typical step | 100 · GPU idle / step time | lower |
+| ``overlap_pct`` | 100 · overlap / comm over the typical step's ranks | 100 · overlap / comm (steps with communication) | higher |
+| ``mfu`` | the typical step's MFU (``doc["mfu"]``) | per step | higher |
+| ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective (never a CPU op's duration) | higher |
 
-A rank without ProfilerStep markers contributes one sample over its whole trace (span in place of
-step time) to the percentages; ``step_time_us`` is then unavailable for it.
+A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
+the whole trace's, one sample per rank, and say so in their basis.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.job.model import group_label  # noqa: F401  (re-exported: the diff and gate use it)
+from analyzer.job.model import STEADY, TYPICAL, group_label  # noqa: F401  (group_label: re-exported for the diff)
 
-AGGREGATIONS = ("median", "max", "min", "p90")
+# "typical": the job model's figure (the verdict's); the rest over the steady samples.
+AGGREGATIONS = ("typical", "median", "max", "min", "p90")
+DEFAULT_AGGREGATE = "typical"
 GROUP_METRIC = "busbw_gbps"
 
 
@@ -54,6 +59,27 @@ class Sample:
     value: float
 
 
+@dataclass(frozen=True)
+class Metric:
+    """One metric of a run: its typical figure, the steady samples, and what the figure is."""
+
+    name: str
+    typical: float
+    samples: tuple[Sample, ...]
+    basis: str  # e.g. "typical step 5, mean over 8 ranks"
+
+    def value(self, how: str = DEFAULT_AGGREGATE) -> float:
+        if how == "typical" or not self.samples:
+            return self.typical
+        return aggregate([s.value for s in self.samples], how)
+
+    def described(self, how: str = DEFAULT_AGGREGATE) -> str:
+        """What ``value(how)`` is, in words (for a gate message)."""
+        if how == "typical" or not self.samples:
+            return self.basis
+        return f"{how} of {len(self.samples)} steady sample(s)"
+
+
 def metric_spec(name: str) -> MetricSpec | None:
     """The spec of a metric name, ``busbw_gbps:<group>`` included; None when unknown."""
     if name in BASE_METRICS:
@@ -78,121 +104,95 @@ def aggregate(values: list[float] | np.ndarray, how: str) -> float:
     raise ValueError(f"unknown aggregation {how!r}")
 
 
-# ---------------------------------------------------------------- samples
+# ---------------------------------------------------------------- metrics of a run
 
 
-def extract_samples(doc: dict[str, Any]) -> dict[str, list[Sample]]:
-    """Every metric available in ``doc`` with its samples (metrics without samples are absent)."""
-    samples: dict[str, list[Sample]] = {name: [] for name in ("step_time_us", "exposed_comm_pct",
-                                                               "overlap_pct", "idle_pct")}
-    for rank in doc.get("ranks") or []:
-        for name, found in _rank_samples(rank).items():
-            samples[name].extend(found)
-    samples["mfu"] = mfu_samples(doc)
-    samples.update(busbw_samples(doc))
-    return {name: found for name, found in sorted(samples.items()) if found}
+def run_metrics(run: Any) -> dict[str, Metric]:
+    """Every metric ``run`` (a Result) can give, by name (metrics it cannot measure are absent)."""
+    model = run.model
+    out: dict[str, Metric] = {}
+    steady = [s for s in model.rank_steps() if s.role in (TYPICAL, STEADY) and s.leaves and s.step_time_us > 0]
+    typical = model.typical
+    if typical is not None and steady:
+        basis = f"typical step {typical.step}, mean over {typical.ranks} rank(s)"
+        out["step_time_us"] = Metric("step_time_us", typical.step_time_us,
+                                     tuple(Sample(s.rank, s.step, s.step_time_us) for s in steady), basis)
+        out["exposed_comm_pct"] = Metric("exposed_comm_pct", 100.0 * (typical.exposed_share or 0.0), tuple(
+            Sample(s.rank, s.step, 100.0 * s.leaves.exposed_us / s.step_time_us) for s in steady), basis)
+        out["idle_pct"] = Metric("idle_pct", 100.0 * (typical.idle_share or 0.0), tuple(
+            Sample(s.rank, s.step, 100.0 * s.leaves.idle_us / s.step_time_us) for s in steady), basis)
+        with_comm = [s for s in steady if s.comm_us > 0]
+        in_typical = [s for s in with_comm if s.role == TYPICAL]
+        if in_typical:
+            out["overlap_pct"] = Metric(
+                "overlap_pct", 100.0 * sum(s.overlap_us for s in in_typical) / sum(s.comm_us for s in in_typical),
+                tuple(Sample(s.rank, s.step, 100.0 * s.overlap_us / s.comm_us) for s in with_comm),
+                f"typical step {typical.step}, overlap / comm over its {len(in_typical)} rank(s)")
+    else:
+        out.update(_whole_trace(model))
+    mfu = _mfu(run.mfu, typical.step if typical else None)
+    if mfu is not None:
+        out["mfu"] = mfu
+    out.update(_busbw(run))
+    return dict(sorted(out.items()))
 
 
-def step_records(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per (rank, step) with a positive step time: the windows every metric and the
-    diff's decomposition are taken over. A rank without steps gives one record, its whole trace
-    (span as the step time, ``step`` None)."""
-    records = []
-    for rank in doc.get("ranks") or []:
-        steps = rank.get("steps") or []
-        windows = steps if steps else [{**rank, "step": None, "step_time_us": rank.get("span_us")}]
-        for entry in windows:
-            time = _num(entry.get("step_time_us"))
-            if time is not None and time > 0:
-                records.append({**entry, "rank": rank.get("rank"), "step_time_us": time})
-    return records
-
-
-def _rank_samples(rank: dict[str, Any]) -> dict[str, list[Sample]]:
-    out: dict[str, list[Sample]] = {"step_time_us": [], "exposed_comm_pct": [], "overlap_pct": [],
-                                    "idle_pct": []}
-    for entry in step_records({"ranks": [rank]}):
-        number, step, time = entry["rank"], entry["step"], entry["step_time_us"]
-        if step is not None:
-            out["step_time_us"].append(Sample(number, step, time))
-        # The step's time breakdown when the job analysis made one (analyzer.job.attribution:
-        # the one definition of exposed and idle shares), else the step's launched work.
-        tb = entry.get("time_breakdown") or {}
-        exposed = _num(tb.get("exposed_comm_us", entry.get("exposed_comm_us")))
-        busy = _num(entry.get("busy_us"))
-        idle = _num(tb["idle_us"]) if "idle_us" in tb else (None if busy is None else max(time - busy, 0.0))
-        if exposed is not None:
-            out["exposed_comm_pct"].append(Sample(number, step, 100.0 * exposed / time))
-        if idle is not None:
-            out["idle_pct"].append(Sample(number, step, 100.0 * idle / time))
-        if (_num(entry.get("comm_us")) or 0.0) > 0 and _num(entry.get("overlap_pct")) is not None:
-            out["overlap_pct"].append(Sample(number, step, float(entry["overlap_pct"])))
+def _whole_trace(model: Any) -> dict[str, Metric]:
+    """Shares over each rank's whole trace (one sample per rank) when no step breakdown exists."""
+    ranks = [r for r in model.ranks if r.span_us > 0]
+    if not ranks:
+        return {}
+    basis = f"whole trace, no step breakdown: mean over {len(ranks)} rank(s)"
+    exposed = tuple(Sample(r.rank, None, 100.0 * r.exposed_comm_us / r.span_us) for r in ranks)
+    out = {"exposed_comm_pct": Metric("exposed_comm_pct", float(np.mean([s.value for s in exposed])), exposed, basis)}
+    comm = [r for r in ranks if r.comm_us > 0]
+    if comm:
+        overlap = tuple(Sample(r.rank, None, 100.0 * r.overlap_us / r.comm_us) for r in comm)
+        out["overlap_pct"] = Metric("overlap_pct", 100.0 * sum(r.overlap_us for r in comm) / sum(r.comm_us for r in comm),
+                                    overlap, basis)
     return out
 
 
-def mfu_samples(doc: dict[str, Any]) -> list[Sample]:
-    """MFU from ``doc["mfu"]``: per-step entries when given, else the job's single figure.
-    Accepts a fraction (``mfu``) or a percentage (``mfu_pct``)."""
-    section = doc.get("mfu")
-    if section is None:
-        return []
-    if _num(section) is not None:
-        return [Sample(None, None, float(section))]
+def _mfu(section: Any, typical_step: Any) -> Metric | None:
+    """MFU from the ``mfu`` section: the typical step's entry, else the mean it states."""
     if not isinstance(section, dict):
-        return []
-    per_step = section.get("steps") or section.get("per_step") or []
-    found = [Sample(e.get("rank"), e.get("step"), v) for e in per_step if isinstance(e, dict)
-             for v in [_mfu_value(e)] if v is not None]
-    if found:
-        return found
-    value = _mfu_value(section)
-    return [Sample(None, None, value)] if value is not None else []
+        return None
+    per_step = [e for e in section.get("per_step") or [] if isinstance(e, dict) and _num(e.get("mfu")) is not None]
+    samples = tuple(Sample(None, e.get("step"), float(e["mfu"])) for e in per_step)
+    at_typical = next((s.value for s in samples if s.step == typical_step), None)
+    if at_typical is not None:
+        return Metric("mfu", at_typical, samples, f"typical step {typical_step}")
+    mean = _num(section.get("mfu_mean"))
+    return None if mean is None else Metric("mfu", mean, samples, "mean over steps")
 
 
-def _mfu_value(entry: dict[str, Any]) -> float | None:
-    for key, scale in (("mfu", 1.0), ("mfu_mean", 1.0), ("value", 1.0), ("mfu_pct", 0.01)):
-        value = _num(entry.get(key))
-        if value is not None:
-            return value * scale
-    return None
-
-
-def busbw_samples(doc: dict[str, Any]) -> dict[str, list[Sample]]:
-    """``busbw_gbps:<group>`` per collective: the row's ``busbw_gbps`` when the analysis gave
-    one, else nccl-tests busbw from its bytes and duration (models.busbw_gbps)."""
-    from analyzer.model.formulas import COLLECTIVE_KINDS, busbw_gbps
-    out: dict[str, list[Sample]] = {}
-    for row in doc.get("collectives") or []:
+def _busbw(run: Any) -> dict[str, Metric]:
+    """``busbw_gbps:<group>``: the bus bandwidth the job analysis gave each GPU collective of
+    the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample."""
+    view = run.model.collectives
+    if not view.n:
+        return {}
+    busbw = view.written("busbw_gbps")
+    rows = np.flatnonzero(view.on_gpu & ~np.isnan(busbw))
+    by_label: dict[str, list[Sample]] = {}
+    collectives = run.collectives
+    for i in rows.tolist():
+        row = collectives[i]
         label = group_label(row.get("group"))
-        if label is None:
-            continue
-        value = _num(row.get("busbw_gbps"))
-        if value is None:
-            size, dur = _num(row.get("bytes")), _num(row.get("dur_us"))
-            n = (row.get("group") or {}).get("size")
-            if not size or not dur or dur <= 0 or not n or row.get("collective") not in COLLECTIVE_KINDS:
-                continue
-            value = busbw_gbps(row["collective"], size, dur, int(n))
-        out.setdefault(f"{GROUP_METRIC}:{label}", []).append(Sample(row.get("rank"), row.get("step"), value))
-    if not out:  # no per-collective figures: the group summary (one sample per group)
-        for group in doc.get("groups") or []:
-            label, value = group_label(group), _num(group.get("busbw_median_gbps"))
-            if label is not None and value is not None:
-                out[f"{GROUP_METRIC}:{label}"] = [Sample(None, None, value)]
-    return out
+        if label is not None:
+            by_label.setdefault(label, []).append(Sample(row.get("rank"), row.get("step"), float(busbw[i])))
+    return {f"{GROUP_METRIC}:{label}": Metric(f"{GROUP_METRIC}:{label}", float(np.median([s.value for s in found])),
+                                              tuple(found), f"median of {len(found)} GPU collective(s)")
+            for label, found in by_label.items()}
 
 
-def summarize(doc: dict[str, Any], how: str = "median") -> dict[str, float]:
-    return {name: aggregate([s.value for s in found], how) for name, found in extract_samples(doc).items()}
-
-
-def unavailable_reason(doc: dict[str, Any], name: str) -> str:
+def unavailable_reason(run: Any, name: str) -> str:
     """Why a known metric has no value in this run (for the gate's message)."""
     if name == "mfu":
         return "MFU unknown for this run (needs the model size: --model-params / recorded shapes)"
     if name.startswith(GROUP_METRIC + ":"):
-        groups = sorted({g for g in (group_label(r.get("group")) for r in doc.get("collectives") or []) if g})
-        return f"no collective with a known size in group {name.partition(':')[2]!r} " \
+        groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g})
+        return f"no GPU collective with a known size in group {name.partition(':')[2]!r} " \
                f"(groups seen: {', '.join(groups) or 'none'})"
     if name == "step_time_us":
         return "no ProfilerStep#N markers: per-step times unavailable"
@@ -210,6 +210,3 @@ def _num(value: Any) -> float | None:
 # ---------------------------------------------------------------- runs
 
 
-def as_document(run: Any) -> dict[str, Any]:
-    """The JSON document of a run: a Result's serialization, or the document itself."""
-    return run.to_dict() if hasattr(run, "to_dict") else run
