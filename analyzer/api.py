@@ -1,8 +1,11 @@
 """Library API: everything the CLI does, callable from Python.
 
-``diagnose(paths, options)`` = find files -> analyze each rank in a worker (map) -> combine the
-ranks into one job Result (reduce) -> job analyses -> rules -> report sections.
-``load_result(path)`` reads a saved ``diagnose --format json`` result back into a Result.
+``diagnose(paths, **options)`` = find files -> analyze each rank in a worker (map) -> combine the
+ranks into one job Result (reduce) -> job analyses -> rules -> report sections. The options are
+the command line's, by the same names (``--nic-gbps 50`` is ``nic_gbps=50``, ``--steps 3-5`` is
+``steps="3-5"``, ``--config FILE`` is ``config="FILE"``), or one ``DiagnoseOptions``.
+``load_result(path)`` reads a saved ``diagnose --format json`` result back into a Result (checked
+against its schema first).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from analyzer.base.errors import InputError
+from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.catalog import comm_pattern
 from analyzer.ingest.files import discover_trace_files
@@ -54,14 +57,89 @@ class DiagnoseOptions:
         return RankOptions(pattern, self.max_inflate_bytes, self.steps, self.keep_timeline)
 
 
-def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions = DiagnoseOptions(),
-             progress: Progress | None = None, config: dict[str, Any] | None = None, *,
-             report: bool = True, html_step: int | None = None, hta: bool = False) -> Result:
-    """``config``: the ``[tool.tracecliff]`` table (analyzer.base.config.load_config) for the
-    rules. ``report``: also compute the report sections (the timeline of one step, ``html_step``
-    or the median one, and the scaling what-if curve) so the Result renders to HTML on its own;
-    ``hta``: add HTA's own breakdowns (needs the hta extra)."""
+# The command line's trace options, as keyword arguments (``--nic-gbps`` -> ``nic_gbps``).
+OPTION_NAMES = ("steps", "gpus_per_node", "gpu", "nics_per_node", "nic_gbps", "model_params", "tokens_per_step",
+                "comm_kernel", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
+_POSITIVE_INTS = ("gpus_per_node", "nics_per_node", "workers")
+_POSITIVE_NUMBERS = ("nic_gbps", "model_params", "tokens_per_step", "max_inflate_gb")
+
+
+def options_from(options: DiagnoseOptions | None = None, **given: Any) -> DiagnoseOptions:
+    """``DiagnoseOptions`` from the command line's option names (``steps="3-5"``, ``gpu="h100"``,
+    ``comm_kernel=["my_a2a"]``, ``no_cache=True``, ``max_inflate_gb=32``), over ``options``;
+    a name the command line does not have, or a value it would refuse, is a ConfigError."""
+    from analyzer.base.config import check_patterns, parse_steps
+    from analyzer.run import EXECUTORS
+    unknown = sorted(set(given) - set(OPTION_NAMES))
+    if unknown:
+        import difflib
+        close = difflib.get_close_matches(unknown[0], OPTION_NAMES, n=1)
+        raise ConfigError(f"unknown option {unknown[0]!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                          + f"; the options: {', '.join(OPTION_NAMES)}")
+    values: dict[str, Any] = {}
+
+    def named(name: str) -> str:  # as the notebook and the command line spell it
+        return f"{name}= (--{name.replace('_', '-')})"
+    for name, value in given.items():
+        if value is None or name in ("no_cache", "cache_dir"):
+            continue
+        if name in _POSITIVE_INTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{named(name)}: expected a whole number ≥ 1, got {value!r}")
+        if name in _POSITIVE_NUMBERS and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
+            raise ConfigError(f"{named(name)}: expected a number > 0, got {value!r}")
+        if name == "steps":
+            try:
+                values["steps"] = parse_steps(value)
+            except ValueError as exc:
+                raise ConfigError(f"{named(name)}: {exc}") from None
+        elif name == "comm_kernel":
+            try:
+                values["comm_kernels"] = check_patterns([value] if isinstance(value, str) else list(value))
+            except ValueError as exc:
+                raise ConfigError(f"{named(name)}: {exc}") from None
+        elif name == "max_inflate_gb":
+            values["max_inflate_bytes"] = int(value * 10**9)
+        elif name == "executor" and value not in EXECUTORS:
+            raise ConfigError(f"{named(name)}: expected one of {', '.join(EXECUTORS)}, got {value!r}")
+        else:
+            values[name] = value
+    if given.get("no_cache"):
+        values["cache_dir"] = None
+    elif given.get("cache_dir") is not None:
+        values["cache_dir"] = str(given["cache_dir"])
+    merged = replace(options or DiagnoseOptions(), **values)
+    if merged.scheduler and merged.executor != "dask":
+        raise ConfigError("--scheduler needs --executor dask")
+    return merged
+
+
+def _config(config: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
+    """The ``[tool.tracecliff]`` table: given as such, or read (and checked) from a file path, as
+    ``--config FILE``."""
+    if config is None or isinstance(config, dict):
+        return config
+    from analyzer.base.config import communication_kernels, config_source, load_config, rule_settings
+    from analyzer.rules.engine import all_rules
+    table = load_config(config)
+    rule_settings(table, all_rules(), config_source(config))
+    communication_kernels(table, config_source(config))
+    return table
+
+
+def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions | None = None,
+             progress: Progress | None = None, config: dict[str, Any] | str | Path | None = None, *,
+             report: bool = True, html_step: int | None = None, step: int | None = None, hta: bool = False,
+             **cli_options: Any) -> Result:
+    """``cli_options``: the command line's option names (``steps="3-5"``, ``gpu="h100"``,
+    ``nic_gbps=50``, ...; see ``OPTION_NAMES``), over ``options``. ``config``: the
+    ``[tool.tracecliff]`` table, or the file to read it from (``--config``). ``report``: also
+    compute the report sections (the timeline of one step, ``step`` (``--step``) or the typical
+    one, and the scaling what-if curve) so the Result renders to HTML on its own; ``hta``: add
+    HTA's own breakdowns (needs the hta extra)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    options = options_from(options, **cli_options)
+    config = _config(config)
+    html_step = step if step is not None else html_step
     options = with_config_kernels(options, config)
     skipped: list[Path] = []
     files = discover_trace_files(paths, skipped)
@@ -153,10 +231,13 @@ def config_schema() -> dict[str, Any]:
     return versioned_schema(table, "config", "[tool.tracecliff] configuration")
 
 
-def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
-             config: dict[str, Any] | None = None, progress: Progress | None = None, **report: Any) -> Result:
-    """A run as a Result: one saved result file, or the diagnosis of trace paths."""
+def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,
+             config: dict[str, Any] | str | Path | None = None, progress: Progress | None = None,
+             **keywords: Any) -> Result:
+    """A run as a Result: one saved result file (checked), or the diagnosis of trace paths
+    (``keywords``: diagnose's, the command line's option names among them)."""
     from analyzer.job.saved import read_result_file
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not paths:
         raise InputError("<arguments>", "no trace or result path given")
     for raw in paths:
@@ -165,36 +246,41 @@ def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
             if len(paths) > 1:
                 raise InputError(raw, "a saved result must be given alone, not with trace paths")
             return Result.from_dict(doc)  # checked against the contract (analyzer.job.saved)
-    return diagnose(paths, options, progress, config, **report)
+    return diagnose(paths, options, progress, config, **keywords)
 
 
-def annotate(paths: list[str], outdir: str | Path, options: DiagnoseOptions = DiagnoseOptions(),
-             config: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def annotate(paths: list[str], outdir: str | Path, options: DiagnoseOptions | None = None,
+             config: dict[str, Any] | str | Path | None = None, **cli_options: Any) -> list[dict[str, Any]]:
     """Annotated copies of each rank's trace in ``outdir`` (analyzer.export.annotate)."""
     from analyzer.export.annotate import output_paths, write_annotated
     files = discover_trace_files(paths)
     targets = output_paths(files, Path(outdir))
-    result = diagnose(paths, replace(options, keep_timeline=True), config=config, report=False)
+    options = replace(options_from(options, **cli_options), keep_timeline=True)
+    result = diagnose(paths, options, config=config, report=False)
     return write_annotated(result, files, targets, Path(outdir))
 
 
-def diff(base: str, new: str, options: DiagnoseOptions = DiagnoseOptions(),
-         config: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+def diff(base: str, new: str, options: DiagnoseOptions | None = None,
+         config: dict[str, Any] | str | Path | None = None, **cli_options: Any) -> tuple[dict[str, Any], list[str]]:
     """``(diff document, input paths)`` of two runs (traces or saved results)."""
     from analyzer.compare.diff import diff_runs
+    options = options_from(options, **cli_options)
     runs = [load_run([p], options, config, report=False) for p in (base, new)]
     inputs = [i["path"] for r in runs for i in r.inputs if i.get("path")]
     return diff_runs(runs[0], runs[1], base, new), inputs
 
 
-def gate(paths: list[str], config: dict[str, Any], baseline: str | None = None,
-         options: DiagnoseOptions = DiagnoseOptions(), preset: str | None = None,
+def gate(paths: list[str] | str, config: dict[str, Any] | str | Path | None = None, baseline: str | None = None,
+         options: DiagnoseOptions | None = None, preset: str | None = None,
          max_regression_pct: float | None = None,
-         config_source: str = "./pyproject.toml") -> tuple[GateReport, list[str]]:
+         config_source: str = "./pyproject.toml", **cli_options: Any) -> tuple[GateReport, list[str]]:
     """``(GateReport, input paths)``: the run at ``paths`` checked against ``[tool.tracecliff.gate]``
-    and, with ``baseline``, against that run."""
-    from analyzer.base.errors import ConfigError
+    (``config``: the table, or the file to read it from) and, with ``baseline``, against that run."""
     from analyzer.compare.gate import evaluate, parse_gate_config, registered_rule_names
+    if isinstance(config, (str, Path)):
+        config_source = str(config)
+    config = _config(config) or {}
+    options = options_from(options, **cli_options)
     gate_config = parse_gate_config(config, preset, max_regression_pct, registered_rule_names(), config_source)
     if not gate_config.assertions and baseline is None:
         raise ConfigError(f"nothing to check: no [tool.tracecliff.gate] assertions in {config_source}, "

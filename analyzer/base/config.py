@@ -245,3 +245,40 @@ def check_patterns(patterns: Any) -> tuple[str, ...]:
         except re.error as exc:
             raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
     return tuple(patterns)
+
+
+def parse_steps(text: Any) -> tuple[int, ...] | None:
+    """``--steps`` / ``steps=``: '3', '3,5', '3-6' or '3-6,9' (or an int, or a sequence of them)
+    -> the ProfilerStep numbers; ValueError naming the text when it is not that. A range is at
+    most ``MAX_STEPS_RANGE`` long: its size must not follow a number typed by mistake."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, bool):
+        raise ValueError(f"expected step numbers like 3,5-7, got {text!r}")
+    if isinstance(text, int):
+        return (text,)
+    if not isinstance(text, str):
+        try:
+            return tuple(sorted({int(s) for s in text if not isinstance(s, bool)}))
+        except (TypeError, ValueError):
+            raise ValueError(f"expected step numbers like 3,5-7, got {text!r}") from None
+    steps: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            lo, hi = _step_range(part, text)
+            steps.update(range(lo, hi + 1))
+    return tuple(sorted(steps))
+
+
+def _step_range(part: str, text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in part.split("-", 1)) if "-" in part[1:] else (int(part), int(part))
+    except ValueError:
+        raise ValueError(f"expected step numbers like 3,5-7, got {text!r}") from None
+    if hi - lo >= MAX_STEPS_RANGE:
+        raise ValueError(f"step range {part!r} spans more than {MAX_STEPS_RANGE:,} steps")
+    return lo, hi
+
+
+MAX_STEPS_RANGE = 1_000_000
+

@@ -13,32 +13,6 @@ import click
 from analyzer.run import EXECUTORS
 
 
-def parse_steps(text: str | None) -> tuple[int, ...] | None:
-    """'3', '3,5', '3-6' or '3-6,9' -> ProfilerStep numbers."""
-    if not text:
-        return None
-    steps: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1)
-                steps.update(range(int(lo), int(hi) + 1))
-            elif part:
-                steps.add(int(part))
-    except ValueError:
-        raise click.BadParameter(f"expected step numbers like 3,5-7, got {text!r}") from None
-    return tuple(sorted(steps))
-
-
-def _comm_kernels(patterns: tuple[str, ...]) -> tuple[str, ...]:
-    from analyzer.base.config import check_patterns
-    try:
-        return check_patterns(list(patterns))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--comm-kernel") from None
-
-
 def _stack(options: list[Callable]) -> Callable:
     def decorate(command):
         for option in reversed(options):
@@ -61,7 +35,7 @@ _TRACE_OPTIONS = [
                  help="Model parameters Ψ (e.g. 7e9), for MFU."),
     click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True),
                  help="Tokens per optimizer step of the whole job (global batch x sequence), for MFU."),
-    click.option("--comm-kernel", "comm_kernels", multiple=True, metavar="REGEX",
+    click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
                  help="Kernels that also count as communication (regex, repeatable); the built-in "
                       "catalog: `tracecliff explain communication`."),
     click.option("--workers", type=click.IntRange(min=1), help="Parallel worker processes (default: CPU count)."),
@@ -76,23 +50,26 @@ _TRACE_OPTIONS = [
                  show_default=True, help="Refuse a trace that inflates past this size (gzip bombs)."),
 ]
 _TRACE_KEYS = ("steps", "gpus_per_node", "gpu", "nics_per_node", "nic_gbps", "model_params",
-               "tokens_per_step", "comm_kernels", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
+               "tokens_per_step", "comm_kernel", "workers", "executor", "scheduler", "cache_dir", "no_cache", "max_inflate_gb")
 
 
 def trace_options(command):
     """Every option of reading and measuring traces; the command receives one ``options``
-    (DiagnoseOptions)."""
+    (DiagnoseOptions, made by analyzer.api.options_from: the library takes the same names)."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         # Imported when a command reads traces: `hang` or `schema` need not import the analysis.
-        from analyzer.api import DiagnoseOptions
-        from analyzer.run.executors import scale_settings
+        from analyzer.api import options_from
+        from analyzer.base.errors import ConfigError
+        from analyzer.run.cache import default_cache_dir
         given = {k: kwargs.pop(k) for k in _TRACE_KEYS}
-        scale = scale_settings(given.pop("executor"), given.pop("scheduler"), given.pop("cache_dir"),
-                               given.pop("no_cache"), given.pop("max_inflate_gb"))
-        given["steps"] = parse_steps(given["steps"])
-        given["comm_kernels"] = _comm_kernels(given["comm_kernels"])
-        return command(*args, options=DiagnoseOptions(**given, **scale), **kwargs)
+        if not given["no_cache"] and not given["cache_dir"]:
+            given["cache_dir"] = default_cache_dir()  # the command line caches by default
+        try:
+            options = options_from(**given)
+        except ConfigError as exc:  # a usage error of the command line (exit 2)
+            raise click.UsageError(str(exc)) from None
+        return command(*args, options=options, **kwargs)
     return _stack(_TRACE_OPTIONS)(wrapper)
 
 

@@ -17,7 +17,7 @@ from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_su
 from analyzer.job.parallelism import data_parallel_mask, role_key
 from analyzer.job.result import Bucket
 from analyzer.model import formulas as models
-from analyzer.job.topology import Topology, build_topology
+from analyzer.job.topology import Topology
 from analyzer.model.link import Link, group_link, profile_link
 
 POINT_TO_POINT = ("send", "recv", "sendrecv")
@@ -232,26 +232,14 @@ class JobFacts:
     def world_size(self) -> int:
         return int(self.job.get("world_size") or len(self.result.ranks) or 1)
 
-    @cached_property
+    @property
     def hardware(self):
-        """The hardware the job analysis resolved, the user's --gpu / --nics-per-node /
-        --nic-gbps overrides included: the rules never work it out a second time."""
-        from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
-        if self.result.hardware:
-            return HardwareAssumptions.from_dict(self.result.hardware)
-        devices = next((r.devices for r in self.result.ranks if r.devices), [])  # a Result without job analysis
-        names = [d.get("name") for d in devices if d.get("name")]
-        memory = [d.get("total_mem_bytes") for d in devices if d.get("name")]
-        return resolve_hardware(names, memory or None, gpus_per_node=self.gpus_per_node)
+        """The hardware the job analysis resolved (analyzer.job.model): never worked out again."""
+        return self.model.hardware
 
-    @cached_property
+    @property
     def topology(self) -> Topology:
-        """The job analysis's topology (ranks to nodes); built here only for a Result that did
-        not go through the job analysis."""
-        world = self.job.get("world_size")
-        if self.result.topology:
-            return Topology.from_dict(self.result.topology, world)
-        return build_topology(self.result.ranks)
+        return self.model.topology
 
     @property
     def gpus_per_node(self) -> int:

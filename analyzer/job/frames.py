@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable
 
+from analyzer.job.model import LEAVES
 from analyzer.rank.analysis import RANK_METRICS, rank_entry
+from analyzer.rank.attribution import IDLE_CAUSES
 from analyzer.rank.timeline import PHASES
 
 if TYPE_CHECKING:
@@ -24,6 +26,8 @@ STEP_METRICS = ("step_time_us", "span_us", "busy_us", "compute_us", "comm_us", "
 # A step's exposed communication split by training phase (the step's ``phases`` entry).
 PHASE_COLUMNS = tuple(f"exposed_{phase}_us" for phase in PHASES)
 STEP_COLUMNS = ("rank", "step", *STEP_METRICS, *PHASE_COLUMNS)
+BREAKDOWN_COLUMNS = ("rank", "step", "role", "step_time_us", *LEAVES, *(f"idle_{c}_us" for c in IDLE_CAUSES),
+                     *PHASE_COLUMNS, "waited_for")
 COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_size", "group_description", "seq",
                       "comms_id", "dtype", "bytes", "in_nelems", "out_nelems", "size_source", "launch_us",
                       "start_us", "dur_us", "exposed_us", "wait_us", "algbw_gbps", "busbw_gbps", "bound",
@@ -50,6 +54,29 @@ def steps_df(result: "Result") -> "pd.DataFrame":
             rows.append({"rank": r.rank, **step,
                          **{col: phases.get(phase) for col, phase in zip(PHASE_COLUMNS, PHASES)}})
     return _frame(rows, STEP_COLUMNS)
+
+
+def breakdown_df(result: "Result") -> "pd.DataFrame":
+    """One row per rank and step: its role (typical, steady, warm-up, drain, outlier,
+    unmeasured), its time and the five leaves that add up to it (analyzer.job.model), the idle by
+    what the host was doing, the exposed communication by phase, and the rank it waited for
+    most. A step without a breakdown has its time and role, and None for the leaves."""
+    model = result.model
+    rows = []
+    for rank in result.ranks:
+        facts = model.rank(rank.rank)
+        for entry, step in zip(rank.steps, facts.steps if facts else ()):
+            row: dict[str, Any] = {"rank": rank.rank, "step": step.step, "role": step.role,
+                                   "step_time_us": step.step_time_us}
+            if step.leaves is not None:
+                row.update({leaf: step.leaves.leaf(leaf) for leaf in LEAVES})
+                row.update({f"idle_{c}_us": step.idle_by_host.get(c, 0.0) for c in IDLE_CAUSES})
+            phases = entry.get("phases") or {}
+            row.update({col: phases.get(phase) for col, phase in zip(PHASE_COLUMNS, PHASES)})
+            peers = {p: v for p, v in step.wait_by_peer.items() if p.isdigit() and v > 0}
+            row["waited_for"] = int(max(peers, key=lambda p: (peers[p], p))) if peers else None
+            rows.append(row)
+    return _frame(rows, BREAKDOWN_COLUMNS)
 
 
 def collectives_df(result: "Result") -> "pd.DataFrame":

@@ -185,6 +185,11 @@ class Result:
         from analyzer.job import frames
         return frames.steps_df(self)
 
+    def breakdown_df(self) -> "pd.DataFrame":
+        """One row per rank × step: role, step time, the five leaves and the finer ones."""
+        from analyzer.job import frames
+        return frames.breakdown_df(self)
+
     def collectives_df(self) -> "pd.DataFrame":
         from analyzer.job import frames
         return frames.collectives_df(self)

@@ -351,16 +351,3 @@ def _close(client, owns_cluster: bool) -> None:
     client.close()
     if cluster is not None:
         cluster.close()
-
-
-def scale_settings(executor: str, scheduler: str | None, cache_dir: str | None, no_cache: bool,
-                   max_inflate_gb: float) -> dict:
-    from analyzer.run.cache import default_cache_dir
-    if scheduler and executor != "dask":
-        raise ConfigError("--scheduler needs --executor dask")
-    return {
-        "executor": executor,
-        "scheduler": scheduler,
-        "cache_dir": None if no_cache else str(cache_dir or default_cache_dir()),
-        "max_inflate_bytes": int(max_inflate_gb * 10**9),
-    }
