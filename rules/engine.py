@@ -234,7 +234,10 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     if problems:
         top = problems[0]
         gain = top.get("estimated_gain_us")
-        cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)" if gain and step else ""
+        if gain and step:
+            cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
+        else:
+            cost = f" (no estimate of the gain; the {fmt_us(step)} typical step)" if step else ""
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
         return f"{len(problems)} problem(s) found: {top['title']}{cost}{_together(joint)}{more}."
     if findings:

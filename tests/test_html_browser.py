@@ -237,3 +237,37 @@ def test_group_links_open_folded_groups(browser, tmp_path):
         assert view.errors == []
     finally:
         view.close()
+
+
+# Raw structured data a reader should never see in a card: JSON objects or lists, nulls.
+RAW = ("{\"", "\": ", "[[", "null", "None", "NaN")
+
+
+@pytest.mark.parametrize("name", ["ddp_straggler", "ddp_host_sync_stall", "ddp_bucket_oversized",
+                                  "fsdp_fullshard_2node", "ddp_healthy_8r"])
+def test_finding_cards_show_no_raw_data_and_stragglers_only_where_found(browser, tmp_path, name):
+    """Each finding card renders its evidence as tables and lists with units (no raw JSON, no
+    null); the straggler mark ▲ and the timeline's straggler role appear on a rank only when a
+    straggler-rank finding names it, so a healthy job shows none."""
+    paths = _sample_job(tmp_path, name)
+    result = diagnose([str(p) for p in paths], DiagnoseOptions(workers=1))
+    report = tmp_path / f"{name}.html"
+    report.write_text(HtmlRenderer().render(result), encoding="utf-8")
+    named = sorted({r for f in result.findings if f["rule"] == "straggler-rank" for r in f["ranks"]})
+    view = Page(browser, report)
+    try:
+        cards = view.page.locator("article.card")
+        assert cards.count() == len(result.findings)
+        for i in range(cards.count()):
+            text = cards.nth(i).inner_text()
+            assert not any(raw in text for raw in RAW), (name, i, [raw for raw in RAW if raw in text])
+        marked = view.page.locator("#ranks text.straggler-label").evaluate_all(
+            "els => els.map(e => e.closest('g.rank-row').dataset.rank)")
+        assert sorted(map(int, marked)) == named
+        roles = view.page.locator("#timeline-svg g.tl-rank text.straggler-label").count()
+        assert roles == (1 if named else 0)
+        if name == "ddp_healthy_8r":
+            assert not result.findings and not marked and "No scaling problem found" in result.verdict
+        assert view.errors == []
+    finally:
+        view.close()
