@@ -1,4 +1,4 @@
-"""Plain-text view of ``tracecliff diff`` (the dict of analyzer.diff.diff_runs)."""
+"""Plain-text view of ``tracecliff diff`` (the dict of analyzer.compare.diff.diff_runs)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from analyzer.model import formulas as models
 from analyzer.model.hardware import (ORIGINS, OVERRIDE_KEYS, gpu_profile, load_profiles, match_gpu,
                                nic_profile, resolve_hardware)
 
-REAL_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "real"
 A100_40GB_MEM = 42_297_524_224      # totalGlobalMem of the HTA trace's A100-PG509-200
 V100_32GB_MEM = 34_079_899_648      # totalGlobalMem of the PARAM traces' V100-SXM2-32GB
 
@@ -108,10 +107,9 @@ def _first_device(path: Path) -> dict:
     ("hta_ddp_rank0_of_2/rank-0.json.gz", "a100-sxm4-40gb"),
     ("param_dlrm_ddp_8rank/worker0_step_12.1694128201545.pt.trace.json", "v100-sxm2-32gb"),
 ])
-def test_real_trace_devices_match(relative, expected):
-    path = REAL_TRACES / relative
-    if not path.exists():
-        pytest.skip(f"{path} not available")
+def test_real_trace_devices_match(real_traces, relative, expected):
+    path = real_traces / relative
+    assert path.exists(), f"{path}: the real trace set changed"
     device = _first_device(path)
     assert match_gpu(device["name"], device["totalGlobalMem"]).id == expected
 

@@ -24,7 +24,7 @@ UNSAFE_CALLS = {"eval", "exec", "compile", "__import__"}
 PICKLE_READERS = {"analyzer/hang/read.py": "Flight Recorder pickle dumps, through _PlainUnpickler"}
 PICKLE_NAMES_ALLOWED = {"Unpickler", "UnpicklingError"}
 # Modules that write files, each with the reason it may: everything else goes through
-# analyzer.output.write_atomic.
+# analyzer.base.output.write_atomic.
 WRITERS = {
     "analyzer/base/output.py": "write_atomic itself (temporary file + rename)",
     "analyzer/run/cache.py": "cache entries, temporary file + rename",

@@ -13,12 +13,12 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 GZIP_MAGIC = b"\x1f\x8b"
 DEFAULT_MAX_INFLATE_BYTES = 8 * 10**9  # gzip-bomb guard; configurable
 # Inflated bytes handed on at a time (streaming ingest). Small: a batch's decoded events then
-# stay in cache and a rank's peak is a few MB of text plus the columns. Measured on 50 MB
-# ranks against 32 MB chunks: CPU -20 %, peak RSS 238 -> 76 MB (issue 13).
+# stay in cache and a rank's peak is a few MB of text plus the columns (the measurement behind
+# it: docs/scale.md, "Constants and the measurements behind them").
 CHUNK_BYTES = 4 << 20
 READ_BYTES = 4 << 20  # file bytes read at a time
 
-try:  # ISA-L inflates ~3x faster than zlib; optional so a pure-pip fallback always works.
+try:  # ISA-L inflates faster than zlib (docs/scale.md); optional so a pure-pip fallback always works.
     from isal import isal_zlib as _zlib
 except ImportError:  # pragma: no cover - isal is a declared dependency
     _zlib = zlib

@@ -1,7 +1,7 @@
 """Typed msgspec schema of the Kineto trace fields tracecliff reads, and nothing more.
 
 Decoding straight into these structs skips every field we do not name (most of a trace), is
-~10x faster than ``json.loads`` and never builds a generic dict tree. Types are deliberately
+far faster than ``json.loads`` (docs/scale.md) and never builds a generic dict tree. Types are deliberately
 lenient where real traces vary (pid/tid as int or string, numbers written as strings, list or
 string ``ranks``); values are normalised later, in :mod:`analyzer.ingest.columns`.
 """

@@ -500,8 +500,8 @@ def with_room(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with table room for the keys the job analyses add, which its ``dict.copy()``
     copies keep. A 21-key row fills a 32-slot table: the first key added moved every row to a
     new 64-slot table, a reallocation each that left the old table behind as allocator waste
-    (the 8 x 49 MB heavy job's 80,000 rows: the parent's peak 26 MB higher). Made with the room,
-    a row keeps one table for life. The same keys in the same order; only the memory differs."""
+    (docs/scale.md gives what it cost). Made with the room, a row keeps one table for life. The
+    same keys in the same order; only the memory differs."""
     roomy = dict(zip([*row, *_ROOM_KEYS], [*row.values(), *repeat(None, JOB_KEYS_ADDED)]))
     for key in _ROOM_KEYS:
         del roomy[key]

@@ -155,8 +155,8 @@ def from_columns(stored: RowColumns | PackedRows) -> list[dict[str, Any]]:
 class PackedRows(NamedTuple):
     """Rows of one shape by column (as ``RowColumns``) on their way from a worker process to the
     parent: a column of one number type is an array, codes included. The parent holds them so
-    until every worker is done (a heavy rank's 10,000 rows: 1.7 MB instead of 9 MB as dicts),
-    and unpacks them with ``from_columns``."""
+    until every worker is done (a fifth of the rows' memory as dicts: docs/scale.md), and
+    unpacks them with ``from_columns``."""
     keys: list[str]
     columns: list[Any]  # np.ndarray (one number type), else the list of values
     tables: list[list[Any] | None]

@@ -27,15 +27,15 @@ from analyzer.base.memory import release_free_memory
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 
-if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts (issue 13: ~20 ms a process)
+if TYPE_CHECKING:  # concurrent.futures is imported where a pool starts (its import costs each process)
     from concurrent.futures import Future
 
 Progress = Callable[[int, int, str], None]
 
 # Peak memory of one rank's worker ~ fixed cost (interpreter, numpy, pandas, two decode chunks)
-# + the columns, which grow with the inflated JSON. Measured with streaming ingest: 510 MB ->
-# 327 MB peak, 2.17 GB -> 515 MB (about 270 MB + 0.11 x inflated); the constants below keep a
-# margin: over-estimating costs parallelism, under-estimating an out-of-memory kill.
+# + the columns, which grow with the inflated JSON (measured: docs/scale.md, "Constants and the
+# measurements behind them"); the constants below keep a margin: over-estimating costs
+# parallelism, under-estimating an out-of-memory kill.
 WORKER_BASE_BYTES = 300 << 20
 PEAK_PER_INFLATED_BYTE = 0.25
 GZIP_RATIO_GUESS = 12  # when a gzip trailer's size field wrapped (members > 4 GiB)

@@ -1,7 +1,7 @@
 """Scaling what-if: project a measured job onto another configuration.
 
 ``project(result, Scenario(...)) -> Projection`` needs a Result that went through
-:func:`analyzer.jobanalysis.analyze_job` (``diagnose`` does it). Compute is taken as measured
+:func:`analyzer.job.analysis.analyze_job` (``diagnose`` does it). Compute is taken as measured
 (weak scaling: the same work per GPU); only communication is re-modelled.
 
 Every collective keeps its measured transfer time scaled by the model ratio
@@ -9,7 +9,7 @@ Every collective keeps its measured transfer time scaled by the model ratio
 else the hardware profile); collectives whose size or kind is unknown keep their measured
 duration. Then, per rank and step:
 
-- DDP: the bucket pipeline of models.md §4 (:func:`analyzer.models.ddp_bucket_pipeline`) with
+- DDP: the bucket pipeline of models.md §4 (:func:`analyzer.model.formulas.ddp_bucket_pipeline`) with
   the measured gradient-ready times (a bucket's all-reduce start when its stream was idle, else
   interpolated in bytes between such anchors and the end of backward) and backward end; the step
   changes by the change of the exposed tail. ``--bucket-mb`` re-buckets the measured buckets.
