@@ -45,12 +45,16 @@ def test_notebook_is_stored_without_outputs():
 def test_inline_summary_tables_plot_and_findings(executed):
     summary = "".join(_outputs(executed[0], "text/html"))
     assert "tracecliff-summary" in summary and "ddp-bucket-oversized" in summary and "DDP buckets are oversized" in summary
-    ranks = "".join(_outputs(executed[1], "text/html"))
+    typical = "".join(_outputs(executed[1], "stream"))
+    assert typical.startswith("typical step 5: 163.9 ms, exposed")  # the verdict's figure
+    roles = "".join(_outputs(executed[1], "text/html")).split("<tbody>")[1]
+    assert re.findall(r"<th>([a-z-]+)</th>", roles) == ["drain", "steady", "typical"]
+    ranks = "".join(_outputs(executed[2], "text/html"))
     assert "exposed_comm_us" in ranks and ranks.split("<tbody>")[1].count("<tr") == 8
-    per_step = "".join(_outputs(executed[2], "text/html")).split("<tbody>")[1]
+    per_step = "".join(_outputs(executed[3], "text/html")).split("<tbody>")[1]
     assert re.findall(r"<th>(\d+)</th>", per_step) == ["5", "6", "7"]
-    assert any(_outputs(executed[3], "image/png")), "the plot cell drew no figure"
-    findings = "".join(_outputs(executed[6], "stream"))
+    assert any(_outputs(executed[4], "image/png")), "the plot cell drew no figure"
+    findings = "".join(_outputs(executed[7], "stream"))
     from analyzer import diagnose
     job = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_bucket_oversized"
     gain = diagnose(str(job), report=False).findings[0]["estimated_gain_us"]  # the notebook's job
