@@ -5,7 +5,6 @@ analysis when it ran, else from the hardware profile), and which analyses are av
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from functools import cached_property
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -14,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
+from analyzer.job.model import RankStep
 from analyzer.job.parallelism import data_parallel_mask, role_key
 from analyzer.job.result import Bucket
 from analyzer.model import formulas as models
@@ -23,24 +23,6 @@ from analyzer.model.link import Link, group_link, profile_link
 POINT_TO_POINT = ("send", "recv", "sendrecv")
 # Needs whose absence hides a problem rather than rule it out.
 _CANNOT_SEE = frozenset({"gpu_steps", "multi_rank", "all_ranks"})
-
-
-@dataclass(frozen=True)
-class StepView:
-    """One rank's step, times in µs; ``windows[phase] = (start_us, end_us, compute_us)`` of the
-    phase's compute kernels in job time (the collective rows' clock)."""
-
-    rank: int
-    step: int
-    step_time_us: float
-    compute_us: float
-    comm_us: float
-    exposed_comm_us: float
-    idle_us: float
-    busy_us: float
-    windows: dict[str, tuple[float, float, float]]
-    low_precision_compute_us: float
-    cpu_step_us: float | None = None  # the ProfilerStep range on the CPU
 
 
 class JobFacts:
@@ -58,19 +40,11 @@ class JobFacts:
 
     # ---------------------------------------------------------------- steps
     @cached_property
-    def steps(self) -> list[StepView]:
-        origin = self.job.get("time_origin_ns") or 0
-        views = []
-        for r in self.result.ranks:
-            for s in r.steps:
-                windows = {phase: ((w["start_ns"] - origin) / 1000.0, (w["end_ns"] - origin) / 1000.0,
-                                   w["compute_us"]) for phase, w in (s.get("phase_windows") or {}).items()}
-                views.append(StepView(r.rank, s["step"], s["step_time_us"], s["compute_us"], s["comm_us"],
-                                      s["exposed_comm_us"], s["idle_us"], s["busy_us"], windows,
-                                      s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us")))
-        return views
+    def steps(self) -> list[RankStep]:
+        """Every rank's every step (the job model's), in rank order."""
+        return list(self.model.rank_steps())
 
-    def steady_view(self, rank: int, step: Any) -> StepView | None:
+    def steady_view(self, rank: int, step: Any) -> RankStep | None:
         """``step_view`` of a steady step only (the typical step or another steady one; any step
         when the job has no typical step): the warm-up, drain and outlier steps are left out of
         the rules as out of every figure."""
@@ -78,11 +52,11 @@ class JobFacts:
             return None
         return self.step_view(rank, step)
 
-    def step_view(self, rank: int, step: Any) -> StepView | None:
+    def step_view(self, rank: int, step: Any) -> RankStep | None:
         return self._step_index.get((rank, step))
 
     @cached_property
-    def _step_index(self) -> dict[tuple[int, Any], StepView]:
+    def _step_index(self) -> dict[tuple[int, Any], RankStep]:
         return {(s.rank, s.step): s for s in self.steps}
 
     # ---------------------------------------------------------------- collectives

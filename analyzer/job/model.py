@@ -189,6 +189,11 @@ class RankStep:
     exposed_comm_us: float
     busy_us: float
     overlap_pct: float | None
+    # windows[phase] = (start_us, end_us, compute_us) of the phase's compute kernels, in job
+    # time (the collective rows' clock)
+    windows: Mapping[str, tuple[float, float, float]]
+    low_precision_compute_us: float
+    cpu_step_us: float | None  # the ProfilerStep range on the CPU
 
 
 @dataclass(frozen=True)
@@ -262,7 +267,8 @@ class JobModel:
 
     @cached_property
     def ranks(self) -> tuple[RankFacts, ...]:
-        return tuple(_rank_facts(r, self.typical) for r in self._result.ranks)
+        origin = int(self._result.job.get("time_origin_ns") or 0)
+        return tuple(_rank_facts(r, self.typical, origin) for r in self._result.ranks)
 
     @cached_property
     def lateness(self) -> tuple[RankLateness, ...]:
@@ -382,8 +388,8 @@ def _role_of_reason(reason: Any) -> str:
     return word if word in (WARM_UP, DRAIN, OUTLIER) else OUTLIER
 
 
-def _rank_facts(rank: Any, typical: TypicalStep | None) -> RankFacts:
-    steps = tuple(_rank_step(rank.rank, s, typical) for s in rank.steps)
+def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankFacts:
+    steps = tuple(_rank_step(rank.rank, s, typical, origin_ns) for s in rank.steps)
     tb = rank.time_breakdown
     metrics = rank.metrics
     return RankFacts(rank.rank, rank.host, rank.path, steps, Leaves.of(tb) if tb else None,
@@ -392,7 +398,7 @@ def _rank_facts(rank: Any, typical: TypicalStep | None) -> RankFacts:
                      float(metrics.get("exposed_comm_us") or 0.0))
 
 
-def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None) -> RankStep:
+def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
     tb = entry.get("time_breakdown") or {}
     leaves = Leaves.of({**tb, "step_time_us": entry["step_time_us"]}) \
         if "exposed_wait_us" in tb and entry.get("step_time_us") is not None else None
@@ -403,7 +409,10 @@ def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None)
                     dict(tb.get("wait_by_peer") or {}), dict(tb.get("idle_by_host") or {}),
                     float(entry.get("compute_us") or 0.0), float(entry.get("comm_us") or 0.0),
                     float(entry.get("overlap_us") or 0.0), float(entry.get("exposed_comm_us") or 0.0),
-                    float(entry.get("busy_us") or 0.0), entry.get("overlap_pct"))
+                    float(entry.get("busy_us") or 0.0), entry.get("overlap_pct"),
+                    {phase: ((w["start_ns"] - origin_ns) / 1000.0, (w["end_ns"] - origin_ns) / 1000.0, w["compute_us"])
+                     for phase, w in (entry.get("phase_windows") or {}).items()},
+                    float(entry.get("low_precision_compute_us") or 0.0), entry.get("cpu_step_us"))
 
 
 def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:

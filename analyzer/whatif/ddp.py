@@ -20,7 +20,8 @@ import numpy as np
 
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
-from analyzer.job.facts import Link, StepView
+from analyzer.job.model import RankStep
+from analyzer.model.link import Link
 from analyzer.job.result import Bucket
 
 _IDLE_GAP_US = 2.0  # comm stream idle at least this long before a start: the start is a ready time
@@ -194,7 +195,7 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
     keys = ("bytes", "start_us", "dur_us", "launch_us")
     fields = attrgetter(*keys)  # a Bucket's (facts.bucket_fields), read here without a call per step
     for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        view: StepView | None = facts.step_view(rank, step)
+        view: RankStep | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
             continue
         sizes, starts, durations, launches = zip(*map(fields, buckets)) if isinstance(buckets[0], Bucket) \
