@@ -1,13 +1,25 @@
 """Read PyTorch Flight Recorder dumps (one file per rank): the JSON writer's output and the
 default pickle, across format versions, into plain dataclasses.
 
-Fields and versions, from torch's ``FlightRecorder.hpp`` / ``TraceUtils.h`` and
-``torch/distributed/flight_recorder``: "2.x" dumps carry ``collective_seq_id`` and
-``p2p_seq_id`` (older, "1.x", ones a single ``seq_id``); ``is_p2p`` appears in 2.3 (before it,
-p2p is read from the ``send``/``recv`` profiling name); ``nccl_version`` became
-``comm_lib_version``; ``pg_status`` (absent in the oldest) holds each group's last enqueued,
-started and completed sequence ids, as strings in JSON and integers in pickle; stack ``frames``
-are only in the pickle. A dump does not name its rank: it comes from the file name, as
+Fields and versions, from torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` / ``FlightRecorder.hpp``
+and ``torch/distributed/flight_recorder``:
+
+- "1.x" (torch 2.2-2.3): one ``seq_id`` for collectives and p2p alike, ``record_id`` / ``op_id``
+  from 1.4, no ``process_group`` (entries are grouped by ``pg_id``), no dtypes, no timeout;
+  ``pg_config`` maps each ``pg_id`` to the list of its ranks.
+- "2.2" (torch 2.4): ``process_group`` = (name, description), ``collective_seq_id`` and
+  ``p2p_seq_id`` apart, ``is_p2p``, ``input_dtypes`` / ``output_dtypes``, ``timeout_ms``;
+  ``pg_config`` maps each group's name to ``{"name", "desc", "ranks": "[0, 1, ...]"}``.
+- "2.3"-"2.7" (torch 2.5-2.7): ``pg_status`` (each group's last enqueued, started and completed
+  sequence id: strings in JSON, integers in pickle), ``nccl_version``, the JSON writer.
+- "2.8"-"2.10" (torch 2.8-2.13): ``comm_lib_version`` instead of ``nccl_version``,
+  ``thread_id`` / ``thread_name``.
+
+An entry's ``state`` is "scheduled", "started" or "completed" (from its CUDA events; backends
+without events, gloo, leave it "scheduled"); ``retired`` says the work left the watchdog's list
+(for NCCL, retired without completing = timed out or aborted; for gloo, the call returned, with
+or without an error). ``time_discovered_*`` are null (pickle) or 0 (JSON) when not seen. Stack
+``frames`` are only in the pickle. A dump does not name its rank: it comes from the file name, as
 ``fr_trace`` takes it (``<prefix><rank>``).
 
 A pickle is read by an unpickler that refuses every global (class or function), so nothing in it
@@ -17,6 +29,7 @@ can run; only plain containers and scalars can come out.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -26,12 +39,19 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, read_trace_bytes
+from analyzer.ingest.files import (DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, iter_trace_chunks,
+                                   looks_like_trace, read_trace_bytes)
 
 PICKLE_PROTO = b"\x80"
 KNOWN_MAJOR_VERSIONS = (1, 2)
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?(?:\.gz)?$")
 _PLAIN = (dict, list, tuple, str, bytes, int, float, bool, type(None), set, frozenset)
+SNIFF_BYTES = 64 << 10
+# Keys a Flight Recorder JSON dump starts with (nlohmann writes them sorted).
+_FR_JSON_KEYS = (b'"comm_lib_version"', b'"entries"', b'"nccl_comm_state"', b'"nccl_version"', b'"pg_config"',
+                 b'"pg_status"', b'"version"')
+MAX_DEPTH = 6          # folders below a given directory that are searched for dumps
+MAX_DIR_ENTRIES = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,10 +84,17 @@ class Entry:
     time_completed_ns: int | None
     timeout_ms: int | None
     frames: tuple[Frame, ...]
+    retired: bool | None = None   # None: the format has no such field
+    op_id: int | None = None
 
     @property
     def seq(self) -> int:
         return self.p2p_seq if self.is_p2p else self.collective_seq
+
+    @property
+    def newest_ns(self) -> int:
+        """The latest moment this entry records (created, or seen started / completed)."""
+        return max(self.time_created_ns, self.time_started_ns or 0, self.time_completed_ns or 0)
 
 
 @dataclass(frozen=True)
@@ -88,6 +115,20 @@ class RankDump:
     pg_status: dict[int, GroupStatus]     # pg_id -> status
     entries: list[Entry]
     warnings: list[str] = field(default_factory=list)
+    format: str = "json"                  # "json" | "pickle"
+
+    @property
+    def newest_ns(self) -> int:
+        return max((e.newest_ns for e in self.entries), default=0)
+
+
+@dataclass
+class Found:
+    """What a set of paths holds: Flight Recorder dumps, Kineto traces (for the straggler
+    history), and the files in directories that are neither."""
+    dumps: list[Path]
+    traces: list[Path]
+    skipped: list[Path]
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -101,21 +142,69 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def discover_dumps(paths: list[str] | tuple[str, ...]) -> list[Path]:
-    """Files, directories (every file whose name ends in a rank number, optionally .json, .pkl,
-    .pickle, .gz) and globs, sorted. A file named on purpose is always taken."""
+    return discover(paths).dumps
+
+
+def discover(paths: list[str] | tuple[str, ...]) -> Found:
+    """Files, directories and globs, sorted. A directory is searched down to MAX_DEPTH levels
+    (a job's dumps may sit in json/ and pickle/ folders) for files whose content is a dump (a
+    pickle, or JSON with the dump's keys) and whose name ends in a rank number, and for Kineto
+    traces. A file named on purpose (directly or by a glob) is always taken: as a trace when it
+    looks like one, else as a dump (a bad one is an error)."""
     if not paths:
         raise InputError("<arguments>", "no dump path given")
-    found: list[Path] = []
+    found = Found([], [], [])
     for raw in paths:
         path = Path(raw)
         if not path.is_dir():
-            found.extend(discover_trace_files([raw]))  # a file or a glob: the same rules as traces
+            for named in discover_trace_files([raw]):  # a file or a glob: the same rules as traces
+                (found.traces if _kind(named) == "trace" else found.dumps).append(named)
             continue
-        inside = sorted(p for p in path.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
-        if not inside:
+        inside = Found([], [], [])
+        for candidate in _walk(path):
+            kind = _kind(candidate)
+            if kind == "dump" and _RANK_IN_NAME.search(candidate.name):
+                inside.dumps.append(candidate)
+            elif kind == "trace":
+                inside.traces.append(candidate)
+            else:
+                inside.skipped.append(candidate)
+        if not inside.dumps:
             raise InputError(path, "directory holds no Flight Recorder dumps (files named <prefix><rank>)")
-        found.extend(inside)
-    return sorted({p.resolve(): p for p in found}.values(), key=str)
+        for name in ("dumps", "traces", "skipped"):
+            getattr(found, name).extend(getattr(inside, name))
+    unique = {name: sorted({p.resolve(): p for p in getattr(found, name)}.values(), key=str)
+              for name in ("dumps", "traces", "skipped")}
+    return Found(**unique)
+
+
+def _walk(top: Path) -> list[Path]:
+    """Every regular file under ``top`` (hidden ones and folders left out), in sorted order."""
+    files: list[Path] = []
+    seen = 0
+    for root, dirs, names in os.walk(top):
+        depth = len(Path(root).relative_to(top).parts)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < MAX_DEPTH else []
+        seen += len(names) + len(dirs)
+        if seen > MAX_DIR_ENTRIES:
+            raise InputError(top, f"more than {MAX_DIR_ENTRIES:,} entries below this directory: "
+                                  "name the dump folder itself")
+        files.extend(Path(root) / n for n in sorted(names) if not n.startswith(".") and (Path(root) / n).is_file())
+    return files
+
+
+def _kind(path: Path) -> str:
+    """"dump", "trace" or "other", from the first bytes (gzip inflated)."""
+    try:
+        head = next(iter_trace_chunks(path, chunk_bytes=SNIFF_BYTES), b"")
+    except InputError:
+        return "dump"  # unreadable or damaged: reading it reports the problem
+    if head[:1] == PICKLE_PROTO:
+        return "dump"
+    text = head[:SNIFF_BYTES]
+    if any(key in text for key in _FR_JSON_KEYS) and b'"traceEvents"' not in text:
+        return "dump"
+    return "trace" if looks_like_trace(path) else "other"
 
 
 def rank_of(path: Path) -> int:
@@ -128,8 +217,11 @@ def rank_of(path: Path) -> int:
 
 def read_dump(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> RankDump:
     raw = read_trace_bytes(path, max_inflate_bytes)
-    doc = _unpickle(path, raw) if raw[:1] == PICKLE_PROTO else _decode_json(path, raw)
-    return _parse(path, rank_of(path), doc)
+    is_pickle = raw[:1] == PICKLE_PROTO
+    doc = _unpickle(path, raw) if is_pickle else _decode_json(path, raw)
+    dump = _parse(path, rank_of(path), doc)
+    dump.format = "pickle" if is_pickle else "json"
+    return dump
 
 
 def _unpickle(path: Path, raw: bytes) -> Any:
@@ -244,8 +336,19 @@ def _tables(value: Any, name: str) -> list[tuple[Any, str, dict]]:
 
 
 def _pg_config(value: Any) -> dict[str, dict[str, Any]]:
-    return {str(key): {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
-            for key, where, cfg in _tables(value, "pg_config")}
+    """2.x: group name -> {"name", "desc", "ranks"}; 1.x: pg_id -> [ranks]."""
+    if not isinstance(value, dict):
+        raise _Bad(f"pg_config: expected a mapping, got {_show(value)}")
+    out = {}
+    for key, cfg in value.items():
+        where = f"pg_config[{key!r}]"
+        if isinstance(cfg, (list, tuple)):
+            out[str(_int(key, f"{where} key"))] = {"desc": "", "ranks": _ranks(cfg, where)}
+        elif isinstance(cfg, dict):
+            out[str(key)] = {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
+        else:
+            raise _Bad(f"{where}: expected a mapping or a list of ranks, got {_show(cfg)}")
+    return out
 
 
 def _ranks(value: Any, where: str) -> list[int] | None:
@@ -299,7 +402,15 @@ def _entry(e: Any, where: str) -> Entry:
                                True) or None,
         timeout_ms=_int(e.get("timeout_ms"), f"{where}.timeout_ms", True),
         frames=_frames(e.get("frames", []), f"{where}.frames"),
+        retired=_bool(e.get("retired"), f"{where}.retired"),
+        op_id=_int(e.get("op_id"), f"{where}.op_id", True),
     )
+
+
+def _bool(value: Any, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise _Bad(f"{where}: expected true/false, got {_show(value)}")
 
 
 def _process_group(e: dict, where: str) -> tuple[str, str]:
