@@ -96,6 +96,15 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     return result
 
 
+def hang_trace_link(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = DiagnoseOptions()) -> dict[str, Any]:
+    """The straggler summary of a hung job's Kineto traces, for ``tracecliff hang`` (the
+    ``traces`` of analyzer.hang.triage: was the culprit already the late rank?). Lives here
+    because the hang layer does not import the trace analysis."""
+    result = diagnose([str(p) for p in paths], options, report=False)
+    return {"traces": [str(r.path) for r in result.ranks], "world_size": result.job.get("world_size"),
+            "stragglers": result.stragglers}
+
+
 def with_config_kernels(options: DiagnoseOptions, config: dict[str, Any] | None) -> DiagnoseOptions:
     """The options with ``[tool.tracecliff.communication] kernels`` before the --comm-kernel ones."""
     from analyzer.base.config import communication_kernels

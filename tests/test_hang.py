@@ -232,9 +232,11 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys, name, content, problem)
     assert code == 2 and len(err.strip().splitlines()) == 1 and problem in err and name in err
 
 
-def test_two_dumps_of_one_rank_is_an_error(tmp_path):
+def test_two_dumps_of_one_format_for_one_rank_is_an_error(tmp_path):
+    other = tmp_path / "fr_rank_0.json"
+    shutil.copy(SAMPLES / "skip_collective" / "json" / "fr_rank_0.json", other)
     with pytest.raises(InputError, match="rank 0 already has a dump"):
-        triage([str(SAMPLES / "healthy" / "json" / "fr_rank_0.json"), str(SAMPLES / "healthy" / "pickle" / "fr_rank_0")])
+        triage([str(SAMPLES / "healthy" / "json" / "fr_rank_0.json"), str(other)])
 
 
 def test_directory_without_dumps_and_missing_path(tmp_path, capsys):
