@@ -14,7 +14,7 @@ from typing import Any
 
 from analyzer.base.errors import InputError
 from analyzer.hang.analyze import Hang, Job, entry_dict, find_hangs
-from analyzer.hang.history import straggler_history
+from analyzer.hang.history import span, straggler_history
 from analyzer.hang.read import Entry, Found, Frame, RankDump, discover, discover_dumps, read_dump
 
 __all__ = ["HangReport", "find_inputs", "triage"]
@@ -111,7 +111,7 @@ def load(paths: list[Path]) -> tuple[list[RankDump], dict[str, list]]:
         chosen.append(used)
         inputs.append(row)
     if agree:
-        notes.insert(0, f"rank(s) {_span(agree)} have a JSON and a pickle dump: the pickles are used (they carry "
+        notes.insert(0, f"rank(s) {span(agree)} have a JSON and a pickle dump: the pickles are used (they carry "
                         "stack frames); the two agree on what was issued")
     return chosen, {"inputs": inputs, "notes": notes, "warnings": warnings}
 
@@ -272,12 +272,6 @@ def clock(ns: int | None) -> str:
 
 def _list(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks)
-
-
-def _span(ranks: list[int]) -> str:
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return _list(ranks)
 
 
 # Re-exported for renderers and tests.

@@ -1,11 +1,12 @@
-"""Was the hang's culprit already the late rank before it hung? Read from the straggler summary
-of the same job's Kineto traces (the ``stragglers`` section of a diagnosed Result, passed in as
-plain data: this layer does not import the trace analysis).
+"""Was the hang's culprit already the late rank before it hung? Read from what the trace analysis
+said of the same job's Kineto traces (passed in as plain data by analyzer.api.hang_trace_link:
+this layer does not import the trace analysis).
 
-The summary's ``per_step`` names, for each profiled step, the rank whose late arrival made the
-others wait longest (``last_rank``); ``by_rank`` counts how often each rank arrived last at a
-matched collective (``times_last``). A culprit is called already late when it was that rank in at
-least half of the profiled steps.
+Who was late is the trace analysis' call, not this module's: the ranks the ``straggler-rank``
+rule flagged when it ran, else (CPU-only traces, where it does not run) the ranks the cross-rank
+arrival order calls consistently last (``late_ranks``). The per-step detail comes from the
+straggler summary: in each profiled step, the rank whose late arrival made the others wait
+longest (``per_step[].last_rank``).
 """
 
 from __future__ import annotations
@@ -13,60 +14,66 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-ALREADY_LATE_SHARE = 0.5
-
 
 def straggler_history(link: dict[str, Any], culprits: list[int]) -> dict[str, Any]:
-    """``link``: {"traces": [paths], "world_size": int | None, "stragglers": dict | None}."""
+    """``link``: {"traces", "world_size", "stragglers" (the summary), "rule" ({"status",
+    "ranks", "summary", "reason"} of straggler-rank), "late_ranks" ({rank: why})}."""
     section = link.get("stragglers") or {}
     steps = [s for s in section.get("per_step") or [] if isinstance(s, dict) and _is_rank(s.get("last_rank"))]
     compared = [r for r in section.get("ranks_compared") or [] if _is_rank(r)]
-    by_rank = {row["rank"]: row for row in section.get("by_rank") or [] if isinstance(row, dict) and _is_rank(row.get("rank"))}
-    late = Counter(s["last_rank"] for s in steps)
-    late_rank = min(late, key=lambda r: (-late[r], r)) if late else None
+    late, source = _late(link)
+    by_step = Counter(s["last_rank"] for s in steps)
     out: dict[str, Any] = {"traces": list(link.get("traces") or []), "world_size": link.get("world_size"),
-                           "steps": [s.get("step") for s in steps], "late_rank": late_rank,
-                           "late_rank_steps": late.get(late_rank, 0) if late_rank is not None else 0,
-                           "matched_collectives": section.get("matched_collectives"), "culprits": {}}
-    if not steps:
-        why = section.get("note") or "no profiled step with a matched collective"
-        out["statement"] = f"the Kineto traces hold no straggler history ({why})"
-        return out
+                           "steps": [s.get("step") for s in steps], "late_ranks": late, "source": source,
+                           "culprits": {}}
     for rank in culprits:
-        mine = [s.get("step") for s in steps if s["last_rank"] == rank]
-        row = by_rank.get(rank, {})
-        out["culprits"][str(rank)] = {
-            "traced": rank in compared, "late_steps": mine, "of_steps": len(steps),
-            "times_last": row.get("times_last"), "wait_caused_us": row.get("wait_caused_us"),
-            "already_late": bool(mine) and len(mine) >= ALREADY_LATE_SHARE * len(steps)}
-    out["statement"] = _statement(out, culprits, compared)
+        out["culprits"][str(rank)] = {"traced": rank in compared, "already_late": rank in late,
+                                      "why": late.get(rank),
+                                      "late_steps": [s.get("step") for s in steps if s["last_rank"] == rank],
+                                      "of_steps": len(steps)}
+    out["statement"] = _statement(out, culprits, compared, by_step, section)
     return out
 
 
-def _statement(out: dict[str, Any], culprits: list[int], compared: list[int]) -> str:
+def _late(link: dict[str, Any]) -> tuple[dict[int, str], str]:
+    rule = link.get("rule") or {}
+    if rule.get("status") == "fired":
+        why = rule.get("summary") or "flagged by the straggler-rank rule"
+        return {r: why for r in rule.get("ranks") or [] if _is_rank(r)}, "the straggler-rank rule"
+    if rule.get("status") == "passed":
+        return {}, "the straggler-rank rule (no late rank)"
+    late = {int(r): str(why) for r, why in (link.get("late_ranks") or {}).items() if str(r).isdigit()}
+    reason = f": {rule['reason']}" if rule.get("reason") else ""
+    return late, f"the cross-rank arrival order (the straggler-rank rule did not run{reason})"
+
+
+def _statement(out: dict[str, Any], culprits: list[int], compared: list[int], by_step: Counter,
+               section: dict[str, Any]) -> str:
+    if not compared:
+        return f"the Kineto traces hold no straggler history ({section.get('note') or 'no matched collective'})"
     n = len(out["steps"])
+    others = sorted(r for r in out["late_ranks"] if r not in culprits)
     parts = []
     for rank in culprits:
         info = out["culprits"][str(rank)]
         if not info["traced"]:
-            parts.append(f"rank {rank} is not in the Kineto traces (ranks {_span(compared)})")
+            parts.append(f"rank {rank} is not in the Kineto traces (ranks {span(compared)})")
         elif info["already_late"]:
-            last = info["times_last"]
-            matched = out["matched_collectives"]
-            tail = f", last to arrive at {last} of {matched} matched collectives" if last is not None and matched else ""
-            parts.append(f"rank {rank} was already the late rank in the profiled steps "
-                         f"({len(info['late_steps'])} of {n}{tail})")
+            steps = f"the last in {len(info['late_steps'])} of {n} steps: " if n else ""
+            parts.append(f"rank {rank} was already the late rank in the profiled steps ({steps}{info['why']})")
+        elif others:
+            who = f"rank {others[0]} was" if len(others) == 1 else f"ranks {span(others)} were"
+            parts.append(f"rank {rank} was not the late rank in the profiled steps: {who} "
+                         f"({out['late_ranks'][others[0]]})")
         else:
-            other = out["late_rank"]
-            parts.append(f"rank {rank} was not the late rank in the {n} profiled steps"
-                         + (f" (rank {other} was, in {out['late_rank_steps']} of {n})" if other is not None else ""))
+            parts.append(f"rank {rank} was not the late rank in the profiled steps (no rank was, by "
+                         f"{out['source']})")
     return "; ".join(parts)
 
 
-def _span(ranks: list[int]) -> str:
-    if not ranks:
-        return "none"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+def span(ranks: list[int]) -> str:
+    """"0-7" for a run of ranks, else "0, 2, 5"."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ", ".join(str(r) for r in ranks)
 
