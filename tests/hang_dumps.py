@@ -9,6 +9,31 @@ from typing import Any
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces" / "flight_recorder"
 SCENARIOS = ["healthy", "skip_collective", "different_collectives", "sleep_past_timeout", "size_mismatch"]
+JOBS = ["subgroups_skip", "status_lag", "silent_highest"]  # record_fr_dumps.py's later jobs: both formats, one folder
+NCCL = SAMPLES / "nccl"  # scripts/make_nccl_fr_dumps.py
+
+
+def run(capsys, *args):
+    """(exit code, stdout, stderr) of the CLI."""
+    import pytest
+
+    from analyzer.cli import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def hang_summary(report) -> list[dict]:
+    """What expected.json holds of each hang."""
+    out = []
+    for h in report.hangs:
+        row = {"kind": h.kind, "group": h.group.name, "seq": h.seq, "op": h.op, "ranks": h.ranks,
+               "waiting_ranks": h.waiting_ranks}
+        if "differs_in" in h.detail:
+            row["differs_in"] = h.detail["differs_in"]
+        out.append(row)
+    return out
 
 
 def entry(seq: int, op: str = "all_reduce", *, group: tuple[str, str] = ("0", "default_pg"), pg_id: int = 0,

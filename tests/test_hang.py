@@ -8,19 +8,11 @@ import shutil
 
 import pytest
 
-from analyzer.cli import main
 from analyzer.base.errors import InputError
 from analyzer.hang import triage
-from hang_dumps import SAMPLES, SCENARIOS, config, dump, entry, write_job
+from hang_dumps import SAMPLES, SCENARIOS, config, dump, entry, run, write_job
 
 EXPECTED = json.loads((SAMPLES / "expected.json").read_text())
-
-
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 def summary(report) -> list[dict]:
