@@ -45,7 +45,8 @@ from analyzer.ingest.files import (DEFAULT_MAX_INFLATE_BYTES, discover_trace_fil
 PICKLE_PROTO = b"\x80"
 KNOWN_MAJOR_VERSIONS = (1, 2)
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?(?:\.gz)?$")
-_PLAIN = (dict, list, tuple, str, bytes, int, float, bool, type(None), set, frozenset)
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
 SNIFF_BYTES = 64 << 10
 # Keys a Flight Recorder JSON dump starts with (nlohmann writes them sorted).
 _FR_JSON_KEYS = (b'"comm_lib_version"', b'"entries"', b'"nccl_comm_state"', b'"nccl_version"', b'"pg_config"',
@@ -237,16 +238,21 @@ def _unpickle(path: Path, raw: bytes) -> Any:
 
 
 def _check_plain(path: Path, doc: Any) -> None:
+    """Every object in the document is a plain container or scalar (exact types: with every
+    global refused, nothing else can come out of the unpickler; this says so for certain)."""
     stack = [doc]
     while stack:
         item = stack.pop()
-        if not isinstance(item, _PLAIN):
-            raise InputError(path, f"pickle holds a {type(item).__name__}, not plain data")
-        if isinstance(item, dict):
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind is dict:
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
+        elif kind in _SEQUENCES:
             stack.extend(item)
+        else:
+            raise InputError(path, f"pickle holds a {kind.__name__}, not plain data")
 
 
 def _decode_json(path: Path, raw: bytes) -> Any:
@@ -263,6 +269,8 @@ class _Bad(Exception):
 
 
 def _int(value: Any, where: str, optional: bool = False) -> int | None:
+    if type(value) is int:
+        return value
     if isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
         return int(value)  # JSON pg_status writes numbers as strings
     if isinstance(value, int) and not isinstance(value, bool):
@@ -290,8 +298,13 @@ def _show(value: Any) -> str:
 
 
 def _sizes(value: Any, where: str) -> list[list[int]]:
-    return [[_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")]
-            for i, shape in enumerate(_seq(value, where))]
+    out = []
+    for i, shape in enumerate(_seq(value, where)):
+        if type(shape) in (list, tuple) and all(type(d) is int for d in shape):
+            out.append(list(shape))  # the common case, without building a field name per number
+        else:
+            out.append([_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")])
+    return out
 
 
 def _dtypes(value: Any, where: str) -> list[str]:
@@ -321,7 +334,8 @@ def _parse_doc(path: Path, rank: int, doc: Any) -> RankDump:
     if "entries" not in doc:
         dump.warnings.append(f"{path}: no 'entries' (dumped without collectives?)")
     entries = _seq(doc.get("entries", []), "entries")
-    dump.entries = [_entry(e, f"entries[{i}]") for i, e in enumerate(entries)]
+    frames: dict[tuple, Frame] = {}
+    dump.entries = [_entry(e, i, frames) for i, e in enumerate(entries)]
     return dump
 
 
@@ -373,7 +387,8 @@ def _pg_status(value: Any) -> dict[int, GroupStatus]:
     return out
 
 
-def _entry(e: Any, where: str) -> Entry:
+def _entry(e: Any, index: int, frames: dict[tuple, Frame]) -> Entry:
+    where = f"entries[{index}]"
     if not isinstance(e, dict):
         raise _Bad(f"{where}: expected a mapping, got {_show(e)}")
     name = _str(e.get("profiling_name", ""), f"{where}.profiling_name")
@@ -401,7 +416,7 @@ def _entry(e: Any, where: str) -> Entry:
         time_completed_ns=_int(e.get("time_discovered_completed_ns"), f"{where}.time_discovered_completed_ns",
                                True) or None,
         timeout_ms=_int(e.get("timeout_ms"), f"{where}.timeout_ms", True),
-        frames=_frames(e.get("frames", []), f"{where}.frames"),
+        frames=_frames(e.get("frames", []), f"{where}.frames", frames),
         retired=_bool(e.get("retired"), f"{where}.retired"),
         op_id=_int(e.get("op_id"), f"{where}.op_id", True),
     )
@@ -425,9 +440,19 @@ def _process_group(e: dict, where: str) -> tuple[str, str]:
     return _str(parts[0], f"{where}.process_group[0]"), "" if desc == "undefined" else desc
 
 
-def _frames(value: Any, where: str) -> tuple[Frame, ...]:
+def _frames(value: Any, where: str, seen: dict[tuple, Frame] | None = None) -> tuple[Frame, ...]:
+    """``seen``: the frames already read from this dump (entries share most of their stack)."""
     out = []
+    seen = {} if seen is None else seen
     for i, f in enumerate(_seq(value, where)):
+        if type(f) is dict:
+            key = (f.get("name", "?"), f.get("filename", "?"), f.get("line", 0))
+            if type(key[0]) is str and type(key[1]) is str and type(key[2]) is int:
+                known = seen.get(key)
+                if known is None:
+                    known = seen[key] = Frame(*key)
+                out.append(known)
+                continue
         if not isinstance(f, dict):
             raise _Bad(f"{where}[{i}]: expected a mapping, got {_show(f)}")
         out.append(Frame(name=_str(f.get("name", "?"), f"{where}[{i}].name"),
