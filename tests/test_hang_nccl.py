@@ -121,7 +121,9 @@ def test_coalesced_block_is_one_operation_and_a_short_block_is_a_desync(tmp_path
     _write(s, tmp_path)
     hang = triage([str(tmp_path)]).hangs[0]
     assert (hang.kind, hang.group.name, hang.seq, hang.detail["differs_in"]) == ("desync", "0", 3, ["collective"])
-    assert hang.op == "coalesced[all_reduce x3]"
+    assert hang.op == "coalesced" and hang.detail["coalesced_ops"] == ["all_reduce"] * 3  # the JSON names the marker
+    assert ("rank 1 issued coalesced[all_reduce x2](sizes [[256], [512]], Float) where the others issued "
+            "coalesced[all_reduce x3](sizes [[256], [512], [768]], Float) at #3") in triage([str(tmp_path)]).verdict
 
 
 def test_p2p_batch_state_comes_from_its_marker(tmp_path):

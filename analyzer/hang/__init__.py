@@ -198,8 +198,18 @@ def verdict(job: Job, hangs: list[Hang], in_flight: list[dict[str, Any]] | None 
 
 
 def _in_flight_text(in_flight: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{f['op']} #{f['seq']} of {group_label(f['group'])} was in flight at the dump, not hung"
-                     for f in in_flight)
+    return "; ".join(f"{op_text(f['op'], f.get('coalesced_ops'))} #{f['seq']} of {group_label(f['group'])} was in "
+                     "flight at the dump, not hung" for f in in_flight)
+
+
+def op_text(op: str, parts: list[str] | None = None) -> str:
+    """``coalesced[all_reduce x3]`` for a coalesced group, else the op."""
+    if not parts:
+        return op
+    counts: dict[str, int] = {}
+    for name in parts:
+        counts[name] = counts.get(name, 0) + 1
+    return f"{op}[{', '.join(f'{n} x{c}' if c > 1 else n for n, c in sorted(counts.items()))}]"
 
 
 def group_label(g: dict[str, Any]) -> str:
@@ -208,7 +218,7 @@ def group_label(g: dict[str, Any]) -> str:
 
 def _sentence(job: Job, h: Hang) -> str:
     who = f"rank {h.ranks[0]}" if len(h.ranks) == 1 else f"ranks {_list(h.ranks)}"
-    where = f"{h.op} #{h.seq} of {group_label(h.group.to_dict())}"
+    where = f"{op_text(h.op, h.detail.get('coalesced_ops'))} #{h.seq} of {group_label(h.group.to_dict())}"
     waiting = (f" ({len(h.waiting_ranks)} of {len(h.group.ranks)} members waiting since "
                f"{clock(h.waiting_since_ns)})") if h.waiting_ranks else ""
     if h.kind == "missing-rank":
@@ -250,8 +260,18 @@ def _last_seen(h: Hang) -> str:
     return "; " + "; ".join(parts) if parts else ""
 
 
+def evidence_lines(evidence: dict[str, dict[str, Any]]) -> list[str]:
+    """"ranks 0-2: its entry is started" per distinct piece of evidence (a report's
+    ``detail.evidence``: rank -> Progress.to_dict()), in rank order of first appearance."""
+    by_how: dict[str, list[int]] = {}
+    for rank, info in sorted(evidence.items(), key=lambda kv: int(kv[0])):
+        by_how.setdefault(str(info.get("how", "")), []).append(int(rank))
+    return [f"{'rank' if len(ranks) == 1 else 'ranks'} {span(ranks)}: {how}" for how, ranks in by_how.items()]
+
+
 def call_text(call: dict[str, Any]) -> str:
-    return f"{call['op']}(sizes {call['input_sizes']}, {'/'.join(call['input_dtypes']) or '?'})"
+    parts = [c["op"] for c in call.get("coalesced") or []]
+    return f"{op_text(call['op'], parts)}(sizes {call['input_sizes']}, {'/'.join(call['input_dtypes']) or '?'})"
 
 
 def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -275,4 +295,5 @@ def _list(ranks: list[int]) -> str:
 
 
 # Re-exported for renderers and tests.
-__all__ += ["Entry", "Frame", "call_text", "clock", "discover_dumps", "group_label", "user_frame"]
+__all__ += ["Entry", "Frame", "call_text", "clock", "discover_dumps", "evidence_lines", "group_label", "op_text",
+            "user_frame"]

@@ -88,11 +88,12 @@ class Op:
 
     @property
     def name(self) -> str:
-        if len(self.entries) == 1:
-            return self.main.op
-        parts = Counter(e.op for e in self.entries[:-1])
-        inside = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(parts.items()))
-        return f"{self.main.op}[{inside}]"
+        """The op the JSON names: a coalesced group's end marker ("coalesced", ...)."""
+        return self.main.op
+
+    def parts(self) -> dict[str, Any]:
+        """A coalesced group's ops, for the report (``detail.coalesced_ops``)."""
+        return {"coalesced_ops": [e.op for e in self.entries[:-1]]} if len(self.entries) > 1 else {}
 
     @property
     def backend(self) -> str:
@@ -158,6 +159,8 @@ class Job:
         self.ops = self._ops()
         self.groups = self._groups()
         self.progress: dict[tuple[int, str, int], Progress] = {}  # (rank, group, seq), set by find_hangs
+        self._next: dict[tuple[int, str], dict[int, tuple[Op | None, Op | None]]] = {}
+        self._markers: dict[int, dict[tuple[str, int], Entry]] = {}
 
     # --- world and groups ------------------------------------------------------------------
 
@@ -260,14 +263,27 @@ class Job:
         job's hosts agree to far better than a collective timeout)."""
         return max((d.newest_ns for d in self.dumps.values()), default=0)
 
+    def next_ops(self, op: Op, group: str) -> tuple[Op | None, Op | None]:
+        """The rank's next collective in the group after ``op``, and its next one that started."""
+        if (op.rank, group) not in self._next:
+            ops = self.collectives(op.rank, group)
+            following: dict[int, tuple[Op | None, Op | None]] = {}
+            nxt: Op | None = None
+            started: Op | None = None
+            for o in reversed(ops):  # one pass from the end: the nearest later ones
+                following[id(o)] = (nxt, started)
+                nxt, started = o, (o if o.started else started)
+            self._next[(op.rank, group)] = following
+        return self._next[(op.rank, group)].get(id(op), (None, None))
+
     def p2p_marker(self, rank: int, e: Entry) -> Entry | None:
         """The end marker of the p2p batch ``e`` belongs to (same p2p id, profiling name
         ``coalesced``), which carries the batch's events."""
-        for op in self.ops.get((rank, e.group, True), []):
-            m = op.main
-            if m is not e and m.p2p_seq == e.p2p_seq and m.op == "coalesced" and m.record_id > e.record_id:
-                return m
-        return None
+        if rank not in self._markers:
+            self._markers[rank] = {(m.group, m.p2p_seq): m for m in self.dumps[rank].entries
+                                   if m.is_p2p and m.op == "coalesced"}
+        m = self._markers[rank].get((e.group, e.p2p_seq))
+        return m if m is not None and m is not e and m.record_id > e.record_id else None
 
     def completed(self, rank: int, e: Entry) -> bool | None:
         """Whether rank's operation holding ``e`` is done (the weighed evidence; None: unknown)."""
@@ -288,8 +304,9 @@ def _signature(e: Entry) -> tuple:
 
 # --- evidence ---------------------------------------------------------------------------------
 
-def own_progress(job: Job, op: Op, later: list[Op]) -> Progress:
-    """The rank's own evidence: its entry, pg_status, and what it issued after it in the group."""
+def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -> Progress:
+    """The rank's own evidence: its entry, pg_status, and what it issued after it in the group
+    (``after``: its next collective there; ``started_after``: the next one that started)."""
     if op.completed:
         return Progress(True, True, how="its entry is completed")
     status = job.status(op.rank, op.main)
@@ -298,14 +315,14 @@ def own_progress(job: Job, op: Op, later: list[Op]) -> Progress:
     if op.backend not in HOST_BLOCKING:
         if op.retired:
             return Progress(False, failed=True, how="retired without completing: timed out or aborted on this rank")
-        after = next((o for o in later if o.started), None)
-        if after is not None:
-            return Progress(True, True, how=f"#{after.seq} {after.state} after it (the group's kernels run in order)")
+        if started_after is not None:
+            return Progress(True, True, how=f"#{started_after.seq} {started_after.state} after it (the group's "
+                                              "kernels run in order)")
         if seen_done:
             return Progress(True, how=f"pg_status: last completed #{last}")
         return Progress(False, how=f"its entry is {op.state}")
-    if later:
-        return Progress(True, True, how=f"it went on to issue #{later[0].seq} (a gloo call blocks until done)")
+    if after is not None:
+        return Progress(True, True, how=f"it went on to issue #{after.seq} (a gloo call blocks until done)")
     if op.retired:
         return Progress(True, how="retired: the call returned (gloo does not record whether it failed)")
     if seen_done:
@@ -317,8 +334,7 @@ def own_progress(job: Job, op: Op, later: list[Op]) -> Progress:
 def _weigh(job: Job, group: Group, seq: int, present: dict[int, Op], everyone: bool) -> dict[int, Progress]:
     """Each present member's progress on ``seq``, peers' evidence included. ``everyone``: every
     member has a dump and entered it (then a peer that merely returned from it counts too)."""
-    own = {r: own_progress(job, op, [o for o in job.collectives(r, group.name) if o.seq > seq])
-           for r, op in present.items()}
+    own = {r: own_progress(job, op, *job.next_ops(op, group.name)) for r, op in present.items()}
     proof = next((r for r, p in own.items() if p.done and p.strong), None)
     if proof is not None:
         return {r: p if p.done else Progress(True, True, how=f"rank {proof} completed it (a collective needs "
@@ -427,7 +443,7 @@ def _desync(job: Job, group: Group, seq: int, present: dict[int, Op]) -> Hang | 
     differs = sorted({_difference(reference, present[r]) for r in culprits})
     detail = {"differs_in": differs, "tie": len(culprits) == len(waiting),
               "expected": _call(reference), "issued": {str(r): _call(present[r]) for r in culprits},
-              **_culprit_detail(job, group, culprits, seq)}
+              **reference.parts(), **_culprit_detail(job, group, culprits, seq)}
     return Hang(group, seq, "desync", reference.name, culprits, waiting,
                 min(present[r].created_ns for r in waiting), detail)
 
@@ -441,12 +457,17 @@ def _difference(a: Op, b: Op) -> str:
 
 
 def _call(op: Op) -> dict[str, Any]:
-    e = op.main if len(op.entries) == 1 else op.entries[0]
-    out = {"op": op.name, "input_sizes": e.input_sizes, "output_sizes": e.output_sizes,
-           "input_dtypes": e.input_dtypes, "output_dtypes": e.output_dtypes}
+    """What was issued: a coalesced group as the sizes of its ops, in order (and each op)."""
+    members = op.entries[:-1] if len(op.entries) > 1 else op.entries
+    out: dict[str, Any] = {"op": op.name, "input_sizes": [s for e in members for s in e.input_sizes],
+                           "output_sizes": [s for e in members for s in e.output_sizes],
+                           "input_dtypes": sorted({d for e in members for d in e.input_dtypes}) if len(members) > 1
+                           else op.main.input_dtypes,
+                           "output_dtypes": sorted({d for e in members for d in e.output_dtypes}) if len(members) > 1
+                           else op.main.output_dtypes}
     if len(op.entries) > 1:
         out["coalesced"] = [{"op": x.op, "input_sizes": x.input_sizes, "input_dtypes": x.input_dtypes}
-                            for x in op.entries[:-1]]
+                            for x in members]
     return out
 
 
@@ -461,7 +482,7 @@ def _missing(job: Job, group: Group, seq: int, present: dict[int, Op], absent: l
         return None
     waiting = sorted(present)
     detail = {**_culprit_detail(job, group, absent, seq), "not_reporting": silent,
-              "evidence": {str(r): p.to_dict() for r, p in sorted(progress.items())}}
+              "evidence": {str(r): p.to_dict() for r, p in sorted(progress.items())}, **present[waiting[0]].parts()}
     return Hang(group, seq, "missing-rank", present[waiting[0]].name, absent, waiting,
                 min(op.created_ns for op in present.values()), detail)
 
@@ -477,7 +498,7 @@ def _unfinished(job: Job, group: Group, seq: int, present: dict[int, Op], silent
         return Hang(group, seq, "not-reporting", name, silent, sorted(present),
                     min(op.created_ns for op in present.values()),
                     {"reason": reason, "evidence": {str(r): p.to_dict() for r, p in sorted(progress.items())},
-                     **_culprit_detail(job, group, silent, seq)})
+                     **next(iter(present.values())).parts(), **_culprit_detail(job, group, silent, seq)})
     if all(p.done for p in progress.values()):
         return None
     return Pending(group, seq, present, progress)
@@ -516,10 +537,12 @@ def _pending(job: Job, c: Pending, hangs: list[Hang]) -> tuple[Hang | None, dict
             behind = (since - (root.waiting_since_ns or 0)) / 1e9
             reason = (f"entered by every member {behind:.3f} s after group {root.group.name}'s {root.op} #{root.seq} "
                       f"began waiting; pending at least {at_least:.3f} s"
-                      + (f", about {estimate:.3f} s when that one's {root_timeout:g} s timeout expired" if root_timeout else "")
-                      + (f" (its own timeout: {timeout_s:g} s)" if timeout_s else " (no timeout recorded)")
+                      + (f"; had the dumps waited for that one's {root_timeout:g} s timeout, {estimate:.3f} s"
+                         if root_timeout else "")
+                      + (f", under its own {timeout_s:g} s timeout" if timeout_s else " (no timeout recorded)")
                       + ": still running when the job hung elsewhere, not a hang")
-            return None, {"group": c.group.to_dict(), "seq": c.seq, "op": next(iter(c.ops.values())).name,
+            first = next(iter(c.ops.values()))
+            return None, {"group": c.group.to_dict(), "seq": c.seq, "op": first.name, **first.parts(),
                           "ranks": sorted(c.ops), "pending": pending, "since_ns": since,
                           "pending_at_least_s": round(at_least, 3), "pending_estimate_s": round(estimate, 3),
                           "timeout_s": timeout_s, "reason": reason,
@@ -548,12 +571,12 @@ def _stuck(job: Job, c: Pending, info: dict[str, Any]) -> Hang:
         culprits = not_started
         reason = (f"every member entered it, but its kernel never started on rank(s) {_list(not_started)} (their "
                   "stream was still busy: look at what runs before it there); the others are inside it")
-    op = next(iter(c.ops.values())).name
+    first = next(iter(c.ops.values()))
     waiting = sorted(r for r in c.ops if r not in culprits)
     detail = {"started": started, "reason": reason, "pending": info,
               "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())},
-              **_culprit_detail(job, c.group, culprits, c.seq)}
-    return Hang(c.group, c.seq, "stuck", op, culprits, waiting, info["since_ns"], detail)
+              **first.parts(), **_culprit_detail(job, c.group, culprits, c.seq)}
+    return Hang(c.group, c.seq, "stuck", first.name, culprits, waiting, info["since_ns"], detail)
 
 
 def _culprit_detail(job: Job, group: Group, ranks: list[int], seq: int | None) -> dict[str, Any]:
