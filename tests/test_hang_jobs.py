@@ -159,3 +159,29 @@ def test_world_size_names_every_silent_rank(capsys):
     doc = json.loads(out)
     assert code == 1 and doc["world"] == {"size": 6, "source": "--world-size", "silent": [3, 4, 5]}
     assert doc["hangs"][0]["ranks"] == [3, 4, 5]
+
+
+def test_text_and_html_show_the_world_the_flight_and_the_history(tmp_path, capsys):
+    code, text, _ = run(capsys, "hang", str(SAMPLES / "subgroups_skip"))
+    assert code == 1
+    for line in ("World: 8 ranks (from the Kineto traces' distributedInfo (world_size))",
+                 "  #7 on ranks 4, 6, 7: not retired, pg_status at #5",
+                 "[in flight] all_reduce #7 of group 1: members 0, 1, 2, 3",
+                 "Trace history (8 Kineto trace(s), late ranks by the cross-rank arrival order"):
+        assert any(row.startswith(line) for row in text.splitlines()), line
+    pages = [tmp_path / "a.html", tmp_path / "b.html"]
+    for page in pages:
+        assert run(capsys, "hang", str(SAMPLES / "subgroups_skip"), "--format", "html", "-o", str(page))[0] == 1
+    html = pages[0].read_text()
+    assert pages[0].read_bytes() == pages[1].read_bytes()
+    assert 'id="in-flight"' in html and 'id="history"' in html and "rank 5 was already the late rank" in html
+
+
+def test_json_with_traces_is_deterministic(tmp_path, capsys):
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    for out in outs:
+        run(capsys, "hang", str(SAMPLES / "subgroups_skip"), "--format", "json", "-o", str(out))
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    doc = json.loads(outs[0].read_text())
+    assert {"verdict", "hangs", "ranks", "groups", "inputs", "notes", "warnings", "in_flight", "world",
+            "history"} <= set(doc)
