@@ -548,9 +548,14 @@ def _pending(job: Job, c: Pending, hangs: list[Hang]) -> tuple[Hang | None, dict
                           "timeout_s": timeout_s, "reason": reason,
                           "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())}}
     limit = f"its {timeout_s:g} s timeout" if timeout_s is not None else "its timeout (not recorded: format 1.x)"
-    info.update(proven=False, why=(f"pending at least {longest:.3f} s of {limit}: the dumps do not record when they "
-                                   "were written; if on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, the usual trigger) "
-                                   "this is the collective that timed out, if on demand it may still be in flight"))
+    if all(c.ops[r].backend in HOST_BLOCKING for r in pending):
+        trigger = ("gloo writes no dump on its own: if they were taken while the job hung, this is where it waits; "
+                   "if while it ran, it may still be in flight")
+    else:
+        trigger = ("if on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, the usual trigger) this is the collective that timed "
+                   "out, if on demand it may still be in flight")
+    info.update(proven=False, why=f"pending at least {longest:.3f} s of {limit}: the dumps do not record when they "
+                                  f"were written; {trigger}")
     return _stuck(job, c, info), {}
 
 
