@@ -38,8 +38,11 @@ def hang_summary(report) -> list[dict]:
 
 def entry(seq: int, op: str = "all_reduce", *, group: tuple[str, str] = ("0", "default_pg"), pg_id: int = 0,
           state: str = "completed", sizes=((4,),), dtype: str = "Float", p2p_seq: int = 0, peer: str = "",
-          backend: str = "nccl", t: int | None = None, frames: list | None = None) -> dict[str, Any]:
-    """One 2.10-format entry; ``seq`` is the collective (or, for send/recv, the p2p) sequence id."""
+          backend: str = "nccl", t: int | None = None, frames: list | None = None,
+          retired: bool | None = None) -> dict[str, Any]:
+    """One 2.10-format entry; ``seq`` is the collective (or, for send/recv, the p2p) sequence id.
+    ``retired`` defaults to what NCCL's watchdog does: a completed work is retired, a pending one
+    not (retired without completing = timed out)."""
     is_p2p = op in ("send", "recv")
     return {"record_id": seq, "pg_id": pg_id, "process_group": list(group),
             "collective_seq_id": 0 if is_p2p else seq, "p2p_seq_id": seq if is_p2p else p2p_seq,
@@ -47,7 +50,8 @@ def entry(seq: int, op: str = "all_reduce", *, group: tuple[str, str] = ("0", "d
             "time_created_ns": t if t is not None else 1_700_000_000_000_000_000 + seq * 10**9,
             "input_sizes": [list(s) for s in sizes], "output_sizes": [list(s) for s in sizes],
             "input_dtypes": [dtype], "output_dtypes": [dtype], "state": state,
-            "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": True,
+            "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+            "retired": state == "completed" if retired is None else retired,
             "timeout_ms": 600000, "frames": frames or []}
 
 

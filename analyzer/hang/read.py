@@ -1,8 +1,10 @@
 """Read PyTorch Flight Recorder dumps (one file per rank): the JSON writer's output and the
 default pickle, across format versions, into plain dataclasses.
 
-Fields and versions, from torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` / ``FlightRecorder.hpp``
-and ``torch/distributed/flight_recorder``:
+Fields and versions, as read in torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` /
+``FlightRecorder.hpp`` of versions 1.1, 1.4, 2.2, 2.3, 2.4, 2.7 and 2.10, and in
+``torch/distributed/flight_recorder`` (the torch release each first shipped in is approximate;
+2.10 is what torch 2.13 writes):
 
 - "1.x" (torch 2.2-2.3): one ``seq_id`` for collectives and p2p alike, ``record_id`` / ``op_id``
   from 1.4, no ``process_group`` (entries are grouped by ``pg_id``), no dtypes, no timeout;
@@ -148,10 +150,10 @@ def discover_dumps(paths: list[str] | tuple[str, ...]) -> list[Path]:
 
 def discover(paths: list[str] | tuple[str, ...]) -> Found:
     """Files, directories and globs, sorted. A directory is searched down to MAX_DEPTH levels
-    (a job's dumps may sit in json/ and pickle/ folders) for files whose content is a dump (a
-    pickle, or JSON with the dump's keys) and whose name ends in a rank number, and for Kineto
-    traces. A file named on purpose (directly or by a glob) is always taken: as a trace when it
-    looks like one, else as a dump (a bad one is an error)."""
+    (a job's dumps may sit in json/ and pickle/ folders) for Kineto traces (by content) and
+    dumps (the other files whose name ends in a rank number: a damaged one is an error); the
+    rest is left out. A file named on purpose (directly or by a glob) is always taken: as a
+    trace when it looks like one, else as a dump."""
     if not paths:
         raise InputError("<arguments>", "no dump path given")
     found = Found([], [], [])
@@ -164,10 +166,10 @@ def discover(paths: list[str] | tuple[str, ...]) -> Found:
         inside = Found([], [], [])
         for candidate in _walk(path):
             kind = _kind(candidate)
-            if kind == "dump" and _RANK_IN_NAME.search(candidate.name):
-                inside.dumps.append(candidate)
-            elif kind == "trace":
+            if kind == "trace":
                 inside.traces.append(candidate)
+            elif _RANK_IN_NAME.search(candidate.name):
+                inside.dumps.append(candidate)  # named like a dump: read as one (a damaged one is an error)
             else:
                 inside.skipped.append(candidate)
         if not inside.dumps:
