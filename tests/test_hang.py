@@ -167,8 +167,11 @@ def test_p2p_matched_pairs_and_sizes(tmp_path):
     assert triage_job(tmp_path / "ok", ok).hangs == []
     bad = {0: dump([entry(1, "send", peer="0->1", state="scheduled")], cfg),
            1: dump([entry(1, "recv", peer="1<-0", state="scheduled", sizes=((8,),))], cfg)}
-    hang = triage_job(tmp_path / "bad", bad).hangs[0]
+    report = triage_job(tmp_path / "bad", bad)
+    hang = report.hangs[0]
     assert (hang.kind, hang.ranks, hang.detail["reason"]) == ("p2p-unmatched", [0, 1], "sizes differ")
+    from analyzer.reports.hang_html import render_html
+    assert "sizes differ" in render_html(report.to_dict())  # a hang without culprit details renders (found by the fuzzer)
 
 
 def test_ring_buffer_eviction_is_not_a_missing_rank(tmp_path):
