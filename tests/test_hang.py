@@ -203,6 +203,7 @@ def test_tie_takes_lowest_rank_as_expected_and_says_so(tmp_path):
     (lambda d: d.pop("version"), "not a Flight Recorder dump"),
     (lambda d: d["entries"][0].update(collective_seq_id="x"), "entries[0].collective_seq_id: expected an integer"),
     (lambda d: d["pg_config"].update({"0": {"ranks": "__import__('os')"}}), "pg_config['0'].ranks"),
+    (lambda d: d["pg_config"].update({"0": {"ranks": "[-1, 0]"}}), "pg_config['0'].ranks: a rank cannot be negative"),
     (lambda d: d.update(entries={"a": 1}), "entries: expected a list"),
 ])
 def test_bad_dump_fields_are_one_line_errors(tmp_path, capsys, mutate, problem):

@@ -279,6 +279,8 @@ class Job:
     def p2p_marker(self, rank: int, e: Entry) -> Entry | None:
         """The end marker of the p2p batch ``e`` belongs to (same p2p id, profiling name
         ``coalesced``), which carries the batch's events."""
+        if rank not in self.dumps:
+            return None
         if rank not in self._markers:
             self._markers[rank] = {(m.group, m.p2p_seq): m for m in self.dumps[rank].entries
                                    if m.is_p2p and m.op == "coalesced"}

@@ -376,8 +376,12 @@ def _ranks(value: Any, where: str) -> list[int] | None:
         text = value.strip()
         if not re.fullmatch(r"\[\s*(-?\d+\s*(,\s*-?\d+\s*)*,?)?\s*\]", text):
             raise _Bad(f"{where}.ranks: expected a list of integers, got {_show(value)}")
-        return sorted({int(x) for x in re.findall(r"-?\d+", text)})
-    return sorted({_int(x, f"{where}.ranks") for x in _seq(value, f"{where}.ranks")})
+        ranks = sorted({int(x) for x in re.findall(r"-?\d+", text)})
+    else:
+        ranks = sorted({_int(x, f"{where}.ranks") or 0 for x in _seq(value, f"{where}.ranks")})
+    if ranks and ranks[0] < 0:
+        raise _Bad(f"{where}.ranks: a rank cannot be negative, got {ranks[0]}")
+    return ranks
 
 
 def _pg_status(value: Any) -> dict[int, GroupStatus]:
