@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.hang import call_text, clock, group_label
+from analyzer.hang import call_text, clock, evidence_lines, group_label
 
 STACK_DEPTH = 6
 COMPLETION = {True: "completed", False: "pending", None: "completion not recorded"}
@@ -13,8 +13,19 @@ COMPLETION = {True: "completed", False: "pending", None: "completion not recorde
 
 def render_text(doc: dict[str, Any]) -> str:
     lines = [f"VERDICT: {doc['verdict']}", ""]
+    world = doc.get("world") or {}
+    if world:
+        silent = f"; no dump from rank(s) {_ranks_text(world['silent'])}" if world.get("silent") else ""
+        lines += [f"World: {world['size']} ranks (from {world['source']}){silent}", ""]
     for h in doc["hangs"]:
         lines += _hang(h) + [""]
+    for f in doc.get("in_flight") or []:
+        lines += [f"[in flight] {f['op']} #{f['seq']} of {group_label(f['group'])}: members {_ranks_text(f['ranks'])}",
+                  f"  {f['reason']}", ""]
+    history = doc.get("history")
+    if history and history.get("statement"):
+        lines += [f"Trace history ({len(history['traces'])} Kineto trace(s), late ranks by {history['source']}):",
+                  f"  {history['statement']}", ""]
     lines += _ranks(doc["ranks"])
     for title in ("notes", "warnings"):
         if doc[title]:
@@ -35,6 +46,10 @@ def _hang(h: dict[str, Any]) -> list[str]:
         lines += [f"  rank {r} issued {call_text(c)}" for r, c in detail["issued"].items()]
     if detail.get("reason"):
         lines.append(f"  {detail['reason']}")
+    pending = detail.get("pending") or {}
+    if pending.get("why"):
+        lines.append(f"  {'proven stuck' if pending.get('proven') else 'not proven stuck'}: {pending['why']}")
+    lines += [f"  #{h['seq']} on {line}" for line in evidence_lines(detail.get("evidence") or {})]
     for rank, info in detail.get("culprits", {}).items():
         lines += _culprit(rank, info)
     return lines

@@ -8,19 +8,11 @@ import shutil
 
 import pytest
 
-from analyzer.cli import main
 from analyzer.base.errors import InputError
 from analyzer.hang import triage
-from hang_dumps import SAMPLES, SCENARIOS, config, dump, entry, write_job
+from hang_dumps import SAMPLES, SCENARIOS, config, dump, entry, run, write_job
 
 EXPECTED = json.loads((SAMPLES / "expected.json").read_text())
-
-
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out = capsys.readouterr()
-    return exit_info.value.code, out.out, out.err
 
 
 def summary(report) -> list[dict]:
@@ -175,8 +167,11 @@ def test_p2p_matched_pairs_and_sizes(tmp_path):
     assert triage_job(tmp_path / "ok", ok).hangs == []
     bad = {0: dump([entry(1, "send", peer="0->1", state="scheduled")], cfg),
            1: dump([entry(1, "recv", peer="1<-0", state="scheduled", sizes=((8,),))], cfg)}
-    hang = triage_job(tmp_path / "bad", bad).hangs[0]
+    report = triage_job(tmp_path / "bad", bad)
+    hang = report.hangs[0]
     assert (hang.kind, hang.ranks, hang.detail["reason"]) == ("p2p-unmatched", [0, 1], "sizes differ")
+    from analyzer.reports.hang_html import render_html
+    assert "sizes differ" in render_html(report.to_dict())  # a hang without culprit details renders (found by the fuzzer)
 
 
 def test_ring_buffer_eviction_is_not_a_missing_rank(tmp_path):
@@ -208,6 +203,7 @@ def test_tie_takes_lowest_rank_as_expected_and_says_so(tmp_path):
     (lambda d: d.pop("version"), "not a Flight Recorder dump"),
     (lambda d: d["entries"][0].update(collective_seq_id="x"), "entries[0].collective_seq_id: expected an integer"),
     (lambda d: d["pg_config"].update({"0": {"ranks": "__import__('os')"}}), "pg_config['0'].ranks"),
+    (lambda d: d["pg_config"].update({"0": {"ranks": "[-1, 0]"}}), "pg_config['0'].ranks: a rank cannot be negative"),
     (lambda d: d.update(entries={"a": 1}), "entries: expected a list"),
 ])
 def test_bad_dump_fields_are_one_line_errors(tmp_path, capsys, mutate, problem):
@@ -232,9 +228,11 @@ def test_bad_files_are_one_line_errors(tmp_path, capsys, name, content, problem)
     assert code == 2 and len(err.strip().splitlines()) == 1 and problem in err and name in err
 
 
-def test_two_dumps_of_one_rank_is_an_error(tmp_path):
+def test_two_dumps_of_one_format_for_one_rank_is_an_error(tmp_path):
+    other = tmp_path / "fr_rank_0.json"
+    shutil.copy(SAMPLES / "skip_collective" / "json" / "fr_rank_0.json", other)
     with pytest.raises(InputError, match="rank 0 already has a dump"):
-        triage([str(SAMPLES / "healthy" / "json" / "fr_rank_0.json"), str(SAMPLES / "healthy" / "pickle" / "fr_rank_0")])
+        triage([str(SAMPLES / "healthy" / "json" / "fr_rank_0.json"), str(other)])
 
 
 def test_directory_without_dumps_and_missing_path(tmp_path, capsys):

@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 from analyzer.cli import main
 from analyzer.base.errors import InputError
 from analyzer.hang import triage
-from hang_dumps import SAMPLES
+from analyzer.reports.hang_html import render_html
+from analyzer.reports.hang_text import render_text
+from analyzer.synth import flight_recorder as fr
+from hang_dumps import NCCL, SAMPLES
 
 EXAMPLES = int(os.environ.get("TRACECLIFF_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(max_examples=EXAMPLES or 120, deadline=None, derandomize=EXAMPLES == 0,
@@ -50,6 +53,33 @@ def test_code_running_pickle_is_refused_and_nothing_runs(tmp_path, capsys, where
     assert not marker.exists()
     pickle.loads(path.read_bytes())  # the control: an ordinary unpickle of the same file runs it
     assert marker.exists()
+
+
+@pytest.mark.parametrize("raw, problem", [
+    (b"\x80\x04\x8c\x08builtins\x94\x8c\x04eval\x94\x93\x94\x8c\x011\x94\x85\x94R\x94.",
+     "refused to load builtins.eval"),                      # STACK_GLOBAL + REDUCE
+    (b"\x80\x02cos\nsystem\nq\x00X\x04\x00\x00\x00trueq\x01\x85q\x02Rq\x03.", "refused to load os.system"),
+    (b"\x80\x02\x82\x01.", "pickle"),                       # EXT1: the copyreg extension registry
+    (b"\x80\x05\x97.", "pickle"),                            # NEXT_BUFFER: an out-of-band buffer
+    (b"\x80\x05\x96\x03\x00\x00\x00\x00\x00\x00\x00abc.", "pickle holds a bytearray, not plain data"),
+    (b"\x80\x02P1\n.", "refused a persistent id"),            # PERSID: the unpickler's persistent_load
+])
+def test_opcodes_that_could_run_or_smuggle_objects_are_refused(tmp_path, raw, problem):
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(raw)
+    with pytest.raises(InputError) as caught:
+        triage([str(path)])
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_code_running_pickle_found_in_a_folder_is_refused_too(tmp_path):
+    marker = tmp_path / "pwned"
+    job = tmp_path / "job" / "pickle"
+    job.mkdir(parents=True)
+    (job / "fr_rank_0").write_bytes(pickle.dumps(_RunsCode(str(marker))))
+    with pytest.raises(InputError, match="refused to load posix.mkdir"):
+        triage([str(tmp_path / "job")])
+    assert not marker.exists()
 
 
 def test_real_pickles_need_no_global():
@@ -111,3 +141,82 @@ def test_random_bytes_never_traceback(tmp_path_factory, data):
         triage([str(path)])
     except InputError as exc:
         assert "\n" not in str(exc)
+
+
+def _fuzz_job(tmp_path_factory, source, name, doc, edits):
+    job = tmp_path_factory.mktemp("fuzz")
+    for f in source.iterdir():
+        if f.is_file():
+            (job / f.name).write_bytes(f.read_bytes())
+    for path, value, delete in edits:
+        try:
+            _mutate(doc, path, value, delete)
+        except (KeyError, IndexError, TypeError):
+            pass  # an earlier edit removed the parent
+    (job / name).write_text(json.dumps(doc))
+    return job
+
+
+def _triage_renders_or_one_line(job, name):
+    try:
+        report = triage([str(job)])
+    except InputError as exc:
+        assert "\n" not in str(exc) and name in str(exc)
+        return
+    render_text(report.to_dict())
+    render_html(report.to_dict())
+
+
+PAIRED = json.loads((SAMPLES / "status_lag" / "fr_rank_0.json").read_text())
+PAIRED_PATHS = [("entries", 4, k) for k in PAIRED["entries"][4]] + [("entries", 0), ("pg_status", "0"), ("version",),
+                                                                   ("pg_config", "", "ranks"), ("entries",)]
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(PAIRED_PATHS), _JSON, st.booleans()), min_size=1, max_size=4))
+def test_fuzzed_json_beside_its_pickle_never_tracebacks(tmp_path_factory, edits):
+    """The JSON of a rank whose pickle is in the same folder: the pair is compared."""
+    job = _fuzz_job(tmp_path_factory, SAMPLES / "status_lag", "fr_rank_0.json", copy.deepcopy(PAIRED), edits)
+    _triage_renders_or_one_line(job, "fr_rank_0")
+
+
+NCCL_JSON = json.loads((NCCL / "nccl_coalesced_p2p" / "nccl_trace_rank_0.json").read_text())
+NCCL_PATHS = [("entries", i, k) for i in (3, 5, 6, 7) for k in NCCL_JSON["entries"][i]] + [
+    ("pg_status", "0", "last_completed_collective"), ("pg_config", "3", "ranks"), ("pg_config",), ("comm_lib_version",)]
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(NCCL_PATHS), _JSON, st.booleans()), min_size=1, max_size=4))
+def test_fuzzed_nccl_json_dumps_never_traceback(tmp_path_factory, edits):
+    """Format 2.10 with a coalesced block, a p2p batch and its marker."""
+    folder = tmp_path_factory.mktemp("src")
+    fr.write_scenario("nccl_coalesced_p2p", folder, formats=("json",))
+    job = _fuzz_job(tmp_path_factory, folder, "nccl_trace_rank_0.json", copy.deepcopy(NCCL_JSON), edits)
+    _triage_renders_or_one_line(job, "nccl_trace_rank_0.json")
+
+
+OLD = pickle.loads((NCCL / "nccl_silent_highest" / "nccl_trace_rank_0").read_bytes())  # our own: plain data
+OLD_PATHS = [("entries", 2, k) for k in OLD["entries"][2]] + [("pg_config", 0), ("pg_config",), ("entries", 0)]
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.sampled_from(OLD_PATHS), _JSON | st.tuples(st.integers(), st.text(max_size=3)),
+                                st.booleans()), min_size=1, max_size=4))
+def test_fuzzed_format_1_4_pickles_never_traceback(tmp_path_factory, edits):
+    """Format 1.4 (pg_config by pg_id, one seq_id), pickled, through the restricted unpickler."""
+    job = tmp_path_factory.mktemp("old")
+    for f in (NCCL / "nccl_silent_highest").iterdir():
+        (job / f.name).write_bytes(f.read_bytes())
+    doc = copy.deepcopy(OLD)
+    for path, value, delete in edits:
+        try:
+            _mutate(doc, path, value, delete)
+        except (KeyError, IndexError, TypeError):
+            pass
+    (job / "nccl_trace_rank_0").write_bytes(pickle.dumps(doc))
+    try:
+        report = triage([str(job)])
+    except InputError as exc:
+        assert "\n" not in str(exc) and "nccl_trace_rank_0" in str(exc)
+        return
+    render_text(report.to_dict())

@@ -23,6 +23,8 @@ UNSAFE_CALLS = {"eval", "exec", "compile", "__import__"}
 # Unpickler subclass (its find_class refuses every global) and its error class.
 PICKLE_READERS = {"analyzer/hang/read.py": "Flight Recorder pickle dumps, through _PlainUnpickler"}
 PICKLE_NAMES_ALLOWED = {"Unpickler", "UnpicklingError"}
+# Modules that may import pickle to *write* plain data, and use nothing of it but pickle.dumps.
+PICKLE_WRITERS = {"analyzer/synth/flight_recorder.py": "synthetic Flight Recorder dumps, as torch's pickle writer"}
 # Modules that write files, each with the reason it may: everything else goes through
 # analyzer.base.output.write_atomic.
 WRITERS = {
@@ -31,6 +33,7 @@ WRITERS = {
     "analyzer/capture.py": "profiler traces during training, temporary file + rename",
     "analyzer/cli/gate.py": "appends to the CI-provided $GITHUB_STEP_SUMMARY, as GitHub asks",
     "analyzer/synth/job.py": "the synthetic-trace generator's own output folder",
+    "analyzer/synth/flight_recorder.py": "the synthetic Flight Recorder dump generator's own output folder",
 }
 PWN = "PWNED"
 PAYLOADS = [f"<b id={PWN}1>x</b>", f'"><b id={PWN}2>', f"'><b id={PWN}3>", f"</script><b id={PWN}4>",
@@ -50,7 +53,7 @@ def test_no_pickle_or_eval_of_input():
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 problems += [f"{path}: import {a.name}" for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES
-                             and not (a.name == "pickle" and _relative(path) in PICKLE_READERS)]
+                             and not (a.name == "pickle" and _relative(path) in {**PICKLE_READERS, **PICKLE_WRITERS})]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
                 problems.append(f"{path}: from {node.module} import")
             elif isinstance(node, ast.Call):
@@ -68,6 +71,13 @@ def test_no_pickle_or_eval_of_input():
 
 def _relative(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
+
+
+def test_pickle_writers_only_dump():
+    for name in PICKLE_WRITERS:
+        tree = ast.parse((REPO / name).read_text(encoding="utf-8"))
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "pickle"}
+        assert used == {"dumps"}, f"{name} uses pickle.{used - {'dumps'}}"
 
 
 def test_pickle_readers_use_only_a_restricted_unpickler():

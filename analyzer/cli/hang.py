@@ -13,12 +13,33 @@ EXIT_OK, EXIT_HANG = 0, 1
 @click.command("hang")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
+@click.option("--world-size", type=click.IntRange(min=1),
+              help="Ranks in the job, when the dumps do not say (every rank without a dump is then "
+                   "not-reporting, the highest included).")
+@click.option("--traces", "trace_paths", multiple=True, metavar="PATH",
+              help="Kineto traces of the same job (files, directories or globs; repeatable): say whether the "
+                   "culprit was already the late rank in the profiled steps. Default: the traces found "
+                   "beside the dumps.")
 @output_option
-def hang_command(paths, fmt, output) -> int:
+def hang_command(paths, fmt, world_size, trace_paths, output) -> int:
     """Name the ranks a hung job waits on, and why, from its Flight Recorder dumps at PATHS
-    (one per rank: files, directories or globs; JSON or pickle dumps)."""
-    from analyzer.hang import triage
-    report = triage(list(paths))
+    (one per rank: files, directories or globs; JSON or pickle dumps; a rank with both is read
+    from the pickle)."""
+    from analyzer.base.errors import InputError
+    from analyzer.hang import find_inputs, triage
+    found = find_inputs(list(paths))
+    traces, warning = None, None
+    if trace_paths or found.traces:
+        from analyzer.api import hang_trace_link
+        try:
+            traces = hang_trace_link(list(trace_paths) or [str(p) for p in found.traces])
+        except InputError as exc:
+            if trace_paths:
+                raise  # named on purpose: a bad one is an error
+            warning = f"the Kineto traces beside the dumps could not be read ({exc}): no straggler history"
+    report = triage(found, world_size=world_size, traces=traces)
+    if warning:
+        report.warnings.append(warning)
     emit(_render(fmt, report.to_dict()), output, [i["path"] for i in report.inputs])
     return EXIT_HANG if report.hung else EXIT_OK
 

@@ -1,7 +1,25 @@
-"""Match Flight Recorder entries across ranks and name what hangs: per process group, entries are
-matched by sequence id (collectives by ``collective_seq_id``; p2p by the order of the sends and
-receives between each pair of ranks, which is what ``p2p_seq_id`` counts), and the first
-collective that not every member completed is classified."""
+"""Match Flight Recorder entries across ranks and name what hangs.
+
+Per process group, each rank's entries become operations: a collective is the entries that share
+its ``collective_seq_id`` (a coalesced group is several entries and its end marker, one
+operation), a p2p op is matched by the order of the sends and receives between each pair of
+ranks. Collectives are matched across members by sequence id, and for each one every piece of
+evidence about its completion on each member is weighed (``Progress``):
+
+- the rank's own entry: ``completed`` (its end event fired); ``retired`` (NCCL: retired
+  without completing = timed out or aborted; gloo: the call returned, with or without an error);
+  ``pg_status`` (the last completed id the rank's watchdog / worker recorded: it lags behind the
+  entries, and counts a failed collective as completed);
+- the rank's later work in the same group: a gloo call blocks until it is done, so a later
+  collective issued by the rank proves the earlier one returned; on NCCL a later collective
+  that *started* proves it (the group's kernels run in order on one stream), one only scheduled
+  proves nothing;
+- its peers: a collective cannot complete on one member without the data of all, so a member
+  that completed it proves every member entered it and sent its data.
+
+The verdict for a group is the earliest sequence number some member never entered (missing-rank),
+entered differently (desync), or never finished; one never finished is told "stuck" or "in
+flight" by how long it has been pending (``_pending``)."""
 
 from __future__ import annotations
 
@@ -9,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from analyzer.base.errors import InputError
 from analyzer.hang.read import Entry, GroupStatus, RankDump
 
 DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_pg")
@@ -16,6 +35,10 @@ DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_
 UNEVEN_SIZES = {"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base",
                 "scatter", "gather", "all_gather_v", "reduce_scatter_v", "coalesced"}
 KIND_ORDER = ("desync", "missing-rank", "not-reporting", "p2p-unmatched", "stuck")
+# Backends whose calls block the host until the collective is done and that record no events
+# (entries stay "scheduled"). Others (nccl, rccl, xccl, hccl...) run on a device stream.
+HOST_BLOCKING = {"gloo"}
+STATE_ORDER = {"scheduled": 0, "started": 1, "completed": 2}
 
 
 @dataclass
@@ -48,6 +71,74 @@ class Hang:
                 "waiting_since_ns": self.waiting_since_ns, "detail": self.detail}
 
 
+@dataclass(frozen=True)
+class Op:
+    """One operation of one rank: a collective (or a coalesced group of them: the entries that
+    share one sequence id, the end marker last) or one p2p entry."""
+    rank: int
+    entries: tuple[Entry, ...]
+
+    @property
+    def main(self) -> Entry:
+        return self.entries[-1]  # a coalesced group's end marker carries the work's events
+
+    @property
+    def seq(self) -> int:
+        return self.main.seq
+
+    @property
+    def name(self) -> str:
+        """The op the JSON names: a coalesced group's end marker ("coalesced", ...)."""
+        return self.main.op
+
+    def parts(self) -> dict[str, Any]:
+        """A coalesced group's ops, for the report (``detail.coalesced_ops``)."""
+        return {"coalesced_ops": [e.op for e in self.entries[:-1]]} if len(self.entries) > 1 else {}
+
+    @property
+    def backend(self) -> str:
+        return self.main.backend
+
+    @property
+    def created_ns(self) -> int:
+        return min(e.time_created_ns for e in self.entries)
+
+    @property
+    def state(self) -> str:
+        return max((e.state for e in self.entries), key=lambda s: STATE_ORDER.get(s, 0))
+
+    @property
+    def completed(self) -> bool:
+        return any(e.state == "completed" or e.time_completed_ns for e in self.entries)
+
+    @property
+    def started(self) -> bool:
+        return self.completed or any(e.state == "started" or e.time_started_ns for e in self.entries)
+
+    @property
+    def retired(self) -> bool:
+        return bool(self.main.retired)
+
+    @property
+    def timeout_ms(self) -> int | None:
+        return next((e.timeout_ms for e in reversed(self.entries) if e.timeout_ms), None)
+
+    def signature(self) -> tuple:
+        return tuple(_signature(e) for e in self.entries)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the dumps say about one member's completion of one collective."""
+    done: bool
+    strong: bool = False   # proof that every member's data flowed (not only "the call returned")
+    failed: bool = False   # NCCL: retired without completing (timed out or aborted)
+    how: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "proof": self.strong, "failed": self.failed, "how": self.how}
+
+
 def entry_dict(e: Entry | None, completed: bool | None = None) -> dict[str, Any] | None:
     if e is None:
         return None
@@ -61,17 +152,67 @@ def entry_dict(e: Entry | None, completed: bool | None = None) -> dict[str, Any]
 class Job:
     """The dumps of one job, indexed for matching."""
 
-    def __init__(self, dumps: list[RankDump]):
+    def __init__(self, dumps: list[RankDump], world_size: int | None = None, trace_world: int | None = None):
         self.dumps = {d.rank: d for d in dumps}
         self.notes: list[str] = []
-        self.world = self._world()
+        self.world, self.world_source = self._world(world_size, trace_world)
+        self.ops = self._ops()
         self.groups = self._groups()
+        self.progress: dict[tuple[int, str, int], Progress] = {}  # (rank, group, seq), set by find_hangs
+        self._next: dict[tuple[int, str], dict[int, tuple[Op | None, Op | None]]] = {}
+        self._markers: dict[int, dict[tuple[str, int], Entry]] = {}
 
-    def _world(self) -> list[int]:
-        ranks = set(self.dumps)
+    # --- world and groups ------------------------------------------------------------------
+
+    def _world(self, world_size: int | None, trace_world: int | None) -> tuple[list[int], str]:
+        seen = set(self.dumps)
+        top = max(seen) if seen else -1
+        if world_size is not None:
+            if top >= world_size:
+                raise InputError("--world-size", f"{world_size} ranks, but there is a dump for rank {top}")
+            return list(range(world_size)), "--world-size"
+        default = self._default_group_ranks()
+        if default:
+            return list(range(max(max(default), top) + 1)), "pg_config (the default group's ranks)"
+        if trace_world and trace_world > top:
+            return list(range(trace_world)), "the Kineto traces' distributedInfo (world_size)"
+        listed = {r for d in self.dumps.values() for cfg in d.pg_config.values() for r in cfg["ranks"] or []}
+        if listed and max(listed) > top:
+            return list(range(max(listed) + 1)), "pg_config (the highest rank any group lists)"
+        self.notes.append("world size inferred as the highest rank with a dump + 1: a silent highest rank "
+                          "would go unnoticed (pass --world-size, or the job's Kineto traces with --traces)")
+        return list(range(top + 1)), "inferred: the highest rank with a dump + 1"
+
+    def _default_group_ranks(self) -> set[int]:
+        """The default group's members from pg_config: its entry by name ("0") or description,
+        else the unnamed entry gloo records it under when that one lists every rank with a dump."""
         for d in self.dumps.values():
-            ranks.update(r for cfg in d.pg_config.values() for r in cfg["ranks"] or [])
-        return list(range(max(ranks) + 1)) if ranks else []
+            for name, cfg in d.pg_config.items():
+                if cfg["ranks"] and (name == DEFAULT_GROUP or cfg["desc"] == "default_pg"):
+                    return set(cfg["ranks"])
+        for d in self.dumps.values():
+            unnamed = d.pg_config.get("", {}).get("ranks")
+            if unnamed and set(self.dumps) <= set(unnamed):
+                return set(unnamed)
+        return set()
+
+    def _ops(self) -> dict[tuple[int, str, bool], list[Op]]:
+        """(rank, group, p2p) -> the rank's operations in sequence order. Collectives sharing a
+        sequence id are one (coalesced) operation; p2p entries stay one each (they are paired
+        per rank pair; a batch's end marker is looked up by ``p2p_marker``)."""
+        out: dict[tuple[int, str, bool], list[Op]] = {}
+        for rank, dump in self.dumps.items():
+            runs: dict[tuple[str, int], list[Entry]] = {}
+            for e in sorted(dump.entries, key=lambda e: e.record_id):
+                if e.is_p2p:
+                    out.setdefault((rank, e.group, True), []).append(Op(rank, (e,)))
+                else:
+                    runs.setdefault((e.group, e.collective_seq), []).append(e)
+            for (group, _), entries in runs.items():
+                out.setdefault((rank, group, False), []).append(Op(rank, tuple(entries)))
+        for ops in out.values():
+            ops.sort(key=lambda o: (o.seq, o.main.record_id))
+        return out
 
     def _groups(self) -> dict[str, Group]:
         described: dict[str, Counter] = {}
@@ -80,37 +221,30 @@ class Job:
             for e in d.entries:
                 described.setdefault(e.group, Counter())[e.description] += 1
                 logged.setdefault(e.group, set()).add(d.rank)
-        if any(e.backend == "gloo" for d in self.dumps.values() for e in d.entries):
-            self.notes.append("gloo entries stay 'scheduled': completion is read from each rank's pg_status "
-                              "(last completed sequence id; gloo counts a collective that failed as completed)")
+        if any(e.backend in HOST_BLOCKING for d in self.dumps.values() for e in d.entries):
+            self.notes.append("gloo records no events (its entries stay 'scheduled'): completion is read from "
+                              "'retired' (the call returned), pg_status and the work each rank issued after it")
+        if any(d.version.startswith("1.") and any(e.is_p2p for e in d.entries) for d in self.dumps.values()):
+            self.notes.append("format 1.x numbers collectives and p2p ops with one seq_id: collectives are matched by "
+                              "it, which holds only if the members of each group issued the same p2p ops")
         return {name: self._group(name, described[name].most_common(1)[0][0], logged[name])
                 for name in sorted(described, key=_group_order)}
 
     def _group(self, name: str, description: str, logged: set[int]) -> Group:
         configured = [d.pg_config[name]["ranks"] for d in self.dumps.values()
-                      if name in d.pg_config and d.pg_config[name]["ranks"] is not None]
+                      if name in d.pg_config and d.pg_config[name]["ranks"]]
         if configured:
             if any(c != configured[0] for c in configured):
                 self.notes.append(f"group {name}: the dumps disagree on its members; their union is used")
             return Group(name, description, sorted({r for c in configured for r in c}), "pg_config")
         if name == DEFAULT_GROUP or description == "default_pg":
-            how = ("inferred: pg_config does not list this group, and the default group holds every rank "
-                   f"(0..{len(self.world) - 1}, from the dump file names and pg_config)")
+            how = (f"inferred: pg_config does not list this group, and the default group holds every rank "
+                   f"(0..{len(self.world) - 1}, world size from {self.world_source})")
             return Group(name, description, list(self.world), how)
         how = "inferred: pg_config does not list this group; its members are the ranks that logged entries for it"
         return Group(name, description, sorted(logged), how)
 
-    def completed(self, rank: int, e: Entry) -> bool | None:
-        """True/False, or None when the dump cannot tell (gloo entries stay "scheduled"; their
-        progress is only in ``pg_status``)."""
-        if e.state == "completed" or e.time_completed_ns:
-            return True
-        status = self.status(rank, e)
-        if status is not None and status.completed >= 0 and not e.is_p2p:
-            return e.collective_seq <= status.completed
-        if e.backend == "gloo":
-            return None
-        return False
+    # --- lookups ------------------------------------------------------------------------------
 
     def status(self, rank: int, e: Entry) -> GroupStatus | None:
         return self.dumps[rank].pg_status.get(e.pg_id)
@@ -121,18 +255,135 @@ class Job:
         return sorted((e for e in self.dumps[rank].entries if e.group == group and e.is_p2p == p2p),
                       key=lambda e: (e.seq, e.record_id))
 
+    def collectives(self, rank: int, group: str) -> list[Op]:
+        return self.ops.get((rank, group, False), [])
+
+    def newest_ns(self) -> int:
+        """The latest moment any dump records: the dumps were written no earlier (clocks of one
+        job's hosts agree to far better than a collective timeout)."""
+        return max((d.newest_ns for d in self.dumps.values()), default=0)
+
+    def next_ops(self, op: Op, group: str) -> tuple[Op | None, Op | None]:
+        """The rank's next collective in the group after ``op``, and its next one that started."""
+        if (op.rank, group) not in self._next:
+            ops = self.collectives(op.rank, group)
+            following: dict[int, tuple[Op | None, Op | None]] = {}
+            nxt: Op | None = None
+            started: Op | None = None
+            for o in reversed(ops):  # one pass from the end: the nearest later ones
+                following[id(o)] = (nxt, started)
+                nxt, started = o, (o if o.started else started)
+            self._next[(op.rank, group)] = following
+        return self._next[(op.rank, group)].get(id(op), (None, None))
+
+    def p2p_marker(self, rank: int, e: Entry) -> Entry | None:
+        """The end marker of the p2p batch ``e`` belongs to (same p2p id, profiling name
+        ``coalesced``), which carries the batch's events."""
+        if rank not in self.dumps:
+            return None
+        if rank not in self._markers:
+            self._markers[rank] = {(m.group, m.p2p_seq): m for m in self.dumps[rank].entries
+                                   if m.is_p2p and m.op == "coalesced"}
+        m = self._markers[rank].get((e.group, e.p2p_seq))
+        return m if m is not None and m is not e and m.record_id > e.record_id else None
+
+    def completed(self, rank: int, e: Entry) -> bool | None:
+        """Whether rank's operation holding ``e`` is done (the weighed evidence; None: unknown)."""
+        if e.is_p2p:
+            return _p2p_done(self, rank, e)
+        found = self.progress.get((rank, e.group, e.collective_seq))
+        return found.done if found is not None else None
+
 
 def _group_order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def find_hangs(job: Job) -> list[Hang]:
-    hangs = []
+def _signature(e: Entry) -> tuple:
+    sizes = () if e.op in UNEVEN_SIZES else (repr(e.input_sizes), repr(e.output_sizes))
+    return (e.op, *sizes, tuple(e.input_dtypes), tuple(e.output_dtypes))
+
+
+# --- evidence ---------------------------------------------------------------------------------
+
+def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -> Progress:
+    """The rank's own evidence: its entry, pg_status, and what it issued after it in the group
+    (``after``: its next collective there; ``started_after``: the next one that started)."""
+    if op.completed:
+        return Progress(True, True, how="its entry is completed")
+    status = job.status(op.rank, op.main)
+    last = status.completed if status is not None else -1  # -1: not tracked
+    seen_done = last >= op.seq
+    if op.backend not in HOST_BLOCKING:
+        if op.retired:
+            return Progress(False, failed=True, how="retired without completing: timed out or aborted on this rank")
+        if started_after is not None:
+            return Progress(True, True, how=f"#{started_after.seq} {started_after.state} after it (the group's "
+                                              "kernels run in order)")
+        if seen_done:
+            return Progress(True, how=f"pg_status: last completed #{last}")
+        return Progress(False, how=f"its entry is {op.state}")
+    if after is not None:
+        return Progress(True, True, how=f"it went on to issue #{after.seq} (a gloo call blocks until done)")
+    if op.retired:
+        return Progress(True, how="retired: the call returned (gloo does not record whether it failed)")
+    if seen_done:
+        return Progress(True, how=f"pg_status: last completed #{last} (gloo counts a failed collective as completed)")
+    where = f"pg_status at #{last}" if last >= 0 else "no pg_status"
+    return Progress(False, how=f"not retired, {where}")
+
+
+def _weigh(job: Job, group: Group, seq: int, present: dict[int, Op], everyone: bool) -> dict[int, Progress]:
+    """Each present member's progress on ``seq``, peers' evidence included. ``everyone``: every
+    member has a dump and entered it (then a peer that merely returned from it counts too)."""
+    own = {r: own_progress(job, op, *job.next_ops(op, group.name)) for r, op in present.items()}
+    proof = next((r for r, p in own.items() if p.done and p.strong), None)
+    if proof is not None:
+        return {r: p if p.done else Progress(True, True, how=f"rank {proof} completed it (a collective needs "
+                                                            "every member's data)") for r, p in own.items()}
+    returned = next((r for r, p in own.items() if p.done), None)
+    if everyone and returned is not None and not any(p.failed for p in own.values()):
+        return {r: p if p.done else Progress(True, how=f"every member entered it and rank {returned} returned "
+                                                      "from it") for r, p in own.items()}
+    return own
+
+
+# --- matching -----------------------------------------------------------------------------
+
+@dataclass
+class Pending:
+    """A collective every member entered and some did not finish: stuck or in flight."""
+    group: Group
+    seq: int
+    ops: dict[int, Op]
+    progress: dict[int, Progress]
+
+    @property
+    def pending(self) -> list[int]:
+        return sorted(r for r, p in self.progress.items() if not p.done)
+
+
+def find_hangs(job: Job) -> tuple[list[Hang], list[dict[str, Any]]]:
+    """(hangs, root causes first; collectives in flight at the dump)."""
     for group in job.groups.values():
-        hang = collective_hang(job, group) or p2p_hang(job, group)
+        weigh_group(job, group)
+    hangs, waiting = [], []
+    for group in job.groups.values():
+        found = collective_hang(job, group)
+        if isinstance(found, Pending):
+            waiting.append(found)
+            found = None
+        found = found or p2p_hang(job, group)
+        if found:
+            hangs.append(found)
+    flying = []
+    for candidate in waiting:
+        hang, in_flight = _pending(job, candidate, hangs)
         if hang:
             hangs.append(hang)
-    return rank_hangs(hangs)
+        else:
+            flying.append(in_flight)
+    return rank_hangs(hangs), flying
 
 
 def rank_hangs(hangs: list[Hang]) -> list[Hang]:
@@ -143,31 +394,46 @@ def rank_hangs(hangs: list[Hang]) -> list[Hang]:
                                         KIND_ORDER.index(h.kind), _group_order(h.group.name)))
 
 
-def collective_hang(job: Job, group: Group) -> Hang | None:
-    reporting = [r for r in group.ranks if r in job.dumps]
-    silent = [r for r in group.ranks if r not in job.dumps]
-    by_rank = {r: {e.collective_seq: e for e in job.entries(r, group.name, False)} for r in reporting}
+def _aligned(job: Job, group: Group) -> tuple[dict[int, dict[int, Op]], list[int]]:
+    """Each reporting member's collectives by sequence id, and the ids to match: from where
+    every member's ring buffer still holds entries (older ones may have left some buffers)."""
+    by_rank = {r: {o.seq: o for o in job.collectives(r, group.name)} for r in group.ranks if r in job.dumps}
     starts = [min(seqs) for seqs in by_rank.values() if seqs]
     if not starts:
-        return None
-    first = max(starts)  # older entries may have left some ranks' ring buffers
-    for seq in sorted({s for seqs in by_rank.values() for s in seqs if s >= first}):
-        present = {r: seqs[seq] for r, seqs in by_rank.items() if seq in seqs}
-        absent = [r for r in reporting if r not in present]
-        hang = (_desync(job, group, seq, present) or _missing(job, group, seq, present, absent, silent)
-                or _unfinished(job, group, seq, present, silent))
-        if hang:
-            return hang
+        return by_rank, []
+    first = max(starts)
+    return by_rank, sorted({s for seqs in by_rank.values() for s in seqs if s >= first})
+
+
+def weigh_group(job: Job, group: Group) -> None:
+    """Every member's progress on every collective of the group (job.progress)."""
+    by_rank, seqs = _aligned(job, group)
+    complete = all(r in job.dumps for r in group.ranks)
+    for seq in seqs:
+        present = {r: ops[seq] for r, ops in by_rank.items() if seq in ops}
+        for r, p in _weigh(job, group, seq, present, everyone=complete and len(present) == len(by_rank)).items():
+            job.progress[(r, group.name, seq)] = p
+
+
+def collective_hang(job: Job, group: Group) -> Hang | Pending | None:
+    """The group's earliest collective some member never entered, entered differently, or
+    never finished."""
+    by_rank, seqs = _aligned(job, group)
+    silent = [r for r in group.ranks if r not in job.dumps]
+    for seq in seqs:
+        present = {r: ops[seq] for r, ops in by_rank.items() if seq in ops}
+        absent = [r for r in by_rank if r not in present]
+        progress = {r: job.progress[(r, group.name, seq)] for r in present}
+        problem = (_desync(job, group, seq, present)
+                   or _missing(job, group, seq, present, absent, silent, progress)
+                   or _unfinished(job, group, seq, present, silent, progress))
+        if problem:
+            return problem
     return None
 
 
-def _signature(e: Entry) -> tuple:
-    sizes = () if e.op in UNEVEN_SIZES else (repr(e.input_sizes), repr(e.output_sizes))
-    return (e.op, *sizes, tuple(e.input_dtypes), tuple(e.output_dtypes))
-
-
-def _desync(job: Job, group: Group, seq: int, present: dict[int, Entry]) -> Hang | None:
-    signatures = {r: _signature(e) for r, e in present.items()}
+def _desync(job: Job, group: Group, seq: int, present: dict[int, Op]) -> Hang | None:
+    signatures = {r: op.signature() for r, op in present.items()}
     counts = Counter(signatures.values())
     if len(counts) < 2:
         return None
@@ -179,66 +445,151 @@ def _desync(job: Job, group: Group, seq: int, present: dict[int, Entry]) -> Hang
     differs = sorted({_difference(reference, present[r]) for r in culprits})
     detail = {"differs_in": differs, "tie": len(culprits) == len(waiting),
               "expected": _call(reference), "issued": {str(r): _call(present[r]) for r in culprits},
-              **_culprit_detail(job, group, culprits, seq)}
-    return Hang(group, seq, "desync", reference.op, culprits, waiting,
-                min(present[r].time_created_ns for r in waiting), detail)
+              **reference.parts(), **_culprit_detail(job, group, culprits, seq)}
+    return Hang(group, seq, "desync", reference.name, culprits, waiting,
+                min(present[r].created_ns for r in waiting), detail)
 
 
-def _difference(a: Entry, b: Entry) -> str:
-    if a.op != b.op:
+def _difference(a: Op, b: Op) -> str:
+    if len(a.entries) != len(b.entries) or any(x.op != y.op for x, y in zip(a.entries, b.entries)):
         return "collective"
-    if (a.input_sizes, a.output_sizes) != (b.input_sizes, b.output_sizes):
+    if any((x.input_sizes, x.output_sizes) != (y.input_sizes, y.output_sizes) for x, y in zip(a.entries, b.entries)):
         return "sizes"
     return "dtypes"
 
 
-def _call(e: Entry) -> dict[str, Any]:
-    return {"op": e.op, "input_sizes": e.input_sizes, "output_sizes": e.output_sizes,
-            "input_dtypes": e.input_dtypes, "output_dtypes": e.output_dtypes}
+def _call(op: Op) -> dict[str, Any]:
+    """What was issued: a coalesced group as the sizes of its ops, in order (and each op)."""
+    members = op.entries[:-1] if len(op.entries) > 1 else op.entries
+    out: dict[str, Any] = {"op": op.name, "input_sizes": [s for e in members for s in e.input_sizes],
+                           "output_sizes": [s for e in members for s in e.output_sizes],
+                           "input_dtypes": sorted({d for e in members for d in e.input_dtypes}) if len(members) > 1
+                           else op.main.input_dtypes,
+                           "output_dtypes": sorted({d for e in members for d in e.output_dtypes}) if len(members) > 1
+                           else op.main.output_dtypes}
+    if len(op.entries) > 1:
+        out["coalesced"] = [{"op": x.op, "input_sizes": x.input_sizes, "input_dtypes": x.input_dtypes}
+                            for x in members]
+    return out
 
 
-def _missing(job: Job, group: Group, seq: int, present: dict[int, Entry], absent: list[int],
-             silent: list[int]) -> Hang | None:
+def _missing(job: Job, group: Group, seq: int, present: dict[int, Op], absent: list[int], silent: list[int],
+             progress: dict[int, Progress]) -> Hang | None:
     if not absent:
         return None
-    waiting = sorted(present)
-    op = present[waiting[0]].op
-    detail = {**_culprit_detail(job, group, absent, seq), "not_reporting": silent}
-    return Hang(group, seq, "missing-rank", op, absent, waiting,
-                min(e.time_created_ns for e in present.values()), detail)
-
-
-def _unfinished(job: Job, group: Group, seq: int, present: dict[int, Entry], silent: list[int]) -> Hang | None:
-    done = {r: job.completed(r, e) for r, e in present.items()}
-    if all(done.values()):
+    proof = next((r for r, p in progress.items() if p.done and p.strong), None)
+    if proof is not None:
+        job.notes.append(f"group {group.name} #{seq}: rank(s) {_list(absent)} have no entry for it although rank "
+                         f"{proof} completed it ({progress[proof].how}): their record of it is missing, not the call")
         return None
-    pending = sorted(r for r, d in done.items() if d is False)
-    op = next(iter(present.values())).op
-    since = min(e.time_created_ns for e in present.values())
-    if silent and (pending or None in done.values()):
-        return Hang(group, seq, "not-reporting", op, silent, sorted(present), since,
-                    {"reason": "these members wrote no dump (dead host, or the dump was not collected)",
-                     **_culprit_detail(job, group, silent, seq)})
-    if not pending:
-        return None  # completion not recorded (gloo without pg_status): nothing to say
-    started = sorted(r for r in pending if _started(job, r, present[r]))
-    return Hang(group, seq, "stuck", op, pending, sorted(r for r in present if r not in pending), since,
-                {"started": started, "reason": "every member entered it and it did not complete: "
-                 "look at the network / NCCL (or a rank that died inside the kernel)",
-                 **_culprit_detail(job, group, pending, seq)})
+    waiting = sorted(present)
+    detail = {**_culprit_detail(job, group, absent, seq), "not_reporting": silent,
+              "evidence": {str(r): p.to_dict() for r, p in sorted(progress.items())}, **present[waiting[0]].parts()}
+    return Hang(group, seq, "missing-rank", present[waiting[0]].name, absent, waiting,
+                min(op.created_ns for op in present.values()), detail)
 
 
-def _started(job: Job, rank: int, e: Entry) -> bool:
-    status = job.status(rank, e)
-    return e.state in ("started", "completed") or bool(e.time_started_ns) or (
-        status is not None and status.started >= e.collective_seq)
+def _unfinished(job: Job, group: Group, seq: int, present: dict[int, Op], silent: list[int],
+                progress: dict[int, Progress]) -> Hang | Pending | None:
+    proof = any(p.done and p.strong for p in progress.values())
+    if silent and not proof:
+        name = next(iter(present.values())).name
+        returned = all(p.done for p in progress.values())
+        reason = ("these members wrote no dump (dead host, or the dump was not collected)"
+                  + ("; the others returned from it, but nothing proves it completed" if returned else ""))
+        return Hang(group, seq, "not-reporting", name, silent, sorted(present),
+                    min(op.created_ns for op in present.values()),
+                    {"reason": reason, "evidence": {str(r): p.to_dict() for r, p in sorted(progress.items())},
+                     **next(iter(present.values())).parts(), **_culprit_detail(job, group, silent, seq)})
+    if all(p.done for p in progress.values()):
+        return None
+    return Pending(group, seq, present, progress)
+
+
+def _pending(job: Job, c: Pending, hangs: list[Hang]) -> tuple[Hang | None, dict[str, Any]]:
+    """Stuck or in flight. Proven stuck: a member retired it without completing (NCCL timed it
+    out), or the dumps show it pending for at least its timeout (their newest timestamp minus the
+    entry's creation). In flight: it was entered after the job began waiting in another hang,
+    and had run for less than its timeout when that hang's timeout expired (the usual moment of
+    a dump). Otherwise the dumps cannot tell, and the hang says so."""
+    newest = job.newest_ns()
+    pending = c.pending
+    timeouts = [t for r in pending if (t := c.ops[r].timeout_ms)]
+    timeout_s = max(timeouts) / 1000 if timeouts else None
+    since = min(c.ops[r].created_ns for r in pending)
+    at_least = max(0.0, (newest - max(c.ops[r].created_ns for r in pending)) / 1e9)
+    longest = max(0.0, (newest - since) / 1e9)
+    failed = sorted(r for r in pending if c.progress[r].failed)
+    info: dict[str, Any] = {"since_ns": since, "at_least_s": round(longest, 3), "timeout_s": timeout_s,
+                            "dumps_newest_ns": newest}
+    if failed:
+        info.update(proven=True, why=f"rank(s) {_list(failed)} retired it without completing (timed out)")
+        return _stuck(job, c, info), {}
+    if timeout_s is not None and longest >= timeout_s:
+        info.update(proven=True, why=f"pending at least {longest:.3f} s by the dumps' own timestamps, "
+                                     f"past its {timeout_s:g} s timeout")
+        return _stuck(job, c, info), {}
+    roots = [h for h in hangs if h.waiting_since_ns and h.waiting_since_ns < since]
+    if roots:
+        root = min(roots, key=lambda h: h.waiting_since_ns or 0)
+        root_timeout = _timeout_s(job, root)
+        dump_at = max(newest, (root.waiting_since_ns or 0) + int((root_timeout or 0) * 1e9))
+        estimate = (dump_at - since) / 1e9
+        if timeout_s is None or estimate < timeout_s:
+            behind = (since - (root.waiting_since_ns or 0)) / 1e9
+            reason = (f"entered by every member {behind:.3f} s after group {root.group.name}'s {root.op} #{root.seq} "
+                      f"began waiting; pending at least {at_least:.3f} s"
+                      + (f"; had the dumps waited for that one's {root_timeout:g} s timeout, {estimate:.3f} s"
+                         if root_timeout else "")
+                      + (f", under its own {timeout_s:g} s timeout" if timeout_s else " (no timeout recorded)")
+                      + ": still running when the job hung elsewhere, not a hang")
+            first = next(iter(c.ops.values()))
+            return None, {"group": c.group.to_dict(), "seq": c.seq, "op": first.name, **first.parts(),
+                          "ranks": sorted(c.ops), "pending": pending, "since_ns": since,
+                          "pending_at_least_s": round(at_least, 3), "pending_estimate_s": round(estimate, 3),
+                          "timeout_s": timeout_s, "reason": reason,
+                          "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())}}
+    limit = f"its {timeout_s:g} s timeout" if timeout_s is not None else "its timeout (not recorded: format 1.x)"
+    if all(c.ops[r].backend in HOST_BLOCKING for r in pending):
+        trigger = ("gloo writes no dump on its own: if they were taken while the job hung, this is where it waits; "
+                   "if while it ran, it may still be in flight")
+    else:
+        trigger = ("if on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT, the usual trigger) this is the collective that timed "
+                   "out, if on demand it may still be in flight")
+    info.update(proven=False, why=f"pending at least {longest:.3f} s of {limit}: the dumps do not record when they "
+                                  f"were written; {trigger}")
+    return _stuck(job, c, info), {}
+
+
+def _timeout_s(job: Job, hang: Hang) -> float | None:
+    values = [t for r in hang.waiting_ranks for o in job.collectives(r, hang.group.name)
+              if o.seq == hang.seq and (t := o.timeout_ms)]
+    return max(values) / 1000 if values else None
+
+
+def _stuck(job: Job, c: Pending, info: dict[str, Any]) -> Hang:
+    pending = c.pending
+    device = [r for r in pending if c.ops[r].backend not in HOST_BLOCKING]
+    started = sorted(r for r in pending if c.ops[r].started)
+    not_started = sorted(r for r in device if not c.ops[r].started)
+    culprits, reason = pending, ("every member entered it and it did not complete: look at the network / NCCL "
+                                 "(or a rank that died inside the kernel)")
+    if started and not_started:
+        culprits = not_started
+        reason = (f"every member entered it, but its kernel never started on rank(s) {_list(not_started)} (their "
+                  "stream was still busy: look at what runs before it there); the others are inside it")
+    first = next(iter(c.ops.values()))
+    waiting = sorted(r for r in c.ops if r not in culprits)
+    detail = {"started": started, "reason": reason, "pending": info,
+              "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())},
+              **first.parts(), **_culprit_detail(job, c.group, culprits, c.seq)}
+    return Hang(c.group, c.seq, "stuck", first.name, culprits, waiting, info["since_ns"], detail)
 
 
 def _culprit_detail(job: Job, group: Group, ranks: list[int], seq: int | None) -> dict[str, Any]:
     """Where each culprit was last seen: its last entry in this group, its last completed one
-    before ``seq`` (gloo counts a collective that failed as completed), and its newest entry in
-    any group (it may be stuck elsewhere)."""
-    out = {}
+    before ``seq``, and its newest entry in any group (it may be stuck elsewhere)."""
+    out: dict[str, dict[str, Any]] = {}
     for r in ranks:
         if r not in job.dumps:
             out[str(r)] = {"dump": False}
@@ -246,10 +597,25 @@ def _culprit_detail(job: Job, group: Group, ranks: list[int], seq: int | None) -
         mine = job.entries(r, group.name, False)
         finished = [e for e in mine if job.completed(r, e) and (seq is None or e.seq < seq)]
         newest = max(job.dumps[r].entries, key=lambda e: (e.time_created_ns, e.record_id), default=None)
-        out[str(r)] = {"dump": True, "last_entry": entry_dict(mine[-1] if mine else None),
+        out[str(r)] = {"dump": True, "last_entry": entry_dict(mine[-1] if mine else None,
+                                                               job.completed(r, mine[-1]) if mine else None),
                        "last_completed": entry_dict(finished[-1] if finished else None, True),
-                       "newest_entry_any_group": entry_dict(newest)}
+                       "newest_entry_any_group": entry_dict(newest, job.completed(r, newest) if newest else None)}
     return {"culprits": out}
+
+
+# --- point to point -----------------------------------------------------------------------
+
+def _p2p_done(job: Job, rank: int, e: Entry) -> bool | None:
+    """A send / recv is done when it, or the end marker of its batch, completed (gloo, which
+    logs no p2p in torch 2.13, when it retired)."""
+    marker = job.p2p_marker(rank, e)
+    for x in (e, marker):
+        if x is not None and (x.state == "completed" or x.time_completed_ns):
+            return True
+    if e.backend in HOST_BLOCKING:
+        return True if e.retired else None
+    return False
 
 
 def p2p_hang(job: Job, group: Group) -> Hang | None:
@@ -303,8 +669,9 @@ def _p2p_problem(job: Job, group: Group, src: int, dst: int, send: Entry | None,
             return None
         return Hang(group, send.p2p_seq, "p2p-unmatched", "send", [src, dst], [],
                     min(send.time_created_ns, recv.time_created_ns),
-                    {"reason": "sizes differ", "send": _call(send), "recv": _call(recv)})
+                    {"reason": "sizes differ", "send": _call(Op(src, (send,))), "recv": _call(Op(dst, (recv,)))})
     posted, rank, peer = (send, src, dst) if send else (recv, dst, src)
+    assert posted is not None
     if job.completed(rank, posted):
         return None
     kind = "p2p-unmatched" if peer in job.dumps else "not-reporting"
@@ -313,3 +680,7 @@ def _p2p_problem(job: Job, group: Group, src: int, dst: int, send: Entry | None,
                  else "wrote no dump"))
     return Hang(group, posted.p2p_seq, kind, posted.op, [peer], [rank], posted.time_created_ns,
                 {"reason": reason, "posted": entry_dict(posted), **_culprit_detail(job, group, [peer], None)})
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)

@@ -1,13 +1,27 @@
 """Read PyTorch Flight Recorder dumps (one file per rank): the JSON writer's output and the
 default pickle, across format versions, into plain dataclasses.
 
-Fields and versions, from torch's ``FlightRecorder.hpp`` / ``TraceUtils.h`` and
-``torch/distributed/flight_recorder``: "2.x" dumps carry ``collective_seq_id`` and
-``p2p_seq_id`` (older, "1.x", ones a single ``seq_id``); ``is_p2p`` appears in 2.3 (before it,
-p2p is read from the ``send``/``recv`` profiling name); ``nccl_version`` became
-``comm_lib_version``; ``pg_status`` (absent in the oldest) holds each group's last enqueued,
-started and completed sequence ids, as strings in JSON and integers in pickle; stack ``frames``
-are only in the pickle. A dump does not name its rank: it comes from the file name, as
+Fields and versions, as read in torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` /
+``FlightRecorder.hpp`` of versions 1.1, 1.4, 2.2, 2.3, 2.4, 2.7 and 2.10, and in
+``torch/distributed/flight_recorder`` (the torch release each first shipped in is approximate;
+2.10 is what torch 2.13 writes):
+
+- "1.x" (torch 2.2-2.3): one ``seq_id`` for collectives and p2p alike, ``record_id`` / ``op_id``
+  from 1.4, no ``process_group`` (entries are grouped by ``pg_id``), no dtypes, no timeout;
+  ``pg_config`` maps each ``pg_id`` to the list of its ranks.
+- "2.2" (torch 2.4): ``process_group`` = (name, description), ``collective_seq_id`` and
+  ``p2p_seq_id`` apart, ``is_p2p``, ``input_dtypes`` / ``output_dtypes``, ``timeout_ms``;
+  ``pg_config`` maps each group's name to ``{"name", "desc", "ranks": "[0, 1, ...]"}``.
+- "2.3"-"2.7" (torch 2.5-2.7): ``pg_status`` (each group's last enqueued, started and completed
+  sequence id: strings in JSON, integers in pickle), ``nccl_version``, the JSON writer.
+- "2.8"-"2.10" (torch 2.8-2.13): ``comm_lib_version`` instead of ``nccl_version``,
+  ``thread_id`` / ``thread_name``.
+
+An entry's ``state`` is "scheduled", "started" or "completed" (from its CUDA events; backends
+without events, gloo, leave it "scheduled"); ``retired`` says the work left the watchdog's list
+(for NCCL, retired without completing = timed out or aborted; for gloo, the call returned, with
+or without an error). ``time_discovered_*`` are null (pickle) or 0 (JSON) when not seen. Stack
+``frames`` are only in the pickle. A dump does not name its rank: it comes from the file name, as
 ``fr_trace`` takes it (``<prefix><rank>``).
 
 A pickle is read by an unpickler that refuses every global (class or function), so nothing in it
@@ -17,6 +31,7 @@ can run; only plain containers and scalars can come out.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 from dataclasses import dataclass, field
@@ -26,12 +41,20 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, read_trace_bytes
+from analyzer.ingest.files import (DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, iter_trace_chunks,
+                                   looks_like_trace, read_trace_bytes)
 
 PICKLE_PROTO = b"\x80"
 KNOWN_MAJOR_VERSIONS = (1, 2)
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?(?:\.gz)?$")
-_PLAIN = (dict, list, tuple, str, bytes, int, float, bool, type(None), set, frozenset)
+_SCALARS = frozenset({str, bytes, int, float, bool, type(None)})
+_SEQUENCES = frozenset({list, tuple, set, frozenset})
+SNIFF_BYTES = 64 << 10
+# Keys a Flight Recorder JSON dump starts with (nlohmann writes them sorted).
+_FR_JSON_KEYS = (b'"comm_lib_version"', b'"entries"', b'"nccl_comm_state"', b'"nccl_version"', b'"pg_config"',
+                 b'"pg_status"', b'"version"')
+MAX_DEPTH = 6          # folders below a given directory that are searched for dumps
+MAX_DIR_ENTRIES = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,10 +87,17 @@ class Entry:
     time_completed_ns: int | None
     timeout_ms: int | None
     frames: tuple[Frame, ...]
+    retired: bool | None = None   # None: the format has no such field
+    op_id: int | None = None
 
     @property
     def seq(self) -> int:
         return self.p2p_seq if self.is_p2p else self.collective_seq
+
+    @property
+    def newest_ns(self) -> int:
+        """The latest moment this entry records (created, or seen started / completed)."""
+        return max(self.time_created_ns, self.time_started_ns or 0, self.time_completed_ns or 0)
 
 
 @dataclass(frozen=True)
@@ -88,6 +118,20 @@ class RankDump:
     pg_status: dict[int, GroupStatus]     # pg_id -> status
     entries: list[Entry]
     warnings: list[str] = field(default_factory=list)
+    format: str = "json"                  # "json" | "pickle"
+
+    @property
+    def newest_ns(self) -> int:
+        return max((e.newest_ns for e in self.entries), default=0)
+
+
+@dataclass
+class Found:
+    """What a set of paths holds: Flight Recorder dumps, Kineto traces (for the straggler
+    history), and the files in directories that are neither."""
+    dumps: list[Path]
+    traces: list[Path]
+    skipped: list[Path]
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -101,21 +145,69 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def discover_dumps(paths: list[str] | tuple[str, ...]) -> list[Path]:
-    """Files, directories (every file whose name ends in a rank number, optionally .json, .pkl,
-    .pickle, .gz) and globs, sorted. A file named on purpose is always taken."""
+    return discover(paths).dumps
+
+
+def discover(paths: list[str] | tuple[str, ...]) -> Found:
+    """Files, directories and globs, sorted. A directory is searched down to MAX_DEPTH levels
+    (a job's dumps may sit in json/ and pickle/ folders) for Kineto traces (by content) and
+    dumps (the other files whose name ends in a rank number: a damaged one is an error); the
+    rest is left out. A file named on purpose (directly or by a glob) is always taken: as a
+    trace when it looks like one, else as a dump."""
     if not paths:
         raise InputError("<arguments>", "no dump path given")
-    found: list[Path] = []
+    found = Found([], [], [])
     for raw in paths:
         path = Path(raw)
         if not path.is_dir():
-            found.extend(discover_trace_files([raw]))  # a file or a glob: the same rules as traces
+            for named in discover_trace_files([raw]):  # a file or a glob: the same rules as traces
+                (found.traces if _kind(named) == "trace" else found.dumps).append(named)
             continue
-        inside = sorted(p for p in path.iterdir() if p.is_file() and _RANK_IN_NAME.search(p.name))
-        if not inside:
+        inside = Found([], [], [])
+        for candidate in _walk(path):
+            kind = _kind(candidate)
+            if kind == "trace":
+                inside.traces.append(candidate)
+            elif _RANK_IN_NAME.search(candidate.name):
+                inside.dumps.append(candidate)  # named like a dump: read as one (a damaged one is an error)
+            else:
+                inside.skipped.append(candidate)
+        if not inside.dumps:
             raise InputError(path, "directory holds no Flight Recorder dumps (files named <prefix><rank>)")
-        found.extend(inside)
-    return sorted({p.resolve(): p for p in found}.values(), key=str)
+        for name in ("dumps", "traces", "skipped"):
+            getattr(found, name).extend(getattr(inside, name))
+    unique = {name: sorted({p.resolve(): p for p in getattr(found, name)}.values(), key=str)
+              for name in ("dumps", "traces", "skipped")}
+    return Found(**unique)
+
+
+def _walk(top: Path) -> list[Path]:
+    """Every regular file under ``top`` (hidden ones and folders left out), in sorted order."""
+    files: list[Path] = []
+    seen = 0
+    for root, dirs, names in os.walk(top):
+        depth = len(Path(root).relative_to(top).parts)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < MAX_DEPTH else []
+        seen += len(names) + len(dirs)
+        if seen > MAX_DIR_ENTRIES:
+            raise InputError(top, f"more than {MAX_DIR_ENTRIES:,} entries below this directory: "
+                                  "name the dump folder itself")
+        files.extend(Path(root) / n for n in sorted(names) if not n.startswith(".") and (Path(root) / n).is_file())
+    return files
+
+
+def _kind(path: Path) -> str:
+    """"dump", "trace" or "other", from the first bytes (gzip inflated)."""
+    try:
+        head = next(iter_trace_chunks(path, chunk_bytes=SNIFF_BYTES), b"")
+    except InputError:
+        return "dump"  # unreadable or damaged: reading it reports the problem
+    if head[:1] == PICKLE_PROTO:
+        return "dump"
+    text = head[:SNIFF_BYTES]
+    if any(key in text for key in _FR_JSON_KEYS) and b'"traceEvents"' not in text:
+        return "dump"
+    return "trace" if looks_like_trace(path) else "other"
 
 
 def rank_of(path: Path) -> int:
@@ -128,8 +220,11 @@ def rank_of(path: Path) -> int:
 
 def read_dump(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> RankDump:
     raw = read_trace_bytes(path, max_inflate_bytes)
-    doc = _unpickle(path, raw) if raw[:1] == PICKLE_PROTO else _decode_json(path, raw)
-    return _parse(path, rank_of(path), doc)
+    is_pickle = raw[:1] == PICKLE_PROTO
+    doc = _unpickle(path, raw) if is_pickle else _decode_json(path, raw)
+    dump = _parse(path, rank_of(path), doc)
+    dump.format = "pickle" if is_pickle else "json"
+    return dump
 
 
 def _unpickle(path: Path, raw: bytes) -> Any:
@@ -145,16 +240,21 @@ def _unpickle(path: Path, raw: bytes) -> Any:
 
 
 def _check_plain(path: Path, doc: Any) -> None:
+    """Every object in the document is a plain container or scalar (exact types: with every
+    global refused, nothing else can come out of the unpickler; this says so for certain)."""
     stack = [doc]
     while stack:
         item = stack.pop()
-        if not isinstance(item, _PLAIN):
-            raise InputError(path, f"pickle holds a {type(item).__name__}, not plain data")
-        if isinstance(item, dict):
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind is dict:
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
+        elif kind in _SEQUENCES:
             stack.extend(item)
+        else:
+            raise InputError(path, f"pickle holds a {kind.__name__}, not plain data")
 
 
 def _decode_json(path: Path, raw: bytes) -> Any:
@@ -171,6 +271,8 @@ class _Bad(Exception):
 
 
 def _int(value: Any, where: str, optional: bool = False) -> int | None:
+    if type(value) is int:
+        return value
     if isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
         return int(value)  # JSON pg_status writes numbers as strings
     if isinstance(value, int) and not isinstance(value, bool):
@@ -198,8 +300,13 @@ def _show(value: Any) -> str:
 
 
 def _sizes(value: Any, where: str) -> list[list[int]]:
-    return [[_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")]
-            for i, shape in enumerate(_seq(value, where))]
+    out = []
+    for i, shape in enumerate(_seq(value, where)):
+        if type(shape) in (list, tuple) and all(type(d) is int for d in shape):
+            out.append(list(shape))  # the common case, without building a field name per number
+        else:
+            out.append([_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")])
+    return out
 
 
 def _dtypes(value: Any, where: str) -> list[str]:
@@ -229,7 +336,8 @@ def _parse_doc(path: Path, rank: int, doc: Any) -> RankDump:
     if "entries" not in doc:
         dump.warnings.append(f"{path}: no 'entries' (dumped without collectives?)")
     entries = _seq(doc.get("entries", []), "entries")
-    dump.entries = [_entry(e, f"entries[{i}]") for i, e in enumerate(entries)]
+    frames: dict[tuple, Frame] = {}
+    dump.entries = [_entry(e, i, frames) for i, e in enumerate(entries)]
     return dump
 
 
@@ -244,8 +352,19 @@ def _tables(value: Any, name: str) -> list[tuple[Any, str, dict]]:
 
 
 def _pg_config(value: Any) -> dict[str, dict[str, Any]]:
-    return {str(key): {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
-            for key, where, cfg in _tables(value, "pg_config")}
+    """2.x: group name -> {"name", "desc", "ranks"}; 1.x: pg_id -> [ranks]."""
+    if not isinstance(value, dict):
+        raise _Bad(f"pg_config: expected a mapping, got {_show(value)}")
+    out = {}
+    for key, cfg in value.items():
+        where = f"pg_config[{key!r}]"
+        if isinstance(cfg, (list, tuple)):
+            out[str(_int(key, f"{where} key"))] = {"desc": "", "ranks": _ranks(cfg, where)}
+        elif isinstance(cfg, dict):
+            out[str(key)] = {"desc": str(cfg.get("desc", "") or ""), "ranks": _ranks(cfg.get("ranks"), where)}
+        else:
+            raise _Bad(f"{where}: expected a mapping or a list of ranks, got {_show(cfg)}")
+    return out
 
 
 def _ranks(value: Any, where: str) -> list[int] | None:
@@ -257,8 +376,12 @@ def _ranks(value: Any, where: str) -> list[int] | None:
         text = value.strip()
         if not re.fullmatch(r"\[\s*(-?\d+\s*(,\s*-?\d+\s*)*,?)?\s*\]", text):
             raise _Bad(f"{where}.ranks: expected a list of integers, got {_show(value)}")
-        return sorted({int(x) for x in re.findall(r"-?\d+", text)})
-    return sorted({_int(x, f"{where}.ranks") for x in _seq(value, f"{where}.ranks")})
+        ranks = sorted({int(x) for x in re.findall(r"-?\d+", text)})
+    else:
+        ranks = sorted({_int(x, f"{where}.ranks") or 0 for x in _seq(value, f"{where}.ranks")})
+    if ranks and ranks[0] < 0:
+        raise _Bad(f"{where}.ranks: a rank cannot be negative, got {ranks[0]}")
+    return ranks
 
 
 def _pg_status(value: Any) -> dict[int, GroupStatus]:
@@ -270,7 +393,8 @@ def _pg_status(value: Any) -> dict[int, GroupStatus]:
     return out
 
 
-def _entry(e: Any, where: str) -> Entry:
+def _entry(e: Any, index: int, frames: dict[tuple, Frame]) -> Entry:
+    where = f"entries[{index}]"
     if not isinstance(e, dict):
         raise _Bad(f"{where}: expected a mapping, got {_show(e)}")
     name = _str(e.get("profiling_name", ""), f"{where}.profiling_name")
@@ -298,8 +422,16 @@ def _entry(e: Any, where: str) -> Entry:
         time_completed_ns=_int(e.get("time_discovered_completed_ns"), f"{where}.time_discovered_completed_ns",
                                True) or None,
         timeout_ms=_int(e.get("timeout_ms"), f"{where}.timeout_ms", True),
-        frames=_frames(e.get("frames", []), f"{where}.frames"),
+        frames=_frames(e.get("frames", []), f"{where}.frames", frames),
+        retired=_bool(e.get("retired"), f"{where}.retired"),
+        op_id=_int(e.get("op_id"), f"{where}.op_id", True),
     )
+
+
+def _bool(value: Any, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise _Bad(f"{where}: expected true/false, got {_show(value)}")
 
 
 def _process_group(e: dict, where: str) -> tuple[str, str]:
@@ -314,9 +446,19 @@ def _process_group(e: dict, where: str) -> tuple[str, str]:
     return _str(parts[0], f"{where}.process_group[0]"), "" if desc == "undefined" else desc
 
 
-def _frames(value: Any, where: str) -> tuple[Frame, ...]:
+def _frames(value: Any, where: str, seen: dict[tuple, Frame] | None = None) -> tuple[Frame, ...]:
+    """``seen``: the frames already read from this dump (entries share most of their stack)."""
     out = []
+    seen = {} if seen is None else seen
     for i, f in enumerate(_seq(value, where)):
+        if type(f) is dict:
+            key = (f.get("name", "?"), f.get("filename", "?"), f.get("line", 0))
+            if type(key[0]) is str and type(key[1]) is str and type(key[2]) is int:
+                known = seen.get(key)
+                if known is None:
+                    known = seen[key] = Frame(*key)
+                out.append(known)
+                continue
         if not isinstance(f, dict):
             raise _Bad(f"{where}[{i}]: expected a mapping, got {_show(f)}")
         out.append(Frame(name=_str(f.get("name", "?"), f"{where}[{i}].name"),
