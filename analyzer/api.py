@@ -166,11 +166,10 @@ def hang_trace_link(paths: list[str] | tuple[str, ...], options: DiagnoseOptions
     ``traces`` of analyzer.hang.triage: was the culprit already the late rank?): the straggler
     summary, the straggler-rank rule's outcome, and the ranks the arrival order calls
     consistently last. Here because the hang layer does not import the trace analysis."""
-    from analyzer.job.step_timeline import straggler_ranks
     result = diagnose([str(p) for p in paths], options, report=False)
     rule = next((r for r in result.rules or [] if r.get("rule") == "straggler-rank"), {})
     finding = next((f for f in result.findings if f.get("rule") == "straggler-rank"), {})
-    late = straggler_ranks({"stragglers": result.stragglers, "findings": []})
+    late = result.model.consistently_last()
     return {"traces": [str(r.path) for r in result.ranks], "world_size": result.job.get("world_size"),
             "stragglers": result.stragglers, "late_ranks": {str(r): why for r, why in late.items()},
             "rule": {"status": rule.get("status"), "reason": rule.get("reason"), "ranks": finding.get("ranks") or [],

@@ -41,6 +41,8 @@ LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
 # A step's role in the job (analyzer.job.attribution.steady_steps).
 TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED = "typical", "steady", "warm-up", "drain", "outlier", "unmeasured"
 STEP_ROLES = (TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED)
+# A rank last at this share of the matched collectives or more is consistently last.
+CONSISTENTLY_LAST = 0.5
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,20 @@ class JobModel:
     @cached_property
     def collectives(self) -> CollectiveColumns:
         return CollectiveColumns.of(self._result)
+
+    def consistently_last(self) -> dict[int, str]:
+        """rank -> why: the ranks that arrive last at least half the matched collectives (the
+        arrival order alone, whether or not straggler-rank could run: a CPU-only job's, a hung
+        job's history). Not a verdict: straggler-rank decides who is a straggler."""
+        section = self._result.stragglers or {}
+        matched = section.get("matched_collectives") or 0
+        out = {}
+        for late in self.lateness:
+            share = late.times_last / matched if matched else 0.0
+            if share >= CONSISTENTLY_LAST:
+                out[late.rank] = (f"last to arrive at {100 * share:.0f}% of matched collectives, causing "
+                                  f"{late.wait_caused_us:,.0f} µs of waiting on the others in all")
+        return dict(sorted(out.items()))
 
     def caused_waiting_us(self, rank: int) -> float:
         """The waiting rank ``rank`` caused the others over the whole trace (0 when unknown)."""

@@ -29,7 +29,6 @@ PLOT_WIDTH_PX = 1000
 MAX_MARKS_PER_LANE = 800
 MAX_LANES_PER_RANK = 6
 MAX_RANKS = 3
-CONSISTENTLY_LAST = 0.5
 COMPUTE, COMM, MEMORY, SYNC = range(4)
 LANE_KIND = {COMPUTE: "compute", COMM: "NCCL", MEMORY: "memory", SYNC: "sync"}
 LANE_ORDER = {"compute": 0, "NCCL": 1, "memory": 2, "sync": 3}
