@@ -13,7 +13,8 @@ from conftest import REPO
 
 DOTTED = re.compile(r"\banalyzer(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 LAYERS = "analyzer|rules|reports|docs|tests|bench|scripts|whatif|job|rank|ingest|model|compare|base|run|cli|hang|export|synth"
-PATH = re.compile(rf"\b((?:{LAYERS})/[A-Za-z0-9_/.-]+\.(?:py|md|toml|json|j2|js|css))")
+# a repository path (not an absolute one, such as a fake user frame's "/job/train.py")
+PATH = re.compile(rf"(?<![/\w.])((?:{LAYERS})/[A-Za-z0-9_/.-]+\.(?:py|md|toml|json|j2|js|css))")
 SOURCES = sorted([*REPO.glob("analyzer/**/*.py"), *REPO.glob("rules/*.py"), *REPO.glob("reports/**/*.py"),
                   *REPO.glob("reports/templates/*"), *REPO.glob("docs/*.md"), REPO / "README.md",
                   *REPO.glob("bench/*.py"), *REPO.glob("scripts/*.py")])
