@@ -41,6 +41,7 @@ class StepView:
     windows: dict[str, tuple[float, float, float]]
     low_precision_compute_us: float
     cpu_step_us: float | None = None  # the ProfilerStep range on the CPU
+    forward_attention_kernels: int = 0  # one per transformer block and forward pass (analyzer.rank.steps)
 
 
 class JobFacts:
@@ -67,7 +68,8 @@ class JobFacts:
                                    w["compute_us"]) for phase, w in (s.get("phase_windows") or {}).items()}
                 views.append(StepView(r.rank, s["step"], s["step_time_us"], s["compute_us"], s["comm_us"],
                                       s["exposed_comm_us"], s["idle_us"], s["busy_us"], windows,
-                                      s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us")))
+                                      s.get("low_precision_compute_us") or 0.0, s.get("cpu_step_us"),
+                                      s.get("forward_attention_kernels") or 0))
         return views
 
     def steady_view(self, rank: int, step: Any) -> StepView | None:
