@@ -42,9 +42,12 @@ def _option_value(value: Any) -> str:
 
 
 def predicted(step_us: float, gain_us: float, model: str, assumptions: dict[str, Any] | None = None,
-              whatif: str | None = None, alternatives: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The prediction of a finding with a gain: the typical step after the fix."""
-    out: dict[str, Any] = {"predicted_step_time_us": round(step_us - gain_us, 1), "gain_us": round(gain_us, 1),
+              whatif: str | None = None, alternatives: list[dict[str, Any]] | None = None,
+              step_after_us: float | None = None) -> dict[str, Any]:
+    """The prediction of a finding with a gain: the typical step after the fix (``step_after_us``
+    when the model predicts a slower step, whose gain is then 0)."""
+    after = step_us - gain_us if step_after_us is None else step_after_us
+    out: dict[str, Any] = {"predicted_step_time_us": round(after, 1), "gain_us": round(gain_us, 1),
                            "model": model, "assumptions": assumptions or {}, "whatif": whatif}
     if alternatives is not None:
         out["alternatives"] = alternatives
@@ -135,4 +138,21 @@ def alternative(label: str, step_us: float, fix: Projected | None, reason: str |
         return {"fix": label, "projected_step_time_us": None, "gain_us": None, "whatif": None,
                 "why_no_gain": reason or "the what-if projection cannot make this change on this trace"}
     return {"fix": label, "projected_step_time_us": round(step_us - fix.gain_us, 1), "gain_us": round(fix.gain_us, 1),
-            "whatif": fix.command}
+            "whatif": fix.command, "changes": dict(fix.changes)}
+
+
+OWN_SCHEDULE = "the rule's own schedule (the what-if model cannot project this trace)"
+WHATIF_SOURCE = "the what-if model (tracecliff whatif), measured configuration as reference"
+
+
+def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: str,
+                   own_assumptions: dict[str, Any] | None = None, **changes: Any) -> tuple[float, str, dict[str, Any]]:
+    """(gain µs, where from, prediction) of a fix the what-if projection expresses as ``changes``:
+    its projection when it can project the trace (the gain ``tracecliff whatif`` reproduces),
+    else the rule's own estimate ``own_gain_us`` from ``own_model``. The first two are what
+    ``analyzer.whatif.projection.projected_gain`` returns."""
+    fix = WhatIf(result).fix(**changes)
+    if fix is None:
+        return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
+    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
+                                                 {**(own_assumptions or {}), **fix.assumptions()}, fix.command)
