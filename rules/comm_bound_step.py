@@ -144,7 +144,7 @@ class CommBoundStep(Rule):
                                        "one NIC per GPU already, or a schedule it cannot project): cut the "
                                        "bytes or add compute per step", alternatives)
         gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
-        model = f"the best of {len(found)} fix(es) projected by the {WHATIF_MODEL}: {label}"
+        model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
         return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives)
 
     @staticmethod

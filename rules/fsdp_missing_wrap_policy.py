@@ -140,7 +140,7 @@ class FsdpMissingWrapPolicy(Rule):
         }
         fix = WhatIf(ctx.result).fix(fsdp_units=layers, strategy=strategy)
         if fix is not None:
-            model = f"FSDP unit schedule (docs/models.md §5) with {layers} units, replayed by the {WHATIF_MODEL}"
+            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},
                                           fix.command)
         gain = _schedule_gain(ctx.facts, layers, strategy)

@@ -19,9 +19,8 @@ from analyzer.base.errors import TracecliffError
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
 
 NO_MODEL = "no model for this fix"
-WHATIF_MODEL = ("what-if projection (analyzer.whatif.projection): each collective's measured transfer scaled by "
-                "the α-β model's ratio between the target and the measured link (docs/models.md §2), replayed "
-                "on the measured compute (DDP bucket pipeline §4, FSDP unit schedule §5)")
+# The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
+WHATIF_MODEL = "what-if projection (measured transfers × α-β link ratio, replayed on the measured compute; docs/models.md §2, §4, §5)"
 # ``tracecliff whatif`` options, by Scenario field (analyzer/cli/whatif.py)
 WHATIF_OPTIONS = {"gpus": "--gpus", "nodes": "--nodes", "gpus_per_node": "--target-gpus-per-node",
                   "nics_per_node": "--target-nics-per-node", "nic_gbps": "--target-nic-gbps",
