@@ -37,7 +37,7 @@ def assumption_entries(assumptions: Any) -> list[str]:
     if not isinstance(assumptions, dict):
         return []
     out = []
-    for key, item in assumptions.items():  # the options a fix sets come first
+    for key, item in sorted(assumptions.items(), key=lambda kv: str(kv[0])):  # saved JSON sorts its keys
         value, origin = (item.get("value"), item.get("origin")) if isinstance(item, dict) and "value" in item \
             else (item, None)
         if isinstance(value, dict):

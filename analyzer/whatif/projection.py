@@ -510,20 +510,23 @@ def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config,
 
 def _regroup(sizes: list[float], ready: list[float], units: int) -> tuple[list[float], list[float]]:
     """DDP's gradient buckets (launch order) as ``units`` FSDP units of about equal bytes (a unit
-    ends with the bucket that reaches its share; its gradients are ready with that bucket's). The
+    ends with the bucket that brings it closest to its share; its gradients are ready with that
+    bucket's). The
     first bucket holds the last parameters registered (the output head), which FSDP keeps in its
     root unit with the embeddings and reduces last: its bytes join the last unit."""
     head, rest, rest_ready = sizes[0], list(sizes[1:]), list(ready[1:])
     if not rest:
         return [head], [ready[0]]
     total = sum(rest)
+    cumulative = np.cumsum(rest).tolist()
     grouped: list[float] = []
     grouped_ready: list[float] = []
-    filled = 0.0
-    for k, (size, r) in enumerate(zip(rest, rest_ready)):
-        filled += size
-        if filled >= total * (len(grouped) + 1) / units * (1 - 1e-9) or k == len(rest) - 1:
-            grouped.append(filled - sum(grouped))
+    for k, r in enumerate(rest_ready):
+        share = total * (len(grouped) + 1) / units  # where the next unit should end
+        last = k == len(rest) - 1
+        # close the unit here when it reached its share, or when the next bucket would overshoot it more
+        if last or cumulative[k] >= share * (1 - 1e-9) or cumulative[k + 1] - share > share - cumulative[k]:
+            grouped.append(cumulative[k] - sum(grouped))
             grouped_ready.append(r)
     grouped[-1] += head
     return grouped, grouped_ready
