@@ -145,7 +145,8 @@ class CommBoundStep(Rule):
                                        "bytes or add compute per step", alternatives)
         gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
         model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
-        return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives)
+        return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
+                                      changes=fix.changes)
 
     @staticmethod
     def _ddp_rows(facts):

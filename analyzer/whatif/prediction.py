@@ -42,14 +42,17 @@ def _option_value(value: Any) -> str:
 
 def predicted(step_us: float, gain_us: float, model: str, assumptions: dict[str, Any] | None = None,
               whatif: str | None = None, alternatives: list[dict[str, Any]] | None = None,
-              step_after_us: float | None = None) -> dict[str, Any]:
+              step_after_us: float | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
     """The prediction of a finding with a gain: the typical step after the fix (``step_after_us``
-    when the model predicts a slower step, whose gain is then 0)."""
+    when the model predicts a slower step, whose gain is then 0); ``changes``: the what-if
+    scenario fields of the fix when the projection made it (the scaling curve's fix series)."""
     after = step_us - gain_us if step_after_us is None else step_after_us
     out: dict[str, Any] = {"predicted_step_time_us": round(after, 1), "gain_us": round(gain_us, 1),
                            "model": model, "assumptions": assumptions or {}, "whatif": whatif}
     if alternatives is not None:
         out["alternatives"] = alternatives
+    if changes is not None:
+        out["changes"] = dict(changes)
     return out
 
 
@@ -154,4 +157,5 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
     if fix is None:
         return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
     return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
-                                                 {**(own_assumptions or {}), **fix.assumptions()}, fix.command)
+                                                 {**(own_assumptions or {}), **fix.assumptions()}, fix.command,
+                                                 changes=fix.changes)
