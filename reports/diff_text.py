@@ -28,6 +28,7 @@ class DiffTextRenderer:
                             _pair(c["count"], "n"), _pair(c["bytes"], "B"), _pair(c["time_us"], "µs"),
                             _pair(c["exposed_us"], "µs")] for c in doc["collectives"]])
         lines += _findings(doc["findings"])
+        lines += _predictions(doc.get("predictions"))
         lines += _section("Step time per rank (its own time of the run's typical step)", ["rank", "base", "new", "change"],
                           [[str(r["rank"]), fmt(r["base_step_time_us"], "µs"), fmt(r["new_step_time_us"], "µs"),
                             pct(r["delta_pct"])] for r in doc["ranks"]])
@@ -92,6 +93,23 @@ def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
             count = f"{f.get('base_count', '')}→{f['count']}" if status == "persisting" else str(f["count"])
             rows.append([status, f["rule"], f["severity"] or "", count, (f.get("summary") or "")[:80]])
     return _section("Findings", ["status", "rule", "severity", "count", "summary"], rows)
+
+
+def _predictions(section: dict[str, Any] | None) -> list[str]:
+    """Each finding of base: the step its fix was predicted to give against the new run's."""
+    if not section:
+        return []
+    if not section.get("available"):
+        return ["", f"Predicted vs measured: unavailable ({section.get('reason')})"]
+    rows = [[p["rule"] or "?", p["status"], fmt(p["predicted_gain_us"], "µs"), fmt(p["predicted_step_time_us"], "µs"),
+             fmt(p["measured_step_time_us"], "µs"), fmt(p["measured_recovered_us"], "µs"), pct(p["error_pct"]),
+             p["whatif"] or (f"no gain: {p['why_no_gain']}" if p["why_no_gain"] else "")]
+            for p in section["findings"]]
+    title = (f"Predicted vs measured (base's findings; measured change {signed(section['measured_gain_us'] * -1)} µs "
+             f"of the {section['per']})")
+    lines = _section(title, ["rule", "status", "predicted gain µs", "predicted step µs", "measured step µs",
+                             "measured in its leaves µs", "error", "what-if"], rows)
+    return lines + [f" ({section['note']})"] if rows else lines
 
 
 def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:

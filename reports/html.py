@@ -26,6 +26,7 @@ from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
+from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import _clean, result_to_dict
 from analyzer.rules.host import HOST_ACTIVITY
@@ -433,7 +434,9 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         "rule": rule, "code": str(f.get("code") or ""), "severity": str(f.get("severity") or "info"),
         "title": str(f.get("title") or rule), "summary": str(f.get("summary") or ""),
         "ranks": _short_list(f.get("ranks")), "steps": _short_list(f.get("steps")),
-        "evidence": structured.rows(f.get("evidence")), "model": _model_text(f.get("model")),
+        "evidence": structured.rows(_without_prediction(f.get("evidence"))), "model": _model_text(f.get("model")),
+        "prediction": prediction_view((f.get("evidence") or {}).get("prediction")
+                                      if isinstance(f.get("evidence"), dict) else None, step_time),
         "recovers": " and ".join(leaf_names(f.get("recovers"))),
         "fix_text": fix_text, "fix_snippet": fix_snippet, "gain_us": gain,
         "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
@@ -441,6 +444,11 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         else ([str(f["references"])] if f.get("references") else []),
         "anchor": anchor,
     }
+
+
+def _without_prediction(evidence: Any) -> Any:
+    """The evidence the table shows: the prediction has its own lines on the card."""
+    return {k: v for k, v in evidence.items() if k != "prediction"} if isinstance(evidence, dict) else evidence
 
 
 def _short_list(values: Any) -> str:

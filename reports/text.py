@@ -13,6 +13,7 @@ import numpy as np
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
+from analyzer.reports.prediction import prediction_view
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
@@ -35,7 +36,7 @@ class TextRenderer:
         model = result.model
         lines: list[str] = []
         lines += _header(doc, model)
-        lines += _findings(doc)
+        lines += _findings(doc, model.step_time_us)
         lines += _tree(model)
         lines += _rank_table(doc, model)
         lines += _top_collectives(doc)
@@ -90,8 +91,9 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     return lines + [""]
 
 
-def _findings(doc: dict[str, Any]) -> list[str]:
-    """Each finding: severity, code, rule and gain; its summary and fix wrapped to the width."""
+def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
+    """Each finding: severity, code, rule and gain; its summary, prediction and fix wrapped to
+    the width."""
     findings = doc.get("findings") or []
     if not findings:
         return []
@@ -105,10 +107,32 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         recovers = leaf_names(f.get("recovers"))
         if recovers and isinstance(gain, (int, float)):
             lines += textwrap.wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
+        lines += _prediction(f, step_us, wrap)
         fix = (f.get("fix") or {}).get("text")
         if fix:
             lines += textwrap.wrap(f"fix: {fix}", **wrap)
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
+
+
+def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) -> list[str]:
+    """What the fix is worth: the predicted typical step, the model, its assumptions, the what-if
+    command and the alternatives weighed; or why there is no gain."""
+    view = prediction_view((f.get("evidence") or {}).get("prediction"), step_us)
+    if view is None:
+        return []
+    if view["after"] is None:
+        return textwrap.wrap(f"no gain: {view['why']}", **wrap) if view["why"] else []
+    head = f"predicted: typical step {view['step']} → {view['after']}" if view["step"] else \
+        f"predicted: typical step {view['after']}"
+    lines = textwrap.wrap(f"{head} ({view['model']})", **wrap)
+    if view["assumptions"]:
+        lines += textwrap.wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
+    if view["whatif"]:
+        lines += textwrap.wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
+    for a in view["alternatives"]:
+        outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
+        lines += textwrap.wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
+    return lines
 
 
 def _cell(value: float | None, span: float) -> str:

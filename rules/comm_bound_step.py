@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
+
+from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
+from analyzer.whatif.fsdp import layer_count
+from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 
@@ -27,7 +32,10 @@ class CommBoundStep(Rule):
 
     Evidence:
         T_comm, T_bwd (or the FSDP compute window), the first-bucket wait, the lower bound on
-        the bubble from the equation, and the measured exposed communication, per rank and step.
+        the bubble from the equation, and the measured exposed communication, per rank and step;
+        each fix the what-if projection can make (one NIC per GPU, HYBRID_SHARD across nodes,
+        larger DDP buckets when they are latency-bound) with its projected typical step and its
+        ``tracecliff whatif`` command; the gain is the best of them.
 
     Fix:
         Communicate fewer bytes (bf16 gradients or a compression hook; HYBRID_SHARD across
@@ -80,6 +88,11 @@ class CommBoundStep(Rule):
                  f"{rep['t_window_us']:,.0f} − {rep['wait_us']:,.0f} µs: false; bubble ≥ T_comm + T_first_wait "
                  f"− {window} = {rep['min_bubble_us']:,.0f} µs (rank {rep['rank']}, step {rep['step']})")
         hit = [r for r in rows if r["min_bubble_us"] >= t["min_bubble_fraction"] * step_us]
+        step_us = facts.model.step_time_us
+        gain, best, prediction = self._prediction(ctx, rep["kind"])
+        if gain is not None:
+            summary += (f" The best fix the what-if projects, {best}, cuts the typical step from "
+                        f"{fmt_us(step_us)} to {fmt_us(prediction['predicted_step_time_us'])}.")
         evidence = {
             "representative": {"rank": rep["rank"], "step": rep["step"]},
             "t_comm_us": round(rep["t_comm_us"], 1), "t_window_us": round(rep["t_window_us"], 1),
@@ -89,14 +102,51 @@ class CommBoundStep(Rule):
             "by_rank_step": [[r["rank"], r["step"], round(r["t_comm_us"], 1), round(r["t_window_us"], 1),
                               round(r["exposed_us"], 1)] for r in rows],
             "collectives": rep["collectives"],
+            "prediction": prediction,
         }
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
-                            evidence=evidence, estimated_gain_us=None, model=model,
+                            evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text=("Reduce the bytes per step (bf16 gradients / comm hook, HYBRID_SHARD "
                                       "across nodes), add compute per step (larger micro-batch, gradient "
                                       "accumulation with no_sync()), or add network bandwidth."),
                             fix_snippet=("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
                                          "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"))]
+
+    @staticmethod
+    def _prediction(ctx, kind: str) -> tuple[float | None, str | None, dict]:
+        """(gain, best fix, prediction): every fix the what-if projection can make for this job,
+        each with its projected typical step; the gain is the best one's."""
+        facts, step_us = ctx.facts, ctx.model.step_time_us
+        whatif = WhatIf(ctx.result)
+        nodes, g = whatif.measured("measured_nodes"), whatif.measured("measured_gpus_per_node")
+        strategy = whatif.measured("measured_strategy")
+        if nodes is None:
+            return None, None, not_predicted("the what-if projection cannot project this trace "
+                                       "(no data-parallel schedule it models): no fix is projected")
+        options: list[tuple[str, dict]] = []
+        nics = whatif.measured("measured_nics_per_node")
+        if nodes > 1 and g and nics and nics < g:
+            options.append((f"one NIC per GPU ({g} per node, measured {nics})", {"nics_per_node": g}))
+        if nodes > 1 and strategy in ("ddp", "fsdp-full"):
+            layers = layer_count(facts, {(v.rank, v.step): 1 for v in facts.steps})[0] if strategy == "ddp" else None
+            units = {"fsdp_units": layers} if layers and layers > 1 else {}
+            options.append(("HYBRID_SHARD (shard inside each node, all-reduce shards across nodes)"
+                            + (f" with {layers} units (one per block)" if units else ""),
+                            {"strategy": "hsdp", **units}))
+        cap = _bucket_cap_mib(facts) if kind == "ddp" else None
+        if cap is not None:
+            options.append((f"bucket_cap_mb={cap:g} (fewer, larger all-reduces)", {"bucket_mb": cap}))
+        projected = [(label, whatif.fix(**changes)) for label, changes in options]
+        alternatives = [alternative(label, step_us, fix) for label, fix in projected]
+        found = [(fix.gain_us, label, fix) for label, fix in projected if fix is not None]
+        if not found:
+            return None, None, not_predicted("no fix the what-if projection models applies here (a single node, "
+                                       "one NIC per GPU already, or a schedule it cannot project): cut the "
+                                       "bytes or add compute per step", alternatives)
+        gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
+        model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
+        return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
+                                      changes=fix.changes)
 
     @staticmethod
     def _ddp_rows(facts):
@@ -130,3 +180,16 @@ class CommBoundStep(Rule):
                          "t_window_us": window, "wait_us": 0.0, "min_bubble_us": bound.min_bubble_us,
                          "exposed_us": view.exposed_comm_us, "collectives": ", ".join(kinds)})
         return rows
+
+
+def _bucket_cap_mib(facts) -> float | None:
+    """The bucket cap (MiB) the DDP bucket model wants when it is larger than the measured
+    buckets (latency-bound all-reduces), else None."""
+    steps = ddp_steps(facts)
+    if not steps:
+        return None
+    rep = steps[len(steps) // 2]
+    choice, _, saving = rep.cap_saving()
+    if saving <= 0 or choice.cap_bytes <= statistics.median(rep.bucket_bytes):
+        return None
+    return choice.cap_bytes / models.MIB

@@ -6,7 +6,7 @@ import statistics
 
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
-from analyzer.whatif.projection import projected_gain
+from analyzer.whatif.prediction import what_if_or_own
 from analyzer.whatif.ddp import allreduce_equation, backward_transfer_us, ddp_steps, why_no_ddp_steps, typical_step
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
@@ -76,7 +76,11 @@ class DdpBucketOversized(Rule):
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB
-        gain, projection_source = projected_gain(ctx.facts.result, gain, bucket_mb=cap_mib)
+        gain, projection_source, prediction = what_if_or_own(
+            ctx.facts.result, step_us, gain,
+            "DDP bucket pipeline (docs/models.md §4) on the median rank-step, re-bucketed at the suggested cap",
+            {"link": {"value": rep.link.evidence(), "origin": "measured", "source": rep.link.source}},
+            bucket_mb=cap_mib)
         hit = [s for s in steps if s.measured_tail_us >= ctx.thresholds["tail_fraction"] * step_us]
         wait = rep.first_wait_us
         summary = (f"{len(rep.bucket_bytes)} gradient buckets up to {fmt_bytes(largest)}: the first all-reduce "
@@ -105,6 +109,7 @@ class DdpBucketOversized(Rule):
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
             "projection_source": projection_source,
+            "prediction": prediction,
             "step_time_us": round(step_us, 1),
             "link": rep.link.evidence(),
             "collectives": "backward all-reduce (DDP gradient buckets)",

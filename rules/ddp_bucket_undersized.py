@@ -6,7 +6,7 @@ import statistics
 
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
-from analyzer.whatif.projection import projected_gain
+from analyzer.whatif.prediction import what_if_or_own
 from analyzer.whatif.ddp import ddp_steps, why_no_ddp_steps, typical_step
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
@@ -84,7 +84,11 @@ class DdpBucketUndersized(Rule):
         if gain < t["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB
-        gain, projection_source = projected_gain(ctx.facts.result, gain, bucket_mb=cap_mib)
+        gain, projection_source, prediction = what_if_or_own(
+            ctx.facts.result, step_us, gain,
+            "DDP bucket pipeline (docs/models.md §4) on the median rank-step, re-bucketed at the suggested cap",
+            {"link": {"value": link.evidence(), "origin": "measured", "source": link.source}},
+            bucket_mb=cap_mib)
         n = link.n
         summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {fmt_bytes(median_bucket)}, "
                    f"{100 * small:.0f}% latency-bound (S/N below S* = {fmt_bytes(s_star)}): α is {100 * latency_share:.0f}% of the "
@@ -110,6 +114,7 @@ class DdpBucketUndersized(Rule):
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
             "projection_source": projection_source,
+            "prediction": prediction,
             "step_time_us": round(step_us, 1),
             "link": link.evidence(),
             "collectives": "backward all-reduce (DDP gradient buckets)",

@@ -26,6 +26,7 @@ from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
+from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
 MODELS_DOC = "docs/models.md"
@@ -130,8 +131,15 @@ class RuleContext:
                 fix_snippet: str | None = None, severity: str | None = None,
                 recovers: dict[str, float] | tuple[str, ...] | None = None) -> dict[str, Any]:
         """A finding; ``recovers``: the leaves its fix gives back (the rule's by default), or its
-        gain split over them in µs when the rule knows the split."""
+        gain split over them in µs when the rule knows the split. Its evidence states what the fix
+        is worth (``evidence["prediction"]``, analyzer.whatif.prediction): the rule's own when it
+        gives one, else the typical step less the gain, or "no model for this fix"."""
         gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)
+        if "prediction" not in evidence:
+            step = self.model.step_time_us
+            evidence["prediction"] = (not_predicted(NO_MODEL) if gain is None else
+                                      predicted(step, gain, "the rule's own estimate (its model below)")
+                                      if step else not_predicted("the typical step time is unknown"))
         leaves = self.rule.recovers if recovers is None else recovers
         parts = {leaf: None for leaf in leaves} if gain is None else \
             {leaf: round(v, 1) for leaf, v in split_gain(gain, leaves, self.model.typical).items()}

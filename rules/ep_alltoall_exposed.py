@@ -6,6 +6,7 @@ from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
+from analyzer.whatif.prediction import not_predicted, predicted
 
 
 @register
@@ -78,7 +79,17 @@ class EpAlltoallExposed(Rule):
         floor = median(b for *_, b in rows)
         gain = exposed - floor
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            prediction = not_predicted(f"overlap could hide only {gain:,.0f} µs: the critical overlap bound leaves "
+                                       f"{floor:,.0f} µs of the {exposed:,.0f} µs exposed")
             gain = None
+        else:
+            prediction = predicted(step_us, gain, "critical overlap bound (docs/models.md §4): exposed ≥ max(0, T_a2a − "
+                                   "T_compute); the gain hides all the rest, an upper bound", {
+                                       "overlap": {"value": "full", "origin": "assumed",
+                                                   "source": "dispatch/combine on their own stream under independent "
+                                                             "compute (DeepEP overlap / two interleaved micro-batches)"},
+                                       "compute": {"value": "measured", "origin": "measured",
+                                                   "source": "the step's compute, unchanged"}})
         libraries = sorted({c.get("library") or "?" for colls in by_step.values() for c in colls})
         summary = (f"Expert-parallel communication ({', '.join(libraries)}) is exposed for {fmt_us(exposed)} per step "
                    f"(median over ranks and steady steps: {100 * exposed / step_us:.0f}% of the {fmt_us(step_us)} "
@@ -89,7 +100,7 @@ class EpAlltoallExposed(Rule):
         evidence = {
             "exposed_ep_us_median": round(exposed, 1), "ep_comm_us_median": round(total, 1),
             "min_exposed_us_if_overlapped": round(floor, 1), "step_time_us": round(step_us, 1),
-            "libraries": libraries,
+            "libraries": libraries, "prediction": prediction,
             "by_rank_step": [[v.rank, v.step, round(e, 1), round(t, 1), round(v.compute_us, 1)]
                              for v, e, t, _ in rows],
         }

@@ -9,6 +9,7 @@ from analyzer.job.model import group_label
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.whatif.prediction import predicted
 
 # The collective kinds whose exposed transfer a finding of each specific rule explains (None:
 # every kind), and the rules that explain the waiting (a late rank).
@@ -150,6 +151,15 @@ class ExposedCommunication(Rule):
             "by_group": details.get("by_group"), "wait_by_peer": details.get("wait_by_peer"),
             "wait_source": tb.get("wait_source"), "alpha_beta": model, "synchronous_allreduces": sync,
             "parallelism_own_cost": by_design,
+            "prediction": predicted(step, unexplained, "upper bound: every exposed µs no other finding explains "
+                                    "hidden under compute or made unnecessary (|comm \\ compute| of the typical step, "
+                                    "docs/models.md §4)", {
+                                        "overlap": {"value": "full", "origin": "assumed",
+                                                    "source": "the fix hides or removes all of it (bucketing, prefetch, "
+                                                              "pipelining, fewer bytes); the compute is enough to hide it"},
+                                        "waiting": {"value": round(open_wait, 1), "origin": "measured",
+                                                    "source": "waiting for late peers counted as recoverable: the late "
+                                                              "ranks arrive on time"}}),
         }
         model_text = "; ".join(
             f"{m['collective']} in {m['group']}: {m['count']:g} per rank, {fmt_bytes(m['bytes'])} → α-β "

@@ -7,6 +7,7 @@ from analyzer.whatif.ddp import ddp_steps
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, unit_links
+from analyzer.whatif.prediction import not_predicted, predicted
 
 LOW_PRECISION = ("bf16", "f16")
 
@@ -89,6 +90,7 @@ class Fp32GradientComm(Rule):
             "step_time_us": round(step_us, 1) if step_us else None,
             "predicted_step_time_us": round(step_us - gain, 1) if step_us and gain is not None else None,
             "collectives": f"backward {kind} in f32",
+            "prediction": self._prediction(step_us, gain, model, fsdp, per_step),
         }
         fix = ("model.register_comm_hook(None, default_hooks.bf16_compress_hook)" if not fsdp else
                "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP1\n"
@@ -98,6 +100,20 @@ class Fp32GradientComm(Rule):
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text="Communicate gradients in bf16: half the bytes of every gradient collective.",
                             fix_snippet=fix, severity=severity)]
+
+    @staticmethod
+    def _prediction(step_us, gain, model, fsdp: bool, per_step) -> dict:
+        if gain is not None and step_us:
+            return predicted(step_us, gain, (f"{'FSDP unit schedule (docs/models.md §5)' if fsdp else 'DDP bucket pipeline (docs/models.md §4)'}"
+                                             f" with the gradient bytes halved: {model}"),
+                             {"gradient_bytes": {"value": 0.5, "origin": "assumed",
+                                                 "source": "bf16 instead of fp32 in the same buckets / units"}})
+        if not step_us:
+            return not_predicted("no GPU step times: the exposed communication bf16 would save is not measured")
+        if per_step is None:
+            return not_predicted("the gradient collectives' sizes are not recorded: the bytes bf16 would save "
+                                 "cannot be timed")
+        return not_predicted("the gradient collectives' link (α/β) or schedule is unknown: the saving cannot be timed")
 
     @staticmethod
     def _bytes_per_step(grads):

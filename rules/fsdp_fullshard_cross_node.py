@@ -6,7 +6,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.projection import projected_gain
+from analyzer.whatif.prediction import what_if_or_own
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count
 
 
@@ -94,7 +94,11 @@ class FsdpFullShardCrossNode(Rule):
         fits = need is not None and memory is not None and need <= ctx.thresholds["memory_fraction"] * memory
         if need is not None and memory and not fits:
             return []  # HYBRID_SHARD would not fit: nothing to suggest
-        gain, projection_source = projected_gain(facts.result, gain, strategy="hsdp")
+        gain, projection_source, prediction = what_if_or_own(
+            facts.result, step_us, gain,
+            "FSDP unit schedule (docs/models.md §5) on the median rank-step with the intra-node link and a replicate all-reduce",
+            {"intra_node_link": {"value": intra.evidence(), "origin": "profile", "source": intra.source}},
+            strategy="hsdp")
         step_after = step_us - gain
         memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {fmt_bytes(need)} of {fmt_bytes(memory)} per GPU" if need and memory
                        else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
@@ -115,6 +119,7 @@ class FsdpFullShardCrossNode(Rule):
             "modelled_exposed_us_hybrid_shard": round(projected, 1),
             "projected_step_time_us": round(step_after, 1), "step_time_us": round(step_us, 1),
             "projection_source": projection_source,
+            "prediction": prediction,
             "parameters": psi, "parameters_source": psi_source,
             "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
             "collectives": "all-gather, reduce-scatter",

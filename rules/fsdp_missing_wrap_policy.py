@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from analyzer.base.units import fmt_bytes
+from dataclasses import replace
+
+from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.fsdp import parameter_count
+from analyzer.whatif.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
+from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, not_predicted, predicted
+from analyzer.whatif.projection import measured_strategy
 
 
 @register
@@ -26,7 +30,11 @@ class FsdpMissingWrapPolicy(Rule):
 
     Evidence:
         All-gathers per pass, the all-gather bytes against the parameter bytes (Ψ from the
-        reduce-scatter inputs), the unsharded peak, and the exposed all-gather time on GPU.
+        reduce-scatter inputs), the unsharded peak, the exposed all-gather time on GPU, and the
+        step predicted with one unit per transformer block: the FSDP unit schedule (models.md
+        §5) with as many units of equal size as the forward pass runs attention kernels (else
+        n_layers from Ψ), each all-gathered one unit ahead, replayed by the what-if projection
+        (``tracecliff whatif TRACES --fsdp-units N``).
 
     Fix:
         FSDP1: pass ``auto_wrap_policy=ModuleWrapPolicy({Block})`` (your transformer block
@@ -71,12 +79,17 @@ class FsdpMissingWrapPolicy(Rule):
         param_bytes = psi * elem if psi and elem else None
         exposed = [u["exposed_us"] for rows in forward.values() for u in rows if u.get("exposed_us") is not None]
         exposed_us = median(exposed)
+        layers, layers_source = layer_count(facts, {key: len(rows) for key, rows in forward.items()})
+        gain, prediction = self._prediction(ctx, layers, layers_source)
         size_text = f"{fmt_bytes(ag_bytes)}" if ag_bytes else "the whole model"
         share = f" ({100 * ag_bytes / param_bytes:.0f}% of the {fmt_bytes(param_bytes)} of parameters)" \
             if ag_bytes and param_bytes else (f" (parameters: {fmt_bytes(param_bytes)})" if param_bytes else "")
+        step_us = ctx.model.step_time_us
+        outcome = (f"; one unit per block ({layers}) is predicted to cut the typical step from {fmt_us(step_us)} "
+                   f"to {fmt_us(prediction['predicted_step_time_us'])}" if gain is not None else "")
         summary = (f"{units:g} all-gather per forward pass of {size_text}{share}: FSDP runs as a single "
                    f"unit, so the full model is materialized on every rank and nothing overlaps its "
-                   f"all-gather" + (f" ({exposed_us:,.0f} µs exposed per pass)." if exposed_us else "."))
+                   f"all-gather" + (f" ({exposed_us:,.0f} µs exposed per pass)" if exposed_us else "") + outcome + ".")
         model = (f"units = {units:g}; unsharded peak ≈ Ψ·bytes = {fmt_bytes(param_bytes)}" if param_bytes else
                  f"units = {units:g}") + f" (Ψ = {psi:,.0f} from {psi_source})" if psi else f"units = {units:g}"
         evidence = {
@@ -85,14 +98,75 @@ class FsdpMissingWrapPolicy(Rule):
             "parameters": psi, "parameters_source": psi_source,
             "unsharded_peak_bytes": param_bytes or ag_bytes,
             "exposed_allgather_us": exposed_us,
+            "layers": layers, "layers_source": layers_source,
             "collectives": "forward all-gather",
+            "step_time_us": None if step_us is None else round(step_us, 1),
+            "prediction": prediction,
         }
         strategy = facts.strategy
         snippet = ("for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)" if strategy == "fsdp2" else
                    "FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))")
         return [ctx.finding(summary=summary, ranks=sorted({r for r, _ in forward}),
                             steps=sorted({s for _, s in forward if s is not None}),
-                            evidence=evidence, estimated_gain_us=None, model=model,
+                            evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text="Wrap each transformer block as its own FSDP unit so all-gathers "
                                      "overlap compute and only one block is unsharded at a time.",
                             fix_snippet=snippet)]
+
+    @staticmethod
+    def _prediction(ctx, layers: int | None, layers_source: str) -> tuple[float | None, dict]:
+        """(gain µs, prediction) of wrapping each block: the what-if projection with ``layers``
+        units (FULL_SHARD, or HYBRID_SHARD as measured), else the FSDP unit schedule of
+        analyzer.whatif.fsdp on the median rank-step."""
+        step_us = ctx.model.step_time_us
+        if not step_us:
+            return None, not_predicted("no GPU step times: the compute the per-block all-gathers would "
+                                       "overlap is not measured")
+        if layers is None or layers < 2:
+            return None, not_predicted(f"{NO_UNITS}: {layers_source}")
+        strategy = "hsdp" if measured_strategy(ctx.result) == "hsdp" else "fsdp-full"
+        assumptions = {
+            "units": {"value": layers, "origin": "measured" if layers_source.startswith("measured") else "derived",
+                      "source": layers_source},
+            "unit_sizes": {"value": "equal", "origin": "assumed",
+                           "source": "the measured parameter and gradient bytes split evenly over the units "
+                                     "(the root's embeddings and head shared among them)"},
+            "prefetch": {"value": "one unit ahead", "origin": "assumed",
+                         "source": "FSDP's defaults (backward_prefetch=BACKWARD_PRE; FSDP2 prefetches both passes)"},
+            "sharding": {"value": strategy, "origin": "assumed" if strategy == "fsdp-full" else "measured",
+                         "source": "a root-only unit shows no backward all-gathers under FULL_SHARD either: "
+                                   "FULL_SHARD (the default) assumed, each unit all-gathered again in backward"
+                                   if strategy == "fsdp-full" else "replicate all-reduces in the trace"},
+        }
+        fix = WhatIf(ctx.result).fix(fsdp_units=layers, strategy=strategy)
+        if fix is not None:
+            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
+            return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},
+                                          fix.command, changes=fix.changes)
+        gain = _schedule_gain(ctx.facts, layers, strategy)
+        if gain is None:
+            return None, not_predicted("the all-gather's link (α/β) or the unit sizes are unknown: "
+                                       "the unit schedule cannot be timed")
+        model = (f"FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the median rank-step: exposed "
+                 f"communication with the measured unit less that with {layers} units of equal size")
+        return gain, predicted(step_us, gain, model, assumptions)
+
+
+NO_UNITS = "the number of transformer blocks is unknown"
+
+
+def _schedule_gain(facts, layers: int, strategy: str) -> float | None:
+    """The fallback: FsdpStep's exposed time with the measured unit less with ``layers`` units."""
+    steps = fsdp_steps(facts)
+    if not steps:
+        return None
+    rep = steps[len(steps) // 2]
+    found = unit_links(facts, rep)
+    if found is None:
+        return None
+    _, comm = found
+    params, grads = sum(rep.forward_ag_bytes), sum(rep.rs_bytes)
+    per_unit = replace(rep, forward_ag_bytes=(params / layers,) * layers,
+                       backward_ag_bytes=(params / layers,) * layers if strategy != "fsdp-grad-op" else (),
+                       rs_bytes=(grads / layers,) * layers, prefetch=True)
+    return max(0.0, rep.exposed_us(comm) - per_unit.exposed_us(comm))

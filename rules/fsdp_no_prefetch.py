@@ -5,6 +5,7 @@ from __future__ import annotations
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, unit_links
+from analyzer.whatif.prediction import predicted
 
 
 @register
@@ -97,6 +98,14 @@ class FsdpNoPrefetch(Rule):
             "step_time_us": round(step_us, 1),
             "link": links["allgather"].evidence(),
             "collectives": "forward and backward all-gather",
+            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the "
+                                    "median rank-step: exposed communication without prefetch less with it", {
+                "link": {"value": links["allgather"].evidence(), "origin": "measured",
+                         "source": links["allgather"].source},
+                "compute": {"value": "measured", "origin": "measured",
+                            "source": "each pass's measured compute split evenly over its units"},
+                "prefetch": {"value": "one unit ahead", "origin": "assumed",
+                             "source": "BACKWARD_PRE and forward_prefetch=True (FSDP2: its default)"}}),
         }
         snippet = ("FullyShardedDataParallel(model, auto_wrap_policy=...,\n"
                    "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)"

@@ -9,6 +9,7 @@ from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
+from analyzer.whatif.prediction import not_predicted, predicted
 
 
 @register
@@ -107,6 +108,15 @@ class FsdpWhereDdpFits(Rule):
             "projected_ddp_step_time_us": None if ddp_step is None else round(ddp_step, 1),
             "projected_shard_grad_op_step_time_us": None if sgo_step is None else round(sgo_step, 1),
             "collectives": "all-gather, reduce-scatter",
+            "prediction": (predicted(step_us, max(0.0, gain or 0.0), f"{best}: "
+                                     + ("DDP bucket pipeline (docs/models.md §4) at the measured backward pace, 25 MiB "
+                                        "buckets, plus the unsharded optimizer" if best == "DDP" else
+                                        "FSDP unit schedule (docs/models.md §5) without the backward all-gathers"),
+                                     {"gradient_bytes": {"value": psi * elem, "origin": "measured",
+                                                         "source": f"Ψ ({psi_source}) × {elem} bytes"}},
+                                     step_after_us=options[best])
+                           if best else not_predicted("the DDP and SHARD_GRAD_OP steps could not be projected "
+                                                      "(link or phase windows unknown)")),
         }
         return [ctx.finding(summary=summary, ranks=sorted({r.rank for r in facts.result.ranks}),
                             steps=sorted({v.step for v in facts.steps}), evidence=evidence,

@@ -7,6 +7,7 @@ from collections import Counter
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
+from analyzer.whatif.prediction import not_predicted, predicted
 
 
 @register
@@ -75,11 +76,23 @@ class PipelineBubble(Rule):
         ideal = models.pipeline_bubble_fraction(p, m) if m else None
         target = max(2 * m, 4 * (p - 1)) if m else None
         gain = None
+        prediction = not_predicted("the micro-batch count is unknown (no forward sends on the first stage)")
         if m and p > 1:
-            predicted = step_us * models.pipeline_time(1.0, p, target) / models.pipeline_time(1.0, p, m)
-            gain = step_us - predicted
+            after = step_us * models.pipeline_time(1.0, p, target) / models.pipeline_time(1.0, p, m)
+            gain = step_us - after
             if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+                prediction = not_predicted(f"{target} micro-batches would save only {gain:,.0f} µs by the "
+                                           "fill/drain model")
                 gain = None
+            else:
+                prediction = predicted(step_us, gain, "pipeline fill/drain (docs/models.md §7): step ∝ (m + p − 1)/m "
+                                       f"at the same work per step, m = {m} -> {target}", {
+                                           "work": {"value": "measured", "origin": "measured",
+                                                    "source": "the step's work split into more, smaller micro-batches"},
+                                           "schedule": {"value": "GPipe / 1F1B", "origin": "assumed",
+                                                        "source": "same bubble (p − 1)/(m + p − 1) for both"},
+                                           "transfers": {"value": "scaled with the step", "origin": "assumed",
+                                                         "source": "stage-to-stage sends shrink with the micro-batch"}})
         ideal_text = (f"; with p = {p} stages and m = {m} micro-batches the fill/drain bubble alone is "
                       f"(p − 1)/(m + p − 1) = {100 * ideal:.0f}%" if ideal is not None else
                       "; the micro-batch count is unknown (no forward sends on the first stage)")
@@ -95,6 +108,7 @@ class PipelineBubble(Rule):
             "bubble_fraction_median": round(bubble, 4), "step_time_us": round(step_us, 1),
             "compute_us_median": round(work, 1), "suggested_microbatches": target,
             "by_rank_step": [[v.rank, v.step, round(v.step_time_us, 1), round(v.compute_us, 1)] for v in views],
+            "prediction": prediction,
         }
         return [ctx.finding(summary=summary, ranks=[v.rank for v in views], steps=[v.step for v in views],
                             evidence=evidence, estimated_gain_us=gain, model=model,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
+from analyzer.whatif.prediction import not_predicted, predicted
 
 
 @register
@@ -70,8 +71,27 @@ class TpCrossNode(Rule):
         intra = facts.profile_link(len(members), 1)
         saved = [self._saved_us(facts, rows, intra) for rows in crossing.values()]
         gain = median(saved) if intra is not None and None not in saved else None
-        if gain is not None and gain < ctx.thresholds["min_gain_fraction"] * step_us:
+        if intra is None:
+            prediction = not_predicted("no hardware profile: the intra-node link's α/β is unknown (pass --gpu)")
+        elif gain is None:
+            prediction = not_predicted("some exposed tensor-parallel collectives have no recorded size: their "
+                                       "intra-node time cannot be modelled")
+        elif gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            prediction = not_predicted(f"the α-β model sees no material saving ({gain:,.0f} µs, below "
+                                       f"{100 * ctx.thresholds['min_gain_fraction']:g}% of the step)")
             gain = None  # the model sees no material saving: report the exposure without one
+        else:
+            prediction = predicted(step_us, gain, "α-β collective times (docs/models.md §2) on the intra-node link: "
+                                   "each exposed tensor-parallel collective's exposed time scaled by T_intra / "
+                                   "T_measured (what the what-if projection cannot do: it models data parallelism only)", {
+                                       "placement": {"value": f"the {len(members)}-rank group inside one node",
+                                                     "origin": "assumed",
+                                                     "source": "the fix: TP on one node's NVLink (nodes of at least "
+                                                               f"{len(members)} GPUs, or a smaller TP degree)"},
+                                       "intra_node_link": {"value": intra.evidence(), "origin": "profile",
+                                                           "source": intra.source},
+                                       "compute": {"value": "measured", "origin": "measured",
+                                                   "source": "per-GPU compute unchanged (same TP degree)"}})
         gain_text = (f"; on the intra-node link the same collectives would expose about "
                      f"{exposed - gain:,.0f} µs" if gain is not None else
                      "; the intra-node time cannot be modelled (sizes or link unknown)")
@@ -90,6 +110,7 @@ class TpCrossNode(Rule):
             "exposed_share": round(exposed / step_us, 4),
             "intra_node_link": intra.evidence() if intra is not None else None,
             "collectives": ", ".join(sorted({r["collective"] for rows in crossing.values() for r in rows})),
+            "prediction": prediction,
         }
         snippet = (f"mesh = init_device_mesh(\"cuda\", (world // {facts.gpus_per_node}, {facts.gpus_per_node}), "
                    "mesh_dim_names=(\"dp\", \"tp\"))  # tp innermost, inside a node\n"

@@ -178,3 +178,68 @@ def test_cpu_only_runs_compare_collectives_per_rank(capsys):
     unknown = [r for r in rows if all(c.get("bytes") is None for c in ddp.collectives
                                       if c["collective"] == r["collective"])]
     assert all(r["bytes"]["base"] is None for r in unknown)
+
+
+# ---------------------------------------------------------------- predicted vs measured
+@pytest.fixture(scope="module")
+def bucket_fix(tmp_path_factory):
+    """A generated before/after pair: DDP with 1 GiB buckets, then the same job with the
+    bucket_cap_mb the finding suggests (the generator's own simulation of the fix)."""
+    from dataclasses import replace
+    from analyzer.synth import SCENARIOS, write_job
+    from conftest import SAMPLES
+    before = load_run([str(SAMPLES / "synthetic" / "ddp_bucket_oversized")])
+    finding = next(f for f in before.findings if f["rule"] == "ddp-bucket-oversized")
+    cap = finding["evidence"]["suggested_bucket_cap_mb"]
+    folder = write_job(replace(SCENARIOS["ddp_bucket_oversized"], bucket_cap_mb=cap, first_bucket_mb=cap),
+                       tmp_path_factory.mktemp("fixed") / "ddp_bucket_fixed")
+    return before, load_run([str(folder)]), str(folder)
+
+
+def test_diff_puts_each_prediction_beside_the_change_measured(bucket_fix):
+    before, after, _ = bucket_fix
+    section = diff_runs(before, after)["predictions"]
+    assert section["available"] and section["same_scale"]
+    assert section["measured_gain_us"] == pytest.approx(before.model.step_time_us - after.model.step_time_us)
+    check = next(p for p in section["findings"] if p["rule"] == "ddp-bucket-oversized")
+    finding = next(f for f in before.findings if f["rule"] == "ddp-bucket-oversized")
+    assert check["status"] == "resolved"  # the fix made the rule quiet
+    assert check["predicted_gain_us"] == finding["estimated_gain_us"]
+    assert check["predicted_step_time_us"] == finding["evidence"]["prediction"]["predicted_step_time_us"]
+    assert check["measured_step_time_us"] == after.model.step_time_us
+    assert check["error_pct"] == pytest.approx(100 * (check["predicted_step_time_us"] - after.model.step_time_us)
+                                               / after.model.step_time_us)
+    assert abs(check["error_pct"]) < 10  # the model's audit on this pair
+    assert check["whatif"].startswith("tracecliff whatif TRACES --bucket-mb")
+    # the leaves it said its fix gives back, measured: the exposed transfer and waiting shrank
+    leaves = check["recovered_leaves"]
+    assert set(leaves) == set(finding["recovers"])
+    assert check["measured_recovered_us"] == pytest.approx(sum(
+        getattr(before.model.typical.leaves, leaf) - getattr(after.model.typical.leaves, leaf) for leaf in leaves))
+
+
+def test_predicted_vs_measured_in_text_json_and_html(bucket_fix, capsys):
+    before, after, folder = bucket_fix
+    from conftest import SAMPLES
+    base = str(SAMPLES / "synthetic" / "ddp_bucket_oversized")
+    rc, out, _ = run_cli(["diff", base, folder], capsys)
+    assert rc == 0
+    assert re.search(r"Predicted vs measured .*\n.*\n ddp-bucket-oversized\s+resolved\s+[\d,.]+\s+[\d,.]+\s+[\d,.]+"
+                     r"\s+[\d,.]+\s+[-+]\d+\.\d%\s+tracecliff whatif TRACES --bucket-mb", out)
+    rc, out, _ = run_cli(["diff", base, folder, "--format", "json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["predictions"]["findings"][0]["rule"] == "ddp-bucket-oversized"
+    assert doc["schema_version"] == 2
+    rc, out, _ = run_cli(["diff", base, folder, "--format", "html"], capsys)
+    section = re.search(r'<section id="predictions">(.*?)</section>', out, re.S).group(1)
+    assert "<code>ddp-bucket-oversized</code>" in section and "resolved" in section and "--bucket-mb" in section
+
+
+def test_a_result_without_predictions_checks_the_gain(cliff):
+    """Saved results written before predictions: the predicted step is the typical step less the gain."""
+    base, new = (copy.copy(d) for d in cliff)
+    base.findings = [{"rule": "comm-bound-step", "severity": "warning", "title": "t", "summary": "s",
+                      "estimated_gain_us": 10.0, "recovers": {"exposed_transfer_us": 10.0}, "evidence": {}}]
+    check = diff_runs(base, new)["predictions"]["findings"][0]
+    assert check["predicted_step_time_us"] == pytest.approx(base.model.step_time_us - 10.0)
+    assert check["whatif"] is None and check["error_pct"] is not None

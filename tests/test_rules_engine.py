@@ -135,8 +135,10 @@ def test_a_rule_that_raises_becomes_an_error_finding(monkeypatch):
 def test_findings_sorted_by_gain_then_without_gain():
     result = _fresh("synthetic/ddp_bucket_undersized")
     rules = [f["rule"] for f in run_rules(result)]
-    assert rules == ["ddp-bucket-undersized", "comm-bound-step"]  # gain first, then no gain
-    assert result.verdict.startswith("2 problem(s) found: DDP buckets are undersized")
+    # by gain: comm-bound-step's best projected fix (HYBRID_SHARD) gains more than the bucket cap
+    gains = [f["estimated_gain_us"] for f in result.findings]
+    assert rules == ["comm-bound-step", "ddp-bucket-undersized"] and gains == sorted(gains, reverse=True)
+    assert result.verdict.startswith("2 problem(s) found: The step is communication-bound")
 
 
 # ---------------------------------------------------------------- CLI

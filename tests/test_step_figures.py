@@ -22,7 +22,7 @@ from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, Markers
 from analyzer.rank.attribution import LAUNCH_GAP_NS, RankTimeline
 from analyzer.rank import steps as steps_module
 from analyzer.rank.analysis import _first_within
-from analyzer.rank.steps import _is_low_precision, step_figures
+from analyzer.rank.steps import _is_attention_forward, _is_low_precision, step_figures
 from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, Attribution, breakdown, exposed_by_phase, ns_to_us
 
 STRINGS = ["sm90_gemm_bf16", "elementwise_kernel", "ncclAllReduce", "flash_fwd_bfloat16_t", "Memcpy HtoD"]
@@ -44,7 +44,13 @@ def plain_step_facts(strings, gpu, phase):
         low_names = [i for i in arrays.unique(names).tolist() if _is_low_precision(strings[i])]
         low[np.flatnonzero(compute)[np.isin(names, low_names)]] = True
     low_us = iv.total(iv.union(gpu.ts[low], gpu.end[low])) / 1000.0 if low.any() else 0.0
-    return {"phase_windows": windows, "low_precision_compute_us": round(low_us, 3)}
+    out = {"phase_windows": windows, "low_precision_compute_us": round(low_us, 3)}
+    # one forward attention kernel per block: counted in the forward phase, kept only when found
+    attention = sum(1 for name, p, k in zip(gpu.name.tolist(), phase.tolist(), gpu.kind.tolist())
+                    if k == GpuKind.COMPUTE and p == 0 and _is_attention_forward(strings[name]))
+    if attention:
+        out["forward_attention_kernels"] = attention
+    return out
 
 
 def plain_step_figures(strings, gpu, att):

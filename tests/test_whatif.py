@@ -114,6 +114,44 @@ def test_ddp_to_hybrid_shard_matches_the_generator(ddp_two_nodes):
     assert any("each gradient bucket taken as one FSDP unit" in note for note in projection.notes)
 
 
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2"])
+def test_fsdp_units_match_a_per_block_wrap_in_the_generator(tmp_path_factory, strategy):
+    """One unit (no wrap policy) -> one unit per block: the projected change, applied to the
+    measured step, within 10% of the generator's per-block job."""
+    spec, files, result, _ = measured(tmp_path_factory, f"{strategy}_no_wrap")  # 2 blocks
+    base = project(result).projected["step_time_us"]
+    fixed = project(result, Scenario(fsdp_units=2, strategy="fsdp-full"))
+    predicted = result.model.step_time_us + fixed.projected["step_time_us"] - base
+    truth = target_step_us(spec, fsdp_wrap="per_layer")
+    assert predicted == pytest.approx(truth, rel=0.10)
+    assert predicted < 0.97 * result.model.step_time_us  # the all-gathers now overlap compute
+    assert fixed.assumptions["fsdp_units"]["value"] == 2
+    assert any("2 units of equal size" in note for note in fixed.notes)
+
+
+def test_fsdp_units_on_the_command_line(tmp_path_factory, capsys):
+    _, files, result, _ = measured(tmp_path_factory, "fsdp1_no_wrap")
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--fsdp-units", "2", "--strategy", "fsdp-full", "--format", "json"])
+    assert code.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["projected"]["step_time_us"] == pytest.approx(
+        project(result, Scenario(fsdp_units=2, strategy="fsdp-full")).projected["step_time_us"], abs=0.01)
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--fsdp-units", "2", "--strategy", "ddp"])
+    assert code.value.code == 2 and "--fsdp-units applies to FSDP" in capsys.readouterr().err
+
+
+def test_ddp_buckets_regrouped_into_units():
+    """Buckets in launch order [head 4, 3, 3, 2, 2, 2] into 3 units of the 12 bytes after the head
+    (shares end at 4, 8, 12): 3 (closer to 4 than 6 is), 3+2 (reaches 8), 2+2 and the head 4, each
+    ready with its last bucket; the head reduced with the root, last."""
+    from analyzer.whatif.projection import _regroup
+    sizes, ready = _regroup([4.0, 3.0, 3.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3)
+    assert sizes == [3.0, 5.0, 8.0] and ready == [2.0, 4.0, 6.0]
+    assert _regroup([5.0], [1.0], 4) == ([5.0], [1.0])
+
+
 def test_unsupported_projections_are_config_errors(ddp_two_nodes, fsdp_two_nodes):
     with pytest.raises(ConfigError, match="DDP only"):
         project(fsdp_two_nodes[2], Scenario(bucket_mb=50))

@@ -16,6 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from analyzer.compare.metrics import DEFAULT_AGGREGATE, group_label, metric_spec, run_metrics
+from analyzer.compare.predictions import prediction_checks
 from analyzer.job.model import STEADY, TYPICAL
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
@@ -38,6 +39,8 @@ def diff_runs(base: Any, new: Any, base_label: str = "base", new_label: str = "n
         "ranks": rank_deltas(base, new),
         "step_time": decompose(base, new),
         "scaling": scaling(base, new, facts),
+        # each finding of base: the gain it predicted against the change measured (added keys only)
+        "predictions": prediction_checks(base, new),
     }
 
 

@@ -196,6 +196,7 @@ class RankStep:
     windows: Mapping[str, tuple[float, float, float]]
     low_precision_compute_us: float
     cpu_step_us: float | None  # the ProfilerStep range on the CPU
+    forward_attention_kernels: int  # one per transformer block and forward pass (analyzer.rank.steps)
 
 
 @dataclass(frozen=True)
@@ -428,7 +429,8 @@ def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None,
                     float(entry.get("busy_us") or 0.0), entry.get("overlap_pct"),
                     {phase: ((w["start_ns"] - origin_ns) / 1000.0, (w["end_ns"] - origin_ns) / 1000.0, w["compute_us"])
                      for phase, w in (entry.get("phase_windows") or {}).items()},
-                    float(entry.get("low_precision_compute_us") or 0.0), entry.get("cpu_step_us"))
+                    float(entry.get("low_precision_compute_us") or 0.0), entry.get("cpu_step_us"),
+                    int(entry.get("forward_attention_kernels") or 0))
 
 
 def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:

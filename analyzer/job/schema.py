@@ -81,6 +81,7 @@ class Step(msgspec.Struct):
     phases: dict[str, float]
     cpu_step_us: float | None = None
     low_precision_compute_us: float | None = None
+    forward_attention_kernels: int | None = None  # one per transformer block and forward pass; absent: none
     backward_launch_ns: int | None = None
     phase_windows: dict[str, dict[str, Any]] | None = None
     window_ns: list[int] | None = None  # [first GPU activity, next step's] on the rank's clock

@@ -1,6 +1,8 @@
 """Per-step facts the diagnosis rules need beyond the time breakdown: where each phase's compute
-sits on the GPU (for the DDP bucket pipeline and the critical-overlap equation, models.md §4) and
-in which dtype the compute kernels run (for fp32 gradient communication under bf16 compute).
+sits on the GPU (for the DDP bucket pipeline and the critical-overlap equation, models.md §4), in
+which dtype the compute kernels run (for fp32 gradient communication under bf16 compute) and how
+many attention kernels the forward pass runs (one per transformer block: the layer structure an
+FSDP wrap policy would follow, models.md §5).
 
 Computed in the per-rank worker (it needs the event arrays); times are absolute nanoseconds on
 the rank's trace clock, so ``(ns - job.time_origin_ns) / 1000`` lines them up with the
@@ -17,7 +19,7 @@ import numpy as np
 
 from analyzer.base import arrays
 from analyzer.base import intervals as iv
-from analyzer.rank.timeline import BACKWARD, NO_STEP, PHASES, Attribution, breakdown_of, ns_to_us
+from analyzer.rank.timeline import BACKWARD, FORWARD, NO_STEP, PHASES, Attribution, breakdown_of, ns_to_us
 from analyzer.ingest.trace import GpuEvents, GpuKind
 
 # Low-precision compute as kernel names print it: cuBLAS/CUTLASS "bf16" / "f16" tile names,
@@ -30,6 +32,20 @@ _LOW_PRECISION = re.compile(r"bf16|bfloat16|::half\b|fp16|__half|_f16|f16_|h884|
 def _is_low_precision(kernel_name: str) -> bool:
     # Cached: the same kernel names recur in every step of every rank.
     return _LOW_PRECISION.search(kernel_name) is not None
+
+
+# One forward attention kernel per transformer block, as the attention libraries name them:
+# FlashAttention 2 and PyTorch's copy of it (flash_fwd_kernel, flash_fwd_splitkv_kernel, not
+# its combine kernel), FlashAttention 3 (FlashAttnFwdSm90), PyTorch's memory-efficient kernel
+# (fmha_cutlassF_*), other fmha forward kernels (CK's FmhaFwdKernel, TensorRT's fmha_*_fwd),
+# cuDNN's SDPA forward (*sdpa*fprop*) and the Triton tutorial's / ROCm's _attn_fwd.
+_ATTENTION_FORWARD = re.compile(r"flash_fwd(?!_splitkv_combine)|flashattnfwd|fmha_cutlassf|fmha_?fwd|fmhafwd"
+                                r"|sdpa\w*fprop|_attn_fwd", re.IGNORECASE)
+
+
+@lru_cache(maxsize=65536)
+def _is_attention_forward(kernel_name: str) -> bool:
+    return _ATTENTION_FORWARD.search(kernel_name) is not None
 
 
 # Lanes times their stride stay below this (int64 with room to spare): a trace whose steps span
@@ -102,6 +118,8 @@ def _lanes(strings: list[str], gpu: GpuEvents, att: Attribution, stride: int) ->
         windows.append((_lane_extreme(np.minimum, gpu.ts, lane, in_phase, n),
                         _lane_extreme(np.maximum, gpu.end, lane, in_phase, n), totals(union(in_phase))))
     low_ns = totals(union(_low_precision(strings, gpu, compute_rows)))
+    attention = np.bincount(lane[_named(strings, gpu, compute_rows & (att.phase == FORWARD), _is_attention_forward)],
+                            minlength=n).tolist()
     backward = (att.phase == BACKWARD) & (att.launch_thread >= 0)
     backward_launch = _lane_extreme(np.minimum, att.launch_ts, lane, backward, n)
     entries = []
@@ -112,6 +130,8 @@ def _lanes(strings: list[str], gpu: GpuEvents, att: Attribution, stride: int) ->
         entry["phase_windows"] = {name: {"start_ns": low[k], "end_ns": high[k], "compute_us": round(ns[k] / 1000.0, 3)}
                                   for name, (low, high, ns) in zip(PHASES, windows) if low[k] is not None}
         entry["low_precision_compute_us"] = round(low_ns[k] / 1000.0, 3)
+        if attention[k]:  # only where there is one: other jobs' summaries stay as they were
+            entry["forward_attention_kernels"] = attention[k]
         entry["first_ns"] = first_ns
         entry["backward_launch_ns"] = backward_launch[k]
         entries.append(entry)
@@ -132,9 +152,14 @@ def _lane_extreme(ufunc: np.ufunc, values: np.ndarray, lane: np.ndarray, mask: n
 
 def _low_precision(strings: list[str], gpu: GpuEvents, compute: np.ndarray) -> np.ndarray:
     """The compute kernels whose names say bf16/fp16 (each distinct name judged once)."""
-    names = gpu.name[compute]
-    low = np.zeros(len(gpu), dtype=bool)
+    return _named(strings, gpu, compute, _is_low_precision)
+
+
+def _named(strings: list[str], gpu: GpuEvents, rows: np.ndarray, test) -> np.ndarray:
+    """The rows (a mask) whose kernel name passes ``test`` (each distinct name judged once)."""
+    names = gpu.name[rows]
+    found = np.zeros(len(gpu), dtype=bool)
     if len(names):
-        low_names = [i for i in arrays.unique(names).tolist() if _is_low_precision(strings[i])]
-        low[np.flatnonzero(compute)[np.isin(names, low_names)]] = True
-    return low
+        passing = [i for i in arrays.unique(names).tolist() if test(strings[i])]
+        found[np.flatnonzero(rows)[np.isin(names, passing)]] = True
+    return found

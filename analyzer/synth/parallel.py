@@ -66,9 +66,19 @@ class ParallelSpec:
     ep_overlapped: bool = True  # expert: dispatch/combine on their own stream under compute
     descriptions: bool = True  # group descriptions in pg_config / record_param_comms
     note: str = ""
+    # pipeline: one micro-batch's forward, backward and stage-to-stage transfer (whole µs); a job
+    # re-run with more micro-batches of the same batch scales them down (tests/test_rules_gains.py)
+    forward_us: int = 200
+    backward_us: int = 400
+    transfer_us: int = 20
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # Knobs added after the committed samples were written are left out at their defaults,
+        # so those samples' truth still describes them.
+        return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
+
+
+_LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20}
 
 
 @dataclass
@@ -186,7 +196,7 @@ def _megatron_tp(spec: ParallelSpec, rank: int) -> StepPlan:
 
 def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
     """GPipe over ``pp`` stages (one per rank), ``microbatches`` micro-batches: forward F = 200,
-    backward B = 400, each activation/gradient transfer c = 20 µs. Stage s runs micro-batch j's
+    backward B = 400, each activation/gradient transfer c = 20 µs (``forward_us``, ...). Stage s runs micro-batch j's
     forward at tF(s, j) = max(tF(s-1, j) + F + c, tF(s, j-1) + F) and its backward at
     tB(s, j) = max(tB(s+1, j) + B + c, tB(s, j-1) + B), the last stage starting backward when its
     forwards are done. As NCCL does, a posted recv spins on the GPU until its data arrives (the
@@ -196,7 +206,7 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
     this step: the host runs ahead), which spins until stage s-1 sends in the next step.
     Ideal bubble: (p - 1)/(m + p - 1) of the pipeline time."""
     p, m, s = spec.pp, spec.microbatches, rank
-    f, b, c = 200, 400, 20
+    f, b, c = spec.forward_us, spec.backward_us, spec.transfer_us
     world = _groups(spec, rank)[0]
     tf = [[0] * m for _ in range(p)]
     tb = [[0] * m for _ in range(p)]

@@ -13,6 +13,7 @@ step), so that what the model leaves out cancels.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -104,6 +105,31 @@ def unit_links(facts, step: FsdpStep):
     if None in links.values():
         return None
     return links, lambda kind, size: links[kind].time_us(kind, size)
+
+
+# d_model ≈ 128 × n_layers: the aspect ratio of GPT-3 (12288 / 96) and Llama (4096 / 32, 5120 / 40)
+ASPECT_RATIO = 128
+
+
+def layer_count(facts, passes: dict[tuple[int, Any], int]) -> tuple[int | None, str]:
+    """Transformer blocks of the model, the units a per-layer wrap policy makes (models.md §5):
+    the forward attention kernels of a steady step (one per block and pass) over its forward
+    passes (``passes``: forward all-gathers per (rank, step) of a single-unit job), median over
+    rank-steps; else from Ψ with d_model = 128·n_layers (Ψ ≈ 12·n_layers·d_model²); else None."""
+    counts = []
+    for (rank, step), n in passes.items():
+        view = facts.steady_view(rank, step)
+        if view is not None and view.forward_attention_kernels and n:
+            counts.append(view.forward_attention_kernels / n)
+    if counts:
+        layers = max(1, round(statistics.median(counts)))
+        return layers, "measured: forward attention kernels per forward pass (one per transformer block)"
+    psi, _ = parameter_count(facts)
+    if psi:
+        layers = max(2, round((psi / (12 * ASPECT_RATIO ** 2)) ** (1 / 3)))
+        return layers, (f"from the parameter count: Ψ = {psi:,.0f} ≈ 12·L·d² with d = {ASPECT_RATIO}·L "
+                        "(no attention kernels in the trace to count the blocks)")
+    return None, "neither attention kernels nor parameter sizes in the trace"
 
 
 def parameter_count(facts) -> tuple[float | None, str]:

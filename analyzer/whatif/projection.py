@@ -20,6 +20,12 @@ duration. Then, per rank and step:
   prefetch for a hidden all-gather; the end of backward for reduce-scatters and all-reduces);
   compute stalls by however late a collective is. The step changes by (new stalls − measured
   exposed communication).
+- FSDP units (``--fsdp-units N``): the measured all-gathers and reduce-scatters replaced by N
+  units of equal size (models.md §5: the per-layer wrap policy a single-unit job lacks), each
+  all-gathered one unit ahead of its share of the measured forward / backward compute and
+  reduce-scattered when its share of backward is done, replayed as above; each new collective
+  keeps the measured ones' ratio to the α-β model. From DDP, the gradient buckets regrouped into
+  N units (one per transformer block) instead of one unit per bucket.
 - Across strategies: FSDP -> DDP all-reduces each unit's gradients (ready where its
   reduce-scatter was issued) through the bucket pipeline; DDP -> FSDP takes each gradient bucket
   as one unit and replays prefetched all-gathers, reduce-scatters and HSDP all-reduces on the
@@ -65,6 +71,7 @@ class Scenario:
     model_params: float | None = None
     tokens_per_step: float | None = None  # whole job's, measured configuration
     trace_nics_per_node: int | None = None  # NICs per node of the *measured* job
+    fsdp_units: int | None = None  # FSDP: this many units of equal size (a per-layer wrap policy)
 
 
 @dataclass
@@ -460,9 +467,11 @@ class _DdpBatch:
         return out
 
 
-def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config) -> tuple[float, float] | None:
+def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config,
+                      units: int | None = None) -> tuple[float, float] | None:
     """FSDP from a DDP trace, each gradient bucket taken as one FSDP unit (parameters in the
-    gradients' dtype): forward compute shared among units by bytes, backward compute between
+    gradients' dtype), or with ``units`` the buckets regrouped into that many units
+    (``_regroup``): forward compute shared among units by bytes, backward compute between
     consecutive gradient-ready times; all-gathers prefetched one unit ahead (and again in
     backward unless SHARD_GRAD_OP), reduce-scatter when a unit's gradients are ready (HSDP: then
     an all-reduce of the shard across nodes); compute stalls from the replay."""
@@ -472,8 +481,9 @@ def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config)
         return None
     forward_start = _us(windows["forward"]["start_ns"], origin_ns)
     backward_start = _us(windows["backward"]["start_ns"], origin_ns)
-    total = sum(ddp.sizes)
-    unit_sizes = ddp.sizes[::-1]  # forward order: the last bucket holds the first layers
+    sizes, ready_times = (list(ddp.sizes), list(ddp.ready)) if not units else _regroup(ddp.sizes, ddp.ready, units)
+    total = sum(sizes)
+    unit_sizes = sizes[::-1]  # forward order: the last bucket holds the first layers
     compute_starts = forward_start + np.concatenate(
         ([0.0], np.cumsum([windows["forward"]["compute_us"] * s / total for s in unit_sizes])[:-1]))
     items: list[_Item] = []
@@ -481,9 +491,9 @@ def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config)
         issue = compute_starts[u - 1] if u else forward_start
         items.append(_Item(None, "allgather", "fsdp", issue, compute_starts[u],
                            durations.new("allgather", size, "shard")))
-    backward_starts = [backward_start] + list(ddp.ready[:-1])
+    backward_starts = [backward_start] + ready_times[:-1]
     shard_group = min(target.gpus, target.gpus_per_node) if target.strategy == "hsdp" else target.gpus
-    for i, (size, ready) in enumerate(zip(ddp.sizes, ddp.ready)):
+    for i, (size, ready) in enumerate(zip(sizes, ready_times)):
         if target.strategy != "fsdp-grad-op":
             issue = backward_starts[i - 1] if i else backward_start
             items.append(_Item(None, "allgather", "fsdp", issue, backward_starts[i],
@@ -496,6 +506,30 @@ def _ddp_to_fsdp_step(measured: _RankStep, durations: Durations, target: Config)
                                depends=len(items) - 1, final=True))
     items = _in_issue_order(items)
     return ddp.measured_tail, _replay(items)
+
+
+def _regroup(sizes: list[float], ready: list[float], units: int) -> tuple[list[float], list[float]]:
+    """DDP's gradient buckets (launch order) as ``units`` FSDP units of about equal bytes (a unit
+    ends with the bucket that brings it closest to its share; its gradients are ready with that
+    bucket's). The
+    first bucket holds the last parameters registered (the output head), which FSDP keeps in its
+    root unit with the embeddings and reduces last: its bytes join the last unit."""
+    head, rest, rest_ready = sizes[0], list(sizes[1:]), list(ready[1:])
+    if not rest:
+        return [head], [ready[0]]
+    total = sum(rest)
+    cumulative = np.cumsum(rest).tolist()
+    grouped: list[float] = []
+    grouped_ready: list[float] = []
+    for k, r in enumerate(rest_ready):
+        share = total * (len(grouped) + 1) / units  # where the next unit should end
+        last = k == len(rest) - 1
+        # close the unit here when it reached its share, or when the next bucket would overshoot it more
+        if last or cumulative[k] >= share * (1 - 1e-9) or cumulative[k + 1] - share > share - cumulative[k]:
+            grouped.append(cumulative[k] - sum(grouped))
+            grouped_ready.append(r)
+    grouped[-1] += head
+    return grouped, grouped_ready
 
 
 def _in_issue_order(items: list[_Item]) -> list[_Item]:
@@ -631,6 +665,73 @@ def _fsdp_step(measured: _RankStep, durations: Durations, base: Config, target: 
                                final=True))
     _need_points(items, p_backward, fsdp.p_forward)
     return fsdp.measured_exposed, _replay(items)
+
+
+def _fsdp_units_step(measured: _RankStep, durations: Durations, target: Config,
+                     units: int) -> tuple[float, float] | None:
+    """FSDP with ``units`` units of equal size in place of the measured ones (models.md §5): the
+    step's parameter bytes (its forward all-gathers' outputs) and gradient bytes (its backward
+    reduce-scatters' inputs) split evenly, so are the measured forward and backward compute (in
+    compute-progress time, ``_progress``). Unit u's forward all-gather is issued when unit u−1
+    starts computing (prefetch; the first where the measured one was) and needed when unit u
+    starts; in backward (not under SHARD_GRAD_OP) each unit is all-gathered again one unit ahead,
+    the first at the end of forward (FSDP's root pre-backward prefetch), and reduce-scattered
+    when its share of backward ends (HYBRID_SHARD: then all-reduced across nodes); every
+    reduction is needed by the end of backward. A new collective takes the α-β model's time for
+    its size on the target's link times the measured ones' median ratio to that model (their
+    projected duration over the model's), so the model's residual on this job is kept. Other
+    collectives are left as measured. (measured exposed time of the replaced collectives, stalls)."""
+    fsdp = measured.fsdp
+    windows = measured.step.get("phase_windows") or {}
+    if fsdp is None or "forward" not in windows or "backward" not in windows:
+        return None
+    comm = fsdp.comm
+    roles = [durations.role(r) for r in comm]
+    replaced = [k for k, r in enumerate(comm)
+                if r["collective"] in ("allgather", "reduce_scatter") or (r["collective"] == "allreduce"
+                                                                          and roles[k] == "replicate")]
+    gathers = [k for k in replaced if comm[k]["collective"] == "allgather" and comm[k]["phase"] == "forward"]
+    reductions = [k for k in replaced if comm[k]["collective"] == "reduce_scatter" and comm[k]["phase"] == "backward"]
+    if not gathers or not reductions or any(not comm[k].get("bytes") for k in gathers + reductions):
+        return None
+    progress = _progress(comm)[0]  # the schedule's own (fsdp.p_backward, fsdp.issue are on it)
+    replaced_exposed = _progress([comm[k] for k in replaced])[1]
+    forward_start = _us(windows["forward"]["start_ns"], measured.origin_ns)
+    backward_start = _us(windows["backward"]["start_ns"], measured.origin_ns)
+    f0, b0, b1 = progress(forward_start), progress(backward_start), fsdp.p_backward
+    f1 = fsdp.p_forward if fsdp.p_forward is not None else b0
+    if not (f0 <= f1 <= b0 <= b1):
+        return None
+
+    def residual(indices: list[int], kind: str) -> float:
+        # measured duration projected onto the target / the model's time for its size there
+        return float(np.median([durations.of(comm[k], roles[k]) / durations.new(kind, comm[k]["bytes"], roles[k])
+                                for k in indices]))
+
+    ag_time = durations.new("allgather", sum(comm[k]["bytes"] for k in gathers) / units, "shard") \
+        * residual(gathers, "allgather")
+    rs_bytes = sum(comm[k]["bytes"] for k in reductions) / units
+    rs_time = durations.new("reduce_scatter", rs_bytes, "shard") * residual(reductions, "reduce_scatter")
+    forward = [f0 + (f1 - f0) * u / units for u in range(units + 1)]  # unit u computes [forward[u], forward[u+1]]
+    backward = [b0 + (b1 - b0) * j / units for j in range(units + 1)]  # in backward order
+    items: list[_Item] = []
+    for u in range(units):
+        issue = forward[u - 1] if u else min(f0, min(fsdp.issue[k] for k in gathers))
+        items.append(_Item(None, "allgather", "fsdp", issue, forward[u], ag_time))
+    replicate = target.strategy == "hsdp" and target.nodes > 1
+    if replicate:
+        shard_group = min(target.gpus, target.gpus_per_node)
+        measured_ar = [k for k in replaced if comm[k]["collective"] == "allreduce" and comm[k].get("bytes")]
+        ar_time = durations.new("allreduce", rs_bytes / shard_group, "replicate") \
+            * (residual(measured_ar, "allreduce") if measured_ar else 1.0)
+    for j in range(units):
+        if target.strategy != "fsdp-grad-op":
+            items.append(_Item(None, "allgather", "fsdp", backward[j - 1] if j else f1, backward[j], ag_time))
+        items.append(_Item(None, "reduce_scatter", "fsdp", backward[j + 1], b1, rs_time, final=True))
+        if replicate:
+            items.append(_Item(None, "allreduce", "replicate", backward[j + 1], b1, ar_time,
+                               depends=len(items) - 1, final=True))
+    return replaced_exposed, _replay(_in_issue_order(items))
 
 
 def _comm_dependencies(comm, ends) -> list[int | None]:
@@ -848,6 +949,10 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     for position, rank_step in enumerate(measured.steps):
         if batched is not None:
             change = batched[position]
+        elif scenario.fsdp_units and base.strategy == "ddp":
+            change = _ddp_to_fsdp_step(rank_step, durations, target, scenario.fsdp_units)
+        elif scenario.fsdp_units:
+            change = _fsdp_units_step(rank_step, durations, target, scenario.fsdp_units)
         elif base.strategy == "ddp" and target.strategy == "ddp":
             change = _ddp_step(rank_step, durations, scenario)
         elif base.strategy == "ddp":
@@ -871,6 +976,13 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     if any(entry[5] for entry in as_measured):
         notes.append("waiting for late ranks is not carried over: every rank's own schedule is "
                      "projected and the step is the slowest rank's (measured wait_us is per rank-step)")
+    if scenario.fsdp_units and base.strategy == "ddp":
+        notes.append(f"FSDP units: the gradient buckets regrouped into {scenario.fsdp_units} units of about equal "
+                     "bytes, the first bucket (the output head) reduced with the last unit (FSDP's root)")
+    elif scenario.fsdp_units:
+        notes.append(f"FSDP units rebuilt: {scenario.fsdp_units} units of equal size share the measured "
+                     "parameter and gradient bytes and the measured forward / backward compute, each "
+                     "all-gathered one unit ahead (prefetch) and reduce-scattered after its backward")
     if base.strategy == "ddp" and target.strategy != "ddp":
         notes.append("FSDP projected from DDP: each gradient bucket taken as one FSDP unit, with its "
                      "forward compute in proportion to its bytes; real FSDP reduces its root unit "
@@ -892,7 +1004,12 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
 
 
 def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
-    if base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
+    if scenario.fsdp_units is not None:
+        if target.strategy == "ddp":
+            raise ConfigError("--fsdp-units applies to FSDP (the projected strategy is DDP)")
+        if scenario.fsdp_units < 1:
+            raise ConfigError("--fsdp-units must be at least 1")
+    elif base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
         raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
     if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":
         raise ConfigError("cannot project HYBRID_SHARD onto SHARD_GRAD_OP")
@@ -942,6 +1059,9 @@ def _mfu(result, scenario, base, target, m, p, assumptions) -> None:
 def _assumption_notes(assumptions, scenario, target, optimizer_factor) -> None:
     assumptions["bucket_cap_mb"] = _value(scenario.bucket_mb, "user", "--bucket-mb (first bucket 1 MiB)") \
         if scenario.bucket_mb else _value(None, "measured", "measured buckets")
+    if scenario.fsdp_units:
+        assumptions["fsdp_units"] = _value(scenario.fsdp_units, "user", "--fsdp-units (units of equal size, "
+                                           "all-gathered one ahead, reduce-scattered after their backward)")
     assumptions["compute"] = _value("measured", "measured",
                                     "per-GPU compute as measured (weak scaling); optimizer compute x "
                                     f"{optimizer_factor:g} for the shard size")

@@ -3,6 +3,7 @@ configured and with its top finding's fix, at 1/2x..8x the measured GPU count.""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from analyzer.whatif import projection as whatif
@@ -62,4 +63,11 @@ def _fix_scenario(result: Any) -> tuple[str, dict[str, Any] | None]:
             return f"with fix: bucket_cap_mb={cap:g}", {"bucket_mb": float(cap)}
         if finding.get("rule") == "fsdp-fullshard-cross-node":
             return "with fix: HYBRID_SHARD", {"strategy": "hsdp"}
+        # any other fix the what-if projected for the finding (analyzer.whatif.prediction)
+        changes = (evidence.get("prediction") or {}).get("changes") if isinstance(evidence.get("prediction"), dict) else None
+        if isinstance(changes, dict) and changes and not {"gpus", "nodes"} & set(changes):
+            fields = {f.name for f in dataclasses.fields(whatif.Scenario)}
+            if set(changes) <= fields:
+                return "with fix: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                                for k, v in changes.items()), dict(changes)
     return "", None

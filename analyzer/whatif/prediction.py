@@ -1,0 +1,161 @@
+"""What a finding's fix is worth, as its evidence states it (``evidence["prediction"]``): the
+typical step predicted once the fix is applied, the model that predicts it and that model's
+assumptions, the ``tracecliff whatif`` command that reproduces it when the what-if projection
+makes it, and, where the finding weighs several fixes, each alternative with its projected step;
+or, when a finding has no gain, why.
+
+A prediction from the what-if projection is the change it projects for the fix against its own
+projection of the job as measured (so that the model's residual on this job cancels), applied to
+the typical step: ``tracecliff whatif TRACES <options>`` minus ``tracecliff whatif TRACES``.
+``tracecliff diff BEFORE AFTER`` puts each prediction of BEFORE beside the change measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from analyzer.base.errors import TracecliffError
+from analyzer.whatif.projection import Measured, Projection, Scenario, project
+
+NO_MODEL = "no model for this fix"
+# The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
+WHATIF_MODEL = "what-if projection (measured transfers × α-β link ratio, replayed on the measured compute; docs/models.md §2, §4, §5)"
+# ``tracecliff whatif`` options, by Scenario field (analyzer/cli/whatif.py)
+WHATIF_OPTIONS = {"gpus": "--gpus", "nodes": "--nodes", "gpus_per_node": "--target-gpus-per-node",
+                  "nics_per_node": "--target-nics-per-node", "nic_gbps": "--target-nic-gbps",
+                  "strategy": "--strategy", "bucket_mb": "--bucket-mb", "fsdp_units": "--fsdp-units"}
+# The projection's assumptions a prediction quotes besides the options it sets.
+_QUOTED_ASSUMPTIONS = ("measured_strategy", "measured_nics_per_node", "measured_nic_gbps", "intra_link",
+                       "cross_node_link", "compute")
+
+
+def whatif_command(changes: dict[str, Any]) -> str:
+    """The command line that projects ``changes`` (Scenario fields) on the measured traces."""
+    options = " ".join(f"{WHATIF_OPTIONS[key]} {_option_value(value)}" for key, value in changes.items())
+    return f"tracecliff whatif TRACES {options}".rstrip()
+
+
+def _option_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def predicted(step_us: float, gain_us: float, model: str, assumptions: dict[str, Any] | None = None,
+              whatif: str | None = None, alternatives: list[dict[str, Any]] | None = None,
+              step_after_us: float | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The prediction of a finding with a gain: the typical step after the fix (``step_after_us``
+    when the model predicts a slower step, whose gain is then 0); ``changes``: the what-if
+    scenario fields of the fix when the projection made it (the scaling curve's fix series)."""
+    after = step_us - gain_us if step_after_us is None else step_after_us
+    out: dict[str, Any] = {"predicted_step_time_us": round(after, 1), "gain_us": round(gain_us, 1),
+                           "model": model, "assumptions": assumptions or {}, "whatif": whatif}
+    if alternatives is not None:
+        out["alternatives"] = alternatives
+    if changes is not None:
+        out["changes"] = dict(changes)
+    return out
+
+
+def not_predicted(reason: str, alternatives: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The prediction of a finding without a gain: why there is none."""
+    out: dict[str, Any] = {"predicted_step_time_us": None, "why_no_gain": reason}
+    if alternatives is not None:
+        out["alternatives"] = alternatives
+    return out
+
+
+@dataclass(frozen=True)
+class Projected:
+    """One fix as the what-if projection sees it: the step-time change (µs, negative = faster)
+    against the projection of the job as measured, and the projection itself."""
+
+    changes: dict[str, Any]
+    change_us: float
+    projection: Projection
+
+    @property
+    def gain_us(self) -> float:
+        return max(0.0, -self.change_us)
+
+    @property
+    def command(self) -> str:
+        return whatif_command(self.changes)
+
+    def assumptions(self) -> dict[str, Any]:
+        """The assumptions of the projection this fix rests on: the options it sets, then the
+        measured configuration and links it projects from."""
+        quoted = [key for key in self.changes if key in self.projection.assumptions]
+        quoted += [key for key in _QUOTED_ASSUMPTIONS if key in self.projection.assumptions and key not in quoted]
+        return {key: self.projection.assumptions[key] for key in quoted}
+
+
+class WhatIf:
+    """The what-if projections of one Result's fixes, sharing its measured schedules and its
+    projection as measured (a finding weighing several fixes projects the job once per fix)."""
+
+    def __init__(self, result: Any):
+        self.result = result
+        self._measured = Measured(result)
+        self._base: Projection | None | bool = False  # not yet projected
+
+    @property
+    def as_measured(self) -> Projection | None:
+        """The projection of the job as measured; None when the projection cannot make it."""
+        if self._base is False:
+            self._base = self._project(Scenario())
+        return self._base  # type: ignore[return-value]
+
+    def measured(self, key: str) -> Any:
+        """The value of one of the projection's assumptions about the measured job (e.g.
+        ``measured_nics_per_node``), None when it cannot project the job."""
+        base = self.as_measured
+        return None if base is None else (base.assumptions.get(key) or {}).get("value")
+
+    def fix(self, **changes: Any) -> Projected | None:
+        """The projected change of ``changes`` (Scenario fields); None when the projection cannot
+        make it (the trace or the change is outside its model)."""
+        unknown = set(changes) - {f.name for f in fields(Scenario)}
+        if unknown:
+            raise ValueError(f"not a what-if scenario field: {sorted(unknown)}")
+        base = self.as_measured
+        base_step = None if base is None else base.projected.get("step_time_us")
+        if base_step is None:
+            return None
+        projection = self._project(Scenario(**changes))
+        step = None if projection is None else projection.projected.get("step_time_us")
+        if step is None:
+            return None
+        return Projected(dict(changes), float(step) - float(base_step), projection)  # type: ignore[arg-type]
+
+    def _project(self, scenario: Scenario) -> Projection | None:
+        try:
+            return project(self.result, scenario, self._measured)
+        except (TracecliffError, ValueError):
+            return None
+
+
+def alternative(label: str, step_us: float, fix: Projected | None, reason: str | None = None) -> dict[str, Any]:
+    """One fix a finding weighs, with its projected typical step (or why it has none)."""
+    if fix is None:
+        return {"fix": label, "projected_step_time_us": None, "gain_us": None, "whatif": None,
+                "why_no_gain": reason or "the what-if projection cannot make this change on this trace"}
+    return {"fix": label, "projected_step_time_us": round(step_us - fix.gain_us, 1), "gain_us": round(fix.gain_us, 1),
+            "whatif": fix.command, "changes": dict(fix.changes)}
+
+
+OWN_SCHEDULE = "the rule's own schedule (the what-if model cannot project this trace)"
+WHATIF_SOURCE = "the what-if model (tracecliff whatif), measured configuration as reference"
+
+
+def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: str,
+                   own_assumptions: dict[str, Any] | None = None, **changes: Any) -> tuple[float, str, dict[str, Any]]:
+    """(gain µs, where from, prediction) of a fix the what-if projection expresses as ``changes``:
+    its projection when it can project the trace (the gain ``tracecliff whatif`` reproduces),
+    else the rule's own estimate ``own_gain_us`` from ``own_model``. The first two are what
+    ``analyzer.whatif.projection.projected_gain`` returns."""
+    fix = WhatIf(result).fix(**changes)
+    if fix is None:
+        return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
+    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
+                                                 {**(own_assumptions or {}), **fix.assumptions()}, fix.command,
+                                                 changes=fix.changes)
