@@ -30,9 +30,10 @@ def gate_command(ctx, paths, baseline, junit_path, github_summary, preset, max_r
     [tool.tracecliff.gate] and, with --baseline, against a previous run.
     Exit 0 pass, 1 failed, 2 usage/input/config error."""
     from analyzer.api import gate
+    from analyzer.base.config import config_source
     from analyzer.reports.gate_text import render_markdown, render_text
     report, inputs = gate(list(paths), config, baseline, options, preset, max_regression_pct,
-                          config_source=config_path or "./pyproject.toml")
+                          config_source=config_source(config_path))
     inputs = inputs + list(paths) + ([baseline] if baseline else [])
     if fmt == "json":
         from analyzer.job.result import dumps

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.options import emit, output_option
+from analyzer.cli.options import config_option, emit, output_option
 
 EXIT_OK, EXIT_HANG = 0, 1
 
@@ -14,9 +14,12 @@ EXIT_OK, EXIT_HANG = 0, 1
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @output_option
-def hang_command(paths, fmt, output) -> int:
+@config_option
+def hang_command(paths, fmt, output, config, config_path) -> int:
     """Name the ranks a hung job waits on, and why, from its Flight Recorder dumps at PATHS
     (one per rank: files, directories or globs; JSON or pickle dumps)."""
+    # No [tool.tracecliff] table configures the triage; --config / ./pyproject.toml are checked
+    # as every command checks them, so that a typo there fails here too, not silently.
     from analyzer.hang import triage
     report = triage(list(paths))
     emit(_render(fmt, report.to_dict()), output, [i["path"] for i in report.inputs])
