@@ -115,8 +115,10 @@ class Threshold:
     limit: float
     floor: float
     noise: float
-    sigma: float  # the noise term's σ, in the metric's unit (√(σ_base² + σ_new²))
-    samples: tuple[int, int]  # (baseline, new run) values the spreads were taken over
+    sigma: float  # the run's spread the noise term is made of, in the metric's unit
+    samples: int  # the steady (rank, step) values ``sigma`` was taken over
+    steps: int  # the steady steps among them (1: rank-to-rank spread only, no step-to-step)
+    spread_of: str  # "baseline" | "new run": whose spread it is (the larger)
 
     @property
     def text(self) -> str:
@@ -125,11 +127,8 @@ class Threshold:
             return f"{amount} (max_regression_pct)"
         if self.basis == "floor":
             return f"{amount} ({'max_regression_pp' if self.unit == 'pp' else 'floor'})"
-        return f"{amount} (noise: {self.noise_sigmas_text})"
-
-    @property
-    def noise_sigmas_text(self) -> str:
-        return f"σ {self.sigma:.3g} over {self.samples[0]}+{self.samples[1]} steady samples"
+        return (f"{amount} (noise: σ {self.sigma:.3g} over the {self.spread_of}'s {self.samples} samples "
+                f"of {self.steps} steady step(s))")
 
 
 @dataclass
@@ -336,19 +335,27 @@ def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:
     """What the run measured, checked before any figure is: the requested steps are in its
     traces (with ``--steps``), and it has GPU steps at all. A run that selected no step, or
     recorded no GPU activity, fails: no figure of it can vouch for anything."""
-    checks = []
-    if steps:
-        missing = requested_steps_missing(run, steps)
-        if not missing:
-            checks.append(Check("run", "steps", "error", "pass", None, "in every rank's trace", None,
-                                f"{steps_text(steps)} in every rank's trace"))
-        elif selected_nothing(run, steps):
-            checks.append(Check("run", "steps", "error", "fail", None, "in every rank's trace", None,
-                                f"{steps_text(missing)} not in the traces: --steps selected nothing"))
-        else:
-            where = "; ".join(f"{steps_text([step])} not in the traces of rank(s) {_ranks_text(ranks)}"
-                              for step, ranks in sorted(missing.items()))
-            checks.append(Check("run", "steps", "error", "fail", None, "in every rank's trace", None, where))
+    return ([_steps_check(run, steps)] if steps else []) + [_measured_check(run, steps, who)]
+
+
+def _steps_check(run: Any, steps: Any) -> Check:
+    missing = requested_steps_missing(run, steps)
+    if not missing:
+        status, message = "pass", f"{steps_text(steps)} in every rank's trace"
+    elif selected_nothing(run, steps):
+        status, message = "fail", f"{steps_text(missing)} not in the traces: --steps selected nothing"
+    else:  # the steps missing from the same ranks together
+        by_ranks: dict[tuple[int, ...], list[int]] = {}
+        for step, ranks in sorted(missing.items()):
+            by_ranks.setdefault(tuple(ranks), []).append(step)
+        status, message = "fail", "; ".join(
+            f"{steps_text(numbers)} not in the traces"
+            + ("" if len(ranks) == len(run.model.ranks) else f" of rank(s) {_ranks_text(list(ranks))}")
+            for ranks, numbers in by_ranks.items())
+    return Check("run", "steps", "error", status, None, "in every rank's trace", None, message)
+
+
+def _measured_check(run: Any, steps: Any, who: str) -> Check:
     typical = run.model.typical
     if steps and selected_nothing(run, steps):
         status, message = "fail", f"no step measured in {who}: --steps selected nothing"
@@ -361,8 +368,7 @@ def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:
         status, message = "fail", f"no steady step measured on the GPU in {who}"
     else:
         status, message = "pass", "whole trace only (no ProfilerStep#N markers): shares over each rank's trace"
-    checks.append(Check("run", "measured", "error", status, None, "GPU steps measured", None, message))
-    return checks
+    return Check("run", "measured", "error", status, None, "GPU steps measured", None, message)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -453,22 +459,26 @@ def regression_pct(base: float, new: float, better: str) -> float:
 def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> Threshold:
     """The smallest worse-direction change of metric ``name`` that counts (see ``Threshold``):
     the configured relative limit (``max_regression_pct``, per metric or for all), the metric's
-    floor (a share's ``max_regression_pp``; a fixed one for the others) and ``noise_sigmas`` ×
-    √(σ_base² + σ_new²), the two runs' own spreads (the σ of a difference of two noisy figures)."""
+    floor (a share's ``max_regression_pp``; a fixed one for the others) and the noise term,
+    ``noise_sigmas`` × √2 × σ: σ the larger of the two runs' own spreads (what the job varies by
+    from step to step and rank to rank; the larger, so that a noisier window of a healthy job is
+    not a regression), √2 because each of the two figures compared carries that noise."""
     spec = metric_spec(name)
     assert spec is not None
-    (sigma_b, n_b), (sigma_n, n_n) = spread(base), spread(new)
-    sigma = math.hypot(sigma_b, sigma_n)
+    (sigma, samples), spread_of, of = spread(base), "baseline", base
+    if spread(new)[0] > sigma:
+        (sigma, samples), spread_of, of = spread(new), "new run", new
+    noise = config.noise_sigmas * math.sqrt(2.0) * sigma
     limit_pct = config.regression_limit(name)
     if spec.compare == "share":
         unit, limit, floor = "pp", limit_pct / 100.0 * abs(base_value), config.max_regression_pp
-        noise = config.noise_sigmas * sigma
     else:
         scale = 100.0 / abs(base_value) if base_value else 0.0  # a zero baseline: any change counts
-        unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, config.noise_sigmas * sigma * scale
+        unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, noise * scale
     terms = {"limit": limit, "floor": floor, "noise": noise}
     basis = max(terms, key=lambda k: terms[k])  # on a tie, the first: limit, floor, noise
-    return Threshold(terms[basis], unit, basis, limit, floor, noise, sigma, (n_b, n_n))
+    steps = len({s.step for s in of.samples})
+    return Threshold(terms[basis], unit, basis, limit, floor, noise, sigma, samples, steps, spread_of)
 
 
 def compare_baseline(new_run: Any, base_run: Any, config: GateConfig, steps: Any = None,
@@ -548,24 +558,30 @@ def baseline_check(new_run: Any, base_run: Any, compared: list[Check]) -> Check:
         return Check("run", "baseline", "error", "fail", None, "comparable with the new run", None,
                      f"nothing compared: baseline {shape_text(b)}, new run {shape_text(n)}"
                      + (f" (not comparable: {', '.join(skipped)})" if skipped else ""))
+    typical = base_run.model.typical
+    few = ("; the baseline has 1 steady step: the noise thresholds see its rank-to-rank spread, no "
+           "step-to-step variation (profile 3 steps or more)") if typical and len(typical.steady_steps) == 1 else ""
     if b == n:
         return Check("run", "baseline", "error", "pass", None, "comparable with the new run", None,
-                     f"same GPU, world size and nodes: {shape_text(b)}")
+                     f"same GPU, world size and nodes: {shape_text(b)}{few}")
     return Check("run", "baseline", "warning", "warn", None, "comparable with the new run", None,
                  f"baseline {shape_text(b)}, new run {shape_text(n)}: "
                  + (f"compared only {', '.join(done)}" if done else "nothing compared")
-                 + (f"; not compared: {', '.join(skipped)}" if skipped else ""))
+                 + (f"; not compared: {', '.join(skipped)}" if skipped else "") + few)
 
 
 # ---------------------------------------------------------------- comparable runs
 
 
 def run_shape(run: Any) -> dict[str, Any]:
-    """What a figure depends on besides the code: the GPU, the world size and the nodes (the
-    diff's facts of the run)."""
-    from analyzer.compare.diff import run_facts
-    facts = run_facts(run, "")
-    return {"gpu": facts["gpu"], "world_size": facts["world_size"], "nodes": facts["nodes"]}
+    """What a figure depends on besides the code: the GPU (the one the analysis assumed: the
+    trace's device, or the user's --gpu), the world size and the nodes (as the diff counts them)."""
+    from analyzer.compare.diff import node_count
+    hardware = run.model.hardware
+    gpu = hardware.gpu_name.value or run.job.get("gpu")  # the trace's device, or --gpu's name
+    # the profile id tells two spellings of one GPU apart from two GPUs (the trace's device name, --gpu h100)
+    return {"gpu": gpu, "profile": hardware.gpu_profile.value or gpu, "world_size": run.model.world_size,
+            "nodes": node_count(run)[0]}
 
 
 def shape_text(shape: dict[str, Any]) -> str:
@@ -582,7 +598,7 @@ def not_comparable(name: str, base: Any, new: Any) -> str | None:
     if name == "mfu":
         return None
     b, n = run_shape(base), run_shape(new)
-    if b["gpu"] and n["gpu"] and b["gpu"] != n["gpu"]:
+    if b["profile"] and n["profile"] and b["profile"] != n["profile"]:
         return f"baseline on {b['gpu']}, new run on {n['gpu']}"
     if name.startswith(GROUP_METRIC + ":"):
         label = name.partition(":")[2]
