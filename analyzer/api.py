@@ -114,28 +114,43 @@ def options_from(options: DiagnoseOptions | None = None, **given: Any) -> Diagno
 
 
 def _config(config: dict[str, Any] | str | Path | None) -> dict[str, Any] | None:
-    """The ``[tool.tracecliff]`` table: given as such, or read (and checked) from a file path, as
+    """The ``[tool.tracecliff]`` table, checked: given as such, or read from a file path, as
     ``--config FILE``."""
-    if config is None or isinstance(config, dict):
-        return config
-    from analyzer.base.config import communication_kernels, config_source, load_config, rule_settings
-    from analyzer.rules.engine import all_rules
-    table = load_config(config)
-    rule_settings(table, all_rules(), config_source(config))
-    communication_kernels(table, config_source(config))
+    if config is None:
+        return None
+    from analyzer.base.config import config_source, load_config
+    table = config if isinstance(config, dict) else load_config(config)
+    check_config(table, "configuration" if isinstance(config, dict) else config_source(config))
     return table
+
+
+def check_config(table: dict[str, Any], source: str) -> None:
+    """Every table and key of ``[tool.tracecliff]`` (``table``), whichever command reads it: the
+    names under it, the rules (against the registry), the communication kernels and the gate.
+    Any problem is one ConfigError line naming ``source`` and the key, with the closest valid name."""
+    if not table:
+        return
+    from analyzer.base.config import check_tables, communication_kernels, rule_settings
+    from analyzer.compare.gate import gate_keys, parse_gate_config
+    from analyzer.rules.engine import all_rules
+    rules = all_rules()
+    check_tables(table, source, {"rules": sorted(rules), "communication": ("kernels",), "gate": gate_keys()})
+    rule_settings(table, rules, source)
+    communication_kernels(table, source)
+    parse_gate_config(table, rule_names=sorted(rules), source=source)
 
 
 def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions | None = None,
              progress: Progress | None = None, config: dict[str, Any] | str | Path | None = None, *,
              report: bool = True, html_step: int | None = None, step: int | None = None, hta: bool = False,
-             **cli_options: Any) -> Result:
+             empty_selection: bool = False, **cli_options: Any) -> Result:
     """``cli_options``: the command line's option names (``steps="3-5"``, ``gpu="h100"``,
     ``nic_gbps=50``, ...; see ``OPTION_NAMES``), over ``options``. ``config``: the
     ``[tool.tracecliff]`` table, or the file to read it from (``--config``). ``report``: also
     compute the report sections (the timeline of one step, ``step`` (``--step``) or the typical
     one, and the scaling what-if curve) so the Result renders to HTML on its own; ``hta``: add
-    HTA's own breakdowns (needs the hta extra)."""
+    HTA's own breakdowns (needs the hta extra). ``steps`` that select no step of the traces are a
+    ConfigError, unless ``empty_selection`` (the gate, which fails such a run in its report)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     options = options_from(options, **cli_options)
     config = _config(config)
@@ -148,6 +163,8 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     ranks = analyze_files(files, options, progress, keep_kernels=report and not options.keep_timeline)
     with paused_gc():
         result = build_result(ranks, options)
+        if not empty_selection:
+            check_selection(result, options.steps)
         if skipped:
             result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
                                       + ", ".join(str(p) for p in skipped))
@@ -174,6 +191,16 @@ def hang_trace_link(paths: list[str] | tuple[str, ...], options: DiagnoseOptions
             "stragglers": result.stragglers, "late_ranks": {str(r): why for r, why in late.items()},
             "rule": {"status": rule.get("status"), "reason": rule.get("reason"), "ranks": finding.get("ranks") or [],
                      "summary": finding.get("summary")}}
+
+
+def check_selection(result: Result, steps: tuple[int, ...] | None) -> None:
+    """A ``--steps`` that selects no step of the traces is the user's mistake, not an empty job:
+    one ConfigError line, never a report of a run with nothing in it."""
+    from analyzer.compare.metrics import requested_steps_missing, selected_nothing, steps_text
+    if steps and selected_nothing(result, steps):
+        missing = requested_steps_missing(result, steps)
+        raise ConfigError(f"steps= (--steps): {steps_text(missing)} in none of the {len(result.ranks)} rank(s)' traces: "
+                          "nothing selected; run without --steps to see the steps they hold")
 
 
 def with_config_kernels(options: DiagnoseOptions, config: dict[str, Any] | None) -> DiagnoseOptions:
@@ -300,7 +327,8 @@ def gate(paths: list[str] | str, config: dict[str, Any] | str | Path | None = No
     if not gate_config.assertions and baseline is None:
         raise ConfigError(f"nothing to check: no [tool.tracecliff.gate] assertions in {config_source}, "
                           "no --preset and no --baseline")
-    run = load_run(paths, options, config, report=False)
-    base_run = load_run([baseline], options, config, report=False) if baseline else None
+    # an empty selection is the gate's failure to report (run_checks), not an error
+    run = load_run(paths, options, config, report=False, empty_selection=True)
+    base_run = load_run([baseline], options, config, report=False, empty_selection=True) if baseline else None
     inputs = [i["path"] for i in run.inputs if i.get("path")]
-    return evaluate(run, gate_config, base_run, baseline), inputs
+    return evaluate(run, gate_config, base_run, baseline, options.steps), inputs

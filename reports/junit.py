@@ -2,7 +2,9 @@
 test reporters) show each assertion and each baseline comparison as a test.
 
 Error-level failures are <failure>; warn-level failures pass (a warning is not a failed test)
-with the warning in <system-out>; skipped checks (unavailable metric, allowed) are <skipped>.
+with the warning in <system-out>; skipped checks (unavailable metric, allowed; a metric the runs
+cannot compare) are <skipped>, and so are suspect ones (a physically impossible figure: not
+gated). Each case's text gives the bound or, against a baseline, the threshold it used and why.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
-SUITES = (("assertion", "tracecliff.gate.assertions"), ("baseline", "tracecliff.gate.baseline"))
+SUITES = (("run", "tracecliff.gate.run"), ("assertion", "tracecliff.gate.assertions"),
+          ("baseline", "tracecliff.gate.baseline"))
 
 
 def render_junit(report: dict[str, Any]) -> str:
@@ -50,8 +53,8 @@ def _add_case(suite: ET.Element, suite_name: str, check: dict[str, Any]) -> str:
         failure = ET.SubElement(case, "failure", message=check["message"], type=f"{check['kind']}-{check['level']}")
         failure.text = text
         return "failures"
-    if check["status"] == "skip":
-        ET.SubElement(case, "skipped", message=check["message"])
+    if check["status"] in ("skip", "suspect"):
+        ET.SubElement(case, "skipped", message=check["message"]).text = text
         return "skipped"
     out = ET.SubElement(case, "system-out")
     out.text = ("WARNING: " if check["status"] == "warn" else "") + text
@@ -62,10 +65,16 @@ def _describe(check: dict[str, Any]) -> str:
     parts = [f"{check['name']}: {check['status']}", f"level {check['level']}"]
     if check.get("aggregate"):
         parts.append(f"aggregate {check['aggregate']}")
-    parts.append(f"actual {_num(check.get('actual'))}")
+    if check["kind"] != "run":
+        parts.append(f"actual {_num(check.get('actual'))}")
     if check["kind"] == "baseline":
         parts.append(f"baseline {_num(check.get('base'))}")
-    parts.append(f"bound {check['bound']}")
+        if check.get("change_pp") is not None:
+            parts.append(f"change {check['change_pp']:+.4g} pp")
+        elif check.get("change_pct") is not None:
+            parts.append(f"change {check['change_pct']:+.4g}%")
+    if check["bound"]:
+        parts.append(f"{'threshold' if check['kind'] == 'baseline' else 'bound'} {check['bound']}")
     parts.append(check["message"])
     return "; ".join(parts)
 

@@ -67,6 +67,37 @@ def config_source(path: str | Path | None = None) -> str:
     return str(path) if path is not None else "pyproject.toml [tool.tracecliff]"
 
 
+# The tables of ``[tool.tracecliff]``; any other name under it is an error (most often a typo of
+# one of these, e.g. ``[tool.tracecliff.rule.straggler-rank]``, whose settings would otherwise
+# be dropped without a word).
+TABLES = ("communication", "gate", "rules")
+
+
+def check_tables(config: Mapping[str, Any], source: str = "configuration",
+                 keys_of: Mapping[str, Any] | None = None) -> None:
+    """Every name directly under ``[tool.tracecliff]`` is one of ``TABLES``; else one
+    :class:`ConfigError` line with the closest valid name. ``keys_of``: each table's own keys,
+    so that a key written one level too high (``[tool.tracecliff] preset = ...``) is pointed to
+    its table (``gate.preset``)."""
+    for name in config:
+        if name in TABLES:
+            continue
+        kind = "table" if isinstance(config[name], dict) else "key"
+        home = next((f"{table}.{name}" for table, keys in (keys_of or {}).items() if name in keys), None)
+        hint = home or closest(name, TABLES)
+        raise ConfigError(f"{source}: unknown {kind} {name!r} under [tool.tracecliff]"
+                          + (f" (did you mean `{hint}`?)" if hint else "")
+                          + f"; known tables: {', '.join(TABLES)}")
+
+
+def closest(name: str, names: Any) -> str | None:
+    """The valid name ``name`` is most likely a typo of (difflib's closest, case-insensitive), or None."""
+    import difflib
+    choices = {str(n).lower(): str(n) for n in names}
+    match = difflib.get_close_matches(str(name).lower(), list(choices), n=1, cutoff=0.6)
+    return choices[match[0]] if match else None
+
+
 def rule_settings(config: Mapping[str, Any], rules: Mapping[str, Any],
                   source: str = "configuration") -> dict[str, dict[str, Any]]:
     """Validated per-rule settings: ``{rule name: {"enabled", "severity", "thresholds"}}`` for
@@ -192,9 +223,11 @@ def _explain(message: str, info: Any, got: Any) -> str:
     """msgspec's message in the project's words, with the accepted values and what was given."""
     unknown = re.match(r"Object contains unknown field `(.*)`", message)
     if unknown and isinstance(info, msgspec.inspect.StructType):
-        known = ", ".join(sorted(f.encode_name for f in info.fields))
+        names = sorted(f.encode_name for f in info.fields)
         noun = getattr(info.cls, "key_noun", "key")  # the rules table's keys are rule names
-        return f"unknown {noun} {unknown.group(1)!r}; known: {known}"
+        hint = closest(unknown.group(1), names)
+        return f"unknown {noun} {unknown.group(1)!r}; known: {', '.join(names)}" + \
+            (f" (did you mean `{hint}`?)" if hint else "")
     if isinstance(info, (msgspec.inspect.FloatType, msgspec.inspect.IntType)):
         kind = "a whole number" if isinstance(info, msgspec.inspect.IntType) else "a number"
         lo, hi = info.ge, info.le

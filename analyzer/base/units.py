@@ -64,7 +64,7 @@ def fmt_num(value: Any, digits: int = 2) -> str:
 
 
 def fmt_unit(value: Any, unit: str) -> str:
-    """``value`` in ``unit`` (µs, B, %, GB/s, fraction, n): tables of mixed metrics."""
+    """``value`` in ``unit`` (µs, B, %, pp, GB/s, fraction, n): tables of mixed metrics."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return MISSING
     if unit == "µs":
@@ -73,6 +73,8 @@ def fmt_unit(value: Any, unit: str) -> str:
         return fmt_bytes(value)
     if unit == "%":
         return f"{value:.2f}%"
+    if unit == "pp":  # percentage points: a change of a share
+        return f"{value:.2f} pp"
     if unit == "GB/s":
         return fmt_gbps(value, 3)
     if unit == "fraction":

@@ -18,7 +18,9 @@ from analyzer.compare.gate import PRESETS
               help="Write JUnit XML (one testcase per check).")
 @click.option("--github-summary", is_flag=True, help="Append a markdown summary to $GITHUB_STEP_SUMMARY.")
 @click.option("--preset", type=click.Choice(PRESETS), help="Start from a preset (overrides the file's).")
-@click.option("--max-regression-pct", type=click.FloatRange(min=0), help="Allowed regression against the baseline.")
+@click.option("--max-regression-pct", type=click.FloatRange(min=0),
+              help="Allowed regression against the baseline, % of its figure (overrides the file's; a "
+                   "threshold is never below the metric's floor or the runs' noise: docs/ci.md).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @output_option
 @trace_options
@@ -27,12 +29,14 @@ from analyzer.compare.gate import PRESETS
 def gate_command(ctx, paths, baseline, junit_path, github_summary, preset, max_regression_pct, fmt,
                  output, options, config, config_path) -> None:
     """Check a run (trace PATHS or a saved JSON result) against the assertions of
-    [tool.tracecliff.gate] and, with --baseline, against a previous run.
+    [tool.tracecliff.gate] and, with --baseline, against a previous run; a run that selected no
+    step or has no GPU steps, or lacks a metric the baseline has, fails.
     Exit 0 pass, 1 failed, 2 usage/input/config error."""
     from analyzer.api import gate
+    from analyzer.base.config import config_source
     from analyzer.reports.gate_text import render_markdown, render_text
     report, inputs = gate(list(paths), config, baseline, options, preset, max_regression_pct,
-                          config_source=config_path or "./pyproject.toml")
+                          config_source=config_source(config_path))
     inputs = inputs + list(paths) + ([baseline] if baseline else [])
     if fmt == "json":
         from analyzer.job.result import dumps

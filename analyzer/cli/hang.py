@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.options import emit, output_option
+from analyzer.cli.options import config_option, emit, output_option
 
 EXIT_OK, EXIT_HANG = 0, 1
 
@@ -21,10 +21,13 @@ EXIT_OK, EXIT_HANG = 0, 1
                    "culprit was already the late rank in the profiled steps. Default: the traces found "
                    "beside the dumps.")
 @output_option
-def hang_command(paths, fmt, world_size, trace_paths, output) -> int:
+@config_option
+def hang_command(paths, fmt, world_size, trace_paths, output, config, config_path) -> int:
     """Name the ranks a hung job waits on, and why, from its Flight Recorder dumps at PATHS
     (one per rank: files, directories or globs; JSON or pickle dumps; a rank with both is read
     from the pickle)."""
+    # No [tool.tracecliff] table configures the triage; --config / ./pyproject.toml are checked
+    # as every command checks them, so that a typo there fails here too, not silently.
     from analyzer.base.errors import InputError
     from analyzer.hang import find_inputs, triage
     found = find_inputs(list(paths))

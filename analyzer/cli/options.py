@@ -74,17 +74,18 @@ def trace_options(command):
 
 
 def config_option(command):
-    """``--config FILE``: the [tool.tracecliff] tables (default ./pyproject.toml), validated for
-    the rules before any trace is read; the command receives the table as ``config``."""
+    """``--config FILE``: the [tool.tracecliff] tables (default ./pyproject.toml), every table and
+    key checked (analyzer.api.check_config) before any input is read, by every command that takes
+    it; the command receives the table as ``config``."""
     @click.option("--config", "config_path", type=click.Path(dir_okay=False),
                   help="TOML file with [tool.tracecliff] tables (default: ./pyproject.toml).")
     @functools.wraps(command)
     def wrapper(*args, config_path=None, **kwargs):
-        from analyzer.base.config import communication_kernels, config_source, load_config, rule_settings
-        from analyzer.rules.engine import all_rules
+        from analyzer.base.config import config_source, load_config
         config = load_config(config_path)
-        rule_settings(config, all_rules(), config_source(config_path))  # bad config: fail early
-        communication_kernels(config, config_source(config_path))
+        if config:  # the checks import the rule registry: only when there is a table to check
+            from analyzer.api import check_config
+            check_config(config, config_source(config_path))
         return command(*args, config=config, config_path=config_path, **kwargs)
     return wrapper
 

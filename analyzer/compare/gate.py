@@ -1,11 +1,13 @@
 """CI performance gate: Lighthouse-CI style assertions on a run's metrics and findings, plus a
-baseline comparison that fails on regressions.
+baseline comparison that fails on regressions, and never passes a run it could not measure.
 
 Configuration (``[tool.tracecliff.gate]`` of ./pyproject.toml, or of ``--config FILE``)::
 
     [tool.tracecliff.gate]
     preset = "recommended"          # optional: "recommended" | "strict"
-    max_regression_pct = 5.0        # against --baseline (relative change, worse direction)
+    max_regression_pct = 5.0        # against --baseline: % of the baseline figure (every metric)
+    max_regression_pp = 2.0         # shares of the step: smallest regression that counts, in points
+    noise_sigmas = 3.0              # a change within this many σ of the runs' own spread is noise
     [tool.tracecliff.gate.max_regression_pct_by_metric]
     "step_time_us" = 3.0
     [tool.tracecliff.gate.assertions]
@@ -20,6 +22,15 @@ any). A metric the run cannot measure (or a rule that did not run) fails an erro
 assertion -- a gate must not pass on data it never saw -- unless ``allow_unavailable = true``,
 which skips it.
 
+Against a baseline, a metric the baseline has and the new run lacks fails, with the reason; a
+share compares in percentage points of the step, every other metric relatively; the threshold of
+each comparison is the largest of the configured limit, the metric's floor and ``noise_sigmas``
+times the two runs' own spread (analyzer.compare.metrics.spread), and the report says which one it
+used. A figure that cannot be a measurement (a share outside 0-100 %, a bus bandwidth above its
+link's peak) is reported as suspect and not gated; a metric the two runs' GPU, world size or nodes
+make incomparable is not compared, and the report says so. The run's own checks come first: the
+steps ``--steps`` asked for are in the traces, and the run measured GPU steps at all.
+
 Exit codes: 0 pass (warnings allowed), 1 an error-level assertion or a baseline comparison failed,
 2 usage, input or configuration error.
 """
@@ -32,13 +43,19 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, config_error, validate
-from analyzer.compare.metrics import AGGREGATIONS, DEFAULT_AGGREGATE, metric_spec, run_metrics, unavailable_reason
+from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, closest, config_error, validate
 from analyzer.base.units import fmt_unit
+from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES, Metric,
+                                      has_gpu_activity, implausible, metric_spec, requested_steps_missing, run_metrics,
+                                      selected_nothing, spread, steps_text, unavailable_reason)
 
 LEVELS = ("off", "warning", "error")
+# Defaults of the baseline comparison (docs/ci.md, "Noise-aware thresholds" says why these).
 DEFAULT_MAX_REGRESSION_PCT = 5.0
+DEFAULT_MAX_REGRESSION_PP = 2.0
+DEFAULT_NOISE_SIGMAS = 3.0
 EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.main
+STATUSES = ("pass", "fail", "warn", "skip", "improved", "suspect")
 
 # Presets: defaults a project's own assertions override key by key. Metric entries skip
 # quietly when the run cannot measure them (single GPU: no overlap to speak of).
@@ -79,23 +96,55 @@ class GateConfig:
     max_regression_pct: float = DEFAULT_MAX_REGRESSION_PCT
     regression_by_metric: dict[str, float] = field(default_factory=dict)
     preset: str | None = None
+    max_regression_pp: float = DEFAULT_MAX_REGRESSION_PP
+    noise_sigmas: float = DEFAULT_NOISE_SIGMAS
 
     def regression_limit(self, metric: str) -> float:
         return self.regression_by_metric.get(metric, self.max_regression_pct)
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """How large a worse-direction change of one metric must be to count as a regression: the
+    largest of three terms, in percentage points of the step (a share) or in % of the baseline
+    figure (every other metric), and which of them it was."""
+
+    value: float
+    unit: str  # "pp" | "%"
+    basis: str  # "limit" (max_regression_pct) | "floor" | "noise"
+    limit: float
+    floor: float
+    noise: float
+    sigma: float  # the run's spread the noise term is made of, in the metric's unit
+    samples: int  # the steady (rank, step) values ``sigma`` was taken over
+    steps: int  # the steady steps among them (1: rank-to-rank spread only, no step-to-step)
+    spread_of: str  # "baseline" | "new run": whose spread it is (the larger)
+
+    @property
+    def text(self) -> str:
+        amount = _change_text(self.value, self.unit)
+        if self.basis == "limit":
+            return f"{amount} (max_regression_pct)"
+        if self.basis == "floor":
+            return f"{amount} ({'max_regression_pp' if self.unit == 'pp' else 'floor'})"
+        return (f"{amount} (noise: σ {self.sigma:.3g} over the {self.spread_of}'s {self.samples} samples "
+                f"of {self.steps} steady step(s))")
+
+
 @dataclass
 class Check:
-    kind: str  # "assertion" | "baseline"
+    kind: str  # "run" | "assertion" | "baseline"
     name: str
     level: str
-    status: str  # pass | fail | warn | skip | improved
+    status: str  # one of STATUSES
     actual: float | None
-    bound: str
+    bound: str  # an assertion's bound; a baseline comparison's threshold, in words
     aggregate: str | None
     message: str
     base: float | None = None
-    change_pct: float | None = None
+    change_pct: float | None = None  # relative change, % of the baseline figure
+    change_pp: float | None = None  # a share's change, percentage points of the step
+    threshold: Threshold | None = None
 
 
 @dataclass
@@ -112,8 +161,7 @@ class GateReport:
         return EXIT_FAIL if self.failed else EXIT_PASS
 
     def counts(self) -> dict[str, int]:
-        statuses = ("pass", "fail", "warn", "skip", "improved")
-        return {s: sum(c.status == s for c in self.checks) for s in statuses}
+        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
@@ -165,6 +213,12 @@ class GateTable(msgspec.Struct, forbid_unknown_fields=True):
 
     preset: Literal[PRESETS] | None = None  # type: ignore[valid-type]
     max_regression_pct: RegressionPct = DEFAULT_MAX_REGRESSION_PCT
+    max_regression_pp: Annotated[float, msgspec.Meta(ge=0, description=(
+        "share metrics (exposed_comm_pct, idle_pct, overlap_pct): smallest regression that counts, "
+        "in percentage points of the step"))] = DEFAULT_MAX_REGRESSION_PP
+    noise_sigmas: Annotated[float, msgspec.Meta(ge=0, description=(
+        "a change within this many σ of the two runs' own step-to-step and rank-to-rank spread is "
+        "noise"))] = DEFAULT_NOISE_SIGMAS
     max_regression_pct_by_metric: dict[str, RegressionPct] = {}
     assertions: Annotated[dict[str, AssertionValue], msgspec.Meta(description=(
         '"<metric>" = [level, {min?, max?, aggregate?, allow_unavailable?}] or "rule:<name>" = level | '
@@ -194,7 +248,13 @@ def parse_gate_config(tool: dict[str, Any], preset: str | None = None,
     merged = {k: parse_assertion(k, v, rule_names, source) for k, v in _preset_entries(preset, rule_names).items()}
     merged.update(written)
     assertions = tuple(merged[k] for k in sorted(merged) if merged[k].level != "off")
-    return GateConfig(assertions, float(limit), dict(table.max_regression_pct_by_metric), preset)
+    return GateConfig(assertions, float(limit), dict(table.max_regression_pct_by_metric), preset,
+                      float(table.max_regression_pp), float(table.noise_sigmas))
+
+
+def gate_keys() -> tuple[str, ...]:
+    """The keys of ``[tool.tracecliff.gate]`` (for the configuration's "did you mean")."""
+    return tuple(f.encode_name for f in msgspec.structs.fields(GateTable))
 
 
 def _preset_entries(preset: str | None, rule_names: list[str] | None) -> dict[str, Any]:
@@ -233,15 +293,19 @@ def _rule_assertion(key: str, level: str, options: dict[str, Any], rule_names: l
     if not rule:
         raise config_error(source, path, "empty rule name")
     if rule_names is not None and rule not in rule_names:
-        raise config_error(source, path, f"unknown rule {rule!r} (see `tracecliff rules`)")
+        hint = closest(rule, rule_names)
+        raise config_error(source, path, f"unknown rule {rule!r}" + (f" (did you mean `rule:{hint}`?)" if hint else "")
+                           + "; see `tracecliff rules`")
     opts = validate(options, RuleOptions, source, path + ["1"])
     return Assertion(key, level, None, float(opts.max), "count", opts.allow_unavailable, opts.severity)
 
 
 def _check_metric_name(name: str, source: str, path: list[str]) -> None:
     if metric_spec(name) is None:
-        raise config_error(source, path, f"unknown gate metric {name!r} (known: step_time_us, exposed_comm_pct, "
-                                         "overlap_pct, idle_pct, mfu, busbw_gbps:<group>, rule:<name>)")
+        hint = closest(name, [*BASE_METRICS, GROUP_METRIC])
+        hint = f"{GROUP_METRIC}:<group>" if hint == GROUP_METRIC else hint
+        raise config_error(source, path, f"unknown gate metric {name!r}" + (f" (did you mean `{hint}`?)" if hint else "")
+                           + f"; known: {', '.join(METRIC_NAMES)}, rule:<name>")
 
 
 def registered_rule_names() -> list[str]:
@@ -252,30 +316,84 @@ def registered_rule_names() -> list[str]:
 # ---------------------------------------------------------------- evaluation
 
 
-def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label: str | None = None) -> GateReport:
-    """Check a run (a Result) against ``config`` and ``baseline`` (a Result)."""
+def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label: str | None = None,
+             steps: Any = None) -> GateReport:
+    """Check a run (a Result) against ``config`` and ``baseline`` (a Result); ``steps``: the
+    ProfilerStep numbers the run was asked for (``--steps``), which must all be in it."""
+    who = "the new run" if baseline is not None else "the run"
     metrics = run_metrics(run)
-    checks = [check_assertion(run, metrics, a) for a in config.assertions]
+    checks = run_checks(run, steps, who)
+    checks.extend(check_assertion(run, metrics, a, steps) for a in config.assertions)
     if baseline is not None:
-        checks.extend(compare_baseline(metrics, run_metrics(baseline), config))
+        compared = compare_baseline(run, baseline, config, steps, metrics)
+        checks.append(baseline_check(run, baseline, compared))
+        checks.extend(compared)
     return GateReport(checks, baseline_label)
 
 
-def check_assertion(run: Any, metrics: dict[str, Any], assertion: Assertion) -> Check:
+def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:
+    """What the run measured, checked before any figure is: the requested steps are in its
+    traces (with ``--steps``), and it has GPU steps at all. A run that selected no step, or
+    recorded no GPU activity, fails: no figure of it can vouch for anything."""
+    return ([_steps_check(run, steps)] if steps else []) + [_measured_check(run, steps, who)]
+
+
+def _steps_check(run: Any, steps: Any) -> Check:
+    missing = requested_steps_missing(run, steps)
+    if not missing:
+        status, message = "pass", f"{steps_text(steps)} in every rank's trace"
+    elif selected_nothing(run, steps):
+        status, message = "fail", f"{steps_text(missing)} not in the traces: --steps selected nothing"
+    else:  # the steps missing from the same ranks together
+        by_ranks: dict[tuple[int, ...], list[int]] = {}
+        for step, ranks in sorted(missing.items()):
+            by_ranks.setdefault(tuple(ranks), []).append(step)
+        status, message = "fail", "; ".join(
+            f"{steps_text(numbers)} not in the traces"
+            + ("" if len(ranks) == len(run.model.ranks) else f" of rank(s) {_ranks_text(list(ranks))}")
+            for ranks, numbers in by_ranks.items())
+    return Check("run", "steps", "error", status, None, "in every rank's trace", None, message)
+
+
+def _measured_check(run: Any, steps: Any, who: str) -> Check:
+    typical = run.model.typical
+    if steps and selected_nothing(run, steps):
+        status, message = "fail", f"no step measured in {who}: --steps selected nothing"
+    elif not has_gpu_activity(run):
+        status, message = "fail", f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+    elif typical is not None:
+        status, message = "pass", (f"typical step {typical.step} of {len(typical.steady_steps)} steady step(s), "
+                                   f"{typical.ranks} rank(s)")
+    elif any(r.steps for r in run.model.ranks):
+        status, message = "fail", f"no steady step measured on the GPU in {who}"
+    else:
+        status, message = "pass", "whole trace only (no ProfilerStep#N markers): shares over each rank's trace"
+    return Check("run", "measured", "error", status, None, "GPU steps measured", None, message)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return steps_text(ranks).partition(" ")[2]  # the same ranges: 0-3, 5
+
+
+def check_assertion(run: Any, metrics: dict[str, Any], assertion: Assertion, steps: Any = None) -> Check:
     if assertion.rule is not None:
         return _check_rule(run, assertion)
     found = metrics.get(assertion.key)
     bound = _bound_text(assertion)
     if found is None:
-        return _unavailable(assertion, bound, unavailable_reason(run, assertion.key))
+        return _unavailable(assertion, bound, unavailable_reason(run, assertion.key, steps))
     actual = found.value(assertion.aggregate)
+    detail = found.described(assertion.aggregate)
+    wrong = implausible(run, assertion.key, actual)
+    if wrong is not None:
+        return Check("assertion", assertion.key, assertion.level, "suspect", actual, bound, assertion.aggregate,
+                     f"suspect, not gated: {wrong} ({detail})")
     problems = []
     if assertion.min is not None and actual < assertion.min:
         problems.append(f"below the minimum {_fmt(assertion.min, assertion.key)}")
     if assertion.max is not None and actual > assertion.max:
         problems.append(f"above the maximum {_fmt(assertion.max, assertion.key)}")
     status = _failed_status(assertion.level) if problems else "pass"
-    detail = found.described(assertion.aggregate)
     return Check("assertion", assertion.key, assertion.level, status, actual, bound, assertion.aggregate,
                  f"{detail}: {'; '.join(problems)}" if problems else detail)
 
@@ -338,28 +456,160 @@ def regression_pct(base: float, new: float, better: str) -> float:
     return 100.0 * worse / abs(base)
 
 
-def compare_baseline(new_metrics: dict[str, Any], base_metrics: dict[str, Any], config: GateConfig) -> list[Check]:
-    """Every metric measured in both runs, with the assertion's aggregate (else the typical
-    figure, the verdict's)."""
+def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> Threshold:
+    """The smallest worse-direction change of metric ``name`` that counts (see ``Threshold``):
+    the configured relative limit (``max_regression_pct``, per metric or for all), the metric's
+    floor (a share's ``max_regression_pp``; a fixed one for the others) and the noise term,
+    ``noise_sigmas`` × √2 × σ: σ the larger of the two runs' own spreads (what the job varies by
+    from step to step and rank to rank; the larger, so that a noisier window of a healthy job is
+    not a regression), √2 because each of the two figures compared carries that noise."""
+    spec = metric_spec(name)
+    assert spec is not None
+    (sigma, samples), spread_of, of = spread(base), "baseline", base
+    if spread(new)[0] > sigma:
+        (sigma, samples), spread_of, of = spread(new), "new run", new
+    noise = config.noise_sigmas * math.sqrt(2.0) * sigma
+    limit_pct = config.regression_limit(name)
+    if spec.compare == "share":
+        unit, limit, floor = "pp", limit_pct / 100.0 * abs(base_value), config.max_regression_pp
+    else:
+        scale = 100.0 / abs(base_value) if base_value else 0.0  # a zero baseline: any change counts
+        unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, noise * scale
+    terms = {"limit": limit, "floor": floor, "noise": noise}
+    basis = max(terms, key=lambda k: terms[k])  # on a tie, the first: limit, floor, noise
+    steps = len({s.step for s in of.samples})
+    return Threshold(terms[basis], unit, basis, limit, floor, noise, sigma, samples, steps, spread_of)
+
+
+def compare_baseline(new_run: Any, base_run: Any, config: GateConfig, steps: Any = None,
+                     new_metrics: dict[str, Metric] | None = None) -> list[Check]:
+    """Every metric of either run, with the assertion's aggregate (else the typical figure, the
+    verdict's): compared where both runs measured it comparably; failed where the new run lacks
+    one the baseline has; suspect (not gated) where either figure is physically impossible."""
+    new_metrics = run_metrics(new_run) if new_metrics is None else new_metrics
+    base_metrics = run_metrics(base_run)
     how_of = {a.key: a.aggregate for a in config.assertions if a.rule is None}
-    checks = []
-    for name in sorted(set(new_metrics) & set(base_metrics)):
-        how = how_of.get(name, DEFAULT_AGGREGATE)
-        spec = metric_spec(name)
-        new = new_metrics[name].value(how)
-        base = base_metrics[name].value(how)
-        worse = regression_pct(base, new, spec.better)
-        limit = config.regression_limit(name)
-        if worse > limit:
-            status, verdict = "fail", f"regressed {_pct_text(worse)} (limit {limit:g}%)"
-        elif worse < -limit:
-            status, verdict = "improved", f"improved {_pct_text(-worse)}"
-        else:
-            status, verdict = "pass", f"within ±{limit:g}%"
-        change = 100.0 * (new - base) / abs(base) if base else (0.0 if new == base else math.inf)
-        checks.append(Check("baseline", name, "error", status, new, f"regression ≤ {limit:g}%", how,
-                            verdict, base=base, change_pct=change))
-    return checks
+    return [_compare_one(name, base_metrics.get(name), new_metrics.get(name), how_of.get(name, DEFAULT_AGGREGATE),
+                         new_run, base_run, config, steps)
+            for name in sorted(set(new_metrics) | set(base_metrics))]
+
+
+def _compare_one(name: str, base: Metric | None, new: Metric | None, how: str, new_run: Any, base_run: Any,
+                 config: GateConfig, steps: Any) -> Check:
+    base_value = base.value(how) if base is not None else None
+    new_value = new.value(how) if new is not None else None
+
+    def check(status: str, message: str) -> Check:
+        return Check("baseline", name, "error", status, new_value, "", how, message, base=base_value)
+    if base is None or base_value is None:
+        return check("skip", "not in the baseline: nothing to compare with")
+    if new is None or new_value is None:
+        return check("fail", f"in the baseline, missing in the new run: "
+                             f"{unavailable_reason(new_run, name, steps, who='the new run')}")
+    why = not_comparable(name, base_run, new_run)
+    if why is not None:
+        return check("skip", f"not comparable: {why}")
+    if base.scope != new.scope:
+        if new.scope == "trace":  # the new run lost its step breakdown: it cannot give the baseline's figure
+            return check("fail", "the new run has only a whole-trace figure (no ProfilerStep#N markers), "
+                                 f"the baseline the typical step's ({base.basis})")
+        return check("skip", f"not comparable: the baseline's is a whole-trace figure ({base.basis}), "
+                             "the new run's its typical step's")
+    for which, run, value in (("baseline", base_run, base_value), ("new run", new_run, new_value)):
+        wrong = implausible(run, name, value)
+        if wrong is not None:
+            return check("suspect", f"suspect, not gated: the {which}'s {wrong}")
+    return _compared(name, base, new, base_value, new_value, how, config)
+
+
+def _compared(name: str, base: Metric, new: Metric, base_value: float, new_value: float, how: str,
+              config: GateConfig) -> Check:
+    spec = metric_spec(name)
+    assert spec is not None
+    limit = threshold(name, base, new, base_value, config)
+    if spec.compare == "share":
+        worse = (new_value - base_value) if spec.better == "lower" else (base_value - new_value)
+    else:
+        worse = regression_pct(base_value, new_value, spec.better)
+    if worse > limit.value:
+        status, verdict = "fail", f"regressed {_change_text(worse, limit.unit)} (threshold {limit.text})"
+    elif worse < -limit.value:
+        status, verdict = "improved", f"improved {_change_text(-worse, limit.unit)} (threshold {limit.text})"
+    else:
+        status, verdict = "pass", f"within {limit.text}"
+    change = 100.0 * (new_value - base_value) / abs(base_value) if base_value else \
+        (0.0 if new_value == base_value else math.inf)
+    return Check("baseline", name, "error", status, new_value, f"Δ ≤ {limit.text}", how, verdict, base=base_value,
+                 change_pct=change, change_pp=(new_value - base_value) if spec.compare == "share" else None,
+                 threshold=limit)
+
+
+def baseline_check(new_run: Any, base_run: Any, compared: list[Check]) -> Check:
+    """Whether the baseline could vouch for anything: it measured GPU steps, and it ran on the
+    same GPU, world size and nodes (else only the comparable metrics are compared, and this says
+    which); nothing compared at all fails."""
+    if not has_gpu_activity(base_run):
+        return Check("run", "baseline", "error", "fail", None, "comparable with the new run", None,
+                     "the baseline has no GPU steps (no GPU activity in its traces): nothing to compare with")
+    b, n = run_shape(base_run), run_shape(new_run)
+    done = [c.name for c in compared if c.threshold is not None or c.status == "suspect"]
+    skipped = [c.name for c in compared if c.message.startswith("not comparable")]
+    if not done and not any(c.status == "fail" for c in compared):
+        return Check("run", "baseline", "error", "fail", None, "comparable with the new run", None,
+                     f"nothing compared: baseline {shape_text(b)}, new run {shape_text(n)}"
+                     + (f" (not comparable: {', '.join(skipped)})" if skipped else ""))
+    typical = base_run.model.typical
+    few = ("; the baseline has 1 steady step: the noise thresholds see its rank-to-rank spread, no "
+           "step-to-step variation (profile 3 steps or more)") if typical and len(typical.steady_steps) == 1 else ""
+    if b == n:
+        return Check("run", "baseline", "error", "pass", None, "comparable with the new run", None,
+                     f"same GPU, world size and nodes: {shape_text(b)}{few}")
+    return Check("run", "baseline", "warning", "warn", None, "comparable with the new run", None,
+                 f"baseline {shape_text(b)}, new run {shape_text(n)}: "
+                 + (f"compared only {', '.join(done)}" if done else "nothing compared")
+                 + (f"; not compared: {', '.join(skipped)}" if skipped else "") + few)
+
+
+# ---------------------------------------------------------------- comparable runs
+
+
+def run_shape(run: Any) -> dict[str, Any]:
+    """What a figure depends on besides the code: the GPU (the one the analysis assumed: the
+    trace's device, or the user's --gpu), the world size and the nodes (as the diff counts them)."""
+    from analyzer.compare.diff import node_count
+    hardware = run.model.hardware
+    gpu = hardware.gpu_name.value or run.job.get("gpu")  # the trace's device, or --gpu's name
+    # the profile id tells two spellings of one GPU apart from two GPUs (the trace's device name, --gpu h100)
+    return {"gpu": gpu, "profile": hardware.gpu_profile.value or gpu, "world_size": run.model.world_size,
+            "nodes": node_count(run)[0]}
+
+
+def shape_text(shape: dict[str, Any]) -> str:
+    nodes = f" on {shape['nodes']} node(s)" if shape["nodes"] else ""
+    return f"{shape['world_size'] or '?'} x {shape['gpu'] or 'unknown GPU'}{nodes}"
+
+
+def not_comparable(name: str, base: Any, new: Any) -> str | None:
+    """Why metric ``name`` of run ``new`` cannot be compared with the baseline ``base`` (None: it
+    can). MFU is normalised by the GPU's peak and the GPU count: comparable across both. The step
+    time and the shares depend on the GPU and on the job's size. A group's bus bandwidth is
+    comparable on the same GPU when the group has the same size and nodes in both runs (a
+    tensor-parallel group inside a node stays comparable when the data-parallel size changes)."""
+    if name == "mfu":
+        return None
+    b, n = run_shape(base), run_shape(new)
+    if b["profile"] and n["profile"] and b["profile"] != n["profile"]:
+        return f"baseline on {b['gpu']}, new run on {n['gpu']}"
+    if name.startswith(GROUP_METRIC + ":"):
+        label = name.partition(":")[2]
+        gb, gn = (next((g for g in r.model.groups if g.label == label), None) for r in (base, new))
+        if gb is not None and gn is not None and (gb.size, gb.nodes) != (gn.size, gn.nodes):
+            return (f"group {label}: {gb.size} rank(s) on {gb.nodes} node(s) in the baseline, "
+                    f"{gn.size} on {gn.nodes} in the new run")
+        return None
+    if (b["world_size"], b["nodes"]) != (n["world_size"], n["nodes"]):
+        return f"baseline {shape_text(b)}, new run {shape_text(n)}"
+    return None
 
 
 def _fmt(value: float | None, metric: str) -> str:
@@ -367,5 +617,6 @@ def _fmt(value: float | None, metric: str) -> str:
     return "n/a" if value is None else fmt_unit(value, spec.unit if spec else "")
 
 
-def _pct_text(value: float) -> str:
-    return "from zero" if math.isinf(value) else f"{value:.2f}%"
+def _change_text(value: float, unit: str) -> str:
+    """A change in percentage points (``pp``) or in % of the baseline (``%``)."""
+    return "from zero" if math.isinf(value) else fmt_unit(value, unit)

@@ -16,7 +16,12 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective (never a CPU op's duration) | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
-the whole trace's, one sample per rank, and say so in their basis.
+the whole trace's, one sample per rank, and say so in their basis (``scope`` "trace").
+
+Besides the figures, the checks the gate makes of them, defined here once: the run's own spread
+(``spread``: the robust σ over its steady (rank, step) values), why a metric is missing from a run
+(``unavailable_reason``) and whether a figure is physically possible (``implausible``; a bus
+bandwidth above its link's peak: ``busbw_ceiling``).
 """
 
 from __future__ import annotations
@@ -41,14 +46,27 @@ class MetricSpec:
     unit: str
     better: str  # "lower" | "higher"
     description: str
+    # How a change is measured against a baseline: "share" (a percentage of the step:
+    # in percentage points) or "relative" (in % of the baseline figure); ``floor``: the smallest
+    # change that can count, in the metric's unit (points for a share; docs/ci.md says why)
+    compare: str = "relative"
+    floor: float = 0.0
 
+
+# Smallest changes that count (docs/ci.md, "Noise-aware thresholds"): a step-time change under
+# 10 µs is within launch jitter and the traces' 1 µs timestamps; busbw under 0.5 GB/s and MFU
+# under half a point are below what a rerun of the same job reproduces. Shares take their floor
+# from the configuration (``max_regression_pp``).
+STEP_TIME_FLOOR_US = 10.0
+BUSBW_FLOOR_GBPS = 0.5
+MFU_FLOOR = 0.005
 
 BASE_METRICS: dict[str, MetricSpec] = {m.name: m for m in (
-    MetricSpec("step_time_us", "µs", "lower", "training step time"),
-    MetricSpec("exposed_comm_pct", "%", "lower", "exposed communication / step time"),
-    MetricSpec("overlap_pct", "%", "higher", "communication hidden under compute / communication"),
-    MetricSpec("idle_pct", "%", "lower", "GPU idle / step time"),
-    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization"),
+    MetricSpec("step_time_us", "µs", "lower", "training step time", "relative", STEP_TIME_FLOOR_US),
+    MetricSpec("exposed_comm_pct", "%", "lower", "exposed communication / step time", "share"),
+    MetricSpec("overlap_pct", "%", "higher", "communication hidden under compute / communication", "share"),
+    MetricSpec("idle_pct", "%", "lower", "GPU idle / step time", "share"),
+    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization", "relative", MFU_FLOOR),
 )}
 
 
@@ -67,6 +85,7 @@ class Metric:
     typical: float
     samples: tuple[Sample, ...]
     basis: str  # e.g. "typical step 5, mean over 8 ranks"
+    scope: str = "step"  # "step": of the typical step; "trace": of the whole trace (no step markers)
 
     def value(self, how: str = DEFAULT_AGGREGATE) -> float:
         if how == "typical" or not self.samples:
@@ -86,8 +105,11 @@ def metric_spec(name: str) -> MetricSpec | None:
         return BASE_METRICS[name]
     prefix, _, group = name.partition(":")
     if prefix == GROUP_METRIC and group:
-        return MetricSpec(name, "GB/s", "higher", f"bus bandwidth of group {group}")
+        return MetricSpec(name, "GB/s", "higher", f"bus bandwidth of group {group}", "relative", BUSBW_FLOOR_GBPS)
     return None
+
+
+METRIC_NAMES = (*BASE_METRICS, f"{GROUP_METRIC}:<group>")  # for messages: every name the gate knows
 
 
 def aggregate(values: list[float] | np.ndarray, how: str) -> float:
@@ -144,12 +166,13 @@ def _whole_trace(model: Any) -> dict[str, Metric]:
         return {}
     basis = f"whole trace, no step breakdown: mean over {len(ranks)} rank(s)"
     exposed = tuple(Sample(r.rank, None, 100.0 * r.exposed_comm_us / r.span_us) for r in ranks)
-    out = {"exposed_comm_pct": Metric("exposed_comm_pct", float(np.mean([s.value for s in exposed])), exposed, basis)}
+    out = {"exposed_comm_pct": Metric("exposed_comm_pct", float(np.mean([s.value for s in exposed])), exposed, basis,
+                                      "trace")}
     comm = [r for r in ranks if r.comm_us > 0]
     if comm:
         overlap = tuple(Sample(r.rank, None, 100.0 * r.overlap_us / r.comm_us) for r in comm)
         out["overlap_pct"] = Metric("overlap_pct", 100.0 * sum(r.overlap_us for r in comm) / sum(r.comm_us for r in comm),
-                                    overlap, basis)
+                                    overlap, basis, "trace")
     return out
 
 
@@ -186,19 +209,141 @@ def _busbw(run: Any) -> dict[str, Metric]:
             for label, found in by_label.items()}
 
 
-def unavailable_reason(run: Any, name: str) -> str:
-    """Why a known metric has no value in this run (for the gate's message)."""
+def spread(metric: Metric) -> tuple[float, int]:
+    """(σ, n): the run's own step-to-step and rank-to-rank spread of ``metric``, robustly: 1.4826 ×
+    the median absolute deviation (σ of a normal distribution, unmoved by a few odd samples) of
+    its values per steady (rank, step), a bus bandwidth's the median of each (rank, step)'s
+    collectives; n the number of those values (σ is 0 below two)."""
+    by_window: dict[tuple[Any, Any], list[float]] = {}
+    for s in metric.samples:
+        by_window.setdefault((s.rank, s.step), []).append(s.value)
+    values = np.array([np.median(v) for v in by_window.values()], dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
+        return 0.0, len(values)
+    return float(1.4826 * np.median(np.abs(values - np.median(values)))), len(values)
+
+
+def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:
+    """``{step: [ranks without it]}`` for each of the requested ``steps`` (``--steps``) that some
+    rank of ``run`` does not hold (every rank: the traces do not have it)."""
+    if not steps:
+        return {}
+    held = {r.rank: {s.step for s in r.steps} for r in run.model.ranks}
+    missing = {int(step): sorted(rank for rank, have in held.items() if step not in have) for step in steps}
+    return {step: ranks for step, ranks in missing.items() if ranks}
+
+
+def selected_nothing(run: Any, steps: Any) -> bool:
+    """Whether ``--steps`` selected no step at all: none of the requested steps is in any rank."""
+    missing = requested_steps_missing(run, steps)
+    ranks = len(run.model.ranks)
+    return bool(steps) and len(missing) == len(set(steps)) and all(len(r) == ranks for r in missing.values())
+
+
+def steps_text(steps: Any) -> str:
+    """3 -> "step 3"; [3, 4, 5, 9] -> "steps 3-5, 9"."""
+    numbers = sorted(set(int(s) for s in steps))
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"step{'s' if len(numbers) > 1 else ''} {text}"
+
+
+def has_gpu_activity(run: Any) -> bool:
+    """Whether any rank of ``run`` recorded GPU activity (a CPU-only profile has none)."""
+    return any(r.gpu_event_count for r in run.ranks) or any(s.busy_us > 0 for s in run.model.rank_steps())
+
+
+def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the run") -> str:
+    """Why a known metric has no value in ``run`` (for the gate's message); ``steps``: the
+    ProfilerStep numbers the run was asked for (``--steps``), ``who``: how to name the run."""
+    missing = requested_steps_missing(run, steps)
+    if steps and selected_nothing(run, steps):
+        return f"{steps_text(missing)} not in the traces (--steps selected nothing)"
+    if not has_gpu_activity(run):
+        return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
     if name == "mfu":
         return "MFU unknown for this run (needs the model size: --model-params / recorded shapes)"
     if name.startswith(GROUP_METRIC + ":"):
-        groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g})
-        return f"no GPU collective with a known size in group {name.partition(':')[2]!r} " \
-               f"(groups seen: {', '.join(groups) or 'none'})"
+        label = name.partition(":")[2]
+        groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g}
+                        | {g.label for g in run.model.groups if g.label})
+        if label not in groups:
+            return f"group {label} absent from {who} (groups: {', '.join(groups) or 'none'})"
+        return f"no GPU collective with a known size in group {label!r}"
     if name == "step_time_us":
-        return "no ProfilerStep#N markers: per-step times unavailable"
+        if not any(r.steps for r in run.model.ranks):
+            return "no ProfilerStep#N markers: per-step times unavailable"
+        return "no steady step measured on the GPU"
     if name == "overlap_pct":
         return "no communication on the GPU"
     return "no GPU activity"
+
+
+# ---------------------------------------------------------------- physically possible figures
+
+# A bus bandwidth above its link's peak by more than this is no measurement (docs/ci.md,
+# "Physically possible numbers"): NVLink SHARP (NVLS) and in-network reductions report busbw a
+# few % above the one-way link rate (each GPU sends its data once; the switch reduces), and the
+# traces' µs timestamps shorten a short kernel by up to a microsecond; 25 % covers both.
+PEAK_MARGIN = 1.25
+
+
+def busbw_ceiling(run: Any, label: str) -> tuple[float | None, str]:
+    """(GB/s, how) the highest bus bandwidth group ``label`` of ``run`` can reach: the intra-node
+    link's one-way peak (hardware profile) inside a node; across nodes, at most twice the node's
+    NICs' line rate (a tree or in-network reduction sends each byte through the network once
+    each way, where a ring's busbw counts it twice), never above the intra-node link; times
+    PEAK_MARGIN. None when the profile does not know the link (an unknown GPU, CPU-only)."""
+    hardware = run.model.hardware
+    intra = _num(hardware.intra_node_gbps.value)
+    if intra is None:
+        return None, "link peak unknown (no hardware profile for this GPU)"
+    group = next((g for g in run.model.groups if g.label == label), None)
+    link = str(hardware.intra_node_link.value or "intra-node link")
+    if group is None or group.cross_node is not True:
+        peak, how = intra, f"{link} {intra:g} GB/s one-way"
+    else:
+        nics = _num(hardware.nics_per_node.value) or 1.0
+        per_nic = max(_num(hardware.nic_line_rate_gbit.value) or 0.0, 8 * (_num(hardware.nic_gbps.value) or 0.0)) / 8
+        network = 2 * nics * per_nic
+        peak = min(intra, network) if network else intra
+        how = (f"2 x {nics:g} NIC(s) x {per_nic:g} GB/s per node" if network and network < intra
+               else f"{link} {intra:g} GB/s one-way")
+    return peak * PEAK_MARGIN, f"{how}, x {PEAK_MARGIN:g} margin"
+
+
+def implausible(run: Any, name: str, value: float) -> str | None:
+    """Why ``value`` of metric ``name`` cannot be a measurement of ``run`` (None: it can): a
+    share outside 0-100 %, a step time not positive or longer than a rank's whole trace, an MFU
+    outside (0, 1], a bus bandwidth not positive or above its link's peak."""
+    spec = metric_spec(name)
+    if spec is None:
+        return None
+    if not math.isfinite(value):
+        return f"{value} is not a number"
+    if spec.compare == "share" and not 0.0 <= value <= 100.0:
+        return f"{value:.2f}% is outside 0-100% of the step"
+    if name == "step_time_us":
+        spans = [r.span_us for r in run.model.ranks if r.span_us > 0]
+        if value <= 0:
+            return f"step time {value:g} µs is not positive"
+        if spans and value > max(spans) * 1.001:  # rounding of the two figures
+            return f"step time {value:,.1f} µs is longer than any rank's whole trace ({max(spans):,.1f} µs)"
+    if name == "mfu" and not 0.0 < value <= 1.0:
+        return f"MFU {value:.4f} is outside (0, 1]"
+    if name.startswith(GROUP_METRIC + ":"):
+        if value <= 0:
+            return f"{value:g} GB/s is not positive"
+        ceiling, how = busbw_ceiling(run, name.partition(":")[2])
+        if ceiling is not None and value > ceiling:
+            return f"{value:,.1f} GB/s is above the link's peak {ceiling:,.1f} GB/s ({how})"
+    return None
 
 
 def _num(value: Any) -> float | None:

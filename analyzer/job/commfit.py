@@ -99,17 +99,18 @@ BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
                    cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray]:
-    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives, the
-    duration of CPU ones) and ``bound`` on the rows of one group of ``n`` ranks: the arithmetic
-    of :func:`bandwidths` and :func:`bound_of`, a group's rows at a time. Returns the busbw
-    values and the bounds as codes (``BOUNDS``)."""
+    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives; none on a
+    CPU-side row: an op's duration on the host is no transfer time, an NCCL launch takes ~20 µs
+    whatever the size, which would read as thousands of GB/s) and ``bound`` on the rows of one
+    group of ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's
+    rows at a time. Returns the busbw values and the bounds as codes (``BOUNDS``)."""
     cols = cols or GroupColumns(rows)
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
     factors = _by_kind(cols.kind, {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()})
     hop_counts = _by_kind(cols.kind, {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()})
     with np.errstate(invalid="ignore", divide="ignore"):
-        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0)
+        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0) & cols.on_gpu
         alg = np.where(known, sizes / times * 1e-3, np.nan)
         bus = alg * factors
         per_hop = sizes * factors / hop_counts  # the bytes each of the collective's α terms carries
