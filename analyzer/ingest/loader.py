@@ -71,6 +71,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         kernel_comm_args=kernel_args,
         warnings=warnings,
         event_count=builder.event_count,
+        shape_ops=builder.finish_shapes(),
     )
 
 
