@@ -54,7 +54,13 @@ def ring_time_us(kind: str, size_bytes: float, n: int, link: SimLink) -> float:
 
 
 def gemm_us(spec: JobSpec, flops: float) -> float:
-    return flops / (spec.gpu_model.peak_bf16_tflops * 1e6 * spec.gemm_efficiency)
+    """A GEMM's time: its FLOPs at the peak of its dtype times the efficiency, which falls for
+    small GEMMs when ``gemm_half_flops`` is set (a tile grid too small to fill the GPU)."""
+    peak = spec.gpu_model.peak_fp32_tflops if spec.gemm_dtype == "fp32" else spec.gpu_model.peak_bf16_tflops
+    efficiency = spec.gemm_efficiency
+    if spec.gemm_half_flops > 0:
+        efficiency *= flops / (flops + spec.gemm_half_flops)
+    return flops / (peak * 1e6 * efficiency)
 
 
 def attention_us(spec: JobSpec, flops: float) -> float:
