@@ -201,6 +201,40 @@ def _peak_sources(dtypes: Mapping[str, float], peaks: _Peaks) -> str:
     return "; ".join(parts)
 
 
+def shape_text(dims: Mapping[str, Any] | None) -> str:
+    """The sizes an op's FLOPs follow from, as one short text: ``m=4088 n=4096 k=1024`` (a
+    batch ``b=`` first when there is one), ``bh=16 sq=64 sk=64 d=32 causal``, ``n=4 out=[64]
+    weight=[256, 128, 1]``; "several shapes" for merged rows."""
+    if not dims:
+        return "several shapes"
+    if "m" in dims:
+        return (f"b={dims['b']} " if dims.get("b", 1) != 1 else "") + f"m={dims['m']} n={dims['n']} k={dims['k']}"
+    if "sq" in dims:
+        d = f"d={dims['d']}" + (f" dv={dims['dv']}" if dims.get("dv") != dims.get("d") else "")
+        causal = {True: " causal", False: "", None: " causal?"}[dims.get("causal")]
+        return f"bh={dims['bh']} sq={dims['sq']} sk={dims['sk']} {d}{causal}" + (" backward" if dims.get("backward") else "")
+    if "weight" in dims:
+        return (f"n={dims['n']} {'in' if dims.get('transposed') else 'out'}={dims['spatial']} weight={dims['weight']}"
+                + (" backward" if dims.get("backward") else ""))
+    return ", ".join(f"{k}={v}" for k, v in sorted(dims.items()))
+
+
+def shape_rows(result: Any) -> list[dict[str, Any]]:
+    """Every distinct (op, shape, dtype) of every rank and step with its throughput and share
+    of peak (the rows of ``Result.compute_df()``)."""
+    model = result.model
+    peaks = _Peaks(model.hardware)
+    rows = []
+    for rank in result.ranks:
+        for key, entry in ((rank.compute_steps or {}).get("steps") or {}).items():
+            step = int(key) if key != "none" else None
+            for row in entry.get("shapes") or []:
+                figures = _shape_figures(row, peaks)
+                rows.append({"rank": rank.rank, "step": step, "role": model.step_role(step), **figures,
+                             "shape": shape_text(row.get("dims"))})
+    return rows
+
+
 # ---------------------------------------------------------------- the job's figures
 
 def analyze_compute(result: Any, hardware: HardwareAssumptions) -> dict[str, Any] | None:
