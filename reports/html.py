@@ -258,7 +258,7 @@ def _mfu_cards(mfu: Any, model: JobModel) -> list[dict[str, str]]:
     params = mfu.get("mfu_mean") if isinstance(mfu, dict) else None
     if params is not None or not cards:
         value, note = _mfu_text(mfu)
-        if compute is not None and compute.mfu is None and params is None:
+        if compute is not None and compute.counted and compute.mfu is None and params is None:
             note = (f"{fmt_flops(compute.flops_per_step)} per rank per step from recorded shapes, but no GPU "
                     "kernels were linked to the ops: no throughput")
         cards.append({"label": "model-parameter MFU" if cards else "MFU", "value": value, "note": note})
@@ -754,9 +754,10 @@ def _compute(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     """The typical step's achieved TFLOP/s per op family, per GEMM size and per shape, each
     against the peak of its dtype (analyzer.job.compute); bars are % of peak."""
     compute = model.compute
-    if compute is None:
-        return unavailable("no op with recorded shapes gives FLOPs (profile with record_shapes=True; "
-                           "counted: matrix multiplies, attention, convolution)")
+    if compute is None or not compute.counted:
+        why = "; ".join(compute.unknown_reasons) if compute is not None else ""
+        return unavailable("no op with recorded shapes gives FLOPs (" + (why or "profile with record_shapes=True")
+                           + "; counted: matrix multiplies, attention, convolution)")
     section = (doc.get("mfu") or {}).get("from_shapes") or {}
 
     def row(label: str, figures: Any) -> dict[str, Any]:

@@ -96,7 +96,11 @@ def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
     """MFU from recorded shapes and the model-parameter MFU, each saying what it counts."""
     compute, mfu = model.compute, doc.get("mfu") or {}
     lines = []
-    if compute is not None:
+    if compute is not None and not compute.counted:
+        reasons = "; ".join(compute.unknown_reasons) or "no shapes recorded"
+        lines.append(f"compute: FLOPs unknown ({reasons}); ops with {fmt_us(compute.unknown_gpu_us)} of GPU time "
+                     "per step, MFU needs --model-params and --tokens-per-step")
+    elif compute is not None:
         text = f"compute: {fmt_flops(compute.flops_per_step)} per rank per step (recorded shapes)"
         if compute.mfu is not None:
             text += (f"; MFU {fmt_pct(100 * compute.mfu)} of the step, compute-only MFU "
@@ -119,7 +123,7 @@ def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
 def _compute(doc: dict[str, Any], model: JobModel) -> list[str]:
     """The typical step's FLOPs by op family and GEMM size: achieved TFLOP/s against the peak."""
     compute = model.compute
-    if compute is None:
+    if compute is None or not compute.counted:
         return []
     step = compute.step if compute.step is not None else "-"
     source = (doc.get("mfu") or {}).get("from_shapes", {}).get("step_source") or ""

@@ -362,6 +362,7 @@ class RankCompute:
     compute_mfu: float | None
     dtype: str | None
     peak_tflops: float | None
+    unknown_reasons: Mapping[str, int]
 
     @classmethod
     def of(cls, rank: int, doc: Mapping[str, Any]) -> RankCompute:
@@ -370,7 +371,7 @@ class RankCompute:
                    tuple((b["family"], b["bucket"], Throughput.of(b)) for b in doc.get("by_bucket") or []),
                    tuple(ShapeFigures.of(s) for s in doc.get("shapes") or []),
                    float(doc.get("unknown_gpu_us") or 0.0), doc.get("mfu"), doc.get("compute_mfu"),
-                   doc.get("dtype"), doc.get("peak_tflops"))
+                   doc.get("dtype"), doc.get("peak_tflops"), dict(doc.get("unknown_reasons") or {}))
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,20 @@ class JobCompute:
                    section.get("peak_tflops"), section.get("dtype"),
                    {f: Throughput.of((section.get("by_family") or {}).get(f) or {}) for f in FAMILIES},
                    float(section.get("unknown_gpu_us") or 0.0), per_rank, str(section.get("source") or ""))
+
+    @property
+    def counted(self) -> bool:
+        """Whether any op's shapes gave FLOPs (not: every op is unknown, e.g. record_shapes off)."""
+        return any(f.ops for f in self.families.values())
+
+    @property
+    def unknown_reasons(self) -> dict[str, int]:
+        """Why ops gave no FLOPs, summed over ranks."""
+        out: dict[str, int] = {}
+        for rank in self.ranks:
+            for reason, n in rank.unknown_reasons.items():
+                out[reason] = out.get(reason, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     @property
     def timed(self) -> bool:
