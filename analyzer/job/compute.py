@@ -341,12 +341,18 @@ class ShapeFigures:
     tflops_per_s: float | None
     pct_of_peak: float | None
     bucket: str
+    timed_flops: float = 0
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> ShapeFigures:
         return cls(str(doc.get("op")), str(doc.get("family")), doc.get("dtype"), doc.get("dims"),
                    int(doc.get("count") or 0), doc.get("flops_each"), float(doc.get("gpu_us") or 0.0),
-                   doc.get("tflops_per_s"), doc.get("pct_of_peak"), str(doc.get("bucket") or ""))
+                   doc.get("tflops_per_s"), doc.get("pct_of_peak"), str(doc.get("bucket") or ""),
+                   doc.get("timed_flops") or 0)
+
+    def dim(self, name: str) -> int | None:
+        value = (self.dims or {}).get(name)
+        return value if isinstance(value, int) else None
 
 
 @dataclass(frozen=True)
@@ -363,15 +369,17 @@ class RankCompute:
     dtype: str | None
     peak_tflops: float | None
     unknown_reasons: Mapping[str, int]
+    # every distinct shape of the step (``shapes`` lists the TOP_SHAPES with most GPU time)
+    step_shapes: tuple[ShapeFigures, ...] = ()
 
     @classmethod
-    def of(cls, rank: int, doc: Mapping[str, Any]) -> RankCompute:
+    def of(cls, rank: int, doc: Mapping[str, Any], step_shapes: tuple[ShapeFigures, ...] = ()) -> RankCompute:
         return cls(rank, doc.get("step"), doc.get("flops_per_step") or 0,
                    {f: Throughput.of((doc.get("by_family") or {}).get(f) or {}) for f in FAMILIES},
                    tuple((b["family"], b["bucket"], Throughput.of(b)) for b in doc.get("by_bucket") or []),
                    tuple(ShapeFigures.of(s) for s in doc.get("shapes") or []),
                    float(doc.get("unknown_gpu_us") or 0.0), doc.get("mfu"), doc.get("compute_mfu"),
-                   doc.get("dtype"), doc.get("peak_tflops"), dict(doc.get("unknown_reasons") or {}))
+                   doc.get("dtype"), doc.get("peak_tflops"), dict(doc.get("unknown_reasons") or {}), step_shapes)
 
 
 @dataclass(frozen=True)
@@ -392,10 +400,11 @@ class JobCompute:
     source: str
 
     @classmethod
-    def of(cls, section: Mapping[str, Any] | None, ranks: list[Any]) -> JobCompute | None:
+    def of(cls, section: Mapping[str, Any] | None, ranks: list[Any],
+           hardware: HardwareAssumptions | None = None) -> JobCompute | None:
         if not section:
             return None
-        per_rank = tuple(RankCompute.of(r.rank, r.compute) for r in ranks if r.compute)
+        per_rank = tuple(RankCompute.of(r.rank, r.compute, _step_shapes(r, hardware)) for r in ranks if r.compute)
         return cls(section.get("step"), section.get("flops_per_step") or 0, section.get("step_time_us"),
                    section.get("compute_us"), section.get("mfu"), section.get("compute_mfu"),
                    section.get("peak_tflops"), section.get("dtype"),
@@ -433,6 +442,14 @@ class JobCompute:
             parts = cells[bucket]
             out.append((bucket, _throughput_sum(parts, len(self.ranks) or 1)))
         return out
+
+
+def _step_shapes(rank: Any, hardware: HardwareAssumptions | None) -> tuple[ShapeFigures, ...]:
+    """Every shape of the step a rank's ``compute`` is of, with its throughput and share of peak."""
+    key = rank.compute.get("step")
+    entry = ((rank.compute_steps or {}).get("steps") or {}).get("none" if key is None else str(key)) or {}
+    peaks = _Peaks(hardware)
+    return tuple(ShapeFigures.of(_shape_figures(row, peaks)) for row in entry.get("shapes") or [])
 
 
 def _throughput_sum(parts: list[Throughput], n: int) -> Throughput:

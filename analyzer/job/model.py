@@ -271,7 +271,7 @@ class JobModel:
     def compute(self) -> JobCompute | None:
         """The typical step's FLOPs from recorded shapes, their throughput and MFU (the ``mfu``
         section's ``from_shapes`` and each rank's ``compute``); None: no op gave FLOPs."""
-        return JobCompute.of((self._result.mfu or {}).get("from_shapes"), self._result.ranks)
+        return JobCompute.of((self._result.mfu or {}).get("from_shapes"), self._result.ranks, self.hardware)
 
     @cached_property
     def lateness(self) -> tuple[RankLateness, ...]:

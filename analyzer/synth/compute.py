@@ -166,8 +166,8 @@ class Compute:
         flops = 2.0 * m * k * n
         grid = (max(1, n // 256), max(1, m // 128), 1)
         with self.work(op, "gemm", self.spec.gemm_dtype, flops, (m, n, k)):
-            return self.kernel(self.gemm[which], physics.gemm_us(self.spec, flops), thread, grid, (384, 1, 1),
-                               168, 213_000)
+            return self.kernel(self.gemm[which], physics.gemm_us(self.spec, flops, (m, n, k)), thread, grid,
+                               (384, 1, 1), 168, 213_000)
 
     def _dims(self, *dims) -> dict:
         if not self.spec.record_shapes:

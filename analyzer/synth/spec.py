@@ -62,6 +62,9 @@ class JobSpec:
     # f / (f + gemm_half_flops), half of it at f = gemm_half_flops (0: every GEMM at gemm_efficiency)
     gemm_half_flops: float = 0.0
     gemm_dtype: str = "bf16"  # bf16 | fp32: the linears' dtype (fp32: sgemm kernels at the fp32 peak)
+    # efficiency of a bf16 GEMM with a size not a multiple of 8 (tensor cores tile aligned sizes;
+    # 0: as aligned ones, gemm_efficiency)
+    misaligned_gemm_efficiency: float = 0.0
     attn_efficiency: float = 0.45
     mem_efficiency: float = 0.8
     optimizer_bytes_per_param: float = 28.0  # fused AdamW: fp32 master + m + v reads/writes, bf16 copy
@@ -186,7 +189,7 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16"}  # knob: its default
+_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
