@@ -109,3 +109,37 @@ def test_weak_scaling_and_runs_without_shapes(cliff, tmp_path):
     assert "compute: FLOPs unknown (no shapes recorded (profile with record_shapes=True))" in TextRenderer().render(run)
     c = diff_runs(base, run)["compute"]
     assert not c["available"] and "record_shapes" in c["reason"]
+
+
+def test_the_what_if_uses_the_measured_efficiency_per_shape(cliff, scales_well):
+    """Strong scaling 8 -> 32 GPUs projected from the 8-GPU run: compute at the efficiency the
+    job measures per GEMM size, not perfect scaling; the step within 10% of the 32-GPU run."""
+    from analyzer.whatif.projection import Scenario, project
+    for (base, _), (new, _), cliff_pair in ((*cliff, True), (*scales_well, False)):
+        projection = project(base, Scenario(gpus=32, strong_scaling=True)).to_dict()
+        model = projection["projected"]["compute_model"]
+        assert model["factor"] == 0.25
+        assert projection["assumptions"]["compute"]["value"] == "strong scaling"
+        actual = new.model.compute.compute_us
+        if cliff_pair:  # the smaller GEMMs run slower: perfect scaling is too optimistic
+            assert model["perfect_scaling_us"] < model["projected_us"] <= actual
+            assert abs(model["projected_us"] - actual) < 0.5 * abs(model["perfect_scaling_us"] - actual)
+        else:
+            assert model["projected_us"] == pytest.approx(actual, rel=0.02)
+            assert model["perfect_scaling_us"] == pytest.approx(model["projected_us"], rel=0.01)
+        assert projection["projected"]["step_time_us"] == pytest.approx(new.model.step_time_us, rel=0.10)
+        weak = project(base, Scenario(gpus=32)).to_dict()
+        assert "compute_model" not in weak["projected"]
+        assert weak["projected"]["compute_us"] == pytest.approx(projection["measured"]["compute_us"], rel=0.02)
+
+
+def test_the_what_if_command_takes_strong_scaling(cliff, tmp_path, capsys):
+    (base, _), _ = cliff
+    saved = tmp_path / "base.json"
+    saved.write_text(base.to_json())
+    from analyzer.cli.main import main
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", str(saved), "--gpus", "32", "--strong-scaling"])
+    assert code.value.code == 0
+    out = capsys.readouterr().out
+    assert "Compute at 0.25x the work per GPU (strong scaling" in out and "perfect scaling" in out

@@ -20,12 +20,15 @@ from analyzer.whatif.projection import STRATEGY_CHOICES
               help="Projected NIC's achievable one-way GB/s (e.g. 45 for 400 Gb/s).")
 @click.option("--strategy", type=click.Choice(STRATEGY_CHOICES), help="Projected data-parallel strategy.")
 @click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), help="Projected DDP bucket_cap_mb.")
+@click.option("--strong-scaling", is_flag=True,
+              help="Keep the global batch: each GPU's work scales by measured / projected GPUs, its compute at the "
+                   "efficiency the job measures per GEMM size (default: weak scaling, compute as measured).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @output_option
 @trace_options
 @config_option
 def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_node, target_nic_gbps,
-                   strategy, bucket_mb, fmt, output, options, config, config_path) -> None:
+                   strategy, bucket_mb, strong_scaling, fmt, output, options, config, config_path) -> None:
     """Project step time, exposed communication, scaling efficiency and MFU of the job in the
     traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
     from analyzer.api import load_run
@@ -36,6 +39,7 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
                         nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
                         bucket_mb=bucket_mb, model_params=options.model_params,
-                        tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node)
+                        tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node,
+                        strong_scaling=strong_scaling)
     doc = project(result, scenario).to_dict()
     emit(dumps(doc) if fmt == "json" else render_text(doc), output, [i["path"] for i in result.inputs])
