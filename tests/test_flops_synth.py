@@ -103,3 +103,19 @@ def test_gemm_efficiency_falls_with_size_when_the_generator_says_so(tmp_path):
     assert len(rates) >= 2 and rates == sorted(rates, reverse=True)
     for _, figures in buckets:
         assert figures.pct_of_peak < 100 * spec.gemm_efficiency
+
+
+def test_gate_and_diff_metrics_from_shapes(job):
+    """shapes_mfu and gemm_tflops: the typical step's figures, one sample per steady rank-step
+    made the same way."""
+    from analyzer.compare.metrics import run_metrics
+    spec, truth, result = job
+    metrics = run_metrics(result)
+    compute = result.model.compute
+    assert metrics["shapes_mfu"].typical == compute.mfu
+    assert metrics["gemm_tflops"].typical == compute.families["gemm"].tflops_per_s
+    typical = [s for s in metrics["shapes_mfu"].samples if s.step == compute.step]
+    by_rank = {r.rank: r for r in compute.ranks}
+    assert len(typical) == len(compute.ranks) and all(s.value == by_rank[s.rank].mfu for s in typical)
+    steady = {(s.rank, s.step) for s in result.model.rank_steps() if s.role in ("typical", "steady")}
+    assert {(s.rank, s.step) for s in metrics["gemm_tflops"].samples} == steady

@@ -241,7 +241,8 @@ def _rule_assertion(key: str, level: str, options: dict[str, Any], rule_names: l
 def _check_metric_name(name: str, source: str, path: list[str]) -> None:
     if metric_spec(name) is None:
         raise config_error(source, path, f"unknown gate metric {name!r} (known: step_time_us, exposed_comm_pct, "
-                                         "overlap_pct, idle_pct, mfu, busbw_gbps:<group>, rule:<name>)")
+                                         "overlap_pct, idle_pct, mfu, shapes_mfu, gemm_tflops, busbw_gbps:<group>, "
+                                         "rule:<name>)")
 
 
 def registered_rule_names() -> list[str]:

@@ -12,7 +12,9 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``exposed_comm_pct`` | 100 · exposed share of the typical step | 100 · (waiting + transfer) / step time | lower |
 | ``idle_pct`` | 100 · idle share of the typical step | 100 · GPU idle / step time | lower |
 | ``overlap_pct`` | 100 · overlap / comm over the typical step's ranks | 100 · overlap / comm (steps with communication) | higher |
-| ``mfu`` | the typical step's MFU (``doc["mfu"]``) | per step | higher |
+| ``mfu`` | the typical step's model-parameter MFU (``doc["mfu"]``, needs the flags) | per step | higher |
+| ``shapes_mfu`` | the typical step's MFU from recorded shapes (``mfu.from_shapes``) | FLOPs at peak / step time | higher |
+| ``gemm_tflops`` | the typical step's GEMM TFLOP/s (recorded shapes), over its ranks | the rank-step's GEMMs | higher |
 | ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective (never a CPU op's duration) | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
@@ -48,7 +50,9 @@ BASE_METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("exposed_comm_pct", "%", "lower", "exposed communication / step time"),
     MetricSpec("overlap_pct", "%", "higher", "communication hidden under compute / communication"),
     MetricSpec("idle_pct", "%", "lower", "GPU idle / step time"),
-    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization"),
+    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization (6Ψ per token, --model-params)"),
+    MetricSpec("shapes_mfu", "fraction", "higher", "MFU of the FLOPs the recorded shapes count"),
+    MetricSpec("gemm_tflops", "TFLOP/s", "higher", "achieved GEMM throughput (recorded shapes)"),
 )}
 
 
@@ -133,6 +137,7 @@ def run_metrics(run: Any) -> dict[str, Metric]:
     mfu = _mfu(run.mfu, typical.step if typical else None)
     if mfu is not None:
         out["mfu"] = mfu
+    out.update(_compute_metrics(run, steady))
     out.update(_busbw(run))
     return dict(sorted(out.items()))
 
@@ -166,6 +171,35 @@ def _mfu(section: Any, typical_step: Any) -> Metric | None:
     return None if mean is None else Metric("mfu", mean, samples, "mean over steps")
 
 
+def _compute_metrics(run: Any, steady: list[Any]) -> dict[str, Metric]:
+    """``shapes_mfu`` and ``gemm_tflops``: the job model's typical-step figures (recorded shapes),
+    with one sample per steady rank-step made the same way (analyzer.job.compute)."""
+    from analyzer.job.compute import rank_compute
+    model = run.model
+    compute = model.compute
+    if compute is None or not compute.timed:
+        return {}
+    hardware, by_rank = model.hardware, {r.rank: r for r in run.ranks}
+    mfu_samples, gemm_samples = [], []
+    for s in steady:
+        rank = by_rank.get(s.rank)
+        doc = rank_compute(rank.compute_steps if rank else None, s.step, s.step_time_us, s.compute_us or None, hardware)
+        if doc is None or doc["step"] != s.step:
+            continue
+        if doc["mfu"] is not None:
+            mfu_samples.append(Sample(s.rank, s.step, doc["mfu"]))
+        if doc["by_family"]["gemm"]["tflops_per_s"] is not None:
+            gemm_samples.append(Sample(s.rank, s.step, doc["by_family"]["gemm"]["tflops_per_s"]))
+    basis = f"typical step {compute.step}, recorded shapes, {len(compute.ranks)} rank(s)"
+    out = {}
+    if compute.mfu is not None:
+        out["shapes_mfu"] = Metric("shapes_mfu", compute.mfu, tuple(mfu_samples), basis)
+    gemm = compute.families["gemm"].tflops_per_s
+    if gemm is not None:
+        out["gemm_tflops"] = Metric("gemm_tflops", gemm, tuple(gemm_samples), basis)
+    return out
+
+
 def _busbw(run: Any) -> dict[str, Metric]:
     """``busbw_gbps:<group>``: the bus bandwidth the job analysis gave each GPU collective of
     the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample."""
@@ -189,7 +223,9 @@ def _busbw(run: Any) -> dict[str, Metric]:
 def unavailable_reason(run: Any, name: str) -> str:
     """Why a known metric has no value in this run (for the gate's message)."""
     if name == "mfu":
-        return "MFU unknown for this run (needs the model size: --model-params / recorded shapes)"
+        return "model-parameter MFU unknown for this run (needs --model-params and --tokens-per-step)"
+    if name in ("shapes_mfu", "gemm_tflops"):
+        return "no FLOPs from recorded shapes with GPU kernels (profile with record_shapes=True)"
     if name.startswith(GROUP_METRIC + ":"):
         groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g})
         return f"no GPU collective with a known size in group {name.partition(':')[2]!r} " \
