@@ -119,3 +119,25 @@ def test_gate_and_diff_metrics_from_shapes(job):
     assert len(typical) == len(compute.ranks) and all(s.value == by_rank[s.rank].mfu for s in typical)
     steady = {(s.rank, s.step) for s in result.model.rank_steps() if s.role in ("typical", "steady")}
     assert {(s.rank, s.step) for s in metrics["gemm_tflops"].samples} == steady
+
+
+def test_compute_df(job):
+    from analyzer.job import frames
+    spec, truth, result = job
+    df = result.compute_df()
+    assert list(df.columns) == list(frames.COMPUTE_COLUMNS)
+    totals = df.groupby(["rank", "step"])["flops"].sum()
+    for (_, step), flops in totals.items():
+        assert flops == truth["compute"]["steps"][str(step)]["flops"]
+    typical = df[df["role"] == "typical"]
+    assert set(typical["step"]) == {result.model.typical.step}
+    gemm = typical[typical["family"] == "gemm"]
+    assert (gemm["gpu_us"] > 0).all() and (gemm["pct_of_peak"] > 0).all()
+
+
+def test_compute_df_without_shapes_has_the_columns(tmp_path):
+    from analyzer.job import frames
+    out = write_job(JobSpec(n_layers=1, hidden=1024, seq_len=512, world_size=2, gpus_per_node=2, steps=2,
+                            record_shapes=False), tmp_path)
+    df = diagnose(sorted(str(p) for p in out.glob("rank-*.json.gz")), DiagnoseOptions(workers=1)).compute_df()
+    assert list(df.columns) == list(frames.COMPUTE_COLUMNS) and len(df) == 0

@@ -9,8 +9,10 @@ event. Per-event work here is C-level passes over the rows of those names only.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import count
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -91,13 +93,17 @@ class ShapeOpsBuilder:
         rows = np.flatnonzero(table[codes] >= 0)
         if not len(rows):
             return
-        chosen = [events[i] for i in rows.tolist()]
+        chosen = _take(events, rows)
         start, end, valid = times(chosen)
         keep = np.flatnonzero(valid)
         if not len(keep):
             return
-        chosen = [chosen[i] for i in keep.tolist()]
-        args = np.fromiter(map(self._recorded_id, map(_recorded_of, chosen)), dtype=np.int32, count=len(chosen))
+        if len(keep) < len(chosen):
+            chosen = _take(chosen, keep)
+        # each distinct recorded text is numbered once (a C-level counter, as the column names are)
+        numbered: defaultdict = defaultdict(count().__next__)
+        codes_of = np.fromiter(map(numbered.__getitem__, map(_recorded_of, chosen)), dtype=np.int64, count=len(chosen))
+        args = np.array([self._recorded_id(key) for key in numbered], dtype=np.int32)[codes_of]
         self._parts.append((start[keep], end[keep], thread_ids(chosen), table[codes[rows[keep]]], args,
                             external_ids(chosen)))
 
@@ -140,6 +146,13 @@ class ShapeOpsBuilder:
                 same[1:] &= ranked[1:] == ranked[:-1]
         order = order[~same]
         return ShapeOps(*(c[order] for c in columns), names, recorded)
+
+
+def _take(items: list[Any], index: np.ndarray) -> list[Any]:
+    """``[items[i] for i in index]`` in one C-level call."""
+    if len(index) == 1:
+        return [items[int(index[0])]]
+    return list(itemgetter(*index.tolist())(items))
 
 
 def _recorded_of(event: Any) -> tuple[bytes, bytes, bytes]:
