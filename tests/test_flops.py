@@ -5,9 +5,13 @@ nested ops, and the kernels an op owns."""
 from __future__ import annotations
 
 import json
+import math
+import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer.ingest.shapes import SHAPE_OP_NAMES, ShapeOps
 from analyzer.model import formulas as models
@@ -235,3 +239,28 @@ def test_kernels_belong_to_the_op_running_at_their_launch():
     owner = kernel_owner(ops, rows, launch_ts, launch_thread)
     mine = [int(ops.external_id[rows[o]]) if o >= 0 else None for o in owner]
     assert mine == [1, 1, None, 2, 3, None]
+
+
+_size = st.one_of(st.integers(0, 5000), st.integers(-3, 2**45), st.floats(allow_nan=True), st.booleans(), st.none(),
+                  st.text(max_size=5))
+_dims = st.lists(st.one_of(st.lists(_size, max_size=5), _size, st.none()), max_size=18)
+_texts = st.lists(st.one_of(st.sampled_from(["", "True", "False", "1", "0", "2", "-1", "[1, 1]", "[2]", "[True, False]",
+                                             "[0, 0]", "0.", "[", "[x]", "[1e99]", "float", "c10::BFloat16"]),
+                            st.text(max_size=8), st.integers(), st.none()), max_size=18)
+
+
+@settings(max_examples=int(os.environ.get("TRACECLIFF_FUZZ_EXAMPLES", "0")) or 400, deadline=None)
+@given(st.sampled_from(sorted(SHAPE_OP_NAMES)), _dims, _texts, _texts)
+def test_any_recorded_arguments_give_a_count_or_a_reason(name, dims, types, concrete):
+    """Hostile or odd recordings never raise: a finite, non-negative count (sizes up to the
+    plausible bound), or unknown with the reason naming the op."""
+    try:
+        recorded = tuple(json.dumps(x, allow_nan=True).encode() for x in (dims, types, concrete))
+    except (ValueError, OverflowError):
+        return
+    count = count_op.__wrapped__(name, recorded)
+    if count.flops is None:
+        assert count.reason and (count.reason.startswith(name) or "record_shapes" in count.reason)
+    else:
+        assert math.isfinite(count.flops) and 0 <= count.flops <= 2.0**62
+        assert count.family in ("gemm", "attention", "conv", "other")

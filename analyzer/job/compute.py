@@ -92,6 +92,8 @@ def rank_compute(compute_steps: Mapping[str, Any] | None, typical_step: Any, ste
     if not compute_steps:
         return None
     key, chosen = step_of(compute_steps, typical_step)
+    if key is None and typical_step is not None:
+        return None  # this rank's trace lacks the typical step (or ran none of the ops in it)
     entry = (compute_steps.get("steps") or {}).get(key) if key is not None else None
     shapes, unknown = (entry or {}).get("shapes") or [], (entry or {}).get("unknown") or {}
     peaks = _Peaks(hardware)
