@@ -117,7 +117,7 @@ def rank_compute(compute_steps: Mapping[str, Any] | None, typical_step: Any, ste
         "step_time_us": step_time_us, "compute_us": compute_us,
         "mfu": _fraction(ideal, step_time_us) if timed else None,
         "compute_mfu": _fraction(ideal, compute_us) if timed else None,
-        "ideal_us": round(ideal, 3) if ideal is not None else None,
+        "ideal_us": round(ideal, 6) if ideal is not None else None,
         "shapes": rows[:TOP_SHAPES],
         "ops_seen": dict(compute_steps.get("ops_seen") or {}),
         "source": SOURCE + "; peak: " + _peak_sources(dtypes, peaks),
@@ -169,7 +169,7 @@ def _group(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "gpu_us": round(gpu_us, 3),
             "tflops_per_s": round(models.achieved_tflops(timed, gpu_us), 3) if gpu_us > 0 else None,
             "pct_of_peak": round(100.0 * ideal / known_gpu, 2) if ideal is not None and known_gpu > 0 else None,
-            "ideal_us": round(ideal, 3) if ideal is not None else None}
+            "ideal_us": round(ideal, 6) if ideal is not None else None}
 
 
 def _buckets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -300,7 +300,7 @@ def _combined(cells: list[Mapping[str, Any]]) -> dict[str, Any]:
             "gpu_us": round(gpu_us / n, 3),
             "tflops_per_s": round(models.achieved_tflops(timed, gpu_us), 3) if gpu_us > 0 else None,
             "pct_of_peak": round(100.0 * ideal / gpu_us, 2) if ideal is not None and gpu_us > 0 else None,
-            "ideal_us": round(ideal / n, 3) if ideal is not None else None}
+            "ideal_us": round(ideal / n, 6) if ideal is not None else None}
 
 
 def _dominant(docs: list[Mapping[str, Any]]) -> str | None:
