@@ -187,4 +187,4 @@ def _efficiency(shapes, hw, dtype: str) -> float | None:
     time = sum(s.gpu_us for s in shapes)
     if not shapes or not peak or time <= 0:
         return None
-    return models.time_at_peak_us(sum(s.timed_flops for s in shapes), peak) / time
+    return models.flops_utilization(models.time_at_peak_us(sum(s.timed_flops for s in shapes), peak), time)
