@@ -100,8 +100,9 @@ class GemmBelowPeak(Rule):
         low = {s.dtype for s in shapes if s.family in ("gemm", "attention") and s.dtype in LOW_PRECISION}
         fp32 = [s for s in large if s.dtype == "fp32"]
         if fp32:
-            target = "bf16" if low or not hw.peak_of("tf32").value else "tf32"
-            reference = [s for s in large if s.dtype in LOW_PRECISION and _aligned(s)] if target == "bf16" else \
+            # no TF32 (V100): fp16 tensor cores; mixed precision in use elsewhere: bf16; else TF32
+            target = "fp16" if not hw.peak_of("tf32").value else "bf16" if low else "tf32"
+            reference = [s for s in large if s.dtype in LOW_PRECISION and _aligned(s)] if target != "tf32" else \
                 [s for s in large if s.dtype == "tf32"]
             return self._gain(rank, "fp32", fp32, target, reference, hw, t, low)
         misaligned = []
@@ -144,10 +145,11 @@ class GemmBelowPeak(Rule):
                     f"{fmt_pct(100 * rate / rep['peak'])} of the {target} tensor-core peak of {fmt_tflops(rep['peak'])})")
             why = (f"while the job's other ops run in {'/'.join(rep['low_precision'])} (these were left out of mixed "
                    "precision)") if rep["low_precision"] else "with no mixed precision in the job"
-            fix = ("Run these layers in bf16 (under torch.autocast, or without the fp32 cast that keeps them out)."
-                   if target == "bf16" else "Allow TF32 for fp32 matmuls, or train in bf16.")
-            snippet = ('with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n    loss = model(batch)'
-                       if target == "bf16" else 'torch.set_float32_matmul_precision("high")  # TF32 tensor cores')
+            torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(target)
+            fix = (f"Run these layers in {target} (under torch.autocast, or without the fp32 cast that keeps them out)."
+                   if torch_dtype else "Allow TF32 for fp32 matmuls, or train in bf16.")
+            snippet = (f'with torch.autocast(device_type="cuda", dtype=torch.{torch_dtype}):\n    loss = model(batch)'
+                       if torch_dtype else 'torch.set_float32_matmul_precision("high")  # TF32 tensor cores')
         else:
             what = (f"{sum(s.count for s in found)} large {target} GEMMs with a size not a multiple of 8 run at "
                     f"{fmt_tflops(rate)} ({fmt_pct(100 * rate / rep['peak'])} of peak) while the aligned ones reach "
