@@ -102,6 +102,19 @@ def heavy_source(path: Path) -> Path:
     return path
 
 
+def shapes_source(path: Path) -> Path:
+    """One rank of the heavy source's model profiled with record_shapes=True: matrix multiplies,
+    attention and their backward ops carry their recorded arguments (analyzer.rank.flops reads
+    them)."""
+    if not path.exists():
+        from analyzer.synth import simulate
+        from analyzer.synth.scenarios import GPT_SMALL
+        spec = replace(GPT_SMALL, name="record_shapes", bucket_cap_mb=25.0, world_size=8, steps=2, n_layers=24,
+                       record_shapes=True)
+        path.write_text(json.dumps(simulate(spec).rank_traces[0]))
+    return path
+
+
 def count_collectives(path: Path) -> tuple[int, int]:
     """(communication kernels, events carrying a Process Group Ranks string) in a trace."""
     data = path.read_bytes()
@@ -184,7 +197,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     # New names for a changed shape: files of an earlier shape may serve others as references.
     sources = {"few collectives": (SOURCE, "few-collectives"),
-               "collective-heavy": (heavy_source(args.dir / "heavy-source-tp.json"), "collective-heavy-tp")}
+               "collective-heavy": (heavy_source(args.dir / "heavy-source-tp.json"), "collective-heavy-tp"),
+               "recorded shapes": (shapes_source(args.dir / "shapes-source.json"), "record-shapes")}
     jobs = {}
     for shape, (source, name) in sources.items():
         folder = work / name

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from analyzer.base.units import fmt_flops, fmt_tflops
 from analyzer.reports.diff_text import SCOPE, fmt, pct, scope_label, signed
 from analyzer.job.result import _clean
 from analyzer.reports.templating import environment, stylesheet
@@ -38,4 +39,5 @@ def _decomposition_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=1)
 def _environment():
-    return environment({"fmt": fmt, "pct": pct, "signed": signed, "scope_label": scope_label})
+    return environment({"fmt": fmt, "pct": pct, "signed": signed, "scope_label": scope_label, "flops": fmt_flops,
+                        "tflops": fmt_tflops})

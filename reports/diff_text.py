@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.base.units import fmt_unit
+from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}
 
@@ -16,6 +16,7 @@ class DiffTextRenderer:
     def render(self, doc: dict[str, Any]) -> str:
         lines = _header(doc)
         lines += _scaling(doc)
+        lines += _compute(doc.get("compute") or {})
         lines += _decomposition(doc["step_time"])
         lines += _section("Metrics (each run's typical step: the verdict's figures)",
                           ["metric", "base", "new", "change", ""],
@@ -50,10 +51,43 @@ def _scaling(doc: dict[str, Any]) -> list[str]:
     s = doc["scaling"]
     if s.get("efficiency") is None:
         return ["", f"Scaling: {s.get('basis')}"]
-    name = "Weak-scaling efficiency" if s["kind"] == "weak scaling" else "Throughput ratio (new / base)"
+    name = scaling_title(s["kind"])
     per_gpu = f"{s['base_throughput_per_gpu']:.4g} → {s['new_throughput_per_gpu']:.4g}"
     return ["", f"{name}: {100 * s['efficiency']:.1f}% ({s['base_gpus']} → {s['new_gpus']} GPUs; "
                 f"per-GPU {s['throughput_unit']} {per_gpu}; basis: {s['basis']})"]
+
+
+def scaling_title(kind: str) -> str:
+    return {"weak scaling": "Weak-scaling efficiency", "strong scaling": "Strong-scaling efficiency"}.get(
+        kind, "Throughput ratio (new / base)")
+
+
+def _compute(c: dict[str, Any]) -> list[str]:
+    """Each run's compute of its typical step (recorded shapes) and the compute cliff, if any."""
+    if not c.get("available"):
+        return ["", f"Compute: unavailable ({c.get('reason') or 'no FLOPs from recorded shapes'})"] if c else []
+    lines = ["", "Compute per GPU, typical step (FLOPs from recorded shapes):"]
+    rows = []
+    for side in ("base", "new"):
+        r = c[side]
+        rows.append([side, str(r["gpus"]), fmt_flops(r["flops_per_step"]), fmt_us(r["counted_us"]),
+                     fmt_us(r["compute_us"]), fmt_tflops(r["gemm"]["tflops_per_s"]), fmt_pct(r["gemm"]["pct_of_peak"])])
+    lines += table(["run", "GPUs", "FLOP/step", "FLOP kernels", "all compute", "GEMM TFLOP/s", "of peak"], rows)
+    sizes = (c.get("finding") or {}).get("evidence", {}).get("gemm_tflops_by_size") or []
+    if sizes:
+        lines.append(" GEMM TFLOP/s by FLOPs per op (base → new): " + "; ".join(
+            f"{row['bucket']} {fmt_tflops(row['base_tflops_per_s'])} → {fmt_tflops(row['new_tflops_per_s'])}"
+            for row in sizes))
+    finding = c.get("finding")
+    if finding:
+        lines.append(f" [{finding['severity']}] {finding['code']}: {finding['summary']}")
+        lines.append(f"   model: {finding['model']}")
+        lines.append(f"   fix: {finding['fix']}")
+    elif c.get("work_ratio") is not None and c["work_ratio"] < 1:
+        lines.append(f" Each GPU's work fell {1 / c['work_ratio']:.1f}×; its FLOP kernels' time changed "
+                     f"{c['counted_ratio']:.2f}× (GEMM TFLOP/s {100 * (c['gemm_tflops_change'] or 0):+.1f}%): "
+                     "compute scales with the per-GPU batch.")
+    return lines
 
 
 def _decomposition(step: dict[str, Any]) -> list[str]:

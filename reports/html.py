@@ -22,7 +22,8 @@ from markupsafe import Markup
 
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
-from analyzer.base.units import fmt_bytes, fmt_num, fmt_pct, fmt_us, fmt_value
+from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
+from analyzer.job.compute import shape_text
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
@@ -157,8 +158,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             {"label": "GPU idle", "value": fmt_us(idle),
              "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step{idle_split}"},
         ]
-    mfu = _mfu_text(doc.get("mfu"))
-    headline.append({"label": "MFU", "value": mfu[0], "note": mfu[1]})
+    headline += _mfu_cards(doc.get("mfu"), model)
     return {
         "available": True,
         "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc),
@@ -248,6 +248,24 @@ def _number_list(numbers: list[Any]) -> str:
     return shown + (" …" if len(numbers) > 10 else "")
 
 
+def _mfu_cards(mfu: Any, model: JobModel) -> list[dict[str, str]]:
+    """MFU from recorded shapes when the trace gives it (no flags needed), and the
+    model-parameter MFU when it was asked for: each card says what it counts."""
+    compute, cards = model.compute, []
+    if compute is not None and compute.mfu is not None:
+        cards.append({"label": "MFU", "value": fmt_pct(100 * compute.mfu),
+                      "note": f"FLOPs from recorded shapes (typical step) at the {compute.dtype or '?'} peak "
+                              f"over the step time; compute-only MFU {fmt_pct(100 * (compute.compute_mfu or 0))}"})
+    params = mfu.get("mfu_mean") if isinstance(mfu, dict) else None
+    if params is not None or not cards:
+        value, note = _mfu_text(mfu)
+        if compute is not None and compute.counted and compute.mfu is None and params is None:
+            note = (f"{fmt_flops(compute.flops_per_step)} per rank per step from recorded shapes, but no GPU "
+                    "kernels were linked to the ops: no throughput")
+        cards.append({"label": "model-parameter MFU" if cards else "MFU", "value": value, "note": note})
+    return cards
+
+
 def _mfu_text(mfu: Any) -> tuple[str, str]:
     if isinstance(mfu, (int, float)) and not isinstance(mfu, bool):
         return fmt_pct(100 * mfu if mfu <= 1 else mfu), "model FLOPs utilisation"
@@ -255,7 +273,7 @@ def _mfu_text(mfu: Any) -> tuple[str, str]:
         value = _num(mfu.get("mfu_mean", mfu.get("mfu")))
         if value is None:
             return "–", "not available: " + str(mfu.get("note") or mfu.get("why") or "no FLOP count")
-        return fmt_pct(100 * value), "mean over steps; source: " + str(mfu.get("source") or "job analysis")
+        return fmt_pct(100 * value), "6Ψ per token, mean over steps; source: " + str(mfu.get("source") or "job analysis")
     return "–", "not available: no FLOP count (pass --model-params and --tokens-per-step)"
 
 
@@ -740,7 +758,41 @@ def _deep_dive(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             "notes": [str(n) for n in data.get("notes") or []]}
 
 
+def _compute(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    """The typical step's achieved TFLOP/s per op family, per GEMM size and per shape, each
+    against the peak of its dtype (analyzer.job.compute); bars are % of peak."""
+    compute = model.compute
+    if compute is None or not compute.counted:
+        why = "; ".join(compute.unknown_reasons) if compute is not None else ""
+        return unavailable("no op with recorded shapes gives FLOPs (" + (why or "profile with record_shapes=True")
+                           + "; counted: matrix multiplies, attention, convolution)")
+    section = (doc.get("mfu") or {}).get("from_shapes") or {}
+
+    def row(label: str, figures: Any) -> dict[str, Any]:
+        pct = figures.pct_of_peak
+        ops = int(figures.ops) if float(figures.ops).is_integer() else round(figures.ops, 1)
+        return {"label": label, "flops": fmt_flops(figures.flops), "ops": fmt_num(ops),
+                "gpu": fmt_us(figures.gpu_us) if figures.gpu_us else "–", "tflops": fmt_tflops(figures.tflops_per_s),
+                "pct": fmt_pct(pct), "bar": round(min(max(pct or 0.0, 0.0), 100.0), 1)}
+    families = [row(name, f) for name, f in compute.families.items() if f.flops or f.gpu_us]
+    sizes = [row(bucket, f) for bucket, f in compute.buckets("gemm")]
+    shapes = []
+    for s in (compute.ranks[0].shapes if compute.ranks else ())[:12]:
+        shapes.append({"op": s.op, "family": s.family, "dtype": s.dtype or "?", "shape": shape_text(s.dims),
+                       "count": fmt_num(s.count), "gpu": fmt_us(s.gpu_us), "tflops": fmt_tflops(s.tflops_per_s),
+                       "pct": fmt_pct(s.pct_of_peak),
+                       "bar": round(min(max(s.pct_of_peak or 0.0, 0.0), 100.0), 1)})
+    return {"available": True, "step": compute.step, "step_source": section.get("step_source") or "",
+            "ranks": len(compute.ranks), "flops": fmt_flops(compute.flops_per_step),
+            "mfu": fmt_pct(100 * compute.mfu) if compute.mfu is not None else "–",
+            "compute_mfu": fmt_pct(100 * compute.compute_mfu) if compute.compute_mfu is not None else "–",
+            "peak": fmt_tflops(compute.peak_tflops), "dtype": compute.dtype or "?", "timed": compute.timed,
+            "unknown": fmt_us(compute.unknown_gpu_us) if compute.unknown_gpu_us else None,
+            "families": families, "sizes": sizes if len(sizes) > 1 else [], "shapes": shapes,
+            "shapes_rank": compute.ranks[0].rank if compute.ranks else None, "source": compute.source}
+
+
 SECTIONS: tuple[tuple[str, Builder], ...] = (
-    ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("compute", _compute), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

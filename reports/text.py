@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.prediction import prediction_view
@@ -38,6 +38,7 @@ class TextRenderer:
         lines += _header(doc, model)
         lines += _findings(doc, model.step_time_us)
         lines += _tree(model)
+        lines += _compute(doc, model)
         lines += _rank_table(doc, model)
         lines += _top_collectives(doc)
         lines += _groups(doc)
@@ -77,18 +78,77 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     if verdict:
         lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)
     typical = model.typical
+    headline = _compute_headline(doc, model)
     if typical is not None:
         leaves = typical.leaves
         lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
                      f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
-        return lines + [""]
+        return lines + headline + [""]
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)
     span = sum(r["span_us"] for r in ranks)
     if span:
         lines.append(f"exposed communication: {exposed / max(len(ranks), 1):,.0f} µs per rank "
                      f"({100 * exposed / span:.1f}% of GPU span), overlap {100 * (comm - exposed) / comm if comm else 0:.1f}%")
+    return lines + headline + [""]
+
+
+def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
+    """MFU from recorded shapes and the model-parameter MFU, each saying what it counts."""
+    compute, mfu = model.compute, doc.get("mfu") or {}
+    lines = []
+    if compute is not None and not compute.counted:
+        reasons = "; ".join(compute.unknown_reasons) or "no shapes recorded"
+        lines.append(f"compute: FLOPs unknown ({reasons}); ops with {fmt_us(compute.unknown_gpu_us)} of GPU time "
+                     "per step, MFU needs --model-params and --tokens-per-step")
+    elif compute is not None:
+        text = f"compute: {fmt_flops(compute.flops_per_step)} per rank per step (recorded shapes)"
+        if compute.mfu is not None:
+            text += (f"; MFU {fmt_pct(100 * compute.mfu)} of the step, compute-only MFU "
+                     f"{fmt_pct(100 * (compute.compute_mfu or 0))} (at the {compute.dtype or '?'} peak, "
+                     f"{fmt_tflops(compute.peak_tflops)})")
+        elif not compute.timed:
+            text += "; no GPU kernels linked to the ops: no throughput or MFU"
+        gemm = compute.families["gemm"]
+        if gemm.tflops_per_s is not None:
+            text += f"; GEMMs {fmt_tflops(gemm.tflops_per_s)}" + (
+                f" ({fmt_pct(gemm.pct_of_peak)} of peak)" if gemm.pct_of_peak is not None else "")
+        lines.append(text)
+    if mfu.get("mfu_mean") is not None:
+        lines.append(f"model-parameter MFU: {fmt_pct(100 * mfu['mfu_mean'])} (6Ψ per token from --model-params and "
+                     "--tokens-per-step, mean over steps; the shapes' MFU counts the FLOPs the ops did, recomputation "
+                     "included)")
+    return lines
+
+
+def _compute(doc: dict[str, Any], model: JobModel) -> list[str]:
+    """The typical step's FLOPs by op family and GEMM size: achieved TFLOP/s against the peak."""
+    compute = model.compute
+    if compute is None or not compute.counted:
+        return []
+    step = compute.step if compute.step is not None else "-"
+    source = (doc.get("mfu") or {}).get("from_shapes", {}).get("step_source") or ""
+    lines = [f"Compute of step {step} (FLOPs from recorded shapes, mean of {len(compute.ranks)} rank(s)"
+             + (f"; {source}" if source and source != "typical step" else "") + "):",
+             f"  {'family':<10} {'FLOP/step':>12} {'ops':>7} {'GPU time':>10} {'TFLOP/s':>10} {'% of peak':>10}"]
+    for family, figures in compute.families.items():
+        if not figures.flops and not figures.gpu_us:
+            continue
+        lines.append(f"  {family:<10} {fmt_flops(figures.flops):>12} {figures.ops:>7,.0f} {fmt_us(figures.gpu_us):>10} "
+                     f"{_rate(figures.tflops_per_s):>10} {fmt_pct(figures.pct_of_peak):>10}")
+    if compute.unknown_gpu_us:
+        lines.append(f"  ops whose shapes give no FLOPs: {fmt_us(compute.unknown_gpu_us)} of GPU time "
+                     "(not in the figures above)")
+    sizes = [(bucket, f) for bucket, f in compute.buckets("gemm") if f.tflops_per_s is not None]
+    if len(sizes) > 1:
+        lines += textwrap.wrap("GEMMs by FLOPs per op: " + ", ".join(
+            f"{bucket} {_rate(f.tflops_per_s)} TFLOP/s ({fmt_pct(f.pct_of_peak)})" for bucket, f in sizes), WIDTH,
+            initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
+
+
+def _rate(value: Any) -> str:
+    return "–" if value is None else f"{value:,.1f}"
 
 
 def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:

@@ -19,6 +19,12 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"{'scaling efficiency':<22} {'1.00':>14} {p['scaling_efficiency']:>14.2f}")
     if m.get("mfu") is not None:
         lines.append(f"{'MFU':<22} {100 * m['mfu']:>13.1f}% {100 * p['mfu']:>13.1f}%")
+    model = p.get("compute_model")
+    if model:
+        lines += ["", f"Compute at {model['factor']:g}x the work per GPU (strong scaling, typical step, mean over ranks):",
+                  f"  measured {model['measured_us']:,.0f} µs (ops with FLOPs {model['flop_kernels_us']:,.0f} µs, "
+                  f"optimizer {model['optimizer_us']:,.0f} µs); perfect scaling {model['perfect_scaling_us']:,.0f} µs; "
+                  f"at the efficiency measured per shape {model['projected_us']:,.0f} µs"]
     lines += ["", "Assumptions (value, origin: source):"]
     for key, item in sorted(doc["assumptions"].items()):
         lines.append(f"  {key}: {_value(key, item['value'])} ({item['origin']}: {item['source']})")

@@ -46,6 +46,7 @@ def summary_row(name: str, truth: dict) -> str:
 
 SCENARIO_NOTES = {
     "ddp_healthy_8r": "healthy DDP, one node",
+    "ddp_fp32_gemms": "the linears run in fp32 on CUDA cores (outside autocast) while attention runs in bf16",
     "ddp_two_hosts_stall": "ranks 1 and 3 stall 25 ms in the data loader every step",
     "ddp_rotating_stall": "a different rank (1, 3, 2, 1) stalls 25 ms in the data loader each step; no pg_config",
     "ddp_host_sync_stall": "rank 3 blocks in loss.item() after forward, then 40 ms of host work, every step",

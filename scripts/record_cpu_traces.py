@@ -167,6 +167,9 @@ CPU activity only, `record_shapes=True`, one gzip file per rank, `rank-<r>.pt.tr
 each with `distributedInfo` (backend, rank, world_size, pg_count, pg_config).
 
 {job_lines}
+- `compute/`: a model whose FLOPs cover every op family tracecliff counts (causal SDPA, 4-D
+  matmul, baddbmm, Conv1d, mv), recorded by `scripts/record_compute_cpu_traces.py`: see
+  [COMPUTE.md](COMPUTE.md)
 
 What they contain (as observed with torch 2.13 + gloo; other versions may differ):
 

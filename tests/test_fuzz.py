@@ -142,7 +142,7 @@ HOSTILE_VALUES = [None, "", "abc", "1e400", -1, -1e300, 1e300, 2**70, 0.5, True,
 EVENT_KEYS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
 ARG_KEYS = ["correlation", "External id", "stream", "device", "Collective name", "In msg nelems",
             "Out msg nelems", "Group size", "dtype", "Process Group Name", "Process Group Ranks",
-            "Input Dims", "Input type", "Seq"]
+            "Input Dims", "Input type", "Concrete Inputs", "Seq"]
 
 
 def hostile(rng: random.Random):

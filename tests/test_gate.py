@@ -150,7 +150,7 @@ def test_regression_direction_and_zero_baseline():
 def test_unavailable_metric_fails_an_error_assertion_unless_allowed(job, tmp_path, capsys):
     config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.3 }]')
     rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
-    assert rc == 1 and "unavailable: MFU unknown" in out
+    assert rc == 1 and "unavailable: model-parameter MFU unknown" in out
     config = write_config(tmp_path / "g.toml", '"mfu" = ["error", { min = 0.3, allow_unavailable = true }]')
     rc, out, _ = run_cli(["gate", job, "--config", config], capsys)
     assert rc == 0 and "SKIP" in out

@@ -108,13 +108,14 @@ def test_two_windows_of_the_same_job_pass(jobs, tmp_path, capsys, monkeypatch):
     assert rc == 0, out
     assert rows(out, "Run:")["steps"][0] == "PASS"
     compared = rows(out, "Baseline ")
-    assert {r[0] for r in compared.values()} == {"PASS"} and len(compared) == 5
+    # the five time and share metrics, busbw, and the two of the recorded shapes (shapes_mfu, gemm_tflops)
+    assert {r[0] for r in compared.values()} == {"PASS"} and len(compared) == 7
     # shares in points of the step, against the 2-point floor; the others in % against the 5% limit
     exposed = next(line for line in out.splitlines() if " exposed_comm_pct " in line)
     assert re.search(r"[+-]0\.\d\d pp +Δ ≤ 2\.00 pp \(max_regression_pp\)", exposed)
     step = next(line for line in out.splitlines() if " step_time_us " in line)
     assert "Δ ≤ 5.00% (max_regression_pct)" in step
-    assert summary.read_text().count("Δ ≤ ") == 5
+    assert summary.read_text().count("Δ ≤ ") == 7
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert "threshold Δ ≤ 2.00 pp (max_regression_pp)" in cases["exposed_comm_pct"].find("system-out").text
 
@@ -179,7 +180,9 @@ def test_oversized_bucket_against_its_fix_fails_naming_the_metrics(jobs, tmp_pat
     rc, out, _ = run_cli(["gate", jobs["oversized"], "--baseline", base], capsys)
     compared = rows(out, "Baseline ")
     assert rc == 1
-    assert {n for n, r in compared.items() if r[0] == "FAIL"} == {"exposed_comm_pct", "overlap_pct", "step_time_us"}
+    # the longer step also lowers the MFU of the same recorded FLOPs
+    assert {n for n, r in compared.items() if r[0] == "FAIL"} == {"exposed_comm_pct", "overlap_pct", "step_time_us",
+                                                                  "shapes_mfu"}
     exposed = " ".join(compared["exposed_comm_pct"])
     assert re.search(r"regressed 9\.\d\d pp", exposed)
     assert compared["busbw_gbps:default_pg"][0] == "IMPROVED"  # bigger buckets, higher bandwidth
@@ -201,8 +204,8 @@ def test_a_missing_step_fails_every_metric_with_the_reason(jobs, saved, capsys):
     assert run["steps"][0] == "FAIL" and "step 99 not in the traces: --steps selected nothing" in " ".join(run["steps"])
     assert run["measured"][0] == "FAIL"
     compared = rows(out, "Baseline ")
-    assert len(compared) == 5 and all(r[0] == "FAIL" for r in compared.values())
-    assert out.count("missing in the new run: step 99 not in the traces") == 5
+    assert len(compared) == 7 and all(r[0] == "FAIL" for r in compared.values())
+    assert out.count("missing in the new run: step 99 not in the traces") == 7
     # no busbw from the CPU-side ops that remain without their kernels: none is compared
     assert "n/a" in " ".join(compared["busbw_gbps:default_pg"])
 
@@ -245,8 +248,8 @@ def test_a_cpu_only_new_run_fails(saved, capsys):
     assert rc == 1
     assert rows(out, "Run:")["measured"][0] == "FAIL"
     compared = rows(out, "Baseline ")
-    assert len(compared) == 5 and all(r[0] == "FAIL" for r in compared.values())
-    assert out.count("missing in the new run: no GPU steps in the new run") == 5
+    assert len(compared) == 7 and all(r[0] == "FAIL" for r in compared.values())
+    assert out.count("missing in the new run: no GPU steps in the new run") == 7
 
 
 # ---------------------------------------------------------------- physically possible numbers

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.model import formulas as models
-from analyzer.model.hardware import (ORIGINS, OVERRIDE_KEYS, gpu_profile, load_profiles, match_gpu,
-                               nic_profile, resolve_hardware)
+from analyzer.model.hardware import (ORIGINS, OVERRIDE_KEYS, HardwareAssumptions, gpu_profile, load_profiles,
+                                     match_gpu, nic_profile, resolve_hardware)
 
 A100_40GB_MEM = 42_297_524_224      # totalGlobalMem of the HTA trace's A100-PG509-200
 V100_32GB_MEM = 34_079_899_648      # totalGlobalMem of the PARAM traces' V100-SXM2-32GB
@@ -197,7 +197,7 @@ def test_to_dict_is_complete_and_json_ready():
     assert list(data) == ["gpu_name", "gpu_profile", "memory_bytes", "peak_tflops", "hbm_gbps",
                           "intra_node_link", "intra_node_gbps", "intra_node_alpha_us",
                           "gpus_per_node", "nics_per_node", "nic_line_rate_gbit", "nic_gbps",
-                          "nic_alpha_us"]
+                          "nic_alpha_us", "peak_fp32_tflops", "peak_tf32_tflops", "peak_fp8_tflops"]
     assert all(entry["origin"] in ORIGINS and entry["source"] for entry in data.values())
     assert json.loads(json.dumps(data, sort_keys=True)) == data
 
@@ -215,3 +215,28 @@ def test_bad_overrides_raise(overrides):
 def test_total_mem_must_align():
     with pytest.raises(ValueError):
         resolve_hardware(["NVIDIA H100 80GB HBM3"] * 2, [1, 2, 3])
+
+
+def test_every_profile_has_a_dense_peak_per_dtype_with_its_source():
+    """fp32 < tf32 < bf16 < fp8 where the GPU has them; V100 has no TF32/fp8, A100 no fp8; each
+    value names its datasheet (issue 29: MFU from recorded shapes counts each op at its dtype)."""
+    for gpu in load_profiles().gpus:
+        for name in ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp8_tflops"):
+            assert gpu.sources[name], (gpu.id, name)
+        chain = [v for v in (gpu.peak_fp32_tflops, gpu.peak_tf32_tflops, gpu.peak_bf16_tflops, gpu.peak_fp8_tflops)
+                 if v is not None]
+        assert chain == sorted(chain) and len(set(chain)) == len(chain), gpu.id
+        assert (gpu.peak_tf32_tflops is None) == (gpu.family == "V100")
+        assert (gpu.peak_fp8_tflops is None) == (gpu.family in ("V100", "A100"))
+    h100 = gpu_profile("h100-sxm5-80gb")
+    assert (h100.peak_fp32_tflops, h100.peak_tf32_tflops, h100.peak_bf16_tflops, h100.peak_fp8_tflops) == \
+        (67, 494.5, 989, 1979)
+
+
+def test_peak_of_a_dtype():
+    hw = resolve_hardware(["NVIDIA A100-SXM4-80GB"])
+    assert [hw.peak_of(d).value for d in ("bf16", "fp16", "tf32", "fp32", "fp8", "fp64", None)] == \
+        [312, 312, 156, 19.5, None, None, None]
+    assert hw.peak_of("fp8").origin == "unknown" and "no fp8" in hw.peak_of("fp8").source
+    saved = {k: v for k, v in hw.to_dict().items() if k not in ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp8_tflops")}
+    assert HardwareAssumptions.from_dict(saved).peak_of("fp32").value is None  # a result saved before them

@@ -254,6 +254,15 @@ def test_single_file_without_distributed_info(tmp_path, capsys):
     assert metrics(doc) == BASELINE
 
 
+def test_implausible_rank_in_distributed_info(tmp_path, capsys):
+    """A rank beyond any job's size (2**70: a fuzzer's) is ignored with a warning, not an
+    internal error; the file name gives the rank instead."""
+    b = two_step_ddp()
+    b.doc["distributedInfo"]["rank"] = 2**70
+    doc = expect_warning(capsys, [b.write(tmp_path / "rank-0.json")], "not a plausible rank")
+    assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["rank_source"] == "file name"
+
+
 def test_clock_skew_between_ranks(tmp_path, capsys):
     """Rank 1's clock runs 7 s ahead: per-rank figures are unchanged, and cross-rank waits are
     never negative (they are measured on durations, clocks aligned on collective ends)."""

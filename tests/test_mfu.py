@@ -29,7 +29,7 @@ def test_step_time_scales_mfu():
 def test_missing_inputs_give_no_number_and_say_why(psi, tokens, peak):
     out = compute_mfu({1: 1e6}, psi, tokens, 8, {"value": peak, "origin": "unknown", "source": ""})
     assert out["mfu_mean"] is None and out["per_step"] == [] and out["source"] is None
-    assert out["note"].startswith("MFU needs")
+    assert out["note"].startswith("model-parameter MFU needs")
 
 
 def test_diagnose_reports_mfu_per_step(tmp_path, capsys):

@@ -509,3 +509,22 @@ def test_critical_overlap_bubbles_equal_the_scalar_bound(steps):
         assert str(got.value) == str(exc)
         return
     assert [repr(v) for v in m.critical_overlap_bubbles(*columns)] == [repr(v) for v in expected]
+
+
+def test_flops_from_shapes_worked_examples():
+    """models.md §6, FLOPs from recorded shapes: the H200 recording's mm, a causal SDPA, a
+    convolution, and the H200 DDP step's MFU from its measured figures."""
+    models = m
+    assert models.gemm_flops(1, 4088, 1024, 8192) == 68_585_259_008  # aten::mm [[4088, 8192], [8192, 1024]]
+    assert models.attention_flops(2 * 4, 64, 64, 32, 32) == 4 * 2 * 4 * 64 * 64 * 32
+    causal = models.attention_flops(8, 64, 64, 32, 32, models.causal_visible_fraction(64, 64))
+    assert causal == 4 * 8 * 64 * 64 * 32 / 2
+    assert models.attention_flops(8, 64, 64, 32, 32, 0.5, backward=True) == 2.5 * causal
+    assert models.conv_output_size(16, 3, 2, 1, 1) == 8
+    assert models.conv_flops(2, [8, 8], 8 * 3 * 3 * 3) == 2 * 2 * 64 * 216
+    ideal = models.time_at_peak_us(1_440_290_439_168, 989)
+    assert round(100 * models.flops_utilization(ideal, 11872.373), 1) == 12.3
+    assert round(100 * models.flops_utilization(ideal, 5767.752), 1) == 25.2
+    assert models.expected_compute_us(100.0, 8e12, 2e12) == 25.0
+    with pytest.raises(ValueError):
+        models.gemm_flops(1, -1, 2, 3)

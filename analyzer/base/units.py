@@ -42,6 +42,23 @@ def fmt_gbps(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f} GB/s" if _number(value) else MISSING
 
 
+def fmt_flops(value: Any) -> str:
+    """A FLOP count in decimal units: 1.44 TFLOP, 34.3 GFLOP, 512 MFLOP, 1.2 PFLOP."""
+    if not _number(value):
+        return MISSING
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:,.{2 if abs(value) < 10 * scale else 1}f} {unit}"
+    return f"{value:,.0f} FLOP"
+
+
+def fmt_tflops(value: Any) -> str:
+    """A throughput in TFLOP/s (1e12 FLOP per second), three significant digits or more."""
+    if not _number(value):
+        return MISSING
+    return f"{value:,.1f} TFLOP/s" if abs(value) >= 10 else f"{value:,.3g} TFLOP/s"
+
+
 def fmt_pct(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}%" if _number(value) else MISSING
 
@@ -81,6 +98,10 @@ def fmt_unit(value: Any, unit: str) -> str:
         return f"{value:.4f}"
     if unit == "n":
         return f"{value:.3g}"
+    if unit == "TFLOP/s":
+        return fmt_tflops(value)
+    if unit == "FLOP":
+        return fmt_flops(value)
     return f"{value:.4g}"
 
 

@@ -22,12 +22,15 @@ from analyzer.whatif.projection import STRATEGY_CHOICES
 @click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), help="Projected DDP bucket_cap_mb.")
 @click.option("--fsdp-units", type=click.IntRange(min=1),
               help="Projected FSDP units of equal size, e.g. one per transformer block (a wrap policy).")
+@click.option("--strong-scaling", is_flag=True,
+              help="Keep the global batch: each GPU's work scales by measured / projected GPUs, its compute at the "
+                   "efficiency the job measures per GEMM size (default: weak scaling, compute as measured).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @output_option
 @trace_options
 @config_option
 def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_node, target_nic_gbps,
-                   strategy, bucket_mb, fsdp_units, fmt, output, options, config, config_path) -> None:
+                   strategy, bucket_mb, fsdp_units, strong_scaling, fmt, output, options, config, config_path) -> None:
     """Project step time, exposed communication, scaling efficiency and MFU of the job in the
     traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
     from analyzer.api import load_run
@@ -38,6 +41,7 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
                         nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
                         bucket_mb=bucket_mb, fsdp_units=fsdp_units, model_params=options.model_params,
-                        tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node)
+                        tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node,
+                        strong_scaling=strong_scaling)
     doc = project(result, scenario).to_dict()
     emit(dumps(doc) if fmt == "json" else render_text(doc), output, [i["path"] for i in result.inputs])

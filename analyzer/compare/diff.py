@@ -15,9 +15,12 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.compare.metrics import DEFAULT_AGGREGATE, group_label, metric_spec, run_metrics
 from analyzer.compare.predictions import prediction_checks
+from analyzer.job.compute import FAMILIES, bucket_floor
 from analyzer.job.model import STEADY, TYPICAL
+from analyzer.model import formulas as models
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
 SAME_PCT = 1.0  # |change| below 1% of the base is "same" (run-to-run noise)
@@ -41,6 +44,7 @@ def diff_runs(base: Any, new: Any, base_label: str = "base", new_label: str = "n
         "scaling": scaling(base, new, facts),
         # each finding of base: the gain it predicted against the change measured (added keys only)
         "predictions": prediction_checks(base, new),
+        "compute": compute_scaling(base, new, facts),
     }
 
 
@@ -62,6 +66,8 @@ def run_facts(run: Any, label: str) -> dict[str, Any]:
         "step": model.typical.step if model.typical else None,
         "step_time_us": model.step_time_us,  # the typical step's (the verdict's)
         "tokens_per_step": _num(mfu.get("tokens_per_step")),
+        # each GPU's work per step, from the recorded shapes (None: no op gave FLOPs)
+        "flops_per_step": model.compute.flops_per_step if model.compute is not None else None,
     }
 
 
@@ -314,10 +320,24 @@ def _by_scope(parts: list[dict[str, Any]]) -> dict[str, float]:
 # ---------------------------------------------------------------- scaling efficiency
 
 
+def scaling_kind(b: dict[str, Any], a: dict[str, Any]) -> str:
+    """same scale; strong scaling (the same work per step for the job: FLOPs per GPU × GPUs
+    equal within WORK_TOLERANCE); weak scaling (the same work per GPU, or not known)."""
+    if b["world_size"] == a["world_size"]:
+        return "same scale"
+    fb, fa = b.get("flops_per_step"), a.get("flops_per_step")
+    if fb and fa and b["world_size"] and a["world_size"]:
+        if abs(fa * a["world_size"] / (fb * b["world_size"]) - 1.0) <= WORK_TOLERANCE:
+            return "strong scaling"
+        if abs(fa / fb - 1.0) > WORK_TOLERANCE:
+            return "scaling (work per GPU and per job both changed)"
+    return "weak scaling"
+
+
 def scaling(base: Any, new: Any, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from analyzer.model.formulas import scaling_efficiency
     b, a = facts["base"], facts["new"]
-    out = {"kind": "same scale" if b["world_size"] == a["world_size"] else "weak scaling",
+    out = {"kind": scaling_kind(b, a),
            "base_gpus": b["world_size"], "new_gpus": a["world_size"],
            "base_nodes": b["nodes"], "new_nodes": a["nodes"]}
     tb, ta = b["step_time_us"], a["step_time_us"]
@@ -327,6 +347,9 @@ def scaling(base: Any, new: Any, facts: dict[str, dict[str, Any]]) -> dict[str, 
         per_gpu = [t / (n * s * 1e-6) for t, n, s in ((b["tokens_per_step"], b["world_size"], tb),
                                                      (a["tokens_per_step"], a["world_size"], ta))]
         basis, unit = "tokens per step / (GPUs × typical step time)", "tokens/s"
+    elif b.get("flops_per_step") and a.get("flops_per_step"):
+        per_gpu = [f / (s * 1e-6) / 1e12 for f, s in ((b["flops_per_step"], tb), (a["flops_per_step"], ta))]
+        basis, unit = "FLOPs per GPU per step (recorded shapes) / typical step time", "TFLOP/s"
     else:
         per_gpu = [1e6 / tb, 1e6 / ta]  # steps/s per GPU: equal per-GPU batch assumed
         basis, unit = "typical step time, assuming equal per-GPU batch (tokens per step unknown)", "steps/s"
@@ -334,6 +357,111 @@ def scaling(base: Any, new: Any, facts: dict[str, dict[str, Any]]) -> dict[str, 
     return {**out, "efficiency": efficiency, "lost_pct": 100.0 * (1.0 - efficiency), "basis": basis,
             "base_throughput_per_gpu": per_gpu[0], "new_throughput_per_gpu": per_gpu[1],
             "throughput_unit": unit}
+
+
+# ---------------------------------------------------------------- the strong-scaling compute cliff
+
+WORK_TOLERANCE = 0.05  # work per step equal within 5%: the same batch (strong scaling) or per-GPU batch
+SHRANK = 0.9  # each GPU's work fell to at most this share of the base's
+SLOWER_PER_FLOP = 0.10  # compute time per FLOP up by at least this share: compute did not scale
+GEMM_DROP = 0.10  # GEMM TFLOP/s down by at least this share
+MIN_EXCESS_SHARE = 0.02  # the compute lost, as a share of the new step, worth a finding
+
+
+def compute_side(run: Any) -> dict[str, Any] | None:
+    """One run's compute of its typical step (analyzer.job.compute), as the diff compares it."""
+    compute = run.model.compute
+    if compute is None or not compute.timed or not compute.compute_us:
+        return None
+    gemm = compute.families["gemm"]
+    timed = [compute.families[f] for f in FAMILIES if compute.families[f].gpu_us > 0]
+    return {"step": compute.step, "gpus": run.job.get("world_size") or len(run.ranks),
+            "flops_per_step": compute.flops_per_step, "compute_us": compute.compute_us,
+            # the ops with FLOPs whose kernels were found: their FLOPs and kernel time
+            "counted_flops": sum((f.tflops_per_s or 0.0) * f.gpu_us * 1e6 for f in timed),
+            "counted_us": sum(f.gpu_us for f in timed),
+            "step_time_us": compute.step_time_us, "mfu": compute.mfu, "compute_mfu": compute.compute_mfu,
+            "gemm": {"flops": gemm.flops, "gpu_us": gemm.gpu_us, "tflops_per_s": gemm.tflops_per_s,
+                     "pct_of_peak": gemm.pct_of_peak},
+            "gemm_by_size": [{"bucket": bucket, "flops": f.flops, "gpu_us": f.gpu_us, "tflops_per_s": f.tflops_per_s,
+                              "pct_of_peak": f.pct_of_peak} for bucket, f in compute.buckets("gemm")]}
+
+
+def compute_scaling(base: Any, new: Any, facts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Compute per step and GEMM efficiency across the two runs, and the strong-scaling compute
+    cliff (models.md §6): each GPU got less work (a smaller per-GPU batch) but its compute time
+    did not fall with it, and its GEMMs ran further from peak as their shapes shrank."""
+    b, a = compute_side(base), compute_side(new)
+    if b is None or a is None:
+        return {"available": False, "reason": "a run has no FLOPs from recorded shapes with GPU kernels "
+                                              "(profile with record_shapes=True)", "finding": None}
+    work = a["flops_per_step"] / b["flops_per_step"] if b["flops_per_step"] else None
+    # The kernels of the ops with FLOPs at the base run's efficiency: what they would take now
+    # had compute scaled perfectly with the work (the rest of compute, e.g. the optimizer, is
+    # not work that shrinks with the batch, and is left out of the comparison).
+    known = b["counted_flops"] > 0 and a["counted_flops"] > 0 and b["counted_us"] > 0
+    expected = models.expected_compute_us(b["counted_us"], b["counted_flops"], a["counted_flops"]) if known else None
+    per_flop = (a["counted_us"] / a["counted_flops"]) / (b["counted_us"] / b["counted_flops"]) - 1.0 if known else None
+    gb, ga = b["gemm"]["tflops_per_s"], a["gemm"]["tflops_per_s"]
+    gemm_change = ga / gb - 1.0 if gb and ga else None
+    out = {"available": True, "kind": scaling_kind(facts["base"], facts["new"]), "base": b, "new": a,
+           "work_ratio": work, "compute_ratio": a["compute_us"] / b["compute_us"],
+           "counted_ratio": a["counted_us"] / b["counted_us"] if b["counted_us"] else None,
+           "expected_counted_us": expected,
+           "excess_compute_us": a["counted_us"] - expected if expected is not None else None,
+           "compute_per_flop_change": per_flop, "gemm_tflops_change": gemm_change}
+    out["finding"] = _compute_cliff(out, facts)
+    return out
+
+
+def _compute_cliff(c: dict[str, Any], facts: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    work, per_flop, gemm_change, excess = (c["work_ratio"], c["compute_per_flop_change"], c["gemm_tflops_change"],
+                                           c["excess_compute_us"])
+    b, a = c["base"], c["new"]
+    step = a["step_time_us"] or facts["new"]["step_time_us"]
+    if None in (work, per_flop, gemm_change, excess) or not step:
+        return None
+    if work > SHRANK or per_flop < SLOWER_PER_FLOP or gemm_change > -GEMM_DROP or excess < MIN_EXCESS_SHARE * step:
+        return None
+    sizes = _size_pairs(b["gemm_by_size"], a["gemm_by_size"])
+    same = " at the same global batch (FLOPs per step × GPUs equal)" if c["kind"] == "strong scaling" else ""
+    summary = (f"Compute does not scale with the per-GPU batch: from {b['gpus']} to {a['gpus']} GPUs{same}, each GPU's "
+               f"work fell {1 / work:.1f}× ({fmt_flops(b['flops_per_step'])} → {fmt_flops(a['flops_per_step'])} per "
+               f"step) but the time of its matrix-multiply and attention kernels only "
+               f"{b['counted_us'] / a['counted_us']:.1f}× ({fmt_us(b['counted_us'])} → {fmt_us(a['counted_us'])}, "
+               f"{fmt_us(c['expected_counted_us'])} had they kept their efficiency): its GEMMs ran at "
+               f"{fmt_tflops(b['gemm']['tflops_per_s'])} "
+               f"({fmt_pct(b['gemm']['pct_of_peak'])} of peak) and now at {fmt_tflops(a['gemm']['tflops_per_s'])} "
+               f"({fmt_pct(a['gemm']['pct_of_peak'])}) on smaller shapes; {fmt_us(excess)} of the new "
+               f"{fmt_us(step)} typical step ({fmt_pct(100 * excess / step)}) is compute the smaller shapes cost.")
+    return {"code": "compute-cliff", "severity": "warning", "title": "Compute does not scale with the per-GPU batch",
+            "summary": summary,
+            "evidence": {"base_gpus": b["gpus"], "new_gpus": a["gpus"], "scaling": c["kind"],
+                         "work_per_gpu_ratio": round(work, 4),
+                         "base_compute_us": b["compute_us"], "new_compute_us": a["compute_us"],
+                         "base_flop_kernels_us": round(b["counted_us"], 1), "new_flop_kernels_us": round(a["counted_us"], 1),
+                         "expected_flop_kernels_us": round(c["expected_counted_us"], 1),
+                         "excess_compute_us": round(excess, 1),
+                         "base_gemm_tflops_per_s": b["gemm"]["tflops_per_s"], "new_gemm_tflops_per_s": a["gemm"]["tflops_per_s"],
+                         "gemm_tflops_by_size": sizes, "new_step_time_us": step},
+            "model": (f"expected kernel time = base kernel time × new FLOPs / base FLOPs = {fmt_us(b['counted_us'])} × "
+                      f"{a['counted_flops'] / b['counted_flops']:.4f} = {fmt_us(c['expected_counted_us'])}; measured "
+                      f"{fmt_us(a['counted_us'])} (the ops with FLOPs from recorded shapes; models.md §6)"),
+            "fix": ("Give each GPU bigger GEMMs again: a larger micro-batch per GPU (with gradient accumulation to keep "
+                    "the global batch), fewer GPUs for this batch size, or sequence packing to fill each sequence; "
+                    "tensor or sequence parallelism shrinks the GEMMs further.")}
+
+
+def _size_pairs(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """GEMM TFLOP/s per FLOPs-per-op decade, in both runs (None where a run has none)."""
+    by_b = {row["bucket"]: row for row in base}
+    by_a = {row["bucket"]: row for row in new}
+    out = []
+    for bucket in sorted(set(by_b) | set(by_a), key=lambda x: -bucket_floor(x)):
+        out.append({"bucket": bucket, "base_tflops_per_s": (by_b.get(bucket) or {}).get("tflops_per_s"),
+                    "new_tflops_per_s": (by_a.get(bucket) or {}).get("tflops_per_s"),
+                    "base_flops": (by_b.get(bucket) or {}).get("flops"), "new_flops": (by_a.get(bucket) or {}).get("flops")})
+    return out
 
 
 def _num(value: Any) -> float | None:

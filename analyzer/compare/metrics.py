@@ -12,7 +12,9 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``exposed_comm_pct`` | 100 · exposed share of the typical step | 100 · (waiting + transfer) / step time | lower |
 | ``idle_pct`` | 100 · idle share of the typical step | 100 · GPU idle / step time | lower |
 | ``overlap_pct`` | 100 · overlap / comm over the typical step's ranks | 100 · overlap / comm (steps with communication) | higher |
-| ``mfu`` | the typical step's MFU (``doc["mfu"]``) | per step | higher |
+| ``mfu`` | the typical step's model-parameter MFU (``doc["mfu"]``, needs the flags) | per step | higher |
+| ``shapes_mfu`` | the typical step's MFU from recorded shapes (``mfu.from_shapes``) | FLOPs at peak / step time | higher |
+| ``gemm_tflops`` | the typical step's GEMM TFLOP/s (recorded shapes), over its ranks | the rank-step's GEMMs | higher |
 | ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective (never a CPU op's duration) | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
@@ -60,13 +62,17 @@ class MetricSpec:
 STEP_TIME_FLOOR_US = 10.0
 BUSBW_FLOOR_GBPS = 0.5
 MFU_FLOOR = 0.005
+GEMM_TFLOPS_FLOOR = 1.0  # TFLOP/s: below what a rerun of the same GEMMs reproduces
 
 BASE_METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("step_time_us", "µs", "lower", "training step time", "relative", STEP_TIME_FLOOR_US),
     MetricSpec("exposed_comm_pct", "%", "lower", "exposed communication / step time", "share"),
     MetricSpec("overlap_pct", "%", "higher", "communication hidden under compute / communication", "share"),
     MetricSpec("idle_pct", "%", "lower", "GPU idle / step time", "share"),
-    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization", "relative", MFU_FLOOR),
+    MetricSpec("mfu", "fraction", "higher", "model FLOPs utilization (6Ψ per token, --model-params)", "relative", MFU_FLOOR),
+    MetricSpec("shapes_mfu", "fraction", "higher", "MFU of the FLOPs the recorded shapes count", "relative", MFU_FLOOR),
+    MetricSpec("gemm_tflops", "TFLOP/s", "higher", "achieved GEMM throughput (recorded shapes)", "relative",
+               GEMM_TFLOPS_FLOOR),
 )}
 
 
@@ -155,6 +161,7 @@ def run_metrics(run: Any) -> dict[str, Metric]:
     mfu = _mfu(run.mfu, typical.step if typical else None)
     if mfu is not None:
         out["mfu"] = mfu
+    out.update(_compute_metrics(run, steady))
     out.update(_busbw(run))
     return dict(sorted(out.items()))
 
@@ -187,6 +194,35 @@ def _mfu(section: Any, typical_step: Any) -> Metric | None:
         return Metric("mfu", at_typical, samples, f"typical step {typical_step}")
     mean = _num(section.get("mfu_mean"))
     return None if mean is None else Metric("mfu", mean, samples, "mean over steps")
+
+
+def _compute_metrics(run: Any, steady: list[Any]) -> dict[str, Metric]:
+    """``shapes_mfu`` and ``gemm_tflops``: the job model's typical-step figures (recorded shapes),
+    with one sample per steady rank-step made the same way (analyzer.job.compute)."""
+    from analyzer.job.compute import rank_compute
+    model = run.model
+    compute = model.compute
+    if compute is None or not compute.timed:
+        return {}
+    hardware, by_rank = model.hardware, {r.rank: r for r in run.ranks}
+    mfu_samples, gemm_samples = [], []
+    for s in steady:
+        rank = by_rank.get(s.rank)
+        doc = rank_compute(rank.compute_steps if rank else None, s.step, s.step_time_us, s.compute_us or None, hardware)
+        if doc is None or doc["step"] != s.step:
+            continue
+        if doc["mfu"] is not None:
+            mfu_samples.append(Sample(s.rank, s.step, doc["mfu"]))
+        if doc["by_family"]["gemm"]["tflops_per_s"] is not None:
+            gemm_samples.append(Sample(s.rank, s.step, doc["by_family"]["gemm"]["tflops_per_s"]))
+    basis = f"typical step {compute.step}, recorded shapes, {len(compute.ranks)} rank(s)"
+    out = {}
+    if compute.mfu is not None:
+        out["shapes_mfu"] = Metric("shapes_mfu", compute.mfu, tuple(mfu_samples), basis)
+    gemm = compute.families["gemm"].tflops_per_s
+    if gemm is not None:
+        out["gemm_tflops"] = Metric("gemm_tflops", gemm, tuple(gemm_samples), basis)
+    return out
 
 
 def _busbw(run: Any) -> dict[str, Metric]:
@@ -268,7 +304,9 @@ def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the r
     if not has_gpu_activity(run):
         return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
     if name == "mfu":
-        return "MFU unknown for this run (needs the model size: --model-params / recorded shapes)"
+        return "model-parameter MFU unknown for this run (needs --model-params and --tokens-per-step)"
+    if name in ("shapes_mfu", "gemm_tflops"):
+        return "no FLOPs from recorded shapes with GPU kernels (profile with record_shapes=True)"
     if name.startswith(GROUP_METRIC + ":"):
         label = name.partition(":")[2]
         groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g}

@@ -25,6 +25,7 @@ from analyzer.ingest.classify import (
     marker_kind,
 )
 from analyzer.ingest.schema import Event, EventArgs
+from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
 from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
 
 MISSING = -1
@@ -220,6 +221,7 @@ class ColumnBuilder:
         self._gpu_args: dict[int, dict[str, Any]] = {}  # by row among all kept GPU rows so far
         self._marker_args: dict[int, dict[str, Any]] = {}
         self._gpu_rows = self._marker_rows = 0
+        self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
@@ -282,6 +284,7 @@ class ColumnBuilder:
         if not events:
             return
         codes, uniques = factorize(map(_get["name"], events))
+        self._add_shape_ops(events, codes, uniques)
         unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
         kind_all = unique_kind[codes]
         rows = np.flatnonzero(kind_all >= 0)
@@ -298,13 +301,20 @@ class ColumnBuilder:
         self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows))
         self._marker_rows += len(keep)
 
+    def _add_shape_ops(self, events: list[Event], codes: np.ndarray, uniques: list[Any]) -> None:
+        """The CPU ops whose recorded shapes tell their FLOPs (analyzer.ingest.shapes), from
+        the names factorized for the markers."""
+        self.shapes.add(events, codes, uniques, times_ns, lambda rows: thread_ids(rows, self.threads),
+                        lambda rows: _column(rows, _ARG_EXTERNAL_ID, np.int64))
+
     def export(self) -> dict[str, Any]:
         """This builder's batches as plain data (arrays, lists, dicts), for :meth:`merge` in
         another process (analyzer.ingest.parallel)."""
         return {"names": self.names.strings, "threads": self.threads.strings, "gpu": self._gpu,
                 "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args,
                 "marker_args": self._marker_args, "gpu_rows": self._gpu_rows,
-                "marker_rows": self._marker_rows, "invalid": self.invalid, "event_count": self.event_count}
+                "marker_rows": self._marker_rows, "invalid": self.invalid, "event_count": self.event_count,
+                "shapes": self.shapes.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -324,6 +334,10 @@ class ColumnBuilder:
         for what, bad in part["invalid"].items():
             self.invalid[what] += bad
         self.event_count += part["event_count"]
+        self.shapes.merge(part["shapes"], threads)
+
+    def finish_shapes(self) -> ShapeOps:
+        return self.shapes.finish()
 
     def finish(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]], Launches, Markers]:
         for what, bad in self.invalid.items():

@@ -52,7 +52,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     if info is None:
         warnings.append("no distributedInfo in the trace: world size and process groups are unknown")
     gpu, kernel_args, launches, markers = builder.finish(warnings)
-    rank, source = _rank_of(path, info)
+    rank, source = _rank_of(path, info, warnings)
     return RankTrace(
         path=str(path),
         rank=rank,
@@ -71,6 +71,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         kernel_comm_args=kernel_args,
         warnings=warnings,
         event_count=builder.event_count,
+        shape_ops=builder.finish_shapes(),
     )
 
 
@@ -79,10 +80,12 @@ def _positive(value: Any) -> int | None:
     return number if number > 0 else None
 
 
-def _rank_of(path: Path, info: Any) -> tuple[int, str]:
+def _rank_of(path: Path, info: Any, warnings: list[str]) -> tuple[int, str]:
     if info is not None:
         rank = to_int(info.rank)
-        if rank >= 0:
+        if rank >= MAX_WORLD:  # no job has that many GPUs: bad input, not a rank
+            warnings.append(f"distributedInfo.rank {rank} is not a plausible rank: ignored")
+        elif rank >= 0:
             return rank, "distributedInfo"
     from_name = rank_from_name(path)
     if from_name is not None:

@@ -36,6 +36,9 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
     # Shapes recorded with record_shapes=True (``nccl:*`` ops carry message sizes here)
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    # Scalars and int lists of the same ops as text ("True", "[2, 2]"; torch >= 2.1): an
+    # attention's is_causal, a convolution's stride (analyzer.ingest.shapes)
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
 
 
 class Event(msgspec.Struct, gc=False):

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.ingest.shapes import ShapeOps, empty_shape_ops
+
 
 class GpuKind(IntEnum):
     """What a GPU activity is; decides which union it joins (docs: README "Definitions")."""
@@ -98,3 +100,5 @@ class RankTrace:
     kernel_comm_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     event_count: int = 0
+    # The CPU ops whose recorded shapes tell their FLOPs (analyzer.ingest.shapes)
+    shape_ops: ShapeOps = field(default_factory=empty_shape_ops)

@@ -21,6 +21,7 @@ from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
 from analyzer.job.parallelism import role_key
+from analyzer.job.compute import analyze_compute
 from analyzer.job.mfu import compute_mfu, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
@@ -39,10 +40,12 @@ def analyze_job(result: Any, options: Any) -> None:
     result.groups = groups
     result.collective_summary = commfit.summarize(result.collectives, view)
     attribute_job(result)
+    result.job_model = None  # the typical step is chosen: the compute figures read it
+    from_shapes = analyze_compute(result, hardware)
     n_gpus = world or result.job.get("ranks_given")
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
-                                      getattr(options, "tokens_per_step", None), n_gpus,
-                                      hardware.peak_tflops.to_dict())
+                             getattr(options, "tokens_per_step", None), n_gpus,
+                             hardware.peak_tflops.to_dict(), from_shapes)
     result.job_model = None  # built afresh, from these sections, on first use
 
 

@@ -34,6 +34,8 @@ COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_siz
                       "on_gpu", "stream", "module", "kernel")
 GROUP_COLUMNS = ("name", "description", "size", "ranks", "nodes", "cross_node", "kinds", "collectives",
                  "alpha_us", "beta_gbps", "s_star_bytes", "busbw_median_gbps", "fit_source", "fit")
+COMPUTE_COLUMNS = ("rank", "step", "role", "op", "family", "dtype", "shape", "bucket", "count", "flops_each", "flops",
+                   "timed_count", "gpu_us", "tflops_per_s", "pct_of_peak", "note")
 FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_gain_us", "ranks", "steps",
                    "model", "fix_text", "fix_snippet", "references")
 
@@ -89,6 +91,14 @@ def collectives_df(result: "Result") -> "pd.DataFrame":
                  "group_description": group.get("description")}
         rows.append(c)
     return _frame(rows, COLLECTIVE_COLUMNS)
+
+
+def compute_df(result: "Result") -> "pd.DataFrame":
+    """One row per rank × step × distinct (op, shape, dtype) whose FLOPs the recorded shapes
+    give: its count, FLOPs, the GPU time of its instances that launched kernels, TFLOP/s and % of
+    the peak of its dtype (analyzer.job.compute)."""
+    from analyzer.job.compute import shape_rows
+    return _frame(shape_rows(result), COMPUTE_COLUMNS)
 
 
 def groups_df(result: "Result") -> "pd.DataFrame":

@@ -1,10 +1,13 @@
-"""Model and hardware FLOPs utilization per step (models.md §6; PaLM appendix B).
+"""The ``mfu`` section: two MFUs that count different things (models.md §6).
 
-FLOPs per token are ``6Ψ`` from ``--model-params`` Ψ; tokens per step (the whole job's, i.e.
-global batch × sequence length) from ``--tokens-per-step``. MFU = tokens/s × 6Ψ / (N × peak).
-HFU counts ``8Ψ`` when activations are recomputed; a trace does not say whether they are, so
-HFU is reported for both cases. Without Ψ or tokens nothing is computed: the output says what
-is missing rather than guessing.
+- **Model-parameter MFU** (PaLM appendix B), the section's own keys: FLOPs per token ``6Ψ``
+  from ``--model-params`` Ψ, tokens per step (the whole job's, i.e. global batch × sequence
+  length) from ``--tokens-per-step``; MFU = tokens/s × 6Ψ / (N × bf16 peak). HFU counts ``8Ψ``
+  when activations are recomputed; a trace does not say whether they are, so HFU is reported for
+  both cases. Without Ψ or tokens nothing is computed: the note says what is missing.
+- **MFU from recorded shapes** (``from_shapes``, analyzer.job.compute): the FLOPs the typical
+  step's ops did (their shapes, no flags needed), each at the peak of its dtype, over the step's
+  time; a recomputed forward counts again there (it ran), so it is nearer HFU.
 """
 
 from __future__ import annotations
@@ -26,21 +29,29 @@ def job_step_times(ranks: list[Any]) -> dict[int, float]:
     return {step: float(np.mean(v)) for step, v in sorted(times.items())}
 
 
+MODEL_PARAMS_LABEL = "model-parameter MFU: 6Ψ per token (--model-params) × tokens per step (--tokens-per-step)"
+
+
 def compute_mfu(step_times_us: dict[int, float], model_params: float | None,
                 tokens_per_step: float | None, n_gpus: int | None,
-                peak: dict[str, Any]) -> dict[str, Any]:
-    """``peak``: ``{"value": TFLOPS or None, "origin", "source"}`` from the hardware assumptions."""
+                peak: dict[str, Any], from_shapes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``peak``: ``{"value": TFLOPS or None, "origin", "source"}`` from the hardware assumptions;
+    ``from_shapes``: the job's compute figures (analyzer.job.compute.job_compute), kept as they
+    are under that key."""
     missing = [name for name, value in (("--model-params", model_params),
                                         ("--tokens-per-step", tokens_per_step),
                                         ("the number of GPUs", n_gpus),
                                         ("the GPU's peak TFLOPS (pass --gpu)", peak.get("value")))
                if not value]
     out: dict[str, Any] = {"model_params": model_params, "tokens_per_step": tokens_per_step,
-                           "n_gpus": n_gpus, "peak_tflops": peak}
+                           "n_gpus": n_gpus, "peak_tflops": peak, "label": MODEL_PARAMS_LABEL}
+    if from_shapes is not None:
+        out["from_shapes"] = from_shapes
     if missing:
+        shapes = ("; MFU from the recorded shapes is in from_shapes" if from_shapes is not None else
+                  "; no op with recorded shapes gives FLOPs either (profile with record_shapes=True)")
         out.update(source=None, per_step=[], mfu_mean=None,
-                   note="MFU needs " + ", ".join(missing) + " (FLOPs from recorded shapes are "
-                        "not derived)")
+                   note="model-parameter MFU needs " + ", ".join(missing) + shapes)
         return out
     per_step = []
     for step, time_us in step_times_us.items():

@@ -11,7 +11,9 @@ Each derived figure is defined here, once:
 - each process group's role, nodes, link (the one ``Link`` rule, analyzer.model.link) and bus
   bandwidth (``GroupFacts``);
 - each rank's lateness and the waiting it causes the others (``RankLateness``);
-- the hardware (``HardwareAssumptions``), the topology, and the collectives as columns.
+- the hardware (``HardwareAssumptions``), the topology, and the collectives as columns;
+- the typical step's compute: FLOPs from recorded shapes, TFLOP/s per op family and shape,
+  MFU (``compute``: ``analyzer.job.compute.JobCompute``).
 
 Dicts exist only at the edges: the Result's sections are the JSON document these objects are
 read from (so a saved result gives the same model), and the DataFrames are made from them.
@@ -24,6 +26,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from analyzer.job.columns import CollectiveColumns
+from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
@@ -272,6 +275,12 @@ class JobModel:
     def ranks(self) -> tuple[RankFacts, ...]:
         origin = int(self._result.job.get("time_origin_ns") or 0)
         return tuple(_rank_facts(r, self.typical, origin) for r in self._result.ranks)
+
+    @cached_property
+    def compute(self) -> JobCompute | None:
+        """The typical step's FLOPs from recorded shapes, their throughput and MFU (the ``mfu``
+        section's ``from_shapes`` and each rank's ``compute``); None: no op gave FLOPs."""
+        return JobCompute.of((self._result.mfu or {}).get("from_shapes"), self._result.ranks, self.hardware)
 
     @cached_property
     def lateness(self) -> tuple[RankLateness, ...]:

@@ -190,6 +190,12 @@ class Result:
         from analyzer.job import frames
         return frames.breakdown_df(self)
 
+    def compute_df(self) -> "pd.DataFrame":
+        """One row per rank × step × distinct (op, shape, dtype) with FLOPs from recorded
+        shapes: count, FLOPs, GPU time, TFLOP/s, % of the peak of its dtype."""
+        from analyzer.job import frames
+        return frames.compute_df(self)
+
     def collectives_df(self) -> "pd.DataFrame":
         from analyzer.job import frames
         return frames.collectives_df(self)

@@ -130,6 +130,48 @@ class Attribution(TimeBreakdown):
     idle_share: float | None = None
 
 
+class FamilyCompute(msgspec.Struct):
+    """FLOPs of one op family (or FLOPs-per-op bucket) in the typical step; the GPU time of its
+    ops that launched kernels, their TFLOP/s and share of the peak of each op's dtype (%)."""
+
+    flops: float
+    gpu_us: float
+    tflops_per_s: float | None
+    pct_of_peak: float | None
+    ops: float | None = None
+    timed_flops: float | None = None
+    ideal_us: float | None = None  # the timed FLOPs' time at peak
+    family: str | None = None  # by_bucket rows
+    bucket: str | None = None
+
+
+class RankCompute(msgspec.Struct):
+    """``ranks[].compute``: the typical step's FLOPs from recorded shapes (analyzer.job.compute);
+    ``mfu`` / ``compute_mfu`` are fractions, ``pct_of_peak`` percent."""
+
+    flops_per_step: float
+    by_family: dict[str, FamilyCompute]
+    unknown_gpu_us: float
+    mfu: float | None
+    compute_mfu: float | None
+    dtype: str | None
+    peak_tflops: float | None
+    source: str
+    step: int | None = None
+    step_source: str | None = None
+    by_bucket: list[FamilyCompute] = []
+    unknown_ops: int = 0
+    unknown_reasons: dict[str, int] = {}
+    flops_by_dtype: dict[str, float] = {}
+    step_time_us: float | None = None
+    compute_us: float | None = None
+    ideal_us: float | None = None
+    shapes: list[dict[str, Any]] = []
+    ops_seen: dict[str, int] = {}
+    time_source: str | None = None
+    note: str | None = None
+
+
 class Rank(msgspec.Struct):
     """One rank's whole-trace metrics (µs) and what its trace says about the job."""
 
@@ -159,6 +201,8 @@ class Rank(msgspec.Struct):
     event_count: int
     rank_warnings: list[str]
     time_breakdown: TimeBreakdown | None = None  # the rank's typical step
+    compute: RankCompute | None = None  # the typical step's FLOPs (absent: no op with FLOPs in the trace)
+    compute_steps: dict[str, Any] | None = None  # the map's FLOPs and GPU time per step (analyzer.rank.flops)
 
 
 class CollectiveGroup(msgspec.Struct):
@@ -300,7 +344,30 @@ class Stragglers(msgspec.Struct):
     top_rank_wait_caused_us: float | None = None
 
 
+class ShapesMfu(msgspec.Struct):
+    """MFU from recorded shapes: the ranks' typical-step FLOPs at the peak of their dtype over
+    the typical step's time (``mfu``) and its compute time (``compute_mfu``), fractions."""
+
+    flops_per_step: float
+    mfu: float | None
+    compute_mfu: float | None
+    by_family: dict[str, FamilyCompute]
+    source: str
+    step: int | None = None
+    step_source: str | None = None
+    ranks: int | None = None
+    step_time_us: float | None = None
+    compute_us: float | None = None
+    peak_tflops: float | None = None
+    dtype: str | None = None
+    unknown_gpu_us: float = 0.0
+    per_rank: list[dict[str, Any]] = []
+
+
 class Mfu(msgspec.Struct):
+    """Model-parameter MFU (the section's own keys: 6Ψ per token from the flags) and, in
+    ``from_shapes``, the MFU of the FLOPs the recorded shapes count."""
+
     mfu_mean: float | None
     n_gpus: int | None
     per_step: list[dict[str, Any]]
@@ -309,6 +376,8 @@ class Mfu(msgspec.Struct):
     peak_tflops: Sourced | None = None
     source: str | None = None
     note: str | None = None
+    label: str | None = None
+    from_shapes: ShapesMfu | None = None
 
 
 RuleStatusName = Literal["fired", "passed", "disabled", "not_applicable", "not_evaluated"]

@@ -42,6 +42,9 @@ __all__ = [
     "FsdpSchedule", "fsdp_unit_schedule",
     "flops_per_token", "hardware_flops_per_token", "achieved_tflops_per_gpu", "mfu", "hfu",
     "scaling_efficiency", "roofline_intensity_threshold",
+    "gemm_flops", "attention_flops", "causal_visible_fraction", "window_visible_fraction",
+    "conv_output_size", "conv_flops", "ATTENTION_BACKWARD_FACTOR", "achieved_tflops", "time_at_peak_us",
+    "flops_utilization", "expected_compute_us",
     "pipeline_bubble_fraction", "pipeline_time",
 ]
 
@@ -791,6 +794,106 @@ def roofline_intensity_threshold(peak_tflops: float, bw_gbps: float) -> float:
     """Roofline ridge point in FLOPs per byte: ``peak / bandwidth`` (TFLOPS·1e12 ÷ GB/s·1e9);
     an operation with a lower arithmetic intensity is bandwidth-bound. §6."""
     return _positive("peak_tflops", peak_tflops) * 1e12 / (_positive("bw_gbps", bw_gbps) * 1e9)
+
+
+# --- §6 FLOPs from recorded shapes (issue 29) ---------------------------------------------
+
+#: Attention backward over forward: two matmuls forward (QKᵀ, PV), five backward, one of them
+#: (recomputing QKᵀ in FlashAttention) counted at half weight by convention: 2.5 (Dao, 2022). §6.
+ATTENTION_BACKWARD_FACTOR = 2.5
+
+
+def gemm_flops(batch: int, m: int, n: int, k: int) -> int:
+    """FLOPs of ``batch`` products of an m×k and a k×n matrix: ``2·batch·m·n·k`` (a multiply
+    and an add per term; a bias add, m·n, is left out as GEMM benchmarks do). §6."""
+    for name, value in (("batch", batch), ("m", m), ("n", n), ("k", k)):
+        _nonneg(name, value)
+    return 2 * int(batch) * int(m) * int(n) * int(k)
+
+
+def causal_visible_fraction(sq: int, sk: int, align: str = "top-left") -> float:
+    """Share of the ``sq × sk`` score matrix a causal mask keeps, as the continuous area of the
+    triangle (½ for a square one; FlashAttention's convention). ``top-left``: PyTorch SDPA's
+    ``is_causal`` (query i sees keys ≤ i); ``bottom-right``: flash-attn (the last query sees
+    every key). §6."""
+    q, k = _positive("sq", sq), _positive("sk", sk)
+    if align not in ("top-left", "bottom-right"):
+        raise ValueError(f"align must be top-left or bottom-right, got {align!r}")
+    if align == "top-left":
+        return q / (2.0 * k) if q <= k else 1.0 - k / (2.0 * q)
+    return 1.0 - q / (2.0 * k) if q <= k else k / (2.0 * q)
+
+
+def window_visible_fraction(sq: int, sk: int, left: int | None, right: int | None, causal: bool,
+                            align: str = "bottom-right") -> float:
+    """Share of the score matrix a sliding window keeps: query i (aligned to key
+    ``i + sk − sq`` bottom-right, ``i`` top-left) sees keys in ``[j − left, j + right]``
+    (``right = 0`` when causal; None or a negative side: unbounded), counted exactly. §6."""
+    q, k = int(_positive("sq", sq)), int(_positive("sk", sk))
+    rows = np.arange(q, dtype=np.int64) + (k - q if align == "bottom-right" else 0)
+    low = rows - left if left is not None and left >= 0 else np.zeros(q, dtype=np.int64)
+    right = 0 if causal else right
+    high = rows + right if right is not None and right >= 0 else np.full(q, k - 1, dtype=np.int64)
+    seen = np.clip(np.minimum(high, k - 1) - np.maximum(low, 0) + 1, 0, None)
+    return float(seen.sum()) / (q * k)
+
+
+def attention_flops(batch_heads: int, sq: int, sk: int, d_qk: int, d_v: int, visible: float = 1.0,
+                    backward: bool = False) -> float:
+    """FLOPs of scaled dot-product attention over ``batch_heads`` (batch × query heads):
+    ``2·BH·sq·sk·d_qk`` for QKᵀ plus ``2·BH·sq·sk·d_v`` for PV (= ``4·B·H·sq·sk·D`` when the
+    head sizes agree), times the ``visible`` share of the scores (½ causal), times
+    ``ATTENTION_BACKWARD_FACTOR`` for the backward pass; softmax FLOPs are left out. §6."""
+    for name, value in (("batch_heads", batch_heads), ("sq", sq), ("sk", sk), ("d_qk", d_qk), ("d_v", d_v)):
+        _nonneg(name, value)
+    share = _nonneg("visible", visible)
+    flops = 2 * int(batch_heads) * int(sq) * int(sk) * (int(d_qk) + int(d_v))
+    factor = share * (ATTENTION_BACKWARD_FACTOR if backward else 1.0)
+    return flops if factor == 1.0 else flops * factor
+
+
+def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """One spatial output size of a convolution: ``⌊(in + 2p − d·(k − 1) − 1) / s⌋ + 1``. §6."""
+    _positive("stride", stride)
+    out = (int(size) + 2 * int(padding) - int(dilation) * (int(kernel) - 1) - 1) // int(stride) + 1
+    return max(out, 0)
+
+
+def conv_flops(batch: int, spatial: Sequence[int], weight_numel: int) -> int:
+    """FLOPs of a convolution: ``2 · N · ∏spatial · numel(weight)``, where ``spatial`` is the
+    output's spatial size (the input's for a transposed convolution: each input point scatters
+    through the whole kernel) and ``numel(weight) = C_out · C_in/groups · ∏kernel``. §6."""
+    _nonneg("batch", batch)
+    _nonneg("weight_numel", weight_numel)
+    points = 1
+    for size in spatial:
+        points *= int(_nonneg("spatial", size))
+    return 2 * int(batch) * points * int(weight_numel)
+
+
+def achieved_tflops(flops: float, time_us: float) -> float:
+    """Achieved throughput in TFLOP/s of ``flops`` done in ``time_us``. §6."""
+    return _nonneg("flops", flops) / (_positive("time_us", time_us) * 1e6)
+
+
+def time_at_peak_us(flops: float, peak_tflops: float) -> float:
+    """How long ``flops`` take at ``peak_tflops``: the ideal time, µs. §6."""
+    return _nonneg("flops", flops) / (_positive("peak_tflops", peak_tflops) * 1e6)
+
+
+def flops_utilization(ideal_us: float, time_us: float) -> float:
+    """FLOPs utilization (fraction): the FLOPs' time at the peak of each one's dtype
+    (``time_at_peak_us`` summed) over the time they took. MFU from recorded shapes is this with
+    the step time; compute-only MFU with the step's compute time; a family's share of peak with
+    its kernels' time. §6."""
+    return _nonneg("ideal_us", ideal_us) / _positive("time_us", time_us)
+
+
+def expected_compute_us(base_compute_us: float, base_flops: float, new_flops: float) -> float:
+    """Compute time of a run whose work per GPU is ``new_flops`` if it ran at the efficiency
+    measured with ``base_flops`` (perfect strong scaling of compute). §6."""
+    return _nonneg("base_compute_us", base_compute_us) * _nonneg("new_flops", new_flops) \
+        / _positive("base_flops", base_flops)
 
 
 # --- §7 pipeline parallelism ----------------------------------------------------------------

@@ -28,7 +28,7 @@ from analyzer import data as data_files
 
 __all__ = [
     "ORIGINS", "GpuProfile", "NicProfile", "Profiles", "Sourced", "HardwareAssumptions",
-    "OVERRIDE_KEYS", "load_profiles", "match_gpu", "gpu_profile", "nic_profile",
+    "OVERRIDE_KEYS", "PEAK_FIELDS", "load_profiles", "match_gpu", "gpu_profile", "nic_profile",
     "resolve_hardware",
 ]
 
@@ -45,7 +45,10 @@ class GpuProfile:
     form_factor: str  # "sxm" (SXM / OAM / mezzanine) or "pcie"
     label: str
     memory_gb: float
-    peak_bf16_tflops: float
+    peak_bf16_tflops: float  # also fp16 (V100: fp16, no bf16)
+    peak_fp32_tflops: float
+    peak_tf32_tflops: float | None  # None: no TF32 tensor cores (V100)
+    peak_fp8_tflops: float | None  # None: no fp8 (V100, A100)
     hbm_gbps: float
     intra_node_link: str
     intra_node_gbps: float
@@ -79,8 +82,12 @@ def _sourced_fields(entry: Mapping[str, Any], names: Sequence[str]) -> tuple[dic
     return values, sources
 
 
-_GPU_NUMBERS = ("memory_gb", "peak_bf16_tflops", "hbm_gbps", "intra_node_gbps",
-                "intra_node_alpha_us")
+_GPU_NUMBERS = ("memory_gb", "peak_bf16_tflops", "peak_fp32_tflops", "peak_tf32_tflops", "peak_fp8_tflops",
+                "hbm_gbps", "intra_node_gbps", "intra_node_alpha_us")
+# The assumptions' peak of each dtype MFU from recorded shapes counts against (analyzer.job.compute):
+# bf16 and fp16 share peak_tflops; fp64 and integer types have none.
+PEAK_FIELDS = {"bf16": "peak_tflops", "fp16": "peak_tflops", "fp32": "peak_fp32_tflops",
+               "tf32": "peak_tf32_tflops", "fp8": "peak_fp8_tflops"}
 _NIC_NUMBERS = ("line_rate_gbps", "achievable_gbps", "alpha_us")
 
 
@@ -211,6 +218,11 @@ class HardwareAssumptions:
     nic_line_rate_gbit: Sourced   # Gb/s
     nic_gbps: Sourced             # achievable one-way GB/s of one NIC
     nic_alpha_us: Sourced
+    # dense peaks of the other dtypes (MFU from recorded shapes, issue 29); a saved result
+    # written before them reads them as unknown
+    peak_fp32_tflops: Sourced = Sourced(None, "unknown", "not resolved")
+    peak_tf32_tflops: Sourced = Sourced(None, "unknown", "not resolved")
+    peak_fp8_tflops: Sourced = Sourced(None, "unknown", "not resolved")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """``{field: {"origin", "source", "value"}}`` in field order (deterministic)."""
@@ -219,7 +231,14 @@ class HardwareAssumptions:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "HardwareAssumptions":
         """The inverse of ``to_dict`` (a saved result's ``hardware`` section)."""
-        return cls(**{f.name: Sourced(**doc[f.name]) for f in fields(cls)})
+        return cls(**{f.name: Sourced(**doc[f.name]) for f in fields(cls) if f.name in doc})
+
+    def peak_of(self, dtype: str | None) -> Sourced:
+        """The dense peak (TFLOPS) of a dtype (``PEAK_FIELDS``), unknown for the others."""
+        name = PEAK_FIELDS.get(dtype or "")
+        if name is None:
+            return Sourced(None, "unknown", f"no peak for {dtype or 'an unknown dtype'} in the hardware profiles")
+        return getattr(self, name)
 
     def names_by_origin(self, origin: str) -> tuple[str, ...]:
         """Field names whose value has the given origin."""
@@ -280,14 +299,19 @@ def _gpu_fields(profile: GpuProfile | None, chosen_by: str) -> dict[str, Sourced
     if profile is None:
         missing = Sourced(None, "unknown", f"no hardware profile ({chosen_by})")
         return {name: missing for name in ("peak_tflops", "hbm_gbps", "intra_node_link",
-                                           "intra_node_gbps", "intra_node_alpha_us")}
+                                           "intra_node_gbps", "intra_node_alpha_us", "peak_fp32_tflops",
+                                           "peak_tf32_tflops", "peak_fp8_tflops")}
     prefix = f"profile {profile.id} ({chosen_by}): "
 
     def from_profile(attr: str) -> Sourced:
-        return Sourced(getattr(profile, attr), "profile", prefix + profile.sources[attr])
+        value = getattr(profile, attr)
+        return Sourced(value, "profile" if value is not None else "unknown", prefix + profile.sources[attr])
 
     return {
         "peak_tflops": from_profile("peak_bf16_tflops"),
+        "peak_fp32_tflops": from_profile("peak_fp32_tflops"),
+        "peak_tf32_tflops": from_profile("peak_tf32_tflops"),
+        "peak_fp8_tflops": from_profile("peak_fp8_tflops"),
         "hbm_gbps": from_profile("hbm_gbps"),
         "intra_node_link": Sourced(profile.intra_node_link, "profile", prefix + profile.label),
         "intra_node_gbps": from_profile("intra_node_gbps"),

@@ -23,6 +23,7 @@ from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, step_window
 from analyzer.rank.checks import partial_result_warnings
+from analyzer.rank.flops import compute_steps
 from analyzer.rank.steps import step_figures
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
                                     step_windows)
@@ -57,6 +58,11 @@ class RankAnalysis:
     exposed_intervals: dict[str, list[int]] = field(default_factory=dict)
     # The typical step's time breakdown, set by the job analysis (analyzer.job.attribution).
     time_breakdown: dict[str, Any] | None = None
+    # FLOPs from recorded shapes and their GPU time per step (analyzer.rank.flops; None: the
+    # trace holds none of the ops), and the typical step's compute figures the job analysis
+    # makes of them (analyzer.job.compute: the ``ranks[].compute`` contract).
+    compute_steps: dict[str, Any] | None = None
+    compute: dict[str, Any] | None = None
     # The kernels of every step, for the report's step timeline (RankOptions.keep_kernels): this
     # run's alone, never cached (analyzer.run.cache) nor written to the result.
     kernels: RankKernels | None = field(default=None, repr=False, compare=False)
@@ -104,12 +110,18 @@ def rank_entry(r: RankAnalysis) -> dict[str, Any]:
     out["rank_warnings"] = r.warnings
     # The typical step's time when the job analysis chose one (its time_breakdown adds up to it).
     out["step_time_us"] = r.time_breakdown["step_time_us"] if r.time_breakdown else mean_step_time(r)
+    for key in _COMPUTE_FIELDS:  # written when the trace has ops with FLOPs (issue 29)
+        if getattr(r, key) is not None:
+            out[key] = getattr(r, key)
     return out
+
+
+_COMPUTE_FIELDS = ("compute", "compute_steps")
 
 
 def rank_from_entry(entry: dict[str, Any], rows: list[dict[str, Any]]) -> RankAnalysis:
     known = {f.name for f in fields(RankAnalysis)}
-    values: dict[str, Any] = {key: entry.get(key) for key in _RANK_FIELDS if key in known}
+    values: dict[str, Any] = {key: entry.get(key) for key in _RANK_FIELDS + _COMPUTE_FIELDS if key in known}
     values.update(metrics={k: entry.get(k) for k in RANK_METRICS}, collectives=rows,
                   warnings=list(entry.get("rank_warnings") or []))
     for key, empty in (("process_groups", []), ("devices", []), ("markers_seen", {}), ("steps", []),
@@ -289,6 +301,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
         kernels=kept_kernels(gpu, att, trace.strings) if options.keep_kernels else None,
+        compute_steps=compute_steps(trace, gpu, att.launch_ts, att.launch_thread, options.steps),
     )
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "

@@ -131,6 +131,11 @@ def step_windows(rank: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return numbers[order], starts[order], ends[order]
 
 
+def steps_of_points(rank: RankTrace, ts: np.ndarray) -> np.ndarray:
+    """The ProfilerStep number of CPU points (ns), NO_STEP outside every step."""
+    return _steps(rank, ts, np.zeros(len(ts), dtype=np.int32))
+
+
 def _steps(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray) -> np.ndarray:
     numbers, starts, ends = step_windows(rank)
     step = np.full(len(launch_ts), NO_STEP, dtype=np.int64)

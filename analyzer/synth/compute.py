@@ -5,12 +5,13 @@ Kernel names follow what cuBLAS / FlashAttention / ATen print on H100 (sm90) or 
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 
 from . import physics
-from .engine import Engine, GpuEvent
+from .engine import Engine, GpuEvent, Work
 from .layout import Param, embedding_params, head_params, layer_params
 from .spec import JobSpec
 
@@ -110,11 +111,17 @@ GradHook = Callable[[list[Param], str], None]
 SublayerHook = Callable[[str], None]  # called on a thread after a block's attention or MLP part
 
 
-def gemm_name(arch: str, layout: str, tile: str) -> str:
+def gemm_name(arch: str, layout: str, tile: str, dtype: str = "bf16") -> str:
+    types = "bf16bf16_bf16f32_f32" if dtype == "bf16" else "f32f32_f32f32_f32"
     return (
-        f"{arch}_xmma_gemm_bf16bf16_bf16f32_f32_{layout}_n_tilesize{tile}_warpgroupsize2x1x1_"
+        f"{arch}_xmma_gemm_{types}_{layout}_n_tilesize{tile}_warpgroupsize2x1x1_"
         "execute_segment_k_off_kernel__5x_cublas"
     )
+
+
+TORCH_TYPE = {"bf16": BF16, "fp32": "float"}
+ATTENTION_FWD_FACTOR = 0.5  # causal: half of the 4·b·h·s²·d of full attention (models.md §6)
+ATTENTION_BWD_FACTOR = 2.5  # the convention the counts follow: backward = 2.5 × forward
 
 
 class Compute:
@@ -126,12 +133,13 @@ class Compute:
         if spec.straggler_rank is not None:
             self.slowdown[spec.straggler_rank] = spec.straggler_slowdown
         arch = spec.gpu_model.arch
+        dtype = spec.gemm_dtype
         self.gemm = {
-            "fwd": gemm_name(arch, "tn", "128x256x64"),
-            "dgrad": gemm_name(arch, "nn", "128x256x64"),
-            "wgrad": gemm_name(arch, "nt", "256x128x64"),
+            "fwd": gemm_name(arch, "tn", "128x256x64", dtype),
+            "dgrad": gemm_name(arch, "nn", "128x256x64", dtype),
+            "wgrad": gemm_name(arch, "nt", "256x128x64", dtype),
         }
-        self.flops = 0.0  # matmul + attention FLOPs issued per rank so far
+        self.flops = 0.0  # matmul + attention FLOPs issued per rank so far (models.md §6's convention)
 
     # ---- primitives -------------------------------------------------------------------------
     def kernel(self, name: str, us: float, thread: str, grid, block, regs: int = 128, smem: int = 0) -> GpuEvent:
@@ -143,16 +151,35 @@ class Compute:
         blocks = int(min(2**31 - 1, max(1, nbytes // 2048)))
         return self.kernel(name, physics.memory_us(self.spec, nbytes), thread, (blocks, 1, 1), (128, 1, 1), 24)
 
-    def matmul(self, m: int, k: int, n: int, thread: str, which: str) -> GpuEvent:
-        flops = 2.0 * m * k * n
+    @contextmanager
+    def work(self, op: str, family: str, dtype: str, flops: float, shape: tuple) -> Iterator[None]:
+        """The kernels launched inside do ``flops`` of ``op`` (the truth's count, GpuEvent.work)."""
         self.flops += flops
+        self.eng.work = Work(op, family, dtype, flops, shape)
+        try:
+            yield
+        finally:
+            self.eng.work = None
+
+    def matmul(self, m: int, k: int, n: int, thread: str, which: str, op: str) -> GpuEvent:
+        """An m×k by k×n product issued by leaf op ``op``: 2·m·k·n FLOPs."""
+        flops = 2.0 * m * k * n
         grid = (max(1, n // 256), max(1, m // 128), 1)
-        return self.kernel(self.gemm[which], physics.gemm_us(self.spec, flops), thread, grid, (384, 1, 1), 168, 213_000)
+        with self.work(op, "gemm", self.spec.gemm_dtype, flops, (m, n, k)):
+            return self.kernel(self.gemm[which], physics.gemm_us(self.spec, flops, (m, n, k)), thread, grid,
+                               (384, 1, 1), 168, 213_000)
 
     def _dims(self, *dims) -> dict:
         if not self.spec.record_shapes:
             return {}
         return {"Input Dims": [list(d) for d in dims], "Input type": [self._dtype_of(d) for d in dims]}
+
+    def _recorded(self, dims: list, types: list, concrete: list) -> dict:
+        """The args record_shapes writes (torch 2.13): sizes, types ("Scalar" for scalars, ""
+        for an absent optional tensor) and the scalars' values as text."""
+        if not self.spec.record_shapes:
+            return {}
+        return {"Input Dims": [list(d) for d in dims], "Input type": list(types), "Concrete Inputs": list(concrete)}
 
     @staticmethod
     def _dtype_of(dims) -> str:
@@ -160,12 +187,20 @@ class Compute:
 
     # ---- forward ops ------------------------------------------------------------------------
     def linear(self, d_in: int, d_out: int, thread: str = "main") -> None:
+        """``aten::linear(x [b, s, d_in], weight [d_out, d_in], bias)`` over ``aten::addmm(bias,
+        x [t, d_in], weightᵀ [d_in, d_out], beta, alpha)`` (``aten::mm`` without bias)."""
         t, s = self.spec.tokens_per_rank, self.spec
-        op = "aten::addmm" if s.bias else "aten::mm"
-        dims = [(s.micro_batch, s.seq_len, d_in), (d_out, d_in)] + ([(d_out,)] if s.bias else [()])
-        with self.eng.op("aten::linear", thread, args=self._dims(*dims)):
-            with self.eng.op(op, thread, args=self._dims((t, d_in), (d_in, d_out))):
-                self.matmul(t, d_in, d_out, thread, "fwd")
+        dt = TORCH_TYPE[s.gemm_dtype]
+        linear = self._recorded([(s.micro_batch, s.seq_len, d_in), (d_out, d_in), (d_out,) if s.bias else ()],
+                                [dt, dt, dt if s.bias else ""], ["", "", ""])
+        if s.bias:
+            op, args = "aten::addmm", self._recorded([(d_out,), (t, d_in), (d_in, d_out), (), ()],
+                                                     [dt, dt, dt, "Scalar", "Scalar"], ["", "", "", "1", "1"])
+        else:
+            op, args = "aten::mm", self._recorded([(t, d_in), (d_in, d_out)], [dt, dt], ["", ""])
+        with self.eng.op("aten::linear", thread, args=linear):
+            with self.eng.op(op, thread, args=args):
+                self.matmul(t, d_in, d_out, thread, "fwd", op)
 
     def layer_norm(self, thread: str = "main") -> None:
         s, t, d = self.spec, self.spec.tokens_per_rank, self.spec.hidden
@@ -174,16 +209,30 @@ class Compute:
                 self.elementwise(LN_FWD, 4.0 * t * d, thread)
 
     def attention(self, thread: str = "main") -> None:
+        """Causal SDPA as torch 2.13 records it: ``scaled_dot_product_attention`` ->
+        ``_scaled_dot_product_flash_attention`` ([b, h, s, d]) -> ``_flash_attention_forward``
+        ([b, s, h, d], the kernel's layout), each with its arguments."""
         s = self.spec
         heads = s.hidden // s.head_dim
-        flops = 2.0 * s.micro_batch * s.seq_len**2 * s.hidden  # causal: half of 4·b·s²·d
-        self.flops += flops
-        q = (s.micro_batch, heads, s.seq_len, s.head_dim)
-        with self.eng.op("aten::scaled_dot_product_attention", thread, args=self._dims(q, q, q)):
-            with self.eng.op("aten::_scaled_dot_product_flash_attention", thread):
-                with self.eng.op("aten::_flash_attention_forward", thread):
-                    grid = (max(1, s.seq_len // 128), heads, s.micro_batch)
-                    self.kernel(FLASH_FWD, physics.attention_us(s, flops), thread, grid, (128, 1, 1), 255, 98_304)
+        flops = 2.0 * s.micro_batch * s.seq_len**2 * s.hidden  # causal: half of 4·b·s²·d (kernel time)
+        q, qs = (s.micro_batch, heads, s.seq_len, s.head_dim), (s.micro_batch, s.seq_len, heads, s.head_dim)
+        seq = str(s.seq_len)
+        sdpa = self._recorded([q, q, q, (), (), (), (), ()], [BF16] * 3 + ["", "Scalar", "Scalar", "", "Scalar"],
+                              ["", "", "", "", "0.", "True", "", "False"])
+        flash = self._recorded([q, q, q, (), (), (), ()], [BF16] * 3 + ["Scalar", "Scalar", "Scalar", ""],
+                               ["", "", "", "0.", "True", "False", ""])
+        kernel = self._recorded([qs, qs, qs] + [()] * 14, [BF16] * 3 + ["", "", "Scalar", "Scalar", "Scalar", "Scalar",
+                                                                         "Scalar"] + [""] * 7,
+                                ["", "", "", "", "", seq, seq, "0.", "True", "False"] + [""] * 7)
+        count = ATTENTION_FWD_FACTOR * 4.0 * s.micro_batch * heads * s.seq_len**2 * s.head_dim
+        with self.eng.op("aten::scaled_dot_product_attention", thread, args=sdpa):
+            with self.eng.op("aten::_scaled_dot_product_flash_attention", thread, args=flash):
+                with self.eng.op("aten::_flash_attention_forward", thread, args=kernel):
+                    with self.work("aten::_flash_attention_forward", "attention", "bf16", count,
+                                   (s.micro_batch, heads, s.seq_len, s.head_dim, False)):
+                        grid = (max(1, s.seq_len // 128), heads, s.micro_batch)
+                        self.kernel(FLASH_FWD, physics.attention_us(s, flops), thread, grid, (128, 1, 1), 255,
+                                    98_304)
 
     def simple(self, op: str, kernel: str, nbytes: float, thread: str = "main") -> None:
         with self.eng.op(op, thread):
@@ -230,12 +279,13 @@ class Compute:
     def linear_backward(self, d_in: int, d_out: int, params: list[Param], on_grads: GradHook) -> None:
         s, t, a = self.spec, self.spec.tokens_per_rank, "autograd"
         name = "AddmmBackward0" if s.bias else "MmBackward0"
+        dt = TORCH_TYPE[s.gemm_dtype]
         with self.node(name):
             with self.eng.op(name, a):
-                with self.eng.op("aten::mm", a, args=self._dims((t, d_out), (d_out, d_in))):
-                    self.matmul(t, d_out, d_in, a, "dgrad")
-                with self.eng.op("aten::mm", a, args=self._dims((d_out, t), (t, d_in))):
-                    self.matmul(d_out, t, d_in, a, "wgrad")
+                with self.eng.op("aten::mm", a, args=self._recorded([(t, d_out), (d_out, d_in)], [dt, dt], ["", ""])):
+                    self.matmul(t, d_out, d_in, a, "dgrad", "aten::mm")
+                with self.eng.op("aten::mm", a, args=self._recorded([(d_out, t), (t, d_in)], [dt, dt], ["", ""])):
+                    self.matmul(d_out, t, d_in, a, "wgrad", "aten::mm")
                 if s.bias:
                     self.simple("aten::sum", BIAS_GRAD, 2.0 * t * d_out, a)
         on_grads(params, a)
@@ -250,17 +300,29 @@ class Compute:
         on_grads(params, a)
 
     def attention_backward(self) -> None:
+        """``_scaled_dot_product_flash_attention_backward(grad_out, q, k, v, out, logsumexp, ...,
+        is_causal, ...)`` -> ``_flash_attention_backward`` ([b, s, h, d]); its three kernels are
+        the op's GPU time."""
         s, a = self.spec, "autograd"
         heads = s.hidden // s.head_dim
-        flops = 2.0 * 2.0 * s.micro_batch * s.seq_len**2 * s.hidden
-        self.flops += flops
+        flops = 2.0 * 2.0 * s.micro_batch * s.seq_len**2 * s.hidden  # the kernel's time (unchanged)
         grid = (max(1, s.seq_len // 128), heads, s.micro_batch)
+        q, qs = (s.micro_batch, heads, s.seq_len, s.head_dim), (s.micro_batch, s.seq_len, heads, s.head_dim)
+        lse, seq = (s.micro_batch, heads, s.seq_len), str(s.seq_len)
+        scalars = ["", "", "Scalar", "Scalar", "Scalar", "Scalar", "", "", "Scalar"]
+        sdpa = self._recorded([q] * 5 + [lse] + [()] * 9, [BF16] * 5 + ["float"] + scalars,
+                              [""] * 8 + [seq, seq, "0.", "True", "", "", ""])
+        kernel = self._recorded([qs] * 5 + [lse] + [()] * 11, [BF16] * 5 + ["float"] + scalars + ["Scalar"] * 2,
+                                [""] * 8 + [seq, seq, "0.", "True", "", "", "", "", ""])
+        count = ATTENTION_BWD_FACTOR * ATTENTION_FWD_FACTOR * 4.0 * s.micro_batch * heads * s.seq_len**2 * s.head_dim
         with self.node("ScaledDotProductFlashAttentionBackward0"):
-            with self.eng.op("aten::_scaled_dot_product_flash_attention_backward", a):
-                with self.eng.op("aten::_flash_attention_backward", a):
-                    self.elementwise(FLASH_BWD[0], 4.0 * s.tokens_per_rank * s.hidden, a)
-                    self.kernel(FLASH_BWD[1], physics.attention_us(s, flops), a, grid, (256, 1, 1), 255, 147_456)
-                    self.elementwise(FLASH_BWD[2], 6.0 * s.tokens_per_rank * s.hidden, a)
+            with self.eng.op("aten::_scaled_dot_product_flash_attention_backward", a, args=sdpa):
+                with self.eng.op("aten::_flash_attention_backward", a, args=kernel):
+                    with self.work("aten::_flash_attention_backward", "attention", "bf16", count,
+                                   (s.micro_batch, heads, s.seq_len, s.head_dim, True)):
+                        self.elementwise(FLASH_BWD[0], 4.0 * s.tokens_per_rank * s.hidden, a)
+                        self.kernel(FLASH_BWD[1], physics.attention_us(s, flops), a, grid, (256, 1, 1), 255, 147_456)
+                        self.elementwise(FLASH_BWD[2], 6.0 * s.tokens_per_rank * s.hidden, a)
 
     def elementwise_backward(self, node: str, kernel: str | None, nbytes: float) -> None:
         with self.node(node):

@@ -58,6 +58,22 @@ class GpuEvent:
     phase: str
     args: dict
     comm: "CollectiveCall | None" = None
+    # The op whose FLOPs this kernel does (Engine.work when it was launched): the truth's own
+    # count of FLOPs and their kernels' time (never rendered into the trace).
+    work: "Work | None" = None
+
+
+@dataclass(frozen=True)
+class Work:
+    """A leaf op's FLOPs as the generator issued them: its family, the sizes it multiplied, and
+    its FLOPs counted by the convention of models.md §6 (2·m·n·k; attention 4·b·h·s²·d, half
+    when causal, backward 2.5×), worked out here from the generator's own sizes."""
+
+    op: str
+    family: str  # gemm | attention
+    dtype: str
+    flops: float
+    shape: tuple  # gemm: (m, n, k); attention: (b, heads, seq, head_dim, backward)
 
 
 @dataclass
@@ -108,6 +124,7 @@ class Engine:
         self._next_ext = 1
         self._next_corr = 19_761  # CUPTI correlation ids count from process start, not from the profile
         self._role_counts: dict[str, int] = {}
+        self.work: Work | None = None  # the leaf op with FLOPs being issued (analyzer.synth.compute)
 
     # ---- time helpers ---------------------------------------------------------------------
     def jitter_ns(self, us: float | np.ndarray, sigma: float | None = None) -> np.ndarray:
@@ -189,7 +206,7 @@ class Engine:
         if after is not None:
             start = np.maximum(start, after)
         event = GpuEvent(name, cat, kind, stream, start, np.asarray(dur_ns, np.int64), call.corr, call.ext,
-                         self.step, self.phase, dict(args or {}))
+                         self.step, self.phase, dict(args or {}), work=self.work if kind == "compute" else None)
         self.tail[stream] = start + event.dur
         self.gpu.append(event)
         return event

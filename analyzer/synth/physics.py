@@ -53,8 +53,17 @@ def ring_time_us(kind: str, size_bytes: float, n: int, link: SimLink) -> float:
     return hops * link.alpha_us + hops / n * size_bytes / (link.beta_gbps * 1e3)
 
 
-def gemm_us(spec: JobSpec, flops: float) -> float:
-    return flops / (spec.gpu_model.peak_bf16_tflops * 1e6 * spec.gemm_efficiency)
+def gemm_us(spec: JobSpec, flops: float, sizes: tuple[int, ...] = ()) -> float:
+    """A GEMM's time: its FLOPs at the peak of its dtype times the efficiency, which falls for
+    small GEMMs when ``gemm_half_flops`` is set (a tile grid too small to fill the GPU) and for a
+    bf16 GEMM with a size not a multiple of 8 when ``misaligned_gemm_efficiency`` is."""
+    peak = spec.gpu_model.peak_fp32_tflops if spec.gemm_dtype == "fp32" else spec.gpu_model.peak_bf16_tflops
+    efficiency = spec.gemm_efficiency
+    if spec.misaligned_gemm_efficiency > 0 and spec.gemm_dtype == "bf16" and any(s % 8 for s in sizes):
+        efficiency = spec.misaligned_gemm_efficiency
+    if spec.gemm_half_flops > 0:
+        efficiency *= flops / (flops + spec.gemm_half_flops)
+    return flops / (peak * 1e6 * efficiency)
 
 
 def attention_us(spec: JobSpec, flops: float) -> float:

@@ -63,5 +63,7 @@ SCENARIOS: dict[str, JobSpec] = {
         # a blocking activation all-reduce after each block's forward (tensor-parallel style)
         _job(GPT_1_5B, "ddp_forward_allreduce", 21, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
              forward_allreduce_mb=1536.0),
+        # the linears left in fp32 (outside autocast) while attention runs in bf16 (issue 29)
+        _job(GPT_1_5B, "ddp_fp32_gemms", 23, n_layers=2, steps=4, world_size=4, gpus_per_node=4, gemm_dtype="fp32"),
     ]
 }

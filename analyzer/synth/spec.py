@@ -22,12 +22,13 @@ class GpuModel:
     compute_major: int
     shared_mem_optin: int
     shared_mem_per_sm: int
+    peak_fp32_tflops: float = 0.0  # dense, non-tensor (datasheet)
 
 
 GPUS = {
-    "H100": GpuModel("NVIDIA H100 80GB HBM3", "sm90", 989.0, 3350.0, 85520809984, 132, 9, 232448, 233472),
-    "H200": GpuModel("NVIDIA H200", "sm90", 989.0, 4800.0, 150754820096, 132, 9, 232448, 233472),
-    "A100": GpuModel("NVIDIA A100-SXM4-80GB", "sm80", 312.0, 2039.0, 85198045184, 108, 8, 166912, 167936),
+    "H100": GpuModel("NVIDIA H100 80GB HBM3", "sm90", 989.0, 3350.0, 85520809984, 132, 9, 232448, 233472, 67.0),
+    "H200": GpuModel("NVIDIA H200", "sm90", 989.0, 4800.0, 150754820096, 132, 9, 232448, 233472, 67.0),
+    "A100": GpuModel("NVIDIA A100-SXM4-80GB", "sm80", 312.0, 2039.0, 85198045184, 108, 8, 166912, 167936, 19.5),
 }
 
 STRATEGIES = ("ddp", "fsdp1", "fsdp2")
@@ -57,6 +58,13 @@ class JobSpec:
     # compute: kernel time = work / (peak x efficiency); straggler multiplies it
     gpu: str = "H100"
     gemm_efficiency: float = 0.6
+    # GEMMs smaller than this many FLOPs run further from peak: efficiency = gemm_efficiency ·
+    # f / (f + gemm_half_flops), half of it at f = gemm_half_flops (0: every GEMM at gemm_efficiency)
+    gemm_half_flops: float = 0.0
+    gemm_dtype: str = "bf16"  # bf16 | fp32: the linears' dtype (fp32: sgemm kernels at the fp32 peak)
+    # efficiency of a bf16 GEMM with a size not a multiple of 8 (tensor cores tile aligned sizes;
+    # 0: as aligned ones, gemm_efficiency)
+    misaligned_gemm_efficiency: float = 0.0
     attn_efficiency: float = 0.45
     mem_efficiency: float = 0.8
     optimizer_bytes_per_param: float = 28.0  # fused AdamW: fp32 master + m + v reads/writes, bf16 copy
@@ -121,6 +129,8 @@ class JobSpec:
         _check(self.fsdp_wrap in WRAPS, f"fsdp_wrap must be one of {WRAPS}")
         _check(self.gpu in GPUS, f"gpu must be one of {sorted(GPUS)}")
         _check(self.grad_dtype in DTYPE_BYTES and self.param_dtype in DTYPE_BYTES, "unknown dtype")
+        _check(self.gemm_dtype in ("bf16", "fp32"), "gemm_dtype must be bf16 or fp32")
+        _check(self.gemm_half_flops >= 0, "gemm_half_flops >= 0")
         _check(self.world_size >= 1 and self.gpus_per_node >= 1, "world_size, gpus_per_node >= 1")
         _check(
             self.world_size <= self.gpus_per_node or self.world_size % self.gpus_per_node == 0,
@@ -179,7 +189,7 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0}  # knob: its default
+_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:

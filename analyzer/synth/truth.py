@@ -139,6 +139,7 @@ class TruthBuilder:
             "fsdp_units": self.unit_facts(),
             "ranks": ranks,
             "collectives": self.collective_table(),
+            "compute": self.compute_facts(),
         }
 
     # ---- per rank -----------------------------------------------------------------------
@@ -248,6 +249,41 @@ class TruthBuilder:
             row["ready_offset_us"] = round(row["ready_us"] - bwd, 3)
             row["start_offset_us"] = round(row["start_us"] - bwd, 3)
         return row
+
+    def compute_facts(self) -> dict:
+        """Per step: the FLOPs the generator issued (each leaf op once, by the convention of
+        models.md §6, from the sizes it multiplied), by family and per GEMM shape, with the
+        summed duration of each op's kernels per rank (µs, a list over ranks)."""
+        world = self.spec.world_size
+        ops: dict[int, tuple] = {}  # id(work) -> (work, step, summed durations ns per rank)
+        for ev in self.p.eng.gpu:
+            if ev.work is None:
+                continue
+            work, step, dur = ops.get(id(ev.work), (ev.work, ev.step, np.zeros(world, np.int64)))
+            ops[id(ev.work)] = (work, step, dur + ev.dur)
+        steps: dict[str, dict] = {}
+        for work, step, dur in ops.values():
+            entry = steps.setdefault(str(step), {"flops": 0.0, "families": {}, "gemm_shapes": {}})
+            entry["flops"] += work.flops
+            fam = entry["families"].setdefault(work.family, {"flops": 0.0, "ops": 0, "gpu_ns": np.zeros(world, np.int64)})
+            fam["flops"] += work.flops
+            fam["ops"] += 1
+            fam["gpu_ns"] = fam["gpu_ns"] + dur
+            if work.family == "gemm":
+                key = "x".join(map(str, work.shape)) + f"/{work.dtype}"
+                shape = entry["gemm_shapes"].setdefault(key, {"m": work.shape[0], "n": work.shape[1], "k": work.shape[2],
+                                                              "dtype": work.dtype, "flops_each": work.flops, "count": 0,
+                                                              "gpu_ns": np.zeros(world, np.int64)})
+                shape["count"] += 1
+                shape["gpu_ns"] = shape["gpu_ns"] + dur
+        for entry in steps.values():
+            for cell in [*entry["families"].values(), *entry["gemm_shapes"].values()]:
+                cell["gpu_us"] = [_us(v) for v in cell.pop("gpu_ns")]
+            entry["families"] = dict(sorted(entry["families"].items()))
+            entry["gemm_shapes"] = [entry["gemm_shapes"][k] for k in sorted(entry["gemm_shapes"])]
+        return {"definitions": "FLOPs: GEMM 2·m·n·k; causal attention forward 2·b·h·s²·d (half of 4·b·h·s²·d), "
+                               "backward 2.5× forward; gpu_us: the summed durations of the kernels each op launched",
+                "steps": dict(sorted(steps.items(), key=lambda kv: int(kv[0])))}
 
     # ---- analytic facts -------------------------------------------------------------------
     def model_facts(self) -> dict:

@@ -49,6 +49,7 @@ import numpy as np
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
+from analyzer.whatif import compute as compute_scaling
 from analyzer.whatif.ddp import bucket_ready_times, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError, TracecliffError
 
@@ -72,6 +73,9 @@ class Scenario:
     tokens_per_step: float | None = None  # whole job's, measured configuration
     trace_nics_per_node: int | None = None  # NICs per node of the *measured* job
     fsdp_units: int | None = None  # FSDP: this many units of equal size (a per-layer wrap policy)
+    # keep the global batch (strong scaling): each GPU's work scales by measured / target GPUs,
+    # its compute with the efficiency measured per shape (analyzer.whatif.compute)
+    strong_scaling: bool = False
 
 
 @dataclass
@@ -412,8 +416,12 @@ def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: i
     return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
 
 
-def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> tuple[float, float] | None:
-    """(measured exposed tail, projected exposed tail) of one rank's step, µs."""
+def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario,
+              compute_ratio: float = 1.0) -> tuple[float, float] | None:
+    """(measured exposed tail, projected exposed tail) of one rank's step, µs. ``compute_ratio``
+    (strong scaling): backward compute takes that share of its measured time, so the gradients
+    are ready sooner after backward starts (their ready times and backward's end scaled toward
+    its start)."""
     ddp = measured.ddp
     if ddp is None:
         return None
@@ -422,7 +430,17 @@ def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario) -> 
         ready, times = _rebucket(measured, durations, scenario.bucket_mb)
     else:
         times = durations.of_rows(ddp.transfers)
-    return ddp.measured_tail, models.ddp_bucket_pipeline_of_times(ready, times, ddp.backward_end).exposed_tail_us
+    end = ddp.backward_end
+    start = _phase_start(measured.step, "backward", measured.origin_ns) if compute_ratio != 1.0 else None
+    if start is not None and start <= end:
+        ready = [start + (r - start) * compute_ratio for r in ready]
+        end = start + (end - start) * compute_ratio
+    return ddp.measured_tail, models.ddp_bucket_pipeline_of_times(ready, times, end).exposed_tail_us
+
+
+def _phase_start(step: dict[str, Any], phase: str, origin_ns: int) -> float | None:
+    window = (step.get("phase_windows") or {}).get(phase)
+    return _us(window["start_ns"], origin_ns) if window else None
 
 
 @dataclass(frozen=True)
@@ -938,10 +956,11 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     _check_supported(base, target, scenario)
     durations = Durations(result, base, target)
     optimizer_factor = _optimizer_factor(base, target)
+    scaled = _strong_scaling(result, scenario, base, target, notes)
     as_measured, projected = [], []
     unmodelled = 0
     batched = None
-    if base.strategy == "ddp" and target.strategy == "ddp" and not scenario.bucket_mb:
+    if base.strategy == "ddp" and target.strategy == "ddp" and not scenario.bucket_mb and scaled is None:
         kept = durations.kept
         batched = measured.ddp_batch.changes(durations)
         if batched is None:
@@ -954,7 +973,8 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
         elif scenario.fsdp_units:
             change = _fsdp_units_step(rank_step, durations, target, scenario.fsdp_units)
         elif base.strategy == "ddp" and target.strategy == "ddp":
-            change = _ddp_step(rank_step, durations, scenario)
+            ratio = scaled[rank_step.rank].ratio if scaled is not None and rank_step.rank in scaled else 1.0
+            change = _ddp_step(rank_step, durations, scenario, ratio)
         elif base.strategy == "ddp":
             change = _ddp_to_fsdp_step(rank_step, durations, target)
         elif target.strategy == "ddp":
@@ -967,6 +987,8 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
         step, rank = rank_step.step, rank_step.rank
         optimizer = ((step.get("phase_windows") or {}).get("optimizer") or {}).get("compute_us", 0.0)
         extra_compute = optimizer * (optimizer_factor - 1.0)
+        if scaled is not None and rank in scaled:  # strong scaling: the batch's compute, at its shapes' efficiency
+            extra_compute += step["compute_us"] * (scaled[rank].ratio - 1.0)
         exposed = step.get("exposed_comm_us") or 0.0
         as_measured.append((step["step"], rank, step["step_time_us"], exposed, step["compute_us"], rank_step.waits))
         projected.append((step["step"], rank, step["step_time_us"] - before + after + extra_compute,
@@ -996,7 +1018,11 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     if durations.kept:
         notes.append(f"{durations.kept} collective(s) without a modelled size/kind keep their measured duration")
     _assumption_notes(assumptions, scenario, target, optimizer_factor)
+    if scaled is not None:
+        assumptions["compute"] = _value("strong scaling", "derived", compute_scaling.SOURCE)
     m, p = _summary(as_measured), _summary(projected)
+    if scaled is not None:
+        p["compute_model"] = _compute_model(scaled)
     m["gpus"], p["gpus"] = base.gpus, target.gpus
     p["scaling_efficiency"] = round(m["step_time_us"] / p["step_time_us"], 4) if p["step_time_us"] else None
     _mfu(result, scenario, base, target, m, p, assumptions)
@@ -1017,6 +1043,34 @@ def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
         raise ConfigError("--bucket-mb applies to DDP only")
     if target.strategy == "hsdp" and target.gpus % target.gpus_per_node:
         raise ConfigError("HYBRID_SHARD needs whole nodes")
+
+
+def _strong_scaling(result: Any, scenario: Scenario, base: Config, target: Config,
+                    notes: list[str]) -> dict[int, Any] | None:
+    """Each rank's compute at its new share of the global batch (analyzer.whatif.compute), or
+    None (weak scaling, or no FLOPs to measure the efficiency on: then said in a note)."""
+    if not scenario.strong_scaling or target.gpus == base.gpus:
+        return None
+    scaled = compute_scaling.strong_scaling(result, base.gpus / target.gpus)
+    if scaled is None:
+        notes.append("strong scaling asked, but the job has no FLOPs from recorded shapes with GPU kernels: "
+                     "compute kept as measured (weak scaling)")
+        return None
+    notes.append("strong scaling: communication overlap as measured; a shorter backward hides less of the "
+                 "gradient all-reduce than this projects")
+    return scaled
+
+
+def _compute_model(scaled: dict[int, Any]) -> dict[str, Any]:
+    """The compute projection's figures (mean over ranks, µs): measured, had compute scaled
+    perfectly with the work, and with the efficiency measured per shape."""
+    rows = list(scaled.values())
+
+    def mean(key: str) -> float:
+        return round(float(np.mean([getattr(r, key) for r in rows])), 3)
+    return {"factor": rows[0].factor, "measured_us": mean("measured_us"), "flop_kernels_us": mean("flop_kernels_us"),
+            "optimizer_us": mean("optimizer_us"), "perfect_scaling_us": mean("perfect_us"),
+            "projected_us": mean("projected_us"), "source": compute_scaling.SOURCE}
 
 
 def _optimizer_factor(base: Config, target: Config) -> float:
@@ -1048,7 +1102,9 @@ def _mfu(result, scenario, base, target, m, p, assumptions) -> None:
     assumptions["tokens_per_step"] = _value(tokens, "user" if tokens else "unknown",
                                             "--tokens-per-step (measured configuration; weak scaling)")
     assumptions["peak_tflops"] = peak
-    for side, config, scale in ((m, base, 1.0), (p, target, target.gpus / base.gpus)):
+    # weak scaling: the job's tokens grow with the GPUs; strong scaling keeps them
+    grow = 1.0 if scenario.strong_scaling else target.gpus / base.gpus
+    for side, config, scale in ((m, base, 1.0), (p, target, grow)):
         if psi and tokens and peak["value"] and side["step_time_us"]:
             tokens_per_s = tokens * scale / (side["step_time_us"] * 1e-6)
             side["mfu"] = round(models.mfu(tokens_per_s, psi, config.gpus, peak["value"]), 6)
@@ -1063,8 +1119,8 @@ def _assumption_notes(assumptions, scenario, target, optimizer_factor) -> None:
         assumptions["fsdp_units"] = _value(scenario.fsdp_units, "user", "--fsdp-units (units of equal size, "
                                            "all-gathered one ahead, reduce-scattered after their backward)")
     assumptions["compute"] = _value("measured", "measured",
-                                    "per-GPU compute as measured (weak scaling); optimizer compute x "
-                                    f"{optimizer_factor:g} for the shard size")
+                                    "per-GPU compute as measured (weak scaling; --strong-scaling keeps the global "
+                                    f"batch instead); optimizer compute x {optimizer_factor:g} for the shard size")
     intra = target.intra
     assumptions["intra_link"] = _value(intra and {"alpha_us": intra.alpha_us, "beta_gbps": intra.beta_gbps},
                                        assumptions["intra_beta_gbps"]["origin"], assumptions["intra_beta_gbps"]["source"])
