@@ -32,8 +32,3 @@ MAX_STEP = (1 << 53) - 1
 #: One event's duration, µs: a week. A profiler trace covers seconds to hours.
 MAX_DURATION_US = 7 * 24 * 3600 * 1e6
 
-
-def plausible_count(value: int | None, limit: int, low: int = 0) -> bool:
-    """Whether ``value`` (an int, or None: unknown) lies in ``[low, limit]``; None is plausible
-    (unknown is not wrong)."""
-    return value is None or low <= value <= limit
