@@ -28,7 +28,7 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
         results[0] = replace(results[0], rank=0, rank_source="single file")
     for r in results:
         if r.rank < 0:
-            raise InputError(r.path, "cannot tell the rank: no distributedInfo.rank and no rank number "
+            raise InputError(r.path, "cannot tell the rank: no usable distributedInfo.rank and no rank number "
                                      "in the file name (e.g. rank-3.json)")
     seen: dict[int, str] = {}
     for r in results:
