@@ -27,6 +27,8 @@ def render_text(report: GateReport) -> str:
                           _fmt(c.actual, c.name), fmt_change_pct(c.change_pct), c.message] for c in compared])
     if not report.checks:
         lines.append("no assertion applied and no baseline given")
+    if report.warnings:
+        lines += [""] + [f"warning: {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"
 
 

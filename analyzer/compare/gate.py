@@ -102,6 +102,9 @@ class Check:
 class GateReport:
     checks: list[Check]
     baseline: str | None = None
+    # What diagnose says of the inputs (a field it could not use, ranks missing...): a gate
+    # never passes in silence over a run it read only in part.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Check]:
@@ -118,7 +121,7 @@ class GateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks]}
+                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
 
 
 # ---------------------------------------------------------------- configuration
@@ -260,7 +263,9 @@ def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label:
     checks = [check_assertion(doc, samples, a) for a in config.assertions]
     if baseline is not None:
         checks.extend(compare_baseline(doc, baseline, config))
-    return GateReport(checks, baseline_label)
+    warnings = list(doc.get("warnings") or [])
+    warnings += [f"baseline: {w}" for w in (baseline or {}).get("warnings") or []]
+    return GateReport(checks, baseline_label, warnings)
 
 
 def check_assertion(doc: dict[str, Any], samples, assertion: Assertion) -> Check:
