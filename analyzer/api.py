@@ -142,6 +142,8 @@ def load_result(path: str | Path) -> Result:
     doc = read_result_file(Path(path))
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
+    from analyzer.job.plausible import check_result
+    check_result(doc, path)
     return Result.from_dict(doc)
 
 
@@ -179,6 +181,8 @@ def load_run(paths: list[str], options: DiagnoseOptions = DiagnoseOptions(),
                 raise InputError(raw, "a saved result must be given alone, not with trace paths")
             if not isinstance(doc.get("ranks"), list):
                 raise InputError(raw, "result document has no 'ranks' list")
+            from analyzer.job.plausible import check_result
+            check_result(doc, raw)
             return Result.from_dict(doc)
     return diagnose(paths, options, progress, config, **report)
 
