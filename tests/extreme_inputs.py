@@ -356,7 +356,8 @@ class Outcome:
     code: int
     out: str
     err: str
-    seconds: float
+    seconds: float  # wall
+    cpu_seconds: float  # this process's CPU: what the run cost, whatever else the machine runs
 
 
 def run_cli(argv: list[str]) -> Outcome:
@@ -365,16 +366,16 @@ def run_cli(argv: list[str]) -> Outcome:
 
     out, err = io.BytesIO(), io.StringIO()
     stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(err):
         try:
             main(argv)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     stdout.flush()
-    return Outcome(code, out.getvalue().decode("utf-8", "replace"), err.getvalue(), seconds)
+    return Outcome(code, out.getvalue().decode("utf-8", "replace"), err.getvalue(), seconds, cpu)
 
 
 def commands(case: Case, every: bool = False) -> dict[str, list[str]]:
@@ -429,9 +430,10 @@ def verdict(case: Case, outcome: Outcome) -> str | None:
 
 
 def run_all(root: Path, report: Path, every: bool = False, only: str = "") -> None:
-    """Every case's commands in this process; ``report`` gets one JSON row per run (name, job,
-    command, exit code, seconds, verdict). The unchanged jobs run twice (the first run pays the
-    imports): their second run is the reference time."""
+    """Every case's commands in this process (``--workers 1``: the per-rank work too); ``report``
+    gets one JSON row per run (name, job, command, exit code, wall and CPU seconds, verdict).
+    The unchanged jobs run twice (the first run pays the imports): their second run is the
+    reference."""
     rows = []
     for case in cases(root, only, every):
         for command, args in commands(case, every).items():
@@ -439,7 +441,8 @@ def run_all(root: Path, report: Path, every: bool = False, only: str = "") -> No
                 run_cli(args)
             outcome = run_cli(args)
             rows.append({"name": case.name, "job": case.job, "command": command, "code": outcome.code,
-                         "seconds": outcome.seconds, "verdict": verdict(case, outcome),
+                         "seconds": outcome.seconds, "cpu_seconds": outcome.cpu_seconds,
+                         "verdict": verdict(case, outcome),
                          "said": next((w for w in warnings_of(outcome) if case.says and case.says in w), None)
                          if outcome.code != 2 else outcome.err.strip()})
             report.write_text(json.dumps(rows))  # what ran so far survives a kill

@@ -58,11 +58,14 @@ def test_every_extreme_value_exits_cleanly(runs):
 
 
 def test_cost_follows_the_input_not_its_values(runs):
-    """Each run within a few times its unchanged input's (plus a margin for a first import and
-    a loaded machine); before issue 30 a message of 2**40 elements took 300 times as long."""
-    reference = {(r["job"], r["command"]): r["seconds"] for r in runs if r["name"].endswith("/unchanged")}
-    slow = [f"{r['name']} {r['command']}: {r['seconds']:.2f} s (unchanged: {reference[r['job'], r['command']]:.2f} s)"
-            for r in runs if r["seconds"] > 4 * reference[r["job"], r["command"]] + 0.75]
+    """Each run's CPU time within a few times its unchanged input's (plus a margin for a first
+    import); before issue 30 a message of 2**40 elements took 300 times as long. CPU, not wall:
+    the machine may be busy with other work (its wall time is bounded loosely, for a hang)."""
+    reference = {(r["job"], r["command"]): r for r in runs if r["name"].endswith("/unchanged")}
+    slow = [f"{r['name']} {r['command']}: {r['cpu_seconds']:.2f} s CPU, {r['seconds']:.2f} s wall (unchanged: "
+            f"{ref['cpu_seconds']:.2f} s, {ref['seconds']:.2f} s)"
+            for r in runs for ref in [reference[r["job"], r["command"]]]
+            if r["cpu_seconds"] > 4 * ref["cpu_seconds"] + 0.5 or r["seconds"] > 10 * ref["seconds"] + 5]
     assert not slow, "\n".join(slow)
 
 
