@@ -84,11 +84,6 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     )
 
 
-def _positive(value: Any) -> int | None:
-    number = to_int(value)
-    return number if number > 0 else None
-
-
 def _rank_of(path: Path, info: Any, world: int | None, warnings: list[str]) -> tuple[int, str]:
     """The rank: ``distributedInfo.rank``, else the file name's. A rank no job can have
     (negative, not below the world size, or beyond any) is said and not used."""

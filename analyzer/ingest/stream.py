@@ -39,7 +39,7 @@ _SCAN_BLOCK = 4 << 20
 _NONFINITE = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(?:-?Infinity|NaN)(?=[ \t\r\n]*[,\]}])")
 # A number literal in value position that may lie beyond every field: an integer of more
 # digits than Python converts (4,300), or a float past a double (a 3-digit exponent, or 309+
-# digits before the point); _beyond_any_field decides.
+# digits before the point); _null_if_beyond decides.
 _HUGE_NUMBER = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(-?(?:\d{309,}(?:\.\d*)?(?:[eE][-+]?\d+)?"
                           rb"|\d+(?:\.\d*)?[eE]\+?0*[1-9]\d{2,}))(?=[ \t\r\n]*[,\]}])")
 
