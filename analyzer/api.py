@@ -249,6 +249,8 @@ def load_result(path: str | Path) -> Result:
     doc = read_result_file(Path(path))
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
+    from analyzer.job.plausible import check_result
+    check_result(doc, path)
     return Result.from_dict(doc)
 
 
@@ -287,6 +289,8 @@ def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,
         if path.is_file() and (doc := read_result_file(path)) is not None:
             if len(paths) > 1:
                 raise InputError(raw, "a saved result must be given alone, not with trace paths")
+            from analyzer.job.plausible import check_result
+            check_result(doc, raw)
             return Result.from_dict(doc)  # checked against the contract (analyzer.job.saved)
     return diagnose(paths, options, progress, config, **keywords)
 

@@ -29,6 +29,8 @@ def render_text(report: GateReport) -> str:
                          _fmt(c.actual, c.name), _change(c), c.bound or "-", _verdict(c)] for c in compared])
     if not any(c.kind != "run" for c in report.checks):
         lines.append("no assertion applied and no baseline given")
+    if report.warnings:
+        lines += [""] + [f"warning: {w}" for w in report.warnings]
     return "\n".join(lines) + "\n"
 
 

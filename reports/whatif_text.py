@@ -29,6 +29,7 @@ def render_text(doc: dict[str, Any]) -> str:
     for key, item in sorted(doc["assumptions"].items()):
         lines.append(f"  {key}: {_value(key, item['value'])} ({item['origin']}: {item['source']})")
     lines += [f"note: {n}" for n in doc["notes"]]
+    lines += [f"warning: {w}" for w in doc.get("warnings") or []]
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.whatif.ddp import MAX_GRADIENT_PIECES
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
 from analyzer.whatif.prediction import not_predicted, predicted
 
@@ -157,7 +158,7 @@ class FsdpWhereDdpFits(Rule):
         if link is None:
             return None
         start, end, _ = view.windows["backward"]
-        pieces = max(1, int(grad_bytes // models.MIB))
+        pieces = min(max(1, int(grad_bytes // models.MIB)), MAX_GRADIENT_PIECES)  # bounded (issue 30)
         sizes = [grad_bytes / pieces] * pieces
         ready = [start + (end - start) * (i + 1) / pieces for i in range(pieces)]
         tail = models.ddp_pipeline_for_cap(sizes, ready, end, lambda s: link.time_us("allreduce", s),

@@ -16,6 +16,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,21 +140,59 @@ def seeds(real_traces) -> Seeds:
 
 HOSTILE_VALUES = [None, "", "abc", "1e400", -1, -1e300, 1e300, 2**70, 0.5, True, [], {}, [1, "x"],
                   "\u0000\ud7ff\uffff", "<script>alert(1)</script>", "x" * 5000, "NaN", "-0"]
+# Integers no field can hold (issue 30): beyond int64 and uint64, a message past any device,
+# a rank past any cluster, negative identities.
+EXTREME_INTS = [2**70, -2**70, 2**64, 2**63, 2**63 - 1, 2**50, 2**40, 2**18, -5, -1, 10**20]
 EVENT_KEYS = ["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
 ARG_KEYS = ["correlation", "External id", "stream", "device", "Collective name", "In msg nelems",
             "Out msg nelems", "Group size", "dtype", "Process Group Name", "Process Group Ranks",
-            "Input Dims", "Input type", "Concrete Inputs", "Seq"]
+            "Input Dims", "Input type", "Concrete Inputs", "Seq", "Comms Id"]
+NUMERIC_EVENT_KEYS = ["pid", "tid", "ts", "dur"]
+NUMERIC_ARG_KEYS = ["correlation", "External id", "stream", "In msg nelems", "Out msg nelems", "Group size",
+                    "Seq", "Comms Id", "Process Group Name"]
+NUMERIC_INFO_KEYS = ["rank", "world_size", "pg_count"]
 
 
 def hostile(rng: random.Random):
     return copy.deepcopy(rng.choice(HOSTILE_VALUES))  # never share a mutable value between events
 
 
-def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
+def extreme_int(doc: dict, event: Any, rng: random.Random) -> None:
+    """One numeric field (an event's, its args', distributedInfo's, a group's, a device's, or a
+    ProfilerStep number) set to an integer no field can hold."""
+    value = rng.choice(EXTREME_INTS)
+    where = rng.randrange(6)
+    if where == 0 and isinstance(event, dict):
+        event[rng.choice(NUMERIC_EVENT_KEYS)] = value
+    elif where == 1 and isinstance(event, dict):
+        args = event.setdefault("args", {}) if isinstance(event.get("args"), dict) else {}
+        key = rng.choice(NUMERIC_ARG_KEYS + ["Process Group Ranks", "Input Dims"])
+        args[key] = f"[0, {value}]" if key == "Process Group Ranks" else [[value, 2]] if key == "Input Dims" else value
+        event["args"] = args
+    elif where == 2 and isinstance(event, dict):
+        event["name"] = f"ProfilerStep#{value}"
+    elif where == 3 and isinstance(doc.get("distributedInfo"), dict):
+        doc["distributedInfo"][rng.choice(NUMERIC_INFO_KEYS)] = value
+    elif where == 4 and isinstance(doc.get("distributedInfo"), dict):
+        for pg in _dicts(doc["distributedInfo"].get("pg_config")):
+            pg["pg_size" if rng.random() < 0.5 else "ranks"] = value if rng.random() < 0.5 else [0, value]
+    elif where == 5:
+        for device in _dicts(doc.get("deviceProperties")):
+            device[rng.choice(["totalGlobalMem", "id"])] = value
+
+
+def _dicts(value: Any) -> list[dict]:
+    """The mappings of a list an earlier mutation may have replaced by anything."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def mutate_structure(doc: dict, rng: random.Random, rounds: int, ops: int = 10) -> dict:
+    """``rounds`` random operations; ``ops`` < 10 leaves out the later ones (replaying a draw
+    found before they existed)."""
     doc = copy.deepcopy(doc)
     events = doc["traceEvents"]
     for _ in range(rounds):
-        op = rng.randrange(9)
+        op = rng.randrange(ops)
         if not events:
             events.append({"ph": "X"})
         i = rng.randrange(len(events))
@@ -183,6 +222,8 @@ def mutate_structure(doc: dict, rng: random.Random, rounds: int) -> dict:
         elif op == 8 and isinstance(event, dict):
             event["cat"] = rng.choice(["kernel", "gpu_memcpy", "cuda_runtime", "cpu_op", "user_annotation",
                                        "cuda_sync", "ac2g"])
+        elif op == 9:
+            extreme_int(doc, event, rng)
     return doc
 
 
@@ -232,11 +273,38 @@ def _result_validator():
 @FUZZ
 @given(st.data())
 def test_mutated_traces_never_crash(seeds, data):
-    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="rng"))
-    seed = seeds[data.draw(st.integers(0, len(seeds) - 1), label="seed")]
+    rng = data.draw(st.integers(0, 2**32 - 1), label="rng")
+    seed = data.draw(st.integers(0, len(seeds) - 1), label="seed")
     mode = data.draw(st.sampled_from(["structure", "bytes", "both", "gzip"]), label="mode")
     rounds = data.draw(st.integers(1, 12), label="rounds")
-    doc = mutate_structure(seed, rng, rounds) if mode in ("structure", "both") else seed
+    mutated_run(seeds, rng, seed, mode, rounds)
+
+
+# Draws the fuzzer once found failing, run every time: (rng, seed, mode, rounds, operations).
+# Issue 30's was found at TRACECLIFF_FUZZ_EXAMPLES=1500 with the nine operations of that time
+# (before extreme_int): distributedInfo = {"rank": 2**70}, an OverflowError in the reduce.
+# (486, 0, "structure", 10) broke extreme_int itself: deviceProperties already replaced by a number.
+KNOWN_DRAWS = [(7, 0, "structure", 5, 9), (486, 0, "structure", 10, 10)]
+
+
+@pytest.mark.parametrize("rng, seed, mode, rounds, ops", KNOWN_DRAWS)
+def test_known_falsifying_draws(seeds, rng, seed, mode, rounds, ops):
+    mutated_run(seeds, rng, seed, mode, rounds, ops)
+
+
+def test_issue_30_draw_is_said(seeds):
+    """The draw still makes what it made (rank 2**70), and the rank is said, not crashed on."""
+    doc = mutate_structure(seeds[0], random.Random(7), 5, ops=9)
+    assert doc["distributedInfo"] == {"rank": 2**70}
+    path = SCRATCH / "rank-3.json"
+    path.write_text(json.dumps(doc))
+    assert any("distributedInfo.rank 1180591620717411303424" in w for w in analyze(path).warnings)
+
+
+def mutated_run(seeds, rng_seed: int, seed_index: int, mode: str, rounds: int, ops: int = 10) -> None:
+    rng = random.Random(rng_seed)
+    seed = seeds[seed_index]
+    doc = mutate_structure(seed, rng, rounds, ops) if mode in ("structure", "both") else seed
     raw = json.dumps(doc, allow_nan=rng.random() < 0.2).encode()
     if mode in ("bytes", "both"):
         raw = mutate_bytes(raw, rng, rounds)

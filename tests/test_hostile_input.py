@@ -259,7 +259,7 @@ def test_implausible_rank_in_distributed_info(tmp_path, capsys):
     internal error; the file name gives the rank instead."""
     b = two_step_ddp()
     b.doc["distributedInfo"]["rank"] = 2**70
-    doc = expect_warning(capsys, [b.write(tmp_path / "rank-0.json")], "not a plausible rank")
+    doc = expect_warning(capsys, [b.write(tmp_path / "rank-0.json")], "is not a rank of this job")
     assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["rank_source"] == "file name"
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analyzer.base.limits import MAX_COMMS_ID, MAX_DEVICE_BYTES, MAX_ID, MAX_WORLD
 from analyzer.ingest.classify import KernelClassifier
 from analyzer.ingest.columns import (
     ColumnBuilder,
@@ -82,16 +83,22 @@ def test_comm_args_fast_path(correlation, external_id, stream, field):
 
 def walked_comm_args(args: EventArgs) -> dict:
     """comm_args_of as a plain walk over the fields of one event (the code before issue 13's
-    cache of repeating fields)."""
+    cache of repeating fields), with issue 30's limits: a value beyond what a job can have is
+    left out (a message beyond any device, a group beyond any world, an id beyond its width)."""
     info: dict = {}
     if args.collective_name:
         info["collective"] = args.collective_name
+    limits = {"in_nelems": MAX_DEVICE_BYTES, "out_nelems": MAX_DEVICE_BYTES, "group_size": MAX_WORLD,
+              "seq": MAX_ID, "comms_id": MAX_COMMS_ID}
     for key in ("in_nelems", "out_nelems", "group_size", "seq", "comms_id"):
         value = to_int(getattr(args, key))
-        if value >= 0:
+        if 0 <= value <= limits[key]:
             info[key] = value
+    ranks = parse_ranks(args.pg_ranks)
+    if ranks is not None and not all(0 <= r < MAX_WORLD for r in ranks):
+        ranks = None
     for key, value in (("dtype", args.dtype), ("pg_name", None if args.pg_name is None else str(args.pg_name)),
-                       ("pg_desc", args.pg_desc), ("pg_ranks", parse_ranks(args.pg_ranks))):
+                       ("pg_desc", args.pg_desc), ("pg_ranks", ranks)):
         if value is not None and (value or key == "pg_name" or key == "pg_ranks"):
             info[key] = value
     if len(args.input_dims):
@@ -100,7 +107,7 @@ def walked_comm_args(args: EventArgs) -> dict:
     return info
 
 
-INT_LIKE = st.one_of(st.none(), st.integers(-2, 2**64), st.sampled_from([1.0, 2.5, -0.0, "3", "x", "1e3", float("nan")]))
+INT_LIKE = st.one_of(st.none(), st.integers(-2, 2**64), st.integers(-2**70, 2**70), st.sampled_from([1.0, 2.5, -0.0, "3", "x", "1e3", float("nan")]))
 COMM_ARGS = st.builds(
     EventArgs, collective_name=st.sampled_from([None, "", "allreduce", "allgather"]), in_nelems=INT_LIKE,
     out_nelems=INT_LIKE, group_size=INT_LIKE, seq=INT_LIKE, comms_id=INT_LIKE,

@@ -176,7 +176,7 @@ def test_cli_json_and_text(ddp_one_nic, capsys):
         main(["whatif", *files, "--target-nics-per-node", "4", "--format", "json"])
     assert code.value.code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"measured", "projected", "assumptions", "notes"}
+    assert set(doc) == {"measured", "projected", "assumptions", "notes", "warnings"}
     assert {"step_time_us", "exposed_comm_us", "compute_us"} <= set(doc["projected"])
     assert doc["assumptions"]["nics_per_node"] == {"origin": "user", "source": "what-if option", "value": 4}
     with pytest.raises(SystemExit):

@@ -282,36 +282,38 @@ def check_patterns(patterns: Any) -> tuple[str, ...]:
 
 def parse_steps(text: Any) -> tuple[int, ...] | None:
     """``--steps`` / ``steps=``: '3', '3,5', '3-6' or '3-6,9' (or an int, or a sequence of them)
-    -> the ProfilerStep numbers; ValueError naming the text when it is not that. A range is at
-    most ``MAX_STEPS_RANGE`` long: its size must not follow a number typed by mistake."""
+    -> the ProfilerStep numbers (0 to ``MAX_STEP``, at most ``MAX_STEPS_SELECTED`` of them: a
+    selection's cost must not follow a number typed by mistake); ValueError naming the text when
+    it is not that."""
+    from analyzer.base.limits import MAX_STEP
     if text is None or text == "":
         return None
-    if isinstance(text, bool):
+    if isinstance(text, bool) or not isinstance(text, (int, str)) and not hasattr(text, "__iter__"):
         raise ValueError(f"expected step numbers like 3,5-7, got {text!r}")
     if isinstance(text, int):
-        return (text,)
-    if not isinstance(text, str):
-        try:
-            return tuple(sorted({int(s) for s in text if not isinstance(s, bool)}))
-        except (TypeError, ValueError):
-            raise ValueError(f"expected step numbers like 3,5-7, got {text!r}") from None
-    steps: set[int] = set()
-    for part in (p.strip() for p in text.split(",")):
-        if part:
-            lo, hi = _step_range(part, text)
-            steps.update(range(lo, hi + 1))
-    return tuple(sorted(steps))
+        bounds = [(text, text)]
+    elif isinstance(text, str):
+        bounds = [_step_range(part, text) for part in (p.strip() for p in text.split(",")) if part]
+    else:
+        items = list(text)
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in items):
+            raise ValueError(f"expected step numbers like 3,5-7, got {text!r}")
+        bounds = [(s, s) for s in items]
+    shown = str(text)[:80]
+    if any(not 0 <= n <= MAX_STEP for pair in bounds for n in pair):
+        raise ValueError(f"step numbers are 0 to {MAX_STEP:,}, got {shown!r}")
+    if sum(max(0, hi - lo + 1) for lo, hi in bounds) > MAX_STEPS_SELECTED:
+        raise ValueError(f"{shown!r} selects more than {MAX_STEPS_SELECTED:,} steps (a trace holds far fewer)")
+    return tuple(sorted({n for lo, hi in bounds for n in range(lo, hi + 1)}))
 
 
 def _step_range(part: str, text: str) -> tuple[int, int]:
     try:
-        lo, hi = (int(v) for v in part.split("-", 1)) if "-" in part[1:] else (int(part), int(part))
+        return (tuple(int(v) for v in part.split("-", 1)) if "-" in part[1:]  # type: ignore[return-value]
+                else (int(part), int(part)))
     except ValueError:
         raise ValueError(f"expected step numbers like 3,5-7, got {text!r}") from None
-    if hi - lo >= MAX_STEPS_RANGE:
-        raise ValueError(f"step range {part!r} spans more than {MAX_STEPS_RANGE:,} steps")
-    return lo, hi
 
 
-MAX_STEPS_RANGE = 1_000_000
+MAX_STEPS_SELECTED = 1 << 16
 

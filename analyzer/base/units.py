@@ -12,7 +12,12 @@ MISSING = "–"
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond every float: no quantity a trace can have
+        return False
 
 
 def fmt_us(value: Any) -> str:

@@ -18,7 +18,7 @@ from analyzer.compare.gate import PRESETS
               help="Write JUnit XML (one testcase per check).")
 @click.option("--github-summary", is_flag=True, help="Append a markdown summary to $GITHUB_STEP_SUMMARY.")
 @click.option("--preset", type=click.Choice(PRESETS), help="Start from a preset (overrides the file's).")
-@click.option("--max-regression-pct", type=click.FloatRange(min=0),
+@click.option("--max-regression-pct", type=click.FloatRange(min=0, max=1e6),
               help="Allowed regression against the baseline, % of its figure (overrides the file's; a "
                    "threshold is never below the metric's floor or the runs' noise: docs/ci.md).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)

@@ -10,7 +10,15 @@ from typing import Any, Callable, Iterable
 
 import click
 
+from analyzer.base.limits import MAX_WORLD
 from analyzer.run import EXECUTORS
+
+
+# Counts of the measured or projected job (GPUs, nodes, GPUs or NICs per node): no cluster has more.
+COUNT = click.IntRange(min=1, max=MAX_WORLD)
+# A link between 1 MB/s and 1 PB/s one way; model sizes and token counts up to 10**15.
+GBPS = click.FloatRange(min=1e-3, max=1e6)
+HUGE_COUNT = click.FloatRange(min=0, min_open=True, max=1e15)
 
 
 def _stack(options: list[Callable]) -> Callable:
@@ -23,17 +31,17 @@ def _stack(options: list[Callable]) -> Callable:
 
 _TRACE_OPTIONS = [
     click.option("--steps", help="ProfilerStep numbers to analyze, e.g. 3,5-7 (default: all)."),
-    click.option("--gpus-per-node", type=click.IntRange(min=1),
+    click.option("--gpus-per-node", type=COUNT,
                  help="GPUs per node of the measured job when the traces lack host names."),
     click.option("--gpu", help="GPU profile (e.g. h100, a100-sxm4-40gb) when deviceProperties is "
                                "missing or wrong."),
-    click.option("--nics-per-node", type=click.IntRange(min=1),
+    click.option("--nics-per-node", type=COUNT,
                  help="NICs per node (default: one per GPU, an assumption the output states)."),
-    click.option("--nic-gbps", type=click.FloatRange(min=0, min_open=True),
+    click.option("--nic-gbps", type=GBPS,
                  help="One NIC's achievable one-way GB/s (default: 45 = a 400 Gb/s NIC)."),
-    click.option("--model-params", type=click.FloatRange(min=0, min_open=True),
+    click.option("--model-params", type=HUGE_COUNT,
                  help="Model parameters Ψ (e.g. 7e9), for MFU."),
-    click.option("--tokens-per-step", type=click.FloatRange(min=0, min_open=True),
+    click.option("--tokens-per-step", type=HUGE_COUNT,
                  help="Tokens per optimizer step of the whole job (global batch x sequence), for MFU."),
     click.option("--comm-kernel", "comm_kernel", multiple=True, metavar="REGEX",
                  help="Kernels that also count as communication (regex, repeatable); the built-in "
@@ -46,7 +54,7 @@ _TRACE_OPTIONS = [
     click.option("--cache-dir", type=click.Path(file_okay=False),
                  help="Per-rank summary cache (default: ~/.cache/tracecliff or $TRACECLIFF_CACHE_DIR)."),
     click.option("--no-cache", is_flag=True, help="Neither read nor write the per-rank cache."),
-    click.option("--max-inflate-gb", type=click.FloatRange(min=0, min_open=True), default=8.0,
+    click.option("--max-inflate-gb", type=click.FloatRange(min=0, min_open=True, max=1e6), default=8.0,
                  show_default=True, help="Refuse a trace that inflates past this size (gzip bombs)."),
 ]
 _TRACE_KEYS = ("steps", "gpus_per_node", "gpu", "nics_per_node", "nic_gbps", "model_params",

@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.options import config_option, emit, output_option, trace_options
+from analyzer.cli.options import COUNT, GBPS, config_option, emit, output_option, trace_options
 from analyzer.whatif.projection import STRATEGY_CHOICES
 
 
 @click.command("whatif")
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--gpus", type=click.IntRange(min=1), help="Total GPUs of the projected job.")
-@click.option("--nodes", type=click.IntRange(min=1), help="Nodes of the projected job.")
-@click.option("--target-gpus-per-node", type=click.IntRange(min=1), help="GPUs per node of the projected job.")
-@click.option("--target-nics-per-node", type=click.IntRange(min=1), help="NICs per node of the projected job.")
-@click.option("--target-nic-gbps", type=click.FloatRange(min=0, min_open=True),
+@click.option("--gpus", type=COUNT, help="Total GPUs of the projected job.")
+@click.option("--nodes", type=COUNT, help="Nodes of the projected job.")
+@click.option("--target-gpus-per-node", type=COUNT, help="GPUs per node of the projected job.")
+@click.option("--target-nics-per-node", type=COUNT, help="NICs per node of the projected job.")
+@click.option("--target-nic-gbps", type=GBPS,
               help="Projected NIC's achievable one-way GB/s (e.g. 45 for 400 Gb/s).")
 @click.option("--strategy", type=click.Choice(STRATEGY_CHOICES), help="Projected data-parallel strategy.")
-@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), help="Projected DDP bucket_cap_mb.")
+@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True, max=1 << 20),
+              help="Projected DDP bucket_cap_mb.")
 @click.option("--fsdp-units", type=click.IntRange(min=1),
               help="Projected FSDP units of equal size, e.g. one per transformer block (a wrap policy).")
 @click.option("--strong-scaling", is_flag=True,

@@ -151,6 +151,9 @@ class Check:
 class GateReport:
     checks: list[Check]
     baseline: str | None = None
+    # What diagnose says of the inputs (a field it could not use, ranks missing...): a gate
+    # never passes in silence over a run it read only in part.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Check]:
@@ -166,7 +169,7 @@ class GateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks]}
+                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
 
 
 # ---------------------------------------------------------------- configuration
@@ -328,7 +331,9 @@ def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label:
         compared = compare_baseline(run, baseline, config, steps, metrics)
         checks.append(baseline_check(run, baseline, compared))
         checks.extend(compared)
-    return GateReport(checks, baseline_label)
+    warnings = list(run.warnings or [])
+    warnings += [f"baseline: {w}" for w in (baseline.warnings if baseline is not None else [])]
+    return GateReport(checks, baseline_label, warnings)
 
 
 def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:

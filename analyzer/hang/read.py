@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
+from analyzer.base.limits import MAX_ID, MAX_WORLD
 from analyzer.ingest.files import (DEFAULT_MAX_INFLATE_BYTES, discover_trace_files, iter_trace_chunks,
                                    looks_like_trace, read_trace_bytes)
 
@@ -215,6 +216,9 @@ def rank_of(path: Path) -> int:
     if not match:
         raise InputError(path, "cannot tell the rank: a dump's file name must end in its rank "
                                "(e.g. nccl_trace_rank_3, fr_rank_3.json)")
+    if len(match.group(1)) > 7 or int(match.group(1)) >= MAX_WORLD:
+        raise InputError(path, f"the file name's rank {match.group(1)[:40]} is beyond any job "
+                               f"(ranks are below {MAX_WORLD:,})")
     return int(match.group(1))
 
 
@@ -270,12 +274,14 @@ class _Bad(Exception):
     """A field that is not what the format says: becomes one InputError naming the field."""
 
 
-def _int(value: Any, where: str, optional: bool = False) -> int | None:
-    if type(value) is int:
-        return value
+def _int(value: Any, where: str, optional: bool = False, low: int = 0, high: int = MAX_ID) -> int | None:
+    """An integer field in ``[low, high]`` (ids, sequence numbers, times and sizes are int64s
+    at or above 0 in torch's writer): anything else is bad input, named."""
     if isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value.strip()):
-        return int(value)  # JSON pg_status writes numbers as strings
+        value = int(value)  # JSON pg_status writes numbers as strings
     if isinstance(value, int) and not isinstance(value, bool):
+        if not low <= value <= high:
+            raise _Bad(f"{where}: {str(value)[:40]} is out of range ({low} to {high})")
         return value
     if optional and value is None:
         return None
@@ -302,7 +308,7 @@ def _show(value: Any) -> str:
 def _sizes(value: Any, where: str) -> list[list[int]]:
     out = []
     for i, shape in enumerate(_seq(value, where)):
-        if type(shape) in (list, tuple) and all(type(d) is int for d in shape):
+        if type(shape) in (list, tuple) and all(type(d) is int and 0 <= d <= MAX_ID for d in shape):
             out.append(list(shape))  # the common case, without building a field name per number
         else:
             out.append([_int(d, f"{where}[{i}]") for d in _seq(shape, f"{where}[{i}]")])
@@ -376,18 +382,17 @@ def _ranks(value: Any, where: str) -> list[int] | None:
         text = value.strip()
         if not re.fullmatch(r"\[\s*(-?\d+\s*(,\s*-?\d+\s*)*,?)?\s*\]", text):
             raise _Bad(f"{where}.ranks: expected a list of integers, got {_show(value)}")
-        ranks = sorted({int(x) for x in re.findall(r"-?\d+", text)})
-    else:
-        ranks = sorted({_int(x, f"{where}.ranks") or 0 for x in _seq(value, f"{where}.ranks")})
-    if ranks and ranks[0] < 0:
-        raise _Bad(f"{where}.ranks: a rank cannot be negative, got {ranks[0]}")
-    return ranks
+        value = [int(x) if len(x) <= 20 else x for x in re.findall(r"-?\d+", text)]
+    members = _seq(value, f"{where}.ranks")
+    if any(isinstance(x, int) and not isinstance(x, bool) and x < 0 for x in members):
+        raise _Bad(f"{where}.ranks: a rank cannot be negative, got {min(x for x in members if isinstance(x, int))}")
+    return sorted({_int(x, f"{where}.ranks", high=MAX_WORLD - 1) for x in members})
 
 
 def _pg_status(value: Any) -> dict[int, GroupStatus]:
     out = {}
     for key, where, status in _tables(value, "pg_status"):
-        last = [_int(status.get(f"last_{name}_collective", -1), f"{where}.last_{name}_collective")
+        last = [_int(status.get(f"last_{name}_collective", -1), f"{where}.last_{name}_collective", low=-1)
                 for name in ("enqueued", "started", "completed")]
         out[_int(key, f"{where} key")] = GroupStatus(*last)
     return out

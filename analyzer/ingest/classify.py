@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from analyzer.base.limits import MAX_STEP
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.trace import GpuKind, Marker
 
@@ -136,7 +137,10 @@ def fsdp_module_of(name: str) -> str | None:
 
 
 def step_number(name: str) -> int | None:
+    """N of ``ProfilerStep#N``; None when N is no number, or one no step can have (negative, or
+    beyond ``MAX_STEP``: such a marker is left out, and the ingest says so)."""
     try:
-        return int(name.split("#", 1)[1])
+        number = int(name.split("#", 1)[1])
     except (IndexError, ValueError):
         return None
+    return number if 0 <= number <= MAX_STEP else None

@@ -17,16 +17,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from analyzer.base import arrays
+from analyzer.base.limits import MAX_COMMS_ID, MAX_DEVICE_BYTES, MAX_DURATION_US, MAX_ID, MAX_WORLD
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
     GPU_ACTIVITY_CATS,
     LAUNCH_CATS,
     KernelClassifier,
     marker_kind,
+    step_number,
 )
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
-from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
+from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
 
 MISSING = -1
 NO_ARGS = EventArgs()
@@ -69,8 +71,9 @@ def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ts/dur are marked invalid (the caller counts them for a warning) instead of poisoning sums."""
     ts = _column(events, _get["ts"], np.float64)
     dur = _column(events, _get["dur"], np.float64)
-    # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed: out of range.
-    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur < 2**52)
+    # Beyond 2**52 µs (143 years) a time no longer fits int64 ns once summed, and no event
+    # lasts longer than MAX_DURATION_US (a week): out of range.
+    valid = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (np.abs(ts) < 2**52) & (dur <= MAX_DURATION_US)
     ts = np.where(valid, ts, 0.0)
     dur = np.where(valid, dur, 0.0)
     start = _us_to_ns(ts)
@@ -90,14 +93,16 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
 
 
-def _column(events: list[Event], getter: Callable[[Event], Any], dtype) -> np.ndarray:
+def _column(events: list[Event], getter: Callable[[Event], Any], dtype, rejected: Rejected | None = None,
+            field: str = "") -> np.ndarray:
     """One field of every event as an array, straight from a C-level map (no list in between);
-    odd values (None, strings) take the tolerant path."""
+    odd values (None, strings, integers beyond int64) take the tolerant path, which counts in
+    ``rejected[field]`` the integer values it could not read."""
     try:
         return np.fromiter(map(getter, events), dtype=dtype, count=len(events))
     except (TypeError, ValueError, OverflowError, AttributeError):
         values = [_safe_get(getter, e) for e in events]
-        return _floats(values) if dtype == np.float64 else _ints(values)
+        return _floats(values) if dtype == np.float64 else _ints(values, rejected, field)
 
 
 def _safe_get(getter: Callable[[Event], Any], event: Event) -> Any:
@@ -119,14 +124,49 @@ def _floats(values: list[Any]) -> np.ndarray:
         return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def _ints(values: list[Any]) -> np.ndarray:
+class Rejected(dict):
+    """Values of a field that were present but unusable (non-numeric, beyond int64, implausible),
+    by field: ``{field: [count, first value]}``; each field becomes one warning naming it."""
+
+    def add(self, field: str, count: int, example: Any) -> None:
+        if count:
+            seen = self.setdefault(field, [0, example])
+            seen[0] += count
+
+    def merge(self, other: dict[str, list]) -> None:
+        for field, (seen, example) in other.items():
+            self.add(field, seen, example)
+
+    def warnings(self, what: str) -> list[str]:
+        return [f"{seen} {what} with a non-numeric, out-of-range or implausible {field} (e.g. {_shown(example)}): "
+                "read as unknown" for field, (seen, example) in sorted(self.items())]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _ints(values: list[Any], rejected: Rejected | None = None, field: str = "") -> np.ndarray:
+    """int64 of each value, MISSING where it is absent, non-numeric or beyond int64 (counted in
+    ``rejected[field]``, absent ones excepted). Integers are read exactly, whatever their size."""
     try:
         return np.fromiter(values, dtype=np.int64, count=len(values))
     except (TypeError, ValueError, OverflowError):
         floats = _floats(values)
         out = np.full(len(values), MISSING, dtype=np.int64)
-        ok = np.isfinite(floats) & (np.abs(floats) < 2**62)
+        ok = np.isfinite(floats) & (np.abs(floats) < 2.0**63)
         out[ok] = floats[ok].astype(np.int64)
+        # A double holds integers exactly to 2**53: wider ones are taken from the value itself.
+        for i in np.flatnonzero(ok & (np.abs(floats) >= 2.0**53)).tolist():
+            if type(values[i]) is int:  # noqa: E721  (bool is no id)
+                ok[i] = -MAX_ID - 1 <= values[i] <= MAX_ID
+                out[i] = values[i] if ok[i] else MISSING
+        if rejected is not None:
+            bad = int(len(values) - ok.sum()) - values.count(None)
+            if bad:
+                rejected.add(field, bad, values[int(np.argmax(~ok & np.fromiter(
+                    (v is not None for v in values), dtype=bool, count=len(values))))])
         return out
 
 
@@ -215,6 +255,7 @@ class ColumnBuilder:
         self.names, self.threads = Interner(), Interner()
         self.event_count = 0
         self.invalid = {"GPU": 0, "CUDA runtime": 0, "CPU op": 0}
+        self.rejected = Rejected()
         self._gpu: list[tuple[np.ndarray, ...]] = []
         self._launches: list[tuple[np.ndarray, ...]] = []
         self._markers: list[tuple[np.ndarray, ...]] = []
@@ -238,19 +279,19 @@ class ColumnBuilder:
             return
         start, end, valid = times_ns(events)
         args = _args_of(events)
-        stream = _ints(list(map(attrgetter("stream"), args)))
+        stream = _ints(list(map(attrgetter("stream"), args)), self.rejected, "args.stream")
         no_stream = stream == MISSING
         if no_stream.any():  # fall back to the row (tid) the event is drawn on
-            stream[no_stream] = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)])
+            stream[no_stream] = _ints([_tid_stream(events[i]) for i in np.flatnonzero(no_stream)], self.rejected, "tid")
         self.invalid["GPU"] += int(len(events) - valid.sum())
         # CUDA sync markers without a stream (context sync) are not stream activity (as HTA).
         keep = np.flatnonzero(valid & (stream >= 0))
         names = self.names.ids(list(map(_get["name"], events)))
         kind = self._gpu_kinds(names, cats, [len(groups[cat]) for cat in cats])
-        correlation = _ints(list(map(attrgetter("correlation"), args)))
+        correlation = _ints(list(map(attrgetter("correlation"), args)), self.rejected, "args.correlation")
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
         comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
-        self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows))
+        self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows, self.rejected))
         self._gpu_rows += len(keep)
 
     def _gpu_kinds(self, names: np.ndarray, cats: list[str], sizes: list[int]) -> np.ndarray:
@@ -270,7 +311,7 @@ class ColumnBuilder:
         return kind
 
     def _add_launches(self, events: list[Event]) -> None:
-        correlation = _column(events, _ARG_CORRELATION, np.int64)
+        correlation = _column(events, _ARG_CORRELATION, np.int64, self.rejected, "args.correlation")
         rows = np.flatnonzero(correlation >= 0)
         if not len(rows):
             return
@@ -295,10 +336,11 @@ class ColumnBuilder:
         keep = np.flatnonzero(valid)
         names = self.names.ids_of_codes(codes[rows], uniques)  # the names are factorized already
         thread = thread_ids(events, self.threads)
-        external = _column(events, _ARG_EXTERNAL_ID, np.int64)
+        external = _column(events, _ARG_EXTERNAL_ID, np.int64, self.rejected, "args.External id")
         self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
         comm = np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5))  # COMM_PARAMS, COMM_OP
-        self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows))
+        self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows,
+                                                  self.rejected))
         self._marker_rows += len(keep)
 
     def _add_shape_ops(self, events: list[Event], codes: np.ndarray, uniques: list[Any]) -> None:
@@ -313,8 +355,8 @@ class ColumnBuilder:
         return {"names": self.names.strings, "threads": self.threads.strings, "gpu": self._gpu,
                 "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args,
                 "marker_args": self._marker_args, "gpu_rows": self._gpu_rows,
-                "marker_rows": self._marker_rows, "invalid": self.invalid, "event_count": self.event_count,
-                "shapes": self.shapes.export()}
+                "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
+                "event_count": self.event_count, "shapes": self.shapes.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -333,6 +375,7 @@ class ColumnBuilder:
         self._marker_rows += part["marker_rows"]
         for what, bad in part["invalid"].items():
             self.invalid[what] += bad
+        self.rejected.merge(part["rejected"])
         self.event_count += part["event_count"]
         self.shapes.merge(part["shapes"], threads)
 
@@ -344,6 +387,7 @@ class ColumnBuilder:
             if bad:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
+        warnings += self.rejected.warnings("event(s)")
         gpu, kernel_args = self._finish_gpu(warnings)
         return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
 
@@ -371,7 +415,19 @@ class ColumnBuilder:
         order = kept[np.lexsort((-end[kept], start[kept]))]
         markers = Markers(*(c[order] for c in columns))
         markers.comm_args = _remap(self._marker_args, order)
+        warnings += self._unnumbered_steps(markers)
         return markers
+
+    def _unnumbered_steps(self, markers: Markers) -> list[str]:
+        """A warning for the ProfilerStep markers whose number no step can have (checked once
+        per distinct name): they mark no step."""
+        names = arrays.unique(markers.name[markers.kind == Marker.STEP]).tolist()
+        bad = [self.names.strings[n] for n in names if step_number(self.names.strings[n]) is None]
+        if not bad:
+            return []
+        count = int(np.isin(markers.name, [self.names.index[b] for b in bad]).sum())
+        return [f"{count} ProfilerStep marker(s) whose step number is no number or out of range "
+                f"(0 to 2**53-1; e.g. {_shown(bad[0])}): they mark no step"]
 
 
 def _unique_rows(parts, dtypes, warnings: list[str], what: str) -> tuple[list[np.ndarray], np.ndarray]:
@@ -431,7 +487,8 @@ def _marker_kind(name: Any) -> int:
     return -1 if kind is None else int(kind)
 
 
-def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[str, Any]]:
+def comm_args_by_row(args: list[EventArgs], rows: np.ndarray,
+                     rejected: Rejected | None = None) -> dict[int, dict[str, Any]]:
     """``{row: comm_args_of(a)}`` for the args that hold collective metadata. Most of a
     collective's events hold none (its c10d and nccl: ops; its kernel before newer Kineto):
     those are told apart in C-level passes, not by a call each."""
@@ -441,13 +498,30 @@ def comm_args_by_row(args: list[EventArgs], rows: np.ndarray) -> dict[int, dict[
     found = {}
     rows_of = rows.tolist()
     for i in np.flatnonzero(~unset).tolist():
-        info = comm_args_of(args[i])
+        info = comm_args_of(args[i], rejected)
         if info:
             found[rows_of[i]] = info
     return found
 
 
-def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
+def bounded_int(value: Any, limit: int, low: int = 0) -> tuple[int | None, bool]:
+    """(the integer of a count or id field, None when absent or unusable; whether it was present
+    but unusable: non-numeric, or outside ``[low, limit]``)."""
+    if value is None:
+        return None, False
+    number = to_int(value, None)  # type: ignore[arg-type]
+    if number is None or not low <= number <= limit:
+        return None, True
+    return number, False
+
+
+# Each collective field's args name (for warnings) and upper bound: an element is at least a
+# byte and lives in one device's memory; a group is part of a world.
+_ARG_LIMITS = {"in_nelems": ("In msg nelems", MAX_DEVICE_BYTES), "out_nelems": ("Out msg nelems", MAX_DEVICE_BYTES),
+               "group_size": ("Group size", MAX_WORLD), "seq": ("Seq", MAX_ID), "comms_id": ("Comms Id", MAX_COMMS_ID)}
+
+
+def comm_args_of(args: EventArgs | None, rejected: Rejected | None = None) -> dict[str, Any]:
     """Collective metadata of one event's args, normalised; empty when it has none.
 
     Everything but the sequence number and the Comms Id repeats between collectives (a group's
@@ -464,15 +538,21 @@ def comm_args_of(args: EventArgs | None) -> dict[str, Any]:
     if len(dims):
         fields += (bytes(dims), bytes(args.input_type))
     try:
-        head, tail, ranks, shapes = _comm_shape(fields)
+        head, tail, ranks, shapes, bad = _comm_shape(fields)
     except TypeError:  # a list of ranks (unhashable): this row alone, uncached
-        head, tail, ranks, shapes = _comm_shape.__wrapped__(fields)
+        head, tail, ranks, shapes, bad = _comm_shape.__wrapped__(fields)
     info = head.copy()
     for key, value in (("seq", seq), ("comms_id", comms_id)):
         if value is not None:
-            value = value if type(value) is int else to_int(value)  # noqa: E721  (ints skip the call)
-            if value >= 0:
+            if type(value) is not int:  # noqa: E721  (ints skip the call)
+                value = to_int(value)
+            if 0 <= value <= _ARG_LIMITS[key][1]:
                 info[key] = value
+            elif rejected is not None and (value >= 0 or value < MISSING):  # -1 has always meant "none"
+                rejected.add(f"args.{_ARG_LIMITS[key][0]}", 1, value)
+    if bad and rejected is not None:
+        for field, value in bad:
+            rejected.add(field, 1, value)
     info.update(tail)
     if ranks is not None:
         info["pg_ranks"] = list(ranks)  # each row its own list, as before
@@ -495,18 +575,23 @@ _NO_META = (None,) * 10 + (NO_ARGS.input_dims,)
 
 
 @lru_cache(maxsize=1 << 14)
-def _comm_shape(fields: tuple) -> tuple[dict[str, Any], dict[str, Any], tuple[int, ...] | None, dict[str, Any]]:
+def _comm_shape(fields: tuple) -> tuple[dict[str, Any], dict[str, Any], tuple[int, ...] | None, dict[str, Any],
+                                        tuple[tuple[str, Any], ...]]:
     """(keys before ``seq``, keys between ``comms_id`` and the ranks, the ranks, the recorded
-    shapes) of :func:`comm_args_of` for one combination of repeating fields, so that its dict
-    keeps the key order it has always had."""
+    shapes, the (field, value) pairs left out as unusable) of :func:`comm_args_of` for one
+    combination of repeating fields, so that its dict keeps the key order it has always had."""
     collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc, pg_ranks = fields[:8]
     head: dict[str, Any] = {}
+    bad: list[tuple[str, Any]] = []
     if collective:
         head["collective"] = collective
     for key, raw in (("in_nelems", in_nelems), ("out_nelems", out_nelems), ("group_size", group_size)):
-        value = to_int(raw)
-        if value >= 0:
+        name, limit = _ARG_LIMITS[key]
+        value, unusable = bounded_int(raw, limit)
+        if value is not None:
             head[key] = value
+        elif unusable and to_int(raw, None) != MISSING:  # type: ignore[arg-type]  (-1 has always meant "none")
+            bad.append((f"args.{name}", raw))
     tail: dict[str, Any] = {}
     if dtype:
         tail["dtype"] = dtype
@@ -515,12 +600,15 @@ def _comm_shape(fields: tuple) -> tuple[dict[str, Any], dict[str, Any], tuple[in
     if pg_desc:
         tail["pg_desc"] = pg_desc
     ranks = parse_ranks(pg_ranks)
+    if ranks is not None and not all(0 <= r < MAX_WORLD for r in ranks):
+        bad.append(("args.Process Group Ranks", next(r for r in ranks if not 0 <= r < MAX_WORLD)))
+        ranks = None  # a rank beyond any world: the group's members are unknown
     shapes: dict[str, Any] = {}
     if len(fields) > 8:
         # Kept raw-decoded: which argument holds the message depends on the op (see comms).
         shapes["input_dims"] = _decoded_text(fields[8])
         shapes["input_types"] = _decoded_text(fields[9]) if fields[9] else None
-    return head, tail, None if ranks is None else tuple(ranks), shapes
+    return head, tail, None if ranks is None else tuple(ranks), shapes, tuple(bad)
 
 
 # Collective args repeat: every collective of a group carries the same ranks string, and a

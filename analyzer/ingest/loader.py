@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.base.errors import InputError
+from analyzer.base.limits import MAX_DEVICE_BYTES, MAX_WORLD
 from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
-from analyzer.ingest.columns import ColumnBuilder, parse_ranks, to_int
+from analyzer.ingest.columns import MISSING, ColumnBuilder, parse_ranks, to_int
 from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
 from analyzer.ingest.schema import TraceFile
 from analyzer.ingest.stream import Decoding, decode_stream
@@ -19,8 +20,13 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker|trainer|proc|process|gpu)[-_]?(\d+)"
 
 
 def rank_from_name(path: Path) -> int | None:
+    """The rank a file name gives (``rank-3.json``); None when it gives none, or one no world
+    holds (the caller says so)."""
     matches = _RANK_IN_NAME.findall(path.name)
-    return int(matches[-1]) if matches else None
+    if not matches or len(matches[-1]) > 7:  # 7 digits hold every rank below MAX_WORLD
+        return None
+    rank = int(matches[-1])
+    return rank if rank < MAX_WORLD else None
 
 
 def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
@@ -45,6 +51,9 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     if decoding.replaced_utf8:
         warnings.append("the trace holds bytes that are not valid UTF-8: replaced by U+FFFD in names "
                         "(times and sizes are unaffected)")
+    if decoding.replaced_huge:
+        warnings.append(f"the trace holds numbers beyond any value a field can have (first at "
+                        f"{decoding.replaced_huge[0]}): read as null")
     if decoding.replaced_nonfinite:
         warnings.append("the trace holds NaN/Infinity literals (not JSON): read as null, so events "
                         "whose ts or dur was one are ignored")
@@ -52,17 +61,18 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     if info is None:
         warnings.append("no distributedInfo in the trace: world size and process groups are unknown")
     gpu, kernel_args, launches, markers = builder.finish(warnings)
-    rank, source = _rank_of(path, info, warnings)
+    world = _world_size(info, warnings)
+    rank, source = _rank_of(path, info, world, warnings)
     return RankTrace(
         path=str(path),
         rank=rank,
         rank_source=source,
-        world_size=_world_size(info, warnings),
+        world_size=world,
         host=_host_of(meta),
         backend=info.backend if info else None,
         nccl_version=info.nccl_version if info else None,
-        process_groups=_process_groups(info, _world_size(info, [])),
-        devices=_devices(meta),
+        process_groups=_process_groups(info, world, warnings),
+        devices=_devices(meta, warnings),
         strings=builder.names.strings,
         threads=builder.threads.strings,
         gpu=gpu,
@@ -75,21 +85,24 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     )
 
 
-def _positive(value: Any) -> int | None:
-    number = to_int(value)
-    return number if number > 0 else None
-
-
-def _rank_of(path: Path, info: Any, warnings: list[str]) -> tuple[int, str]:
-    if info is not None:
-        rank = to_int(info.rank)
-        if rank >= MAX_WORLD:  # no job has that many GPUs: bad input, not a rank
-            warnings.append(f"distributedInfo.rank {rank} is not a plausible rank: ignored")
-        elif rank >= 0:
+def _rank_of(path: Path, info: Any, world: int | None, warnings: list[str]) -> tuple[int, str]:
+    """The rank: ``distributedInfo.rank``, else the file name's. A rank no job can have
+    (negative, not below the world size, or beyond any) is said and not used."""
+    if info is not None and info.rank is not None:
+        rank = to_int(info.rank, None)  # type: ignore[arg-type]
+        limit = world or MAX_WORLD
+        if rank is not None and 0 <= rank < limit:
             return rank, "distributedInfo"
+        shown = info.rank if rank is None else rank
+        warnings.append(f"distributedInfo.rank {str(shown)[:40]!s} is not a rank of "
+                        f"{'this job (world size ' + str(world) + ')' if world else 'any job'}: ignored, "
+                        "the rank comes from the file name")
     from_name = rank_from_name(path)
     if from_name is not None:
         return from_name, "file name"
+    if _RANK_IN_NAME.search(path.name):
+        warnings.append(f"the file name's rank number {_RANK_IN_NAME.findall(path.name)[-1][:40]} is beyond any job: "
+                        "ignored")
     return -1, "unknown"  # resolved by the job loader (rank 0 when it is the only file)
 
 
@@ -102,18 +115,20 @@ def _host_of(doc: TraceFile) -> str | None:
     return None
 
 
-MAX_WORLD = 1 << 20  # GPUs: far beyond any job; a larger world_size is bad input, not a job
-
-
 def _world_size(info: Any, warnings: list[str]) -> int | None:
-    world = _positive(info.world_size) if info else None
-    if world and world > MAX_WORLD:
-        warnings.append(f"distributedInfo.world_size {world} is not a plausible job size: ignored")
+    """``distributedInfo.world_size``; one beyond ``MAX_WORLD`` (no cluster has that many GPUs),
+    zero or negative is bad input, not a job: said, and the world size is unknown."""
+    if info is None or info.world_size is None:
+        return None
+    world = to_int(info.world_size, None)  # type: ignore[arg-type]
+    if world is None or not 0 < world <= MAX_WORLD:
+        warnings.append(f"distributedInfo.world_size {str(info.world_size if world is None else world)[:40]} "
+                        f"is not a plausible job size (1 to {MAX_WORLD:,}): ignored")
         return None
     return world
 
 
-def _process_groups(info: Any, world: int | None) -> list[dict[str, Any]]:
+def _process_groups(info: Any, world: int | None, warnings: list[str]) -> list[dict[str, Any]]:
     if info is None:
         return []
     if not info.pg_config and world:
@@ -123,9 +138,20 @@ def _process_groups(info: Any, world: int | None) -> list[dict[str, Any]]:
     if not info.pg_config:
         return []
     groups = []
-    for pg in info.pg_config:
+    limit = world or MAX_WORLD
+    for i, pg in enumerate(info.pg_config):
         ranks = parse_ranks(pg.ranks)
+        if ranks is not None and not all(0 <= r < limit for r in ranks):
+            bad = next(r for r in ranks if not 0 <= r < limit)
+            warnings.append(f"distributedInfo.pg_config[{i}].ranks holds {str(bad)[:40]}, not a rank of "
+                            f"{'this job (world size ' + str(world) + ')' if world else 'any job'}: "
+                            "the group's members are unknown")
+            ranks = None
         size = to_int(pg.pg_size)
+        if pg.pg_size is not None and not 0 <= size <= limit:
+            warnings.append(f"distributedInfo.pg_config[{i}].pg_size {str(pg.pg_size)[:40]} is not a group size of "
+                            f"{'this job (world size ' + str(world) + ')' if world else 'any job'}: ignored")
+            size = MISSING
         groups.append({
             "name": None if pg.pg_name is None else str(pg.pg_name),
             "description": pg.pg_desc,
@@ -136,10 +162,14 @@ def _process_groups(info: Any, world: int | None) -> list[dict[str, Any]]:
     return groups
 
 
-def _devices(doc: TraceFile) -> list[dict[str, Any]]:
+def _devices(doc: TraceFile, warnings: list[str]) -> list[dict[str, Any]]:
     devices = []
-    for dev in doc.deviceProperties or []:
+    for i, dev in enumerate(doc.deviceProperties or []):
         mem = to_int(dev.totalGlobalMem)
+        if dev.totalGlobalMem is not None and not 0 <= mem <= MAX_DEVICE_BYTES:  # unknown, not 2**70 bytes
+            warnings.append(f"deviceProperties[{i}].totalGlobalMem {str(dev.totalGlobalMem)[:40]} is not the memory "
+                            "of any device: ignored")
+            mem = MISSING
         # a name written as a number is still a name (the JSON contract: a string)
         name = None if dev.name is None else str(dev.name)
         devices.append({"id": to_int(dev.id), "name": name, "total_mem_bytes": mem if mem > 0 else None})

@@ -14,6 +14,7 @@ Peak memory is a few chunks plus the columns, whatever the file size.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Iterator
 
@@ -36,6 +37,11 @@ _WS = b" \t\r\n"
 _SCAN_BLOCK = 4 << 20
 # A NaN/Infinity literal in value position (after ':', ',' or '[', before ',', '}' or ']').
 _NONFINITE = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(?:-?Infinity|NaN)(?=[ \t\r\n]*[,\]}])")
+# A number literal in value position that may lie beyond every field: an integer of more
+# digits than Python converts (4,300), or a float past a double (a 3-digit exponent, or 309+
+# digits before the point); _null_if_beyond decides.
+_HUGE_NUMBER = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(-?(?:\d{309,}(?:\.\d*)?(?:[eE][-+]?\d+)?"
+                          rb"|\d+(?:\.\d*)?[eE]\+?0*[1-9]\d{2,}))(?=[ \t\r\n]*[,\]}])")
 
 OnEvents = Callable[[list], None]
 
@@ -48,12 +54,14 @@ class Decoding:
         self.events_seen = 0
         self.replaced_utf8 = 0  # slices whose invalid UTF-8 was replaced (names only)
         self.replaced_nonfinite = 0  # slices whose NaN/Infinity literals were read as null
+        self.replaced_huge: list[str] = []  # where the first number beyond any field was, per slice
         self.array_closed = False  # the traceEvents array ended: the rest is one final decode
 
     def decode(self, decoder, data: bytes | memoryview):
-        """Decode, tolerating two common departures from JSON, each once and with a warning:
-        invalid UTF-8 in strings, and NaN/Infinity literals (Python's json.dump writes them)."""
-        fixed_utf8 = fixed_nonfinite = False
+        """Decode, tolerating three departures from JSON, each once and with a warning: invalid
+        UTF-8 in strings, NaN/Infinity literals (Python's json.dump writes them), and numbers
+        beyond any field (an integer of thousands of digits, 1e400): read as null."""
+        fixed_utf8 = fixed_nonfinite = fixed_huge = False
         while True:
             try:
                 return decoder.decode(data)
@@ -64,6 +72,12 @@ class Decoding:
                     data, fixed_utf8 = data.decode("utf-8", "replace").encode("utf-8"), True
                     self.replaced_utf8 += 1
                     continue
+                if "out of range" in message and not fixed_huge:
+                    fixed, fixed_huge = _HUGE_NUMBER.sub(_null_if_beyond, data), True
+                    if fixed != data:
+                        data = fixed
+                        self.replaced_huge.append(self._field_of(message))
+                        continue
                 match = re.search(r"\(byte (\d+)\)", message)
                 if match and not fixed_nonfinite and _nonfinite_literal_at(data, int(match.group(1))):
                     data, fixed_nonfinite = _NONFINITE.sub(rb"\1null", data), True
@@ -85,6 +99,25 @@ class Decoding:
         if "truncated" in message:
             return InputError(self.path, "invalid JSON: the text ends early (truncated file?)")
         return InputError(self.path, f"invalid JSON: {message}")
+
+
+    def _field_of(self, message: str) -> str:
+        """The field a validation message names, as a path into the whole trace."""
+        match = re.search(r"at `(\$[^`]*)`", message)
+        if not match:
+            return "?"
+        return re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{self.events_seen + int(m.group(1))}]",
+                      match.group(1))
+
+
+def _null_if_beyond(match: re.Match) -> bytes:
+    """``null`` for a literal no field holds (an integer past 4,300 digits, a float past a double)."""
+    text = match.group(2)
+    if re.fullmatch(rb"-?\d+", text):
+        beyond = len(text.lstrip(b"-")) > 4300
+    else:
+        beyond = not math.isfinite(float(text))
+    return match.group(1) + b"null" if beyond else match.group(0)
 
 
 def _nonfinite_literal_at(data: bytes, at: int) -> bool:

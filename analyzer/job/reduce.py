@@ -22,12 +22,13 @@ from analyzer.rank.comms import fsdp_units
 
 
 def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
-    """Check rank identities across files: unknown ranks, duplicates, world sizes."""
+    """Check rank identities across files: unknown ranks, duplicates, world sizes, ranks not
+    below the world size."""
     if len(results) == 1 and results[0].rank < 0:
         results[0] = replace(results[0], rank=0, rank_source="single file")
     for r in results:
         if r.rank < 0:
-            raise InputError(r.path, "cannot tell the rank: no distributedInfo.rank and no rank number "
+            raise InputError(r.path, "cannot tell the rank: no usable distributedInfo.rank and no rank number "
                                      "in the file name (e.g. rank-3.json)")
     seen: dict[int, str] = {}
     for r in results:
@@ -38,6 +39,10 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
     if len(sizes) > 1:
         detail = ", ".join(f"{r.path}={r.world_size}" for r in results if r.world_size)
         raise InputError(results[0].path, f"traces from different jobs: world_size differs ({detail})")
+    for r in results:  # distributedInfo's rank is checked on reading; a file name's is here
+        if sizes and r.rank >= sizes[0]:
+            raise InputError(r.path, f"rank {r.rank} (from the {r.rank_source}) is not a rank of this job "
+                                     f"(world size {sizes[0]})")
     return sorted(results, key=lambda r: r.rank)
 
 

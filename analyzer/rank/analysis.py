@@ -270,7 +270,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
         missing = sorted(set(options.steps) - set(arrays.unique(att.step[keep]).tolist()))
         if missing:
-            warnings.append(f"requested step(s) {missing} not found in this trace")
+            shown = missing if len(missing) <= 20 else f"{missing[:20]} and {len(missing) - 20:,} more"
+            warnings.append(f"requested step(s) {shown} not found in this trace")
         gpu = gpu.take(np.flatnonzero(keep))
         rows = np.flatnonzero(keep)
         att = att.take(rows)
@@ -296,7 +297,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         nccl_version=trace.nccl_version, process_groups=trace.process_groups, devices=trace.devices,
         first_gpu_ns=first_gpu, metrics=breakdown(gpu), steps=steps,
         phases=exposed_by_phase(gpu, att.phase),
-        collectives=collectives_for_rank(trace, att, origin),
+        collectives=collectives_for_rank(trace, att, origin, warnings),
         markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
         warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,

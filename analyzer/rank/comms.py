@@ -12,13 +12,15 @@ import re
 from collections import deque
 from functools import lru_cache
 from itertools import repeat
-from operator import setitem
+from operator import itemgetter, setitem
 from typing import Any
 
 import numpy as np
 
 from analyzer.base import arrays
 from analyzer.base import intervals as iv
+from analyzer.base.limits import MAX_DEVICE_BYTES
+from analyzer.base.units import fmt_bytes
 from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
 from analyzer.ingest.classify import fsdp_module_of
 from analyzer.ingest.columns import _take, factorize
@@ -120,15 +122,21 @@ def _times(nelems: int | None, factor: int | None) -> int | None:
 
 
 def _tensor_elems(dims: Any) -> int | None:
-    """Elements of one recorded argument: a tensor's dims, or a TensorList's (summed)."""
-    if isinstance(dims, list) and dims and all(isinstance(d, int) and d >= 0 for d in dims):
+    """Elements of one recorded argument: a tensor's dims, or a TensorList's (summed). A
+    negative dimension gives a negative count: no tensor has it, and the message is said to be
+    implausible (``drop_implausible_sizes``)."""
+    if isinstance(dims, list) and dims and all(isinstance(d, int) for d in dims):
+        if any(d < 0 for d in dims):
+            return -1
         count = 1
         for d in dims:
             count *= d
         return count
     if isinstance(dims, list) and dims and all(isinstance(d, list) for d in dims):
         parts = [_tensor_elems(d) for d in dims]
-        return None if any(p is None for p in parts) else sum(parts)
+        if any(p is None for p in parts):
+            return None
+        return -1 if any(p < 0 for p in parts) else sum(parts)  # type: ignore[operator]
     return None
 
 
@@ -156,8 +164,11 @@ def sizes_from_input_dims(op_name: str, dims: Any, types: Any) -> tuple[int | No
     return _tensor_elems(dims[0]), None, dtype
 
 
-def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> list[dict[str, Any]]:
-    """One row per communication kernel of this rank (CPU-side ops when it has no GPU comm).
+def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int,
+                         warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per communication kernel of this rank (CPU-side ops when it has no GPU comm);
+    messages larger than the device's memory are left unknown (``drop_implausible_sizes``),
+    with a warning in ``warnings``.
 
     A collective's metadata repeats (the same group, collective, dtype and sizes; only its
     ``seq``, ``Comms Id`` and times differ), so everything its sources decide is worked out once
@@ -167,7 +178,7 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
     gpu = rank.gpu
     rows_idx = np.flatnonzero(gpu.kind == GpuKind.COMM)
     if len(rows_idx) == 0:
-        return _cpu_side_collectives(rank, origin_ns)
+        return drop_implausible_sizes(_cpu_side_collectives(rank, origin_ns), rank.devices, warnings)
     m = rank.markers
     ts, thread = att.launch_ts[rows_idx], att.launch_thread[rows_idx]
     params_row = innermost_marker(m, Marker.COMM_PARAMS, ts, thread)
@@ -207,7 +218,64 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int) -> l
                       kernel=combos.rows[c]["kernel"], library=combos.rows[c]["library"], module=modules[k],
                       on_gpu=True)
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
-    return out
+    return drop_implausible_sizes(out, rank.devices, warnings)
+
+
+def device_memory_limit(devices: list[dict[str, Any]]) -> int:
+    """The most bytes one message can have: its buffer lives in one device's memory (the
+    largest ``deviceProperties`` entry), else ``MAX_DEVICE_BYTES``."""
+    known = [d["total_mem_bytes"] for d in devices if d.get("total_mem_bytes")]
+    return max(known) if known else MAX_DEVICE_BYTES
+
+
+def drop_implausible_sizes(rows: list[dict[str, Any]], devices: list[dict[str, Any]],
+                           warnings: list[str] | None) -> list[dict[str, Any]]:
+    """``rows`` with every message whose input or output is larger than the device's memory
+    (or negative: a negative Input Dims) made unknown: bytes and element counts None, left out
+    of the models as an unknown size is; one warning names the field that gave the first. Two
+    C-level passes when there is none (every real trace)."""
+    limit = device_memory_limit(devices)
+    counts = [*map(itemgetter("in_nelems"), rows), *map(itemgetter("out_nelems"), rows)]
+    known = list(filter(None, counts))  # None and 0 are plausible
+    try:
+        if not known or (min(known) >= 0 and max(known) * _WIDEST <= limit):
+            return rows
+    except TypeError:  # a count of another type (a hand-made row): judged row by row below
+        pass
+    bad = [i for i, row in enumerate(rows) if not _plausible(row, limit)]
+    if not bad:
+        return rows
+    first = rows[bad[0]]
+    if warnings is not None:
+        memory = fmt_bytes(limit) + ("" if any(d.get("total_mem_bytes") for d in devices) else ": no device has more")
+        warnings.append(f"{len(bad)} collective(s) with a negative message or one larger than the device's memory "
+                        f"({memory}), e.g. {_size_field(first, limit)} ({first['collective']}): implausible, "
+                        "size left unknown")
+    for i in bad:
+        row = rows[i]
+        row["bytes"] = row["in_nelems"] = row["out_nelems"] = row["size_source"] = None
+    return rows
+
+
+_WIDEST = max(DTYPE_BYTES.values())  # bytes of the widest element
+
+
+def _plausible(row: dict[str, Any], limit: int) -> bool:
+    """Both sides of the message fit the device (an element of unknown type is at least a byte)."""
+    width = DTYPE_BYTES.get(row["dtype"] or "", 1)
+    return all(n is None or type(n) not in (int, float) or 0 <= n * width <= limit
+               for n in (row["in_nelems"], row["out_nelems"]))
+
+
+def _size_field(row: dict[str, Any], limit: int | None = None) -> str:
+    """The field the first implausible side of a row's message was read from, as the trace
+    names it, with its value."""
+    if row["size_source"] == "Input Dims":
+        return "args.Input Dims"
+    width = DTYPE_BYTES.get(row["dtype"] or "", 1)
+    side = "in_nelems" if row["in_nelems"] is not None and not 0 <= row["in_nelems"] * width <= (limit or 0) \
+        else "out_nelems"
+    return f"args.{'In' if side == 'in_nelems' else 'Out'} msg nelems {row[side]:,}"
 
 
 class _Sources:

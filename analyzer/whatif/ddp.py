@@ -26,6 +26,10 @@ from analyzer.job.result import Bucket
 
 _IDLE_GAP_US = 2.0  # comm stream idle at least this long before a start: the start is a ready time
 _PIECE_BYTES = models.MIB  # re-bucketing granularity (DDP buckets hold whole gradients)
+# At most this many pieces of 1 MiB per step (16 GiB of gradients; the sample jobs' largest
+# step holds 5.5 GiB): past it the pieces grow, so that the re-bucketing's cost follows the
+# number of buckets in the trace, never the sizes they claim (issue 30).
+MAX_GRADIENT_PIECES = 1 << 14
 
 
 # ---------------------------------------------------------------- the gradient schedule (§4)
@@ -70,10 +74,12 @@ def gradient_pieces(sizes: list[float], ready: list[float], start: float,
                     piece_bytes: float = _PIECE_BYTES) -> tuple[list[float], list[float]]:
     """The measured buckets as gradient pieces of at most ``piece_bytes`` (never across a
     bucket), ready at times interpolated between the previous bucket's ready time (``start``
-    for the first) and their own bucket's."""
+    for the first) and their own bucket's. More than ``MAX_GRADIENT_PIECES`` pieces in all
+    would be needed: larger pieces, as many as that (plus one a bucket at most)."""
     piece_sizes: list[float] = []
     piece_ready: list[float] = []
     previous = start
+    piece_bytes = max(piece_bytes, math.fsum(sizes) / MAX_GRADIENT_PIECES)
     for size, r in zip(sizes, ready):
         count = max(1, math.ceil(size / piece_bytes))
         for p in range(count):

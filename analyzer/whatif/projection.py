@@ -84,10 +84,11 @@ class Projection:
     projected: dict[str, Any]
     assumptions: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # the measured run's (what diagnose says of its input)
 
     def to_dict(self) -> dict[str, Any]:
         return {"measured": self.measured, "projected": self.projected,
-                "assumptions": self.assumptions, "notes": self.notes}
+                "assumptions": self.assumptions, "notes": self.notes, "warnings": self.warnings}
 
 
 def _value(value: Any, origin: str, source: str) -> dict[str, Any]:
@@ -1026,7 +1027,7 @@ def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | N
     m["gpus"], p["gpus"] = base.gpus, target.gpus
     p["scaling_efficiency"] = round(m["step_time_us"] / p["step_time_us"], 4) if p["step_time_us"] else None
     _mfu(result, scenario, base, target, m, p, assumptions)
-    return Projection(m, p, assumptions, notes + _groups_note(target))
+    return Projection(m, p, assumptions, notes + _groups_note(target), list(result.warnings or []))
 
 
 def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
