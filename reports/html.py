@@ -28,6 +28,7 @@ from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import _clean, result_to_dict
+from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.host import HOST_ACTIVITY
 
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
@@ -403,7 +404,12 @@ def _findings(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
                  "reason": fmt_value(r.get("reason")) if r.get("reason") else ""}
                 for r in doc.get("rules") or [] if isinstance(r, dict)]
     joint = doc.get("recoverable") if isinstance(doc.get("recoverable"), dict) else None
-    return {"available": True, "cards": cards, "rules": statuses, "joint": _joint(joint, step_time)}
+    counts = [(words, sum(r["status"] == status for r in statuses)) for status, words in STATUS_WORDS.items()]
+    tally = ", ".join(f"{n} {words}" for words, n in counts if n)
+    for r in statuses:
+        r["status"] = STATUS_WORDS.get(r["status"], r["status"])
+    return {"available": True, "cards": cards, "rules": statuses, "rules_tally": tally,
+            "joint": _joint(joint, step_time)}
 
 
 def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, Any] | None:

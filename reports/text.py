@@ -13,6 +13,7 @@ import numpy as np
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
+from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
@@ -36,6 +37,7 @@ class TextRenderer:
         lines: list[str] = []
         lines += _header(doc, model)
         lines += _findings(doc)
+        lines += _rule_statuses(doc)
         lines += _tree(model)
         lines += _rank_table(doc, model)
         lines += _top_collectives(doc)
@@ -109,6 +111,26 @@ def _findings(doc: dict[str, Any]) -> list[str]:
         if fix:
             lines += textwrap.wrap(f"fix: {fix}", **wrap)
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
+
+
+def _rule_statuses(doc: dict[str, Any]) -> list[str]:
+    """How many rules fired, passed (checked and found nothing), do not apply (their subject is
+    absent) and could not check, the last two with their reasons, rules of one reason together."""
+    statuses = [s for s in doc.get("rules") or [] if isinstance(s, dict)]
+    if not statuses:
+        return []
+    counts = [(words, [s for s in statuses if s.get("status") == status]) for status, words in STATUS_WORDS.items()]
+    lines = ["Rules: " + ", ".join(f"{len(rows)} {words}" for words, rows in counts if rows) + "."]
+    for words, rows in counts:
+        if words not in ("not applicable", "could not check") or not rows:
+            continue
+        by_reason: dict[str, list[str]] = {}
+        for s in rows:
+            by_reason.setdefault(str(s.get("reason") or "no reason given"), []).append(str(s.get("rule")))
+        text = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+        lines += textwrap.wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
+    return lines + [""]
 
 
 def _cell(value: float | None, span: float) -> str:

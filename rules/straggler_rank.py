@@ -60,7 +60,7 @@ class StragglerRank(Rule):
     title = "No rank holds the others back"
     failure_title = "Late ranks make the others wait at the collectives"
     severity = "warning"
-    needs = ("gpu_steps", "all_ranks", "collectives")
+    needs = ("multi_process", "communication", "gpu_steps", "all_ranks")
     thresholds = {
         "consistency": Threshold(0.6, "share of the steady steps in which the same rank is the main "
                                  "late rank, from which the pattern is persistent (else rotating)", 0.0, 1.0),
