@@ -14,6 +14,7 @@ from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.rules.engine import STATUS_WORDS
+from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
@@ -196,10 +197,19 @@ def _tree(model: JobModel) -> list[str]:
         lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
-    if idle:
-        # the findings' words for the same leaves (analyzer.rules.host)
-        lines += textwrap.wrap("host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle), WIDTH,
-                               initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
+    wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
+    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle)
+    if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
+        # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
+        waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])
+        lines += textwrap.wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
+                               **wrap)
+        lines += textwrap.wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
+                               + ", ".join(f"{k} {fmt_us(v)}" for k, v in waited), **wrap)
+    elif idle:
+        lines += textwrap.wrap(host_text, **wrap)  # the findings' words for the same leaves (analyzer.rules.host)
+    if model.idle_split_note:
+        lines += textwrap.wrap(f"({model.idle_split_note})", **wrap)
     lines += textwrap.wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]

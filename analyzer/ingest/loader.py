@@ -71,6 +71,9 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         kernel_comm_args=kernel_args,
         warnings=warnings,
         event_count=builder.event_count,
+        flow_events=builder.counts["flow"],
+        runtime_calls=builder.counts["runtime"],
+        host_op_medians=builder.host_op_medians,
     )
 
 

@@ -36,6 +36,7 @@ class Marker(IntEnum):
     HOST_SYNC = 7  # the host blocked on the device: cuda*Synchronize, sync memcpy, aten::item
     HOST_INPUT = 8  # the host fetching the next batch: enumerate(DataLoader)#...
     FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
+    HOST_INFLATED = 10  # an ordinary host op far past its usual length (analyzer.ingest.hostops)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Launches:
     correlation: np.ndarray  # int64, sorted
     ts: np.ndarray  # int64 ns
     thread: np.ndarray  # int32 index into RankTrace.threads
+    end: np.ndarray  # int64 ns: when the call returned (a copy to pageable memory blocks the host)
 
 
 @dataclass
@@ -98,3 +100,6 @@ class RankTrace:
     kernel_comm_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     event_count: int = 0
+    flow_events: int = 0  # launch -> GPU work arrows ("ac2g"): none in a filtered trace
+    runtime_calls: int = 0  # CUDA/HIP runtime and driver calls, the launches among them
+    host_op_medians: dict[str, float] = field(default_factory=dict)  # µs, of the HOST_INFLATED ops' names

@@ -21,7 +21,7 @@ from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
-from analyzer.rank.attribution import RankTimeline, step_window
+from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.steps import step_figures
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
@@ -319,7 +319,7 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
             entry["step_time_us"] = entry["span_us"]
     timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
     if steps:
-        _attribute_steps(timeline, steps, firsts, exposed)
+        _attribute_steps(trace, timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
     cpu_start = {int(n): int(s) for n, s in zip(cpu_numbers, cpu_starts)}
@@ -352,7 +352,7 @@ def _first_within(trace: RankTrace, kind: Marker, starts: np.ndarray, ends: np.n
     return [value if ok else None for value, ok in zip(first.tolist(), found.tolist())]
 
 
-def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
+def _attribute_steps(trace: RankTrace, timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
                      exposed: dict[str, list[int]]) -> None:
     """Each step's time breakdown over its window (analyzer.rank.attribution)."""
     windows = [step_window(firsts[entry["step"]], entry["step_time_us"]) for entry in steps]
@@ -361,6 +361,10 @@ def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts
         entry["time_breakdown"] = leaves
         entry["window_ns"] = list(window)
         exposed[str(entry["step"])] = intervals
+    note = idle_split_note(trace, [entry["time_breakdown"] for entry in steps])
+    if note:  # said with every step's split (the job quotes the typical step's)
+        for entry in steps:
+            entry["time_breakdown"]["idle_split_note"] = note
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:

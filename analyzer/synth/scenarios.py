@@ -63,5 +63,13 @@ SCENARIOS: dict[str, JobSpec] = {
         # a blocking activation all-reduce after each block's forward (tensor-parallel style)
         _job(GPT_1_5B, "ddp_forward_allreduce", 21, n_layers=2, steps=4, world_size=4, gpus_per_node=2,
              forward_allreduce_mb=1536.0),
+        # idle by cause (issue 26): a prefetching thread copies each next batch from pageable
+        # memory (the driver stages it before the DMA can start) while the step's work, launched
+        # long before, waits for it, the host meanwhile sitting in loss.cpu() (a copy to pageable
+        # memory); and a host whose training threads are descheduled (CPU contention)
+        _job(GPT_1_5B, "ddp_pageable_input", 23, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
+             input_copy="pageable_prefetch", input_mb=256.0, loss_copy="pageable"),
+        _job(GPT_SMALL, "ddp_cpu_contention", 24, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
+             host_contention_us=3000.0, host_contention_every=15),
     ]
 }
