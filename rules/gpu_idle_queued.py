@@ -118,7 +118,7 @@ class GpuIdleQueued(Rule):
         }
         if note:
             evidence["idle_split"] = note
-        fix, snippet = _fix(lead, ops, in_sync >= ctx.thresholds["sync_share"] * queued)
+        fix, snippet = dependency_fix(lead, ops, in_sync >= ctx.thresholds["sync_share"] * queued)
         # A copy the fix turns into a DMA under compute gives back its own exposed time as well.
         copies = median(details[r].get("queued_copies_us", 0.0) for r in hit) if lead == "copy" else 0.0
         evidence["waited_copies_exposed_us_median"] = round(copies, 1)
@@ -143,7 +143,7 @@ def _short(name: str, limit: int = 60) -> str:
     return head if len(head) <= limit else head[:limit - 1] + "…"
 
 
-def _fix(lead: str, ops: dict[str, float], blocked: bool) -> tuple[str, str | None]:
+def dependency_fix(lead: str, ops: dict[str, float], blocked: bool) -> tuple[str, str | None]:
     """The fix for the dependency the queued work mostly waited on, naming the op."""
     name = next(iter(ops), None)
     op = f" ({_short(name)})" if name else ""

@@ -56,6 +56,8 @@ SCENARIO_NOTES = {
     "ddp_2node_16r_healthy": "healthy DDP on 2 x 8 GPUs, 8 NICs per node",
     "ddp_pageable_input": ("each next batch copied from pageable memory on a side stream: the step's launched work "
                            "waits for the staged copy (queued idle); loss.cpu() to pageable memory"),
+    "ddp_two_late_ranks": ("rank 1 stalls 30 ms every other step, rank 3 18 ms every step (unequal caused waiting); "
+                           "rank 2 5 ms: late at the start, never the last (entry skew)"),
     "ddp_cpu_contention": "every 15th runtime call of the training threads descheduled for 3 ms (CPU contention)",
     "ddp_bucket_oversized": "bucket_cap_mb=1024: few buckets, exposed all-reduce tail",
     "ddp_bucket_undersized": "bucket_cap_mb=1: many α-bound cross-node all-reduces (no host_name, no kernel args)",

@@ -100,7 +100,7 @@ class Program:
             with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
                 pass
             stall = self.spec.stall_us(step - self.spec.first_step)
-            if self.spec.host_stall_kind == "input" and self.spec.host_stall_ranks:
+            if self.spec.host_stall_kind == "input" and (self.spec.host_stall_ranks or self.spec.host_stalls):
                 self.host_stall(stall)
             if self.spec.input_copy != "pinned":
                 self.prefetch_input()

@@ -69,6 +69,11 @@ SCENARIOS: dict[str, JobSpec] = {
         # memory); and a host whose training threads are descheduled (CPU contention)
         _job(GPT_1_5B, "ddp_pageable_input", 23, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
              input_copy="pageable_prefetch", input_mb=256.0, loss_copy="pageable"),
+        # late ranks by the waiting they cause: rank 1 stalls 30 ms in the data loader every
+        # other step, rank 3 18 ms every step, rank 2 5 ms every step (late at the step's start,
+        # never the last at a collective: entry skew)
+        _job(GPT_1_5B, "ddp_two_late_ranks", 25, n_layers=2, steps=5, world_size=8,
+             host_stalls=((1, 30000.0, 2), (3, 18000.0, 1), (2, 5000.0, 1))),
         _job(GPT_SMALL, "ddp_cpu_contention", 24, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
              host_contention_us=3000.0, host_contention_every=15),
     ]

@@ -102,6 +102,9 @@ class JobSpec:
     host_stall_us: float = 0.0
     host_stall_kind: str = "input"  # input | sync
     host_stall_rotate: bool = False
+    # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
+    # every-th recorded step (from the first), on top of the above
+    host_stalls: tuple = ()
     # how each batch reaches the GPU: "pinned" (a pinned-memory copy on the compute stream at the
     # step's start), "pageable_prefetch" (a prefetching thread copies the next step's batch,
     # input_mb MiB from pageable memory, on a side stream while the step runs: the driver stages
@@ -150,6 +153,8 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
+        _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
+               "host_stalls: (rank in range, µs, every >= 1)")
         _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
         _check(self.input_copy in ("pinned", "pageable_prefetch", "pinned_prefetch"),
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
@@ -161,7 +166,11 @@ class JobSpec:
         ranks = list(self.host_stall_ranks)
         if self.host_stall_rotate and ranks:
             ranks = [ranks[step_index % len(ranks)]]
-        return [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
+        stalls = [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
+        for rank, us, every in self.host_stalls:
+            if step_index % int(every) == 0:
+                stalls[int(rank)] += float(us)
+        return stalls
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -202,7 +211,7 @@ class JobSpec:
 
 _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
-                "host_contention_every": 50}  # knob: its default
+                "host_contention_every": 50, "host_stalls": ()}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
