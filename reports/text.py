@@ -83,6 +83,9 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         leaves = typical.leaves
         lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
                      f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
+        if model.step_source:
+            lines += textwrap.wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
+                                   break_on_hyphens=False)
         return lines + [""]
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)

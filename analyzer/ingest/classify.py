@@ -14,6 +14,7 @@ from analyzer.ingest.trace import GpuKind, Marker
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
+ANNOTATION_CAT = "user_annotation"  # record_function ranges
 # The categories of host ops whose lengths tell a descheduled host (analyzer.ingest.hostops).
 HOST_OP_CATS = frozenset({"cpu_op"}) | LAUNCH_CATS
 # Kineto's flow arrows from a runtime launch to the GPU work it launched (counted, not read).

@@ -19,6 +19,7 @@ import numpy as np
 from analyzer.base import arrays
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
+    ANNOTATION_CAT,
     FLOW_CATS,
     GPU_ACTIVITY_CATS,
     HOST_OP_CATS,
@@ -28,7 +29,7 @@ from analyzer.ingest.classify import (
 )
 from analyzer.ingest.hostops import HostOpDurations
 from analyzer.ingest.schema import Event, EventArgs
-from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Markers
+from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
 
 MISSING = -1
 NO_ARGS = EventArgs()
@@ -233,8 +234,10 @@ class ColumnBuilder:
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
         cats = sorted((CPU_OP_CATS | LAUNCH_CATS).intersection(groups))  # the order of _joined
-        host_rows = np.repeat([cat in HOST_OP_CATS for cat in cats], [len(groups[cat]) for cat in cats])
-        self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS), host_rows.astype(bool))
+        sizes = [len(groups[cat]) for cat in cats]
+        host_rows = np.repeat([cat in HOST_OP_CATS for cat in cats], sizes).astype(bool)
+        annotations = np.repeat([cat == ANNOTATION_CAT for cat in cats], sizes).astype(bool)
+        self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS), host_rows, annotations)
 
     def _add_gpu(self, groups: dict[str, list[Event]]) -> None:
         cats = sorted(GPU_ACTIVITY_CATS.intersection(groups))  # the order of _joined
@@ -287,7 +290,7 @@ class ColumnBuilder:
         thread = thread_ids(events, self.threads)
         self._launches.append((correlation[rows][valid], start[valid], thread[valid], end[valid]))
 
-    def _add_markers(self, events: list[Event], host_rows: np.ndarray) -> None:
+    def _add_markers(self, events: list[Event], host_rows: np.ndarray, annotations: np.ndarray) -> None:
         if not events:
             return
         codes, uniques = factorize(map(_get["name"], events))
@@ -295,6 +298,8 @@ class ColumnBuilder:
                           lambda chosen: thread_ids(chosen, self.threads))
         unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
         kind_all = unique_kind[codes]
+        # The user's own annotations: where a trace has no ProfilerStep, repeating ones mark steps.
+        kind_all[(kind_all < 0) & annotations] = Marker.ANNOTATION
         rows = np.flatnonzero(kind_all >= 0)
         events = _take(events, rows)
         kind = kind_all[rows]

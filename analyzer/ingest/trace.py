@@ -37,6 +37,7 @@ class Marker(IntEnum):
     HOST_INPUT = 8  # the host fetching the next batch: enumerate(DataLoader)#...
     FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
     HOST_INFLATED = 10  # an ordinary host op far past its usual length (analyzer.ingest.hostops)
+    ANNOTATION = 11  # any other user annotation (record_function): steps where no ProfilerStep is
 
 
 @dataclass

@@ -341,6 +341,10 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str
     section = _mean_breakdown(chosen)
     section.update({"step": typical, "ranks": len(chosen), "wait_source": source,
                     "steady_steps": kept, "excluded_steps": excluded})
+    sources = sorted({e["step_source"] for r in result.ranks for e in r.steps
+                      if e.get("step") == typical and e.get("step_source")})
+    if sources:  # steps that are not ProfilerSteps: say how they were found wherever they are quoted
+        section["step_source"] = "; ".join(sources)
     notes = sorted({b["idle_split_note"] for b in chosen if b.get("idle_split_note")})
     if notes:  # the idle split of some rank cannot be trusted: say so wherever it is quoted
         section["idle_split_note"] = "; ".join(notes)

@@ -294,6 +294,12 @@ class JobModel:
         return self.typical.idle_share if self.typical else None
 
     @property
+    def step_source(self) -> str | None:
+        """How the typical step was found where it is no ProfilerStep (an annotation, the whole
+        trace), else None."""
+        return (self._result.attribution or {}).get("step_source")
+
+    @property
     def idle_split_note(self) -> str | None:
         """Why the typical step's split of idle into host-caused and queued is unreliable, or None."""
         return (self._result.attribution or {}).get("idle_split_note")

@@ -30,6 +30,7 @@ class CpuRange:
     args: dict
     end: np.ndarray | None = None
     comm: "CollectiveCall | None" = None  # record_param_comms carries the collective's args
+    recorded: bool = True  # False: a range the program keeps (a step) that the trace does not show
 
 
 @dataclass

@@ -76,6 +76,8 @@ class RankRenderer:
     def cpu_events(self) -> list[dict]:
         r, rows = self.r, []
         for rec in self.p.eng.cpu_ranges:
+            if not rec.recorded:
+                continue
             args = {"External id": rec.ext, "Record function id": rec.ext, **rec.args}
             if rec.comm is not None:
                 args.update(self.comm_args(rec.comm, cpu_side=True))

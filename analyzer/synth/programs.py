@@ -96,6 +96,7 @@ class Program:
         eng, compute = self.eng, self.compute
         eng.step, eng.phase = step, "other"
         with eng.annotation(f"ProfilerStep#{step}") as rec:
+            rec.recorded = self.spec.step_marker == "profiler"
             self.step_ranges[step] = rec
             with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
                 pass
@@ -107,7 +108,11 @@ class Program:
             else:
                 compute.copy_inputs()
             eng.phase = "forward"
-            self.forward()
+            if self.spec.step_marker == "annotation":  # a benchmark's own range around each forward
+                with eng.annotation(self.spec.step_annotation):
+                    self.forward()
+            else:
+                self.forward()
             compute.loss_forward()
             if self.spec.host_stall_kind == "sync" and any(stall):
                 compute.loss_item()  # the host blocks until forward is done...

@@ -122,6 +122,11 @@ class JobSpec:
     # training threads is descheduled for host_contention_us (0: none)
     host_contention_us: float = 0.0
     host_contention_every: int = 50
+    # how the trace marks the steps: "profiler" (ProfilerStep#N, the profiler's schedule),
+    # "annotation" (no ProfilerStep: a benchmark's own record_function around each forward,
+    # named step_annotation) or "none" (no step marker at all)
+    step_marker: str = "profiler"
+    step_annotation: str = "measure|forward"
     emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
@@ -160,6 +165,7 @@ class JobSpec:
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
         _check(self.loss_copy in ("item", "pageable"), "loss_copy must be item or pageable")
         _check(self.host_contention_every >= 1, "host_contention_every >= 1")
+        _check(self.step_marker in ("profiler", "annotation", "none"), "step_marker must be profiler, annotation or none")
 
     def stall_us(self, step_index: int) -> list[float]:
         """Per rank, the host stall of the step_index-th recorded step (µs)."""
@@ -211,7 +217,8 @@ class JobSpec:
 
 _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
-                "host_contention_every": 50, "host_stalls": ()}  # knob: its default
+                "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
+                "step_annotation": "measure|forward"}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
