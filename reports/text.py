@@ -156,6 +156,9 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
                                                    for _, key in LEAF_COLUMNS))
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
+    if not any(r.get("gpu_event_count") for r in doc["ranks"]):
+        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) (CPU-only): "
+                "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]
     for r in doc["ranks"]:
@@ -219,9 +222,15 @@ def _tree(model: JobModel) -> list[str]:
 
 
 def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
-    shown, rows = _exposed_rows(doc["collectives"], limit)
+    on_gpu = [c for c in doc["collectives"] if c.get("on_gpu")]
+    matched = bool((doc.get("stragglers") or {}).get("method"))
+    host_side = _host_side_collectives(doc["collectives"], limit, matched) \
+        if len(on_gpu) < len(doc["collectives"]) else []
+    shown, rows = _exposed_rows(on_gpu, limit)
     if not shown:
-        return ["No exposed communication." if doc["collectives"] else "No communication kernels.", ""]
+        if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
+            return host_side
+        return ["No exposed communication." if on_gpu else "No communication kernels.", ""]
     # The first ``limit`` of the sorted rows (ties in row order, as a stable sort), without
     # sorting hundreds of thousands of rows of a large job.
     rows = heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
@@ -233,6 +242,42 @@ def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
         step = c["step"] if c.get("step") is not None else "-"
         lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} {size:>10} "
                      f"{c['dur_us']:>10,.0f} {c['exposed_us']:>11,.0f}  {group}")
+    return lines + [""] + host_side
+
+
+def _host_side_collectives(collectives: list[dict[str, Any]], limit: int, matched: bool) -> list[str]:
+    """The collectives only the host's ops record (gloo, and NCCL ops of a rank with no GPU
+    trace): how many and how large per step, the longest, and what their record can and cannot
+    tell (their host time, not when a GPU transferred or what compute hid)."""
+    rows = [c for c in collectives if not c.get("on_gpu")]
+    libraries = sorted({str(c.get("library") or "unknown") for c in rows})
+    ranks = sorted({c["rank"] for c in rows})
+    steps = {(c["rank"], c.get("step")) for c in rows if c.get("step") is not None}
+    per = max(len(steps), len(ranks), 1)
+    kinds: dict[str, list[float]] = {}
+    for c in rows:
+        kinds.setdefault(c["collective"], [0.0, 0.0])
+        kinds[c["collective"]][0] += 1
+        kinds[c["collective"]][1] += c.get("bytes") or 0
+    basis = "rank and step" if steps else "rank (whole trace)"
+    parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
+                      for kind, (count, size) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
+    lines = textwrap.wrap(f"Host-side collectives ({', '.join(libraries)}), {len(rows)} on {len(ranks)} rank(s), "
+                          f"per {basis}: {parts}.", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    last = ("which rank reached each last" if matched else
+            "not which rank reached each last (the collectives could not be matched across ranks)")
+    lines += textwrap.wrap("measured: their count, message sizes, how long each took on the host (the "
+                           f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
+                           "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
+                           initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    longest = heapq.nsmallest(limit, rows, key=lambda c: (-c["dur_us"], c["rank"], c["start_us"]))
+    lines += [f"Top {len(longest)} host-side collectives by duration:",
+              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10}  group"]
+    for c in longest:
+        group = (c.get("group") or {}).get("description") or (c.get("group") or {}).get("name") or "?"
+        step = c["step"] if c.get("step") is not None else "-"
+        lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} "
+                     f"{fmt_bytes(c.get('bytes')):>10} {c['dur_us']:>10,.0f}  {group}")
     return lines + [""]
 
 
@@ -289,8 +334,15 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     if s.get("top_rank") is None:
         return [f"Latest arrival: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
     share = 100 * (s.get("top_rank_last_share") or 0)
-    return [f"Latest arrival: rank {s['top_rank']}, last at {share:.0f}% of {s['matched_collectives']} "
-            f"matched collectives; {s['top_rank_wait_caused_us']:,.0f} µs of others' waiting", ""]
+    lines = [f"Latest arrival: rank {s['top_rank']} causes the most waiting ({s['top_rank_wait_caused_us']:,.0f} µs "
+             f"of others' waiting), last at {share:.0f}% of {s['matched_collectives']} matched collectives"]
+    often = max(s.get("by_rank") or [], key=lambda b: (b.get("times_last", 0), -b["rank"]), default=None)
+    if often and often["rank"] != s["top_rank"] and often.get("times_last"):
+        lines[0] += f"; rank {often['rank']} is last most often ({often['times_last']} times)"
+    offsets = [b.get("clock_offset_us") or 0.0 for b in s.get("by_rank") or []]
+    lines[0] += ("; one clock (ranks on one host)" if not any(offsets)
+                 else "; clocks aligned per host by collective end times")
+    return textwrap.wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
 
 
 def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:

@@ -126,6 +126,10 @@ def _process_groups(info: Any, world: int | None) -> list[dict[str, Any]]:
     for pg in info.pg_config:
         ranks = parse_ranks(pg.ranks)
         size = to_int(pg.pg_size)
+        if ranks is None and world and size == world and (pg.pg_desc == "default_pg" or str(pg.pg_name) == "0"):
+            # torch writes a large group's ranks cut to its first 30 ("[0, 1, ..., ...]"); the
+            # default group of a world of `size` is every rank
+            ranks = list(range(world))
         groups.append({
             "name": None if pg.pg_name is None else str(pg.pg_name),
             "description": pg.pg_desc,
