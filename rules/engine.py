@@ -268,7 +268,10 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     if model.ranks and any(r.steps for r in model.ranks):
         return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
     # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
-    return "No GPU steps in the traces (CPU-only profile?): only structural checks ran, and none found a problem."
+    if not model.gpu_events:
+        return ("CPU-only traces (no GPU work recorded): only the structural checks could run, and none found a "
+                "problem.")
+    return "No GPU steps in the traces: only structural checks ran, and none found a problem."
 
 
 def _together(joint: dict[str, Any] | None) -> str:

@@ -294,6 +294,11 @@ class JobModel:
         return self.typical.idle_share if self.typical else None
 
     @property
+    def gpu_events(self) -> int:
+        """GPU activities recorded over all the ranks given (0: CPU-only traces)."""
+        return sum(int(r.gpu_event_count or 0) for r in self._result.ranks)
+
+    @property
     def step_source(self) -> str | None:
         """How the typical step was found where it is no ProfilerStep (an annotation, the whole
         trace), else None."""
