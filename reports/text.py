@@ -310,16 +310,21 @@ def _groups(doc: dict[str, Any]) -> list[str]:
     groups = doc.get("groups") or []
     if not groups:
         return []
+    names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
+    name_w, role_w = 20, 12
     lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile):",
-             f"{'group':<22} {'role':<14} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
-             f"{'busbw med':>10}  how"]
-    for g in groups:
-        name = str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})")[:22]
+             f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
+             f"{'busbw med':>10} how"]
+    for g, name in zip(groups, names):
         nodes = "?" if g.get("nodes") is None else f"{g['nodes']}{'x' if g.get('cross_node') else ''}"
-        lines.append(f"{name:<22} {str(g.get('role') or '?')[:14]:<14} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
+        role = str(g.get("role") or "?")
+        if len(name) > name_w or len(role) > role_w:  # never cut: the long name on a line of its own
+            lines.append(f"{name} ({role})" if len(role) > role_w else name)
+            name, role = "", ("" if len(role) > role_w else role)
+        lines.append(f"{name:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
                      f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
-                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10}  {g.get('fit_source', '')}")
+                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10} {g.get('fit_source', '')}")
     return lines + [""]
 
 
