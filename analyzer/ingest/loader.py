@@ -20,7 +20,8 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker|trainer|proc|process|gpu)[-_]?(\d+)"
 
 def rank_from_name(path: Path) -> int | None:
     matches = _RANK_IN_NAME.findall(path.name)
-    return int(matches[-1]) if matches else None
+    rank = int(matches[-1]) if matches else None
+    return rank if rank is not None and rank < MAX_WORLD else None  # "rank-99999999999999999999": no rank
 
 
 def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
@@ -52,7 +53,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     if info is None:
         warnings.append("no distributedInfo in the trace: world size and process groups are unknown")
     gpu, kernel_args, launches, markers = builder.finish(warnings)
-    rank, source = _rank_of(path, info)
+    rank, source = _rank_of(path, info, warnings)
     return RankTrace(
         path=str(path),
         rank=rank,
@@ -82,10 +83,12 @@ def _positive(value: Any) -> int | None:
     return number if number > 0 else None
 
 
-def _rank_of(path: Path, info: Any) -> tuple[int, str]:
+def _rank_of(path: Path, info: Any, warnings: list[str]) -> tuple[int, str]:
     if info is not None:
         rank = to_int(info.rank)
-        if rank >= 0:
+        if rank >= MAX_WORLD:  # no job has that many ranks: bad input, not a rank
+            warnings.append(f"distributedInfo.rank {rank} is not a plausible rank: ignored")
+        elif rank >= 0:
             return rank, "distributedInfo"
     from_name = rank_from_name(path)
     if from_name is not None:
