@@ -30,6 +30,8 @@ from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import _clean, result_to_dict
+from analyzer.rules.engine import STATUS_WORDS
+from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
@@ -282,12 +284,20 @@ def _leaf_notes(typical: Any) -> tuple[str, str]:
     exposed communication and what the host did during most of the idle."""
     exposed = (f": waiting for late peers {fmt_us(typical.leaves.exposed_wait_us)}, transfer "
                f"{fmt_us(typical.leaves.exposed_transfer_us)}")
-    host = typical.details.idle_by_host
+    details = typical.details
+    host = details.idle_by_host
     busiest = max(host, key=lambda k: (host[k], k)) if host else None
-    if not busiest or not host[busiest] > 0:
-        return exposed, ""
-    activity = HOST_ACTIVITY.get(busiest, busiest.replace("_", " "))  # the findings' words
-    return exposed, f"; most while the host is in: {activity} ({fmt_us(host[busiest])})"
+    queued = details.idle_queued_us or 0.0
+    waited = details.idle_queued_by
+    lead = max(waited, key=lambda k: (waited[k], k)) if waited else None
+    parts = []
+    if busiest and host[busiest] > 0:
+        activity = HOST_ACTIVITY.get(busiest, busiest.replace("_", " "))  # the findings' words
+        parts.append(f"most while the host is in: {activity} ({fmt_us(host[busiest])})")
+    if lead and queued >= 0.05 * (typical.leaves.idle_us or 1.0):
+        parts.append(f"{fmt_us(queued)} with work launched and waiting, most on {WAITED_ON.get(lead, lead)} "
+                     f"({fmt_us(waited[lead])})")
+    return exposed, "; " + "; ".join(parts) if parts else ""
 
 
 # ----------------------------------------------------------------------------- per-rank bars
@@ -422,7 +432,12 @@ def _findings(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
                  "reason": fmt_value(r.get("reason")) if r.get("reason") else ""}
                 for r in doc.get("rules") or [] if isinstance(r, dict)]
     joint = doc.get("recoverable") if isinstance(doc.get("recoverable"), dict) else None
-    return {"available": True, "cards": cards, "rules": statuses, "joint": _joint(joint, step_time)}
+    counts = [(words, sum(r["status"] == status for r in statuses)) for status, words in STATUS_WORDS.items()]
+    tally = ", ".join(f"{n} {words}" for words, n in counts if n)
+    for r in statuses:
+        r["status"] = STATUS_WORDS.get(r["status"], r["status"])
+    return {"available": True, "cards": cards, "rules": statuses, "rules_tally": tally,
+            "joint": _joint(joint, step_time)}
 
 
 def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, Any] | None:

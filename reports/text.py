@@ -14,6 +14,8 @@ from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_u
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.prediction import prediction_view
+from analyzer.rules.engine import STATUS_WORDS
+from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
@@ -37,6 +39,7 @@ class TextRenderer:
         lines: list[str] = []
         lines += _header(doc, model)
         lines += _findings(doc, model.step_time_us)
+        lines += _rule_statuses(doc)
         lines += _tree(model)
         lines += _compute(doc, model)
         lines += _rank_table(doc, model)
@@ -83,6 +86,9 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         leaves = typical.leaves
         lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
                      f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
+        if model.step_source:
+            lines += textwrap.wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
+                                   break_on_hyphens=False)
         return lines + headline + [""]
     comm = sum(r["comm_us"] for r in ranks)
     exposed = sum(r["exposed_comm_us"] for r in ranks)
@@ -195,6 +201,26 @@ def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) 
     return lines
 
 
+def _rule_statuses(doc: dict[str, Any]) -> list[str]:
+    """How many rules fired, passed (checked and found nothing), do not apply (their subject is
+    absent) and could not check, the last two with their reasons, rules of one reason together."""
+    statuses = [s for s in doc.get("rules") or [] if isinstance(s, dict)]
+    if not statuses:
+        return []
+    counts = [(words, [s for s in statuses if s.get("status") == status]) for status, words in STATUS_WORDS.items()]
+    lines = ["Rules: " + ", ".join(f"{len(rows)} {words}" for words, rows in counts if rows) + "."]
+    for words, rows in counts:
+        if words not in ("not applicable", "could not check") or not rows:
+            continue
+        by_reason: dict[str, list[str]] = {}
+        for s in rows:
+            by_reason.setdefault(str(s.get("reason") or "no reason given"), []).append(str(s.get("rule")))
+        text = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
+        lines += textwrap.wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
+                               break_on_hyphens=False)
+    return lines + [""]
+
+
 def _cell(value: float | None, span: float) -> str:
     if value is None:
         return f"{'-':>14}"
@@ -214,6 +240,9 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
                                                    for _, key in LEAF_COLUMNS))
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
+    if not any(r.get("gpu_event_count") for r in doc["ranks"]):
+        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) (CPU-only): "
+                "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]
     for r in doc["ranks"]:
@@ -258,19 +287,34 @@ def _tree(model: JobModel) -> list[str]:
         lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
-    if idle:
-        # the findings' words for the same leaves (analyzer.rules.host)
-        lines += textwrap.wrap("host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle), WIDTH,
-                               initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
+    wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
+    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle)
+    if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
+        # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
+        waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])
+        lines += textwrap.wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
+                               **wrap)
+        lines += textwrap.wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
+                               + ", ".join(f"{k} {fmt_us(v)}" for k, v in waited), **wrap)
+    elif idle:
+        lines += textwrap.wrap(host_text, **wrap)  # the findings' words for the same leaves (analyzer.rules.host)
+    if model.idle_split_note:
+        lines += textwrap.wrap(f"({model.idle_split_note})", **wrap)
     lines += textwrap.wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 
 
 def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
-    shown, rows = _exposed_rows(doc["collectives"], limit)
+    on_gpu = [c for c in doc["collectives"] if c.get("on_gpu")]
+    matched = bool((doc.get("stragglers") or {}).get("method"))
+    host_side = _host_side_collectives(doc["collectives"], limit, matched) \
+        if len(on_gpu) < len(doc["collectives"]) else []
+    shown, rows = _exposed_rows(on_gpu, limit)
     if not shown:
-        return ["No exposed communication." if doc["collectives"] else "No communication kernels.", ""]
+        if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
+            return host_side
+        return ["No exposed communication." if on_gpu else "No communication kernels.", ""]
     # The first ``limit`` of the sorted rows (ties in row order, as a stable sort), without
     # sorting hundreds of thousands of rows of a large job.
     rows = heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
@@ -282,6 +326,42 @@ def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
         step = c["step"] if c.get("step") is not None else "-"
         lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} {size:>10} "
                      f"{c['dur_us']:>10,.0f} {c['exposed_us']:>11,.0f}  {group}")
+    return lines + [""] + host_side
+
+
+def _host_side_collectives(collectives: list[dict[str, Any]], limit: int, matched: bool) -> list[str]:
+    """The collectives only the host's ops record (gloo, and NCCL ops of a rank with no GPU
+    trace): how many and how large per step, the longest, and what their record can and cannot
+    tell (their host time, not when a GPU transferred or what compute hid)."""
+    rows = [c for c in collectives if not c.get("on_gpu")]
+    libraries = sorted({str(c.get("library") or "unknown") for c in rows})
+    ranks = sorted({c["rank"] for c in rows})
+    steps = {(c["rank"], c.get("step")) for c in rows if c.get("step") is not None}
+    per = max(len(steps), len(ranks), 1)
+    kinds: dict[str, list[float]] = {}
+    for c in rows:
+        kinds.setdefault(c["collective"], [0.0, 0.0])
+        kinds[c["collective"]][0] += 1
+        kinds[c["collective"]][1] += c.get("bytes") or 0
+    basis = "rank and step" if steps else "rank (whole trace)"
+    parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
+                      for kind, (count, size) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
+    lines = textwrap.wrap(f"Host-side collectives ({', '.join(libraries)}), {len(rows)} on {len(ranks)} rank(s), "
+                          f"per {basis}: {parts}.", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    last = ("which rank reached each last" if matched else
+            "not which rank reached each last (the collectives could not be matched across ranks)")
+    lines += textwrap.wrap("measured: their count, message sizes, how long each took on the host (the "
+                           f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
+                           "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
+                           initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    longest = heapq.nsmallest(limit, rows, key=lambda c: (-c["dur_us"], c["rank"], c["start_us"]))
+    lines += [f"Top {len(longest)} host-side collectives by duration:",
+              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10}  group"]
+    for c in longest:
+        group = (c.get("group") or {}).get("description") or (c.get("group") or {}).get("name") or "?"
+        step = c["step"] if c.get("step") is not None else "-"
+        lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} "
+                     f"{fmt_bytes(c.get('bytes')):>10} {c['dur_us']:>10,.0f}  {group}")
     return lines + [""]
 
 
@@ -314,16 +394,21 @@ def _groups(doc: dict[str, Any]) -> list[str]:
     groups = doc.get("groups") or []
     if not groups:
         return []
+    names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
+    name_w, role_w = 20, 12
     lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile):",
-             f"{'group':<22} {'role':<14} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
-             f"{'busbw med':>10}  how"]
-    for g in groups:
-        name = str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})")[:22]
+             f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
+             f"{'busbw med':>10} how"]
+    for g, name in zip(groups, names):
         nodes = "?" if g.get("nodes") is None else f"{g['nodes']}{'x' if g.get('cross_node') else ''}"
-        lines.append(f"{name:<22} {str(g.get('role') or '?')[:14]:<14} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
+        role = str(g.get("role") or "?")
+        if len(name) > name_w or len(role) > role_w:  # never cut: the long name on a line of its own
+            lines.append(f"{name} ({role})" if len(role) > role_w else name)
+            name, role = "", ("" if len(role) > role_w else role)
+        lines.append(f"{name:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
                      f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
-                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10}  {g.get('fit_source', '')}")
+                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10} {g.get('fit_source', '')}")
     return lines + [""]
 
 
@@ -338,8 +423,15 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     if s.get("top_rank") is None:
         return [f"Latest arrival: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
     share = 100 * (s.get("top_rank_last_share") or 0)
-    return [f"Latest arrival: rank {s['top_rank']}, last at {share:.0f}% of {s['matched_collectives']} "
-            f"matched collectives; {s['top_rank_wait_caused_us']:,.0f} µs of others' waiting", ""]
+    lines = [f"Latest arrival: rank {s['top_rank']} causes the most waiting ({s['top_rank_wait_caused_us']:,.0f} µs "
+             f"of others' waiting), last at {share:.0f}% of {s['matched_collectives']} matched collectives"]
+    often = max(s.get("by_rank") or [], key=lambda b: (b.get("times_last", 0), -b["rank"]), default=None)
+    if often and often["rank"] != s["top_rank"] and often.get("times_last"):
+        lines[0] += f"; rank {often['rank']} is last most often ({often['times_last']} times)"
+    offsets = [b.get("clock_offset_us") or 0.0 for b in s.get("by_rank") or []]
+    lines[0] += ("; one clock (ranks on one host)" if not any(offsets)
+                 else "; clocks aligned per host by collective end times")
+    return textwrap.wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
 
 
 def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:

@@ -9,7 +9,8 @@ from analyzer.model import formulas as models
 from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
 from analyzer.whatif.fsdp import layer_count
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
-from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.job.columns import CollectiveColumns
+from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 
 
@@ -52,7 +53,7 @@ class CommBoundStep(Rule):
     title = "Communication fits under compute"
     failure_title = "The step is communication-bound: communication exceeds what compute can hide"
     severity = "warning"
-    needs = ("gpu_steps", "collectives")
+    needs = ("gpu_steps", "communication")
     thresholds = {
         "bubble_fraction": Threshold(0.10, "measured exposed communication, as a fraction of the "
                                      "step time, above which the rule looks", 0.0, 1.0),
@@ -71,8 +72,12 @@ class CommBoundStep(Rule):
         rows = self._ddp_rows(facts) if facts.strategy in ("ddp", "unknown") and facts.result.buckets \
             else self._window_rows(facts)
         if not rows:
-            raise NotEvaluated("no step has forward/backward phases with GPU collectives (the "
-                               "critical-overlap window is unknown)")
+            view = CollectiveColumns.of(facts.result)
+            if not (view.on_gpu & ~view.kind.isin(POINT_TO_POINT)).any():
+                raise NotApplicable("only point-to-point communication on the GPU (pipeline sends and receives "
+                                    "are pipeline-bubble's): no collective for compute to hide")
+            raise NotEvaluated("no step has both a forward/backward phase and GPU collectives, so the "
+                               "critical-overlap window is unknown")
         exposed = median(r["exposed_us"] for r in rows)
         bubble = median(r["min_bubble_us"] for r in rows)
         t = ctx.thresholds

@@ -48,7 +48,7 @@ class DdpBucketOversized(Rule):
     title = "DDP buckets let all-reduces overlap backward"
     failure_title = "DDP buckets are oversized: a large all-reduce is exposed after backward"
     severity = "warning"
-    needs = ("gpu_steps", "ddp")
+    needs = ("gpu_steps", "ddp", "gradient_collectives")
     thresholds = {
         "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),

@@ -45,7 +45,7 @@ class DdpBucketUndersized(Rule):
     title = "DDP buckets are large enough to be bandwidth-bound"
     failure_title = "DDP buckets are undersized: all-reduces are latency-bound (below S*)"
     severity = "warning"
-    needs = ("gpu_steps", "ddp")
+    needs = ("gpu_steps", "ddp", "gradient_collectives")
     thresholds = {
         "min_buckets": Threshold(2, "fewest buckets per step for the rule to look (merging needs "
                                  "two)", 1, 1e9),

@@ -5,10 +5,15 @@ A rule is a class with a stable ``name`` (public contract), a short ``code``, a 
 it checks) and a ``failure_title`` (what a finding says), a default ``severity``, configurable
 ``thresholds``, the analyses it ``needs``, and docs in its docstring with the sections of
 ``DOC_SECTIONS``. ``check(ctx)`` returns plain data: a list of finding dicts built with
-``ctx.finding(...)``. A rule that cannot check what it checks (no phases, sizes unknown, a
-needed rank missing) raises :class:`NotEvaluated` with the reason: its status is then
-``not_evaluated``, never ``passed``, and the verdict counts it. A rule that raises anything else
-becomes an ``error`` finding for that rule and the run goes on.
+``ctx.finding(...)``. Three statuses say a rule found nothing, and they are never confused:
+``passed`` (it checked and found nothing), ``not_applicable`` (its subject is absent: no gradient
+collectives for a gradient rule, no communication for a communication rule, one process for a
+rule about ranks waiting for each other; the job cannot have the problem) and ``not_evaluated``
+(the job may have the problem, but the traces cannot show it: no phases, sizes unknown, a needed
+rank missing). A rule says which by raising :class:`NotApplicable` or :class:`NotEvaluated`
+with the reason (or through its ``needs``, analyzer.job.facts); the verdict names the rules that
+could not check. A rule that raises anything else becomes an ``error`` finding for that rule and
+the run goes on.
 """
 
 from __future__ import annotations
@@ -47,8 +52,19 @@ MIN_GAIN_FRACTION = Threshold(0.02, "smallest modelled saving, as a fraction of 
                               "worth a finding", 0.0, 1.0)
 
 
+# How a rule ended, in words (the views say it so): it found a problem; it checked and found
+# nothing; its subject is absent from the job; the traces cannot show it; it was switched off.
+STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not applicable",
+                "not_evaluated": "could not check", "disabled": "disabled"}
+
+
 class NotEvaluated(Exception):
     """A rule could not check this job; the message says why (one sentence, no period)."""
+
+
+class NotApplicable(Exception):
+    """What a rule checks is absent from this job (it cannot have the problem); the message says
+    what is missing (one sentence, no period)."""
 
 
 class Rule:
@@ -185,6 +201,9 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
         except NotEvaluated as exc:
             statuses.append({**status, "status": "not_evaluated", "reason": str(exc)})
             continue
+        except NotApplicable as exc:
+            statuses.append({**status, "status": "not_applicable", "reason": str(exc)})
+            continue
         except Exception as exc:  # a broken rule must not hide the others' findings
             produced = [_error_finding(rule, exc)]
         findings.extend(produced)
@@ -260,7 +279,10 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     if model.ranks and any(r.steps for r in model.ranks):
         return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
     # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
-    return "No GPU steps in the traces (CPU-only profile?): only structural checks ran, and none found a problem."
+    if not model.gpu_events:
+        return ("CPU-only traces (no GPU work recorded): only the structural checks could run, and none found a "
+                "problem.")
+    return "No GPU steps in the traces: only structural checks ran, and none found a problem."
 
 
 def _together(joint: dict[str, Any] | None) -> str:

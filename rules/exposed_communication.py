@@ -93,7 +93,7 @@ class ExposedCommunication(Rule):
     title = "Communication is hidden under compute"
     failure_title = "Communication nothing hides takes a large share of the step"
     severity = "warning"
-    needs = ("gpu_steps", "collectives")
+    needs = ("gpu_steps", "communication")
     runs_last = True  # it covers what the other rules leave unexplained
     thresholds = {
         "exposed_fraction": Threshold(0.10, "exposed communication no other finding explains, as a "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analyzer.base.units import fmt_bytes
 from analyzer.whatif.ddp import ddp_steps
-from analyzer.rules.engine import Rule, Threshold, register
+from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, unit_links
 from analyzer.whatif.prediction import not_predicted, predicted
@@ -45,7 +45,7 @@ class Fp32GradientComm(Rule):
     title = "Gradients are communicated in the compute precision"
     failure_title = "Gradients are communicated in fp32 while compute runs in bf16/fp16"
     severity = "warning"
-    needs = ("collectives",)
+    needs = ("gradient_collectives",)
     thresholds = {
         "low_precision_share": Threshold(0.5, "share of GPU compute time in bf16/fp16 kernels from "
                                          "which compute counts as low precision", 0.0, 1.0),
@@ -61,12 +61,20 @@ class Fp32GradientComm(Rule):
         fsdp = facts.strategy.startswith("fsdp")
         kind = "reduce_scatter" if fsdp else "allreduce"
         grads = facts.data_parallel_of(kind, "backward")
-        if not grads or not all(c["dtype"] == "f32" for c in grads):
+        if fsdp and not grads:  # gloo runs FSDP's reduce-scatter as an all-reduce of the whole input
+            grads = facts.data_parallel_of("allreduce", "backward")
+        if not grads:
+            raise NotApplicable(f"no gradient {kind.replace('_', '-')}s in backward")
+        if all(c.get("dtype") is None for c in grads):
+            raise NotEvaluated("the gradient collectives' dtype is not recorded")
+        if not all(c["dtype"] == "f32" for c in grads):
             return []
         low_share = median(v.low_precision_compute_us / v.compute_us for v in facts.steps if v.compute_us)
         gathered = {c["dtype"] for c in facts.data_parallel_collectives if c["collective"] == "allgather"}
         low_params = bool(gathered) and gathered <= set(LOW_PRECISION)
-        if not low_params and (low_share is None or low_share < ctx.thresholds["low_precision_share"]):
+        if not low_params and low_share is None:
+            raise NotEvaluated("the gradients are fp32, but no GPU compute kernels tell the compute precision")
+        if not low_params and low_share < ctx.thresholds["low_precision_share"]:
             return []
         step_us = facts.model.step_time_us
         gain, model = self._gain(facts, fsdp)

@@ -5,21 +5,25 @@ from __future__ import annotations
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_SNIPPET, idle_split_note, ranks_phrase
 
 
 @register
 class GpuIdleHostBound(Rule):
-    """The GPU sits idle for a large part of every step: the host, not the GPU or the network,
-    sets the pace.
+    """The GPU sits idle for lack of work for a large part of every step: the host, not the GPU
+    or the network, sets the pace.
 
     What it detects:
-        Ranks whose GPU runs no kernel, copy or collective for at least ``idle_fraction`` of the
-        typical step (the step window's idle leaf, analyzer.job.attribution), on any rank: idle
-        on a late rank is what the others then wait for. Waiting for another rank happens inside
-        NCCL kernels and is not idle, so this is the GPU waiting for its own host; the idle is
+        Ranks whose GPU runs no kernel, copy or collective, with nothing launched for it to run,
+        for at least ``idle_fraction`` of the typical step (the host part of the step window's
+        idle leaf: each idle gap until the launch of the work that ends it, analyzer.rank
+        .attribution), on any rank: idle on a late rank is what the others then wait for.
+        Waiting for another rank happens inside NCCL kernels and is not idle; idle with work
+        already launched and waiting behind a dependency is gpu-idle-queued's. The host part is
         split by what the host's CPU trace shows meanwhile: the data loader, a blocking device
-        sync (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``), kernel launches, other work.
+        sync (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``, a copy to pageable memory),
+        ordinary host ops running far past their usual length (CPU contention), FSDP's hooks,
+        kernel launches, other work.
 
     Why it matters:
         Time the GPU does not run is lost whatever the parallel strategy; communication tuning
@@ -27,13 +31,15 @@ class GpuIdleHostBound(Rule):
         out (strong scaling), which makes small models look like a network problem.
 
     Evidence:
-        Each rank's idle share of the typical step, and the idle split by host activity on the
-        ranks that fire.
+        Each rank's host-caused idle share of the typical step, and the host idle split by host
+        activity on the ranks that fire (with the inflated host ops when contention leads); a
+        caveat when the trace cannot tell host-caused from queued idle (a filtered trace).
 
     Fix:
-        Follows the largest idle leaf: a faster data loader for input, removing the sync for a
-        device sync (a faster data loader does not fix that), ``torch.compile`` / CUDA graphs
-        for launch-bound steps, profiling the host for the rest.
+        Follows the largest host leaf: a faster data loader for input, removing the sync for a
+        device sync (a faster data loader does not fix that), pinning threads and thread counts
+        for CPU contention, coarser FSDP units for FSDP overhead, ``torch.compile`` / CUDA
+        graphs for launch-bound steps, profiling the host for the rest.
 
     References:
         docs/models.md §6 (compute, MFU: idle time lowers MFU directly); HTA idle-time
@@ -43,7 +49,7 @@ class GpuIdleHostBound(Rule):
     name = "gpu-idle-host-bound"
     code = "TC303"
     title = "The GPU is kept busy"
-    failure_title = "The GPU is idle for much of each step: the host is the bottleneck"
+    failure_title = "The GPU is idle for lack of work for much of each step: the host is the bottleneck"
     severity = "warning"
     needs = ("gpu_steps",)
     thresholds = {
@@ -58,47 +64,64 @@ class GpuIdleHostBound(Rule):
         rows = [(r.rank, r.time_breakdown) for r in ctx.result.ranks if r.time_breakdown]
         if not rows:
             raise NotEvaluated("no time breakdown of a typical step (no GPU steps on any rank)")
-        shares = {rank: tb["idle_us"] / tb["step_time_us"] for rank, tb in rows if tb["step_time_us"]}
+        shares = {rank: host_idle_us(tb) / tb["step_time_us"] for rank, tb in rows if tb["step_time_us"]}
         hit = sorted(rank for rank, share in shares.items() if share >= ctx.thresholds["idle_fraction"])
         if not hit:
             return []
         by_rank = dict(rows)
         activity = _host_activity([by_rank[r] for r in hit])
         step = by_rank[hit[0]]["step"]
-        idle = median(by_rank[r]["idle_us"] for r in hit)
+        idle = median(host_idle_us(by_rank[r]) for r in hit)
+        all_idle = median(by_rank[r]["idle_us"] for r in hit)
         own_step_us = median(by_rank[r]["step_time_us"] for r in hit)
         host = {k: round(median((by_rank[r]["details"].get("idle_by_host") or {}).get(k, 0.0) for r in hit), 1)
                 for k in HOST_ACTIVITY}
         host_text = ", ".join(f"{HOST_ACTIVITY[k]} {fmt_us(v)}" for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if v)
-        who = (f"on {len(hit)} of {len(rows)} ranks" if len(hit) < len(rows) else "on every rank given")
-        summary = (f"The GPU is idle {fmt_us(idle)} of its {fmt_us(own_step_us)} step {who} (median of those "
-                   f"ranks, typical step {step}; up to {100 * max(shares[r] for r in hit):.0f}%); "
-                   f"meanwhile the host is in: {host_text or 'nothing the trace shows'}.")
-        model = ("idle = the step window's time with no kernel, copy or collective on the GPU (waiting for "
-                 "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: "
-                 "data loader, blocking syncs (and the gap they drained), short gaps before late launches, "
-                 "the rest; the gain is an upper bound (all of that idle recovered)")
+        who = ranks_phrase(hit, len(rows))
+        queued = all_idle - idle
+        rest = (f"; the other {fmt_us(queued)} of its {fmt_us(all_idle)} idle had work launched and waiting "
+                "(gpu-idle-queued)" if queued >= 0.05 * all_idle else "")
+        note = idle_split_note(ctx)
+        summary = (f"The GPU is idle for lack of work {fmt_us(idle)} of its {fmt_us(own_step_us)} step {who} "
+                   f"(median of those ranks, typical step {step}; up to {100 * max(shares[r] for r in hit):.0f}%)"
+                   f"{rest}; meanwhile the host is in: {host_text or 'nothing the trace shows'}."
+                   + (f" Caveat: {note}." if note else ""))
+        model = ("host-caused idle = the step window's time with no kernel, copy or collective on the GPU and the "
+                 "work that ends each gap not launched yet (until its launch + the launch latency; waiting for "
+                 "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: data "
+                 "loader, blocking syncs (and the gap they drained), host ops inflated far past their usual length, "
+                 "FSDP hooks, short gaps before late launches, the rest; the gain is an upper bound (all of that "
+                 "idle recovered)")
         evidence = {
-            "step": step, "idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
-            "idle_us_median": round(idle, 1), "step_time_us": round(ctx.model.step_time_us, 1),
+            "step": step, "host_idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
+            "host_idle_us_median": round(idle, 1), "idle_us_median": round(all_idle, 1),
+            "step_time_us": round(ctx.model.step_time_us, 1),
             "step_time_us_median_of_those_ranks": round(own_step_us, 1),
             "idle_by_host_median_us": host, "host_activity": activity,
             "late_ranks_idle": "idle on a late rank is what the others then wait for (straggler-rank)",
         }
-        # The gain is an upper bound: the idle of the median firing rank, were the host never late.
+        if note:
+            evidence["idle_split"] = note
+        evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
+        # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text=f"The host sets the pace: {HOST_FIX[activity]}.",
-                            fix_snippet=_SNIPPETS[activity])]
+                            fix_snippet=HOST_SNIPPET[activity])]
 
 
-_SNIPPETS = {
-    "input": ("DataLoader(dataset, batch_size=..., num_workers=8, pin_memory=True,\n"
-              "           persistent_workers=True, prefetch_factor=4)"),
-    "device_sync": "loss_sum += loss.detach()          # not loss.item() every step\n"
-                   "if step % 100 == 0: print(loss_sum.item() / 100)",
-    "launch": "model = torch.compile(model)   # or CUDA graphs: torch.cuda.make_graphed_callables",
-    "unknown": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
-}
+def host_idle_us(tb) -> float:
+    """A breakdown's host-caused idle (all of its idle in a result saved before the split)."""
+    value = (tb.get("details") or {}).get("idle_host_us")
+    return tb["idle_us"] if value is None else value
+
+
+def _inflated_evidence(ctx, hit, by_rank) -> dict:
+    """The inflated host ops of the firing ranks' typical step, as the rank analysis found them."""
+    ops = {}
+    for r in hit:
+        for name, figures in ((by_rank[r]["details"].get("inflated_ops")) or {}).items():
+            ops.setdefault(name, figures)
+    return {"inflated_host_ops": ops} if ops else {}
 
 
 def _host_activity(breakdowns) -> str:

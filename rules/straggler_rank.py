@@ -11,9 +11,11 @@ from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
+from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
+
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
 
-CAUSES = ("host", "compute", "entry-skew", "network", "unknown")
+CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
 
 @register
@@ -23,32 +25,39 @@ class StragglerRank(Rule):
 
     What it detects:
         For every collective matched across ranks (by Comms Id, else group and sequence number,
-        else group and order), the rank that arrives last (start times on clock-offset-aligned
-        clocks) and, on every other rank, the part of its kernel before that arrival: its wait.
-        Per steady step (analyzer.job.attribution), the exposed wait each late rank causes on the
-        median other rank. The late ranks are those causing at least ``wait_fraction`` of a step;
-        the rule fires when there are any. The pattern is ``persistent`` when one rank is the
-        main late rank in at least ``consistency`` of the steps, else ``rotating``; with one
-        steady step it is ``one step`` (which of the two cannot be told). It needs
-        every rank's trace (with a subset, the last rank given may not be the last member).
+        else group and order), the rank that arrives last (the shortest kernel: the members of
+        a collective end together) and, on every other rank, the part of its kernel before that
+        arrival: its wait, of which the exposed part is the step's "waiting for late peers" leaf
+        (analyzer.job.attribution), attributed to the rank waited for. Per steady step, the
+        waiting each rank causes (mean over the ranks, as the leaf); the late ranks are the
+        smallest set that causes ``wait_share`` of all of it, ranks in order of the waiting they
+        cause (a rank causing less than ``member_share`` of it is not named); the rule fires
+        when they cause at least ``wait_fraction`` of the typical step. A rank that starts the
+        step late but is never the last at a collective costs nobody anything: it is named as
+        entry skew, not as a straggler. The pattern is ``persistent`` when one rank is the main
+        late rank in at least ``consistency`` of the steps, else ``rotating``; with one steady
+        step it is ``one step`` (which of the two cannot be told). It needs every rank's trace
+        (with a subset, the last rank given may not be the last member).
 
     Why it matters:
         Synchronous data parallelism runs at the pace of its slowest rank. Every other GPU waits
         inside the collective for the late rank's extra time, on every step.
 
     Evidence:
-        The late ranks, the wait each causes per step, the pattern, and each late rank's cause,
-        from its own time breakdown against the median other rank in the steps it was late:
-        ``host`` (its GPU idles more: the host was busy elsewhere, and the idle leaves say with
-        what: data loader, device sync, launches, Python), ``compute`` (its kernels take
-        longer), ``entry-skew`` (it starts the step later than the others although its own step
-        is normal: ranks enter the step out of step, as at a first all-to-all), ``network``
-        (its transfer is slower), ``unknown``.
+        The late ranks, ordered by the waiting they cause and each one's share of it, the
+        waiting per step, the pattern, the entry-skew ranks, and each late rank's cause, from
+        its own time breakdown against the median other rank in the steps it was late:
+        ``host`` (its GPU idles more for lack of work: the host was busy elsewhere, and the host
+        leaves say with what: data loader, device sync, CPU contention, FSDP hooks, launches,
+        Python), ``queued`` (its GPU idles more with work launched and waiting behind a
+        dependency), ``compute`` (its kernels take longer), ``entry-skew`` (it starts the step
+        later than the others although its own step is normal: ranks enter the step out of
+        step, as at a first all-to-all), ``network`` (its transfer is slower), ``unknown``.
 
     Fix:
-        Follows the cause: the host's data loader or device sync, the GPU's clocks and
-        thermals, the step entry (uneven input, per-rank work before the step), the rank's
-        links.
+        Follows the cause: the host's data loader or device sync, the dependency the launched
+        work waits on, the GPU's clocks and thermals, the step entry (uneven input, per-rank
+        work before the step), the rank's links.
 
     References:
         docs/models.md §2 (collectives end together; transfer time vs wait);
@@ -60,12 +69,15 @@ class StragglerRank(Rule):
     title = "No rank holds the others back"
     failure_title = "Late ranks make the others wait at the collectives"
     severity = "warning"
-    needs = ("gpu_steps", "all_ranks", "collectives")
+    needs = ("multi_process", "communication", "gpu_steps", "all_ranks")
     thresholds = {
         "consistency": Threshold(0.6, "share of the steady steps in which the same rank is the main "
                                  "late rank, from which the pattern is persistent (else rotating)", 0.0, 1.0),
-        "wait_fraction": Threshold(0.03, "exposed wait a late rank causes on the median other rank in "
-                                   "a step, as a fraction of the step time", 0.0, 1.0),
+        "wait_fraction": Threshold(0.03, "exposed waiting the late ranks cause per step (mean over the ranks), "
+                                   "as a fraction of the typical step, from which the rule fires", 0.0, 1.0),
+        "wait_share": Threshold(0.7, "share of all the waiting for late peers the late ranks must account "
+                                "for: ranks are added in order of the waiting they cause until it does", 0.0, 1.0),
+        "member_share": Threshold(0.1, "share of all the waiting below which a rank is not named late", 0.0, 1.0),
         "cause_fraction": Threshold(0.5, "share of the caused wait a difference in the late rank's "
                                     "own breakdown must reach to name the cause", 0.0, 1.0),
     }
@@ -79,75 +91,135 @@ class StragglerRank(Rule):
             raise NotEvaluated("no time breakdown of the steps (no GPU steps on any rank)")
         every = _steps_by_number(ctx.result)
         steady = sorted(n for n in job["steady_steps"] if n in every)
-        lateness = _lateness(ctx.result)
+        if not steady:
+            raise NotEvaluated("no steady step with every rank's waiting measured")
         t = ctx.thresholds
-        late: dict[int, list[Any]] = {}  # late rank -> steps in which it was late
-        main: Counter = Counter()
-        waits, step_times = {}, {}
-        for number in steady:
-            rows = every[number]
-            step_times[number] = median(tb["step_time_us"] for tb in rows.values())
-            lags = lateness.get(number, {})
-            lost = median(tb["exposed_wait_us"] for tb in rows.values()) or 0.0
-            if not lags or lost < t["wait_fraction"] * step_times[number]:
-                continue
-            top = max(lags.values())
-            in_step = [r for r, lag in lags.items()
-                       if lag >= t["wait_fraction"] * step_times[number] and lag >= 0.5 * top]
-            for rank in in_step:
-                late.setdefault(rank, []).append(number)
-            if in_step:
-                main[min(in_step, key=lambda r: (-lags[r], r))] += 1
-                waits[number] = _wait_for(rows, set(in_step))
-        if not late:
+        step_us = ctx.model.step_time_us or median(median(tb["step_time_us"] for tb in every[n].values())
+                                                   for n in steady)
+        by_step = {n: _caused_in_step(every[n]) for n in steady}
+        caused = _mean_over_steps(by_step, steady)
+        total = sum(caused.values())
+        late = _late_set(caused, total, t["wait_share"], t["member_share"])
+        if not late or sum(caused[r] for r in late) < t["wait_fraction"] * step_us:
             return []
-        wait = median(waits.values()) or 0.0
-        step_us = ctx.model.step_time_us or median(step_times.values())  # the typical step's, as every view
-        top, count = min(main.items(), key=lambda kv: (-kv[1], kv[0]))
+        # What their lateness costs a step: the others' wait for them (the median rank not late).
+        gain = sum(_wait_for(every[n], set(late)) for n in steady) / len(steady)
+        lateness = _lateness(ctx.result)
+        main = Counter(max(by_step[n], key=lambda r: (by_step[n][r], -r)) for n in steady if by_step[n])
+        top, count = min(((r, c) for r, c in main.items() if r in late), key=lambda kv: (-kv[1], kv[0]),
+                         default=(late[0], 0))
         # One steady step cannot show a rank late step after step, nor late ranks taking turns.
         pattern = "one step" if len(steady) < 2 else \
             "persistent" if count >= t["consistency"] * len(steady) else "rotating"
-        causes = {rank: _cause(every, rank, late[rank], lateness, t["cause_fraction"]) for rank in sorted(late)}
-        worst = max(late, key=lambda r: (sum(lateness[n][r] for n in late[r]), -r))
-        names = ", ".join(str(r) for r in sorted(late))
+        late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] for r in late}
+        causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
+        worst = late[0]
         lead = causes[worst]
-        summary = (f"Rank{'s' if len(late) > 1 else ''} {names} arrive{'' if len(late) > 1 else 's'} late at the "
-                   f"collectives ({_pattern_text(pattern, top, count, len(steady))}) and the other ranks wait {fmt_us(wait)} per step for "
-                   f"{'them' if len(late) > 1 else 'it'} (median of the steady steps they are late in: "
-                   f"{100 * wait / step_us:.1f}% of the {fmt_us(step_us)} typical step); cause: "
-                   f"{lead['cause']} — {lead['text']}.")
-        model = ("lateness = a rank's largest arrival after the median member at the step's collectives "
-                 "(clock offsets corrected); wait = the exposed part of each collective before its last member "
-                 f"arrived, on the median rank that is not late, median over the steady steps they are late in; "
-                 f"{fmt_us(wait)} = {100 * wait / step_us:.1f}% of the {fmt_us(step_us)} typical step")
+        skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
+        shares = ", ".join(f"rank {r} {fmt_us(caused[r])} ({100 * caused[r] / total:.0f}%)" for r in late)
+        names = ", ".join(str(r) for r in late)
+        many = len(late) > 1
+        share = sum(caused[r] for r in late) / total
+        summary = (f"Rank{'s' if many else ''} {names} cause{'' if many else 's'} {100 * share:.0f}% of the waiting "
+                   f"for late peers at the collectives ({fmt_us(total)} per step, mean over the ranks): {shares} "
+                   f"(mean over the {len(steady)} steady step(s); {_pattern_text(pattern, top, count, len(steady))}); "
+                   f"the other ranks wait {fmt_us(gain)} per step for {'them' if many else 'it'} (median rank not "
+                   f"late: {100 * gain / step_us:.1f}% of the {fmt_us(step_us)} typical step); cause: "
+                   f"{lead['cause']} — {lead['text']}.{_skew_text(skewed)}")
+        model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
+                 "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
+                 "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
+                 "the ranks and the steady steps; the late ranks = the fewest, in order of caused waiting, that "
+                 f"cause {100 * t['wait_share']:.0f}% of it; the gain is the others' wait for them (median rank not "
+                 f"late, mean over the steady steps: {fmt_us(gain)}): an upper bound, since with them on time the "
+                 "next-latest rank sets the pace")
         evidence = {
-            "late_ranks": sorted(late), "pattern": pattern, "main_late_rank": top,
+            "late_ranks": late, "pattern": pattern, "main_late_rank": top,
             "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
             "causes": {str(r): c for r, c in causes.items()},
-            "wait_per_step_us": round(wait, 1),
+            "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
+            "caused_wait_share": {str(r): round(caused[r] / total, 3) for r in late},
+            "wait_per_step_us": round(gain, 1), "all_waiting_per_step_us": round(total, 1),
+            "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
                                  for n in steady],
+            "entry_skew": {str(r): round(v, 1) for r, v in skewed.items()},
             "step_time_us": round(step_us, 1),
             "wait_source": job.get("wait_source"),
         }
-        return [ctx.finding(summary=summary, ranks=sorted(late), steps=sorted({n for v in late.values() for n in v}),
-                            evidence=evidence, estimated_gain_us=wait, model=model,
-                            recovers=_recovers(ctx, set(late), wait, lead["cause"]),
+        return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
+                            evidence=evidence, estimated_gain_us=gain, model=model,
+                            recovers=_recovers(sum(caused[r] for r in late), gain, lead["cause"]),
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
 
 
+def _caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
+    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
+    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
+    out: dict[int, float] = {}
+    for tb in rows.values():
+        for peer, us in (tb.get("wait_by_peer") or {}).items():
+            if peer.isdigit():
+                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
+    return out
+
+
+def _mean_over_steps(by_step: dict[Any, dict[int, float]], steps: list[Any]) -> dict[int, float]:
+    ranks = sorted({r for caused in by_step.values() for r in caused})
+    return {r: sum(by_step[n].get(r, 0.0) for n in steps) / len(steps) for r in ranks}
+
+
+def _late_set(caused: dict[int, float], total: float, share: float, member: float) -> list[int]:
+    """The fewest ranks, in order of the waiting they cause (most first), that cause ``share`` of
+    it all; none causing less than ``member`` of it."""
+    late: list[int] = []
+    covered = 0.0
+    for rank in sorted(caused, key=lambda r: (-caused[r], r)):
+        if covered >= share * total or caused[rank] < member * total or caused[rank] <= 0.0:
+            break
+        late.append(rank)
+        covered += caused[rank]
+    return late
+
+
+def _entry_skew(every, steady: list[Any], late: list[int], caused: dict[int, float], total: float,
+                floor_us: float, member: float) -> dict[int, float]:
+    """{rank: how much later than the median rank it starts the step (µs, median over the steady
+    steps)} of the ranks that start at least ``floor_us`` late yet cause (next to) no waiting."""
+    lags: dict[int, list[float]] = {}
+    for n in steady:
+        rows = every[n]
+        middle = median(tb["entry_us"] for tb in rows.values())
+        for rank, tb in rows.items():
+            lags.setdefault(rank, []).append(tb["entry_us"] - middle)
+    out = {}
+    for rank, values in sorted(lags.items()):
+        lag = median(values)
+        if rank not in late and lag >= floor_us and caused.get(rank, 0.0) < member * total:
+            out[rank] = lag
+    return out
+
+
+def _skew_text(skewed: dict[int, float]) -> str:
+    if not skewed:
+        return ""
+    ranks = sorted(skewed)
+    many = len(ranks) > 1
+    lags = ", ".join(fmt_us(skewed[r]) for r in ranks)
+    return (f" Rank{'s' if many else ''} {', '.join(map(str, ranks))} start{'' if many else 's'} the step late "
+            f"({lags} after the median rank) but {'are' if many else 'is'} never the last at a collective that "
+            "costs the others: entry skew, not a straggler.")
+
+
 # Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
-_OWN_LEAF = {"host": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
+_OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
              "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
 
 
-def _recovers(ctx, late: set[int], gain: float, cause: str) -> dict[str, float]:
-    """The gain over the typical step's leaves: the others' waiting for the late ranks (mean over
+def _recovers(waited: float, gain: float, cause: str) -> dict[str, float]:
+    """The gain over the step's leaves: the waiting for the late ranks (``waited``: mean over the
     ranks, as the step's leaves are), the rest in the leaf that holds the late ranks' own extra
     time (a slow GPU's compute, a stalled host's idle)."""
-    typical = ctx.model.typical
-    waited = sum(v for peer, v in typical.details.wait_by_peer.items() if peer.isdigit() and int(peer) in late) \
-        if typical else 0.0
     wait = min(gain, waited)
     rest = _OWN_LEAF.get(cause, "exposed_wait_us")
     return {"exposed_wait_us": wait, rest: gain - wait} if gain > wait and rest != "exposed_wait_us" \
@@ -222,17 +294,22 @@ def _cause(every, rank: int, late_steps: list[Any], lateness, share: float) -> d
     the first difference that explains ``share`` of its lateness names the cause. A host stall
     before the step's first kernel lies in the previous step's window (windows start at the
     first kernel), so the idle of both windows counts."""
-    diffs: dict[str, list[float]] = {"idle": [], "compute": [], "entry": [], "transfer": []}
+    diffs: dict[str, list[float]] = {"idle": [], "queued": [], "compute": [], "entry": [], "transfer": []}
     host: dict[str, list[float]] = {}
+    waited: dict[str, list[float]] = {}  # what the queued idle waited on
     entry_host: dict[str, list[float]] = {}  # host activity before the step's first kernel
     lags = []
     for number in late_steps:
         rows, before = every[number], every.get(number - 1) if isinstance(number, int) else None
-        lags.append(lateness[number][rank])
+        lags.append(lateness.get(number, {}).get(rank, 0.0))
         idle_now, idle_before = _excess(rows, rank, "idle_us"), _excess(before, rank, "idle_us")
         diffs["idle"].append(max(idle_now, idle_before))
-        for activity, value in _host_excess(rows if idle_now >= idle_before else before, rank).items():
+        chosen = rows if idle_now >= idle_before else before
+        diffs["queued"].append(_excess(chosen, rank, "idle_queued_us"))
+        for activity, value in _host_excess(chosen, rank).items():
             host.setdefault(activity, []).append(value)
+        for dependency, value in _host_excess(chosen, rank, "idle_queued_by").items():
+            waited.setdefault(dependency, []).append(value)
         for key, leaf in (("compute", "compute_only_us"), ("entry", "entry_us"), ("transfer", "exposed_transfer_us")):
             diffs[key].append(_excess(rows, rank, leaf))
         for activity, value in _host_excess(rows, rank, "host_before_us").items():
@@ -240,6 +317,11 @@ def _cause(every, rank: int, late_steps: list[Any], lateness, share: float) -> d
     lag = median(lags)
     d = {k: median(v) for k, v in diffs.items()}
     out = {"lateness_us": round(lag, 1), "vs_median_rank_us": {k: round(v, 1) for k, v in d.items()}}
+    if d["idle"] >= share * lag and d["queued"] >= 0.5 * d["idle"]:  # the work was launched and waited
+        dependency = max(waited, key=lambda a: (median(waited[a]), a)) if waited else "event"
+        return {**out, "cause": "queued", "waited_on": dependency,
+                "text": f"rank {rank}'s GPU idles {fmt_us(d['idle'])} more per step than the median rank, "
+                        f"{fmt_us(d['queued'])} of it with work launched and waiting on {WAITED_ON[dependency]}"}
     if d["idle"] >= share * lag:
         activity = max(host, key=lambda a: (median(host[a]), a)) if host else "unknown"
         return {**out, "cause": "host", "host_activity": activity,
@@ -270,6 +352,8 @@ def _fix(ctx, rank: int, lead: dict[str, Any]) -> str:
     cause = lead["cause"]
     if cause == "host":
         return f"Rank {rank} ({node}) is host-bound: {HOST_FIX.get(lead['host_activity'], HOST_FIX['unknown'])}."
+    if cause == "queued":
+        return f"Rank {rank} ({node}) waits behind a dependency: {dependency_fix(lead['waited_on'], {}, False)[0]}"
     if cause == "compute":
         return (f"Inspect rank {rank}'s GPU on {node}: clocks and thermals, competing processes, uneven "
                 "input shapes; drain or replace the node.")

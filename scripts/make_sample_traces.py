@@ -55,6 +55,11 @@ SCENARIO_NOTES = {
     "ddp_forward_allreduce": "a blocking 1.5 GiB activation all-reduce after each block's forward (tensor-parallel style), 2 x 2 GPUs",
     "ddp_alltoall_embeddings": "sharded embeddings: a 3 GiB all-to-all before the dense forward and after the backward, 2 x 2 GPUs",
     "ddp_2node_16r_healthy": "healthy DDP on 2 x 8 GPUs, 8 NICs per node",
+    "ddp_pageable_input": ("each next batch copied from pageable memory on a side stream: the step's launched work "
+                           "waits for the staged copy (queued idle); loss.cpu() to pageable memory"),
+    "ddp_two_late_ranks": ("rank 1 stalls 30 ms every other step, rank 3 18 ms every step (unequal caused waiting); "
+                           "rank 2 5 ms: late at the start, never the last (entry skew)"),
+    "ddp_cpu_contention": "every 15th runtime call of the training threads descheduled for 3 ms (CPU contention)",
     "ddp_bucket_oversized": "bucket_cap_mb=1024: few buckets, exposed all-reduce tail",
     "ddp_bucket_undersized": "bucket_cap_mb=1: many α-bound cross-node all-reduces (no host_name, no kernel args)",
     "ddp_comm_bound": "1 NIC per node: all-reduce longer than backward",

@@ -21,7 +21,12 @@ def assert_adds_up(result):
             four = tb["compute_only_us"] + tb["exposed_comm_us"] + tb["other_gpu_us"] + tb["idle_us"]
             assert four == pytest.approx(step["step_time_us"], abs=1e-6), (rank.rank, step["step"])
             assert tb["exposed_wait_us"] + tb["exposed_transfer_us"] == pytest.approx(tb["exposed_comm_us"], abs=1e-6)
-            assert sum(tb["idle_by_host"].values()) == pytest.approx(tb["idle_us"], abs=1e-6)
+            # idle = host-caused + queued; each split by its causes
+            assert tb["idle_host_us"] + tb["idle_queued_us"] == pytest.approx(tb["idle_us"], abs=2e-3)
+            assert sum(tb["idle_by_host"].values()) == pytest.approx(tb["idle_host_us"], abs=2e-3)
+            assert sum(tb["idle_queued_by"].values()) == pytest.approx(tb["idle_queued_us"], abs=2e-3)
+            assert min(tb["idle_by_host"].values()) >= 0 and min(tb["idle_queued_by"].values()) >= 0
+            assert 0 <= tb["idle_queued_in_sync_us"] <= tb["idle_queued_us"] + 1e-6
             assert min(tb[k] for k in LEAVES) >= 0
         if rank.time_breakdown is not None:
             tb = rank.time_breakdown
@@ -35,6 +40,8 @@ def assert_adds_up(result):
             assert sum(c["wait_us"] for c in cells) == pytest.approx(job["exposed_wait_us"], abs=0.01)
             assert sum(c["transfer_us"] for c in cells) == pytest.approx(job["exposed_transfer_us"], abs=0.01)
         assert sum(details["wait_by_peer"].values()) <= job["exposed_wait_us"] + 0.01
+        assert details["idle_host_us"] + details["idle_queued_us"] == pytest.approx(job["idle_us"], abs=0.01)
+        assert sum(details["idle_by_host"].values()) == pytest.approx(details["idle_host_us"], abs=0.01)
         doc = result.to_dict()
         for entry in doc["ranks"]:
             if entry["time_breakdown"]:

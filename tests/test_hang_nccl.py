@@ -156,7 +156,7 @@ def test_world_size_and_history_from_the_kineto_traces(tmp_path, capsys):
     assert doc["history"]["source"] == "the straggler-rank rule" and list(doc["history"]["late_ranks"]) == ["5"]
     assert doc["history"]["culprits"]["7"] == {"traced": True, "already_late": False, "why": None, "late_steps": [],
                                                "of_steps": 3}
-    assert "rank 7 was not the late rank in the profiled steps: rank 5 was (Rank 5 arrives late" in doc["verdict"]
+    assert "rank 7 was not the late rank in the profiled steps: rank 5 was (Rank 5 causes" in doc["verdict"]
 
 
 def test_culprit_that_was_the_straggler(tmp_path, capsys):
@@ -169,7 +169,7 @@ def test_culprit_that_was_the_straggler(tmp_path, capsys):
     code, out, _ = run(capsys, "hang", str(tmp_path), "--traces", str(SAMPLES.parent / "synthetic" / "ddp_straggler"))
     first = out.splitlines()[0]
     assert code == 1 and first.startswith("VERDICT: rank 5 never entered all_reduce #6")
-    assert "rank 5 was already the late rank in the profiled steps (the last in 3 of 3 steps: Rank 5 arrives late" in first
+    assert "rank 5 was already the late rank in the profiled steps (the last in 3 of 3 steps: Rank 5 causes" in first
 
 
 def test_traces_of_another_job_give_no_history(tmp_path, capsys):

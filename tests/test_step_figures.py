@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from analyzer.base import arrays
 from analyzer.base import intervals as iv
-from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, Markers
-from analyzer.rank.attribution import LAUNCH_GAP_NS, RankTimeline
+from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
+from analyzer.rank.attribution import LAUNCH_GAP_NS, LAUNCH_LATENCY_NS, RankTimeline
 from analyzer.rank import steps as steps_module
 from analyzer.rank.analysis import _first_within
 from analyzer.rank.steps import _is_attention_forward, _is_low_precision, step_figures
@@ -108,32 +108,50 @@ def test_steps_beyond_the_lanes_span_are_computed_a_few_at_a_time(rows, limit):
 
 
 class PlainTimeline:
-    """RankTimeline as it was: one window at a time."""
+    """RankTimeline one window at a time, its idle split by plain loops over the gaps: each gap
+    between busy stretches is the host's until the launch (+ latency) of the earliest-launched
+    work that ends it, queued after; the host part by the data loader, blocking syncs (and whole
+    stretches that began while blocked), short gaps before late launches, the rest."""
 
     def __init__(self, trace, gpu, launch_ts):
         kind = gpu.kind
+        self.gpu, self.launch_ts = gpu, launch_ts
         self.compute = _union(gpu, kind == GpuKind.COMPUTE)
         self.comm = _union(gpu, kind == GpuKind.COMM)
         self.busy = iv.union(gpu.ts, gpu.end)
         m = trace.markers
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _marker_union(m, Marker.HOST_SYNC)
-        order = np.argsort(gpu.ts, kind="stable")
-        self._next_ts, self._next_launch = gpu.ts[order], launch_ts[order]
+        self.gaps = []  # (start, end, launch or -1, cause) of each gap between busy stretches
+        starts, ends = self.busy
+        for gap_start, gap_end in zip(ends[:-1].tolist(), starts[1:].tolist()):
+            ending = [i for i in range(len(gpu)) if int(gpu.ts[i]) == gap_end]
+            known = [i for i in ending if launch_ts[i] >= 0]
+            row = min(known, key=lambda i: (int(launch_ts[i]), i)) if known else ending[0]
+            cause = {GpuKind.COMM: "collective", GpuKind.MEMORY: "copy"}.get(GpuKind(int(gpu.kind[row])), "event")
+            self.gaps.append((gap_start, gap_end, int(launch_ts[row]) if known else -1, cause))
 
     def step(self, start, end):
         compute = iv.clip(self.compute, start, end)
         comm = iv.subtract(iv.clip(self.comm, start, end), compute)
         busy = iv.clip(self.busy, start, end)
-        idle = iv.subtract((np.array([start], np.int64), np.array([end], np.int64)), busy)
         compute_ns, comm_ns, busy_ns = iv.total(compute), iv.total(comm), iv.total(busy)
-        causes = self._idle_causes(idle)
+        idle_ns = (end - start) - busy_ns
+        split = self._split(start, end)
+        by_host = {k: ns_to_us(v) for k, v in split["host"].items()}
         out = {
             "compute_only_us": ns_to_us(compute_ns),
             "exposed_comm_us": ns_to_us(comm_ns),
             "other_gpu_us": ns_to_us(busy_ns - compute_ns - comm_ns),
-            "idle_us": ns_to_us((end - start) - busy_ns),
-            "idle_by_host": {k: ns_to_us(v) for k, v in causes.items()},
+            "idle_us": ns_to_us(idle_ns),
+            "idle_by_host": by_host,
+            "idle_host_us": ns_to_us(idle_ns - sum(split["queued"].values())),
+            "idle_queued_us": ns_to_us(sum(split["queued"].values())),
+            "idle_queued_by": {k: ns_to_us(v) for k, v in split["queued"].items()},
+            "idle_queued_in_sync_us": ns_to_us(split["in_sync"]),
+            "idle_queued_ops": {cause: {"k": ns_to_us(ns)} for cause, ns in split["queued"].items() if ns},
+            "idle_unlinked_us": ns_to_us(split["unlinked"]),
+            "queued_copies_us": ns_to_us(split["copies"]),
         }
         return out, np.stack(comm, axis=1).ravel().tolist()
 
@@ -143,34 +161,59 @@ class PlainTimeline:
         return {"input": ns_to_us(iv.total(iv.clip(self.input, cpu_start, first_gpu))),
                 "device_sync": ns_to_us(iv.total(iv.clip(self.sync, cpu_start, first_gpu)))}
 
-    def _idle_causes(self, idle):
-        rest = idle
-        found = {}
-        found["input"], rest = _take(rest, self.input)
-        found["device_sync"], rest = _take(rest, self._sync_gaps(rest))
-        found["launch"], rest = _take(rest, self._launch_gaps(idle))
-        found["unknown"] = iv.total(rest)
-        return found
+    def _ends_gap(self, i):
+        """Whether GPU event i is the one the vectorised code takes as ending its gap: of the
+        events starting there, the earliest launched (unknown launches last, then row order)."""
+        ts = int(self.gpu.ts[i])
+        same = [j for j in range(len(self.gpu)) if int(self.gpu.ts[j]) == ts]
+        known = [j for j in same if self.launch_ts[j] >= 0]
+        chosen = min(known, key=lambda j: (int(self.launch_ts[j]), j)) if known else same[0]
+        return chosen == i
 
-    def _sync_gaps(self, gaps):
-        starts, ends = gaps
-        if not len(starts) or not len(self.sync[0]):
-            return iv.EMPTY
-        inside = iv.covered_length(self.sync, starts - 1, starts) > 0
-        near = iv.clip(self.sync, int(starts[0]), int(ends[-1]))
-        return iv.union(np.concatenate([starts[inside], near[0]]), np.concatenate([ends[inside], near[1]]))
+    def _split(self, start, end):
+        host, queued = [], {"graph": [], "collective": [], "copy": [], "event": []}
+        unlinked = []
+        for gap_start, gap_end, launch, cause in self.gaps:
+            cut = gap_end if launch < 0 else min(max(launch + LAUNCH_LATENCY_NS, gap_start), gap_end)
+            host.append((gap_start, cut))
+            queued[cause].append((cut, gap_end))
+            if launch < 0:
+                unlinked.append((gap_start, gap_end))
+        host_set = _set(host)
+        rest = iv.subtract(host_set, self.input)
+        blocked = [(s, e) for s, e in zip(rest[0].tolist(), rest[1].tolist())
+                   if iv.total(iv.clip(self.sync, s - 1, s))]
+        synced = iv.intersect(rest, iv.union(np.concatenate([_set(blocked)[0], self.sync[0]]),
+                                             np.concatenate([_set(blocked)[1], self.sync[1]])))
+        rest = iv.subtract(rest, synced)
+        late = []
+        for s, e in zip(*(a.tolist() for a in iv.clip(rest, start, end))):
+            gap_start, gap_end, launch, _ = next(g for g in self.gaps if g[0] <= s < g[1])
+            if min(gap_end, end) - max(gap_start, start) <= LAUNCH_GAP_NS and launch >= gap_start:
+                late.append((s, e))
+        launched = _set(late)
 
-    def _launch_gaps(self, gaps):
-        starts, ends = gaps
-        if not len(starts) or not len(self._next_ts):
-            return iv.EMPTY
-        idx = np.searchsorted(self._next_ts, ends, side="left")
-        has_next = idx < len(self._next_ts)
-        launch = np.where(has_next, self._next_launch[np.minimum(idx, len(self._next_ts) - 1)], -1)
-        short = (ends - starts) <= LAUNCH_GAP_NS
-        late = has_next & (launch >= starts)
-        keep = short & late
-        return starts[keep], ends[keep]
+        def within(ranges):
+            return iv.total(iv.clip(ranges, start, end)) if end > start else 0
+
+        found = {"input": within(host_set) - within(iv.subtract(host_set, self.input)),
+                 "device_sync": within(synced), "contention": 0, "fsdp": 0, "launch": within(launched)}
+        waits = {cause: within(_set(parts)) for cause, parts in queued.items()}
+        idle_ns = (end - start) - iv.total(iv.clip(self.busy, start, end))
+        found["unknown"] = idle_ns - sum(found.values()) - sum(waits.values())
+        copies = [(int(self.gpu.ts[i]), int(self.gpu.end[i])) for i in range(len(self.gpu))
+                  if self.gpu.kind[i] == GpuKind.MEMORY
+                  and any(g[1] == self.gpu.ts[i] and g[3] == "copy" and g[2] >= 0
+                          and min(max(g[2] + LAUNCH_LATENCY_NS, g[0]), g[1]) < g[1] for g in self.gaps)
+                  and self._ends_gap(i)]
+        alone = iv.subtract(iv.subtract(_set(copies), self.compute), iv.subtract(self.comm, self.compute))
+        return {"host": found, "queued": waits, "unlinked": within(_set(unlinked)), "copies": within(alone),
+                "in_sync": within(iv.intersect(_set([p for parts in queued.values() for p in parts]), self.sync))}
+
+
+def _set(pairs):
+    pairs = [(s, e) for s, e in pairs if e > s]
+    return iv.union(np.array([s for s, _ in pairs], np.int64), np.array([e for _, e in pairs], np.int64))
 
 
 def _take(rest, cause):
@@ -208,7 +251,9 @@ def timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter):
     markers = Markers(mts, mends, np.zeros(len(rows), np.int32),
                       np.array([k for _, _, k in rows], dtype=np.int8), np.zeros(len(rows), np.int32),
                       np.full(len(rows), -1, np.int64))
-    return SimpleNamespace(markers=markers), gpu, launch_ts
+    none = np.zeros(0, np.int64)
+    return SimpleNamespace(markers=markers, strings=["k"], launches=Launches(none, none, none.astype(np.int32), none)), \
+        gpu, launch_ts
 
 
 @settings(max_examples=400, deadline=None)

@@ -60,3 +60,51 @@ def test_one_steady_step_names_no_pattern(real_traces):
     f = finding("real/param_dlrm_ddp_8rank", "straggler-rank")
     assert f["evidence"]["steady_steps"] == [10] and f["evidence"]["pattern"] == "one step"
     assert "persistent" not in f["summary"] and "cannot be told" in f["summary"]
+
+
+def _truth_caused(job: str) -> dict[int, float]:
+    """Each rank's caused waiting from the generator's own collectives: per collective (group,
+    seq), the member that started last, and the other members' waits (dur - transfer), summed
+    over the analysis's steady steps."""
+    from analyzer.synth.truth import collective_rows
+    truth = json.loads((SAMPLES / "synthetic" / job / "truth.json").read_text())
+    steady = set(finding(f"synthetic/{job}", "straggler-rank")["evidence"]["steady_steps"])
+    sets: dict = {}
+    for row in collective_rows(truth):
+        if row["step"] in steady:
+            sets.setdefault((row["group"], row["seq"]), []).append(row)
+    caused: dict[int, float] = {}
+    for members in sets.values():
+        last = max(members, key=lambda r: r["start_us"])
+        caused[last["rank"]] = caused.get(last["rank"], 0.0) + sum(m["wait_us"] for m in members if m is not last)
+    return caused
+
+
+def test_late_ranks_ordered_by_the_waiting_they_cause():
+    """Rank 1 (30 ms every other step) and rank 3 (18 ms every step) are both named, rank 1
+    first, with their shares of the waiting close to the generator's; rank 2 (5 ms) starts late
+    but is never the last: entry skew."""
+    f = finding("synthetic/ddp_two_late_ranks", "straggler-rank")
+    e = f["evidence"]
+    assert e["late_ranks"] == f["ranks"] == [1, 3]
+    caused = _truth_caused("ddp_two_late_ranks")
+    total = sum(caused.values())
+    for rank in (1, 3):
+        assert e["caused_wait_share"][str(rank)] == pytest.approx(caused[rank] / total, abs=0.1)
+    assert list(e["caused_wait_us"])[:2] == ["1", "3"]
+    assert set(e["entry_skew"]) == {"2"} and e["entry_skew"]["2"] == pytest.approx(5000, rel=0.1)
+    assert "entry skew, not a straggler" in f["summary"]
+    # the gain: the others' wait for them, split into the waiting and the late ranks' own idle
+    assert sum(f["recovers"].values()) == pytest.approx(f["estimated_gain_us"], abs=0.2)
+    assert f["recovers"]["exposed_wait_us"] == pytest.approx(sum(e["caused_wait_us"][str(r)] for r in (1, 3)), abs=0.2)
+
+
+def test_dlrm_names_the_rank_that_causes_the_waiting(real_traces):
+    """param_dlrm_ddp_8rank: rank 7 is the last arrival at 5 of 8 collectives and causes ~3/4 of
+    the waiting (independently: 35.5 of the 46.8 ms summed kernel waits); ranks 2 and 6 start
+    the step late but are never last."""
+    f = finding("real/param_dlrm_ddp_8rank", "straggler-rank")
+    e = f["evidence"]
+    assert f["ranks"] == e["late_ranks"] == [7]
+    assert 0.7 < e["caused_wait_share"]["7"] < 0.85
+    assert {"2", "6"} <= set(e["entry_skew"]) and "7" not in e["entry_skew"]

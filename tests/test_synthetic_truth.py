@@ -108,3 +108,15 @@ def test_time_breakdown_equals_truth(job):
                 assert tb[key] == pytest.approx(want[key], abs=tol), (where, key)
             assert tb["idle_by_host"]["input"] == pytest.approx(want["idle_input_us"], abs=tol), where
             assert tb["idle_by_host"]["device_sync"] == pytest.approx(want["idle_device_sync_us"], abs=tol), where
+            # idle with work launched and waiting, from the generator's own launch times (the
+            # analysis allows 50 µs of launch latency, the generator 2.5 µs: 50 µs per gap at most)
+            gaps_tol = tol + 0.05 * max(1, _queued_gaps(want))
+            assert tb["idle_queued_us"] == pytest.approx(want["idle_queued_us"], abs=gaps_tol), where
+            assert tb["idle_queued_by"]["copy"] == pytest.approx(want["idle_queued_copy_us"], abs=gaps_tol), where
+            assert tb["idle_queued_in_sync_us"] == pytest.approx(want["idle_queued_in_sync_us"], abs=gaps_tol), where
+            assert tb["idle_by_host"]["contention"] == pytest.approx(want["idle_contention_us"], abs=tol), where
+
+
+def _queued_gaps(want) -> float:
+    """A generous count of the queued gaps of a step (a few per ms of queued idle)."""
+    return want["idle_queued_us"] / 100.0

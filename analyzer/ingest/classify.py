@@ -15,6 +15,11 @@ from analyzer.ingest.trace import GpuKind, Marker
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
+ANNOTATION_CAT = "user_annotation"  # record_function ranges
+# The categories of host ops whose lengths tell a descheduled host (analyzer.ingest.hostops).
+HOST_OP_CATS = frozenset({"cpu_op"}) | LAUNCH_CATS
+# Kineto's flow arrows from a runtime launch to the GPU work it launched (counted, not read).
+FLOW_CATS = frozenset({"ac2g"})
 
 __all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 
@@ -54,6 +59,11 @@ HOST_SYNC_NAMES = frozenset({
 _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
+# A job's own ranges of its passes: a schedule's forward / backward step (Megatron-style
+# "forward_step", "backward-compute"...), and ranges suffixed with the pass they run in, as
+# DeepEP-style MoE layers annotate theirs ("dispatch(F)", "combine(B)").
+_PASS_RANGE = re.compile(r"^(forward|backward)(?:[_\- ](?:step|compute|pass))?$", re.IGNORECASE)
+_PASS_SUFFIX = re.compile(r"^[\w.:\-]+\(([FB])\)$")
 _PIPELINE_ACTION = re.compile(r"^(?:Forward|Backward) \d+$")
 
 # Framework markers of parallelism (CPU op names: autograd Functions record their class name,
@@ -70,8 +80,8 @@ FRAMEWORK_MARKERS = (
     ("dtensor", re.compile(r"^(?:autograd::engine::evaluate_function: )?(?:_FromTorchTensor|_ToTorchTensor|Redistribute)"
                            r"(?:Backward)?$")),
     ("pipeline", re.compile(r"^(?:Forward|Backward) \d+$|^PP:")),
-    ("expert", re.compile(r"Fused(?:Dispatch|Combine)|TokenDispatcher|(?:^|[.: ])(?:moe_)?(?:dispatch|combine)$",
-                          re.IGNORECASE)),
+    ("expert", re.compile(r"Fused(?:Dispatch|Combine)|TokenDispatcher"
+                          r"|(?:^|[.: ])(?:moe_)?(?:dispatch|combine)(?:\([FB]\))?$", re.IGNORECASE)),
 )
 
 
@@ -123,6 +133,12 @@ def marker_kind(name: str) -> int | None:
         return Marker.FORWARD if name[0] == "F" else Marker.BACKWARD
     if name == "## backward ##":
         return Marker.BACKWARD
+    named = _PASS_RANGE.match(name)
+    if named:
+        return Marker.FORWARD if named.group(1).lower() == "forward" else Marker.BACKWARD
+    suffixed = _PASS_SUFFIX.match(name)
+    if suffixed:
+        return Marker.FORWARD if suffixed.group(1) == "F" else Marker.BACKWARD
     if name.startswith("## optimizer"):
         return Marker.OPTIMIZER
     if framework_marker(name):

@@ -20,12 +20,16 @@ from analyzer.base import arrays
 from analyzer.base.limits import MAX_COMMS_ID, MAX_DEVICE_BYTES, MAX_DURATION_US, MAX_ID, MAX_WORLD
 from analyzer.ingest.classify import (
     CPU_OP_CATS,
+    ANNOTATION_CAT,
+    FLOW_CATS,
     GPU_ACTIVITY_CATS,
+    HOST_OP_CATS,
     LAUNCH_CATS,
     KernelClassifier,
     marker_kind,
     step_number,
 )
+from analyzer.ingest.hostops import HostOpDurations
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
 from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
@@ -52,8 +56,9 @@ def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
     return list(itemgetter(*index.tolist())(items))
 
 
-def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
-    """Events of the categories tracecliff reads, grouped by category (one C-level pass).
+def split_by_category(events: list[Event], counts: dict[str, int] | None = None) -> dict[str, list[Event]]:
+    """Events of the categories tracecliff reads, grouped by category (one C-level pass);
+    ``counts``: the number of flow events (``FLOW_CATS``), added to ``counts["flow"]``.
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
@@ -63,6 +68,8 @@ def split_by_category(events: list[Event]) -> dict[str, list[Event]]:
     for code, value in enumerate(cat_values):
         if value in GPU_ACTIVITY_CATS or value in LAUNCH_CATS or value in CPU_OP_CATS:
             groups[value] = _take(events, np.flatnonzero(cat_codes == code))
+        elif counts is not None and value in FLOW_CATS:
+            counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
     return groups
 
 
@@ -79,12 +86,6 @@ def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     start = _us_to_ns(ts)
     return start, start + np.rint(dur * 1000.0).astype(np.int64), valid
 
-
-def start_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-    """(start, valid mask) in int64 ns, for events whose duration is not needed."""
-    ts = _column(events, _get["ts"], np.float64)
-    valid = np.isfinite(ts) & (np.abs(ts) < 2**52)
-    return _us_to_ns(np.where(valid, ts, 0.0)), valid
 
 
 def _us_to_ns(us: np.ndarray) -> np.ndarray:
@@ -254,6 +255,9 @@ class ColumnBuilder:
         self.classifier = classifier
         self.names, self.threads = Interner(), Interner()
         self.event_count = 0
+        # Flow events (launch -> kernel arrows) and runtime calls seen: a trace with neither
+        # flows nor runtime calls beyond the launches was filtered (analyzer.rank.attribution).
+        self.counts = {"flow": 0, "runtime": 0}
         self.invalid = {"GPU": 0, "CUDA runtime": 0, "CPU op": 0}
         self.rejected = Rejected()
         self._gpu: list[tuple[np.ndarray, ...]] = []
@@ -263,14 +267,20 @@ class ColumnBuilder:
         self._marker_args: dict[int, dict[str, Any]] = {}
         self._gpu_rows = self._marker_rows = 0
         self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
+        self.host_ops = HostOpDurations(Interner())  # for the inflated host ops (analyzer.ingest.hostops)
+        self.host_op_medians: dict[str, float] = {}
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
-        groups = split_by_category(events)
+        groups = split_by_category(events, self.counts)
         self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
-        self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS))
+        cats = sorted((CPU_OP_CATS | LAUNCH_CATS).intersection(groups))  # the order of _joined
+        sizes = [len(groups[cat]) for cat in cats]
+        host_rows = np.repeat([cat in HOST_OP_CATS for cat in cats], sizes).astype(bool)
+        annotations = np.repeat([cat == ANNOTATION_CAT for cat in cats], sizes).astype(bool)
+        self._add_markers(_joined(groups, CPU_OP_CATS | LAUNCH_CATS), host_rows, annotations)
 
     def _add_gpu(self, groups: dict[str, list[Event]]) -> None:
         cats = sorted(GPU_ACTIVITY_CATS.intersection(groups))  # the order of _joined
@@ -311,23 +321,29 @@ class ColumnBuilder:
         return kind
 
     def _add_launches(self, events: list[Event]) -> None:
+        self.counts["runtime"] += len(events)
         correlation = _column(events, _ARG_CORRELATION, np.int64, self.rejected, "args.correlation")
         rows = np.flatnonzero(correlation >= 0)
         if not len(rows):
             return
         events = _take(events, rows)
-        start, valid = start_ns(events)  # a launch's duration is never used
+        # The duration: how long the host sat in the call (a copy to pageable memory blocks).
+        start, end, valid = times_ns(events)
         self.invalid["CUDA runtime"] += int(len(events) - valid.sum())
         thread = thread_ids(events, self.threads)
-        self._launches.append((correlation[rows][valid], start[valid], thread[valid]))
+        self._launches.append((correlation[rows][valid], start[valid], thread[valid], end[valid]))
 
-    def _add_markers(self, events: list[Event]) -> None:
+    def _add_markers(self, events: list[Event], host_rows: np.ndarray, annotations: np.ndarray) -> None:
         if not events:
             return
         codes, uniques = factorize(map(_get["name"], events))
         self._add_shape_ops(events, codes, uniques)
+        self.host_ops.add(events, codes, uniques, host_rows, _column(events, _get["dur"], np.float64), times_ns,
+                          lambda chosen: thread_ids(chosen, self.threads))
         unique_kind = np.array([_marker_kind(u) for u in uniques], dtype=np.int8)
         kind_all = unique_kind[codes]
+        # The user's own annotations: where a trace has no ProfilerStep, repeating ones mark steps.
+        kind_all[(kind_all < 0) & annotations] = Marker.ANNOTATION
         rows = np.flatnonzero(kind_all >= 0)
         events = _take(events, rows)
         kind = kind_all[rows]
@@ -356,7 +372,8 @@ class ColumnBuilder:
                 "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args,
                 "marker_args": self._marker_args, "gpu_rows": self._gpu_rows,
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
-                "event_count": self.event_count, "shapes": self.shapes.export()}
+                "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
+                "host_ops": self.host_ops.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -366,7 +383,7 @@ class ColumnBuilder:
         threads = np.array([self.threads._id(s) for s in part["threads"]] or [0], dtype=np.int32)
         self._gpu += [(start, end, stream, kind, names[name], corr)
                       for start, end, stream, kind, name, corr in part["gpu"]]
-        self._launches += [(corr, start, threads[thread]) for corr, start, thread in part["launches"]]
+        self._launches += [(corr, start, threads[thread], end) for corr, start, thread, end in part["launches"]]
         self._markers += [(start, end, threads[thread], kind, names[name], external)
                           for start, end, thread, kind, name, external in part["markers"]]
         self._gpu_args.update({self._gpu_rows + row: info for row, info in part["gpu_args"].items()})
@@ -378,6 +395,9 @@ class ColumnBuilder:
         self.rejected.merge(part["rejected"])
         self.event_count += part["event_count"]
         self.shapes.merge(part["shapes"], threads)
+        for what, seen in part["counts"].items():
+            self.counts[what] += seen
+        self.host_ops.merge(part["host_ops"], threads)
 
     def finish_shapes(self) -> ShapeOps:
         return self.shapes.finish()
@@ -400,14 +420,17 @@ class ColumnBuilder:
         return gpu, _remap(self._gpu_args, order)
 
     def _finish_launches(self, wanted: np.ndarray) -> Launches:
-        correlation, start, thread = _concat(self._launches, (np.int64, np.int64, np.int32))
+        correlation, start, thread, end = _concat(self._launches, (np.int64, np.int64, np.int32, np.int64))
         self._launches = []
         # Only the calls that launched recorded GPU work matter (most of them).
         rows = np.flatnonzero(np.isin(correlation, wanted))
         rows = rows[np.argsort(correlation[rows], kind="stable")]
-        return Launches(correlation[rows], start[rows], thread[rows])
+        return Launches(correlation[rows], start[rows], thread[rows], end[rows])
 
     def _finish_markers(self, warnings: list[str]) -> Markers:
+        inflated, self.host_op_medians = self.host_ops.inflated(self.names._id)
+        if len(inflated[0]):
+            self._markers.append(inflated)
         columns, kept = _unique_rows(self._markers, (np.int64, np.int64, np.int32, np.int8, np.int32, np.int64),
                                      warnings, "CPU op(s) (same thread, start, end and name)")
         self._markers = []

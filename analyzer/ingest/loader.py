@@ -82,6 +82,9 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         warnings=warnings,
         event_count=builder.event_count,
         shape_ops=builder.finish_shapes(),
+        flow_events=builder.counts["flow"],
+        runtime_calls=builder.counts["runtime"],
+        host_op_medians=builder.host_op_medians,
     )
 
 
@@ -152,6 +155,10 @@ def _process_groups(info: Any, world: int | None, warnings: list[str]) -> list[d
             warnings.append(f"distributedInfo.pg_config[{i}].pg_size {str(pg.pg_size)[:40]} is not a group size of "
                             f"{'this job (world size ' + str(world) + ')' if world else 'any job'}: ignored")
             size = MISSING
+        if ranks is None and world and size == world and (pg.pg_desc == "default_pg" or str(pg.pg_name) == "0"):
+            # torch writes a large group's ranks cut to its first 30 ("[0, 1, ..., ...]"); the
+            # default group of a world of `size` is every rank
+            ranks = list(range(world))
         groups.append({
             "name": None if pg.pg_name is None else str(pg.pg_name),
             "description": pg.pg_desc,

@@ -38,6 +38,8 @@ class Marker(IntEnum):
     HOST_SYNC = 7  # the host blocked on the device: cuda*Synchronize, sync memcpy, aten::item
     HOST_INPUT = 8  # the host fetching the next batch: enumerate(DataLoader)#...
     FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
+    HOST_INFLATED = 10  # an ordinary host op far past its usual length (analyzer.ingest.hostops)
+    ANNOTATION = 11  # any other user annotation (record_function): steps where no ProfilerStep is
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Launches:
     correlation: np.ndarray  # int64, sorted
     ts: np.ndarray  # int64 ns
     thread: np.ndarray  # int32 index into RankTrace.threads
+    end: np.ndarray  # int64 ns: when the call returned (a copy to pageable memory blocks the host)
 
 
 @dataclass
@@ -102,3 +105,6 @@ class RankTrace:
     event_count: int = 0
     # The CPU ops whose recorded shapes tell their FLOPs (analyzer.ingest.shapes)
     shape_ops: ShapeOps = field(default_factory=empty_shape_ops)
+    flow_events: int = 0  # launch -> GPU work arrows ("ac2g"): none in a filtered trace
+    runtime_calls: int = 0  # CUDA/HIP runtime and driver calls, the launches among them
+    host_op_medians: dict[str, float] = field(default_factory=dict)  # µs, of the HOST_INFLATED ops' names

@@ -32,7 +32,9 @@ def analyze_job(result: Any, options: Any) -> None:
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
     view = CollectiveColumns.of(result)
-    stragglers = crossrank.analyze(result.collectives, world, view)
+    # Ranks of one host read one clock (its host name, else the torchrun layout's node)
+    clock_of = {r.rank: topology.node_of(r.rank) for r in result.ranks}
+    stragglers = crossrank.analyze(result.collectives, world, view, clock_of)
     groups = fit_groups(result.collectives, topology, hardware, result.job.get("group_roles") or {}, view)
     result.topology = topology.to_dict()
     result.hardware = hardware.to_dict()

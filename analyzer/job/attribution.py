@@ -35,7 +35,12 @@ from analyzer.job.model import DRAIN, LEAVES, OUTLIER, WARM_UP, Leaves, group_la
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
 
-DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host")
+DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host", "idle_queued_by",
+               "idle_queued_ops")
+# The idle split of a step (analyzer.rank.attribution): host-caused vs queued idle, the queued
+# idle while the host sat in a blocking call, the idle ended by work whose launch is unknown (µs).
+# ``queued_copies_us``: the other-GPU time of the copies the queued idle waited for.
+IDLE_FIGURES = ("idle_host_us", "idle_queued_us", "idle_queued_in_sync_us", "idle_unlinked_us", "queued_copies_us")
 # (row, exposed ns it owns, of which waiting) of the rows with exposed time in a step
 _Split = list[tuple[dict[str, Any], int, int]]
 # A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
@@ -228,13 +233,16 @@ class _Step(NamedTuple):
     split: _Split
     wait_by_peer: dict[str, float]
     idle_by_host: dict[str, float]
+    idle: dict[str, Any]  # the idle split (IDLE_FIGURES, idle_queued_by, idle_queued_ops, its note)
 
 
 def _step_figures(entry: dict[str, Any], split: _Split) -> _Step:
     tb = entry["time_breakdown"]
     figures = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     figures.update({k: tb[k] for k in LEAVES})
-    return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}))
+    idle = {k: tb[k] for k in (*IDLE_FIGURES, "idle_queued_by", "idle_queued_ops", "idle_split_note", "inflated_ops")
+            if k in tb}
+    return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}), idle)
 
 
 def _rank_breakdown(step: _Step, source: str, labels: dict[int, str]) -> dict[str, Any]:
@@ -264,6 +272,9 @@ def _rank_breakdown(step: _Step, source: str, labels: dict[int, str]) -> dict[st
                       "by_kind_phase": _rounded_cells(by_kind_phase), "by_phase": _rounded_cells(by_phase),
                       "idle_by_host": _rounded(step.idle_by_host),
                       "wait_by_peer": _rounded(step.wait_by_peer)}
+    out["details"].update(_rounded({k: v for k, v in step.idle.items() if k != "idle_split_note"}))
+    if step.idle.get("idle_split_note"):
+        out["idle_split_note"] = step.idle["idle_split_note"]
     out["wait_source"] = source
     return out
 
@@ -330,6 +341,13 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str
     section = _mean_breakdown(chosen)
     section.update({"step": typical, "ranks": len(chosen), "wait_source": source,
                     "steady_steps": kept, "excluded_steps": excluded})
+    sources = sorted({e["step_source"] for r in result.ranks for e in r.steps
+                      if e.get("step") == typical and e.get("step_source")})
+    if sources:  # steps that are not ProfilerSteps: say how they were found wherever they are quoted
+        section["step_source"] = "; ".join(sources)
+    notes = sorted({b["idle_split_note"] for b in chosen if b.get("idle_split_note")})
+    if notes:  # the idle split of some rank cannot be trusted: say so wherever it is quoted
+        section["idle_split_note"] = "; ".join(notes)
     leaves = Leaves.of(section)  # the shares' one definition (analyzer.job.model)
     section["exposed_share"] = _round(leaves.exposed_share, 4)
     section["idle_share"] = _round(leaves.idle_share, 4)
@@ -341,10 +359,13 @@ def _mean_breakdown(breakdowns: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {key: round(sum(b[key] for b in breakdowns) / n, 3) for key in LEAVES}
     # The sum of the rounded means (within 0.003 µs of the mean step time): the leaves add up.
     out = {"step_time_us": round(sum(out.values()), 3), **out}
-    details: dict[str, dict[str, Any]] = {key: {} for key in DETAIL_KEYS}
+    details: dict[str, Any] = {key: {} for key in DETAIL_KEYS}
     for b in breakdowns:
         for key in DETAIL_KEYS:
             _add_into(details[key], b["details"].get(key) or {}, n)
+    for key in IDLE_FIGURES:  # the mean over ranks, as the leaves
+        if any(key in b["details"] for b in breakdowns):
+            details[key] = sum(b["details"].get(key, 0.0) for b in breakdowns) / n
     out["details"] = _rounded(details)
     return out
 

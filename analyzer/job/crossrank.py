@@ -12,9 +12,11 @@ Matching key, first that works for the whole job: the ``Comms Id`` arg; else pro
 rank (ProcessGroupNCCL issues a group's collectives in the same order on every member).
 Point-to-point operations are matched only by id or seq (their order differs per peer).
 
-Clocks of different hosts are not synchronised; each rank's clock offset is estimated as the
-median difference between its collective *end* times and the other ranks' (ends coincide up to
-microseconds), and arrivals are compared on the corrected clocks.
+Clocks of different hosts are not synchronised; each host's clock offset is estimated as the
+median difference between its ranks' collective *end* times and the other ranks' (ends coincide
+up to microseconds), and arrivals are compared on the corrected clocks. Processes on one host
+read the same clock: their offset is that of the host, never one of their own (an estimate per
+process is the noise of when each finishes a collective, gloo's up to milliseconds).
 """
 
 from __future__ import annotations
@@ -157,19 +159,31 @@ def _flat_sets(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return indices[np.repeat(shared, sizes)], np.r_[0, np.cumsum(sizes[shared])]
 
 
-def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarray) -> dict[int, float]:
+def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarray,
+                        clock_of: dict[int, Any] | None = None) -> dict[int, float]:
+    """{rank: its clock's offset (µs)}: per clock (``clock_of``: each rank's host; a rank of its
+    own where unknown), the median of its ranks' end times minus their sets' medians; 0 for
+    all when every rank reads one clock."""
     diffs = ends - np.repeat(_set_medians(ends, bounds), np.diff(bounds))
-    order = np.argsort(members, kind="stable")
-    ranks, first = np.unique(members[order], return_index=True)
-    return {rank: float(np.median(part))
-            for rank, part in zip(ranks.tolist(), np.split(diffs[order], first[1:]))}
+    ranks = np.unique(members).tolist()
+    clocks = {rank: ("rank", rank) if clock_of is None or rank not in clock_of else ("host", clock_of[rank])
+              for rank in ranks}
+    if len(set(clocks.values())) == 1:
+        return {rank: 0.0 for rank in ranks}
+    codes = _codes(clocks[int(m)] for m in members.tolist())
+    order = np.argsort(codes, kind="stable")
+    found, first = np.unique(codes[order], return_index=True)
+    by_clock = {int(code): float(np.median(part)) for code, part in zip(found.tolist(), np.split(diffs[order], first[1:]))}
+    code_of_rank = dict(zip(members.tolist(), codes.tolist()))
+    return {rank: by_clock[code_of_rank[rank]] for rank in ranks}
 
 
 def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
-            view: CollectiveColumns | None = None) -> dict[str, Any]:
+            view: CollectiveColumns | None = None, clock_of: dict[int, Any] | None = None) -> dict[str, Any]:
     """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary;
     the waits and arrival lags go into the view's columns too (NaN when unmatched).
-    ``view``: the rows' columns when the caller has them."""
+    ``view``: the rows' columns when the caller has them; ``clock_of``: each rank's host (ranks
+    of one host share its clock offset)."""
     view = view if view is not None else CollectiveColumns(rows)
     ranks = np.unique(view.rank).tolist()
     view.set("wait_us", np.full(view.n, np.nan))
@@ -190,7 +204,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     rank_of, starts, durations = view.rank, view.start, view.dur
     flat, bounds = _flat_sets(codes)
     members, flat_durations = rank_of[flat], durations[flat]
-    offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds)
+    offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds, clock_of)
     offset_ranks = np.array(list(offsets), dtype=np.int64)  # ascending (np.unique's)
     flat_arrivals = starts[flat] - np.array(list(offsets.values()))[np.searchsorted(offset_ranks, members)]
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody

@@ -259,6 +259,30 @@ class JobFacts:
         return {g.get("name"): g for g in self.result.groups or [] if isinstance(g, dict)}
 
     # ---------------------------------------------------------------- applicability
+    def group_size(self, group: dict[str, Any] | None) -> int:
+        """Members of a collective's process group: its size, else its ranks, else the world."""
+        group = group or {}
+        size = group.get("size") or (len(group["ranks"]) if group.get("ranks") else None)
+        return int(size) if size else self.world_size
+
+    @cached_property
+    def communicating(self) -> bool:
+        """Whether any collective runs among two or more processes (a group of one, as DDP on
+        one GPU issues, moves nothing)."""
+        view = CollectiveColumns.of(self.result)
+        return any(self.group_size(g) >= 2 for g in view.group.names) if view.n else False
+
+    @cached_property
+    def gradient_collectives(self) -> bool:
+        """Whether the job reduces gradients across ranks: a data-parallel all-reduce or
+        reduce-scatter launched in backward, in a group of two or more."""
+        view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
+        if not len(index):
+            return False
+        rows = index[view.kind.isin(("allreduce", "reduce_scatter"))[index] & view.phase.isin(("backward",))[index]]
+        sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
+        return any(size >= 2 for size in sizes.values())
+
     def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
         """(status, reason) when a rule with these needs cannot run on this job, None when it
         can: ``not_evaluated`` when the job may have the problem but the traces cannot show it
@@ -270,6 +294,14 @@ class JobFacts:
                     "not a DDP job with gradient all-reduces"),
             "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units),
                      "not an FSDP job"),
+            "multi_process": (lambda: self.world_size >= 2,
+                              "one process (world size 1): no rank to wait for"),
+            "communication": (lambda: self.communicating,
+                              "no communication: one process (world size 1)" if self.world_size < 2
+                              else "no communication: no collective among two or more processes"),
+            "gradient_collectives": (lambda: self.gradient_collectives,
+                                     "no gradient collectives (a data-parallel all-reduce or reduce-scatter "
+                                     "in backward, among two or more processes)"),
             "multi_rank": (lambda: len(self.result.ranks) >= 2, "needs at least 2 ranks' traces"),
             "all_ranks": (lambda: len(self.result.ranks) >= max(2, self.world_size),
                           "needs every rank's trace (the last arrival may be a rank not given)"),

@@ -21,7 +21,7 @@ read from (so a saved result gives the same model), and the DataFrames are made 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -114,7 +114,10 @@ class Details:
     by_phase: Mapping[str, Split]
     by_kind_phase: Mapping[str, Split]
     wait_by_peer: Mapping[str, float]
-    idle_by_host: Mapping[str, float]
+    idle_by_host: Mapping[str, float]  # the host-caused part of idle, by what the host was doing
+    idle_queued_by: Mapping[str, float] = field(default_factory=dict)  # the queued part, by what it waited on
+    idle_host_us: float | None = None  # None: a result saved before the split (all idle counted the host's)
+    idle_queued_us: float | None = None
 
     @classmethod
     def of(cls, doc: Mapping[str, Any] | None) -> Details:
@@ -126,8 +129,11 @@ class Details:
 
         def figures(key: str) -> dict[str, float]:
             return {label: float(value) for label, value in (doc.get(key) or {}).items()}
+        def number(key: str) -> float | None:
+            return None if doc.get(key) is None else float(doc[key])
         return cls(splits("by_kind"), splits("by_group"), splits("by_phase"), splits("by_kind_phase"),
-                   figures("wait_by_peer"), figures("idle_by_host"))
+                   figures("wait_by_peer"), figures("idle_by_host"), figures("idle_queued_by"),
+                   number("idle_host_us"), number("idle_queued_us"))
 
 
 @dataclass(frozen=True)
@@ -304,6 +310,22 @@ class JobModel:
     @property
     def idle_share(self) -> float | None:
         return self.typical.idle_share if self.typical else None
+
+    @property
+    def gpu_events(self) -> int:
+        """GPU activities recorded over all the ranks given (0: CPU-only traces)."""
+        return sum(int(r.gpu_event_count or 0) for r in self._result.ranks)
+
+    @property
+    def step_source(self) -> str | None:
+        """How the typical step was found where it is no ProfilerStep (an annotation, the whole
+        trace), else None."""
+        return (self._result.attribution or {}).get("step_source")
+
+    @property
+    def idle_split_note(self) -> str | None:
+        """Why the typical step's split of idle into host-caused and queued is unreliable, or None."""
+        return (self._result.attribution or {}).get("idle_split_note")
 
     def step_role(self, step: Any) -> str:
         return self.typical.role(step) if self.typical else UNMEASURED

@@ -86,6 +86,7 @@ class Step(msgspec.Struct):
     phase_windows: dict[str, dict[str, Any]] | None = None
     window_ns: list[int] | None = None  # [first GPU activity, next step's] on the rank's clock
     time_breakdown: dict[str, Any] | None = None  # the step's leaves (analyzer.rank.attribution)
+    step_source: str | None = None  # how the step was found where it is no ProfilerStep (analyzer.rank.timeline)
 
 
 class ProcessGroup(msgspec.Struct):
@@ -98,7 +99,9 @@ class ProcessGroup(msgspec.Struct):
 
 class TimeBreakdown(msgspec.Struct):
     """A typical step in five leaves that add up to ``step_time_us`` (µs), with the finer leaves
-    in ``details`` (by peer waited for, collective kind, group, phase, host activity)."""
+    in ``details`` (by peer waited for, collective kind, group, phase; idle split into host-caused
+    ``idle_host_us``, by host activity ``idle_by_host``, and queued ``idle_queued_us``, by what it
+    waited on ``idle_queued_by``, the ops that waited ``idle_queued_ops``)."""
 
     step_time_us: float
     compute_only_us: float
@@ -128,6 +131,11 @@ class Attribution(TimeBreakdown):
     excluded_steps: list[ExcludedStep] = []
     exposed_share: float | None = None
     idle_share: float | None = None
+    # How the steps were found where they are no ProfilerSteps (a repeating annotation, the
+    # whole trace), and why the idle split into host-caused and queued is unreliable (a
+    # filtered trace): analyzer.rank.timeline / analyzer.rank.attribution.
+    step_source: str | None = None
+    idle_split_note: str | None = None
 
 
 class FamilyCompute(msgspec.Struct):

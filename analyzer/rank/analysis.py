@@ -21,12 +21,12 @@ from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
 from analyzer.ingest.parallel import load_rank_trace_parallel
-from analyzer.rank.attribution import RankTimeline, step_window
+from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.flops import compute_steps
 from analyzer.rank.steps import step_figures
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
-                                    step_windows)
+                                    step_source, step_windows)
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
 
 
@@ -277,7 +277,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         att = att.take(rows)
         trace = _with_gpu(trace, gpu, rows)
     # The rank's time origin: its first GPU activity (a CPU-only trace: its first marked CPU op).
-    first_gpu = int(gpu.ts.min()) if len(gpu) else (int(trace.markers.ts.min()) if len(trace.markers.ts) else None)
+    marked = trace.markers.ts[trace.markers.kind != Marker.ANNOTATION]
+    first_gpu = int(gpu.ts.min()) if len(gpu) else (int(marked.min()) if len(marked) else None)
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
     if len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
@@ -289,7 +290,12 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         warnings.append("GPU events have no CPU-side link (correlation): step and phase are unknown")
     exposed: dict[str, list[int]] = {}
     steps = _per_step(trace, att, gpu, exposed)
-    if len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
+    note = step_source(trace).note if len(gpu) else None
+    if note:  # steps from other annotations, or the whole trace: said with every step's figures
+        warnings.append(note)
+        for entry in steps:
+            entry["step_source"] = note
+    elif len(gpu) and not steps and not (trace.markers.kind == Marker.STEP).any():
         warnings.append("no ProfilerStep#N markers: per-step metrics unavailable")
     analysis = RankAnalysis(
         path=trace.path, rank=trace.rank, rank_source=trace.rank_source,
@@ -333,7 +339,7 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
             entry["step_time_us"] = entry["span_us"]
     timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
     if steps:
-        _attribute_steps(timeline, steps, firsts, exposed)
+        _attribute_steps(trace, timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
     cpu = {int(n): round((int(e) - int(s)) / 1000.0, 3) for n, s, e in zip(cpu_numbers, cpu_starts, cpu_ends)}
     cpu_start = {int(n): int(s) for n, s in zip(cpu_numbers, cpu_starts)}
@@ -366,7 +372,7 @@ def _first_within(trace: RankTrace, kind: Marker, starts: np.ndarray, ends: np.n
     return [value if ok else None for value, ok in zip(first.tolist(), found.tolist())]
 
 
-def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
+def _attribute_steps(trace: RankTrace, timeline: RankTimeline, steps: list[dict[str, Any]], firsts: dict[int, int],
                      exposed: dict[str, list[int]]) -> None:
     """Each step's time breakdown over its window (analyzer.rank.attribution)."""
     windows = [step_window(firsts[entry["step"]], entry["step_time_us"]) for entry in steps]
@@ -375,12 +381,16 @@ def _attribute_steps(timeline: RankTimeline, steps: list[dict[str, Any]], firsts
         entry["time_breakdown"] = leaves
         entry["window_ns"] = list(window)
         exposed[str(entry["step"])] = intervals
+    note = idle_split_note(trace, [entry["time_breakdown"] for entry in steps])
+    if note:  # said with every step's split (the job quotes the typical step's)
+        for entry in steps:
+            entry["time_breakdown"]["idle_split_note"] = note
 
 
 def _markers_seen(trace: RankTrace) -> dict[str, int]:
     """Counts of the framework markers present: the evidence for strategy detection."""
     # Each distinct name is judged once, weighted by how many markers bear it.
-    ids, counts = np.unique(trace.markers.name, return_counts=True)
+    ids, counts = np.unique(trace.markers.name[trace.markers.kind != Marker.ANNOTATION], return_counts=True)
     names = [(trace.strings[i], n) for i, n in zip(ids.tolist(), counts.tolist())]
     seen = {
         "ddp_forward": sum(n for name, n in names if name == "DistributedDataParallel.forward"),

@@ -118,8 +118,39 @@ def _link_launches(rank: RankTrace) -> tuple[np.ndarray, np.ndarray]:
     return ts, thread
 
 
+@dataclass(frozen=True)
+class StepSource:
+    """Where a rank's steps come from: its ProfilerStep ranges; without them, but with GPU work,
+    the repeats of one user annotation (each step from one's start to the next's: PARAM's
+    ``measure|forward``, a loop's own ``record_function``), else the whole trace as step 0."""
+
+    numbers: np.ndarray  # int64
+    starts: np.ndarray  # int64 ns
+    ends: np.ndarray  # int64 ns, inclusive
+    threads: frozenset[int]  # the threads that run the steps (not autograd's)
+    how: str  # "ProfilerStep" | "annotation" | "whole trace"
+    name: str | None = None  # the annotation's
+
+    @property
+    def note(self) -> str | None:
+        """How the steps were found, where they are not ProfilerSteps (said with the figures)."""
+        if self.how == "annotation":
+            return (f"no ProfilerStep#N markers: the {len(self.numbers)} repeats of the annotation {self.name!r} "
+                    "are the steps (each from one's start to the next's)")
+        if self.how == "whole trace":
+            return "no ProfilerStep#N markers nor a repeating annotation: the whole trace is analysed as one step (0)"
+        return None
+
+
 def step_windows(rank: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(numbers, starts, ends) of the ProfilerStep ranges, sorted by start."""
+    """(numbers, starts, ends) of the steps (``step_source``), sorted by start."""
+    source = step_source(rank)
+    return source.numbers, source.starts, source.ends
+
+
+def step_source(rank: RankTrace) -> StepSource:
+    """The rank's steps: ProfilerStep ranges, else (GPU work without them) the repeats of one
+    annotation, else the whole trace."""
     m = rank.markers
     rows = np.flatnonzero(m.kind == Marker.STEP)
     numbers = np.array([step_number(rank.strings[m.name[r]]) for r in rows], dtype=object)
@@ -128,7 +159,54 @@ def step_windows(rank: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     numbers = np.array([n for n in numbers[ok]], dtype=np.int64) if len(rows) else np.empty(0, np.int64)
     starts, ends = m.ts[rows], m.end[rows]
     order = np.argsort(starts, kind="stable")
-    return numbers[order], starts[order], ends[order]
+    threads = frozenset(arrays.unique(m.thread[m.kind == Marker.STEP]).tolist())
+    if len(rows) or not len(rank.gpu):
+        return StepSource(numbers[order], starts[order], ends[order], threads, "ProfilerStep")
+    return _repeating_annotation(rank) or _whole_trace(rank)
+
+
+def _repeating_annotation(rank: RankTrace) -> StepSource | None:
+    """The user annotation (or forward range) that repeats, never overlapping itself on its
+    thread, and launches the most GPU work inside its repeats (at least one launch a repeat on
+    average): each repeat starts a step that lasts until the next one starts."""
+    m = rank.markers
+    launches = np.sort(rank.launches.ts)
+    candidates = np.flatnonzero(np.isin(m.kind, (Marker.ANNOTATION, Marker.FORWARD)))
+    best = None
+    for name in arrays.unique(m.name[candidates]).tolist():
+        for thread in arrays.unique(m.thread[candidates][m.name[candidates] == name]).tolist():
+            rows = candidates[(m.name[candidates] == name) & (m.thread[candidates] == thread)]
+            rows = rows[np.argsort(m.ts[rows], kind="stable")]
+            if len(rows) < 2 or (m.ts[rows][1:] < m.end[rows][:-1]).any():
+                continue
+            inside = int((np.searchsorted(launches, m.end[rows], side="right")
+                          - np.searchsorted(launches, m.ts[rows], side="left")).sum())
+            key = (inside, len(rows), -int(m.ts[rows][0]), rank.strings[name])
+            if inside >= len(rows) and (best is None or key > best[0]):
+                best = (key, name, thread, rows)
+    if best is None:
+        return None
+    _, name, thread, rows = best
+    starts = m.ts[rows]
+    ends = np.append(starts[1:] - 1, _extent(rank)[1])
+    return StepSource(np.arange(len(rows), dtype=np.int64), starts, ends, frozenset({thread}), "annotation",
+                      rank.strings[name])
+
+
+def _whole_trace(rank: RankTrace) -> StepSource:
+    low, high = _extent(rank)
+    # The steps' thread: the one that launched most of the GPU work.
+    threads, counts = np.unique(rank.launches.thread, return_counts=True)
+    main = frozenset({int(threads[np.argmax(counts)])}) if len(threads) else frozenset()
+    return StepSource(np.zeros(1, np.int64), np.array([low], np.int64), np.array([high], np.int64), main,
+                      "whole trace")
+
+
+def _extent(rank: RankTrace) -> tuple[int, int]:
+    """The first and last instant of the rank's GPU work, launches and CPU ranges (ns)."""
+    lows = [a.min() for a in (rank.gpu.ts, rank.launches.ts, rank.markers.ts) if len(a)]
+    highs = [a.max() for a in (rank.gpu.end, rank.launches.ts, rank.markers.end) if len(a)]
+    return int(min(lows)), int(max(highs))
 
 
 def steps_of_points(rank: RankTrace, ts: np.ndarray) -> np.ndarray:
@@ -169,7 +247,7 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
         return phase
     m = rank.markers
     decided = np.zeros(len(launch_ts), dtype=bool)
-    step_threads = set(arrays.unique(m.thread[m.kind == Marker.STEP]).tolist())
+    step_threads = set(step_source(rank).threads)
     for marker, code in ((Marker.OPTIMIZER, OPTIMIZER), (Marker.BACKWARD, BACKWARD), (Marker.FORWARD, FORWARD)):
         inside = _inside_marker(m, marker, launch_ts, launch_thread) & ~decided
         phase[inside] = code

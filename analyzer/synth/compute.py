@@ -384,7 +384,13 @@ class Compute:
                             args={"bytes": nbytes})
 
     def loss_item(self) -> None:
-        """loss.item(): a 4-byte device-to-host copy, then the CPU waits for the stream."""
+        """loss.item(): a 4-byte device-to-host copy, then the CPU waits for the stream; or, with
+        loss_copy "pageable", loss.cpu(): the copy's own call blocks until it is done."""
+        if self.spec.loss_copy == "pageable":
+            with self.eng.op("aten::to"), self.eng.op("aten::_to_copy"), self.eng.op("aten::copy_"):
+                self.eng.copy_to_pageable("Memcpy DtoH (Device -> Pageable)", COMPUTE_STREAM, 4, self.spec.pcie_gbps,
+                                          "main")
+            return
         with self.eng.op("aten::item"), self.eng.op("aten::_local_scalar_dense"):
             dur = self.eng.jitter_ns(np.full(self.spec.world_size, 1.5))
             self.eng.launch("Memcpy DtoH (Device -> Pageable)", COMPUTE_STREAM, dur, kind="memory",

@@ -30,6 +30,7 @@ class CpuRange:
     args: dict
     end: np.ndarray | None = None
     comm: "CollectiveCall | None" = None  # record_param_comms carries the collective's args
+    recorded: bool = True  # False: a range the program keeps (a step) that the trace does not show
 
 
 @dataclass
@@ -42,6 +43,8 @@ class RuntimeCall:
     ext: int
     cbid: int
     launches_gpu: bool
+    blocks: bool = False  # the host waits in the call for the device (a copy to pageable memory)
+    descheduled: bool = False  # the thread lost its core during the call (CPU contention)
 
 
 @dataclass
@@ -111,9 +114,10 @@ class Engine:
         self.noise = noise
         self.launch_us = launch_us
         self.op_us = op_us
-        self.cpu = {"main": np.zeros(world_size, np.int64), "autograd": np.zeros(world_size, np.int64)}
+        threads = ("main", "autograd", "loader")  # loader: a data loader's prefetching thread
+        self.cpu = {name: np.zeros(world_size, np.int64) for name in threads}
         self.tail: dict[int, np.ndarray] = {}
-        self.stack: dict[str, list[CpuRange]] = {"main": [], "autograd": []}
+        self.stack: dict[str, list[CpuRange]] = {name: [] for name in threads}
         self.cpu_ranges: list[CpuRange] = []
         self.runtime: list[RuntimeCall] = []
         self.gpu: list[GpuEvent] = []
@@ -125,6 +129,9 @@ class Engine:
         self._next_corr = 19_761  # CUPTI correlation ids count from process start, not from the profile
         self._role_counts: dict[str, int] = {}
         self.work: Work | None = None  # the leaf op with FLOPs being issued (analyzer.synth.compute)
+        # CPU contention: every `every`-th runtime call of the training threads loses its core
+        # for `us` (Program sets it from the spec; 0: none).
+        self.contention_us, self.contention_every, self._calls = 0.0, 1, 0
 
     # ---- time helpers ---------------------------------------------------------------------
     def jitter_ns(self, us: float | np.ndarray, sigma: float | None = None) -> np.ndarray:
@@ -173,11 +180,18 @@ class Engine:
                 return rec.ext
         return stack[-1].ext if stack else 0
 
-    def _runtime(self, name: str, thread: str, cbid: int, launches_gpu: bool, us: float | None = None):
+    def _runtime(self, name: str, thread: str, cbid: int, launches_gpu: bool, us: float | None = None,
+                 sigma: float = 0.15):
         self._next_corr += 1
         start = self.cpu[thread].copy()
-        dur = self.jitter_ns(self.launch_us if us is None else us, 0.15)
-        call = RuntimeCall(name, thread, start, dur, self._next_corr - 1, self._linked_ext(thread), cbid, launches_gpu)
+        dur = self.jitter_ns(self.launch_us if us is None else us, sigma)
+        descheduled = False
+        if self.contention_us and thread != "loader":
+            self._calls += 1
+            if self._calls % self.contention_every == 0:
+                dur, descheduled = dur + self.jitter_ns(self.contention_us, 0.1), True
+        call = RuntimeCall(name, thread, start, dur, self._next_corr - 1, self._linked_ext(thread), cbid, launches_gpu,
+                           descheduled=descheduled)
         self.runtime.append(call)
         self.cpu[thread] = start + dur
         return call
@@ -209,6 +223,38 @@ class Engine:
                          self.step, self.phase, dict(args or {}), work=self.work if kind == "compute" else None)
         self.tail[stream] = start + event.dur
         self.gpu.append(event)
+        return event
+
+    def copy_from_pageable(self, name: str, stream: int, nbytes: float, host_gbps: float, pcie_gbps: float,
+                           thread: str) -> GpuEvent:
+        """cudaMemcpyAsync from pageable host memory: the driver first stages the bytes into a
+        pinned buffer (a host memcpy at ``host_gbps``; the calling thread sits in the call
+        meanwhile), then the DMA runs on the stream at ``pcie_gbps``: the copy, launched at the
+        call, cannot start before its bytes are staged, whatever the GPU is doing."""
+        call = self._runtime("cudaMemcpyAsync", thread, CUDA_MEMCPY_ASYNC, True, nbytes / (host_gbps * 1e3),
+                             self.noise)  # a bulk host memcpy runs at a steady rate
+        staged = call.start + call.dur
+        start = np.maximum(staged, self.queue_free(stream))
+        event = GpuEvent(name, "gpu_memcpy", "memory", stream, start, self.jitter_ns(2.0 + nbytes / (pcie_gbps * 1e3)),
+                         call.corr, call.ext, self.step, self.phase, {"bytes": int(nbytes)})
+        self.tail[stream] = start + event.dur
+        self.gpu.append(event)
+        return event
+
+    def copy_to_pageable(self, name: str, stream: int, nbytes: float, pcie_gbps: float, thread: str) -> GpuEvent:
+        """cudaMemcpyAsync to pageable host memory: the copy runs once the stream's earlier work
+        is done, and the call returns only when it has completed (and the bytes are copied out
+        of the staging buffer): the host waits for the device."""
+        call = self._runtime("cudaMemcpyAsync", thread, CUDA_MEMCPY_ASYNC, True)
+        call.blocks = True
+        start = np.maximum(call.start + LAUNCH_LATENCY_NS, self.queue_free(stream))
+        event = GpuEvent(name, "gpu_memcpy", "memory", stream, start, self.jitter_ns(1.5 + nbytes / (pcie_gbps * 1e3)),
+                         call.corr, call.ext, self.step, self.phase, {"bytes": int(nbytes)})
+        self.tail[stream] = start + event.dur
+        self.gpu.append(event)
+        done = start + event.dur + 2_000
+        call.dur = np.maximum(call.dur, done - call.start)
+        self.cpu[thread] = call.start + call.dur
         return event
 
     def record_event(self, stream: int, thread: str = "main") -> np.ndarray:

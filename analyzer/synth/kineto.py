@@ -30,6 +30,10 @@ def autograd_tid(rank: int) -> int:
     return os_pid(rank) + 9513
 
 
+def loader_tid(rank: int) -> int:
+    return os_pid(rank) + 4111
+
+
 def us(ns) -> float:
     """Integer nanoseconds as microseconds (3 decimals exactly, like Kineto's "{}.{:03}")."""
     return int(ns) / 1000
@@ -41,7 +45,7 @@ class RankRenderer:
     def __init__(self, program: Program, rank: int):
         self.p, self.r, self.spec = program, rank, program.spec
         self.pid, self.device = os_pid(rank), rank % self.spec.gpus_per_node
-        self.tids = {"main": self.pid, "autograd": autograd_tid(rank)}
+        self.tids = {"main": self.pid, "autograd": autograd_tid(rank), "loader": loader_tid(rank)}
 
     # ---- top level --------------------------------------------------------------------------
     def trace(self) -> dict:
@@ -72,6 +76,8 @@ class RankRenderer:
     def cpu_events(self) -> list[dict]:
         r, rows = self.r, []
         for rec in self.p.eng.cpu_ranges:
+            if not rec.recorded:
+                continue
             args = {"External id": rec.ext, "Record function id": rec.ext, **rec.args}
             if rec.comm is not None:
                 args.update(self.comm_args(rec.comm, cpu_side=True))
@@ -162,6 +168,9 @@ class RankRenderer:
         out += _thread_meta(self.pid, self.pid, f"thread {self.pid} (pt_main_thread)", self.pid, ts)
         out += _thread_meta(self.pid, self.tids["autograd"], f"thread {self.tids['autograd']} (pt_autograd_0)",
                             self.tids["autograd"], ts)
+        if any(call.thread == "loader" for call in self.p.eng.runtime):
+            out += _thread_meta(self.pid, self.tids["loader"], f"thread {self.tids['loader']} (pt_prefetch)",
+                                self.tids["loader"], ts)
         last = self.p.step_ranges[self.spec.first_step + self.spec.steps - 1]
         end = us(last.end[self.r] + 100_000)
         out += [

@@ -23,6 +23,7 @@ from .spec import DTYPE_BYTES, NCCL_DTYPE_NAME, JobSpec
 T0_NS = 3_600_000_000_000  # the first step starts one hour after baseTimeNanoseconds
 STEP_GAP_US = 30.0  # profiler step bookkeeping between ProfilerStep ranges
 DDP_NCCL_STREAM, FSDP_NCCL_STREAM, REPLICATE_NCCL_STREAM, FSDP2_COPY_STREAM = 40, 20, 24, 20
+INPUT_STREAM = 28  # the prefetching thread's copy stream
 
 COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nccl annotation)
     ALLREDUCE: ("c10d::allreduce_", "allreduce", "nccl:all_reduce"),
@@ -65,11 +66,13 @@ class Program:
     def __init__(self, spec: JobSpec):
         self.spec = spec
         self.eng = Engine(spec.world_size, spec.seed, spec.noise, spec.launch_overhead_us, spec.cpu_op_overhead_us)
+        self.eng.contention_us, self.eng.contention_every = spec.host_contention_us, spec.host_contention_every
         self.compute = Compute(self.eng, spec)
         self.groups = process_groups(spec)
         roles = ["world"] + [role for role in ("shard", "replicate") if getattr(self.groups, role)]
         self.labels = {role: np.array(self.groups.labels(role, spec.world_size)) for role in roles}
         self.step_ranges: dict[int, object] = {}
+        self.batch_ready: np.ndarray | None = None  # when the prefetched batch is on the GPU
 
     def run(self) -> "Program":
         skew = self.eng.rng.uniform(0, self.spec.start_skew_us * 1e3, self.spec.world_size)
@@ -93,15 +96,23 @@ class Program:
         eng, compute = self.eng, self.compute
         eng.step, eng.phase = step, "other"
         with eng.annotation(f"ProfilerStep#{step}") as rec:
+            rec.recorded = self.spec.step_marker == "profiler"
             self.step_ranges[step] = rec
             with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
                 pass
             stall = self.spec.stall_us(step - self.spec.first_step)
-            if self.spec.host_stall_kind == "input" and self.spec.host_stall_ranks:
+            if self.spec.host_stall_kind == "input" and (self.spec.host_stall_ranks or self.spec.host_stalls):
                 self.host_stall(stall)
-            compute.copy_inputs()
+            if self.spec.input_copy != "pinned":
+                self.prefetch_input()
+            else:
+                compute.copy_inputs()
             eng.phase = "forward"
-            self.forward()
+            if self.spec.step_marker == "annotation":  # a benchmark's own range around each forward
+                with eng.annotation(self.spec.step_annotation):
+                    self.forward()
+            else:
+                self.forward()
             compute.loss_forward()
             if self.spec.host_stall_kind == "sync" and any(stall):
                 compute.loss_item()  # the host blocks until forward is done...
@@ -115,6 +126,26 @@ class Program:
             eng.phase = "other"
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
+
+    def prefetch_input(self) -> None:
+        """The compute stream waits for this step's batch (prefetched during the previous step;
+        the first was ready before the profile), then the prefetching thread starts copying the
+        next one from pageable memory on its own stream."""
+        eng, spec = self.eng, self.spec
+        if self.batch_ready is not None:
+            eng.wait_event(COMPUTE_STREAM, self.batch_ready)
+        eng.cpu["loader"] = np.maximum(eng.cpu["loader"], eng.cpu["main"])
+        nbytes = spec.input_mb * 2**20
+        with eng.op("aten::to", "loader"), eng.op("aten::_to_copy", "loader"), eng.op("aten::copy_", "loader"):
+            if spec.input_copy == "pageable_prefetch":
+                copy = eng.copy_from_pageable("Memcpy HtoD (Pageable -> Device)", INPUT_STREAM, nbytes,
+                                              spec.host_copy_gbps, spec.pcie_gbps, "loader")
+            else:  # pinned memory, non_blocking=True: a DMA that starts once the stream is free
+                copy = eng.launch("Memcpy HtoD (Pinned -> Device)", INPUT_STREAM,
+                                  eng.jitter_ns(2.0 + nbytes / (spec.pcie_gbps * 1e3)), "loader", kind="memory",
+                                  cat="gpu_memcpy", args={"bytes": int(nbytes)})
+        eng.record_event(INPUT_STREAM, "loader")
+        self.batch_ready = copy.start + copy.dur
 
     def host_stall(self, stall_us: list[float], name: str = DATALOADER) -> None:
         """A CPU range of the main thread lasting ``stall_us`` (per rank) plus its overhead (the

@@ -65,5 +65,18 @@ SCENARIOS: dict[str, JobSpec] = {
              forward_allreduce_mb=1536.0),
         # the linears left in fp32 (outside autocast) while attention runs in bf16 (issue 29)
         _job(GPT_1_5B, "ddp_fp32_gemms", 23, n_layers=2, steps=4, world_size=4, gpus_per_node=4, gemm_dtype="fp32"),
+        # idle by cause (issue 26): a prefetching thread copies each next batch from pageable
+        # memory (the driver stages it before the DMA can start) while the step's work, launched
+        # long before, waits for it, the host meanwhile sitting in loss.cpu() (a copy to pageable
+        # memory); and a host whose training threads are descheduled (CPU contention)
+        _job(GPT_1_5B, "ddp_pageable_input", 23, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
+             input_copy="pageable_prefetch", input_mb=256.0, loss_copy="pageable"),
+        # late ranks by the waiting they cause: rank 1 stalls 30 ms in the data loader every
+        # other step, rank 3 18 ms every step, rank 2 5 ms every step (late at the step's start,
+        # never the last at a collective: entry skew)
+        _job(GPT_1_5B, "ddp_two_late_ranks", 25, n_layers=2, steps=5, world_size=8,
+             host_stalls=((1, 30000.0, 2), (3, 18000.0, 1), (2, 5000.0, 1))),
+        _job(GPT_SMALL, "ddp_cpu_contention", 24, n_layers=2, steps=4, world_size=2, gpus_per_node=2,
+             host_contention_us=3000.0, host_contention_every=15),
     ]
 }

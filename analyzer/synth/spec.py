@@ -110,6 +110,31 @@ class JobSpec:
     host_stall_us: float = 0.0
     host_stall_kind: str = "input"  # input | sync
     host_stall_rotate: bool = False
+    # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
+    # every-th recorded step (from the first), on top of the above
+    host_stalls: tuple = ()
+    # how each batch reaches the GPU: "pinned" (a pinned-memory copy on the compute stream at the
+    # step's start), "pageable_prefetch" (a prefetching thread copies the next step's batch,
+    # input_mb MiB from pageable memory, on a side stream while the step runs: the driver stages
+    # it at host_copy_gbps before the DMA can start; the next step's compute waits for the copy)
+    # or "pinned_prefetch" (the same from pinned memory with non_blocking=True: the DMA starts at once)
+    input_copy: str = "pinned"
+    input_mb: float = 64.0
+    host_copy_gbps: float = 3.0
+    pcie_gbps: float = 20.0
+    # how the loss reaches the host at the end of each step: "item" (loss.item(): a copy, then
+    # cudaStreamSynchronize) or "pageable" (loss.cpu(): a copy to pageable memory, whose call
+    # returns only when the copy is done)
+    loss_copy: str = "item"
+    # CPU contention on every rank's host: every host_contention_every-th runtime call of the
+    # training threads is descheduled for host_contention_us (0: none)
+    host_contention_us: float = 0.0
+    host_contention_every: int = 50
+    # how the trace marks the steps: "profiler" (ProfilerStep#N, the profiler's schedule),
+    # "annotation" (no ProfilerStep: a benchmark's own record_function around each forward,
+    # named step_annotation) or "none" (no step marker at all)
+    step_marker: str = "profiler"
+    step_annotation: str = "measure|forward"
     emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
@@ -143,14 +168,25 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
+        _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
+               "host_stalls: (rank in range, µs, every >= 1)")
         _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
+        _check(self.input_copy in ("pinned", "pageable_prefetch", "pinned_prefetch"),
+               "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
+        _check(self.loss_copy in ("item", "pageable"), "loss_copy must be item or pageable")
+        _check(self.host_contention_every >= 1, "host_contention_every >= 1")
+        _check(self.step_marker in ("profiler", "annotation", "none"), "step_marker must be profiler, annotation or none")
 
     def stall_us(self, step_index: int) -> list[float]:
         """Per rank, the host stall of the step_index-th recorded step (µs)."""
         ranks = list(self.host_stall_ranks)
         if self.host_stall_rotate and ranks:
             ranks = [ranks[step_index % len(ranks)]]
-        return [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
+        stalls = [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
+        for rank, us, every in self.host_stalls:
+            if step_index % int(every) == 0:
+                stalls[int(rank)] += float(us)
+        return stalls
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -189,7 +225,11 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0}  # knob: its default
+_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
+                "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
+                "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
+                "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
+                "step_annotation": "measure|forward"}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import GpuEvent
+from .engine import LAUNCH_LATENCY_NS, GpuEvent
 from .layout import fsdp_units, model_params
 from .programs import DdpProgram, FsdpProgram, Program
 from .spec import DTYPE_BYTES, TORCH_DTYPE_NAME
@@ -62,6 +62,23 @@ def _intersect(a, b) -> tuple[np.ndarray, np.ndarray]:
     e = np.minimum(a[1][:, None], b[1][None, :]).ravel()
     keep = e > s
     return s[keep], e[keep]
+
+
+def _minus(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the disjoint intervals a that the disjoint intervals b do not cover."""
+    pieces = []
+    for s, e in zip(a[0].tolist(), a[1].tolist()):
+        for bs, be in zip(b[0].tolist(), b[1].tolist()):
+            if be <= s or bs >= e:
+                continue
+            if bs > s:
+                pieces.append((s, bs))
+            s = max(s, be)
+            if s >= e:
+                break
+        if e > s:
+            pieces.append((s, e))
+    return np.array([p[0] for p in pieces], np.int64), np.array([p[1] for p in pieces], np.int64)
 
 
 def gaps(busy, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +182,10 @@ class TruthBuilder:
         the next step) (the last step: to its last GPU end): compute only, exposed communication
         split into waiting (a collective's start until its last member started, which the engine
         knows) and transfer, other GPU work, idle; idle split into the host stall in the data
-        loader ("input") and gaps that began while the host was blocked in a device sync."""
+        loader ("input") and gaps that began while the host was blocked in a device sync.
+        Idle is first split in two: queued (the work that ended the gap had been launched and
+        waited) and the host's (nothing was launched yet); input and device sync are the host's
+        part."""
         s, e = self.starts[:, r], self.ends[:, r]
         busy = merge(s, e)
         compute = merge(s[self.kinds == "compute"], e[self.kinds == "compute"])
@@ -175,6 +195,10 @@ class TruthBuilder:
                       np.array([ev.start[r] + ev.dur[r] - ev.comm.transfer_ns for ev in comm_ev], np.int64))
         loader = merge(*self._cpu_ranges(r, lambda c: c.name.startswith("enumerate(DataLoader)")))
         sync = merge(*self._host_syncs(r))
+        descheduled = [c for c in self.p.eng.runtime if c.descheduled]
+        contended = merge(np.array([c.start[r] for c in descheduled], np.int64),
+                          np.array([c.start[r] + c.dur[r] for c in descheduled], np.int64))
+        queued_parts, host_parts = self._queued_idle(r, busy)
         numbers = sorted(self.p.step_ranges)
         firsts = {n: int(s[self.steps == n].min()) for n in numbers if (self.steps == n).any()}
         out = {}
@@ -188,18 +212,55 @@ class TruthBuilder:
             wait = length(p_w) - intersection_length(p_w, c_w)
             b_len = covered(busy, start, end)
             idle = gaps(busy, start, end)
-            after_sync = np.array([covered(sync, g - 1, g) > 0 for g in idle[0]], dtype=bool)
-            sync_gaps = (idle[0][after_sync], idle[1][after_sync])
-            in_loader = intersection_length(idle, loader)
+            # Idle in two: the host's (nothing launched yet) and queued (launched work waiting).
+            queued = {kind: clip(part, start, end) for kind, part in queued_parts.items()}
+            all_queued = merge(np.concatenate([q[0] for q in queued.values()]),
+                               np.concatenate([q[1] for q in queued.values()]))
+            host_idle = merge(*_intersect(idle, host_parts))
+            after_sync = np.array([covered(sync, g - 1, g) > 0 for g in host_idle[0]], dtype=bool)
+            sync_gaps = (host_idle[0][after_sync], host_idle[1][after_sync])
+            in_loader = intersection_length(host_idle, loader)
             sync_cover = merge(np.concatenate([sync_gaps[0], sync[0]]), np.concatenate([sync_gaps[1], sync[1]]))
             synced = clip(sync_cover, start, end)
-            device_sync = intersection_length(idle, synced) - intersection_length(
-                (lambda x: clip(x, start, end))(merge(*_intersect(idle, synced))), loader)
+            device_sync = intersection_length(host_idle, synced) - intersection_length(
+                (lambda x: clip(x, start, end))(merge(*_intersect(host_idle, synced))), loader)
+            # CPU contention: the host idle in descheduled calls, neither the loader's nor a sync's
+            left = merge(*_intersect(host_idle, contended))
+            for taken in (loader, synced):
+                left = _minus(left, taken)
             out[n] = {"step_time_us": _us(end - start), "compute_only_us": _us(c_len),
                       "exposed_wait_us": _us(wait), "exposed_transfer_us": _us(exposed - wait),
                       "other_gpu_us": _us(b_len - c_len - exposed), "idle_us": _us(end - start - b_len),
-                      "idle_input_us": _us(in_loader), "idle_device_sync_us": _us(device_sync)}
+                      "idle_input_us": _us(in_loader), "idle_device_sync_us": _us(device_sync),
+                      "idle_queued_us": _us(length(all_queued)), "idle_queued_copy_us": _us(length(queued["memory"])),
+                      "idle_queued_in_sync_us": _us(intersection_length(all_queued, sync)),
+                      "idle_contention_us": _us(length(left))}
         return out
+
+    def _queued_idle(self, r: int, busy) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
+                                                  tuple[np.ndarray, np.ndarray]]:
+        """The idle the GPU spent with work already launched, by the kind of work that ended each
+        gap: from a gap's start (or the ending work's launch + the launch latency, when later)
+        to its end, the ending work being, of the GPU work that starts where the gap ends, the
+        earliest launched (the engine's own launch times: the runtime call of each event); and
+        the rest of each gap, the host's (the GPU had nothing to run)."""
+        launched = {call.corr: int(call.start[r]) for call in self.p.eng.runtime if call.launches_gpu}
+        by_start: dict[int, list[tuple[int, str]]] = {}
+        for ev in self.p.eng.gpu:
+            by_start.setdefault(int(ev.start[r]), []).append((launched[ev.corr], ev.kind))
+        parts: dict[str, list[tuple[int, int]]] = {"compute": [], "comm": [], "memory": []}
+        host = []
+        for gap_start, gap_end in zip(busy[1][:-1].tolist(), busy[0][1:].tolist()):
+            launch, kind = min(by_start[gap_end])
+            waited_from = min(max(gap_start, launch + LAUNCH_LATENCY_NS), gap_end)
+            if gap_end > waited_from:
+                parts[kind].append((waited_from, gap_end))
+            if waited_from > gap_start:
+                host.append((gap_start, waited_from))
+
+        def columns(pairs):
+            return np.array([a for a, _ in pairs], np.int64), np.array([b for _, b in pairs], np.int64)
+        return {kind: columns(p) for kind, p in parts.items()}, columns(host)
 
     def _cpu_ranges(self, r: int, keep) -> tuple[np.ndarray, np.ndarray]:
         ranges = [c for c in self.p.eng.cpu_ranges if keep(c) and c.end is not None]
@@ -207,7 +268,7 @@ class TruthBuilder:
 
     def _host_syncs(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         """The host's blocking calls: cudaStreamSynchronize and the aten::item ops around them."""
-        calls = [c for c in self.p.eng.runtime if c.name == "cudaStreamSynchronize"]
+        calls = [c for c in self.p.eng.runtime if c.name == "cudaStreamSynchronize" or c.blocks]
         items = self._cpu_ranges(r, lambda c: c.name in ("aten::item", "aten::_local_scalar_dense"))
         return (np.concatenate([[c.start[r] for c in calls], items[0]]).astype(np.int64),
                 np.concatenate([[c.start[r] + c.dur[r] for c in calls], items[1]]).astype(np.int64))
