@@ -6,7 +6,7 @@ import statistics
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
-from analyzer.whatif.ddp import backward_transfer_us, ddp_steps
+from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
 from analyzer.whatif.fsdp import layer_count
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
@@ -193,7 +193,7 @@ def _bucket_cap_mib(facts) -> float | None:
     steps = ddp_steps(facts)
     if not steps:
         return None
-    rep = steps[len(steps) // 2]
+    rep = representative(steps, facts.model)
     choice, _, saving = rep.cap_saving()
     if saving <= 0 or choice.cap_bytes <= statistics.median(rep.bucket_bytes):
         return None

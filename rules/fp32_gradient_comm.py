@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.base.units import fmt_bytes
-from analyzer.whatif.ddp import ddp_steps
+from analyzer.whatif.ddp import ddp_steps, representative
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, unit_links
@@ -145,7 +145,7 @@ class Fp32GradientComm(Rule):
         steps = fsdp_steps(facts)
         if not steps:
             return None, None
-        rep = steps[len(steps) // 2]
+        rep = representative(steps, facts.model)
         found = unit_links(facts, rep)
         if found is None:
             return None, None

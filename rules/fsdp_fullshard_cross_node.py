@@ -7,6 +7,7 @@ from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.prediction import what_if_or_own
+from analyzer.whatif.ddp import representative
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count
 
 
@@ -65,7 +66,7 @@ class FsdpFullShardCrossNode(Rule):
         steps = fsdp_steps(facts)
         if not step_us or not steps:
             return []
-        rep = steps[len(steps) // 2]
+        rep = representative(steps, facts.model)
         group = group_of_kind(facts, rep.rank, rep.step, "allgather")
         link = facts.link(group)
         if link is None or not link.cross_node:

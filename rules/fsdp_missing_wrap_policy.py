@@ -9,6 +9,7 @@ from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
+from analyzer.whatif.ddp import representative
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, not_predicted, predicted
 from analyzer.whatif.projection import measured_strategy
 
@@ -160,7 +161,7 @@ def _schedule_gain(facts, layers: int, strategy: str) -> float | None:
     steps = fsdp_steps(facts)
     if not steps:
         return None
-    rep = steps[len(steps) // 2]
+    rep = representative(steps, facts.model)
     found = unit_links(facts, rep)
     if found is None:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.fsdp import fsdp_steps, unit_links
+from analyzer.whatif.ddp import representative
 from analyzer.whatif.prediction import predicted
 
 
@@ -70,7 +71,7 @@ class FsdpNoPrefetch(Rule):
         steps = fsdp_steps(facts, prefetch=False)
         if not steps:
             return []
-        rep = steps[len(steps) // 2]
+        rep = representative(steps, facts.model)
         found = unit_links(facts, rep)
         if found is None:
             return []

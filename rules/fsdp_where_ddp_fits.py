@@ -8,7 +8,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.whatif.ddp import MAX_GRADIENT_PIECES
+from analyzer.whatif.ddp import MAX_GRADIENT_PIECES, representative
 from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
 from analyzer.whatif.prediction import not_predicted, predicted
 
@@ -138,7 +138,7 @@ class FsdpWhereDdpFits(Rule):
         steps = fsdp_steps(facts)
         if not steps:
             return None
-        rep = steps[len(steps) // 2]
+        rep = representative(steps, facts.model)
         found = unit_links(facts, rep)
         if found is None:
             return None

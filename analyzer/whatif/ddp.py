@@ -174,6 +174,15 @@ class DdpStep:
                                            cap_bytes, first_bucket_bytes=None).exposed_tail_us
 
 
+def representative(steps: list[Any], model: Any) -> Any:
+    """The one rank-step a rule models (``steps``: DdpStep or FsdpStep, in rank order): the
+    typical step of the median rank that has it, as every figure quotes the typical step; the
+    middle one when the job has no typical step or none of these is of it."""
+    typical = model.typical.step if model.typical is not None else None
+    chosen = [s for s in steps if s.step == typical] or steps
+    return chosen[len(chosen) // 2]
+
+
 def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
     """One DdpStep per (rank, step) whose buckets have known sizes and a backward window (and,
     with ``need_link``, a known α/β for their group). Built once per JobFacts: several rules
