@@ -288,7 +288,10 @@ def _tree(model: JobModel) -> list[str]:
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
     wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
-    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle)
+    own = sorted(((k, v) for k, v in d.idle_unknown_by_phase.items() if v), key=lambda kv: (-kv[1], kv[0]))
+    where = f" (in {', '.join(f'{k} {fmt_us(v)}' for k, v in own)})" if own else ""
+    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" + (where if k == HOST_ACTIVITY["unknown"] else "")
+                                               for k, v in idle)
     if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
         # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
         waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])

@@ -273,7 +273,7 @@ def step_components(run: Any) -> dict[str, Any]:
 def decompose(base: Any, new: Any) -> dict[str, Any]:
     b, a = step_components(base), step_components(new)
     if not b or not a:
-        return {"available": False, "reason": "a run has no step breakdown (no GPU steps with ProfilerStep markers)"}
+        return {"available": False, "reason": "a run has no step breakdown (no GPU steps in its traces)"}
     total = a["step_time_us"] - b["step_time_us"]
 
     def part(name, bv, av, children=None, **extra):

@@ -118,6 +118,8 @@ class Details:
     idle_queued_by: Mapping[str, float] = field(default_factory=dict)  # the queued part, by what it waited on
     idle_host_us: float | None = None  # None: a result saved before the split (all idle counted the host's)
     idle_queued_us: float | None = None
+    # the host's own work (idle_by_host's unknown) by the phase of the work it launched next
+    idle_unknown_by_phase: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, doc: Mapping[str, Any] | None) -> Details:
@@ -133,7 +135,7 @@ class Details:
             return None if doc.get(key) is None else float(doc[key])
         return cls(splits("by_kind"), splits("by_group"), splits("by_phase"), splits("by_kind_phase"),
                    figures("wait_by_peer"), figures("idle_by_host"), figures("idle_queued_by"),
-                   number("idle_host_us"), number("idle_queued_us"))
+                   number("idle_host_us"), number("idle_queued_us"), figures("idle_unknown_by_phase"))
 
 
 @dataclass(frozen=True)

@@ -337,7 +337,7 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
             entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
         else:
             entry["step_time_us"] = entry["span_us"]
-    timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
+    timeline = RankTimeline(trace, gpu, att.launch_ts, att.phase) if steps else None
     if steps:
         _attribute_steps(trace, timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)
