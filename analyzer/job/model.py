@@ -207,6 +207,11 @@ class RankStep:
     cpu_step_us: float | None  # the ProfilerStep range on the CPU
     forward_attention_kernels: int  # one per transformer block and forward pass (analyzer.rank.steps)
 
+    @property
+    def overlap_share(self) -> float | None:
+        """The step's communication time hidden under compute (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
 
 @dataclass(frozen=True)
 class RankFacts:
@@ -310,6 +315,14 @@ class JobModel:
     @property
     def idle_share(self) -> float | None:
         return self.typical.idle_share if self.typical else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """The typical step's communication hidden under compute: overlap / communication time,
+        each summed over the ranks that measured the step (None: no communication in it)."""
+        steps = [s for s in self.rank_steps() if s.role == TYPICAL and s.comm_us > 0]
+        comm = sum(s.comm_us for s in steps)
+        return sum(s.overlap_us for s in steps) / comm if comm else None
 
     @property
     def gpu_events(self) -> int:
