@@ -83,6 +83,11 @@ def test_every_view_quotes_the_typical_step(job):
     by_name = {m["metric"]: m for m in diff["metrics"]}
     assert by_name["step_time_us"]["base"] == step
     assert by_name["exposed_comm_pct"]["base"] == pytest.approx(exposed_pct)
+    # its step-time split: the typical step's leaves under their own names (the verdict's
+    # "exposed communication" is waiting + transfer, two rows here)
+    rows = {c["component"]: c["base_us"] for c in diff["step_time"]["components"]}
+    assert rows["exposed transfer"] == typical.leaves.exposed_transfer_us and "exposed communication" not in rows
+    assert rows["compute only"] == typical.leaves.compute_only_us
 
 
 @pytest.mark.parametrize("job", JOBS)
