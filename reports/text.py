@@ -171,7 +171,7 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
         lines += textwrap.wrap(f.get("summary", ""), **wrap)
         recovers = leaf_names(f.get("recovers"))
-        if recovers and isinstance(gain, (int, float)):
+        if recovers and isinstance(gain, (int, float)) and gain > 0:
             lines += textwrap.wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
         lines += _prediction(f, step_us, wrap)
         fix = (f.get("fix") or {}).get("text")

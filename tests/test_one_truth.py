@@ -199,3 +199,18 @@ def test_the_verdicts_recoverable_time_is_within_what_the_step_loses(job):
         compute = sum(v for leaf, v in (top.get("recovers") or {}).items() if leaf in COMPUTE_LEAVES)
     assert _printed_us(together[1] if together else single[1]) == pytest.approx(quoted, rel=0.005)
     assert quoted - compute <= lost + 0.2, (job, quoted, compute, lost)
+
+
+def test_a_finding_that_gains_nothing_is_said_so():
+    """fsdp2_tp_2d: fsdp-where-ddp-fits projects no gain at this scale (0 µs, the extra bytes
+    hidden). Its card said "~0.0 ms/step" while the verdict said "no estimate of the gain", and
+    it "recovered" waiting for late peers (the last leaf it names, given the whole zero)."""
+    result = diagnosed("synthetic/fsdp2_tp_2d")
+    finding = next(f for f in result.findings if f["rule"] == "fsdp-where-ddp-fits")
+    assert finding["estimated_gain_us"] == 0.0 and finding["recovers"] == {"exposed_transfer_us": 0.0}
+    step = fmt_us(result.model.step_time_us)
+    assert f"(its estimated gain is 0.0 µs of the {step} typical step)" in " ".join(result.verdict.split())
+    assert "no estimate" not in result.verdict
+    assert "recovers:" not in TextRenderer().render(result)
+    card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "fsdp-where-ddp-fits")
+    assert card["recovers"] == ""

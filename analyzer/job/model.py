@@ -551,6 +551,8 @@ def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | s
     if isinstance(leaves, Mapping):
         return {leaf: float(v) for leaf, v in leaves.items() if leaf in LEAVES}
     names = [leaves] if isinstance(leaves, str) else [leaf for leaf in leaves if leaf in LEAVES]
+    if gain_us <= 0:  # nothing to give back: the leaf the fix is about, with none of it
+        return {names[0]: 0.0} if names else {}
     out: dict[str, float] = {}
     left = gain_us
     for i, leaf in enumerate(names):
