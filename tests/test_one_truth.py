@@ -14,6 +14,7 @@ from analyzer.base.units import fmt_pct, fmt_us
 from analyzer.compare.diff import diff_runs
 from analyzer.compare.gate import GateConfig, evaluate, parse_assertion
 from analyzer.compare.metrics import run_metrics
+from analyzer.job.model import LEAVES
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
 from rule_cases_lib import diagnosed, sample_traces
@@ -214,3 +215,30 @@ def test_a_finding_that_gains_nothing_is_said_so():
     assert "recovers:" not in TextRenderer().render(result)
     card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "fsdp-where-ddp-fits")
     assert card["recovers"] == ""
+
+
+@pytest.mark.parametrize("job", ["synthetic/ddp_straggler", "synthetic/ddp_pageable_input",
+                                 "synthetic/fsdp_no_prefetch", "real/param_dlrm_ddp_8rank"])
+def test_breakdown_df_is_the_models_steps(job):
+    """One row per rank × step with the model's role; the five leaves add up to the step, the
+    idle by host activity and the queued rest to the idle leaf, the exposed communication by
+    phase to waiting + transfer; the typical rows' means are the attribution's leaves."""
+    result = diagnosed(job)
+    df = result.breakdown_df()
+    model = result.model
+    assert len(df) == sum(len(r.steps) for r in result.ranks)
+    for row in df.itertuples():
+        step = model.rank(row.rank).step(row.step)
+        assert row.role == step.role and row.step_time_us == step.step_time_us
+        if step.leaves is None:
+            continue
+        assert sum(getattr(row, leaf) for leaf in LEAVES) == pytest.approx(row.step_time_us, abs=0.01)
+        idle_parts = [getattr(row, c) for c in df.columns if c.startswith("idle_") and c != "idle_us"]
+        assert sum(idle_parts) == pytest.approx(row.idle_us, abs=0.01), (row.rank, row.step)
+        phases = [getattr(row, c) or 0.0 for c in df.columns if c.startswith("exposed_") and c.endswith(
+            ("forward_us", "backward_us", "optimizer_us", "other_us"))]
+        assert sum(phases) == pytest.approx(row.exposed_wait_us + row.exposed_transfer_us, abs=0.01)
+    typical = df[df.role == "typical"]
+    assert len(typical) == model.typical.ranks
+    for leaf in LEAVES:
+        assert typical[leaf].mean() == pytest.approx(model.typical.leaves.leaf(leaf), abs=0.01)

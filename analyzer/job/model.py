@@ -206,6 +206,9 @@ class RankStep:
     low_precision_compute_us: float
     cpu_step_us: float | None  # the ProfilerStep range on the CPU
     forward_attention_kernels: int  # one per transformer block and forward pass (analyzer.rank.steps)
+    # idle with work launched and waiting (the rest of idle is the host's: ``idle_by_host``);
+    # None: a result saved before the split
+    idle_queued_us: float | None = None
 
     @property
     def overlap_share(self) -> float | None:
@@ -474,7 +477,8 @@ def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None,
                     {phase: ((w["start_ns"] - origin_ns) / 1000.0, (w["end_ns"] - origin_ns) / 1000.0, w["compute_us"])
                      for phase, w in (entry.get("phase_windows") or {}).items()},
                     float(entry.get("low_precision_compute_us") or 0.0), entry.get("cpu_step_us"),
-                    int(entry.get("forward_attention_kernels") or 0))
+                    int(entry.get("forward_attention_kernels") or 0),
+                    None if tb.get("idle_queued_us") is None else float(tb["idle_queued_us"]))
 
 
 def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:
