@@ -242,3 +242,19 @@ def test_breakdown_df_is_the_models_steps(job):
     assert len(typical) == model.typical.ranks
     for leaf in LEAVES:
         assert typical[leaf].mean() == pytest.approx(model.typical.leaves.leaf(leaf), abs=0.01)
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_straggler_marks_only_where_a_straggler_finding_names_the_rank(job):
+    """The browser test's check on five jobs, here on every job (the page's data: the per-rank
+    bars' ▲ marks and the timeline's straggler lane come from these fields)."""
+    result = diagnosed(job)
+    named = {r for f in result.findings if f["rule"] == "straggler-rank" for r in f["ranks"]}
+    view = build_view(result)
+    bars = view["bars"]
+    marked = {row["rank"] for row in bars.get("rows", []) if row.get("straggler")}
+    assert marked == (named & {row["rank"] for row in bars.get("rows", [])}), job
+    if bars.get("available"):
+        assert set(bars["stragglers"]) == named, job
+    lanes = {g["rank"] for g in view["timeline"].get("groups", []) if g["role"] == "straggler"}
+    assert lanes <= named and len(lanes) <= 1, job
