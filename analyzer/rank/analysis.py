@@ -266,6 +266,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     att = attribute(trace)
     warnings = list(trace.warnings)
     gpu, keep = trace.gpu, None
+    recorded_gpu = len(gpu) > 0
     if options.steps is not None:
         keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
         missing = sorted(set(options.steps) - set(arrays.unique(att.step[keep]).tolist()))
@@ -280,7 +281,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     marked = trace.markers.ts[trace.markers.kind != Marker.ANNOTATION]
     first_gpu = int(gpu.ts.min()) if len(gpu) else (int(marked.min()) if len(marked) else None)
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
-    if len(gpu) == 0:
+    if len(gpu) == 0 and recorded_gpu:  # --steps selected none of the steps holding GPU work
+        warnings.append("no GPU activity in the selected step(s): GPU metrics are zero")
+    elif len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
     elif not (gpu.kind == GpuKind.COMM).any():
