@@ -148,10 +148,18 @@ def test_the_old_layout_folder_reads_json_and_pickle_subfolders():
     assert {i["format"] for i in report.inputs} == {"pickle"}
 
 
-@pytest.mark.parametrize("size, problem", [(3, "--world-size: 3 ranks, but there is a dump for rank 3")])
-def test_world_size_smaller_than_the_dumps_is_an_error(size, problem):
+@pytest.mark.parametrize("size, problem", [(3, "--world-size: 3 ranks, but there is a dump for rank 3"),
+                                           (10**9, "--world-size: 1000000000 ranks is beyond any job"),
+                                           (0, "--world-size: 0 ranks is beyond any job")])
+def test_world_size_smaller_than_the_dumps_or_beyond_any_job_is_an_error(size, problem):
     with pytest.raises(InputError, match=problem):
         triage([str(SAMPLES / "status_lag")], world_size=size)
+
+
+def test_world_size_beyond_any_job_is_a_usage_error_not_a_memory_error(capsys):
+    """The world is listed rank by rank: --world-size 10**9 once allocated it (MemoryError)."""
+    code, out, err = run(capsys, "hang", str(SAMPLES / "status_lag"), "--world-size", str(10**9))
+    assert code == 2 and out == "" and "--world-size" in err and "262144" in err and "Traceback" not in err
 
 
 def test_world_size_names_every_silent_rank(capsys):

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.base.errors import InputError
+from analyzer.base.limits import MAX_WORLD
 from analyzer.hang.read import Entry, GroupStatus, RankDump
 
 DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_pg")
@@ -168,6 +169,8 @@ class Job:
         seen = set(self.dumps)
         top = max(seen) if seen else -1
         if world_size is not None:
+            if not 1 <= world_size <= MAX_WORLD:  # the world is listed rank by rank: bounded (issue 30)
+                raise InputError("--world-size", f"{world_size} ranks is beyond any job (1 to {MAX_WORLD:,})")
             if top >= world_size:
                 raise InputError("--world-size", f"{world_size} ranks, but there is a dump for rank {top}")
             return list(range(world_size)), "--world-size"
