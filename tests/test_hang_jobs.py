@@ -118,8 +118,12 @@ def test_status_lag_is_not_a_hang():
 
 def test_silent_highest_rank_is_not_reporting():
     report = triage([str(SAMPLES / "silent_highest")])
-    assert report.world == {"size": 4, "source": "pg_config (the default group's ranks)", "silent": [3]}
-    assert report.verdict.startswith("rank 3 wrote no dump (dead host?); the others wait in all_reduce #4")
+    assert report.world == {"size": 4, "silent": [3], "source": "pg_config (an unnamed group listing every rank "
+                                                              "with a dump: gloo's default group)"}
+    # ranks 0-2 returned from #4 (retired: gloo's call came back, with the error rank 3's death caused)
+    assert report.verdict.startswith("rank 3 wrote no dump (dead host?); the others returned from all_reduce #4 "
+                                     "of group default_pg (pg 0) but nothing proves it completed (3 of 4 members "
+                                     "entered it at ")
     assert "nothing proves it completed" in report.hangs[0].detail["reason"]
 
 

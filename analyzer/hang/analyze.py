@@ -174,9 +174,9 @@ class Job:
             if top >= world_size:
                 raise InputError("--world-size", f"{world_size} ranks, but there is a dump for rank {top}")
             return list(range(world_size)), "--world-size"
-        default = self._default_group_ranks()
+        default, how = self._default_group_ranks()
         if default:
-            return list(range(max(max(default), top) + 1)), "pg_config (the default group's ranks)"
+            return list(range(max(max(default), top) + 1)), how
         if trace_world and trace_world > top:
             return list(range(trace_world)), "the Kineto traces' distributedInfo (world_size)"
         listed = {r for d in self.dumps.values() for cfg in d.pg_config.values() for r in cfg["ranks"] or []}
@@ -186,18 +186,19 @@ class Job:
                           "would go unnoticed (pass --world-size, or the job's Kineto traces with --traces)")
         return list(range(top + 1)), "inferred: the highest rank with a dump + 1"
 
-    def _default_group_ranks(self) -> set[int]:
-        """The default group's members from pg_config: its entry by name ("0") or description,
-        else the unnamed entry gloo records it under when that one lists every rank with a dump."""
+    def _default_group_ranks(self) -> tuple[set[int], str]:
+        """The default group's members from pg_config, and where they come from: its entry by
+        name ("0") or description, else the unnamed entry gloo records it under when that one
+        lists every rank with a dump."""
         for d in self.dumps.values():
             for name, cfg in d.pg_config.items():
                 if cfg["ranks"] and (name == DEFAULT_GROUP or cfg["desc"] == "default_pg"):
-                    return set(cfg["ranks"])
+                    return set(cfg["ranks"]), "pg_config (the default group's ranks)"
         for d in self.dumps.values():
             unnamed = d.pg_config.get("", {}).get("ranks")
             if unnamed and set(self.dumps) <= set(unnamed):
-                return set(unnamed)
-        return set()
+                return set(unnamed), "pg_config (an unnamed group listing every rank with a dump: gloo's default group)"
+        return set(), ""
 
     def _ops(self) -> dict[tuple[int, str, bool], list[Op]]:
         """(rank, group, p2p) -> the rank's operations in sequence order. Collectives sharing a
