@@ -72,6 +72,34 @@ def test_in_flight_and_p2p_jobs_in_2x_versions(version, tmp_path):
         assert hang_summary(report) == truth["hangs"] and in_flight(report) == truth["in_flight"], (job, version)
 
 
+@pytest.mark.parametrize("job", ["nccl_missing_rank", "nccl_desync", "nccl_stuck", "nccl_in_flight",
+                                 "nccl_silent_highest", "nccl_coalesced_p2p"])
+def test_without_start_events_the_verdict_stands(job, tmp_path):
+    """ProcessGroupNCCL creates a work's start event only with TORCH_NCCL_ENABLE_TIMING (else
+    it records nullptr): entries go from "scheduled" straight to "completed". Nothing but the
+    kernel-never-started distinction may hang on "started"."""
+    s = fr.SCENARIOS[job]()
+    for rank in s.ranks.values():
+        for op in rank.ops:
+            op.state = "scheduled" if op.state == "started" else op.state
+    _write(s, tmp_path)
+    report = triage([str(tmp_path)])
+    assert hang_summary(report) == s.truth["hangs"] and in_flight(report) == s.truth["in_flight"]
+
+
+def test_without_start_events_a_busy_stream_is_not_told_from_the_network(tmp_path):
+    """nccl_stuck_kernel without start events: nothing shows rank 2's kernel never started, so
+    every member is named (stuck, proven by rank 0's timeout), never rank 2 alone on no evidence."""
+    s = fr.stuck_kernel()
+    for rank in s.ranks.values():
+        for op in rank.ops:
+            op.state = "scheduled" if op.state == "started" else op.state
+    _write(s, tmp_path)
+    hang = triage([str(tmp_path)]).hangs[0]
+    assert (hang.kind, hang.ranks, hang.detail["started"], hang.detail["pending"]["proven"]) == \
+        ("stuck", [0, 1, 2, 3], [], True)
+
+
 def test_in_flight_says_why():
     report = triage([str(NCCL / "nccl_in_flight")])
     flying = report.in_flight[0]
