@@ -71,8 +71,26 @@ def test_subgroups_skip_names_rank_5_at_7_not_a_lagging_rank_at_6():
     job = Job(load(discover([str(SAMPLES / "subgroups_skip")]).dumps)[0])
     find_hangs(job)
     six = job.progress[(4, "2", 6)]
-    assert six.done and six.strong and "issue #7" in six.how
+    assert six.done and six.strong and six.how.startswith("retired, and the rank went on to issue #7")
     assert job.dumps[4].pg_status[1].completed == 5  # the lag that made the old verdict
+
+
+def test_async_calls_still_running_prove_nothing():
+    """async_buckets (recorded): ranks 0-2 issued #4-#6 as async all-reduces (DDP's buckets) and
+    rank 3 never reached #4. Issuing #5 does not prove #4 returned (an async call does not
+    block): the hang is #4, and no note claims rank 3's record of #4 or #5 is missing. Before,
+    a later call counted as proof on gloo and the verdict named #6."""
+    for rank, seqs in EXPECTED["async_buckets"]["async_pending"].items():  # the recording's own truth
+        dump = read_dump(SAMPLES / "async_buckets" / f"fr_rank_{rank}")
+        assert [e.collective_seq for e in dump.entries if not e.retired] == seqs
+    report = triage([str(SAMPLES / "async_buckets")])
+    hang = report.hangs[0]
+    assert (hang.kind, hang.seq, hang.ranks) == ("missing-rank", 4, [3])
+    assert report.verdict.startswith("rank 3 never entered all_reduce #4 of group default_pg (pg 0)")
+    assert not any("record of it is missing" in n for n in report.notes)
+    evidence = hang.detail["evidence"]["0"]
+    assert evidence["done"] is False and "went on to issue #5: an async call (async_op=True), still running" in \
+        evidence["how"]
 
 
 def test_subgroups_skip_group_0_3_is_in_flight_not_stuck():

@@ -10,10 +10,13 @@ evidence about its completion on each member is weighed (``Progress``):
   without completing = timed out or aborted; gloo: the call returned, with or without an error);
   ``pg_status`` (the last completed id the rank's watchdog / worker recorded: it lags behind the
   entries, and counts a failed collective as completed);
-- the rank's later work in the same group: a gloo call blocks until it is done, so a later
-  collective issued by the rank proves the earlier one returned; on NCCL a later collective
-  that *started* proves it (the group's kernels run in order on one stream), one only scheduled
-  proves nothing;
+- the rank's later work in the same group: on NCCL a later collective that *started* proves it
+  (the group's kernels run in order on one stream), one only scheduled proves nothing. On gloo
+  nothing later proves it: a call made with ``async_op=True`` (DDP's gradient buckets) does not
+  block, gloo's worker threads finish works out of order, and the dump does not say which calls
+  blocked. A gloo worker retires a work as the call returns (and only then moves ``pg_status``),
+  so there ``retired`` alone says the call returned; retired with a later collective issued, that
+  it returned without an error (a failed call raises, an async one when waited for);
 - its peers: a collective cannot complete on one member without the data of all, so a member
   that completed it proves every member entered it and sent its data.
 
@@ -36,8 +39,8 @@ DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_
 UNEVEN_SIZES = {"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base",
                 "scatter", "gather", "all_gather_v", "reduce_scatter_v", "coalesced"}
 KIND_ORDER = ("desync", "missing-rank", "not-reporting", "p2p-unmatched", "stuck")
-# Backends whose calls block the host until the collective is done and that record no events
-# (entries stay "scheduled"). Others (nccl, rccl, xccl, hccl...) run on a device stream.
+# Backends that run collectives on host threads and record no events (entries stay "scheduled";
+# "retired": the call returned). Others (nccl, rccl, xccl, hccl...) run on a device stream.
 HOST_BLOCKING = {"gloo"}
 STATE_ORDER = {"scheduled": 0, "started": 1, "completed": 2}
 
@@ -227,7 +230,8 @@ class Job:
                 logged.setdefault(e.group, set()).add(d.rank)
         if any(e.backend in HOST_BLOCKING for d in self.dumps.values() for e in d.entries):
             self.notes.append("gloo records no events (its entries stay 'scheduled'): completion is read from "
-                              "'retired' (the call returned), pg_status and the work each rank issued after it")
+                              "'retired' (the call returned) and the peers' evidence; a later call proves nothing "
+                              "(one made with async_op=True, as DDP's buckets are, does not block)")
         if any(d.version.startswith("1.") and any(e.is_p2p for e in d.entries) for d in self.dumps.values()):
             self.notes.append("format 1.x numbers collectives and p2p ops with one seq_id: collectives are matched by "
                               "it, which holds only if the members of each group issued the same p2p ops")
@@ -312,7 +316,8 @@ def _signature(e: Entry) -> tuple:
 
 def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -> Progress:
     """The rank's own evidence: its entry, pg_status, and what it issued after it in the group
-    (``after``: its next collective there; ``started_after``: the next one that started)."""
+    (``after``: its next collective there; ``started_after``: the next one that started). On
+    gloo, its entry's ``retired`` alone (see the module's docstring)."""
     if op.completed:
         return Progress(True, True, how="its entry is completed")
     status = job.status(op.rank, op.main)
@@ -327,14 +332,16 @@ def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -
         if seen_done:
             return Progress(True, how=f"pg_status: last completed #{last}")
         return Progress(False, how=f"its entry is {op.state}")
-    if after is not None:
-        return Progress(True, True, how=f"it went on to issue #{after.seq} (a gloo call blocks until done)")
+    if op.retired and after is not None:  # returned, and the program went on: it did not raise
+        return Progress(True, True, how=f"retired, and the rank went on to issue #{after.seq} (a call that failed "
+                                        "raises, at the latest when waited for)")
     if op.retired:
         return Progress(True, how="retired: the call returned (gloo does not record whether it failed)")
-    if seen_done:
-        return Progress(True, how=f"pg_status: last completed #{last} (gloo counts a failed collective as completed)")
+    # Not retired: the call has not returned, whatever followed it. A later collective means the
+    # call did not block (async_op=True); a pg_status at or past it, that a later work finished first.
     where = f"pg_status at #{last}" if last >= 0 else "no pg_status"
-    return Progress(False, how=f"not retired, {where}")
+    later = f"; the rank went on to issue #{after.seq}: an async call (async_op=True), still running" if after else ""
+    return Progress(False, how=f"not retired, {where}{later}")
 
 
 def _weigh(job: Job, group: Group, seq: int, present: dict[int, Op], everyone: bool) -> dict[int, Progress]:
