@@ -142,6 +142,21 @@ def test_fsdp_units_on_the_command_line(tmp_path_factory, capsys):
     assert code.value.code == 2 and "--fsdp-units applies to FSDP" in capsys.readouterr().err
 
 
+def test_fsdp_units_beyond_any_wrap_policy_are_refused(tmp_path_factory, capsys):
+    """The projection replays every unit: its cost follows the count (10**5 units took minutes,
+    10**9 would exhaust memory), so the count is bounded like the other counts (issue 30)."""
+    from analyzer.base.errors import ConfigError
+    from analyzer.base.limits import MAX_FSDP_UNITS
+    _, files, result, _ = measured(tmp_path_factory, "fsdp1_no_wrap")
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--fsdp-units", str(MAX_FSDP_UNITS + 1), "--strategy", "fsdp-full"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "--fsdp-units" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match="--fsdp-units must be 1 to 4,096"):
+        project(result, Scenario(fsdp_units=10**9, strategy="fsdp-full"))
+    assert project(result, Scenario(fsdp_units=MAX_FSDP_UNITS, strategy="fsdp-full")).projected["step_time_us"] > 0
+
+
 def test_ddp_buckets_regrouped_into_units():
     """Buckets in launch order [head 4, 3, 3, 2, 2, 2] into 3 units of the 12 bytes after the head
     (shares end at 4, 8, 12): 3 (closer to 4 than 6 is), 3+2 (reaches 8), 2+2 and the head 4, each

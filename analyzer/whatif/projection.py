@@ -52,6 +52,7 @@ from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif import compute as compute_scaling
 from analyzer.whatif.ddp import bucket_ready_times, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError, TracecliffError
+from analyzer.base.limits import MAX_FSDP_UNITS
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
 _EPS_US = 2.0  # a kernel starting within this of its stream predecessor's end was queued behind it
@@ -1034,8 +1035,8 @@ def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
     if scenario.fsdp_units is not None:
         if target.strategy == "ddp":
             raise ConfigError("--fsdp-units applies to FSDP (the projected strategy is DDP)")
-        if scenario.fsdp_units < 1:
-            raise ConfigError("--fsdp-units must be at least 1")
+        if not 1 <= scenario.fsdp_units <= MAX_FSDP_UNITS:  # the replay's cost follows it (issue 30)
+            raise ConfigError(f"--fsdp-units must be 1 to {MAX_FSDP_UNITS:,}")
     elif base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
         raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
     if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":
