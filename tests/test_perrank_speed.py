@@ -406,3 +406,15 @@ def test_comm_args_columns_of_decoded_events(decoded):
     rows = np.arange(len(args)) * 3 + 1
     expected = {int(row): comm_args_of(a) for row, a in zip(rows, args) if comm_args_of(a)}
     assert comm_args_columns(args, rows) == expected
+
+RAW = st.sampled_from([msgspec.Raw(b""), msgspec.Raw(b"[[2, 3]]"), msgspec.Raw(b'["float"]'), msgspec.Raw(b'["True"]')])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.builds(EventArgs, input_dims=RAW, input_type=RAW, concrete_inputs=RAW)),
+                max_size=10))
+def test_recorded_texts_by_column_are_each_ops(args):
+    """The shape ops' recorded texts read in C-level passes are each op's own (b"" without args)."""
+    from analyzer.ingest.shapes import _recorded_of, _recorded_texts
+    events = [Event(name="aten::mm", args=a) for a in args]
+    assert list(_recorded_texts(events)) == [_recorded_of(e) for e in events]

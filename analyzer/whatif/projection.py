@@ -1070,13 +1070,24 @@ class _RankStep:
 
 
 class Measured:
-    """The measured side of one Result's projections, built once and passed to each
-    ``project`` of one call chain (the scaling curve projects the job ten times, a finding's
-    gain twice): every rank-step in rank, step order. Not a global cache: it lives as long as
-    its caller holds it, and serves ``result`` only."""
+    """The measured side of one Result's projections, built once and shared by every
+    ``project`` of it (the scaling curve projects the job ten times, each finding's fix twice):
+    every rank-step in rank, step order, and the schedules and replay plans made from them on
+    first use. ``Measured.of(result)`` keeps one on the Result for the run; it serves that
+    Result only, and is made again when its collective rows are replaced."""
 
     def __init__(self, result: Any):
         self.result = result
+        self.rows = result.collectives  # the list it was made from
+
+    @classmethod
+    def of(cls, result: Any) -> Measured:
+        """The Measured kept on ``result`` (made on first use)."""
+        held = getattr(result, "_whatif_measured", None)
+        if held is None or held.rows is not result.collectives:
+            held = cls(result)
+            result._whatif_measured = held
+        return held
 
     @cached_property
     def steps(self) -> list[_RankStep]:  # on first use: project() checks the result first
@@ -1330,7 +1341,7 @@ def projected_change_us(result: Any, **changes: Any) -> float | None:
     residual on this job cancels. None when it cannot project this trace. The rules take their
     estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
     try:
-        measured = Measured(result)
+        measured = Measured.of(result)
         base = project(result, Scenario(), measured).projected.get("step_time_us")
         changed = project(result, Scenario(**changes), measured).projected.get("step_time_us")
     except (TracecliffError, ValueError):
