@@ -322,12 +322,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
 
 def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
     """The trace restricted to GPU rows ``rows`` (sorted): kernel args re-keyed to the new rows."""
-    args = {}
-    for old, value in trace.kernel_comm_args.items():  # few: communication kernels only
-        new = int(np.searchsorted(rows, old))
-        if new < len(rows) and rows[new] == old:
-            args[new] = value
-    return replace(trace, gpu=gpu, kernel_comm_args=args)
+    return replace(trace, gpu=gpu, kernel_comm_args=trace.kernel_comm_args.rekeyed(rows))
 
 
 def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list[dict[str, Any]]:
