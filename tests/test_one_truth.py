@@ -235,6 +235,22 @@ def test_a_finding_that_gains_nothing_is_said_so():
     assert card["recovers"] == ""
 
 
+def test_a_parameter_count_is_said_as_it_is():
+    """fsdp2_tp_2d's model has 4.19 M parameters: fsdp-where-ddp-fits said "0.00 B parameters"
+    (and that 67.1 MB fits in "0%" of the GPU). A count that is missing or zero says so."""
+    from analyzer.base.units import fmt_count, fmt_params
+    finding = next(f for f in diagnosed("synthetic/fsdp2_tp_2d").findings if f["rule"] == "fsdp-where-ddp-fits")
+    psi = finding["evidence"]["parameters"]
+    assert 4.1e6 < psi < 4.3e6
+    assert finding["summary"].startswith(f"The model has {fmt_count(psi)} parameters: DDP's 16Ψ = 67.1 MB fits in 0.078% ")
+    assert "0.00 B" not in finding["summary"] and " 0% " not in finding["summary"]
+    assert [fmt_params(v) for v in (1.47e9, 4194304, 950_000, 512, None, float("nan"), 0, -3)] == [
+        "1.47 B parameters", "4.19 M parameters", "950 K parameters", "512 parameters",
+        "an unknown number of parameters", "an unknown number of parameters", "no parameters counted",
+        "no parameters counted"]
+    assert [fmt_count(v) for v in (6.71e9, 175e9, 12_345)] == ["6.71 B", "175 B", "12.3 K"]
+
+
 @pytest.mark.parametrize("job", ["synthetic/ddp_straggler", "synthetic/ddp_pageable_input",
                                  "synthetic/fsdp_no_prefetch", "real/param_dlrm_ddp_8rank"])
 def test_breakdown_df_is_the_models_steps(job):
