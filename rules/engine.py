@@ -147,18 +147,32 @@ class RuleContext:
                 fix_snippet: str | None = None, severity: str | None = None,
                 recovers: dict[str, float] | tuple[str, ...] | None = None) -> dict[str, Any]:
         """A finding; ``recovers``: the leaves its fix gives back (the rule's by default), or its
-        gain split over them in µs when the rule knows the split. Its evidence states what the fix
+        gain split over them in µs when the rule knows the split, each part at most that leaf's
+        time in the typical step (analyzer.job.model.split_gain). Its evidence states what the fix
         is worth (``evidence["prediction"]``, analyzer.whatif.prediction): the rule's own when it
-        gives one, else the typical step less the gain, or "no model for this fix"."""
+        gives one, else the typical step less the gain, or "no model for this fix". A rule's own
+        estimate beyond what those leaves hold is capped at it, and the model text says so."""
         gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)
+        leaves = self.rule.recovers if recovers is None else recovers
+        split = {} if gain is None else split_gain(gain, leaves, self.model.typical)
+        held = round(sum(split.values()), 1)
+        if gain is not None and self.model.typical is not None and held < gain - 0.05:
+            # The typical step holds less of the leaves the fix gives back than the estimate (a
+            # per-rank figure, or another step's): what the typical step would gain is that part.
+            if "prediction" not in evidence:  # the rule's own estimate
+                evidence["estimate_beyond_typical_step_us"] = round(gain - held, 1)
+                model = (f"{model}; " if model else "") + (
+                    f"capped at the {fmt_us(held)} of {' and '.join(leaf_names(split))} the typical step holds "
+                    f"(mean over ranks) of the {fmt_us(gain)} estimate")
+                gain = held
+            else:  # a model's projection stands: the rest is in leaves the finding does not name
+                evidence["gain_outside_recovered_leaves_us"] = round(gain - held, 1)
         if "prediction" not in evidence:
             step = self.model.step_time_us
             evidence["prediction"] = (not_predicted(NO_MODEL) if gain is None else
                                       predicted(step, gain, "the rule's own estimate (its model below)")
                                       if step else not_predicted("the typical step time is unknown"))
-        leaves = self.rule.recovers if recovers is None else recovers
-        parts = {leaf: None for leaf in leaves} if gain is None else \
-            {leaf: round(v, 1) for leaf, v in split_gain(gain, leaves, self.model.typical).items()}
+        parts = {leaf: None for leaf in leaves} if gain is None else {leaf: round(v, 1) for leaf, v in split.items()}
         return {
             "rule": self.rule.name, "code": self.rule.code,
             "severity": severity or self.severity,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.base.units import fmt_bytes, fmt_params, fmt_pct, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
@@ -90,8 +90,8 @@ class FsdpWhereDdpFits(Rule):
             outcome = (f"at this scale the extra bytes are hidden ({projected} projected against the "
                        f"{fmt_us(step_us)} typical step now): they cost when the job scales out." if options else
                        "the saving could not be projected.")
-        summary = (f"The model has {psi / 1e9:.2f} B parameters: DDP's 16Ψ = {fmt_bytes(ddp_state)} fits in "
-                   f"{100 * ddp_state / memory:.0f}% of the {fmt_bytes(memory)} GPU, yet FULL_SHARD sends "
+        summary = (f"The model has {fmt_params(psi)}: DDP's 16Ψ = {fmt_bytes(ddp_state)} fits in "
+                   f"{_share(ddp_state / memory)} of the {fmt_bytes(memory)} GPU, yet FULL_SHARD sends "
                    f"{fmt_bytes(fsdp_volume)} per GPU per step, 1.5× the {fmt_bytes(ddp_volume)} of DDP or SHARD_GRAD_OP; "
                    + outcome)
         model = (f"16Ψ = 16·{psi:,.0f} = {fmt_bytes(ddp_state)} ≤ {ctx.thresholds['memory_fraction']:g}·{fmt_bytes(memory)}; "
@@ -165,3 +165,9 @@ class FsdpWhereDdpFits(Rule):
                                            models.DEFAULT_BUCKET_CAP_BYTES).exposed_tail_us
         optimizer = view.windows.get("optimizer", (0.0, 0.0, 0.0))[2]
         return tail, optimizer * (facts.world_size - 1)
+
+
+def _share(fraction: float) -> str:
+    """A share of the GPU's memory: whole percent, two significant digits below 1% (a small
+    model's 0.08%, not "0%")."""
+    return fmt_pct(100 * fraction, 0) if fraction >= 0.01 else f"{100 * fraction:.2g}%"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -11,6 +12,7 @@ from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
+from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
 
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
@@ -102,8 +104,18 @@ class StragglerRank(Rule):
         late = _late_set(caused, total, t["wait_share"], t["member_share"])
         if not late or sum(caused[r] for r in late) < t["wait_fraction"] * step_us:
             return []
-        # What their lateness costs a step: the others' wait for them (the median rank not late).
-        gain = sum(_wait_for(every[n], set(late)) for n in steady) / len(steady)
+        # What their lateness costs the typical step (the one every figure quotes): the others'
+        # wait for them (the median rank not late), over the step's leaves (mean over the ranks).
+        typical = ctx.model.typical
+        on = typical.step if typical is not None and typical.step in every else None
+        if on is not None:
+            wait_us = _wait_for(every[on], set(late))
+            waited = sum(_caused_in_step(every[on]).get(r, 0.0) for r in late)
+            where = f"typical step {on}"
+        else:  # the typical step's waiting is unmeasured: the steady steps' mean, labelled
+            wait_us = sum(_wait_for(every[n], set(late)) for n in steady) / len(steady)
+            waited = sum(caused[r] for r in late)
+            where = f"mean over the {len(steady)} steady step(s)"
         lateness = _lateness(ctx.result)
         main = Counter(max(by_step[n], key=lambda r: (by_step[n][r], -r)) for n in steady if by_step[n])
         top, count = min(((r, c) for r, c in main.items() if r in late), key=lambda kv: (-kv[1], kv[0]),
@@ -115,6 +127,8 @@ class StragglerRank(Rule):
         causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
         worst = late[0]
         lead = causes[worst]
+        recovers = _recovers(waited, wait_us, lead["cause"], typical)
+        gain = sum(recovers.values())
         skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
         shares = ", ".join(f"rank {r} {fmt_us(caused[r])} ({100 * caused[r] / total:.0f}%)" for r in late)
         names = ", ".join(str(r) for r in late)
@@ -123,15 +137,18 @@ class StragglerRank(Rule):
         summary = (f"Rank{'s' if many else ''} {names} cause{'' if many else 's'} {100 * share:.0f}% of the waiting "
                    f"for late peers at the collectives ({fmt_us(total)} per step, mean over the ranks): {shares} "
                    f"(mean over the {len(steady)} steady step(s); {_pattern_text(pattern, top, count, len(steady))}); "
-                   f"the other ranks wait {fmt_us(gain)} per step for {'them' if many else 'it'} (median rank not "
-                   f"late: {100 * gain / step_us:.1f}% of the {fmt_us(step_us)} typical step); cause: "
-                   f"{lead['cause']} — {lead['text']}.{_skew_text(skewed)}")
+                   f"the other ranks wait {fmt_us(wait_us)} for {'them' if many else 'it'} ({where}, median rank "
+                   f"not late: {100 * wait_us / step_us:.1f}% of the {fmt_us(step_us)} typical step)"
+                   f"{_held_text(wait_us, gain, recovers)}; cause: {lead['cause']} — {lead['text']}."
+                   f"{_skew_text(skewed)}")
         model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
                  "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
                  "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
                  "the ranks and the steady steps; the late ranks = the fewest, in order of caused waiting, that "
-                 f"cause {100 * t['wait_share']:.0f}% of it; the gain is the others' wait for them (median rank not "
-                 f"late, mean over the steady steps: {fmt_us(gain)}): an upper bound, since with them on time the "
+                 f"cause {100 * t['wait_share']:.0f}% of it; the gain is what the others' wait for them (median "
+                 f"rank not late, {where}: {fmt_us(wait_us)}) takes from the typical step's leaves (mean over the "
+                 "ranks): their waiting for the late ranks, and the late ranks' own extra time (the leaf of their "
+                 "cause), each at most what the step holds; an upper bound, since with them on time the "
                  "next-latest rank sets the pace")
         evidence = {
             "late_ranks": late, "pattern": pattern, "main_late_rank": top,
@@ -139,7 +156,7 @@ class StragglerRank(Rule):
             "causes": {str(r): c for r, c in causes.items()},
             "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
             "caused_wait_share": {str(r): round(caused[r] / total, 3) for r in late},
-            "wait_per_step_us": round(gain, 1), "all_waiting_per_step_us": round(total, 1),
+            "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "all_waiting_per_step_us": round(total, 1),
             "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
                                  for n in steady],
@@ -149,7 +166,7 @@ class StragglerRank(Rule):
         }
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
-                            recovers=_recovers(sum(caused[r] for r in late), gain, lead["cause"]),
+                            recovers=recovers,
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
 
 
@@ -216,14 +233,28 @@ _OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us
              "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
 
 
-def _recovers(waited: float, gain: float, cause: str) -> dict[str, float]:
-    """The gain over the step's leaves: the waiting for the late ranks (``waited``: mean over the
-    ranks, as the step's leaves are), the rest in the leaf that holds the late ranks' own extra
-    time (a slow GPU's compute, a stalled host's idle)."""
-    wait = min(gain, waited)
+def _recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
+    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
+    typical step's leaves, which are means over the ranks: the waiting for the late ranks
+    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
+    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
+    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
+    lies before its step window) and is not a gain."""
+    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
+    wait = min(wait_us, waited, room("exposed_wait_us"))
     rest = _OWN_LEAF.get(cause, "exposed_wait_us")
-    return {"exposed_wait_us": wait, rest: gain - wait} if gain > wait and rest != "exposed_wait_us" \
-        else {"exposed_wait_us": gain}
+    if rest == "exposed_wait_us":
+        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
+    own = min(wait_us - wait, room(rest))
+    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
+
+
+def _held_text(wait_us: float, gain: float, recovers: dict[str, float]) -> str:
+    """Says how much of the others' wait the typical step's leaves hold, when not all of it."""
+    if gain >= wait_us - 0.05:
+        return ""
+    return (f"; the typical step's leaves hold {fmt_us(gain)} of it (mean over the ranks: "
+            f"{' and '.join(f'{LEAF_NAMES[leaf]} {fmt_us(v)}' for leaf, v in recovers.items())})")
 
 
 def _pattern_text(pattern: str, top: int, count: int, steady: int) -> str:

@@ -153,6 +153,24 @@ def test_findings_together_never_recover_more_than_the_step_loses(job):
         assert "together the findings recover about" in result.verdict
 
 
+@pytest.mark.parametrize("job", JOBS)
+def test_each_finding_recovers_no_more_of_a_leaf_than_the_typical_step_holds(job):
+    """A finding names the leaves *of the typical step* its fix gives back (issue 24): none of
+    them more than that leaf holds there (mean over ranks), and together its whole gain.
+    straggler-rank said it recovered 1,229 µs of GPU idle on ddp_entry_skew, whose typical step
+    idles 63.7 µs, and a gain averaged over the steady steps (36.1 ms on ddp_straggler) of which
+    the typical step's waiting holds 29.8 ms."""
+    result = diagnosed(job)
+    typical = result.model.typical
+    for f in result.findings:
+        gain, recovers = f.get("estimated_gain_us"), f.get("recovers") or {}
+        if gain is None or typical is None:
+            continue
+        for leaf, us in recovers.items():
+            assert us <= typical.leaves.leaf(leaf) + 0.05, (job, f["rule"], leaf, us, typical.leaves.leaf(leaf))
+        assert sum(recovers.values()) == pytest.approx(gain, abs=0.1 * len(recovers)), (job, f["rule"], recovers)
+
+
 def test_shared_time_is_counted_once_and_said():
     """ddp_host_sync_stall: rank 3's host stalls 40.8 ms in a device sync (its GPU idles) and the
     other three wait for it. gpu-idle-host-bound and straggler-rank name the same lost time; the
@@ -215,6 +233,22 @@ def test_a_finding_that_gains_nothing_is_said_so():
     assert "recovers:" not in TextRenderer().render(result)
     card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "fsdp-where-ddp-fits")
     assert card["recovers"] == ""
+
+
+def test_a_parameter_count_is_said_as_it_is():
+    """fsdp2_tp_2d's model has 4.19 M parameters: fsdp-where-ddp-fits said "0.00 B parameters"
+    (and that 67.1 MB fits in "0%" of the GPU). A count that is missing or zero says so."""
+    from analyzer.base.units import fmt_count, fmt_params
+    finding = next(f for f in diagnosed("synthetic/fsdp2_tp_2d").findings if f["rule"] == "fsdp-where-ddp-fits")
+    psi = finding["evidence"]["parameters"]
+    assert 4.1e6 < psi < 4.3e6
+    assert finding["summary"].startswith(f"The model has {fmt_count(psi)} parameters: DDP's 16Ψ = 67.1 MB fits in 0.078% ")
+    assert "0.00 B" not in finding["summary"] and " 0% " not in finding["summary"]
+    assert [fmt_params(v) for v in (1.47e9, 4194304, 950_000, 512, None, float("nan"), 0, -3)] == [
+        "1.47 B parameters", "4.19 M parameters", "950 K parameters", "512 parameters",
+        "an unknown number of parameters", "an unknown number of parameters", "no parameters counted",
+        "no parameters counted"]
+    assert [fmt_count(v) for v in (6.71e9, 175e9, 12_345)] == ["6.71 B", "175 B", "12.3 K"]
 
 
 @pytest.mark.parametrize("job", ["synthetic/ddp_straggler", "synthetic/ddp_pageable_input",

@@ -131,6 +131,36 @@ def test_a_rule_that_raises_becomes_an_error_finding(monkeypatch):
     assert "straggler-rank" in {f["rule"] for f in findings}  # the run went on
 
 
+@pytest.mark.parametrize("own_prediction", [False, True])
+def test_a_gain_beyond_the_leaves_of_the_typical_step(monkeypatch, own_prediction):
+    """A finding recovers no more of a leaf than the typical step holds (mean over ranks). A
+    rule's own estimate beyond that is capped at what the leaves hold, and its model text and
+    evidence say by how much; a model's projection (the rule's own prediction) stands, and the
+    part in no leaf the finding names is labelled in its evidence."""
+    from analyzer.whatif.prediction import predicted
+    result = _fresh("synthetic/ddp_straggler")
+    leaves = result.model.typical.leaves
+    asked = leaves.idle_us + leaves.exposed_transfer_us + 1000.0
+
+    def check(self, ctx):
+        evidence = {"prediction": predicted(ctx.model.step_time_us, asked, "a projection")} if own_prediction else {}
+        return [ctx.finding(summary="s", ranks=[0], steps=[5], evidence=evidence, estimated_gain_us=asked,
+                            model="m", fix_text="f", recovers=("idle_us", "exposed_transfer_us"))]
+
+    monkeypatch.setattr(RULES["comm-bound-step"], "check", check)
+    f = next(f for f in run_rules(result) if f["rule"] == "comm-bound-step")
+    assert f["recovers"] == {"idle_us": round(leaves.idle_us, 1), "exposed_transfer_us": round(leaves.exposed_transfer_us, 1)}
+    if own_prediction:
+        assert f["estimated_gain_us"] == round(asked, 1) and f["model"] == "m"
+        assert f["evidence"]["gain_outside_recovered_leaves_us"] == pytest.approx(1000.0, abs=0.2)
+    else:
+        held = round(leaves.idle_us + leaves.exposed_transfer_us, 1)
+        assert f["estimated_gain_us"] == pytest.approx(held, abs=0.1)
+        assert f["evidence"]["estimate_beyond_typical_step_us"] == pytest.approx(1000.0, abs=0.2)
+        assert f["evidence"]["prediction"]["predicted_step_time_us"] == pytest.approx(leaves.step_time_us - held, abs=0.2)
+        assert f["model"].startswith("m; capped at the ") and "exposed transfer and GPU idle the typical step holds" in f["model"]
+
+
 def test_findings_sorted_by_gain_then_without_gain():
     result = _fresh("synthetic/ddp_bucket_undersized")
     rules = [f["rule"] for f in run_rules(result)]

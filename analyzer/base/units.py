@@ -43,6 +43,28 @@ def fmt_bytes(value: Any) -> str:
     return f"{value:,.0f} B"
 
 
+def fmt_count(value: Any) -> str:
+    """A count in decimal units, three significant digits: 1.47 B, 67.1 M, 950 K, 512 (``–``
+    when unknown)."""
+    if not _number(value):
+        return MISSING
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            digits = 2 if abs(value) < 10 * scale else 1 if abs(value) < 100 * scale else 0
+            return f"{value / scale:,.{digits}f} {unit}"
+    return f"{value:,.0f}"
+
+
+def fmt_params(value: Any) -> str:
+    """A model's parameter count as a phrase ("1.47 B parameters", "4.19 M parameters"); a
+    count that is missing or not positive says so, never "0.00 B"."""
+    if not _number(value):
+        return "an unknown number of parameters"
+    if value <= 0:
+        return "no parameters counted"
+    return f"{fmt_count(value)} parameters"
+
+
 def fmt_gbps(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f} GB/s" if _number(value) else MISSING
 

@@ -7,7 +7,7 @@ Configuration (``[tool.tracecliff.gate]`` of ./pyproject.toml, or of ``--config 
     preset = "recommended"          # optional: "recommended" | "strict"
     max_regression_pct = 5.0        # against --baseline: % of the baseline figure (every metric)
     max_regression_pp = 2.0         # shares of the step: smallest regression that counts, in points
-    noise_sigmas = 3.0              # a change within this many σ of the runs' own spread is noise
+    noise_sigmas = 3.0              # a change within this many σ of the step-to-step noise is noise
     [tool.tracecliff.gate.max_regression_pct_by_metric]
     "step_time_us" = 3.0
     [tool.tracecliff.gate.assertions]
@@ -25,8 +25,9 @@ which skips it.
 Against a baseline, a metric the baseline has and the new run lacks fails, with the reason; a
 share compares in percentage points of the step, every other metric relatively; the threshold of
 each comparison is the largest of the configured limit, the metric's floor and ``noise_sigmas``
-times the two runs' own spread (analyzer.compare.metrics.spread), and the report says which one it
-used. A figure that cannot be a measurement (a share outside 0-100 %, a bus bandwidth above its
+times the runs' own step-to-step variation (analyzer.compare.metrics.spread: the larger of the
+two; unknown, and no term, when neither run has three steady steps), and the report says which
+one it used. A figure that cannot be a measurement (a share outside 0-100 %, a bus bandwidth above its
 link's peak) is reported as suspect and not gated; a metric the two runs' GPU, world size or nodes
 make incomparable is not compared, and the report says so. The run's own checks come first: the
 steps ``--steps`` asked for are in the traces, and the run measured GPU steps at all.
@@ -45,9 +46,10 @@ import msgspec
 
 from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, closest, config_error, validate
 from analyzer.base.units import fmt_unit
-from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES, Metric,
-                                      has_gpu_activity, implausible, metric_spec, requested_steps_missing, run_metrics,
-                                      selected_nothing, spread, steps_text, unavailable_reason)
+from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES,
+                                      NOISE_MIN_CHANGES, Metric, has_gpu_activity, implausible, metric_spec,
+                                      requested_steps_missing, run_metrics, selected_nothing, spread, steps_text,
+                                      unavailable_reason)
 
 LEVELS = ("off", "warning", "error")
 # Defaults of the baseline comparison (docs/ci.md, "Noise-aware thresholds" says why these).
@@ -115,20 +117,25 @@ class Threshold:
     limit: float
     floor: float
     noise: float
-    sigma: float  # the run's spread the noise term is made of, in the metric's unit
-    samples: int  # the steady (rank, step) values ``sigma`` was taken over
-    steps: int  # the steady steps among them (1: rank-to-rank spread only, no step-to-step)
-    spread_of: str  # "baseline" | "new run": whose spread it is (the larger)
+    # σ of the figure from one steady step to the next (analyzer.compare.metrics.spread), in the
+    # metric's unit; None: neither run has enough steady steps to measure it, the noise is
+    # unknown (no noise term)
+    sigma: float | None
+    changes: int  # the step-to-step changes of the figure ``sigma`` was taken from
+    steps: int  # the steady steps of that run (unknown noise: of the run with more)
+    spread_of: str | None  # "baseline" | "new run": whose σ it is (the larger known)
 
     @property
     def text(self) -> str:
         amount = _change_text(self.value, self.unit)
+        unknown = (f"; noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
+                   if self.sigma is None else "")
         if self.basis == "limit":
-            return f"{amount} (max_regression_pct)"
+            return f"{amount} (max_regression_pct{unknown})"
         if self.basis == "floor":
-            return f"{amount} ({'max_regression_pp' if self.unit == 'pp' else 'floor'})"
-        return (f"{amount} (noise: σ {self.sigma:.3g} over the {self.spread_of}'s {self.samples} samples "
-                f"of {self.steps} steady step(s))")
+            return f"{amount} ({'max_regression_pp' if self.unit == 'pp' else 'floor'}{unknown})"
+        return (f"{amount} (noise: σ {self.sigma:.3g} from the {self.spread_of}'s {self.changes} step-to-step "
+                f"change(s) over {self.steps} steady steps)")
 
 
 @dataclass
@@ -220,7 +227,7 @@ class GateTable(msgspec.Struct, forbid_unknown_fields=True):
         "share metrics (exposed_comm_pct, idle_pct, overlap_pct): smallest regression that counts, "
         "in percentage points of the step"))] = DEFAULT_MAX_REGRESSION_PP
     noise_sigmas: Annotated[float, msgspec.Meta(ge=0, description=(
-        "a change within this many σ of the two runs' own step-to-step and rank-to-rank spread is "
+        "a change within this many σ of the runs' own step-to-step variation (the larger) is "
         "noise"))] = DEFAULT_NOISE_SIGMAS
     max_regression_pct_by_metric: dict[str, RegressionPct] = {}
     assertions: Annotated[dict[str, AssertionValue], msgspec.Meta(description=(
@@ -465,15 +472,19 @@ def threshold(name: str, base: Metric, new: Metric, base_value: float, config: G
     """The smallest worse-direction change of metric ``name`` that counts (see ``Threshold``):
     the configured relative limit (``max_regression_pct``, per metric or for all), the metric's
     floor (a share's ``max_regression_pp``; a fixed one for the others) and the noise term,
-    ``noise_sigmas`` × √2 × σ: σ the larger of the two runs' own spreads (what the job varies by
-    from step to step and rank to rank; the larger, so that a noisier window of a healthy job is
-    not a regression), √2 because each of the two figures compared carries that noise."""
+    ``noise_sigmas`` × √2 × σ: σ how much the figure moves from one steady step to the next in
+    either run, the larger (a noisier window of a healthy job is no regression), √2 because each
+    of the two figures compared carries that noise. A run of fewer than three steady steps does
+    not measure it (metrics.NOISE_MIN_CHANGES): with neither run measuring it, the noise is
+    unknown and the limit and floor alone decide (a band the runs did not measure would pass
+    anything within it)."""
     spec = metric_spec(name)
     assert spec is not None
-    (sigma, samples), spread_of, of = spread(base), "baseline", base
-    if spread(new)[0] > sigma:
-        (sigma, samples), spread_of, of = spread(new), "new run", new
-    noise = config.noise_sigmas * math.sqrt(2.0) * sigma
+    spreads = ((spread(base), "baseline"), (spread(new), "new run"))
+    known = [(s, who) for s, who in spreads if s.sigma is not None]
+    chosen, spread_of = max(known, key=lambda k: k[0].sigma or 0.0) if known else \
+        (max((s for s, _ in spreads), key=lambda s: s.steps), None)
+    noise = config.noise_sigmas * math.sqrt(2.0) * (chosen.sigma or 0.0)
     limit_pct = config.regression_limit(name)
     if spec.compare == "share":
         unit, limit, floor = "pp", limit_pct / 100.0 * abs(base_value), config.max_regression_pp
@@ -482,8 +493,8 @@ def threshold(name: str, base: Metric, new: Metric, base_value: float, config: G
         unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, noise * scale
     terms = {"limit": limit, "floor": floor, "noise": noise}
     basis = max(terms, key=lambda k: terms[k])  # on a tie, the first: limit, floor, noise
-    steps = len({s.step for s in of.samples})
-    return Threshold(terms[basis], unit, basis, limit, floor, noise, sigma, samples, steps, spread_of)
+    return Threshold(terms[basis], unit, basis, limit, floor, noise, chosen.sigma, chosen.changes, chosen.steps,
+                     spread_of)
 
 
 def compare_baseline(new_run: Any, base_run: Any, config: GateConfig, steps: Any = None,
@@ -563,9 +574,7 @@ def baseline_check(new_run: Any, base_run: Any, compared: list[Check]) -> Check:
         return Check("run", "baseline", "error", "fail", None, "comparable with the new run", None,
                      f"nothing compared: baseline {shape_text(b)}, new run {shape_text(n)}"
                      + (f" (not comparable: {', '.join(skipped)})" if skipped else ""))
-    typical = base_run.model.typical
-    few = ("; the baseline has 1 steady step: the noise thresholds see its rank-to-rank spread, no "
-           "step-to-step variation (profile 3 steps or more)") if typical and len(typical.steady_steps) == 1 else ""
+    few = _few_steady_steps_note(base_run, new_run)
     if b == n:
         return Check("run", "baseline", "error", "pass", None, "comparable with the new run", None,
                      f"same GPU, world size and nodes: {shape_text(b)}{few}")
@@ -573,6 +582,20 @@ def baseline_check(new_run: Any, base_run: Any, compared: list[Check]) -> Check:
                  f"baseline {shape_text(b)}, new run {shape_text(n)}: "
                  + (f"compared only {', '.join(done)}" if done else "nothing compared")
                  + (f"; not compared: {', '.join(skipped)}" if skipped else "") + few)
+
+
+def _few_steady_steps_note(base_run: Any, new_run: Any) -> str:
+    """What a baseline of too few steady steps to measure its noise means for the noise
+    thresholds (empty otherwise)."""
+    needed = NOISE_MIN_CHANGES + 1
+    typical = base_run.model.typical
+    if typical is None or len(typical.steady_steps) >= needed:
+        return ""
+    new = new_run.model.typical
+    alone = ("nor has the new run: the noise is unknown and the thresholds are the limits and floors alone"
+             if new is None or len(new.steady_steps) < needed else "the new run's steps set the noise thresholds")
+    return (f"; the baseline has {len(typical.steady_steps)} steady step(s), too few to measure its step-to-step "
+            f"noise by ({needed} needed), {alone} (profile {needed + 1} steps or more)")
 
 
 # ---------------------------------------------------------------- comparable runs

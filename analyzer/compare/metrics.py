@@ -15,13 +15,14 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``mfu`` | the typical step's model-parameter MFU (``doc["mfu"]``, needs the flags) | per step | higher |
 | ``shapes_mfu`` | the typical step's MFU from recorded shapes (``mfu.from_shapes``) | FLOPs at peak / step time | higher |
 | ``gemm_tflops`` | the typical step's GEMM TFLOP/s (recorded shapes), over its ranks | the rank-step's GEMMs | higher |
-| ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective (never a CPU op's duration) | higher |
+| ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective of a steady step (never a CPU op's duration) | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
 the whole trace's, one sample per rank, and say so in their basis (``scope`` "trace").
 
 Besides the figures, the checks the gate makes of them, defined here once: the run's own spread
-(``spread``: the robust σ over its steady (rank, step) values), why a metric is missing from a run
+(``spread``: the robust σ of its figure from one steady step to the next, the ranks' structural
+offsets removed), why a metric is missing from a run
 (``unavailable_reason``) and whether a figure is physically possible (``implausible``; a bus
 bandwidth above its link's peak: ``busbw_ceiling``).
 """
@@ -240,24 +241,64 @@ def _busbw(run: Any) -> dict[str, Metric]:
         label = group_label(row.get("group"))
         if label is not None:
             by_label.setdefault(label, []).append(Sample(row.get("rank"), row.get("step"), float(busbw[i])))
-    return {f"{GROUP_METRIC}:{label}": Metric(f"{GROUP_METRIC}:{label}", float(np.median([s.value for s in found])),
-                                              tuple(found), f"median of {len(found)} GPU collective(s)")
-            for label, found in by_label.items()}
+    # the samples are the steady steps' collectives (a warm-up step's first collectives set up
+    # NCCL's channels), all of them when the run has no steady step
+    typical = run.model.typical
+    steady = set(typical.steady_steps) if typical is not None else None
+    return {f"{GROUP_METRIC}:{label}": Metric(
+        f"{GROUP_METRIC}:{label}", float(np.median([s.value for s in found])),
+        tuple(s for s in found if steady is None or s.step in steady) or tuple(found),
+        f"median of {len(found)} GPU collective(s)") for label, found in by_label.items()}
 
 
-def spread(metric: Metric) -> tuple[float, int]:
-    """(σ, n): the run's own step-to-step and rank-to-rank spread of ``metric``, robustly: 1.4826 ×
-    the median absolute deviation (σ of a normal distribution, unmoved by a few odd samples) of
-    its values per steady (rank, step), a bus bandwidth's the median of each (rank, step)'s
-    collectives; n the number of those values (σ is 0 below two)."""
-    by_window: dict[tuple[Any, Any], list[float]] = {}
+# A σ needs this many step-to-step changes of the figure (three steady steps): from one change
+# alone its estimate is anywhere between a tenth and three times the true σ (90% of the time), and
+# one odd step (the first profiled step's shorter window on ddp_straggler, 2.3% off the next)
+# would set the step-time threshold at 10.3% (docs/ci.md, "Noise-aware thresholds").
+NOISE_MIN_CHANGES = 2
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How much a metric's figure moves from one steady step to the next in one run (its noise).
+
+    ``sigma`` is in the metric's unit; None when the run has too few steady steps to measure it
+    by (fewer than NOISE_MIN_CHANGES + 1, or a whole-trace figure): the noise is then unknown,
+    not 0."""
+
+    sigma: float | None
+    changes: int  # the step-to-step changes sigma is made of
+    steps: int  # the steady steps they come from
+
+
+def spread(metric: Metric) -> Spread:
+    """The noise of ``metric``'s figure: σ of a steady step's figure, from how much the figure
+    moves between consecutive steady steps with the ranks' structural offsets removed.
+
+    A rank's value in a step is its sample (a bus bandwidth's: the median of the rank-step's
+    collectives, which mix sizes the same way each step). Between two consecutive steady steps,
+    each rank present in both changes by its own difference, which no constant offset of that
+    rank (a straggler, a pipeline stage, a TP or DP role) survives; the mean of those over the
+    ranks is the change of the figure itself, a mean over ranks: ranks that vary independently
+    (a stall that moves from rank to rank) average out in it, as they do in the figure. σ = 1.4826
+    × the median absolute change / √2: the σ of a normal distribution whose step-to-step changes
+    these are (the median, so that one odd step does not set it; about zero rather than about
+    their median, so that a drift between the steps counts as noise, as it does between two
+    windows of a run). ``Spread.sigma`` is None below NOISE_MIN_CHANGES changes."""
+    by_rank_step: dict[tuple[Any, Any], list[float]] = {}
     for s in metric.samples:
-        by_window.setdefault((s.rank, s.step), []).append(s.value)
-    values = np.array([np.median(v) for v in by_window.values()], dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if len(values) < 2:
-        return 0.0, len(values)
-    return float(1.4826 * np.median(np.abs(values - np.median(values)))), len(values)
+        if s.step is not None and math.isfinite(s.value):
+            by_rank_step.setdefault((s.rank, s.step), []).append(s.value)
+    value = {key: float(np.median(v)) for key, v in by_rank_step.items()}
+    steps = sorted({step for _, step in value}, key=lambda n: (not isinstance(n, int), n if isinstance(n, int) else 0, str(n)))
+    changes = []
+    for before, after in zip(steps, steps[1:]):
+        ranks = [r for (r, step) in value if step == after and (r, before) in value]
+        if ranks:
+            changes.append(float(np.mean([value[(r, after)] - value[(r, before)] for r in ranks])))
+    if len(changes) < NOISE_MIN_CHANGES:
+        return Spread(None, len(changes), len(steps))
+    return Spread(float(1.4826 * np.median(np.abs(changes)) / math.sqrt(2.0)), len(changes), len(steps))
 
 
 def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:

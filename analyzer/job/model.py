@@ -551,20 +551,24 @@ class Recoverable:
 
 def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | str, typical: TypicalStep | None
                ) -> dict[str, float]:
-    """A finding's gain as µs per leaf: given as such, or over the named leaves in the order
-    named, each up to its time in the typical step (a bucket fix gives back exposed transfer
-    first, then waiting), the last leaf holding what remains."""
+    """A finding's gain as µs per leaf of the typical step, given as such or over the named
+    leaves in the order named (a bucket fix gives back exposed transfer first, then waiting);
+    each part at most that leaf's time in the typical step (mean over ranks): a fix cannot give
+    back more of a leaf than the step has. What the leaves cannot hold is in none of them (the
+    parts then add up to less than the gain; rules.engine caps the rule's own estimate at their
+    sum). Without a typical step nothing bounds them: the last leaf holds what remains."""
     if isinstance(leaves, Mapping):
-        return {leaf: float(v) for leaf, v in leaves.items() if leaf in LEAVES}
+        given = {leaf: float(v) for leaf, v in leaves.items() if leaf in LEAVES}
+        return given if typical is None else {leaf: min(v, typical.leaves.leaf(leaf)) for leaf, v in given.items()}
     names = [leaves] if isinstance(leaves, str) else [leaf for leaf in leaves if leaf in LEAVES]
     if gain_us <= 0:  # nothing to give back: the leaf the fix is about, with none of it
         return {names[0]: 0.0} if names else {}
     out: dict[str, float] = {}
     left = gain_us
     for i, leaf in enumerate(names):
-        room = typical.leaves.leaf(leaf) if typical else 0.0
-        take = left if i == len(names) - 1 else min(left, room)
-        if take > 0 or not out and i == len(names) - 1:
+        last = i == len(names) - 1
+        take = left if typical is None and last else min(left, typical.leaves.leaf(leaf) if typical else 0.0)
+        if take > 0 or not out and last:
             out[leaf] = take
         left -= take
     return out
