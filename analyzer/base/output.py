@@ -56,6 +56,11 @@ def _write_pieces(handle, pieces: Iterable[str | bytes]) -> None:
         handle.write(piece.encode("utf-8") if isinstance(piece, str) else piece)
 
 
+def is_special(target: str | Path) -> bool:
+    """Whether ``target`` is a device, FIFO or socket (``/dev/stdout``, ``/dev/null``, a pipe)."""
+    return _is_special(Path(target))
+
+
 def _is_special(target: Path) -> bool:
     """An existing target that is not a regular file (a device, FIFO or socket): replacing it
     with a renamed file would, as root, turn /dev/null into a plain file."""

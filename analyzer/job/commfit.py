@@ -98,12 +98,13 @@ BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
-                   cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray]:
+                   cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray, list[float]]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives; none on a
     CPU-side row: an op's duration on the host is no transfer time, an NCCL launch takes ~20 µs
     whatever the size, which would read as thousands of GB/s) and ``bound`` on the rows of one
     group of ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's
-    rows at a time. Returns the busbw values and the bounds as codes (``BOUNDS``)."""
+    rows at a time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw
+    values (NaN where None)."""
     cols = cols or GroupColumns(rows)
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
@@ -118,12 +119,13 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
     codes = np.where(has_bound, np.where(latency, 1, 2), 0)
     busbw = [None if b != b else b for b in round_list(bus, 4)]
+    algbw = round_list(alg, 4)
     # The rows share the BOUNDS strings (an array's tolist() would make one string per row).
-    for r, a, b, bound in zip(rows, round_list(alg, 4), busbw, map(BOUNDS.__getitem__, codes.tolist())):
+    for r, a, b, bound in zip(rows, algbw, busbw, map(BOUNDS.__getitem__, codes.tolist())):
         r["algbw_gbps"] = None if a != a else a
         r["busbw_gbps"] = b
         r["bound"] = bound
-    return busbw, codes
+    return busbw, codes, algbw
 
 
 @lru_cache(maxsize=4096)

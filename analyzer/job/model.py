@@ -373,6 +373,13 @@ class JobModel:
     def collectives(self) -> CollectiveColumns:
         return CollectiveColumns.of(self._result)
 
+    @property
+    def digest(self) -> dict[str, Any]:
+        """What the views quote from every collective row (analyzer.job.digest): saved with a
+        large result, else computed from the rows."""
+        from analyzer.job.digest import collective_digest
+        return collective_digest(self._result)
+
     def consistently_last(self) -> dict[int, str]:
         """rank -> why: the ranks that arrive last at least half the matched collectives (the
         arrival order alone, whether or not straggler-rank could run: a CPU-only job's, a hung

@@ -77,6 +77,20 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     return result
 
 
+def derived_records(result: Result) -> tuple[list[Bucket], list[dict[str, Any]]]:
+    """(DDP buckets, FSDP units) of a Result from its rows, as ``build_result`` makes them: a
+    saved large result stores neither (analyzer.job.large)."""
+    rows = result.collectives
+    view = CollectiveColumns.of(result)
+    job = result.job
+    data_parallel = data_parallel_mask(view, job.get("group_roles") or {})
+    strategy = str(job.get("dp_strategy") or "unknown")
+    units = fsdp_units([rows[i] for i in np.flatnonzero(data_parallel).tolist()]) if strategy.startswith("fsdp") else []
+    buckets = gradient_buckets(view, data_parallel, _backward_starts(result.ranks, int(job.get("time_origin_ns") or 0))) \
+        if strategy in ("ddp", "unknown") else []
+    return buckets, units
+
+
 def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
                      backward_start_us: dict[tuple[int, Any], float]) -> list[Bucket]:
     """DDP buckets: each step's backward all-reduces (of the rows ``keep`` selects) in launch
