@@ -49,7 +49,8 @@ def analyze_job(result: Any, options: Any) -> None:
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                              getattr(options, "tokens_per_step", None), n_gpus,
                              hardware.peak_tflops.to_dict(), from_shapes)
-    result.job_model = None  # built afresh, from these sections, on first use
+    if result.job_model is not None:  # the typical step and each rank's facts stand (80,000 rank-steps
+        result.job_model.forget("compute")  # at 1,024 ranks); the compute figures read the new sections
 
 
 def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from collections import deque
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -118,14 +119,22 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         latency = per_hop < (np.nan if s_star is None else s_star)
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
     codes = np.where(has_bound, np.where(latency, 1, 2), 0)
-    busbw = [None if b != b else b for b in round_list(bus, 4)]
+    busbw = _none_for_nan(round_list(bus, 4), np.isnan(bus))
     algbw = round_list(alg, 4)
-    # The rows share the BOUNDS strings (an array's tolist() would make one string per row).
-    for r, a, b, bound in zip(rows, algbw, busbw, map(BOUNDS.__getitem__, codes.tolist())):
-        r["algbw_gbps"] = None if a != a else a
-        r["busbw_gbps"] = b
-        r["bound"] = bound
+    # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
+    # written by C-level passes, the keys in this order.
+    deque(map(dict.update, rows, map(zip, repeat(("algbw_gbps", "busbw_gbps", "bound")),
+                                     zip(_none_for_nan(algbw, np.isnan(alg)), busbw,
+                                         map(BOUNDS.__getitem__, codes.tolist())))),
+          maxlen=0)
     return busbw, codes, algbw
+
+
+def _none_for_nan(values: list[float], nan: np.ndarray) -> list[float | None]:
+    """The values with None where ``nan`` (round keeps NaN: the rounded list's NaN are there)."""
+    if not nan.any():
+        return values
+    return np.where(nan, None, np.array(values, dtype=object)).tolist()
 
 
 @lru_cache(maxsize=4096)

@@ -21,8 +21,9 @@ process is the noise of when each finishes a collective, gloo's up to millisecon
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -243,15 +244,12 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     waited_for = np.full(view.n, None, dtype=object)
     waited_for[flat[others]] = waited[others].astype(object)  # Python ints
     view.extra["waited_for"][flat[others]] = waited[others]
-    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order.
-    for row, known, wait, peer, lag in zip(rows, matched.tolist(), view.extra["wait_us"].tolist(),
-                                           waited_for.tolist(), view.extra["arrival_lag_us"].tolist()):
-        if known:
-            row["wait_us"] = wait
-            row["waited_for"] = peer
-            row["arrival_lag_us"] = lag
-        else:
-            row.update(_UNMATCHED)
+    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order,
+    # None where unmatched; written by C-level passes (no Python step per row).
+    waits = np.where(matched, view.extra["wait_us"].astype(object), None).tolist()
+    lags = np.where(matched, view.extra["arrival_lag_us"].astype(object), None).tolist()
+    deque(map(dict.update, rows, map(zip, repeat(tuple(_UNMATCHED)), zip(waits, waited_for.tolist(), lags))),
+          maxlen=0)
     summary = _summary(method, len(bounds) - 1, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "

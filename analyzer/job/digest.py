@@ -16,6 +16,7 @@ and ``np.median`` take them, sorts stable with the same keys.
 
 from __future__ import annotations
 
+import heapq
 from itertools import repeat
 from typing import Any
 
@@ -257,12 +258,18 @@ def top_exposed(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str
     exposed = view.written("exposed_us")
     with np.errstate(invalid="ignore"):
         chosen = np.flatnonzero(view.on_gpu & ~np.isnan(exposed) & (exposed != 0))
-    shown = len(chosen)
-    if shown > TOP_ROWS:  # the rows at least as exposed as the TOP_ROWS-th: the top is among them
-        threshold = np.partition(exposed[chosen], shown - TOP_ROWS)[shown - TOP_ROWS]
-        chosen = chosen[exposed[chosen] >= threshold]
-    order = np.lexsort((chosen, view.start[chosen], view.rank[chosen], -exposed[chosen]))[:TOP_ROWS]
-    return {"gpu": int(view.on_gpu.sum()), "shown": shown, "rows": [rows[i] for i in chosen[order].tolist()]}
+    return {"gpu": int(view.on_gpu.sum()), "shown": len(chosen),
+            "rows": _top(rows, chosen, exposed, lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))}
+
+
+def _top(rows: list[dict[str, Any]], chosen: np.ndarray, values: np.ndarray, key: Any) -> list[dict[str, Any]]:
+    """``heapq.nsmallest(TOP_ROWS, chosen rows, key)`` (ties in row order), over the rows whose
+    value (as a float) is at least the TOP_ROWS-th largest: a float is never above a larger
+    exact value, so no row of the top is left out, and the rows' own values order them."""
+    if len(chosen) > TOP_ROWS:
+        threshold = np.partition(values[chosen], len(chosen) - TOP_ROWS)[len(chosen) - TOP_ROWS]
+        chosen = chosen[values[chosen] >= threshold]
+    return heapq.nsmallest(TOP_ROWS, map(rows.__getitem__, chosen.tolist()), key=key)
 
 
 def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -283,9 +290,9 @@ def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, 
         mine = kind_codes == code
         sizes = np.where(np.isnan(size[mine]), 0.0, size[mine])
         kinds.append([view.kind.names[code], float(mine.sum()), ordered_sum(sizes, 0.0)])
-    order = np.lexsort((index, view.start[index], view.rank[index], -view.dur[index]))[:TOP_ROWS]
+    longest = _top(rows, index, view.dur, lambda c: (-c["dur_us"], c["rank"], c["start_us"]))
     return {"count": len(index), "libraries": libraries, "ranks": len(np.unique(view.rank[index])),
-            "windows": windows, "kinds": kinds, "longest": [rows[i] for i in index[order].tolist()]}
+            "windows": windows, "kinds": kinds, "longest": longest}
 
 
 # ---------------------------------------------------------------- the gate
@@ -343,15 +350,22 @@ def window_totals(view: CollectiveColumns, model: Any) -> dict[str, Any]:
     row order; with the number of windows and what a window is (analyzer.compare.diff)."""
     from analyzer.job.model import STEADY, TYPICAL
     windows = {(s.rank, s.step) for s in model.rank_steps() if s.role in (TYPICAL, STEADY)}
+    ranks = np.unique(view.rank)
+    rank_code = np.searchsorted(ranks, view.rank)  # each row's rank, numbered
     if not windows:
-        ranks = {r.rank for r in model.ranks}
-        keep = np.isin(view.rank, sorted(ranks))
-        count, per = max(len(ranks), 1), "rank"
+        given = {r.rank for r in model.ranks}
+        keep = np.isin(ranks, sorted(given))[rank_code]
+        count, per = max(len(given), 1), "rank"
     else:
         step_index = {name: code for code, name in enumerate(view.step.names)}
-        pairs = sorted({(rank, step_index[step]) for rank, step in windows if step in step_index})
-        width = len(view.step.names) + 1
-        keep = np.isin(view.rank * width + view.step.codes, [r * width + s for r, s in pairs])
+        steady = np.zeros((len(ranks), len(view.step.names)), dtype=bool)  # (rank, step) in a window
+        found = [(rank, step_index[step]) for rank, step in windows if step in step_index]
+        if found and len(ranks):
+            window_rank = np.array([rank for rank, _ in found], dtype=np.int64)
+            at = np.minimum(np.searchsorted(ranks, window_rank), len(ranks) - 1)
+            known = ranks[at] == window_rank
+            steady[at[known], np.array([code for _, code in found], dtype=np.int64)[known]] = True
+        keep = steady[rank_code, view.step.codes] if view.n else np.zeros(0, dtype=bool)
         count, per = len(windows), "steady rank-step"
     rows = np.flatnonzero(keep)
     labels = [group_label(g) or UNKNOWN_GROUP for g in view.group.names]

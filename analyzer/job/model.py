@@ -170,9 +170,19 @@ class TypicalStep:
     def role(self, step: Any) -> str:
         if step == self.step:
             return TYPICAL
-        if step in self.steady_steps:
-            return STEADY
-        return next((e.role for e in self.excluded if e.step == step), UNMEASURED)
+        try:
+            return self._roles.get(step, UNMEASURED)
+        except TypeError:  # an unhashable step number (a hostile saved result's): no role
+            return UNMEASURED
+
+    @cached_property
+    def _roles(self) -> dict[Any, str]:
+        """The role of each step other than the typical one (a job has one per rank-step to tell)."""
+        roles = {}
+        for e in reversed(self.excluded):  # the first of equal steps wins, as a search in order would
+            roles[e.step] = e.role
+        roles.update(dict.fromkeys(self.steady_steps, STEADY))
+        return roles
 
     @property
     def reason(self) -> str:
@@ -291,6 +301,12 @@ class JobModel:
     @cached_property
     def lateness(self) -> tuple[RankLateness, ...]:
         return _lateness(self._result.stragglers)
+
+    def forget(self, *names: str) -> None:
+        """Read these figures again from the Result on their next use (the job analysis sets a
+        section some of them read after they were first read)."""
+        for name in names:
+            self.__dict__.pop(name, None)
 
     @classmethod
     def of(cls, result: Result) -> JobModel:
@@ -455,7 +471,7 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
     tb = entry.get("time_breakdown") or {}
-    leaves = Leaves.of({**tb, "step_time_us": entry["step_time_us"]}) \
+    leaves = Leaves(float(entry["step_time_us"]), *(float(tb[leaf]) for leaf in LEAVES)) \
         if "exposed_wait_us" in tb and entry.get("step_time_us") is not None else None
     role = typical.role(entry["step"]) if typical else UNMEASURED
     if leaves is None and role in (TYPICAL, STEADY):

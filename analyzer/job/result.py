@@ -201,8 +201,14 @@ class Result:
         went (None: a result with every row in its JSON)."""
         from analyzer.base.output import write_atomic
         from analyzer.job import rows_file
-        written = _write_rows(self, rows_file.file_for(path), inputs) if is_large(self) else None
-        write_atomic(path, self.json_chunks(written), inputs)
+        if not is_large(self):
+            write_atomic(path, self.json_chunks(), inputs)
+            return None
+        pending = _write_rows(self, rows_file.file_for(path), inputs)
+        doc = saved_document(self)  # the digest and the steps by column while the rows file is written
+        written = pending()
+        doc["collective_rows"] = rows_section(self, written)
+        write_atomic(path, iter_json(doc, compact=True), inputs)
         return written
 
     def to_html(self) -> str:
@@ -265,9 +271,22 @@ class Result:
                 f"{self.collective_count} collectives, {len(self.findings)} finding(s)>")
 
 
-def _write_rows(result: Result, target: Path, inputs: list[str] | None) -> RowsWritten:
-    """A large result's rows to ``target``: written (pyarrow), or copied from the rows file of
-    the saved result it was read from; else why not."""
+def _write_rows(result: Result, target: Path, inputs: list[str] | None) -> Callable[[], RowsWritten]:
+    """A large result's rows to ``target``: written (pyarrow, the file itself on a thread), or
+    copied from the rows file of the saved result it was read from; else why not. Returns the
+    call that waits for the writing and says where the rows went."""
+    written = _copied_or_why(result, target, inputs)
+    if written is not None:
+        return lambda: written
+    from analyzer.job import rows_file
+    from analyzer.job.columns import CollectiveColumns
+    view = CollectiveColumns.of(result)
+    view.written("exposed_us")  # read once, for the rows file and the digest
+    wait = rows_file.start_write(target, result.collectives, view)
+    return lambda: RowsWritten(target.name, wait())
+
+
+def _copied_or_why(result: Result, target: Path, inputs: list[str] | None) -> RowsWritten | None:
     import shutil
 
     from analyzer.base.output import write_atomic
@@ -287,10 +306,7 @@ def _write_rows(result: Result, target: Path, inputs: list[str] | None) -> RowsW
     for given in inputs or []:
         if target.exists() and Path(given).exists() and target.samefile(given):
             raise InputError(target, "refusing to overwrite an input")
-    from analyzer.job.columns import CollectiveColumns
-    view = CollectiveColumns.of(result)
-    view.written("exposed_us")  # read once, for the rows file and the digest
-    return RowsWritten(target.name, rows_file.write(target, result.collectives, view))
+    return None
 
 
 # The rendered views belong to the renderers (analyzer.reports), a layer above this one, which

@@ -23,10 +23,11 @@ its columns are checked against that description before a value is read.
 from __future__ import annotations
 
 import hashlib
+import threading
 from itertools import repeat
 from operator import is_
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import numpy as np
@@ -92,21 +93,49 @@ def write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> str
     """Write ``rows`` to ``path`` (atomically: a temporary file renamed over it); returns the
     file's SHA-256. ``view``: the rows' columns (analyzer.job.columns), whose values are taken
     as they are. Needs pyarrow (``available()``)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    return start_write(path, rows, view)()
 
-    from analyzer.base.output import write_atomic
+
+def start_write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> Callable[[], str]:
+    """``write``, its Parquet encoding, compression and writing left to a thread (pyarrow and
+    the file system release the GIL: a large result's JSON is made meanwhile); returns the call
+    that waits for it and gives the SHA-256 (or raises what the writing raised)."""
+    import pyarrow as pa
+
     arrays, columns, groups = _columns(rows, view)
     description = Description(FORMAT, len(rows), columns, groups)
     # from_arrays: ``pa.table(dict)`` would import pandas (0.7 s) to ask whether it was given a frame
     table = pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
     table = table.replace_schema_metadata({META_KEY: msgspec.json.encode(description)})
+    outcome: dict[str, Any] = {}
+
+    def encode_and_write() -> None:
+        try:
+            outcome["sha256"] = _encode_and_write(table, path)
+        except BaseException as exc:  # noqa: BLE001 - raised again by the waiting call
+            outcome["error"] = exc
+    worker = threading.Thread(target=encode_and_write, name="tracecliff-rows-file", daemon=True)
+    worker.start()
+
+    def wait() -> str:
+        worker.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["sha256"]
+    return wait
+
+
+def _encode_and_write(table: Any, path: str | Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analyzer.base.output import write_atomic
     sink = pa.BufferOutputStream()
     strings = [field.name for field in table.schema if pa.types.is_dictionary(field.type)]
     pq.write_table(table, sink, compression="zstd", use_dictionary=strings, write_statistics=False)
-    data = sink.getvalue().to_pybytes()
-    write_atomic(path, data)
-    return hashlib.sha256(data).hexdigest()
+    data = sink.getvalue()
+    write_atomic(path, memoryview(data))
+    return hashlib.sha256(memoryview(data)).hexdigest()
 
 
 def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
@@ -256,8 +285,12 @@ def _array(per_code: list[Any], codes: np.ndarray) -> Any:
         position = np.array([0 if v is None else table.index(v) for v in per_code], dtype=np.int32)
         missing = np.array([v is None for v in per_code], dtype=bool)
         return _dictionary(position[codes], table, missing[codes] if missing.any() else None)
-    _, column = _encoded(per_code)
-    return column.take(_buffers("int32", codes))
+    ints = kinds == {int} and all(_INT64[0] <= v <= _INT64[1] for v in per_code if v is not None)
+    if not ints:  # a group field of another type (a hostile trace's): its values, row by row
+        return _encoded([per_code[code] for code in codes.tolist()])[1]
+    missing = np.array([v is None for v in per_code], dtype=bool)
+    values = np.array([0 if v is None else v for v in per_code], dtype=np.int64)
+    return _buffers("int64", values[codes], missing[codes] if missing.any() else None)
 
 
 def _encoded(values: list[Any]) -> tuple[str, Any]:
