@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections import deque
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, setitem
 from typing import Any
 
 import numpy as np
@@ -122,11 +122,10 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
     busbw = _none_for_nan(round_list(bus, 4), np.isnan(bus))
     algbw = round_list(alg, 4)
     # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
-    # written by C-level passes, the keys in this order.
-    deque(map(dict.update, rows, map(zip, repeat(("algbw_gbps", "busbw_gbps", "bound")),
-                                     zip(_none_for_nan(algbw, np.isnan(alg)), busbw,
-                                         map(BOUNDS.__getitem__, codes.tolist())))),
-          maxlen=0)
+    # written by a C-level pass per key, the keys in this order.
+    for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
+                        ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
+        deque(map(setitem, rows, repeat(key), values), maxlen=0)
     return busbw, codes, algbw
 
 

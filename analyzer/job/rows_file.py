@@ -167,7 +167,7 @@ def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], lis
                 arrays[present] = _buffers("bool", has)
         present_in += 1 if has is None else has
         if key == "group":
-            codes, groups = _group_codes(values)
+            codes, groups = _group_codes(values) if taken is None else values
             arrays["group_code"] = _buffers("int32", codes)
             for name, field in GROUP_FIELDS:
                 arrays[name] = _array([g.get(field) if isinstance(g, dict) else None for g in groups], codes)
@@ -192,9 +192,11 @@ def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
     None: read the key from the rows."""
     if view is None or not view.n:
         return None
-    if key == "group":
-        values = list(map(view.group.names.__getitem__, view.group.codes.tolist()))
-        return "group", None, values.count(None), values
+    if key == "group":  # the view's codes of the group objects, coded again by value
+        codes, groups = _distinct_by_value(view.group.names)
+        row_codes = codes[view.group.codes]
+        nulls = int(sum(np.count_nonzero(row_codes == c) for c, g in enumerate(groups) if g is None))
+        return "group", None, nulls, (row_codes, groups)
     if key in _CATEGORIES:
         return _category(getattr(view, _CATEGORIES[key]))
     if key in _FLOATS:
@@ -264,16 +266,21 @@ def _group_codes(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
     object is encoded once, and equal values (the same JSON) get one code."""
     ids = list(map(id, values))
     objects = dict(zip(ids, values))  # held in ``values``: the ids stay unique
+    codes, distinct = _distinct_by_value(list(objects.values()))
+    code_of_id = dict(zip(objects, codes.tolist()))
+    return np.fromiter(map(code_of_id.__getitem__, ids), dtype=np.int32, count=len(ids)), distinct
+
+
+def _distinct_by_value(objects: list[Any]) -> tuple[np.ndarray, list[Any]]:
+    """(each object's code, the distinct values by code): objects equal by their JSON share one."""
     code_of_text: dict[bytes, int] = {}
     distinct: list[Any] = []
-    code_of_id = {}
-    for ident, value in objects.items():
-        text = msgspec.json.encode(value)
-        code = code_of_text.setdefault(text, len(distinct))
+    codes = np.empty(len(objects), dtype=np.int32)
+    for i, value in enumerate(objects):
+        code = codes[i] = code_of_text.setdefault(msgspec.json.encode(value), len(distinct))
         if code == len(distinct):
             distinct.append(value)
-        code_of_id[ident] = code
-    return np.fromiter(map(code_of_id.__getitem__, ids), dtype=np.int32, count=len(ids)), distinct
+    return codes, distinct
 
 
 def _array(per_code: list[Any], codes: np.ndarray) -> Any:
@@ -308,6 +315,11 @@ def _encoded(values: list[Any]) -> tuple[str, Any]:
         return "bool", _buffers("bool", np.array(values, dtype=bool) if mask is None else
                                 np.array([bool(v) for v in values], dtype=bool), mask)
     if kinds == {int}:
+        if mask is None:
+            try:  # no None: read as int64 at once
+                return "int64", _buffers("int64", np.fromiter(values, dtype=np.int64, count=len(values)))
+            except OverflowError:
+                pass
         data = np.array(values, dtype=object)
         if mask is not None:
             data[mask] = 0
