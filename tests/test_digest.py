@@ -100,7 +100,7 @@ def test_generated_rows_give_the_diffs_totals(drawn, steady):
     steps = [SimpleNamespace(rank=r, step=s, role="steady") for r, s in sorted(set(steady))]
     model = SimpleNamespace(rank_steps=lambda: iter(steps), ranks=[SimpleNamespace(rank=r) for r in range(6)],
                             group=lambda name: None)
-    digest = digest_module.plain({"totals": digest_module.window_totals(view, model)})
+    digest = digest_module.plain({"totals": digest_module.window_totals(view, set(steady), list(range(6)))})
     model.digest = digest
     run = SimpleNamespace(model=model, collectives=rows, ranks=[SimpleNamespace(rank=r, host=None) for r in range(6)],
                           job={"devices_per_node": 2})

@@ -48,16 +48,25 @@ def collective_digest(result: Any) -> dict[str, Any]:
 def plain(value: Any) -> Any:
     """``value`` as it reads back from JSON (tuples as lists, NaN and ±inf as None, numpy
     scalars as numbers): what the fresh run's views read is what a saved result gives."""
-    from analyzer.job.result import _ENCODER
     return msgspec.json.decode(_ENCODER.encode(value))
+
+
+def _scalar(value: Any) -> Any:
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()  # a numpy scalar
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_scalar, order="sorted")  # as the JSON is written
 
 
 def compute(result: Any) -> dict[str, Any]:
     view = CollectiveColumns.of(result)
     rows = result.collectives
+    model = result.model
     return {"groups": html_groups(view), "top_exposed": top_exposed(view, rows),
             "host_side": host_side(view, rows), "busbw": busbw_samples(view), "labels": group_labels(view),
-            "totals": window_totals(view, result.model)}
+            "totals": window_totals(view, model.steady_windows(), [r.rank for r in model.ranks])}
 
 
 # ---------------------------------------------------------------- helpers over the columns
@@ -343,17 +352,16 @@ def group_labels(view: CollectiveColumns) -> list[str]:
 
 
 # ---------------------------------------------------------------- the diff
-def window_totals(view: CollectiveColumns, model: Any) -> dict[str, Any]:
+def window_totals(view: CollectiveColumns, windows: set[tuple[int, Any]], given_ranks: list[int]) -> dict[str, Any]:
     """Per (group label, collective), over the rows inside the run's steady (rank, step)
-    windows (each rank's whole trace when the run has no step breakdown): count, bytes (and how
-    many rows have no size), time, exposed time and the exposed part spent waiting, summed in
-    row order; with the number of windows and what a window is (analyzer.compare.diff)."""
-    from analyzer.job.model import STEADY, TYPICAL
-    windows = {(s.rank, s.step) for s in model.rank_steps() if s.role in (TYPICAL, STEADY)}
+    ``windows`` (each given rank's whole trace when the run has no step breakdown): count,
+    bytes (and how many rows have no size), time, exposed time and the exposed part spent
+    waiting, summed in row order; with the number of windows and what a window is
+    (analyzer.compare.diff)."""
     ranks = np.unique(view.rank)
     rank_code = np.searchsorted(ranks, view.rank)  # each row's rank, numbered
     if not windows:
-        given = {r.rank for r in model.ranks}
+        given = set(given_ranks)
         keep = np.isin(ranks, sorted(given))[rank_code]
         count, per = max(len(given), 1), "rank"
     else:

@@ -353,6 +353,10 @@ class JobModel:
         for rank in self.ranks:
             yield from rank.steps
 
+    def steady_windows(self) -> set[tuple[int, Any]]:
+        """The (rank, step) of every typical or steady rank-step."""
+        return {(s.rank, s.step) for s in self.rank_steps() if s.role in (TYPICAL, STEADY)}
+
     # ---------------------------------------------------------------- job-wide facts
     @cached_property
     def topology(self) -> Topology:

@@ -19,6 +19,7 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
+from analyzer.job.buckets import Bucket
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
 from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
@@ -85,39 +86,6 @@ class Finding(_ReadsLikeADict):
     def from_dict(cls, doc: dict[str, Any]) -> "Finding":
         """Checks the types too: a malformed finding is a ``msgspec.ValidationError``."""
         return msgspec.convert(doc, cls)
-
-
-class Bucket(msgspec.Struct, gc=False):
-    """One DDP gradient bucket of ``Result.buckets`` (analyzer.job.reduce.gradient_buckets):
-    read like the dict its JSON is (``b["bytes"]``, ``b.get("launch_us")``), at a sixth of a
-    dict's memory (a 1,024-rank job has millions). Fields in sorted order: it encodes to the
-    bytes of the dict; ``Result.to_dict()`` gives the dicts (plain JSON types)."""
-
-    bytes: Any
-    dtype: Any
-    dur_us: Any
-    exposed_us: Any
-    group: Any
-    index: int
-    launch_offset_us: Any
-    launch_us: Any
-    rank: int
-    start_us: Any
-    step: Any
-
-    def __getitem__(self, key: str) -> Any:
-        if key in _BUCKET_FIELDS:
-            return getattr(self, key)
-        raise KeyError(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in _BUCKET_FIELDS else default
-
-    def __contains__(self, key: object) -> bool:
-        return key in _BUCKET_FIELDS
-
-
-_BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
 
 
 @dataclass
@@ -407,7 +375,7 @@ class _FromRows:
 def _from_rows(result: Result, name: str) -> list[Any]:
     if name == "collectives":
         return result.rows_source.rows()  # type: ignore[union-attr]
-    from analyzer.job.reduce import derived_records
+    from analyzer.job.buckets import derived_records
     buckets, units = derived_records(result)
     result.__dict__["_buckets"], result.__dict__["_fsdp_units"] = buckets, units
     return buckets if name == "buckets" else units
