@@ -24,6 +24,7 @@ from analyzer.job import large, rows_file
 from analyzer.job.result import Result
 from analyzer.reports import render
 from rule_cases_lib import sample_traces
+from test_cache_entry import _same  # equal type for type, NaN equal to NaN, key order included
 from test_gate import run_cli
 
 pytest.importorskip("pyarrow")
@@ -175,19 +176,6 @@ def test_without_pyarrow_the_json_stands_alone_and_says_why(small_limit, tmp_pat
 
 
 # ---------------------------------------------------------------- the rows file itself
-def _same(a, b) -> bool:
-    """Equal, type for type (1 is not 1.0 or True), NaN equal to NaN, key order included."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    return a == b
-
-
 def test_rows_come_back_exactly(tmp_path):
     group = {"name": "0", "size": 2, "ranks": [0, 1], "description": "default_pg"}
     rows = [

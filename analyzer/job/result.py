@@ -333,9 +333,9 @@ def saved_document(result: Result, rows: RowsWritten | None = None) -> dict[str,
 def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> Result:
     """The Result a ``result_to_dict`` document holds (its rank entries carry every field); a
     large result's rows stay in its rows file (beside ``source``) until they are asked for."""
-    sections = {key: doc.get(key) for key in _SECTIONS}
-    common = dict(inputs=list(doc.get("inputs") or []), job=dict(doc.get("job") or {}),
-                  findings=list(doc.get("findings") or []), warnings=list(doc.get("warnings") or []), **sections)
+    common: dict[str, Any] = {key: doc.get(key) for key in _SECTIONS}
+    common.update(inputs=list(doc.get("inputs") or []), job=dict(doc.get("job") or {}),
+                  findings=list(doc.get("findings") or []), warnings=list(doc.get("warnings") or []))
     if doc.get("schema_version") == LARGE_SCHEMA_VERSION:
         folder = None if source is None else Path(source).parent
         ranks = [rank_from_entry(entry, []) for entry in doc.get("ranks") or []]
