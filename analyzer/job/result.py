@@ -172,8 +172,10 @@ class Result:
         if not is_large(self):
             write_atomic(path, self.json_chunks(), inputs)
             return None
+        from analyzer.job.digest import collective_digest
+        collective_digest(self)  # first: its working arrays are freed before the rows file's are made
         pending = _write_rows(self, rows_file.file_for(path), inputs)
-        doc = saved_document(self)  # the digest and the steps by column while the rows file is written
+        doc = saved_document(self)  # the steps by column while the rows file is encoded and written
         written = pending()
         doc["collective_rows"] = rows_section(self, written)
         write_atomic(path, iter_json(doc, compact=True), inputs)
@@ -438,9 +440,10 @@ def _iter_compact(doc: dict[str, Any]) -> Iterator[bytes]:
         value = doc[key]
         if isinstance(value, list) and value:
             yield _encode(key) + b": [\n"
-            for i in range(0, len(value), _BATCH):
-                yield b",\n".join(map(_encode, value[i:i + _BATCH]))
-                yield b",\n" if i + _BATCH < len(value) else b"\n"
+            last = len(value) - 1
+            for i, item in enumerate(value):  # an item at a time: a rank's entry is ~60 KB
+                yield _encode(item)
+                yield b",\n" if i < last else b"\n"
             yield b"]"
         else:
             yield _encode(key) + b": " + _encode(value)
