@@ -15,7 +15,9 @@ Shapes, tiled in time to the size asked (bench/make_big_trace.py):
   collective-heavy-tp; the earlier 8,848-kernel shape, heavy-source-24l.json, is left as it is).
 For each single rank the map's CPU is also split by stage (imports, decode, columns, per-rank
 analysis; in-process timers in a fresh process), the rest of `diagnose` being the reduce, rules
-and render.
+and render. Each job's CPU is set against its decode floor (issue 28): every file decoded bare
+in a fresh process of its own, CPU summed (the per-rank floor, eight times); the same decode by
+one pool of a process per CPU (bench_scale.py's floor) is printed beside it.
 Each job's files get a `"distributedInfo": {"rank": N, ...}` header written with blanks, since
 HTA finds the rank with the regex `"rank":\\s+(\\d+)`. Every command runs in a fresh process
 (interpreter start included) with the bytecode cache allowed (a warm-up run fills it), and
@@ -41,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from bench_ingest import BARE_DECODE, HTA_LOAD, SOURCE  # noqa: E402  (same floor and HTA load)
-from bench_scale import make_job, measure  # noqa: E402  (wall + process-tree peak RSS)
+from bench_scale import DECODE_FLOOR, make_job, measure  # noqa: E402  (wall + process-tree peak RSS)
 from make_big_trace import tile  # noqa: E402
 
 HTA_JOB = """
@@ -149,6 +151,14 @@ def diagnose(*paths: str, workers: str | None = None) -> list[str]:
             "-o", os.devnull, *extra]
 
 
+def floor_per_file(files: list[Path]) -> dict[str, float]:
+    """The job's decode floor as the per-rank one, summed: each file decoded bare (typed msgspec,
+    the fields tracecliff reads) in a fresh process; wall and CPU summed, the largest tree peak."""
+    runs = [timed([sys.executable, "-c", BARE_DECODE, str(f)]) for f in files]
+    return {"wall_s": sum(r["wall_s"] for r in runs), "cpu_s": sum(r["cpu_s"] for r in runs),
+            "tree_rss_mb": max(r["tree_rss_mb"] for r in runs), "tree_pss_mb": max(r["tree_pss_mb"] for r in runs)}
+
+
 def show(title: str, rows: dict[str, dict[str, float]]) -> None:
     print(f"\n{title}")
     print(f"  {'command':<34} {'wall s':>7} {'CPU s':>7} {'tree peak MB':>13} {'tree peak PSS MB':>17}")
@@ -238,6 +248,8 @@ def main() -> None:
     job_rows = {}
     for shape, files in jobs.items():
         rows = {"diagnose (default workers)": timed(diagnose(str(files[0].parent)))}
+        rows["decode floor, a process per file"] = floor_per_file(files)
+        rows["decode floor, one pool"] = timed([py, "-c", DECODE_FLOOR, str(files[0].parent), str(os.cpu_count() or 1)])
         if not args.no_hta:
             rows["HTA TraceAnalysis(trace_dir)"] = timed([py, "-c", HTA_JOB, str(files[0].parent)])
         size = sum(f.stat().st_size for f in files) / 1e6
@@ -260,6 +272,12 @@ def main() -> None:
             # RSS counts a forked worker's pages shared with its parent once per process; PSS once.
             ratio(f"8-rank job tree peak PSS, {shape}: diagnose / HTA", ours["tree_pss_mb"] / hta["tree_pss_mb"],
                   "<= 0.25x")
+    for shape, rows in job_rows.items():
+        ours = rows["diagnose (default workers)"]
+        ratio(f"8-rank job CPU, {shape}: diagnose / decode floor", ours["cpu_s"]
+              / rows["decode floor, a process per file"]["cpu_s"], "<= 1.3x; floor: a process per file")
+        ratio("  the same against one pool's decode", ours["cpu_s"] / rows["decode floor, one pool"]["cpu_s"],
+              "none; a process per CPU")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def _decomposition(step: dict[str, Any]) -> list[str]:
             rows.append([f"  = {scope} collectives", "", "", signed(delta), "", ""])
     lines += table(["component", "base µs", "new µs", "Δ µs", "share", "eff. pts"], rows)
     if not step["straggler_wait_measured"]:
-        lines.append(" (waiting for late peers not measured: no cross-rank matching; it stays in exposed communication)")
+        lines.append(" (waiting for late peers not measured: no cross-rank matching; it stays in exposed transfer)")
     return lines
 
 

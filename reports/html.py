@@ -136,27 +136,31 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
                          "note": "not available: no GPU activity in the traces (CPU-only profile)"})
     if gpu_seen:
         typical = model.typical
-        if typical is not None:  # the one definition (analyzer.job.model)
+        if typical is not None:  # the one definition of each figure (analyzer.job.model)
             step_time, idle, exposed = typical.step_time_us, typical.leaves.idle_us, typical.leaves.exposed_us
+            exposed_share, idle_share, overlap = typical.exposed_share, typical.idle_share, model.overlap_share
             label, step_note = "step time", f"typical step {typical.step}, mean over ranks"
+            overlap_note = f"communication hidden under compute in typical step {typical.step}"
             exposed_split, idle_split = _leaf_notes(typical)
         else:  # no step breakdown: whole-trace figures, labelled as such
             step_time = median(p["step_time_us"] for p in per_step)
             exposed = median(p["exposed_comm_us"] for p in per_step)
             idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
+            exposed_share = exposed / step_time if step_time else None
+            idle_share = idle / step_time if step_time else None
+            comm = sum(float(r.get("comm_us") or 0) for r in ranks)
+            overlap = sum(float(r.get("overlap_us") or 0) for r in ranks) / comm if comm else None
             label = "step time" if any(r.get("steps") for r in ranks) else "GPU span (no steps)"
             step_note = "no step breakdown: median over ranks of the mean step (whole windows)"
+            overlap_note = "communication hidden under compute, whole trace"
             exposed_split = idle_split = ""
-        comm = sum(float(r.get("comm_us") or 0) for r in ranks)
-        overlap = sum(float(r.get("overlap_us") or 0) for r in ranks)
         headline += [
             {"label": label, "value": fmt_us(step_time), "note": step_note},
             {"label": "exposed communication", "value": fmt_us(exposed),
-             "note": f"{fmt_pct(100 * exposed / step_time if step_time else None)} of the step{exposed_split}"},
-            {"label": "overlap", "value": fmt_pct(100 * overlap / comm if comm else None),
-             "note": "communication hidden under compute"},
+             "note": f"{_pct_of(exposed_share)} of the step{exposed_split}"},
+            {"label": "overlap", "value": _pct_of(overlap), "note": overlap_note},
             {"label": "GPU idle", "value": fmt_us(idle),
-             "note": f"{fmt_pct(100 * idle / step_time if step_time else None)} of the step{idle_split}"},
+             "note": f"{_pct_of(idle_share)} of the step{idle_split}"},
         ]
     headline += _mfu_cards(doc.get("mfu"), model)
     return {
@@ -170,6 +174,10 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         "warnings_more": max(len(doc.get("warnings") or []) - 50, 0),
         "inputs": [str(i.get("path")) for i in doc.get("inputs") or [] if isinstance(i, dict)][:64],
     }
+
+
+def _pct_of(share: float | None) -> str:
+    return fmt_pct(None if share is None else 100 * share)
 
 
 def _hardware_rows(hardware: Any) -> list[dict[str, str]]:
@@ -468,7 +476,7 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         "evidence": structured.rows(_without_prediction(f.get("evidence"))), "model": _model_text(f.get("model")),
         "prediction": prediction_view((f.get("evidence") or {}).get("prediction")
                                       if isinstance(f.get("evidence"), dict) else None, step_time),
-        "recovers": " and ".join(leaf_names(f.get("recovers"))),
+        "recovers": " and ".join(leaf_names(f.get("recovers"))) if gain else "",
         "fix_text": fix_text, "fix_snippet": fix_snippet, "gain_us": gain,
         "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
         "references": [fmt_value(r) for r in f.get("references") or []] if isinstance(f.get("references"), list)

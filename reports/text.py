@@ -168,7 +168,7 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
         lines += textwrap.wrap(f.get("summary", ""), **wrap)
         recovers = leaf_names(f.get("recovers"))
-        if recovers and isinstance(gain, (int, float)):
+        if recovers and isinstance(gain, (int, float)) and gain > 0:
             lines += textwrap.wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
         lines += _prediction(f, step_us, wrap)
         fix = (f.get("fix") or {}).get("text")
@@ -285,7 +285,10 @@ def _tree(model: JobModel) -> list[str]:
         if name == "transfer":
             lines += [f"  │        {text}" for text in splits]
     wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
-    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" for k, v in idle)
+    own = sorted(((k, v) for k, v in d.idle_unknown_by_phase.items() if v), key=lambda kv: (-kv[1], kv[0]))
+    where = f" (in {', '.join(f'{k} {fmt_us(v)}' for k, v in own)})" if own else ""
+    host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" + (where if k == HOST_ACTIVITY["unknown"] else "")
+                                               for k, v in idle)
     if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
         # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
         waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])
@@ -386,8 +389,11 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     if s.get("top_rank") is None:
         return [f"Latest arrival: none ({s['matched_collectives']} collectives matched by {s['method']})", ""]
     share = 100 * (s.get("top_rank_last_share") or 0)
-    lines = [f"Latest arrival: rank {s['top_rank']} causes the most waiting ({s['top_rank_wait_caused_us']:,.0f} µs "
-             f"of others' waiting), last at {share:.0f}% of {s['matched_collectives']} matched collectives"]
+    # Not the straggler finding's figure (the typical step's exposed waiting): every matched
+    # collective of the trace, the waiting hidden under compute included.
+    lines = [f"Latest arrival: rank {s['top_rank']} causes the most waiting ({fmt_us(s['top_rank_wait_caused_us'])} "
+             f"of the others' time in collectives over the whole trace, exposed or hidden), last at {share:.0f}% "
+             f"of {s['matched_collectives']} matched collectives"]
     often = max(s.get("by_rank") or [], key=lambda b: (b.get("times_last", 0), -b["rank"]), default=None)
     if often and often["rank"] != s["top_rank"] and often.get("times_last"):
         lines[0] += f"; rank {often['rank']} is last most often ({often['times_last']} times)"

@@ -122,7 +122,7 @@ class CommBoundStep(Rule):
         """(gain, best fix, prediction): every fix the what-if projection can make for this job,
         each with its projected typical step; the gain is the best one's."""
         facts, step_us = ctx.facts, ctx.model.step_time_us
-        whatif = WhatIf(ctx.result)
+        whatif = WhatIf.of(ctx.result)
         nodes, g = whatif.measured("measured_nodes"), whatif.measured("measured_gpus_per_node")
         strategy = whatif.measured("measured_strategy")
         if nodes is None:

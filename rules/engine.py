@@ -263,6 +263,8 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
         gain = top.get("estimated_gain_us")
         if gain and step:
             cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
+        elif gain is not None and step:  # estimated, and nothing to gain at this scale
+            cost = f" (its estimated gain is {fmt_us(gain)} of the {fmt_us(step)} typical step)"
         else:
             cost = f" (no estimate of the gain; the {fmt_us(step)} typical step)" if step else ""
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analyzer.base.units import fmt_bytes
+from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
@@ -104,9 +104,9 @@ class FsdpFullShardCrossNode(Rule):
         memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {fmt_bytes(need)} of {fmt_bytes(memory)} per GPU" if need and memory
                        else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
         summary = (f"FULL_SHARD all-gathers and reduce-scatters run in a {link.n}-rank group across "
-                   f"{nodes} nodes with {exposed:,.0f} µs exposed per step ({100 * exposed / step_us:.0f}%); "
-                   f"HYBRID_SHARD (shard over {g} GPUs per node) is projected to cut the step from "
-                   f"{step_us / 1000:,.1f} to {step_after / 1000:,.1f} ms{memory_text}.")
+                   f"{nodes} nodes with {fmt_us(exposed)} exposed per step ({100 * exposed / step_us:.0f}%); "
+                   f"HYBRID_SHARD (shard over {g} GPUs per node) is projected to cut the typical step from "
+                   f"{fmt_us(step_us)} to {fmt_us(step_after)}{memory_text}.")
         model = (f"FSDP unit schedule (rank {rep.rank}, step {rep.step}): exposed {now:,.0f} µs with "
                  f"T_AG = (N−1)α + (N−1)/N·S/β, N = {link.n}, α = {link.alpha_us:.3g} µs, β = {link.beta_gbps:.4g} GB/s; "
                  f"{projected:,.0f} µs with HYBRID_SHARD: N = {g}, α = {intra.alpha_us:.3g} µs, β = {intra.beta_gbps:.4g} GB/s "

@@ -139,7 +139,7 @@ class FsdpMissingWrapPolicy(Rule):
                                    "FULL_SHARD (the default) assumed, each unit all-gathered again in backward"
                                    if strategy == "fsdp-full" else "replicate all-reduces in the trace"},
         }
-        fix = WhatIf(ctx.result).fix(fsdp_units=layers, strategy=strategy)
+        fix = WhatIf.of(ctx.result).fix(fsdp_units=layers, strategy=strategy)
         if fix is not None:
             model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from analyzer.base.units import fmt_bytes
+from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
@@ -83,12 +83,12 @@ class FsdpWhereDdpFits(Rule):
         options = {k: v for k, v in (("DDP", ddp_step), ("SHARD_GRAD_OP", sgo_step)) if v is not None}
         best = min(options, key=lambda k: (options[k], k)) if options else None
         gain = step_us - options[best] if best else None
-        projected = ", ".join(f"{k} {v / 1000:,.1f} ms" for k, v in options.items())
+        projected = ", ".join(f"{k} {fmt_us(v)}" for k, v in options.items())
         if gain is not None and gain >= ctx.thresholds["min_gain_fraction"] * step_us:
-            outcome = f"{best} is projected at {options[best] / 1000:,.1f} ms per step against {step_us / 1000:,.1f} ms."
+            outcome = f"{best} is projected at {fmt_us(options[best])} per step against the {fmt_us(step_us)} typical step."
         else:
-            outcome = (f"at this scale the extra bytes are hidden ({projected} projected against "
-                       f"{step_us / 1000:,.1f} ms now): they cost when the job scales out." if options else
+            outcome = (f"at this scale the extra bytes are hidden ({projected} projected against the "
+                       f"{fmt_us(step_us)} typical step now): they cost when the job scales out." if options else
                        "the saving could not be projected.")
         summary = (f"The model has {psi / 1e9:.2f} B parameters: DDP's 16Ψ = {fmt_bytes(ddp_state)} fits in "
                    f"{100 * ddp_state / memory:.0f}% of the {fmt_bytes(memory)} GPU, yet FULL_SHARD sends "

@@ -5,7 +5,8 @@ from __future__ import annotations
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_SNIPPET, idle_split_note, ranks_phrase
+from analyzer.rules.host import (HOST_ACTIVITY, HOST_FIX, HOST_OWN_WORK_FIX, HOST_OWN_WORK_SNIPPET, HOST_SNIPPET,
+                                 idle_split_note, ranks_phrase)
 
 
 @register
@@ -32,14 +33,18 @@ class GpuIdleHostBound(Rule):
 
     Evidence:
         Each rank's host-caused idle share of the typical step, and the host idle split by host
-        activity on the ranks that fire (with the inflated host ops when contention leads); a
+        activity on the ranks that fire (with the inflated host ops when contention leads, the
+        host's own work by phase when it leads); a
         caveat when the trace cannot tell host-caused from queued idle (a filtered trace).
 
     Fix:
         Follows the largest host leaf: a faster data loader for input, removing the sync for a
         device sync (a faster data loader does not fix that), pinning threads and thread counts
         for CPU contention, coarser FSDP units for FSDP overhead, ``torch.compile`` / CUDA
-        graphs for launch-bound steps, profiling the host for the rest.
+        graphs for launch-bound steps. The rest is the host's own work, placed by the phase of
+        the work it launched next: in forward or backward, per-op host overhead (``torch.compile``,
+        CUDA graphs, more GPU work per op); in the optimizer step, a fused or foreach optimizer;
+        outside them, profiling the host (logging, checkpointing, evaluation).
 
     References:
         docs/models.md §6 (compute, MFU: idle time lowers MFU directly); HTA idle-time
@@ -76,7 +81,9 @@ class GpuIdleHostBound(Rule):
         own_step_us = median(by_rank[r]["step_time_us"] for r in hit)
         host = {k: round(median((by_rank[r]["details"].get("idle_by_host") or {}).get(k, 0.0) for r in hit), 1)
                 for k in HOST_ACTIVITY}
-        host_text = ", ".join(f"{HOST_ACTIVITY[k]} {fmt_us(v)}" for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if v)
+        own = _own_work_by_phase([by_rank[r] for r in hit])
+        host_text = ", ".join(f"{HOST_ACTIVITY[k]} {fmt_us(v)}" + (_phases_text(own) if k == "unknown" else "")
+                              for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if v)
         who = ranks_phrase(hit, len(rows))
         queued = all_idle - idle
         rest = (f"; the other {fmt_us(queued)} of its {fmt_us(all_idle)} idle had work launched and waiting "
@@ -103,10 +110,14 @@ class GpuIdleHostBound(Rule):
         if note:
             evidence["idle_split"] = note
         evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
+        fix, snippet = HOST_FIX[activity], HOST_SNIPPET[activity]
+        if activity == "unknown" and own:
+            lead = max(own, key=lambda k: (own[k], k))
+            evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
+            fix, snippet = HOST_OWN_WORK_FIX[lead], HOST_OWN_WORK_SNIPPET[lead]
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
-                            model=model, fix_text=f"The host sets the pace: {HOST_FIX[activity]}.",
-                            fix_snippet=HOST_SNIPPET[activity])]
+                            model=model, fix_text=f"The host sets the pace: {fix}.", fix_snippet=snippet)]
 
 
 def host_idle_us(tb) -> float:
@@ -122,6 +133,23 @@ def _inflated_evidence(ctx, hit, by_rank) -> dict:
         for name, figures in ((by_rank[r]["details"].get("inflated_ops")) or {}).items():
             ops.setdefault(name, figures)
     return {"inflated_host_ops": ops} if ops else {}
+
+
+def _own_work_by_phase(breakdowns) -> dict[str, float]:
+    """The host's own work (its unknown idle), median over these ranks, by the phase of the work
+    it was getting to; empty where the breakdowns do not split it (a result saved before)."""
+    split = [(tb["details"].get("idle_unknown_by_phase") or {}) for tb in breakdowns]
+    if not any(split):
+        return {}
+    phases = sorted({k for s in split for k in s})
+    return {k: round(median(s.get(k, 0.0) for s in split), 1) for k in phases if median(s.get(k, 0.0) for s in split)}
+
+
+def _phases_text(own: dict[str, float]) -> str:
+    """' (in forward 82.6 ms, backward 55.9 ms)': where the host's own work falls (the phase of
+    the work it launched next)."""
+    parts = [f"{k} {fmt_us(v)}" for k, v in sorted(own.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return f" (in {', '.join(parts)})" if parts else ""
 
 
 def _host_activity(breakdowns) -> str:

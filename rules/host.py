@@ -36,6 +36,30 @@ HOST_SNIPPET = {
     "unknown": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
 }
 
+# The host's own work (the ``unknown`` host part of idle) by where in the step it falls: the phase
+# of the work whose launch ended each gap (analyzer.rank.attribution: idle_unknown_by_phase).
+HOST_OWN_WORK_FIX = {
+    "forward": ("the host's own work between kernels in forward (Python, operator dispatch, many small ops) "
+                "takes longer than the GPU work it launches: torch.compile (fuses the small ops and cuts the Python "
+                "between them) or CUDA graphs, a larger micro-batch per GPU (more GPU work per op); py-spy record on "
+                "the rank shows which Python"),
+    "backward": ("the host's own work between kernels in backward (autograd's per-op work, Python hooks, many small "
+                 "ops) takes longer than the GPU work it launches: torch.compile (compiled autograd) or CUDA graphs, "
+                 "fewer Python hooks, a larger micro-batch per GPU (more GPU work per op); py-spy record on the rank "
+                 "shows which Python"),
+    "optimizer": ("the optimizer step's host work (Python and small kernels per parameter tensor) sets the pace: a "
+                  "fused or foreach optimizer (torch.optim.AdamW(..., fused=True)), fewer and larger parameter "
+                  "tensors; py-spy record on the rank shows the rest"),
+    "other": ("the host's work outside forward, backward and the optimizer step sets the pace: profile that host "
+              "(py-spy dump / record on the rank): logging, checkpointing, metrics or evaluation in the step"),
+}
+HOST_OWN_WORK_SNIPPET = {
+    "forward": "model = torch.compile(model)   # fuses small ops; py-spy record -o host.svg --pid <PID>",
+    "backward": "model = torch.compile(model)   # with compiled autograd; py-spy record -o host.svg --pid <PID>",
+    "optimizer": "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)",
+    "other": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
+}
+
 
 def idle_split_note(ctx) -> str | None:
     """Why the typical step's split of idle into host-caused and queued cannot be trusted."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
@@ -72,6 +73,8 @@ class PipelineBubble(Rule):
                         if r["collective"] == "send" and r["phase"] == "forward")
         m = max(sends.values(), default=0)
         step_us = ctx.model.step_time_us or median(v.step_time_us for v in views)
+        step_text = (f"the typical step is {fmt_us(step_us)}" if ctx.model.step_time_us else
+                     f"the median steady rank-step is {fmt_us(step_us)}")
         work = median(v.compute_us for v in views)
         ideal = models.pipeline_bubble_fraction(p, m) if m else None
         target = max(2 * m, 4 * (p - 1)) if m else None
@@ -97,9 +100,9 @@ class PipelineBubble(Rule):
                       f"(p − 1)/(m + p − 1) = {100 * ideal:.0f}%" if ideal is not None else
                       "; the micro-batch count is unknown (no forward sends on the first stage)")
         summary = (f"Pipeline stages do not compute for {100 * bubble:.0f}% of their step (median over "
-                   f"{len(views)} steady rank-steps; the typical step is {step_us / 1000:,.1f} ms){ideal_text}"
-                   + (f"; {target} micro-batches are predicted to cut the step to "
-                      f"{(step_us - gain) / 1000:,.1f} ms." if gain is not None else "."))
+                   f"{len(views)} steady rank-steps; {step_text}){ideal_text}"
+                   + (f"; {target} micro-batches are predicted to cut the typical step to "
+                      f"{fmt_us(step_us - gain)}." if gain is not None else "."))
         model = (f"step ≈ work·(m + p − 1)/m; measured non-compute share {bubble:.3f}"
                  + (f", ideal {ideal:.3f}; m = {m} -> {target}: step × ((m' + p − 1)/m')/((m + p − 1)/m)"
                     if ideal is not None else ""))

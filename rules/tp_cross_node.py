@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from analyzer.base.units import fmt_us
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.prediction import not_predicted, predicted
@@ -93,11 +94,11 @@ class TpCrossNode(Rule):
                                        "compute": {"value": "measured", "origin": "measured",
                                                    "source": "per-GPU compute unchanged (same TP degree)"}})
         gain_text = (f"; on the intra-node link the same collectives would expose about "
-                     f"{exposed - gain:,.0f} µs" if gain is not None else
+                     f"{fmt_us(exposed - gain)}" if gain is not None else
                      "; the intra-node time cannot be modelled (sizes or link unknown)")
         summary = (f"Tensor-parallel group of {len(members)} ranks spans {nodes} nodes: its all-reduces "
-                   f"expose {exposed:,.0f} µs per step ({100 * exposed / step_us:.0f}% of "
-                   f"{step_us / 1000:,.1f} ms){gain_text}.")
+                   f"expose {fmt_us(exposed)} per step ({100 * exposed / step_us:.0f}% of the "
+                   f"{fmt_us(step_us)} typical step){gain_text}.")
         model = ("exposed TP time per (rank, step), median; intra-node time of each collective "
                  + (f"T = α + f(N)·S/β with the intra-node link (α = {intra.alpha_us:.3g} µs, "
                     f"β = {intra.beta_gbps:.4g} GB/s, N = {len(members)}); saving = exposed × (1 − T_intra/T_measured)"

@@ -12,7 +12,7 @@ dumps when its collective fails, when it has nothing left to do, or (the sleepin
 timer thread at the moment the others time out, as the dump-on-timeout signal would make it;
 then it exits at once, as a killed job would.
 
-The later scenarios (JOBS: subgroups_skip, status_lag, silent_highest) have their own world
+The later scenarios (JOBS: subgroups_skip, status_lag, silent_highest, async_buckets) have their own world
 size and write both formats side by side in one folder (``<scenario>/fr_rank_<r>.json`` and the
 pickle ``<scenario>/fr_rank_<r>``), as a job does with both dumps enabled; they dump from a timer
 thread at one moment on every rank (the dump signal), while the hung ranks still wait, and exit
@@ -65,6 +65,8 @@ BIG = 1 << 24        # 64 MB of float32: an all-reduce that takes a few hundred 
 DUMP_AFTER_S = 2.0   # the dump moment after the ranks last met (within the 3 s timeout)
 IN_FLIGHT_LEAD_S = 0.15  # group [0-3] launches its #7 this long before the dump
 SILENT_RANK = 3      # silent_highest: the highest rank dies without a dump
+STALLED_RANK = 3     # async_buckets: the rank that never reaches its next collective
+BUCKETS = 3          # async_buckets: the async all-reduces the others issue at once, as DDP does
 JOBS = {
     "subgroups_skip": (8, f"8 ranks, groups [0-3] and [4-7]: rank {LATE_RANK} is late to each step's "
                           f"all-reduce of the default group ({SLOW_INPUT_S} s in its input pipeline; 3 profiled "
@@ -76,6 +78,9 @@ JOBS = {
                       "rank then waits for it and dumps: nothing hangs, pg_status says #4 is the last completed"),
     "silent_highest": (4, f"4 ranks: rank {SILENT_RANK} (the highest) dies after #3 without a dump; the "
                           "others fail in #4 and dump"),
+    "async_buckets": (4, f"4 ranks: rank {STALLED_RANK} stalls before its 4th collective; the others issue "
+                         f"#4-#{3 + BUCKETS} at once as async all-reduces (DDP's gradient buckets) and wait in "
+                         "them; every rank dumps at one moment, before the timeout"),
 }
 
 
@@ -205,7 +210,24 @@ def _silent_highest(rank: int, out: Path, world: int) -> None:
     time.sleep(60)
 
 
-_JOB_BODIES = {"subgroups_skip": _subgroups_skip, "status_lag": _status_lag, "silent_highest": _silent_highest}
+def _async_buckets(rank: int, out: Path, world: int) -> None:
+    small = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(small)  # #1-#3: every rank
+    _dump_then_exit(out, rank, time.time() + 1.0, list(range(world)))  # before the 3 s timeout
+    if rank == STALLED_RANK:
+        time.sleep(60)  # stalls before its next collective (an input pipeline, a host-side hang)
+    works = [dist.all_reduce(torch.ones(4), async_op=True) for _ in range(BUCKETS)]  # #4-#6, DDP-style
+    for work in works:
+        try:
+            work.wait()
+        except RuntimeError:
+            pass
+    time.sleep(60)
+
+
+_JOB_BODIES = {"subgroups_skip": _subgroups_skip, "status_lag": _status_lag, "silent_highest": _silent_highest,
+               "async_buckets": _async_buckets}
 
 
 def _job_worker(rank: int, job: str, out: Path, port: int, world: int) -> None:
@@ -240,6 +262,13 @@ def _job_problems(job: str, out: Path) -> list[str]:
             five = by_seq.get(("0", 5))
             if five is None or not five.retired or status.get(0, -1) != 4:
                 problems.append(f"{path.name}: pg_status does not lag behind the retired #5")
+        if job == "async_buckets":
+            issued = sorted(e.collective_seq for e in dump.entries)
+            pending = [e.collective_seq for e in dump.entries if not e.retired]
+            want = (list(range(1, 4)), []) if dump.rank == STALLED_RANK else \
+                (list(range(1, 4 + BUCKETS)), list(range(4, 4 + BUCKETS)))
+            if (issued, pending) != want:
+                problems.append(f"{path.name}: issued {issued}, pending {pending}; expected {want}")
     expected_dumps = world - (1 if job == "silent_highest" else 0)
     if len(list(out.glob("fr_rank_*.json"))) != expected_dumps:
         problems.append(f"{len(list(out.glob('fr_rank_*.json')))} JSON dumps, expected {expected_dumps}")

@@ -9,7 +9,7 @@ from typing import Any
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces" / "flight_recorder"
 SCENARIOS = ["healthy", "skip_collective", "different_collectives", "sleep_past_timeout", "size_mismatch"]
-JOBS = ["subgroups_skip", "status_lag", "silent_highest"]  # record_fr_dumps.py's later jobs: both formats, one folder
+JOBS = ["subgroups_skip", "status_lag", "silent_highest", "async_buckets"]  # record_fr_dumps.py's later jobs: both formats, one folder
 NCCL = SAMPLES / "nccl"  # scripts/make_nccl_fr_dumps.py
 
 

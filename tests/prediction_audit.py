@@ -135,11 +135,16 @@ def fixed_spec(fix: Fix, finding: dict[str, Any], spec: Any) -> Any:
             value = finding["evidence"][value.split(":", 1)[1]]
         elif isinstance(value, str) and value.startswith("alternative:"):
             value = chosen_alternative(fix, finding)["changes"][value.split(":", 1)[1]]
-        changes[key] = value
+        changes[key] = _frozen(value)
     if fix.same_batch:  # the same batch in more micro-batches: each one's work and transfer shrink
         scale = spec.microbatches / changes["microbatches"]
         changes.update({key: max(1, round(getattr(spec, key) * scale)) for key in PIPELINE_WORK})
     return replace(spec, **changes)
+
+
+def _frozen(value: Any) -> Any:
+    """A TOML array as the tuple a JobSpec field holds (host_stalls: tuples of (rank, µs, every))."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 def chosen_alternative(fix: Fix, finding: dict[str, Any]) -> dict[str, Any]:

@@ -98,3 +98,36 @@ def test_views_tell_the_three_apart(one_process):
     config = GateConfig(assertions=(parse_assertion("rule:straggler-rank", "error", None),))
     check = next(c for c in evaluate(one_process, config).checks if c.name == "rule:straggler-rank")
     assert check.status == "pass" and "not applicable: one process" in check.message
+
+
+FSDP_RULES = ("fsdp-fullshard-cross-node", "fsdp-missing-wrap-policy", "fsdp-no-prefetch", "fsdp-where-ddp-fits")
+
+
+def test_fsdp_on_one_process_is_said_as_such():
+    """The H200 FSDP2 recording (world size 1): an FSDP job, but nothing is sharded: the FSDP
+    rules do not apply, and they do not call it 'not an FSDP job'."""
+    result = diagnosed("gpu_h200/fsdp2")
+    assert result.model.strategy.startswith("fsdp")
+    status = _status(result)
+    for rule in FSDP_RULES:
+        assert status[rule][0] == "not_applicable", rule
+        assert "FSDP on one process" in status[rule][1] and "not an FSDP job" not in status[rule][1]
+
+
+def test_fsdp_units_the_traces_do_not_show_could_not_be_checked():
+    """An FSDP job of several processes whose units were not found: the rules apply but could not
+    look (not_evaluated), never 'not an FSDP job'."""
+    result = copy.deepcopy(diagnosed("synthetic/fsdp1_no_wrap"))
+    result.fsdp_units = []
+    run_rules(result)
+    status = _status(result)
+    for rule in FSDP_RULES:
+        assert status[rule][0] == "not_evaluated", rule
+        assert "units the traces do not show" in status[rule][1]
+
+
+def test_cpu_only_traces_say_why_the_gpu_rules_could_not_check():
+    status = _status(diagnosed("cpu_gloo/tp"))
+    assert status["gpu-idle-host-bound"] == ("not_evaluated", "no GPU work in the traces (CPU-only): no GPU timeline "
+                                                              "to measure")
+    assert all("ProfilerStep" not in reason for _, reason in status.values())

@@ -78,9 +78,9 @@ def test_uniform_slowdown_is_decomposed_exactly(tmp_path):
     parts = {c["component"]: c for c in step["components"]}
     assert step["delta_us"] == pytest.approx(20.0)
     assert step["base_step_time_us"] == base.attribution["step_time_us"]  # the verdict's figure
-    assert parts["compute"]["delta_us"] == pytest.approx(15.0)
-    assert parts["exposed communication"]["delta_us"] == pytest.approx(4.0)
-    assert parts["idle and straggler wait"]["delta_us"] == pytest.approx(1.0)
+    assert parts["compute only"]["delta_us"] == pytest.approx(15.0)
+    assert parts["exposed transfer"]["delta_us"] == pytest.approx(4.0)
+    assert parts["GPU idle and waiting for late peers"]["delta_us"] == pytest.approx(1.0)
     assert sum(c["delta_us"] for c in step["components"]) == pytest.approx(step["delta_us"])
     assert diff_runs(base, slow)["scaling"]["efficiency"] == pytest.approx(100 / 120)
 
@@ -96,8 +96,8 @@ def test_scaling_cliff_is_measured_and_attributed(cliff):
     step = diff["step_time"]
     parts = {c["component"]: c for c in step["components"]}
     assert step["delta_us"] == pytest.approx(30.0)
-    assert parts["compute"]["delta_us"] == pytest.approx(0.0)
-    comm = parts["exposed communication"]
+    assert parts["compute only"]["delta_us"] == pytest.approx(0.0)
+    comm = parts["exposed transfer"]
     assert comm["delta_us"] == pytest.approx(30.0) and comm["share_of_change_pct"] == pytest.approx(100.0)
     assert comm["efficiency_points"] == pytest.approx(100 * (1 - 95 / 125))
     allreduce = next(p for p in comm["parts"] if p["group"] == "default_pg")

@@ -198,8 +198,10 @@ def test_a_late_rank_fails_naming_the_metrics(jobs, saved, capsys):
 
 
 def test_a_missing_step_fails_every_metric_with_the_reason(jobs, saved, capsys):
-    rc, out, _ = run_cli(["gate", jobs["healthy"], "--steps", "99", "--baseline", saved], capsys)
+    rc, out, err = run_cli(["gate", jobs["healthy"], "--steps", "99", "--baseline", saved], capsys)
     assert rc == 1
+    # GPU traces with no step 99: not called CPU-only profiles
+    assert "CPU-only" not in out + err and "no GPU activity in the selected step(s)" in out + err
     run = rows(out, "Run:")
     assert run["steps"][0] == "FAIL" and "step 99 not in the traces: --steps selected nothing" in " ".join(run["steps"])
     assert run["measured"][0] == "FAIL"

@@ -71,8 +71,26 @@ def test_subgroups_skip_names_rank_5_at_7_not_a_lagging_rank_at_6():
     job = Job(load(discover([str(SAMPLES / "subgroups_skip")]).dumps)[0])
     find_hangs(job)
     six = job.progress[(4, "2", 6)]
-    assert six.done and six.strong and "issue #7" in six.how
+    assert six.done and six.strong and six.how.startswith("retired, and the rank went on to issue #7")
     assert job.dumps[4].pg_status[1].completed == 5  # the lag that made the old verdict
+
+
+def test_async_calls_still_running_prove_nothing():
+    """async_buckets (recorded): ranks 0-2 issued #4-#6 as async all-reduces (DDP's buckets) and
+    rank 3 never reached #4. Issuing #5 does not prove #4 returned (an async call does not
+    block): the hang is #4, and no note claims rank 3's record of #4 or #5 is missing. Before,
+    a later call counted as proof on gloo and the verdict named #6."""
+    for rank, seqs in EXPECTED["async_buckets"]["async_pending"].items():  # the recording's own truth
+        dump = read_dump(SAMPLES / "async_buckets" / f"fr_rank_{rank}")
+        assert [e.collective_seq for e in dump.entries if not e.retired] == seqs
+    report = triage([str(SAMPLES / "async_buckets")])
+    hang = report.hangs[0]
+    assert (hang.kind, hang.seq, hang.ranks) == ("missing-rank", 4, [3])
+    assert report.verdict.startswith("rank 3 never entered all_reduce #4 of group default_pg (pg 0)")
+    assert not any("record of it is missing" in n for n in report.notes)
+    evidence = hang.detail["evidence"]["0"]
+    assert evidence["done"] is False and "went on to issue #5: an async call (async_op=True), still running" in \
+        evidence["how"]
 
 
 def test_subgroups_skip_group_0_3_is_in_flight_not_stuck():
@@ -118,8 +136,12 @@ def test_status_lag_is_not_a_hang():
 
 def test_silent_highest_rank_is_not_reporting():
     report = triage([str(SAMPLES / "silent_highest")])
-    assert report.world == {"size": 4, "source": "pg_config (the default group's ranks)", "silent": [3]}
-    assert report.verdict.startswith("rank 3 wrote no dump (dead host?); the others wait in all_reduce #4")
+    assert report.world == {"size": 4, "silent": [3], "source": "pg_config (an unnamed group listing every rank "
+                                                              "with a dump: gloo's default group)"}
+    # ranks 0-2 returned from #4 (retired: gloo's call came back, with the error rank 3's death caused)
+    assert report.verdict.startswith("rank 3 wrote no dump (dead host?); the others returned from all_reduce #4 "
+                                     "of group default_pg (pg 0) but nothing proves it completed (3 of 4 members "
+                                     "entered it at ")
     assert "nothing proves it completed" in report.hangs[0].detail["reason"]
 
 
@@ -148,10 +170,18 @@ def test_the_old_layout_folder_reads_json_and_pickle_subfolders():
     assert {i["format"] for i in report.inputs} == {"pickle"}
 
 
-@pytest.mark.parametrize("size, problem", [(3, "--world-size: 3 ranks, but there is a dump for rank 3")])
-def test_world_size_smaller_than_the_dumps_is_an_error(size, problem):
+@pytest.mark.parametrize("size, problem", [(3, "--world-size: 3 ranks, but there is a dump for rank 3"),
+                                           (10**9, "--world-size: 1000000000 ranks is beyond any job"),
+                                           (0, "--world-size: 0 ranks is beyond any job")])
+def test_world_size_smaller_than_the_dumps_or_beyond_any_job_is_an_error(size, problem):
     with pytest.raises(InputError, match=problem):
         triage([str(SAMPLES / "status_lag")], world_size=size)
+
+
+def test_world_size_beyond_any_job_is_a_usage_error_not_a_memory_error(capsys):
+    """The world is listed rank by rank: --world-size 10**9 once allocated it (MemoryError)."""
+    code, out, err = run(capsys, "hang", str(SAMPLES / "status_lag"), "--world-size", str(10**9))
+    assert code == 2 and out == "" and "--world-size" in err and "262144" in err and "Traceback" not in err
 
 
 def test_world_size_names_every_silent_rank(capsys):

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from analyzer.hang import triage
+from analyzer.hang.read import read_dump
 from analyzer.synth import flight_recorder as fr
 from hang_dumps import NCCL, SAMPLES, hang_summary, run
 
@@ -54,7 +55,7 @@ def test_samples_give_their_expected_verdict(job, capsys):
 @pytest.mark.parametrize("job", ONE_GROUP)
 def test_every_format_version_gives_the_same_verdict(job, version, tmp_path):
     """Format 1.4 has one seq_id, no process_group, no dtypes, no timeout, pg_config by pg_id;
-    2.2 no pg_status; 2.7 and 2.10 also a JSON writer. The verdict must not change."""
+    2.2 no pg_status; 2.4, 2.7 and 2.10 also a JSON writer. The verdict must not change."""
     truth = fr.write_scenario(job, tmp_path, version=version)
     for fmt in ("pickle", "json") if version in fr.JSON_VERSIONS else ("pickle",):
         pattern = "nccl_trace_rank_*.json" if fmt == "json" else "nccl_trace_rank_[0-9]"
@@ -69,6 +70,34 @@ def test_in_flight_and_p2p_jobs_in_2x_versions(version, tmp_path):
         truth = fr.write_scenario(job, tmp_path / job, version=version)
         report = triage([str(tmp_path / job)])
         assert hang_summary(report) == truth["hangs"] and in_flight(report) == truth["in_flight"], (job, version)
+
+
+@pytest.mark.parametrize("job", ["nccl_missing_rank", "nccl_desync", "nccl_stuck", "nccl_in_flight",
+                                 "nccl_silent_highest", "nccl_coalesced_p2p"])
+def test_without_start_events_the_verdict_stands(job, tmp_path):
+    """ProcessGroupNCCL creates a work's start event only with TORCH_NCCL_ENABLE_TIMING (else
+    it records nullptr): entries go from "scheduled" straight to "completed". Nothing but the
+    kernel-never-started distinction may hang on "started"."""
+    s = fr.SCENARIOS[job]()
+    for rank in s.ranks.values():
+        for op in rank.ops:
+            op.state = "scheduled" if op.state == "started" else op.state
+    _write(s, tmp_path)
+    report = triage([str(tmp_path)])
+    assert hang_summary(report) == s.truth["hangs"] and in_flight(report) == s.truth["in_flight"]
+
+
+def test_without_start_events_a_busy_stream_is_not_told_from_the_network(tmp_path):
+    """nccl_stuck_kernel without start events: nothing shows rank 2's kernel never started, so
+    every member is named (stuck, proven by rank 0's timeout), never rank 2 alone on no evidence."""
+    s = fr.stuck_kernel()
+    for rank in s.ranks.values():
+        for op in rank.ops:
+            op.state = "scheduled" if op.state == "started" else op.state
+    _write(s, tmp_path)
+    hang = triage([str(tmp_path)]).hangs[0]
+    assert (hang.kind, hang.ranks, hang.detail["started"], hang.detail["pending"]["proven"]) == \
+        ("stuck", [0, 1, 2, 3], [], True)
 
 
 def test_in_flight_says_why():
@@ -124,6 +153,38 @@ def test_coalesced_block_is_one_operation_and_a_short_block_is_a_desync(tmp_path
     assert hang.op == "coalesced" and hang.detail["coalesced_ops"] == ["all_reduce"] * 3  # the JSON names the marker
     assert ("rank 1 issued coalesced[all_reduce x2](sizes [[256], [512]], Float) where the others issued "
             "coalesced[all_reduce x3](sizes [[256], [512], [768]], Float) at #3") in triage([str(tmp_path)]).verdict
+
+
+def test_before_2_7_a_coalescing_block_is_its_marker_alone(tmp_path):
+    """torch records a coalescing block's collectives one entry each only from format 2.7
+    (fr_trace: "We enabled the creating FR entry for non-P2P slow path collective ops in
+    v2.7"); before, the "coalesced" marker alone stands for the block, while a p2p batch keeps
+    an entry per op. The block still matches across ranks."""
+    fr.write_scenario("nccl_coalesced_p2p", tmp_path, version="2.4")
+    for name in ("nccl_trace_rank_0", "nccl_trace_rank_0.json"):
+        dump = read_dump(tmp_path / name)
+        assert [e.op for e in dump.entries if not e.is_p2p and e.collective_seq == 3] == ["coalesced"], name
+        assert [e.op for e in dump.entries if e.is_p2p and e.p2p_seq == 1] == ["send", "coalesced"], name
+    report = triage([str(tmp_path)])
+    assert [(h.kind, h.group.name, h.seq) for h in report.hangs] == [("p2p-unmatched", "3", 2)]
+
+
+def test_a_named_end_marker_closes_its_block_too(tmp_path):
+    """endCoalescing with an op type names its marker after it ("ALLGATHER_coalesced",
+    "REDUCE_SCATTER_coalesced": fr_trace's list of collectives): the block is one operation
+    whatever its marker is called, and a short block is a desync named by that marker."""
+    s = fr.coalesced_p2p()
+    for rank in s.ranks.values():
+        for op in rank.ops:
+            if not op.p2p and op.seq == 3:
+                op.op = "_allgather_base" if op.op == "all_reduce" else "ALLGATHER_coalesced"
+    _write(s, tmp_path)
+    assert [h.group.name for h in triage([str(tmp_path)]).hangs] == ["3"]
+    s.ranks[1].ops = [op for op in s.ranks[1].ops if not (op.seq == 3 and not op.p2p and op.sizes == ((768,),))]
+    _write(s, tmp_path)
+    hang = triage([str(tmp_path)]).hangs[0]
+    assert (hang.kind, hang.group.name, hang.seq, hang.op) == ("desync", "0", 3, "ALLGATHER_coalesced")
+    assert hang.ranks == [1] and hang.detail["tie"]  # two ranks: the lower one's call is the expected one
 
 
 def test_p2p_batch_state_comes_from_its_marker(tmp_path):

@@ -161,3 +161,40 @@ def test_fsdp2_recording_names_fsdp_overhead():
     assert 0.4 < details["idle_by_host"]["fsdp"] / details["idle_host_us"] < 0.6
     finding = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
     assert finding["evidence"]["host_activity"] == "fsdp" and "reshard_after_forward" in finding["fix"]["text"]
+
+
+def test_the_hosts_own_work_is_placed_by_the_phase_it_launches_next(tmp_path):
+    """Host-caused idle that no host activity explains (Python, operator dispatch) goes to the
+    phase of the work whose launch ends its gap: a 600 µs gap before a forward kernel, 900 µs
+    before an optimizer kernel (gaps over LAUNCH_GAP_NS: not launch overhead); the leading phase
+    chooses the fix (here the optimizer's: a fused optimizer)."""
+    b = TraceBuilder(world_size=1, pg_ranks=(0,))
+    _one_step(b, 4000.0)
+    b.cpu("DistributedDataParallel.forward", 20.0, 1000.0)
+    b.kernel(GEMM, 100.0, 100.0, launch_ts=50.0)
+    b.kernel(GEMM, 800.0, 100.0, launch_ts=800.0 - LATENCY_US)  # gap [200, 800): host, before forward work
+    b.cpu("Optimizer.step#AdamW.step", 1500.0, 900.0)
+    b.kernel("void at::native::multi_tensor_apply_kernel<>", 1800.0, 100.0, launch_ts=1800.0 - LATENCY_US)
+    tb, result = _step(tmp_path, b)
+    own = tb["idle_unknown_by_phase"]
+    assert own["forward"] == pytest.approx(600.0) and own["optimizer"] == pytest.approx(900.0)
+    assert own["backward"] == 0.0 and own["other"] == 0.0
+    assert sum(own.values()) == pytest.approx(tb["idle_by_host"]["unknown"])
+    finding = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
+    assert finding["evidence"]["own_work_phase"] == "optimizer"
+    assert "(in optimizer 900.0 µs, forward 600.0 µs)" in finding["summary"]
+    assert "fused=True" in finding["fix"]["text"] and "logging" not in finding["fix"]["text"]
+    details = result.model.typical.details
+    assert details.idle_unknown_by_phase["optimizer"] == pytest.approx(900.0)
+
+
+def test_own_work_outside_the_phases_points_at_the_hosts_other_work(tmp_path):
+    """The same gap ended by work launched outside forward, backward and the optimizer step."""
+    b = TraceBuilder(world_size=1, pg_ranks=(0,))
+    _one_step(b, 2000.0)
+    b.kernel(GEMM, 100.0, 100.0, launch_ts=50.0)
+    b.kernel(GEMM, 1200.0, 100.0, launch_ts=1200.0 - LATENCY_US)
+    tb, result = _step(tmp_path, b)
+    assert tb["idle_unknown_by_phase"]["other"] == pytest.approx(tb["idle_by_host"]["unknown"])
+    finding = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
+    assert finding["evidence"]["own_work_phase"] == "other" and "py-spy" in finding["fix"]["text"]

@@ -26,9 +26,9 @@ from analyzer.base.limits import MAX_COMMS_ID, MAX_DEVICE_BYTES, MAX_ID, MAX_WOR
 from analyzer.ingest.classify import KernelClassifier
 from analyzer.ingest.columns import (
     ColumnBuilder,
+    CommArgsBuilder,
     Interner,
-    _remap,
-    comm_args_by_row,
+    Rejected,
     comm_args_of,
     factorize,
     parse_ranks,
@@ -131,28 +131,64 @@ def test_comm_args_match_a_plain_walk(many):
     assert len(lists) == len(set(lists))
 
 
+def comm_args_columns(args: list[EventArgs], rows: np.ndarray, rejected: Rejected | None = None, batches: int = 1):
+    """The CommArgs of ``args`` at ``rows``, added in ``batches`` batches, rows kept in place."""
+    builder = CommArgsBuilder()
+    for part in np.array_split(np.arange(len(args)), batches):
+        builder.add([args[i] for i in part.tolist()], rows[part], rejected)
+    return builder.finish(np.arange(int(rows.max()) + 1 if len(rows) else 0))
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(COMM_ARGS, st.builds(EventArgs, correlation=OTHER, stream=OTHER)), max_size=12))
-def test_comm_args_by_row_skips_only_empty_args(many):
-    """The C-level filter keeps every event with collective metadata: the rows it returns are
-    exactly those whose comm_args_of is not empty, with that dict."""
+@given(st.lists(st.one_of(COMM_ARGS, st.builds(EventArgs, correlation=OTHER, stream=OTHER)), max_size=12),
+       st.integers(1, 4))
+def test_comm_args_columns_are_the_walk_per_row(many, batches):
+    """The columns hold exactly the events with collective metadata, each read back as the dict
+    a plain walk over its own fields gives (keys in order, its own rank list), whatever was read
+    before it and however the events came in batches; unusable values are counted as one event
+    at a time counts them (the same count and first example per field)."""
     rows = np.arange(len(many), dtype=np.int64) * 3 + 5
-    expected = {int(row): comm_args_of(args) for row, args in zip(rows, many) if comm_args_of(args)}
-    assert comm_args_by_row(many, rows) == expected
+    rejected, one_by_one = Rejected(), Rejected()
+    got = comm_args_columns(many, rows, rejected, batches)
+    expected = {}
+    for row, args in zip(rows.tolist(), many):
+        if comm_args_of(args, one_by_one):
+            expected[row] = walked_comm_args(args)
+    assert got == expected and list(got) == list(expected)
+    assert all(list(got.get(row)) == list(info) for row, info in expected.items())
+    assert rejected == one_by_one
+    infos = [info for _, info in got.items()]  # held: their lists' ids stay unique
+    lists = [id(info["pg_ranks"]) for info in infos if "pg_ranks" in info]
+    assert len(lists) == len(set(lists))
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.integers(0, 30), st.integers(), max_size=20), st.data())
-def test_remap_matches_a_walk(args, data):
-    """Args keyed by old row, after a reorder that drops rows, as the row-by-row remap gave
-    them (keys in ascending old row)."""
+@given(st.dictionaries(st.integers(0, 30), st.integers(0, 2**63 - 1), max_size=20), st.data())
+def test_comm_args_reorder_matches_a_walk(args, data):
+    """Args keyed by old row, after a reorder that drops rows (``CommArgsBuilder.finish``), as
+    the row-by-row remap gave them."""
     order = np.array(data.draw(st.permutations(range(data.draw(st.integers(0, 25)))))[:data.draw(st.integers(0, 25))],
                      dtype=np.int64)
-    infos = {row: {"seq": value} for row, value in args.items()}
+    rows = np.array(sorted(args), dtype=np.int64)
+    builder = CommArgsBuilder()
+    builder.add([EventArgs(seq=args[row]) for row in rows.tolist()], rows)
     new_of = {int(old): new for new, old in enumerate(order.tolist())}
-    expected = {new_of[old]: info for old, info in sorted(infos.items()) if old in new_of}
-    got = _remap(infos, order)
-    assert got == expected and list(got) == list(expected)
+    expected = {new_of[old]: {"seq": value} for old, value in sorted(args.items()) if old in new_of}
+    assert builder.finish(order) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(COMM_ARGS, max_size=10), st.integers(0, 10))
+def test_comm_args_merge_is_one_builder(many, cut):
+    """Two builders' batches merged (the two-core loader) give the columns one builder gives."""
+    rows = np.arange(len(many), dtype=np.int64) * 2
+    one, first, second = CommArgsBuilder(), CommArgsBuilder(), CommArgsBuilder()
+    one.add(many, rows)
+    first.add(many[:cut], rows[:cut])
+    second.add(many[cut:], rows[cut:] - (2 * min(cut, len(many))))
+    first.merge(second.export(), 2 * min(cut, len(many)))
+    order = np.arange(2 * len(many))
+    assert first.finish(order) == one.finish(order)
 
 
 @settings(max_examples=200, deadline=None)
@@ -363,10 +399,22 @@ ARG_JSON = st.fixed_dictionaries({}, optional={
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(ARG_JSON, max_size=12))
-def test_comm_args_by_row_is_comm_args_of_per_row(decoded):
+def test_comm_args_columns_of_decoded_events(decoded):
     """The one C-level pass that skips args without collective metadata (recorded shapes
     included: decoded events share the default Raw) keeps exactly the rows comm_args_of fills."""
     args = msgspec.json.decode(json.dumps(decoded).encode(), type=list[EventArgs])
     rows = np.arange(len(args)) * 3 + 1
     expected = {int(row): comm_args_of(a) for row, a in zip(rows, args) if comm_args_of(a)}
-    assert comm_args_by_row(args, rows) == expected
+    assert comm_args_columns(args, rows) == expected
+
+RAW = st.sampled_from([msgspec.Raw(b""), msgspec.Raw(b"[[2, 3]]"), msgspec.Raw(b'["float"]'), msgspec.Raw(b'["True"]')])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.builds(EventArgs, input_dims=RAW, input_type=RAW, concrete_inputs=RAW)),
+                max_size=10))
+def test_recorded_texts_by_column_are_each_ops(args):
+    """The shape ops' recorded texts read in C-level passes are each op's own (b"" without args)."""
+    from analyzer.ingest.shapes import _recorded_of, _recorded_texts
+    events = [Event(name="aten::mm", args=a) for a in args]
+    assert list(_recorded_texts(events)) == [_recorded_of(e) for e in events]

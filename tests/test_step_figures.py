@@ -113,7 +113,7 @@ class PlainTimeline:
     work that ends it, queued after; the host part by the data loader, blocking syncs (and whole
     stretches that began while blocked), short gaps before late launches, the rest."""
 
-    def __init__(self, trace, gpu, launch_ts):
+    def __init__(self, trace, gpu, launch_ts, phase):
         kind = gpu.kind
         self.gpu, self.launch_ts = gpu, launch_ts
         self.compute = _union(gpu, kind == GpuKind.COMPUTE)
@@ -122,14 +122,14 @@ class PlainTimeline:
         m = trace.markers
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _marker_union(m, Marker.HOST_SYNC)
-        self.gaps = []  # (start, end, launch or -1, cause) of each gap between busy stretches
+        self.gaps = []  # (start, end, launch or -1, cause, phase) of each gap between busy stretches
         starts, ends = self.busy
         for gap_start, gap_end in zip(ends[:-1].tolist(), starts[1:].tolist()):
             ending = [i for i in range(len(gpu)) if int(gpu.ts[i]) == gap_end]
             known = [i for i in ending if launch_ts[i] >= 0]
             row = min(known, key=lambda i: (int(launch_ts[i]), i)) if known else ending[0]
             cause = {GpuKind.COMM: "collective", GpuKind.MEMORY: "copy"}.get(GpuKind(int(gpu.kind[row])), "event")
-            self.gaps.append((gap_start, gap_end, int(launch_ts[row]) if known else -1, cause))
+            self.gaps.append((gap_start, gap_end, int(launch_ts[row]) if known else -1, cause, int(phase[row])))
 
     def step(self, start, end):
         compute = iv.clip(self.compute, start, end)
@@ -145,6 +145,7 @@ class PlainTimeline:
             "other_gpu_us": ns_to_us(busy_ns - compute_ns - comm_ns),
             "idle_us": ns_to_us(idle_ns),
             "idle_by_host": by_host,
+            "idle_unknown_by_phase": {k: ns_to_us(v) for k, v in split["own"].items()},
             "idle_host_us": ns_to_us(idle_ns - sum(split["queued"].values())),
             "idle_queued_us": ns_to_us(sum(split["queued"].values())),
             "idle_queued_by": {k: ns_to_us(v) for k, v in split["queued"].items()},
@@ -173,9 +174,11 @@ class PlainTimeline:
     def _split(self, start, end):
         host, queued = [], {"graph": [], "collective": [], "copy": [], "event": []}
         unlinked = []
-        for gap_start, gap_end, launch, cause in self.gaps:
+        by_phase = [[] for _ in PHASES]
+        for gap_start, gap_end, launch, cause, phase in self.gaps:
             cut = gap_end if launch < 0 else min(max(launch + LAUNCH_LATENCY_NS, gap_start), gap_end)
             host.append((gap_start, cut))
+            by_phase[phase].append((gap_start, cut))
             queued[cause].append((cut, gap_end))
             if launch < 0:
                 unlinked.append((gap_start, gap_end))
@@ -188,7 +191,7 @@ class PlainTimeline:
         rest = iv.subtract(rest, synced)
         late = []
         for s, e in zip(*(a.tolist() for a in iv.clip(rest, start, end))):
-            gap_start, gap_end, launch, _ = next(g for g in self.gaps if g[0] <= s < g[1])
+            gap_start, gap_end, launch, _, _ = next(g for g in self.gaps if g[0] <= s < g[1])
             if min(gap_end, end) - max(gap_start, start) <= LAUNCH_GAP_NS and launch >= gap_start:
                 late.append((s, e))
         launched = _set(late)
@@ -201,13 +204,17 @@ class PlainTimeline:
         waits = {cause: within(_set(parts)) for cause, parts in queued.items()}
         idle_ns = (end - start) - iv.total(iv.clip(self.busy, start, end))
         found["unknown"] = idle_ns - sum(found.values()) - sum(waits.values())
+        # the rest by the phase of the work ending its gap, less its short gaps; idle outside every gap: other
+        own = {name: within(iv.intersect(rest, _set(parts))) - within(iv.intersect(launched, _set(parts)))
+               for name, parts in zip(PHASES, by_phase)}
+        own["other"] += found["unknown"] - sum(own.values())
         copies = [(int(self.gpu.ts[i]), int(self.gpu.end[i])) for i in range(len(self.gpu))
                   if self.gpu.kind[i] == GpuKind.MEMORY
                   and any(g[1] == self.gpu.ts[i] and g[3] == "copy" and g[2] >= 0
                           and min(max(g[2] + LAUNCH_LATENCY_NS, g[0]), g[1]) < g[1] for g in self.gaps)
                   and self._ends_gap(i)]
         alone = iv.subtract(iv.subtract(_set(copies), self.compute), iv.subtract(self.comm, self.compute))
-        return {"host": found, "queued": waits, "unlinked": within(_set(unlinked)), "copies": within(alone),
+        return {"host": found, "own": own, "queued": waits, "unlinked": within(_set(unlinked)), "copies": within(alone),
                 "in_sync": within(iv.intersect(_set([p for parts in queued.values() for p in parts]), self.sync))}
 
 
@@ -235,7 +242,7 @@ SCALE = 25_000
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(-2, 20)), max_size=25)
 
 
-def timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter):
+def timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter, phases=(3,)):
     def column(values):
         return np.array(values, dtype=np.int64) * SCALE
 
@@ -252,23 +259,25 @@ def timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter):
                       np.array([k for _, _, k in rows], dtype=np.int8), np.zeros(len(rows), np.int32),
                       np.full(len(rows), -1, np.int64))
     none = np.zeros(0, np.int64)
+    phase = np.array((list(phases) * len(kernels))[:len(kernels)], dtype=np.int8)
     return SimpleNamespace(markers=markers, strings=["k"], launches=Launches(none, none, none.astype(np.int32), none)), \
-        gpu, launch_ts
+        gpu, launch_ts, phase
 
 
 @settings(max_examples=400, deadline=None)
 @given(spans, st.lists(st.sampled_from([0, 1, 2]), min_size=1, max_size=5),
        st.lists(st.integers(0, 8), min_size=1, max_size=5), spans, spans,
        st.lists(st.tuples(st.integers(-10, 210), st.integers(-20, 80)), min_size=1, max_size=8),
-       st.integers(-3, 3), st.lists(st.integers(-1, 1), min_size=1, max_size=5))
+       st.integers(-3, 3), st.lists(st.integers(-1, 1), min_size=1, max_size=5),
+       st.lists(st.integers(0, len(PHASES) - 1), min_size=1, max_size=5))
 def test_every_window_at_once_is_window_by_window(kernels, kinds, launches, host_input, host_sync, windows, skew,
-                                                  jitter):
-    trace, gpu, launch_ts = timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter)
+                                                  jitter, phases):
+    trace, gpu, launch_ts, phase = timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter, phases)
     starts = np.array([s * SCALE + skew for s, _ in windows], dtype=np.int64)
     ends = starts + np.array([n * SCALE // 3 for _, n in windows], dtype=np.int64)
-    plain = PlainTimeline(trace, gpu, launch_ts)
+    plain = PlainTimeline(trace, gpu, launch_ts, phase)
     want = [plain.step(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
-    timeline = RankTimeline(trace, gpu, launch_ts)
+    timeline = RankTimeline(trace, gpu, launch_ts, phase)
     assert_same(timeline.steps(starts, ends), want)
     # The same windows as (CPU start, first GPU activity) pairs, either way round.
     want = [plain.host_before(start, end) for start, end in zip(starts.tolist(), ends.tolist())]
@@ -278,7 +287,7 @@ def test_every_window_at_once_is_window_by_window(kernels, kinds, launches, host
 @settings(max_examples=200, deadline=None)
 @given(spans, st.lists(st.tuples(st.integers(-10, 210), st.integers(-20, 80)), min_size=1, max_size=8))
 def test_first_marker_within_each_window(backward, windows):
-    trace, _, _ = timeline_trace([], [0], [0], [], backward, [0])
+    trace, _, _, _ = timeline_trace([], [0], [0], [], backward, [0])
     trace.markers.kind[:] = Marker.BACKWARD
     starts = np.array([s * SCALE for s, _ in windows], dtype=np.int64)
     ends = starts + np.array([n * SCALE for _, n in windows], dtype=np.int64)

@@ -142,6 +142,21 @@ def test_fsdp_units_on_the_command_line(tmp_path_factory, capsys):
     assert code.value.code == 2 and "--fsdp-units applies to FSDP" in capsys.readouterr().err
 
 
+def test_fsdp_units_beyond_any_wrap_policy_are_refused(tmp_path_factory, capsys):
+    """The projection replays every unit: its cost follows the count (10**5 units took minutes,
+    10**9 would exhaust memory), so the count is bounded like the other counts (issue 30)."""
+    from analyzer.base.errors import ConfigError
+    from analyzer.base.limits import MAX_FSDP_UNITS
+    _, files, result, _ = measured(tmp_path_factory, "fsdp1_no_wrap")
+    with pytest.raises(SystemExit) as code:
+        main(["whatif", *files, "--fsdp-units", str(MAX_FSDP_UNITS + 1), "--strategy", "fsdp-full"])
+    err = capsys.readouterr().err
+    assert code.value.code == 2 and "--fsdp-units" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match="--fsdp-units must be 1 to 4,096"):
+        project(result, Scenario(fsdp_units=10**9, strategy="fsdp-full"))
+    assert project(result, Scenario(fsdp_units=MAX_FSDP_UNITS, strategy="fsdp-full")).projected["step_time_us"] > 0
+
+
 def test_ddp_buckets_regrouped_into_units():
     """Buckets in launch order [head 4, 3, 3, 2, 2, 2] into 3 units of the 12 bytes after the head
     (shares end at 4, 8, 12): 3 (closer to 4 than 6 is), 3+2 (reaches 8), 2+2 and the head 4, each
@@ -282,6 +297,30 @@ def test_interpolate_ready_in_one_call_equals_one_call_per_item(items, end_value
     assert same_bits == [repr(v) for v in _interpolate_ready_per_item(known, weights, upper, end_value)]
 
 
+def _bucket_ready_per_item(starts, ends, sizes, launches, backward_end):
+    """bucket_ready_times as it was, a Python loop per bucket: the reference."""
+    known = [s if k == 0 or s > ends[k - 1] + 2.0 else None for k, s in enumerate(starts)]
+    ready = _interpolate_ready_per_item(known, sizes, list(starts), min(backward_end, starts[-1]))
+    return [value if launch is None else min(max(value, launch), start)
+            for value, launch, start in zip(ready, launches, starts)]
+
+
+TIMES = st.one_of(st.floats(-1e6, 1e6), st.sampled_from([0.0, -0.0, 2.0, float("nan")]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(TIMES, st.floats(0, 1e4), st.floats(0, 1e9), st.one_of(st.none(), TIMES)),
+                min_size=1, max_size=30), TIMES)
+def test_bucket_ready_on_arrays_equals_the_loop(buckets, backward_end):
+    """The array form gives the loop's ready times bit for bit (signed zeros and NaN included)."""
+    starts, durations, sizes, launches = (list(column) for column in zip(*buckets))
+    ends = [s + d for s, d in zip(starts, durations)]
+    from analyzer.whatif.ddp import bucket_ready_times
+    got = bucket_ready_times(starts, ends, sizes, launches, backward_end)
+    assert [repr(v) for v in got] == [repr(v) for v in _bucket_ready_per_item(starts, ends, sizes, launches,
+                                                                             backward_end)]
+
+
 def test_bucket_ready_never_before_its_cpu_launch():
     """Back-to-back all-reduces: only the first start is a ready time, the rest are interpolated
     in bytes up to the end of backward. A bucket whose all-reduce the CPU launched later than
@@ -294,3 +333,137 @@ def test_bucket_ready_never_before_its_cpu_launch():
     assert ready == [0.0, 180.0, 390.0]
     # A host clock ahead of the GPU's: the launch after the start is bounded by the start.
     assert bucket_ready_times(starts, ends, sizes, [None, 250.0, None], backward_end=330.0)[1] == 200.0
+
+
+EXPOSED_ROWS = st.lists(st.fixed_dictionaries({
+    "start_us": st.floats(-1e6, 1e6), "dur_us": st.floats(0, 1e4),
+    "exposed_us": st.one_of(st.none(), st.floats(0, 1e4), st.just(0.0))}), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(EXPOSED_ROWS, st.lists(st.one_of(st.floats(-2e6, 2e6), st.sampled_from([0.0, -0.0, 0.0005, 1e300])),
+                              max_size=20))
+def test_progress_of_many_points_is_each_point(rows, times):
+    """Compute-progress time of many points at once (prefix sums over the exposed intervals)
+    is, bit for bit, the one-point form (a clipped pass over every interval) of each point."""
+    from analyzer.whatif.projection import _Progress
+    progress = _Progress(rows)
+    try:
+        expected = [repr(progress(t)) for t in times]
+    except OverflowError:  # a point beyond any clock: the one-point form refuses it, and so do many
+        with pytest.raises(OverflowError):
+            progress.many(times)
+        return
+    assert [repr(v) for v in progress.many(times)] == expected
+
+
+@pytest.mark.parametrize("job", ["ddp_two_nodes", "fsdp_two_nodes"])
+def test_rank_steps_grouped_by_column_equal_row_by_row(job, request):
+    """Each rank-step's rows (in their order) and its backward all-reduces on the GPU (in start
+    order) as grouping the rows one by one gives them."""
+    _, _, result, _ = request.getfixturevalue(job)
+    rows_by: dict = {}
+    for row in result.collectives:
+        rows_by.setdefault((row["rank"], row["step"]), []).append(row)
+    steps = Measured(result).steps
+    expected = [rows_by.get((rank.rank, step["step"]), []) for rank in result.ranks for step in rank.steps]
+    assert [[id(r) for r in s.rows] for s in steps] == [[id(r) for r in rows] for rows in expected]
+    reductions = [sorted([r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
+                          and r.get("on_gpu")], key=lambda r: (r["start_us"], r["rank"])) for rows in expected]
+    assert [[id(r) for r in s.backward_allreduces] for s in steps] == [[id(r) for r in rows] for rows in reductions]
+
+
+@pytest.mark.parametrize("job", ["ddp_two_nodes", "ddp_one_nic"])
+@pytest.mark.parametrize("gpus", [4, 16, 64])
+def test_ddp_schedules_by_column_equal_by_row(job, gpus, request):
+    """The schedules read from the Result's columns, and the batch's transfers keyed by column,
+    give what the rows give: the same ready times, and the same projected steps and kept count."""
+    from analyzer.whatif.projection import _ddp_schedule
+    _, _, result, _ = request.getfixturevalue(job)
+    scenario = Scenario(gpus=gpus)
+    base, assumptions = measured_config(result, scenario, [])
+    target = target_config(base, scenario, assumptions)
+    steps = Measured(result).steps
+    by_row = [_ddp_schedule(s.backward_allreduces, s.step, s.origin_ns) for s in steps]
+    by_column = [s.ddp for s in steps]
+    assert [(d.sizes, d.ready, d.backward_end, d.measured_tail) for d in by_column if d] == \
+        [(d.sizes, d.ready, d.backward_end, d.measured_tail) for d in by_row if d]
+    columns, rows = Durations(result, base, target), Durations(result, base, target)
+    from analyzer.job.columns import CollectiveColumns
+    assert _DdpBatch.of(by_column, CollectiveColumns.of(result)).changes(columns) == _DdpBatch.of(by_row).changes(rows)
+    assert columns.kept == rows.kept
+
+
+def _fsdp_step_built_per_projection(measured, durations, base, target):
+    """_fsdp_step as it was: items made and their need points found at every projection, each
+    duration by ``Durations.of`` row by row, the replay mutating the items: the reference."""
+    from analyzer.whatif.projection import _Item, _need_points
+    fsdp = measured.fsdp
+    if fsdp is None:
+        return None
+    comm, issue, depends, p_backward = fsdp.comm, fsdp.issue, fsdp.depends, fsdp.p_backward
+    items, item_of = [], {}
+    for k, r in enumerate(comm):
+        role = durations.role(r)
+        if target.strategy == "fsdp-grad-op" and base.strategy != "fsdp-grad-op" \
+                and r["collective"] == "allgather" and r["phase"] == "backward":
+            continue
+        if target.strategy != "hsdp" and role == "replicate":
+            continue
+        item_of[k] = len(items)
+        items.append(_Item(r, r["collective"], r["stream"], issue[k], 0.0, durations.of(r, role),
+                           depends=item_of.get(depends[k]) if depends[k] is not None else None,
+                           measured_end=fsdp.ends[k]))
+        if (target.strategy == "hsdp" and base.strategy != "hsdp" and r["collective"] == "reduce_scatter"
+                and r.get("bytes")):
+            shard = r["bytes"] / min(target.gpus, target.gpus_per_node)
+            items.append(_Item(None, "allreduce", "replicate", issue[k], p_backward,
+                               durations.new("allreduce", shard, "replicate"), depends=len(items) - 1, final=True))
+    _need_points(items, p_backward, fsdp.p_forward)
+    events = sorted([(item.issue, 1, i) for i, item in enumerate(items)]
+                    + [(item.need, 2 if item.final else 0, i) for i, item in enumerate(items)])
+    stall, stream_free, issued, previous, last_on, end = 0.0, {}, set(), {}, {}, {}
+    for i, item in enumerate(items):
+        if item.stream in last_on:
+            previous[i] = last_on[item.stream]
+        last_on[item.stream] = i
+
+    def issue_once(i):
+        nonlocal stall
+        if i in issued:
+            return
+        issued.add(i)
+        item = items[i]
+        if i in previous:
+            issue_once(previous[i])
+        start = max(item.issue + stall, stream_free.get(item.stream, -float("inf")))
+        if item.depends is not None:
+            issue_once(item.depends)
+            start = max(start, end[item.depends])
+        end[i] = start + item.duration
+        stream_free[item.stream] = end[i]
+
+    for point, order, i in events:
+        issue_once(i)
+        if order != 1:
+            stall += max(0.0, end[i] - (point + stall))
+    return fsdp.measured_exposed, stall
+
+
+@pytest.mark.parametrize("scenario", [Scenario(), Scenario(gpus=64), Scenario(strategy="hsdp"),
+                                      Scenario(strategy="hsdp", gpus=32), Scenario(strategy="fsdp-grad-op"),
+                                      Scenario(nic_gbps=10.0)])
+def test_fsdp_replay_planned_once_equals_one_built_per_projection(fsdp_two_nodes, scenario):
+    """The replay planned once per rank-step and strategy pair (items, need points, event order)
+    with the durations of each projection gives, bit for bit, the stalls of items built anew at
+    every projection, and counts the collectives kept as measured the same way."""
+    from analyzer.whatif.projection import _fsdp_step
+    result = fsdp_two_nodes[2]
+    base, assumptions = measured_config(result, scenario, [])
+    target = target_config(base, scenario, assumptions)
+    planned, per_projection = Durations(result, base, target), Durations(result, base, target)
+    shared = Measured(result)
+    for steps in (shared.steps, shared.steps):  # the second time from the plans kept
+        assert [_fsdp_step(s, planned, base, target) for s in steps] == \
+            [_fsdp_step_built_per_projection(s, per_projection, base, target) for s in steps]
+    assert planned.kept == per_projection.kept

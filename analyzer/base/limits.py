@@ -32,3 +32,8 @@ MAX_STEP = (1 << 53) - 1
 #: One event's duration, µs: a week. A profiler trace covers seconds to hours.
 MAX_DURATION_US = 7 * 24 * 3600 * 1e6
 
+
+#: FSDP units of a projected wrap policy (``whatif --fsdp-units``): the projection replays each
+#: unit's all-gather and reduce-scatter, so its cost follows the count. A unit per transformer
+#: block is some 100-200 units for the largest models; 4,096 is beyond any wrap policy.
+MAX_FSDP_UNITS = 1 << 12

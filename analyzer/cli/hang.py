@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from analyzer.cli.options import config_option, emit, output_option
+from analyzer.cli.options import COUNT, config_option, emit, output_option
 
 EXIT_OK, EXIT_HANG = 0, 1
 
@@ -13,7 +13,7 @@ EXIT_OK, EXIT_HANG = 0, 1
 @click.command("hang")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
-@click.option("--world-size", type=click.IntRange(min=1),
+@click.option("--world-size", type=COUNT,
               help="Ranks in the job, when the dumps do not say (every rank without a dump is then "
                    "not-reporting, the highest included).")
 @click.option("--traces", "trace_paths", multiple=True, metavar="PATH",

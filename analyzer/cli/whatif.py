@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from analyzer.base.limits import MAX_FSDP_UNITS
 from analyzer.cli.options import COUNT, GBPS, config_option, emit, output_option, trace_options
 from analyzer.whatif.projection import STRATEGY_CHOICES
 
@@ -21,7 +22,7 @@ from analyzer.whatif.projection import STRATEGY_CHOICES
 @click.option("--strategy", type=click.Choice(STRATEGY_CHOICES), help="Projected data-parallel strategy.")
 @click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True, max=1 << 20),
               help="Projected DDP bucket_cap_mb.")
-@click.option("--fsdp-units", type=click.IntRange(min=1),
+@click.option("--fsdp-units", type=click.IntRange(min=1, max=MAX_FSDP_UNITS),
               help="Projected FSDP units of equal size, e.g. one per transformer block (a wrap policy).")
 @click.option("--strong-scaling", is_flag=True,
               help="Keep the global batch: each GPU's work scales by measured / projected GPUs, its compute at the "

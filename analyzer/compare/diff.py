@@ -19,6 +19,7 @@ from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.compare.metrics import DEFAULT_AGGREGATE, metric_spec, run_metrics
 from analyzer.compare.predictions import prediction_checks
 from analyzer.job.compute import FAMILIES, bucket_floor
+from analyzer.job.model import LEAF_NAMES
 from analyzer.model import formulas as models
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
@@ -243,7 +244,7 @@ def step_components(run: Any) -> dict[str, Any]:
 def decompose(base: Any, new: Any) -> dict[str, Any]:
     b, a = step_components(base), step_components(new)
     if not b or not a:
-        return {"available": False, "reason": "a run has no step breakdown (no GPU steps with ProfilerStep markers)"}
+        return {"available": False, "reason": "a run has no step breakdown (no GPU steps in its traces)"}
     total = a["step_time_us"] - b["step_time_us"]
 
     def part(name, bv, av, children=None, **extra):
@@ -261,15 +262,18 @@ def decompose(base: Any, new: Any) -> dict[str, Any]:
                        collective="all", cross_node=a["cross_node"].get(label, b["cross_node"].get(label)),
                        base_cross_node=b["cross_node"].get(label))
                   for label in labels]
-    idle_parts = [part("GPU idle", b["idle_us"], a["idle_us"]),
-                  part("straggler wait (exposed)", b["straggler_wait_us"], a["straggler_wait_us"])]
+    # Named as the job model names the leaves (the verdict's "exposed communication" is waiting
+    # + transfer: here they are two rows, so neither takes that name).
+    idle, wait = LEAF_NAMES["idle_us"], LEAF_NAMES["exposed_wait_us"]
+    idle_parts = [part(idle, b["idle_us"], a["idle_us"]),
+                  part(wait, b["straggler_wait_us"], a["straggler_wait_us"])]
     components = [
-        part("compute", b["compute_us"], a["compute_us"]),
-        part("exposed communication", b["exposed_comm_us"], a["exposed_comm_us"], comm_parts,
+        part(LEAF_NAMES["compute_only_us"], b["compute_us"], a["compute_us"]),
+        part(LEAF_NAMES["exposed_transfer_us"], b["exposed_comm_us"], a["exposed_comm_us"], comm_parts,
              by_scope=_by_scope(comm_parts)),
-        part("idle and straggler wait", b["idle_us"] + b["straggler_wait_us"], a["idle_us"] + a["straggler_wait_us"],
+        part(f"{idle} and {wait}", b["idle_us"] + b["straggler_wait_us"], a["idle_us"] + a["straggler_wait_us"],
              idle_parts),
-        part("other GPU work (memcpy, memset, sync)", b["other_gpu_us"], a["other_gpu_us"]),
+        part(LEAF_NAMES["other_gpu_us"] + " (memcpy, memset, sync)", b["other_gpu_us"], a["other_gpu_us"]),
     ]
     return {"available": True, "per": f"typical step (base step {b['step']}, new step {a['step']}), mean over ranks",
             "base_step_time_us": b["step_time_us"], "new_step_time_us": a["step_time_us"],

@@ -154,15 +154,15 @@ def run_metrics(run: Any) -> dict[str, Metric]:
         out["step_time_us"] = Metric("step_time_us", typical.step_time_us,
                                      tuple(Sample(s.rank, s.step, s.step_time_us) for s in steady), basis)
         out["exposed_comm_pct"] = Metric("exposed_comm_pct", 100.0 * (typical.exposed_share or 0.0), tuple(
-            Sample(s.rank, s.step, 100.0 * s.leaves.exposed_us / s.step_time_us) for s in steady), basis)
+            Sample(s.rank, s.step, 100.0 * (s.leaves.exposed_share or 0.0)) for s in steady), basis)
         out["idle_pct"] = Metric("idle_pct", 100.0 * (typical.idle_share or 0.0), tuple(
-            Sample(s.rank, s.step, 100.0 * s.leaves.idle_us / s.step_time_us) for s in steady), basis)
+            Sample(s.rank, s.step, 100.0 * (s.leaves.idle_share or 0.0)) for s in steady), basis)
         with_comm = [s for s in steady if s.comm_us > 0]
         in_typical = [s for s in with_comm if s.role == TYPICAL]
-        if in_typical:
+        if in_typical and model.overlap_share is not None:
             out["overlap_pct"] = Metric(
-                "overlap_pct", 100.0 * sum(s.overlap_us for s in in_typical) / sum(s.comm_us for s in in_typical),
-                tuple(Sample(s.rank, s.step, 100.0 * s.overlap_us / s.comm_us) for s in with_comm),
+                "overlap_pct", 100.0 * model.overlap_share,
+                tuple(Sample(s.rank, s.step, 100.0 * (s.overlap_share or 0.0)) for s in with_comm),
                 f"typical step {typical.step}, overlap / comm over its {len(in_typical)} rank(s)")
     else:
         out.update(_whole_trace(model))

@@ -20,7 +20,7 @@ def prediction_checks(base: Any, new: Any) -> dict[str, Any]:
     """The ``predictions`` section of the diff document."""
     before, after = base.model.typical, new.model.typical
     if before is None or after is None:
-        return {"available": False, "reason": "a run has no typical step (no GPU steps with ProfilerStep markers)",
+        return {"available": False, "reason": "a run has no typical step (no GPU steps in its traces)",
                 "findings": []}
     step_b, step_a = before.leaves.step_time_us, after.leaves.step_time_us
     measured_leaves = {leaf: getattr(before.leaves, leaf) - getattr(after.leaves, leaf) for leaf in LEAVES}

@@ -228,6 +228,11 @@ def _sentence(job: Job, h: Hang) -> str:
         return (f"{who} issued {issued} where the others issued {call_text(h.detail['expected'])} at #{h.seq} "
                 f"of {group_label(h.group.to_dict())}: desync in {', '.join(h.detail['differs_in'])}{waiting}{_last_seen(h)}")
     if h.kind == "not-reporting":
+        evidence = (h.detail.get("evidence") or {}).values()
+        if evidence and all(e.get("done") for e in evidence):  # gloo: returned, perhaps with an error
+            return (f"{who} wrote no dump (dead host?); the others returned from {where} but nothing proves it "
+                    f"completed ({len(h.waiting_ranks)} of {len(h.group.ranks)} members entered it at "
+                    f"{clock(h.waiting_since_ns)})")
         return f"{who} wrote no dump (dead host?); the others wait in {where}{waiting}"
     if h.kind == "stuck":
         pending = h.detail.get("pending") or {}

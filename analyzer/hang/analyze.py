@@ -10,10 +10,13 @@ evidence about its completion on each member is weighed (``Progress``):
   without completing = timed out or aborted; gloo: the call returned, with or without an error);
   ``pg_status`` (the last completed id the rank's watchdog / worker recorded: it lags behind the
   entries, and counts a failed collective as completed);
-- the rank's later work in the same group: a gloo call blocks until it is done, so a later
-  collective issued by the rank proves the earlier one returned; on NCCL a later collective
-  that *started* proves it (the group's kernels run in order on one stream), one only scheduled
-  proves nothing;
+- the rank's later work in the same group: on NCCL a later collective that *started* proves it
+  (the group's kernels run in order on one stream), one only scheduled proves nothing. On gloo
+  nothing later proves it: a call made with ``async_op=True`` (DDP's gradient buckets) does not
+  block, gloo's worker threads finish works out of order, and the dump does not say which calls
+  blocked. A gloo worker retires a work as the call returns (and only then moves ``pg_status``),
+  so there ``retired`` alone says the call returned; retired with a later collective issued, that
+  it returned without an error (a failed call raises, an async one when waited for);
 - its peers: a collective cannot complete on one member without the data of all, so a member
   that completed it proves every member entered it and sent its data.
 
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.base.errors import InputError
+from analyzer.base.limits import MAX_WORLD
 from analyzer.hang.read import Entry, GroupStatus, RankDump
 
 DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_pg")
@@ -35,8 +39,8 @@ DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_
 UNEVEN_SIZES = {"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base",
                 "scatter", "gather", "all_gather_v", "reduce_scatter_v", "coalesced"}
 KIND_ORDER = ("desync", "missing-rank", "not-reporting", "p2p-unmatched", "stuck")
-# Backends whose calls block the host until the collective is done and that record no events
-# (entries stay "scheduled"). Others (nccl, rccl, xccl, hccl...) run on a device stream.
+# Backends that run collectives on host threads and record no events (entries stay "scheduled";
+# "retired": the call returned). Others (nccl, rccl, xccl, hccl...) run on a device stream.
 HOST_BLOCKING = {"gloo"}
 STATE_ORDER = {"scheduled": 0, "started": 1, "completed": 2}
 
@@ -168,12 +172,14 @@ class Job:
         seen = set(self.dumps)
         top = max(seen) if seen else -1
         if world_size is not None:
+            if not 1 <= world_size <= MAX_WORLD:  # the world is listed rank by rank: bounded (issue 30)
+                raise InputError("--world-size", f"{world_size} ranks is beyond any job (1 to {MAX_WORLD:,})")
             if top >= world_size:
                 raise InputError("--world-size", f"{world_size} ranks, but there is a dump for rank {top}")
             return list(range(world_size)), "--world-size"
-        default = self._default_group_ranks()
+        default, how = self._default_group_ranks()
         if default:
-            return list(range(max(max(default), top) + 1)), "pg_config (the default group's ranks)"
+            return list(range(max(max(default), top) + 1)), how
         if trace_world and trace_world > top:
             return list(range(trace_world)), "the Kineto traces' distributedInfo (world_size)"
         listed = {r for d in self.dumps.values() for cfg in d.pg_config.values() for r in cfg["ranks"] or []}
@@ -183,18 +189,19 @@ class Job:
                           "would go unnoticed (pass --world-size, or the job's Kineto traces with --traces)")
         return list(range(top + 1)), "inferred: the highest rank with a dump + 1"
 
-    def _default_group_ranks(self) -> set[int]:
-        """The default group's members from pg_config: its entry by name ("0") or description,
-        else the unnamed entry gloo records it under when that one lists every rank with a dump."""
+    def _default_group_ranks(self) -> tuple[set[int], str]:
+        """The default group's members from pg_config, and where they come from: its entry by
+        name ("0") or description, else the unnamed entry gloo records it under when that one
+        lists every rank with a dump."""
         for d in self.dumps.values():
             for name, cfg in d.pg_config.items():
                 if cfg["ranks"] and (name == DEFAULT_GROUP or cfg["desc"] == "default_pg"):
-                    return set(cfg["ranks"])
+                    return set(cfg["ranks"]), "pg_config (the default group's ranks)"
         for d in self.dumps.values():
             unnamed = d.pg_config.get("", {}).get("ranks")
             if unnamed and set(self.dumps) <= set(unnamed):
-                return set(unnamed)
-        return set()
+                return set(unnamed), "pg_config (an unnamed group listing every rank with a dump: gloo's default group)"
+        return set(), ""
 
     def _ops(self) -> dict[tuple[int, str, bool], list[Op]]:
         """(rank, group, p2p) -> the rank's operations in sequence order. Collectives sharing a
@@ -223,7 +230,8 @@ class Job:
                 logged.setdefault(e.group, set()).add(d.rank)
         if any(e.backend in HOST_BLOCKING for d in self.dumps.values() for e in d.entries):
             self.notes.append("gloo records no events (its entries stay 'scheduled'): completion is read from "
-                              "'retired' (the call returned), pg_status and the work each rank issued after it")
+                              "'retired' (the call returned) and the peers' evidence; a later call proves nothing "
+                              "(one made with async_op=True, as DDP's buckets are, does not block)")
         if any(d.version.startswith("1.") and any(e.is_p2p for e in d.entries) for d in self.dumps.values()):
             self.notes.append("format 1.x numbers collectives and p2p ops with one seq_id: collectives are matched by "
                               "it, which holds only if the members of each group issued the same p2p ops")
@@ -308,7 +316,8 @@ def _signature(e: Entry) -> tuple:
 
 def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -> Progress:
     """The rank's own evidence: its entry, pg_status, and what it issued after it in the group
-    (``after``: its next collective there; ``started_after``: the next one that started)."""
+    (``after``: its next collective there; ``started_after``: the next one that started). On
+    gloo, its entry's ``retired`` alone (see the module's docstring)."""
     if op.completed:
         return Progress(True, True, how="its entry is completed")
     status = job.status(op.rank, op.main)
@@ -323,14 +332,16 @@ def own_progress(job: Job, op: Op, after: Op | None, started_after: Op | None) -
         if seen_done:
             return Progress(True, how=f"pg_status: last completed #{last}")
         return Progress(False, how=f"its entry is {op.state}")
-    if after is not None:
-        return Progress(True, True, how=f"it went on to issue #{after.seq} (a gloo call blocks until done)")
+    if op.retired and after is not None:  # returned, and the program went on: it did not raise
+        return Progress(True, True, how=f"retired, and the rank went on to issue #{after.seq} (a call that failed "
+                                        "raises, at the latest when waited for)")
     if op.retired:
         return Progress(True, how="retired: the call returned (gloo does not record whether it failed)")
-    if seen_done:
-        return Progress(True, how=f"pg_status: last completed #{last} (gloo counts a failed collective as completed)")
+    # Not retired: the call has not returned, whatever followed it. A later collective means the
+    # call did not block (async_op=True); a pg_status at or past it, that a later work finished first.
     where = f"pg_status at #{last}" if last >= 0 else "no pg_status"
-    return Progress(False, how=f"not retired, {where}")
+    later = f"; the rank went on to issue #{after.seq}: an async call (async_op=True), still running" if after else ""
+    return Progress(False, how=f"not retired, {where}{later}")
 
 
 def _weigh(job: Job, group: Group, seq: int, present: dict[int, Op], everyone: bool) -> dict[int, Progress]:

@@ -13,7 +13,8 @@ Fields and versions, as read in torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` /
   ``p2p_seq_id`` apart, ``is_p2p``, ``input_dtypes`` / ``output_dtypes``, ``timeout_ms``;
   ``pg_config`` maps each group's name to ``{"name", "desc", "ranks": "[0, 1, ...]"}``.
 - "2.3"-"2.7" (torch 2.5-2.7): ``pg_status`` (each group's last enqueued, started and completed
-  sequence id: strings in JSON, integers in pickle), ``nccl_version``, the JSON writer.
+  sequence id: strings in JSON, integers in pickle), ``nccl_version``, the JSON writer; from
+  2.7 each collective of a coalescing block has its own entry (before, its end marker alone).
 - "2.8"-"2.10" (torch 2.8-2.13): ``comm_lib_version`` instead of ``nccl_version``,
   ``thread_id`` / ``thread_name``.
 

@@ -32,7 +32,7 @@ from analyzer.ingest.classify import (
 from analyzer.ingest.hostops import HostOpDurations
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
-from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
+from analyzer.ingest.trace import CommArgs, GpuEvents, GpuKind, Launches, Marker, Markers
 
 MISSING = -1
 NO_ARGS = EventArgs()
@@ -263,8 +263,8 @@ class ColumnBuilder:
         self._gpu: list[tuple[np.ndarray, ...]] = []
         self._launches: list[tuple[np.ndarray, ...]] = []
         self._markers: list[tuple[np.ndarray, ...]] = []
-        self._gpu_args: dict[int, dict[str, Any]] = {}  # by row among all kept GPU rows so far
-        self._marker_args: dict[int, dict[str, Any]] = {}
+        self._gpu_args = CommArgsBuilder()  # by row among all kept GPU rows so far
+        self._marker_args = CommArgsBuilder()
         self._gpu_rows = self._marker_rows = 0
         self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
         self.host_ops = HostOpDurations(Interner())  # for the inflated host ops (analyzer.ingest.hostops)
@@ -301,7 +301,7 @@ class ColumnBuilder:
         correlation = _ints(list(map(attrgetter("correlation"), args)), self.rejected, "args.correlation")
         self._gpu.append((start[keep], end[keep], stream[keep], kind[keep], names[keep], correlation[keep]))
         comm = np.flatnonzero(kind[keep] == GpuKind.COMM)
-        self._gpu_args.update(comm_args_by_row(_take(args, keep[comm]), comm + self._gpu_rows, self.rejected))
+        self._gpu_args.add(_take(args, keep[comm]), comm + self._gpu_rows, self.rejected)
         self._gpu_rows += len(keep)
 
     def _gpu_kinds(self, names: np.ndarray, cats: list[str], sizes: list[int]) -> np.ndarray:
@@ -355,8 +355,7 @@ class ColumnBuilder:
         external = _column(events, _ARG_EXTERNAL_ID, np.int64, self.rejected, "args.External id")
         self._markers.append((start[keep], end[keep], thread[keep], kind[keep], names[keep], external[keep]))
         comm = np.flatnonzero((kind[keep] == 4) | (kind[keep] == 5))  # COMM_PARAMS, COMM_OP
-        self._marker_args.update(comm_args_by_row(_args_of(_take(events, keep[comm])), comm + self._marker_rows,
-                                                  self.rejected))
+        self._marker_args.add(_args_of(_take(events, keep[comm])), comm + self._marker_rows, self.rejected)
         self._marker_rows += len(keep)
 
     def _add_shape_ops(self, events: list[Event], codes: np.ndarray, uniques: list[Any]) -> None:
@@ -369,8 +368,8 @@ class ColumnBuilder:
         """This builder's batches as plain data (arrays, lists, dicts), for :meth:`merge` in
         another process (analyzer.ingest.parallel)."""
         return {"names": self.names.strings, "threads": self.threads.strings, "gpu": self._gpu,
-                "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args,
-                "marker_args": self._marker_args, "gpu_rows": self._gpu_rows,
+                "launches": self._launches, "markers": self._markers, "gpu_args": self._gpu_args.export(),
+                "marker_args": self._marker_args.export(), "gpu_rows": self._gpu_rows,
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
                 "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
                 "host_ops": self.host_ops.export()}
@@ -386,8 +385,8 @@ class ColumnBuilder:
         self._launches += [(corr, start, threads[thread], end) for corr, start, thread, end in part["launches"]]
         self._markers += [(start, end, threads[thread], kind, names[name], external)
                           for start, end, thread, kind, name, external in part["markers"]]
-        self._gpu_args.update({self._gpu_rows + row: info for row, info in part["gpu_args"].items()})
-        self._marker_args.update({self._marker_rows + row: info for row, info in part["marker_args"].items()})
+        self._gpu_args.merge(part["gpu_args"], self._gpu_rows)
+        self._marker_args.merge(part["marker_args"], self._marker_rows)
         self._gpu_rows += part["gpu_rows"]
         self._marker_rows += part["marker_rows"]
         for what, bad in part["invalid"].items():
@@ -402,7 +401,7 @@ class ColumnBuilder:
     def finish_shapes(self) -> ShapeOps:
         return self.shapes.finish()
 
-    def finish(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]], Launches, Markers]:
+    def finish(self, warnings: list[str]) -> tuple[GpuEvents, CommArgs, Launches, Markers]:
         for what, bad in self.invalid.items():
             if bad:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
@@ -411,13 +410,13 @@ class ColumnBuilder:
         gpu, kernel_args = self._finish_gpu(warnings)
         return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
 
-    def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, dict[int, dict[str, Any]]]:
+    def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, CommArgs]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),
                                      warnings, "GPU event(s) (same stream, start, end, name and correlation)")
         self._gpu = []
         order = kept[np.lexsort((columns[1][kept], columns[0][kept]))]
         gpu = GpuEvents(*(c[order] for c in columns))
-        return gpu, _remap(self._gpu_args, order)
+        return gpu, self._gpu_args.finish(order)
 
     def _finish_launches(self, wanted: np.ndarray) -> Launches:
         correlation, start, thread, end = _concat(self._launches, (np.int64, np.int64, np.int32, np.int64))
@@ -437,7 +436,7 @@ class ColumnBuilder:
         start, end = columns[0], columns[1]
         order = kept[np.lexsort((-end[kept], start[kept]))]
         markers = Markers(*(c[order] for c in columns))
-        markers.comm_args = _remap(self._marker_args, order)
+        markers.comm_args = self._marker_args.finish(order)
         warnings += self._unnumbered_steps(markers)
         return markers
 
@@ -484,23 +483,6 @@ def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
     return np.flatnonzero(~drop)
 
 
-def _remap(args: dict[int, dict[str, Any]], order: np.ndarray) -> dict[int, dict[str, Any]]:
-    """Row-keyed args after the rows were reordered (and some dropped) by ``order``; keyed in
-    ascending order of the old rows, over arrays (one entry per collective event)."""
-    if not args or not len(order):
-        return {}
-    new_row = np.full(int(order.max()) + 1, -1, dtype=np.int64)
-    new_row[order] = np.arange(len(order))
-    old = np.fromiter(args, dtype=np.int64, count=len(args))
-    infos = list(args.values())
-    if len(old) > 1 and not (old[1:] > old[:-1]).all():  # built in row order: sorted already
-        by_old = np.argsort(old, kind="stable")
-        old, infos = old[by_old], _take(infos, by_old)
-    new = np.where(old < len(new_row), new_row[np.minimum(old, len(new_row) - 1)], -1)
-    kept = np.flatnonzero(new >= 0)
-    return dict(zip(new[kept].tolist(), _take(infos, kept)))
-
-
 def _tid_stream(event: Event) -> int | None:
     return event.tid if isinstance(event.tid, int) else None
 
@@ -510,21 +492,159 @@ def _marker_kind(name: Any) -> int:
     return -1 if kind is None else int(kind)
 
 
-def comm_args_by_row(args: list[EventArgs], rows: np.ndarray,
-                     rejected: Rejected | None = None) -> dict[int, dict[str, Any]]:
-    """``{row: comm_args_of(a)}`` for the args that hold collective metadata. Most of a
-    collective's events hold none (its c10d and nccl: ops; its kernel before newer Kineto):
-    those are told apart in C-level passes, not by a call each."""
-    if not args:
-        return {}
-    unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
-    found = {}
-    rows_of = rows.tolist()
-    for i in np.flatnonzero(~unset).tolist():
-        info = comm_args_of(args[i], rejected)
-        if info:
-            found[rows_of[i]] = info
-    return found
+class CommArgsBuilder:
+    """The collective metadata of one kind of rows (GPU events or CPU markers), batch by batch,
+    as columns (``CommArgs``): each distinct combination of repeating fields is normalised once
+    (:func:`_comm_shape`) and numbered; ``Seq`` and ``Comms Id`` become arrays. No dict per
+    collective (issue 28: a dict per row cost 0.07 s of a collective-heavy rank)."""
+
+    def __init__(self) -> None:
+        self.index: dict[tuple, int] = {}  # a combination's fields -> its number
+        self.keys: list[tuple | None] = []  # by number (None: unhashable fields, numbered per row)
+        self.shapes: list[tuple] = []
+        self.empty: list[bool] = []  # by number: the combination alone gives no metadata
+        self.parts: list[tuple[np.ndarray, ...]] = []  # (rows, shape, seq, comms id, has comms id)
+
+    def add(self, args: list[EventArgs], rows: np.ndarray, rejected: Rejected | None = None) -> None:
+        """The args of the events at ``rows`` (most hold no collective metadata: skipped in
+        C-level passes); unusable values counted in ``rejected`` as :func:`comm_args_of` does."""
+        if not args:
+            return
+        unset = np.fromiter(map(_NO_META.__eq__, map(_META_FIELDS, args)), dtype=bool, count=len(args))
+        keep = np.flatnonzero(~unset)
+        if not len(keep):
+            return
+        args, rows = _take(args, keep), rows[keep]
+        shape = self._codes(_shape_fields(args))
+        seq, _ = _id_column(list(map(_SEQ, args)), "seq", rejected)
+        comms_id, has_comms_id = _id_column(list(map(_COMMS_ID, args)), "comms_id", rejected)
+        self._count_bad(shape, rejected)
+        empty = np.array(self.empty, dtype=bool)[shape]
+        kept = np.flatnonzero(~empty | (seq >= 0) | has_comms_id)  # an empty dict is no metadata
+        if len(kept):
+            self.parts.append((rows[kept].astype(np.int64), shape[kept], seq[kept], comms_id[kept], has_comms_id[kept]))
+
+    def _codes(self, fields: list[tuple]) -> np.ndarray:
+        try:
+            local, uniques = factorize(fields)
+        except TypeError:  # a list of ranks (unhashable): those rows numbered one by one
+            local, uniques = factorize(f if _hashable(f) else _Unhashable(f) for f in fields)
+        return np.array([self._number(u) for u in uniques], dtype=np.int32)[local]
+
+    def _number(self, fields: Any) -> int:
+        if isinstance(fields, _Unhashable):
+            return self._append(None, _comm_shape.__wrapped__(fields.fields))
+        number = self.index.get(fields)
+        if number is None:
+            number = self.index[fields] = self._append(fields, _comm_shape(fields))
+        return number
+
+    def _append(self, key: tuple | None, shape: tuple) -> int:
+        head, tail, ranks, shapes, _ = shape
+        self.keys.append(key)
+        self.shapes.append(shape)
+        self.empty.append(not (head or tail or ranks is not None or shapes))
+        return len(self.shapes) - 1
+
+    def _count_bad(self, shape: np.ndarray, rejected: Rejected | None) -> None:
+        """The unusable repeating fields, once per row that holds them (in order of first
+        appearance, so each field's example is its first row's)."""
+        if rejected is None:
+            return
+        present, first, counts = np.unique(shape, return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")
+        for code, rows in zip(present[order].tolist(), counts[order].tolist()):
+            for field, value in self.shapes[code][4]:
+                rejected.add(field, rows, value)
+
+    def export(self) -> dict[str, Any]:
+        return {"keys": self.keys, "shapes": self.shapes, "parts": self.parts}
+
+    def merge(self, part: dict[str, Any], row_offset: int) -> None:
+        """Another builder's batches (:meth:`export`), its rows after ``row_offset``: its
+        combinations numbered again here."""
+        numbers = np.array([self._append(None, shape) if key is None else self._number(key)
+                            for key, shape in zip(part["keys"], part["shapes"])] or [0], dtype=np.int32)
+        self.parts += [(rows + row_offset, numbers[shape], seq, comms_id, has)
+                       for rows, shape, seq, comms_id, has in part["parts"]]
+
+    def finish(self, order: np.ndarray) -> CommArgs:
+        """The metadata after the rows were reordered (and some dropped) by ``order``."""
+        if not self.parts or not len(order):
+            return CommArgs.empty()
+        rows, shape, seq, comms_id, has = (np.concatenate(column) for column in zip(*self.parts))
+        self.parts = []
+        new_row = np.full(max(int(order.max()), int(rows.max())) + 1, -1, dtype=np.int64)
+        new_row[order] = np.arange(len(order))
+        new = new_row[rows]
+        kept = np.flatnonzero(new >= 0)
+        kept = kept[np.argsort(new[kept], kind="stable")]
+        return CommArgs(new[kept], shape[kept], seq[kept], comms_id[kept], has[kept],
+                        [shape_[:4] for shape_ in self.shapes])
+
+
+class _Unhashable:
+    """Fields that cannot key a table (a list of ranks): a combination of their own."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: tuple) -> None:
+        self.fields = fields
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _shape_fields(args: list[EventArgs]) -> list[tuple]:
+    """The repeating fields of each args (``_SHAPE_NAMES``), with the recorded shapes' text
+    where there are any (the ``nccl:*`` ops of a job that records shapes)."""
+    fields = list(map(_SHAPE_FIELDS, args))
+    dims = list(map(_DIMS, args))
+    for i in np.flatnonzero(np.fromiter(map(len, dims), dtype=np.int64, count=len(dims))).tolist():
+        fields[i] += (bytes(dims[i]), bytes(args[i].input_type))
+    return fields
+
+
+def _id_column(values: list[Any], key: str, rejected: Rejected | None) -> tuple[np.ndarray, np.ndarray]:
+    """(value, present) of a ``Seq`` or ``Comms Id`` field of each args: ints in the field's
+    range (``_ARG_LIMITS``; numbers written otherwise read as ints), else absent, and those
+    present but unusable counted in ``rejected`` (not -1: it has always meant "none")."""
+    name, limit = _ARG_LIMITS[key]
+    kinds = set(map(type, values))
+    if kinds <= {type(None)}:  # the field is not written (Comms Id before torch 2.4)
+        return np.full(len(values), MISSING if key == "seq" else 0, dtype=np.int64 if key == "seq" else np.uint64), \
+            np.zeros(len(values), dtype=bool)
+    if kinds == {int}:  # the usual: every one an int, read in one C-level pass (beyond the dtype: below)
+        try:
+            column = np.fromiter(values, dtype=np.int64 if key == "seq" else np.uint64, count=len(values))
+        except OverflowError:
+            pass
+        else:
+            present = column >= 0 if key == "seq" else np.ones(len(values), dtype=bool)
+            if rejected is not None and not present.all():
+                bad = np.flatnonzero(column < MISSING)  # -1 has always meant "none"
+                if len(bad):
+                    rejected.add(f"args.{name}", len(bad), values[int(bad[0])])
+            return np.where(present, column, MISSING) if key == "seq" else column, present
+    ints = [v if type(v) is int or v is None else to_int(v) for v in values]  # noqa: E721  (ints skip the call)
+    present = [v is not None and 0 <= v <= limit for v in ints]
+    if rejected is not None and not all(present):
+        bad = [v for v, ok in zip(ints, present) if not ok and v is not None and (v >= 0 or v < MISSING)]
+        if bad:
+            rejected.add(f"args.{name}", len(bad), bad[0])
+    dtype = np.int64 if key == "seq" else np.uint64
+    column = np.array([v if ok else (MISSING if key == "seq" else 0) for v, ok in zip(ints, present)], dtype=dtype)
+    return column, np.array(present, dtype=bool)
+
+
+_SEQ = attrgetter("seq")
+_COMMS_ID = attrgetter("comms_id")
+_DIMS = attrgetter("input_dims")
 
 
 def bounded_int(value: Any, limit: int, low: int = 0) -> tuple[int | None, bool]:
@@ -545,43 +665,13 @@ _ARG_LIMITS = {"in_nelems": ("In msg nelems", MAX_DEVICE_BYTES), "out_nelems": (
 
 
 def comm_args_of(args: EventArgs | None, rejected: Rejected | None = None) -> dict[str, Any]:
-    """Collective metadata of one event's args, normalised; empty when it has none.
-
-    Everything but the sequence number and the Comms Id repeats between collectives (a group's
-    name and ranks, a parameter's size, the dtype), so those fields are normalised once per
-    distinct combination (:func:`_comm_shape`) and each row copies the result: a dict per event,
-    but no per-field Python walk (issue 13)."""
+    """Collective metadata of one event's args, normalised; empty when it has none (the
+    columns of :class:`CommArgsBuilder` for one event, as its ``CommArgs.get`` reads them)."""
     if args is None:
         return {}
-    fields = _SHAPE_FIELDS(args)
-    seq, comms_id = args.seq, args.comms_id
-    dims = args.input_dims
-    if fields == _NO_SHAPE and seq is None and comms_id is None and not len(dims):
-        return {}  # most c10d / nccl ops carry none: one C-level check instead of a field walk
-    if len(dims):
-        fields += (bytes(dims), bytes(args.input_type))
-    try:
-        head, tail, ranks, shapes, bad = _comm_shape(fields)
-    except TypeError:  # a list of ranks (unhashable): this row alone, uncached
-        head, tail, ranks, shapes, bad = _comm_shape.__wrapped__(fields)
-    info = head.copy()
-    for key, value in (("seq", seq), ("comms_id", comms_id)):
-        if value is not None:
-            if type(value) is not int:  # noqa: E721  (ints skip the call)
-                value = to_int(value)
-            if 0 <= value <= _ARG_LIMITS[key][1]:
-                info[key] = value
-            elif rejected is not None and (value >= 0 or value < MISSING):  # -1 has always meant "none"
-                rejected.add(f"args.{_ARG_LIMITS[key][0]}", 1, value)
-    if bad and rejected is not None:
-        for field, value in bad:
-            rejected.add(field, 1, value)
-    info.update(tail)
-    if ranks is not None:
-        info["pg_ranks"] = list(ranks)  # each row its own list, as before
-    if shapes:
-        info.update(shapes)
-    return info
+    builder = CommArgsBuilder()
+    builder.add([args], np.zeros(1, dtype=np.int64), rejected)
+    return builder.finish(np.zeros(1, dtype=np.int64)).get(0, {})
 
 
 # The fields of a collective's args that repeat between collectives (``seq`` and ``comms_id``

@@ -102,7 +102,7 @@ class ShapeOpsBuilder:
             chosen = _take(chosen, keep)
         # each distinct recorded text is numbered once (a C-level counter, as the column names are)
         numbered: defaultdict = defaultdict(count().__next__)
-        codes_of = np.fromiter(map(numbered.__getitem__, map(_recorded_of, chosen)), dtype=np.int64, count=len(chosen))
+        codes_of = np.fromiter(map(numbered.__getitem__, _recorded_texts(chosen)), dtype=np.int64, count=len(chosen))
         args = np.array([self._recorded_id(key) for key in numbered], dtype=np.int32)[codes_of]
         self._parts.append((start[keep], end[keep], thread_ids(chosen), table[codes[rows[keep]]], args,
                             external_ids(chosen)))
@@ -153,6 +153,19 @@ def _take(items: list[Any], index: np.ndarray) -> list[Any]:
     if len(index) == 1:
         return [items[int(index[0])]]
     return list(itemgetter(*index.tolist())(items))
+
+
+def _recorded_texts(events: list[Any]) -> Any:
+    """``map(_recorded_of, events)`` in C-level passes (a call per op cost a collective-heavy
+    rank 30 ms): each of the three texts of every op's args, ``b""`` where the op has no args."""
+    args = list(map(_ARGS, events))
+    if None in args:
+        return map(_recorded_of, events)
+    return zip(*(map(bytes, map(getter, args)) for getter in _RECORDED_EACH))
+
+
+_ARGS = attrgetter("args")
+_RECORDED_EACH = (attrgetter("input_dims"), attrgetter("input_type"), attrgetter("concrete_inputs"))
 
 
 def _recorded_of(event: Any) -> tuple[bytes, bytes, bytes]:

@@ -36,7 +36,7 @@ from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
 
 DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer", "idle_by_host", "idle_queued_by",
-               "idle_queued_ops")
+               "idle_queued_ops", "idle_unknown_by_phase")
 # The idle split of a step (analyzer.rank.attribution): host-caused vs queued idle, the queued
 # idle while the host sat in a blocking call, the idle ended by work whose launch is unknown (µs).
 # ``queued_copies_us``: the other-GPU time of the copies the queued idle waited for.
@@ -240,8 +240,8 @@ def _step_figures(entry: dict[str, Any], split: _Split) -> _Step:
     tb = entry["time_breakdown"]
     figures = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     figures.update({k: tb[k] for k in LEAVES})
-    idle = {k: tb[k] for k in (*IDLE_FIGURES, "idle_queued_by", "idle_queued_ops", "idle_split_note", "inflated_ops")
-            if k in tb}
+    idle = {k: tb[k] for k in (*IDLE_FIGURES, "idle_queued_by", "idle_queued_ops", "idle_unknown_by_phase",
+                               "idle_split_note", "inflated_ops") if k in tb}
     return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}), idle)
 
 

@@ -289,11 +289,11 @@ class JobFacts:
         (no GPU steps, ranks missing), ``not_applicable`` when the job cannot have it."""
         checks = {
             "gpu_steps": (lambda: any(s.windows for s in self.steps),
-                          "no GPU steps with ProfilerStep markers"),
+                          "no GPU work in the traces (CPU-only): no GPU timeline to measure" if not self.model.gpu_events
+                          else "no GPU steps in the traces"),
             "ddp": (lambda: self.strategy in ("ddp", "unknown") and bool(self.result.buckets),
                     "not a DDP job with gradient all-reduces"),
-            "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units),
-                     "not an FSDP job"),
+            "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units), self._no_fsdp_units()),
             "multi_process": (lambda: self.world_size >= 2,
                               "one process (world size 1): no rank to wait for"),
             "communication": (lambda: self.communicating,
@@ -315,8 +315,23 @@ class JobFacts:
         for need in sorted(needs, key=lambda n: n in _CANNOT_SEE):
             ok, reason = checks[need]
             if not ok():
-                return ("not_evaluated" if need in _CANNOT_SEE else "not_applicable"), reason
+                unseen = need in _CANNOT_SEE or (need == "fsdp" and self._fsdp_units_unseen)
+                return ("not_evaluated" if unseen else "not_applicable"), reason
         return None
+
+    @property
+    def _fsdp_units_unseen(self) -> bool:
+        """An FSDP job among two or more processes whose units the traces do not show."""
+        return self.strategy.startswith("fsdp") and self.world_size >= 2
+
+    def _no_fsdp_units(self) -> str:
+        """Why there are no FSDP units to check: not FSDP, FSDP on one process (nothing sharded:
+        no all-gather, no reduce-scatter), or units the traces do not show."""
+        if not self.strategy.startswith("fsdp"):
+            return "not an FSDP job"
+        if self.world_size < 2:
+            return "FSDP on one process (world size 1): nothing is sharded, no all-gather or reduce-scatter"
+        return "an FSDP job whose units the traces do not show (no parameter all-gathers matched to them)"
 
 
 def median(values) -> float | None:

@@ -27,7 +27,7 @@ STEP_METRICS = ("step_time_us", "span_us", "busy_us", "compute_us", "comm_us", "
 PHASE_COLUMNS = tuple(f"exposed_{phase}_us" for phase in PHASES)
 STEP_COLUMNS = ("rank", "step", *STEP_METRICS, *PHASE_COLUMNS)
 BREAKDOWN_COLUMNS = ("rank", "step", "role", "step_time_us", *LEAVES, *(f"idle_{c}_us" for c in IDLE_CAUSES),
-                     *PHASE_COLUMNS, "waited_for")
+                     "idle_queued_us", *PHASE_COLUMNS, "waited_for")
 COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_size", "group_description", "seq",
                       "comms_id", "dtype", "bytes", "in_nelems", "out_nelems", "size_source", "launch_us",
                       "start_us", "dur_us", "exposed_us", "wait_us", "algbw_gbps", "busbw_gbps", "bound",
@@ -61,8 +61,9 @@ def steps_df(result: "Result") -> "pd.DataFrame":
 def breakdown_df(result: "Result") -> "pd.DataFrame":
     """One row per rank and step: its role (typical, steady, warm-up, drain, outlier,
     unmeasured), its time and the five leaves that add up to it (analyzer.job.model), the idle by
-    what the host was doing, the exposed communication by phase, and the rank it waited for
-    most. A step without a breakdown has its time and role, and None for the leaves."""
+    what the host was doing and the queued rest (together: the idle leaf), the exposed
+    communication by phase, and the rank it waited for most. A step without a breakdown has its
+    time and role, and None for the leaves."""
     model = result.model
     rows = []
     for rank in result.ranks:
@@ -73,6 +74,7 @@ def breakdown_df(result: "Result") -> "pd.DataFrame":
             if step.leaves is not None:
                 row.update({leaf: step.leaves.leaf(leaf) for leaf in LEAVES})
                 row.update({f"idle_{c}_us": step.idle_by_host.get(c, 0.0) for c in IDLE_CAUSES})
+                row["idle_queued_us"] = step.idle_queued_us
             phases = entry.get("phases") or {}
             row.update({col: phases.get(phase) for col, phase in zip(PHASE_COLUMNS, PHASES)})
             peers = {p: v for p, v in step.wait_by_peer.items() if p.isdigit() and v > 0}

@@ -118,6 +118,8 @@ class Details:
     idle_queued_by: Mapping[str, float] = field(default_factory=dict)  # the queued part, by what it waited on
     idle_host_us: float | None = None  # None: a result saved before the split (all idle counted the host's)
     idle_queued_us: float | None = None
+    # the host's own work (idle_by_host's unknown) by the phase of the work it launched next
+    idle_unknown_by_phase: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, doc: Mapping[str, Any] | None) -> Details:
@@ -133,7 +135,7 @@ class Details:
             return None if doc.get(key) is None else float(doc[key])
         return cls(splits("by_kind"), splits("by_group"), splits("by_phase"), splits("by_kind_phase"),
                    figures("wait_by_peer"), figures("idle_by_host"), figures("idle_queued_by"),
-                   number("idle_host_us"), number("idle_queued_us"))
+                   number("idle_host_us"), number("idle_queued_us"), figures("idle_unknown_by_phase"))
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,14 @@ class RankStep:
     low_precision_compute_us: float
     cpu_step_us: float | None  # the ProfilerStep range on the CPU
     forward_attention_kernels: int  # one per transformer block and forward pass (analyzer.rank.steps)
+    # idle with work launched and waiting (the rest of idle is the host's: ``idle_by_host``);
+    # None: a result saved before the split
+    idle_queued_us: float | None = None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """The step's communication time hidden under compute (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
 
 
 @dataclass(frozen=True)
@@ -326,6 +336,14 @@ class JobModel:
     @property
     def idle_share(self) -> float | None:
         return self.typical.idle_share if self.typical else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """The typical step's communication hidden under compute: overlap / communication time,
+        each summed over the ranks that measured the step (None: no communication in it)."""
+        steps = [s for s in self.rank_steps() if s.role == TYPICAL and s.comm_us > 0]
+        comm = sum(s.comm_us for s in steps)
+        return sum(s.overlap_us for s in steps) / comm if comm else None
 
     @property
     def gpu_events(self) -> int:
@@ -488,7 +506,8 @@ def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None,
                     {phase: ((w["start_ns"] - origin_ns) / 1000.0, (w["end_ns"] - origin_ns) / 1000.0, w["compute_us"])
                      for phase, w in (entry.get("phase_windows") or {}).items()},
                     float(entry.get("low_precision_compute_us") or 0.0), entry.get("cpu_step_us"),
-                    int(entry.get("forward_attention_kernels") or 0))
+                    int(entry.get("forward_attention_kernels") or 0),
+                    None if tb.get("idle_queued_us") is None else float(tb["idle_queued_us"]))
 
 
 def _lateness(section: Mapping[str, Any] | None) -> tuple[RankLateness, ...]:
@@ -565,6 +584,8 @@ def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | s
     if isinstance(leaves, Mapping):
         return {leaf: float(v) for leaf, v in leaves.items() if leaf in LEAVES}
     names = [leaves] if isinstance(leaves, str) else [leaf for leaf in leaves if leaf in LEAVES]
+    if gain_us <= 0:  # nothing to give back: the leaf the fix is about, with none of it
+        return {names[0]: 0.0} if names else {}
     out: dict[str, float] = {}
     left = gain_us
     for i, leaf in enumerate(names):

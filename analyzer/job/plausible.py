@@ -50,14 +50,30 @@ class _Bucket(msgspec.Struct):
     step: Step | None = None
 
 
+class _Leaves(msgspec.Struct):
+    """A step's time and its five leaves (µs): what the job model's shares, the gate's metrics
+    and the diff's split and scaling efficiency divide and subtract (NaN or a negative time would
+    come out as a wrong number, or as an error from a model's own checks)."""
+
+    step_time_us: Duration | None = None
+    compute_only_us: Duration | None = None
+    exposed_wait_us: Duration | None = None
+    exposed_transfer_us: Duration | None = None
+    other_gpu_us: Duration | None = None
+    idle_us: Duration | None = None
+
+
 class _Step(msgspec.Struct):
     step: Step | None = None
+    step_time_us: Duration | None = None
+    time_breakdown: _Leaves | None = None
 
 
 class _Rank(msgspec.Struct):
     rank: Rank
     world_size: World | None = None
     steps: list[_Step] = []
+    time_breakdown: _Leaves | None = None
 
 
 class _Job(msgspec.Struct):
@@ -66,6 +82,7 @@ class _Job(msgspec.Struct):
 
 class _Result(msgspec.Struct):
     job: _Job = msgspec.field(default_factory=_Job)
+    attribution: _Leaves | None = None
     ranks: list[_Rank] = []
     collectives: list[_Collective] = []
     buckets: list[_Bucket] = []

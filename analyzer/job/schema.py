@@ -101,8 +101,9 @@ class ProcessGroup(msgspec.Struct):
 class TimeBreakdown(msgspec.Struct):
     """A typical step in five leaves that add up to ``step_time_us`` (µs), with the finer leaves
     in ``details`` (by peer waited for, collective kind, group, phase; idle split into host-caused
-    ``idle_host_us``, by host activity ``idle_by_host``, and queued ``idle_queued_us``, by what it
-    waited on ``idle_queued_by``, the ops that waited ``idle_queued_ops``)."""
+    ``idle_host_us``, by host activity ``idle_by_host``, its unknown part by the phase of the work
+    launched next ``idle_unknown_by_phase``, and queued ``idle_queued_us``, by what it waited on
+    ``idle_queued_by``, the ops that waited ``idle_queued_ops``)."""
 
     step_time_us: float
     compute_only_us: float

@@ -266,6 +266,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     att = attribute(trace)
     warnings = list(trace.warnings)
     gpu, keep = trace.gpu, None
+    recorded_gpu = len(gpu) > 0
     if options.steps is not None:
         keep = np.isin(att.step, np.asarray(options.steps, dtype=np.int64))
         missing = sorted(set(options.steps) - set(arrays.unique(att.step[keep]).tolist()))
@@ -280,7 +281,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     marked = trace.markers.ts[trace.markers.kind != Marker.ANNOTATION]
     first_gpu = int(gpu.ts.min()) if len(gpu) else (int(marked.min()) if len(marked) else None)
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
-    if len(gpu) == 0:
+    if len(gpu) == 0 and recorded_gpu:  # --steps selected none of the steps holding GPU work
+        warnings.append("no GPU activity in the selected step(s): GPU metrics are zero")
+    elif len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
     elif not (gpu.kind == GpuKind.COMM).any():
@@ -319,12 +322,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
 
 def _with_gpu(trace: RankTrace, gpu, rows: np.ndarray) -> RankTrace:
     """The trace restricted to GPU rows ``rows`` (sorted): kernel args re-keyed to the new rows."""
-    args = {}
-    for old, value in trace.kernel_comm_args.items():  # few: communication kernels only
-        new = int(np.searchsorted(rows, old))
-        if new < len(rows) and rows[new] == old:
-            args[new] = value
-    return replace(trace, gpu=gpu, kernel_comm_args=args)
+    return replace(trace, gpu=gpu, kernel_comm_args=trace.kernel_comm_args.rekeyed(rows))
 
 
 def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list[dict[str, Any]]:
@@ -337,7 +335,7 @@ def _per_step(trace: RankTrace, att, gpu, exposed: dict[str, list[int]]) -> list
             entry["step_time_us"] = round((firsts[nxt["step"]] - firsts[entry["step"]]) / 1000.0, 3)
         else:
             entry["step_time_us"] = entry["span_us"]
-    timeline = RankTimeline(trace, gpu, att.launch_ts) if steps else None
+    timeline = RankTimeline(trace, gpu, att.launch_ts, att.phase) if steps else None
     if steps:
         _attribute_steps(trace, timeline, steps, firsts, exposed)
     cpu_numbers, cpu_starts, cpu_ends = step_windows(trace)

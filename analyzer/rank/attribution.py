@@ -21,7 +21,9 @@ waited behind a dependency). The host part is split by what the CPU trace shows 
 was blocked in one: the sync drained the queue), ``contention`` (inside host ops running far
 beyond their usual length: the process was descheduled), ``fsdp`` (inside FSDP's own hooks),
 ``launch`` (a short gap before work launched only after the GPU went idle: launch overhead),
-``unknown``. The queued part is split by what the work waited on: ``graph`` (work of a CUDA graph
+``unknown``; the unknown part is split again by the phase of the work whose launch ended it
+(``idle_unknown_by_phase``: forward, backward, optimizer, other): where in the step the host was
+busy with its own work. The queued part is split by what the work waited on: ``graph`` (work of a CUDA graph
 launch: GPU ops sharing one launch's correlation id), ``collective`` (a communication kernel),
 ``copy`` (a memcpy / memset), ``event`` (anything else: a stream waiting on an event of another
 stream, another GPU or the host).
@@ -39,7 +41,7 @@ import numpy as np
 from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
-from analyzer.rank.timeline import ns_to_us
+from analyzer.rank.timeline import OTHER, PHASES, ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_comm_us", "other_gpu_us", "idle_us")
 # The host part of idle, by what the host was doing (in priority order; unknown: the rest).
@@ -69,7 +71,7 @@ class RankTimeline:
     data loader, the blocking calls, the host ops running far beyond their usual length
     (analyzer.ingest.hostops) and FSDP's hooks."""
 
-    def __init__(self, trace: RankTrace, gpu: GpuEvents, launch_ts: np.ndarray):
+    def __init__(self, trace: RankTrace, gpu: GpuEvents, launch_ts: np.ndarray, phase: np.ndarray | None = None):
         kind = gpu.kind
         self.strings = trace.strings
         self.compute = _union(gpu, kind == GpuKind.COMPUTE)
@@ -83,9 +85,9 @@ class RankTimeline:
         inflated = m.kind == Marker.HOST_INFLATED
         self._inflated = (m.ts[inflated], m.end[inflated], m.name[inflated])
         self._usual = getattr(trace, "host_op_medians", {})
-        self._split_gaps(gpu, launch_ts)
+        self._split_gaps(gpu, launch_ts, np.full(len(gpu), OTHER, np.int8) if phase is None else phase)
 
-    def _split_gaps(self, gpu: GpuEvents, launch_ts: np.ndarray) -> None:
+    def _split_gaps(self, gpu: GpuEvents, launch_ts: np.ndarray, phase: np.ndarray) -> None:
         """Each gap between two busy stretches, cut where the work that ends it could start (its
         launch + the launch latency): before, the host's; after, queued. The work ending a gap:
         of the GPU events starting where the gap ends, the earliest launched."""
@@ -101,6 +103,10 @@ class RankTimeline:
         linked = launch >= 0
         split = np.where(linked, np.clip(launch + LAUNCH_LATENCY_NS, self.gap_start, self.gap_end), self.gap_end)
         self.host = _nonempty(self.gap_start, split)
+        # the phase of the work that ends each gap: where in the step the host was getting to
+        self.gap_phase = phase[first] if len(first) else np.zeros(0, np.int8)
+        self.host_by_phase = [_nonempty(self.gap_start[self.gap_phase == code], split[self.gap_phase == code])
+                              for code in range(len(PHASES))]
         self.queued_sets = {}
         cause = self.gap_cause = _queued_cause(gpu, first)
         for code, name in enumerate(QUEUED_CAUSES):
@@ -125,7 +131,7 @@ class RankTimeline:
         comm_ns = iv.covered_length(self.exposed, starts, ends_at_least).tolist()
         busy = iv.covered_length(self.busy, starts, ends_at_least)
         busy_ns = busy.tolist()
-        causes = self._host_causes(starts, ends_at_least)
+        causes, unknown_by_phase = self._host_causes(starts, ends_at_least)
         queued = {name: iv.covered_length(s, starts, ends_at_least).tolist() for name, s in self.queued_sets.items()}
         in_sync = iv.covered_length(iv.intersect(self.queued, self.sync), starts, ends_at_least).tolist()
         unlinked = iv.covered_length(self.unlinked, starts, ends_at_least).tolist()
@@ -143,12 +149,15 @@ class RankTimeline:
             # what no range explains, and any idle outside every gap (a window past the GPU span)
             found["unknown"] = idle_ns - sum(found.values()) - sum(by_wait.values())
             host_ns = idle_ns - sum(by_wait.values())
+            in_phase = {name: ns[k] for name, ns in unknown_by_phase.items()}
+            in_phase["other"] += found["unknown"] - sum(in_phase.values())  # idle past the GPU span: no next work
             out.append(({
                 "compute_only_us": ns_to_us(compute_ns[k]),
                 "exposed_comm_us": ns_to_us(comm_ns[k]),
                 "other_gpu_us": ns_to_us(busy_ns[k] - compute_ns[k] - comm_ns[k]),
                 "idle_us": ns_to_us(idle_ns),
                 "idle_by_host": {cause: ns_to_us(found[cause]) for cause in IDLE_CAUSES},
+                "idle_unknown_by_phase": {name: ns_to_us(ns) for name, ns in in_phase.items()},
                 "idle_host_us": ns_to_us(host_ns),
                 "idle_queued_us": ns_to_us(idle_ns - host_ns),
                 "idle_queued_by": {name: ns_to_us(ns) for name, ns in by_wait.items()},
@@ -184,12 +193,13 @@ class RankTimeline:
         sync_ns = iv.covered_length(self.sync, cpu_starts, ends).tolist()
         return [{"input": ns_to_us(i), "device_sync": ns_to_us(s)} for i, s in zip(input_ns, sync_ns)]
 
-    def _host_causes(self, starts: np.ndarray, ends: np.ndarray) -> dict[str, list[int]]:
+    def _host_causes(self, starts: np.ndarray, ends: np.ndarray) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         """Nanoseconds of host idle per cause in each window, in priority order: the data
         loader's; then what blocking calls cover, and all of a stretch that began while the host
         was blocked in one (the sync drained the queue); then what inflated host ops cover, then
         FSDP's hooks; then the rest of a short idle gap ended by work launched after it began
-        (unknown, what is left, is the caller's)."""
+        (unknown, what is left, is the caller's). And what is left in the gaps, by the phase of the
+        work that ended each (the caller adds the idle outside every gap to ``other``)."""
         rest = iv.subtract(self.host, self.input)
         blocked = iv.covered_length(self.sync, rest[0] - 1, rest[0]) > 0  # host blocked as the GPU drained
         synced = iv.union(np.concatenate([rest[0][blocked], self.sync[0]]),
@@ -204,22 +214,27 @@ class RankTimeline:
         out = {"input": host - iv.covered_length(iv.subtract(self.host, self.input), starts, ends)}
         for name, part in (("device_sync", sync), ("contention", contention), ("fsdp", fsdp)):
             out[name] = iv.covered_length(part, starts, ends)
-        out["launch"] = self._launch_gaps(rest, starts, ends)
-        return {name: values.tolist() for name, values in out.items()}
+        launch = self._launch_gaps(rest, starts, ends)
+        out["launch"] = launch.sum(axis=0)
+        unknown = {name: (iv.covered_length(iv.intersect(rest, self.host_by_phase[code]), starts, ends)
+                          - launch[code]).tolist() for code, name in enumerate(PHASES)}
+        return {name: values.tolist() for name, values in out.items()}, unknown
 
     def _launch_gaps(self, rest: iv.IntervalSet, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Nanoseconds of ``rest`` in each window in an idle gap that is short within the window
         and ended by work launched after it began (whole gaps: the data loader's and the syncs'
-        parts of a gap count towards its length)."""
+        parts of a gap count towards its length), by the phase of that work: one row per phase."""
         window, inside, stop = iv.clip_each(rest, starts, ends)
         if not len(inside) or not len(self.gap_end):
-            return np.zeros(len(starts), dtype=np.int64)
+            return np.zeros((len(PHASES), len(starts)), dtype=np.int64)
         gap = np.searchsorted(self.gap_end, inside, side="right")  # the gap around each stretch
         gap = np.minimum(gap, len(self.gap_end) - 1)
         gap_start = np.maximum(self.gap_start[gap], starts[window])
         gap_end = np.minimum(self.gap_end[gap], ends[window])
         short = ((gap_end - gap_start) <= LAUNCH_GAP_NS) & (self.gap_launch[gap] >= self.gap_start[gap])
-        return _per_window(window, np.where(short, stop - inside, 0), len(starts))
+        ns = np.where(short, stop - inside, 0)
+        return np.stack([_per_window(window, np.where(self.gap_phase[gap] == code, ns, 0), len(starts))
+                         for code in range(len(PHASES))])
 
     def _queued_ops(self, starts: np.ndarray, ends: np.ndarray) -> list[dict[str, dict[str, float]]]:
         """Per window and what it waited on, the GPU work that waited longest (queued idle before

@@ -280,87 +280,45 @@ def _size_field(row: dict[str, Any], limit: int | None = None) -> str:
 
 class _Sources:
     """The metadata sources of each communication kernel: its own args, the enclosing
-    ``record_param_comms`` op's, the ``nccl:*``/``c10d::*`` op's and that op's name; and
-    ``codes``, the number of each kernel's distinct combination of them (first seen first),
-    where two args count the same when they differ only in ``seq`` and ``Comms Id`` values."""
+    ``record_param_comms`` op's, the ``nccl:*``/``c10d::*`` op's and that op's name, each as its
+    position in the rank's ``CommArgs`` columns (-1: none); and ``codes``, the number of each
+    kernel's distinct combination of them (first seen first), where two args count the same when
+    they share their repeating fields and differ at most in ``seq`` and ``Comms Id`` values."""
 
     def __init__(self, rank: RankTrace, rows_idx: np.ndarray, params_row: np.ndarray, op_row: np.ndarray) -> None:
         m = rank.markers
         self.rank = rank
         self.name = gpu_names = rank.gpu.name[rows_idx].tolist()
-        self.kernel_args = _args_at(rank.kernel_comm_args, rows_idx)
-        self.params_args = _args_at(m.comm_args, params_row)
-        self.op_args = _args_at(m.comm_args, op_row)
+        self.kernel = rank.kernel_comm_args.positions(rows_idx)
+        self.params = m.comm_args.positions(params_row)
+        self.op = m.comm_args.positions(op_row)
         self.op_name = np.where(op_row >= 0, m.name[np.maximum(op_row, 0)], -1).tolist() if len(m.name) else \
             [-1] * len(op_row)
-        self.codes, _ = factorize(zip(gpu_names, _args_keys(self.kernel_args), _args_keys(self.params_args),
-                                      _args_keys(self.op_args), self.op_name))
+        self.codes, _ = factorize(zip(gpu_names, rank.kernel_comm_args.combination_keys(self.kernel),
+                                      m.comm_args.combination_keys(self.params), m.comm_args.combination_keys(self.op),
+                                      self.op_name))
+
+    def args(self, k: int) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None]:
+        """Kernel ``k``'s three args (None: no such source)."""
+        kernel_args, marker_args = self.rank.kernel_comm_args, self.rank.markers.comm_args
+        return kernel_args.at(int(self.kernel[k])), marker_args.at(int(self.params[k])), marker_args.at(int(self.op[k]))
 
     def meta(self, k: int) -> dict[str, Any]:
         """Kernel ``k``'s merged metadata (:func:`_merge_sources`), its own."""
         strings = self.rank.strings
         name = strings[self.name[k]]
-        return _merge_sources(self.kernel_args[k], self.params_args[k], self.op_args[k],
-                              strings[self.op_name[k]] if self.op_name[k] >= 0 else None, name, lookup(name))
+        return _merge_sources(*self.args(k), strings[self.op_name[k]] if self.op_name[k] >= 0 else None, name,
+                              lookup(name))
 
     def per_row(self, key: str, source: np.ndarray) -> list[Any]:
-        """Each kernel's ``key`` in its merged metadata, from the source its combination names
-        (0: none, 1: the kernel's args, 2: record_param_comms')."""
+        """Each kernel's ``key`` (``seq`` or ``comms_id``) in its merged metadata, from the
+        source its combination names (0: none, 1: the kernel's args, 2: record_param_comms')."""
         where = source[self.codes]
+        params = self.rank.markers.comm_args.values(key, self.params)
         if (where == 2).all():  # the usual: record_param_comms' args
-            return list(map(dict.get, self.params_args, repeat(key)))
-        values: list[Any] = [None] * len(self.codes)
-        for k in np.flatnonzero(where == 1).tolist():
-            values[k] = self.kernel_args[k][key]
-        for k in np.flatnonzero(where == 2).tolist():
-            values[k] = self.params_args[k].get(key)
-        return values
-
-
-def _args_at(args: dict[int, dict[str, Any]], rows: np.ndarray) -> list[dict[str, Any] | None]:
-    """``args.get(row)`` of each row, None for -1 (no such marker)."""
-    found = list(map(args.get, rows.tolist()))
-    if -1 in args:  # only a hand-made trace keys a row -1
-        found = [None if row < 0 else value for row, value in zip(rows.tolist(), found)]
-    return found
-
-
-def _args_keys(args: list[dict[str, Any] | None]) -> Any:
-    """:func:`_args_key` of each source (a C-level check when there are none)."""
-    return map(_args_key, args) if any(args) else repeat(None, len(args))
-
-
-def _args_key(args: dict[str, Any] | None) -> Any:
-    """What :func:`_merge_sources` and the group lookup read of one source, less the values of
-    ``seq``, ``Comms Id`` (their presence stays) and ``pg_ranks`` (as :class:`_GroupLookup` keys
-    it, by its tuple): its keys in order and the identity of each other value. Sources built from
-    the same combination of fields share those objects (``analyzer.ingest.columns``); equal values
-    held by other objects only make more combinations. An empty source is None, as no source."""
-    if not args:
-        return None
-    ids = list(map(id, args.values()))
-    names = tuple(args)
-    for i in _per_row_slots(names):
-        ids[i] = None
-    return names, tuple(ids), _ranks_key(args.get("pg_ranks"))
-
-
-def _ranks_key(ranks: Any) -> Any:
-    """``tuple(ranks)``, the group lookup's key; the object's identity where that is no key
-    (a hand-made value the lookup would refuse, or that no lookup reads: an op's)."""
-    if ranks is None:
-        return None
-    try:
-        key = tuple(ranks)
-        hash(key)
-    except TypeError:
-        return id(ranks)
-    return key
-
-
-@lru_cache(maxsize=1024)
-def _per_row_slots(names: tuple) -> tuple[int, ...]:
-    return tuple(i for i, name in enumerate(names) if name in ("seq", "comms_id", "pg_ranks"))
+            return params.tolist()
+        kernel = self.rank.kernel_comm_args.values(key, self.kernel)
+        return np.where(where == 1, kernel, np.where(where == 2, params, None)).tolist()
 
 
 class _Combination:
@@ -389,7 +347,7 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
                                 module=None, on_gpu=True))
         combos.metas.append(meta)
         combos.kernels.append(kernel)
-        kernel_args, params_args = sources.kernel_args[k], sources.params_args[k]
+        kernel_args, params_args, _ = sources.args(k)
         # The merge: the kernel's args win, record_param_comms fills the rest.
         seq_from.append(1 if kernel_args and "seq" in kernel_args else 2 if params_args else 0)
         comms_id_from.append(1 if kernel_args and "comms_id" in kernel_args else 2 if params_args else 0)

@@ -16,18 +16,21 @@ What each format version writes (torch's ``NCCLUtils.hpp`` / ``TraceUtils.h`` /
 - "2.2" (torch 2.4): pickle only; ``process_group`` (name, desc), ``collective_seq_id`` and
   ``p2p_seq_id``, ``is_p2p``, dtypes, ``timeout_ms``; ``pg_config``: name -> {"name", "desc",
   "ranks": "[0, 1]"}.
-- "2.4" (torch 2.5-2.6): + ``pg_status`` (pg_id -> last enqueued / started / completed id),
-  ``nccl_version``.
-- "2.7" (torch 2.7): the same fields, and the JSON writer (``_dump_nccl_trace_json``): no
-  frames, unseen times as 0, ``pg_status`` values as strings, no ``entries`` key when empty.
-- "2.10" (torch 2.8-2.13): ``comm_lib_version`` replaces ``nccl_version``; ``thread_id`` /
-  ``thread_name``.
+- "2.4" (torch 2.5-2.6): + ``pg_status`` (pg_id -> last enqueued / started / completed id;
+  from "2.3"), ``nccl_version``, and the JSON writer (``_dump_nccl_trace_json``, torch 2.5; its
+  ``dump_json`` is declared beside the pickle writer from "2.3"): no frames, unseen times as 0,
+  ``pg_status`` values as strings, no ``entries`` key when empty.
+- "2.7" (torch 2.7): the same fields; every collective of a coalescing block has its entry.
+- "2.10" (torch 2.8-2.13): ``comm_lib_version`` replaces ``nccl_version``; ``thread_id`` (a
+  string) / ``thread_name``.
 
 The state follows the CUDA events: "scheduled" until the watchdog (or the dump itself) sees the
 start event, "started", then "completed"; a work the watchdog retired without its end event
-firing timed out. Collectives of a coalescing block share one ``collective_seq_id`` (from 2.7
-every op of the block has its entry, without events) and end with a "coalesced" marker that
-carries the work's events; a batch of p2p ops shares one ``p2p_seq_id`` the same way.
+firing timed out. Collectives of a coalescing block share one ``collective_seq_id`` and end
+with a "coalesced" marker that carries the work's events; before 2.7 only the marker is
+recorded (torch's ``fr_trace``: "We enabled the creating FR entry for non-P2P slow path
+collective ops in v2.7"). A batch of p2p ops shares one ``p2p_seq_id`` the same way, each op
+with its entry (without events) from 2.2, when ``is_p2p`` and ``p2p_seq_id`` appeared.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 VERSIONS = ("1.4", "2.2", "2.4", "2.7", "2.10")
-JSON_VERSIONS = ("2.7", "2.10")  # the JSON writer exists
+JSON_VERSIONS = ("2.4", "2.7", "2.10")  # the JSON writer exists
 T0 = 1_760_000_000_000_000_000   # ns: the synthetic jobs' clock
 MS = 1_000_000
 TIMEOUT_MS = 600_000             # ProcessGroupNCCL's default timeout (10 min)
@@ -174,8 +177,8 @@ def at_version(s: Scenario, version: str) -> Scenario:
     only jobs without p2p ops can be written in it)."""
     if version == "1.4" and any(op.p2p for r in s.ranks.values() for op in r.ops):
         raise ValueError("format 1.4 numbers p2p ops with the collectives: write a job without p2p")
-    if version in ("1.4", "2.2"):  # coalescing blocks record one entry per op only from 2.7
-        ranks = {k: replace(r, ops=[op for op in r.ops if op.events]) for k, r in s.ranks.items()}
+    if version in ("1.4", "2.2", "2.4"):  # a coalescing block's collectives have entries only from 2.7
+        ranks = {k: replace(r, ops=[op for op in r.ops if op.events or op.p2p]) for k, r in s.ranks.items()}
         s = replace(s, ranks=ranks)
     return replace(s, version=version)
 

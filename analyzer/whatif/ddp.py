@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from operator import add, attrgetter
+from itertools import repeat
+from operator import add, attrgetter, is_not
 from typing import Any, Callable
 
 import numpy as np
@@ -40,20 +41,37 @@ def interpolate_ready(known: list[float | None], weights: list[float], upper: li
                       end_value: float | None) -> list[float]:
     """Fill unknown ready points linearly in cumulative weight between known anchors (the end
     anchor ``end_value`` after the last item); keep them non-decreasing and <= ``upper``."""
-    cum = np.cumsum([0.0] + list(weights))[1:]
-    xs = [c for c, k in zip(cum, known) if k is not None]
-    ys = [k for k in known if k is not None]
-    if end_value is not None and (not xs or cum[-1] > xs[-1]):
-        xs.append(float(cum[-1]))
-        ys.append(end_value)
-    # one np.interp over every item (elementwise the same as one call per item); the clamp is
-    # a Python loop so that min/max keep the scalar semantics exactly (signed zeros included)
-    filled = np.interp(cum, xs, ys).tolist() if xs else upper
+    mask = np.fromiter(map(is_not, known, repeat(None)), dtype=bool, count=len(known))
+    values = np.array([0.0 if k is None else k for k in known], dtype=float)
+    return interpolate_ready_array(mask, values, np.asarray(weights, dtype=float), np.asarray(upper, dtype=float),
+                                   end_value).tolist()
+
+
+def interpolate_ready_array(known: np.ndarray, values: np.ndarray, weights: np.ndarray, upper: np.ndarray,
+                            end_value: float | None) -> np.ndarray:
+    """:func:`interpolate_ready` on arrays: ``known`` the mask of the items whose ready point is
+    ``values``. Every step is the elementwise IEEE operation the scalar form made, in its order:
+    ``min``/``max`` as comparisons that keep the first argument on ties and NaN (as Python's do)."""
+    cum = np.cumsum(np.concatenate(([0.0], weights)))[1:]
+    xs, ys = cum[known], values[known]
+    if end_value is not None and (not len(xs) or cum[-1] > xs[-1]):
+        xs, ys = np.append(xs, float(cum[-1])), np.append(ys, end_value)
+    filled = np.interp(cum, xs, ys) if len(xs) else upper
+    chosen = np.where(known, values, filled)
+    value = np.where(upper < chosen, upper, chosen)  # min(chosen, cap)
+    return _running_max(value)
+
+
+def _running_max(values: np.ndarray) -> np.ndarray:
+    """``out[i] = max(values[i], out[i - 1])`` as Python computes it. Without zeros or NaN, equal
+    floats have equal bits, so numpy's running maximum is that; with them (where -0.0 vs 0.0 or
+    NaN's order of arguments decide), Python's own loop."""
+    if len(values) and not (np.isnan(values).any() or (values == 0.0).any()):
+        return np.maximum.accumulate(values)
     out: list[float] = []
-    for f, k, cap in zip(filled, known, upper):
-        value = min(k if k is not None else f, cap)
+    for value in values.tolist():
         out.append(max(value, out[-1]) if out else value)
-    return out
+    return np.array(out, dtype=float)
 
 
 def bucket_ready_times(starts: list[float], ends: list[float], sizes: list[float],
@@ -62,12 +80,22 @@ def bucket_ready_times(starts: list[float], ends: list[float], sizes: list[float
     when the stream was idle before it (it ran as soon as it could), else interpolated in bytes
     between such anchors and the end of backward; never after its own start, never before its
     CPU launch."""
-    known = [s if k == 0 or s > ends[k - 1] + _IDLE_GAP_US else None for k, s in enumerate(starts)]
-    ready = interpolate_ready(known, sizes, list(starts), min(backward_end, starts[-1]))
+    launch = np.array([np.nan if x is None else x for x in launches], dtype=float)
+    has_launch = np.fromiter(map(is_not, launches, repeat(None)), dtype=bool, count=len(launches))
+    return bucket_ready_array(np.asarray(starts, dtype=float), np.asarray(ends, dtype=float),
+                              np.asarray(sizes, dtype=float), launch, has_launch, backward_end).tolist()
+
+
+def bucket_ready_array(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, launch: np.ndarray,
+                       has_launch: np.ndarray, backward_end: float) -> np.ndarray:
+    """:func:`bucket_ready_times` on arrays (``launch`` where ``has_launch``)."""
+    known = np.ones(len(starts), dtype=bool)
+    known[1:] = starts[1:] > ends[:-1] + _IDLE_GAP_US
+    ready = interpolate_ready_array(known, starts, sizes, starts, min(backward_end, float(starts[-1])))
     # A bucket cannot be ready before the CPU launched its all-reduce; bound by its own start
     # too, so a host clock slightly ahead of the GPU's never moves ready past the transfer.
-    return [value if launch is None else min(max(value, launch), start)
-            for value, launch, start in zip(ready, launches, starts)]
+    launched = np.where(launch > ready, launch, ready)  # max(value, launch)
+    return np.where(has_launch, np.where(starts < launched, starts, launched), ready)  # min(.., start)
 
 
 def gradient_pieces(sizes: list[float], ready: list[float], start: float,

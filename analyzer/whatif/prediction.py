@@ -95,8 +95,18 @@ class WhatIf:
 
     def __init__(self, result: Any):
         self.result = result
-        self._measured = Measured(result)
+        self._measured = Measured.of(result)
         self._base: Projection | None | bool = False  # not yet projected
+
+    @classmethod
+    def of(cls, result: Any) -> WhatIf:
+        """The WhatIf kept on ``result`` for the run: every finding's fix is projected against
+        one projection of the job as measured, from one set of measured schedules."""
+        held = getattr(result, "_whatif", None)
+        if held is None or held._measured is not Measured.of(result):
+            held = cls(result)
+            result._whatif = held
+        return held
 
     @property
     def as_measured(self) -> Projection | None:
@@ -153,7 +163,7 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
     its projection when it can project the trace (the gain ``tracecliff whatif`` reproduces),
     else the rule's own estimate ``own_gain_us`` from ``own_model``. The first two are what
     ``analyzer.whatif.projection.projected_gain`` returns."""
-    fix = WhatIf(result).fix(**changes)
+    fix = WhatIf.of(result).fix(**changes)
     if fix is None:
         return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
     return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,

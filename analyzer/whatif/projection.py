@@ -41,6 +41,7 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -48,10 +49,12 @@ import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.model import formulas as models
+from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif import compute as compute_scaling
-from analyzer.whatif.ddp import bucket_ready_times, gradient_pieces, interpolate_ready, rebucket
+from analyzer.whatif.ddp import bucket_ready_array, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError, TracecliffError
+from analyzer.base.limits import MAX_FSDP_UNITS
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
 _EPS_US = 2.0  # a kernel starting within this of its stream predecessor's end was queued behind it
@@ -128,12 +131,17 @@ class Config:
 def measured_strategy(result: Any) -> str:
     index = GroupIndex(result)
     strategy = result.job.get("dp_strategy") or result.job.get("strategy", "unknown")  # data parallel
-    rows = result.collectives
-    if strategy == "ddp" or (strategy == "unknown" and not any(r["collective"] == "allgather" for r in rows)):
+    if strategy == "ddp":
         return "ddp"
-    if any(r["collective"] == "allreduce" and index.role(r) == "replicate" for r in rows):
+    # by column: each projection asks, and the rows are tens of thousands
+    columns = CollectiveColumns.of(result)
+    gathers = columns.kind.isin(("allgather",))
+    if strategy == "unknown" and not gathers.any():
+        return "ddp"
+    replicate = np.array([index.role({"group": group}) == "replicate" for group in columns.group.names], dtype=bool)
+    if (columns.kind.isin(("allreduce",)) & replicate[columns.group.codes]).any():
         return "hsdp"
-    if any(r["collective"] == "allgather" and r["phase"] == "backward" for r in rows):
+    if (gathers & columns.phase.isin(("backward",))).any():
         return "fsdp-full"
     return "fsdp-grad-op"
 
@@ -295,8 +303,26 @@ class _Transfers:
         keys = np.array([index.setdefault(key, len(index)) for key in _ratio_keys(rows, None)], dtype=np.intp)
         first = np.unique(keys, return_index=True)[1]  # keys are numbered in order of first use
         duration = np.array([row["dur_us"] for row in rows], dtype=float)
-        wait = np.array([row.get("wait_us") or 0.0 for row in rows], dtype=float)
-        return cls(duration, duration - wait, keys, tuple(rows[i] for i in first.tolist()))
+        return cls(duration, duration - _waits(rows), keys, tuple(rows[i] for i in first.tolist()))
+
+    @classmethod
+    def of_columns(cls, columns: CollectiveColumns, index: np.ndarray) -> _Transfers:
+        """``of`` the rows at ``index`` of ``columns``, their ratio keys told apart by column:
+        the group's name (once per group object), the kind, the bytes, on GPU."""
+        rows = _rows_at(columns.rows, index)
+        names = categorical([None if (name := (group or _NO_GROUP).get("name")) is None else str(name)
+                             for group in columns.group.names], len(columns.group.names)).codes
+        size = np.unique(columns.size[index], return_inverse=True)[1].reshape(-1)  # bytes: ints or None (NaN)
+        _, _, keys = distinct_rows([names[columns.group.codes[index]], columns.kind.codes[index], size,
+                                    columns.on_gpu[index].astype(np.int64)])
+        first = np.unique(keys, return_index=True)[1]
+        duration = columns.dur[index]
+        return cls(duration, duration - _waits(rows), keys.astype(np.intp), tuple(rows[i] for i in first.tolist()))
+
+
+def _waits(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Each row's ``wait_us``, 0 where none."""
+    return np.array([wait or 0.0 for wait in map(dict.get, rows, repeat("wait_us"))], dtype=float)
 
 
 class Durations:
@@ -394,6 +420,7 @@ class _DdpSchedule:
     ready: list[float]
     backward_end: float
     measured_tail: float
+    index: np.ndarray | None = None  # the buckets' rows in the Result's collectives, when known
 
     @cached_property
     def transfers(self) -> _Transfers:
@@ -402,19 +429,29 @@ class _DdpSchedule:
         return _Transfers.of(self.buckets)
 
 
-def _ddp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _DdpSchedule | None:
-    buckets = sorted([r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
-                      and r.get("on_gpu")], key=itemgetter("start_us", "rank"))
+def _ddp_schedule(buckets: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
+                  at: tuple[CollectiveColumns, np.ndarray] | None = None) -> _DdpSchedule | None:
+    """The schedule of one rank-step's backward all-reduces on the GPU (``buckets``, in start
+    order); ``at``: the Result's columns and the buckets' rows there, to read them by column."""
     if not buckets:
         return None
-    ends = [r["start_us"] + r["dur_us"] for r in buckets]
+    if at is None:
+        starts = np.array(list(map(itemgetter("start_us"), buckets)), dtype=float)
+        durations = np.array(list(map(itemgetter("dur_us"), buckets)), dtype=float)
+        sizes = np.array([float(size or 0.0) for size in map(itemgetter("bytes"), buckets)])
+        launch = np.array([np.nan if t is None else t for t in map(dict.get, buckets, repeat("launch_us"))], dtype=float)
+    else:  # bytes and launch times are numbers or None (NaN in the columns)
+        columns, index = at
+        starts, durations, sizes, launch = (columns.start[index], columns.dur[index], columns.size[index],
+                                            columns.launch[index])
+        sizes = np.where(np.isnan(sizes), 0.0, sizes)
+    ends = starts + durations
     backward_end = _phase_end(step, "backward", origin_ns)
     if backward_end is None:
-        backward_end = ends[-1] - sum(r["exposed_us"] or 0.0 for r in buckets)
-    sizes = [float(r["bytes"] or 0.0) for r in buckets]
-    ready = bucket_ready_times([r["start_us"] for r in buckets], ends, sizes,
-                               [r.get("launch_us") for r in buckets], backward_end)
-    return _DdpSchedule(buckets, sizes, ready, backward_end, max(0.0, max(ends) - backward_end))
+        backward_end = float(ends[-1]) - sum(r["exposed_us"] or 0.0 for r in buckets)
+    ready = bucket_ready_array(starts, ends, sizes, launch, ~np.isnan(launch), backward_end)
+    return _DdpSchedule(buckets, sizes.tolist(), ready.tolist(), backward_end,
+                        max(0.0, float(ends.max()) - backward_end), None if at is None else at[1])
 
 
 def _ddp_step(measured: _RankStep, durations: Durations, scenario: Scenario,
@@ -455,7 +492,8 @@ class _DdpBatch:
     groups: tuple[tuple[list[int], np.ndarray, np.ndarray, np.ndarray], ...]  # (positions, rows, ready, backward end)
 
     @classmethod
-    def of(cls, schedules: list[_DdpSchedule | None]) -> _DdpBatch:
+    def of(cls, schedules: list[_DdpSchedule | None], columns: CollectiveColumns | None = None) -> _DdpBatch:
+        """``columns``: the Result's, when every schedule knows its buckets' rows there."""
         buckets: list[dict[str, Any]] = []
         by_count: dict[int, list[tuple[int, int, _DdpSchedule]]] = {}  # (position, first row, schedule)
         for position, ddp in enumerate(schedules):
@@ -468,8 +506,12 @@ class _DdpBatch:
             groups.append(([position for position, _, _ in members], rows,
                            np.array([ddp.ready for _, _, ddp in members], dtype=float),
                            np.array([ddp.backward_end for _, _, ddp in members], dtype=float)))
-        return cls([None if ddp is None else ddp.measured_tail for ddp in schedules], _Transfers.of(buckets),
-                   tuple(groups))
+        indexed = [ddp.index for ddp in schedules if ddp is not None]
+        if columns is not None and all(index is not None for index in indexed):
+            transfers = _Transfers.of_columns(columns, np.concatenate(indexed) if indexed else np.zeros(0, np.intp))
+        else:
+            transfers = _Transfers.of(buckets)
+        return cls([None if ddp is None else ddp.measured_tail for ddp in schedules], transfers, tuple(groups))
 
     def changes(self, durations: Durations) -> list[tuple[float, float] | None] | None:
         """``_ddp_step`` of every rank-step without re-bucketing, or None when some step's
@@ -604,29 +646,59 @@ class _Item:
     need: float
     duration: float
     depends: int | None = None  # index of another item it waits for
-    end: float = 0.0
     final: bool = False  # needed by the end-of-backward wait (after every issue at that point)
     measured_end: float = 0.0  # a measured row's end, in progress time
 
 
-def _progress(rows: list[dict[str, Any]]):
-    """P(t) = t − exposed communication before t (exposure taken at the end of each kernel)."""
-    exposed = [(r["start_us"] + r["dur_us"] - (r["exposed_us"] or 0.0), r["start_us"] + r["dur_us"])
-               for r in rows if (r.get("exposed_us") or 0.0) > 0]
-    if not exposed:
-        return lambda t: t, 0.0
-    scale = 1000.0  # interval algebra works on integers: ns
-    union = iv.union(np.array([round(a * scale) for a, _ in exposed], dtype=np.int64),
-                     np.array([round(b * scale) for _, b in exposed], dtype=np.int64))
-    starts, ends = union
-    lengths = ends - starts
-    total = float(lengths.sum()) / scale
+_NS = 1000.0  # µs to ns: the interval algebra works on integers
 
-    def progress(t: float) -> float:
-        cut = np.clip(round(t * scale) - starts, 0, lengths)
-        return t - float(cut.sum()) / scale
 
-    return progress, total
+class _Progress:
+    """P(t) = t − exposed communication before t (exposure taken at the end of each kernel), of
+    one point (a call) or of many at once (``many``: the same integer nanoseconds and float
+    operations per point, by prefix sums over the exposed intervals instead of a pass each)."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        exposed = [(r["start_us"] + r["dur_us"] - (r["exposed_us"] or 0.0), r["start_us"] + r["dur_us"])
+                   for r in rows if (r.get("exposed_us") or 0.0) > 0]
+        self.starts: np.ndarray | None = None
+        self.total = 0.0
+        if exposed:
+            starts, ends = iv.union(np.array([round(a * _NS) for a, _ in exposed], dtype=np.int64),
+                                    np.array([round(b * _NS) for _, b in exposed], dtype=np.int64))
+            self.starts, self.lengths = starts, ends - starts
+            self.before = np.concatenate(([0], np.cumsum(self.lengths)[:-1]))  # exposed before each interval
+            self.total = float(self.lengths.sum()) / _NS
+
+    def __call__(self, t: float) -> float:
+        if self.starts is None:
+            return t
+        cut = np.clip(round(t * _NS) - self.starts, 0, self.lengths)
+        return t - float(cut.sum()) / _NS
+
+    def many(self, times: list[float]) -> list[float]:
+        """``[self(t) for t in times]``."""
+        if self.starts is None:
+            return list(times)
+        t = np.asarray(times, dtype=float)
+        with np.errstate(invalid="ignore"):
+            scaled = np.rint(t * _NS)  # Python's round: half to even
+        if not (np.isfinite(scaled).all() and (np.abs(scaled) < 2.0**62).all()):
+            return [self(value) for value in times]
+        if not len(self.starts):  # every exposure was of zero length
+            return (t - 0.0).tolist()
+        ns = scaled.astype(np.int64)
+        # the intervals that start at or before t: all but the last lie wholly before it
+        last = np.searchsorted(self.starts, ns, side="right") - 1
+        at = np.maximum(last, 0)
+        cut = np.where(last >= 0, self.before[at] + np.minimum(ns - self.starts[at], self.lengths[at]), 0)
+        return (t - cut.astype(float) / _NS).tolist()
+
+
+def _progress(rows: list[dict[str, Any]]) -> tuple[_Progress, float]:
+    """(P, the exposed communication in all) of ``rows`` (``_Progress``)."""
+    progress = _Progress(rows)
+    return progress, progress.total
 
 
 @dataclass(frozen=True)
@@ -653,37 +725,73 @@ def _fsdp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: 
     ends = [r["start_us"] + r["dur_us"] for r in comm]
     p_backward = progress(backward_end if backward_end is not None else max(ends))
     forward_end = _phase_end(step, "forward", origin_ns)
+    p_ends = progress.many(ends)
     return _FsdpSchedule(comm, measured_exposed, p_backward,
-                         None if forward_end is None else progress(forward_end), _issue_points(comm, ends, progress),
-                         [progress(end) for end in ends], _comm_dependencies(comm, ends))
+                         None if forward_end is None else progress(forward_end),
+                         _issue_points(comm, ends, progress.many([r["start_us"] for r in comm]), p_ends),
+                         p_ends, _comm_dependencies(comm, ends))
 
 
 def _fsdp_step(measured: _RankStep, durations: Durations, base: Config, target: Config) -> tuple[float, float] | None:
+    plan = measured.fsdp_plan(base.strategy, target.strategy, durations)
+    if plan is None:
+        return None
+    replayed = durations.of_rows(plan.transfers).tolist()  # the measured collectives, projected
+    shards = min(target.gpus, target.gpus_per_node)  # HYBRID_SHARD: the shard's share of each all-reduce
+    added = iter(durations.new("allreduce", size / shards, "replicate") for size in plan.added)
+    times = [replayed[k] if k >= 0 else next(added) for k in plan.measured]
+    return measured.fsdp.measured_exposed, plan.order.run(plan.items, times)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class _FsdpPlan:
+    """One rank-step's FSDP replay for one (measured, projected) strategy pair, built once for
+    every projection of the job: the items (the measured collectives replayed, in start order,
+    and the HYBRID_SHARD all-reduces added after each reduce-scatter) with their issue and need
+    points, streams and dependencies, and the replay's event order. Only their durations
+    change with the projected size and links: the measured ones' as one array
+    (``Durations.of_rows`` of ``transfers``), the added ones' from the model (``added``)."""
+
+    items: list[_Item]  # durations unset
+    measured: list[int]  # each item's index among the replayed measured collectives, -1: an added one
+    transfers: _Transfers  # the replayed measured collectives, in item order
+    added: list[float]  # the reduce-scatter's bytes of each added HYBRID_SHARD all-reduce, in item order
+    order: _ReplayOrder
+
+
+def _fsdp_plan(measured: _RankStep, durations: Durations, base_strategy: str,
+               target_strategy: str) -> _FsdpPlan | None:
     fsdp = measured.fsdp
     if fsdp is None:
         return None
     comm, issue, depends, p_backward = fsdp.comm, fsdp.issue, fsdp.depends, fsdp.p_backward
-    items = []
+    items: list[_Item] = []
     item_of: dict[int, int] = {}
+    replayed: list[int] = []  # comm index of each measured item
+    measured_items: list[int] = []
+    added: list[float] = []
     for k, r in enumerate(comm):
         role = durations.role(r)
-        if target.strategy == "fsdp-grad-op" and base.strategy != "fsdp-grad-op" \
+        if target_strategy == "fsdp-grad-op" and base_strategy != "fsdp-grad-op" \
                 and r["collective"] == "allgather" and r["phase"] == "backward":
             continue  # SHARD_GRAD_OP keeps the parameters gathered after forward
-        if target.strategy != "hsdp" and role == "replicate":
+        if target_strategy != "hsdp" and role == "replicate":
             continue  # no replicate all-reduce outside HYBRID_SHARD
         item_of[k] = len(items)
-        items.append(_Item(r, r["collective"], r["stream"], issue[k], 0.0, durations.of(r, role),
+        measured_items.append(len(replayed))
+        replayed.append(k)
+        items.append(_Item(r, r["collective"], r["stream"], issue[k], 0.0, 0.0,
                            depends=item_of.get(depends[k]) if depends[k] is not None else None,
                            measured_end=fsdp.ends[k]))
-        if (target.strategy == "hsdp" and base.strategy != "hsdp" and r["collective"] == "reduce_scatter"
+        if (target_strategy == "hsdp" and base_strategy != "hsdp" and r["collective"] == "reduce_scatter"
                 and r.get("bytes")):
-            shard = r["bytes"] / min(target.gpus, target.gpus_per_node)
-            items.append(_Item(None, "allreduce", "replicate", issue[k], p_backward,
-                               durations.new("allreduce", shard, "replicate"), depends=len(items) - 1,
+            measured_items.append(-1)
+            added.append(r["bytes"])
+            items.append(_Item(None, "allreduce", "replicate", issue[k], p_backward, 0.0, depends=len(items) - 1,
                                final=True))
     _need_points(items, p_backward, fsdp.p_forward)
-    return fsdp.measured_exposed, _replay(items)
+    return _FsdpPlan(items, measured_items, _Transfers.of([comm[k] for k in replayed]), added,
+                     _ReplayOrder.of(items))
 
 
 def _fsdp_units_step(measured: _RankStep, durations: Durations, target: Config,
@@ -773,7 +881,10 @@ def _comm_dependencies(comm, ends) -> list[int | None]:
     return out
 
 
-def _issue_points(comm, ends, progress) -> list[float]:
+def _issue_points(comm, ends, p_starts, p_ends) -> list[float]:
+    """Each collective's issue point in progress time (``p_starts``, ``p_ends``: its start and
+    end there): its start when its stream was idle before it; a prefetching all-gather's, the
+    end of the exposed all-gather before it; else interpolated in bytes (``interpolate_ready``)."""
     by_stream: dict[Any, list[int]] = {}
     for k, r in enumerate(comm):
         by_stream.setdefault(r["stream"], []).append(k)
@@ -785,15 +896,15 @@ def _issue_points(comm, ends, progress) -> list[float]:
             r = comm[k]
             idle = pos == 0 or r["start_us"] > ends[indices[pos - 1]] + _EPS_US
             if idle:
-                known.append(progress(r["start_us"]))
+                known.append(p_starts[k])
             elif r["collective"] == "allgather" and last_exposed_ag is not None:
-                known.append(progress(ends[last_exposed_ag]))  # prefetch issued right after the wait
+                known.append(p_ends[last_exposed_ag])  # prefetch issued right after the wait
             else:
                 known.append(None)
             if r["collective"] == "allgather":
                 last_exposed_ag = k if _waited_for(r) else None
         weights = [float(comm[k].get("bytes") or 1.0) for k in indices]
-        upper = [progress(comm[k]["start_us"]) for k in indices]
+        upper = [p_starts[k] for k in indices]
         for k, value in zip(indices, interpolate_ready(known, weights, upper, None)):
             issue[k] = value
     return issue
@@ -825,6 +936,13 @@ def _copy_out_rate(items: list[_Item], gathers: list[int]) -> float:
 def _need_points(items: list[_Item], p_backward: float, p_forward: float | None) -> None:
     gathers = [i for i, item in enumerate(items) if item.row is not None and item.kind == "allgather"]
     copy_out = _copy_out_rate(items, gathers)
+    later_of: dict[int, float] = {}  # each all-gather's next one of the same phase: its issue point
+    next_in: dict[Any, float] = {}
+    for j in reversed(gathers):
+        phase = items[j].row["phase"]  # type: ignore[index]
+        if phase in next_in:
+            later_of[j] = next_in[phase]
+        next_in[phase] = items[j].issue
     for i, item in enumerate(items):
         r = item.row
         if r is None:
@@ -834,7 +952,7 @@ def _need_points(items: list[_Item], p_backward: float, p_forward: float | None)
             item.need = max(end, p_backward)
             item.final = True
         elif item.kind == "allgather" and not _waited_for(r):
-            later = next((items[j].issue for j in gathers if j > i and items[j].row["phase"] == r["phase"]), None)
+            later = later_of.get(i)
             phase_end = p_backward if r["phase"] == "backward" else (p_forward if p_forward is not None else end)
             next_issue = later - copy_out * (r.get("bytes") or 0) if later is not None else phase_end
             item.need = max(end, next_issue)
@@ -845,42 +963,60 @@ def _need_points(items: list[_Item], p_backward: float, p_forward: float | None)
 def _replay(items: list[_Item]) -> float:
     """Compute stalls (µs) when each collective is issued at its progress point plus the stalls
     so far, runs when its stream is free, and is needed at its need point."""
-    events = sorted([(item.issue, 1, i) for i, item in enumerate(items)]
-                    + [(item.need, 2 if item.final else 0, i) for i, item in enumerate(items)])
-    stall = 0.0
-    stream_free: dict[Any, float] = {}
-    issued: set[int] = set()
-    previous: dict[int, int] = {}  # stream predecessor: a stream runs its work in issue order
-    last_on: dict[Any, int] = {}
-    for i, item in enumerate(items):
-        if item.stream in last_on:
-            previous[i] = last_on[item.stream]
-        last_on[item.stream] = i
+    return _ReplayOrder.of(items).run(items, [item.duration for item in items])
 
-    def issue(i: int) -> None:
-        item = items[i]
-        if i in previous:
-            issue_once(previous[i])
-        start = max(item.issue + stall, stream_free.get(item.stream, -math.inf))
-        if item.depends is not None:
-            issue_once(item.depends)
-            start = max(start, items[item.depends].end)
-        item.end = start + item.duration
-        stream_free[item.stream] = item.end
 
-    def issue_once(i: int) -> None:
-        if i not in issued:
-            issued.add(i)
-            issue(i)
+@dataclass(frozen=True)
+class _ReplayOrder:
+    """What a replay's order depends on, and not its durations: the events (issue and need
+    points) in the order they happen, and each item's stream predecessor (a stream runs its work
+    in issue order)."""
 
-    # At one progress point, waits for all-gathers come before issues (a prefetch is issued after
-    # the wait for the previous unit), the end-of-backward wait after them; a collective is
-    # always issued before it is waited for.
-    for point, order, i in events:
-        issue_once(i)
-        if order != 1:
-            stall += max(0.0, items[i].end - (point + stall))
-    return stall
+    events: list[tuple[float, int, int]]
+    previous: list[int]  # -1: the first on its stream
+
+    @classmethod
+    def of(cls, items: list[_Item]) -> _ReplayOrder:
+        # At one progress point, waits for all-gathers come before issues (a prefetch is issued
+        # after the wait for the previous unit), the end-of-backward wait after them; a
+        # collective is always issued before it is waited for.
+        events = sorted([(item.issue, 1, i) for i, item in enumerate(items)]
+                        + [(item.need, 2 if item.final else 0, i) for i, item in enumerate(items)])
+        previous = [-1] * len(items)
+        last_on: dict[Any, int] = {}
+        for i, item in enumerate(items):
+            if item.stream in last_on:
+                previous[i] = last_on[item.stream]
+            last_on[item.stream] = i
+        return cls(events, previous)
+
+    def run(self, items: list[_Item], durations: list[float]) -> float:
+        """The compute stalls (µs) of ``items`` with these ``durations`` (items are not changed)."""
+        stall = 0.0
+        end = [0.0] * len(items)
+        stream_free: dict[Any, float] = {}
+        issued = [False] * len(items)
+        previous = self.previous
+
+        def issue(i: int) -> None:  # once per item, its stream predecessor and dependency first
+            issued[i] = True
+            item = items[i]
+            if previous[i] >= 0 and not issued[previous[i]]:
+                issue(previous[i])
+            start = max(item.issue + stall, stream_free.get(item.stream, -math.inf))
+            if item.depends is not None:
+                if not issued[item.depends]:
+                    issue(item.depends)
+                start = max(start, end[item.depends])
+            end[i] = start + durations[i]
+            stream_free[item.stream] = end[i]
+
+        for point, order, i in self.events:
+            if not issued[i]:
+                issue(i)
+            if order != 1:
+                stall += max(0.0, end[i] - (point + stall))
+        return stall
 
 
 # ---------------------------------------------------------------- entry point
@@ -888,10 +1024,19 @@ class _RankStep:
     """One measured rank-step as every projection reads it: its collective rows and, built on
     first use, its DDP schedule or FSDP replay inputs (they do not depend on the scenario)."""
 
-    def __init__(self, rank: int, step: dict[str, Any], rows: list[dict[str, Any]], origin_ns: int):
+    def __init__(self, rank: int, step: dict[str, Any], rows: list[dict[str, Any]],
+                 backward_allreduces: list[dict[str, Any]] | None = None, reduction_index: np.ndarray | None = None,
+                 *, origin_ns: int, columns: CollectiveColumns | None = None):
         self.rank, self.step, self.rows, self.origin_ns = rank, step, rows, origin_ns
-        self.waits = sum([r.get("wait_us") or 0.0 for r in rows])
+        self.columns = columns  # the Result's, which reduction_index indexes
+        self.reduction_index = reduction_index  # the all-reduces' rows in the Result's collectives
+        self.waits = sum([w or 0.0 for w in map(dict.get, rows, repeat("wait_us"))])
+        # in start order (sorted stably, as by start and rank: one rank)
+        self.backward_allreduces = backward_allreduces if backward_allreduces is not None else sorted(
+            [r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward" and r.get("on_gpu")],
+            key=itemgetter("start_us", "rank"))
         self._rebucketed: dict[float, tuple[list[float], list[float]]] = {}
+        self._plans: dict[tuple, _FsdpPlan | None] = {}
 
     def rebucketed(self, bucket_mb: float) -> tuple[list[float], list[float]]:
         """(ready time, bytes) of the DDP buckets with cap ``bucket_mb``: the measured buckets
@@ -908,34 +1053,82 @@ class _RankStep:
 
     @cached_property
     def ddp(self) -> _DdpSchedule | None:
-        return _ddp_schedule(self.rows, self.step, self.origin_ns)
+        at = None if self.columns is None or self.reduction_index is None else (self.columns, self.reduction_index)
+        return _ddp_schedule(self.backward_allreduces, self.step, self.origin_ns, at)
 
     @cached_property
     def fsdp(self) -> _FsdpSchedule | None:
         return _fsdp_schedule(self.rows, self.step, self.origin_ns)
 
+    def fsdp_plan(self, base_strategy: str, target_strategy: str, durations: Durations) -> _FsdpPlan | None:
+        """The FSDP replay of this rank-step for a strategy pair (``_FsdpPlan``), once per pair:
+        it depends on the result (its groups' roles) and the strategies, never on the projected
+        size or links."""
+        key = (base_strategy, target_strategy)
+        if key not in self._plans:
+            self._plans[key] = _fsdp_plan(self, durations, base_strategy, target_strategy)
+        return self._plans[key]
+
 
 class Measured:
-    """The measured side of one Result's projections, built once and passed to each
-    ``project`` of one call chain (the scaling curve projects the job ten times, a finding's
-    gain twice): every rank-step in rank, step order. Not a global cache: it lives as long as
-    its caller holds it, and serves ``result`` only."""
+    """The measured side of one Result's projections, built once and shared by every
+    ``project`` of it (the scaling curve projects the job ten times, each finding's fix twice):
+    every rank-step in rank, step order, and the schedules and replay plans made from them on
+    first use. ``Measured.of(result)`` keeps one on the Result for the run; it serves that
+    Result only, and is made again when its collective rows are replaced."""
 
     def __init__(self, result: Any):
         self.result = result
+        self.rows = result.collectives  # the list it was made from
+
+    @classmethod
+    def of(cls, result: Any) -> Measured:
+        """The Measured kept on ``result`` (made on first use)."""
+        held = getattr(result, "_whatif_measured", None)
+        if held is None or held.rows is not result.collectives:
+            held = cls(result)
+            result._whatif_measured = held
+        return held
 
     @cached_property
     def steps(self) -> list[_RankStep]:  # on first use: project() checks the result first
         origin = self.result.job["time_origin_ns"]
-        rows_by: dict[tuple, list[dict[str, Any]]] = {}
-        for row in self.result.collectives:
-            rows_by.setdefault((row["rank"], row["step"]), []).append(row)
-        return [_RankStep(rank.rank, step, rows_by.get((rank.rank, step["step"]), []), origin)
-                for rank in self.result.ranks for step in rank.steps]
+        rows_by = _rows_by_rank_step(self.result)
+        none: tuple[list[dict[str, Any]], list[dict[str, Any]], np.ndarray] = ([], [], np.zeros(0, np.intp))
+        columns = CollectiveColumns.of(self.result) if self.result.collectives else None
+        return [_RankStep(rank.rank, step, *rows_by.get((rank.rank, step["step"]), none), origin_ns=origin,
+                          columns=columns) for rank in self.result.ranks for step in rank.steps]
 
     @cached_property
     def ddp_batch(self) -> _DdpBatch:
-        return _DdpBatch.of([rank_step.ddp for rank_step in self.steps])
+        return _DdpBatch.of([rank_step.ddp for rank_step in self.steps],
+                            CollectiveColumns.of(self.result) if self.result.collectives else None)
+
+
+def _rows_by_rank_step(result: Any) -> dict[tuple, tuple[list[dict[str, Any]], list[dict[str, Any]], np.ndarray]]:
+    """(rows, backward all-reduces on the GPU) of each (rank, step) of the collective rows, rows
+    in their order, all-reduces in start order: grouped and sorted by column
+    (``CollectiveColumns``), not row by row."""
+    rows = result.collectives
+    if not rows:
+        return {}
+    columns = CollectiveColumns.of(result)
+    first, counts, number = distinct_rows([columns.rank - int(columns.rank.min()), columns.step.codes])
+    order = np.argsort(number, kind="stable")
+    backward = columns.kind.isin(("allreduce",)) & columns.phase.isin(("backward",)) & columns.on_gpu
+    out = {}
+    for start, count, row in zip(np.cumsum(counts) - counts, counts.tolist(), first.tolist()):
+        index = order[start:start + count]
+        reductions = index[backward[index]]
+        reductions = reductions[np.argsort(columns.start[reductions], kind="stable")]
+        out[(rows[row]["rank"], rows[row]["step"])] = (_rows_at(rows, index), _rows_at(rows, reductions), reductions)
+    return out
+
+
+def _rows_at(rows: list[dict[str, Any]], index: np.ndarray) -> list[dict[str, Any]]:
+    if len(index) < 2:
+        return [rows[i] for i in index.tolist()]
+    return list(itemgetter(*index.tolist())(rows))
 
 
 def project(result: Any, scenario: Scenario = Scenario(), measured: Measured | None = None) -> Projection:
@@ -1034,8 +1227,8 @@ def _check_supported(base: Config, target: Config, scenario: Scenario) -> None:
     if scenario.fsdp_units is not None:
         if target.strategy == "ddp":
             raise ConfigError("--fsdp-units applies to FSDP (the projected strategy is DDP)")
-        if scenario.fsdp_units < 1:
-            raise ConfigError("--fsdp-units must be at least 1")
+        if not 1 <= scenario.fsdp_units <= MAX_FSDP_UNITS:  # the replay's cost follows it (issue 30)
+            raise ConfigError(f"--fsdp-units must be 1 to {MAX_FSDP_UNITS:,}")
     elif base.strategy == "fsdp-grad-op" and target.strategy in ("fsdp-full", "hsdp"):
         raise ConfigError("cannot add backward all-gathers to a SHARD_GRAD_OP trace")
     if base.strategy == "hsdp" and target.strategy == "fsdp-grad-op":
@@ -1149,7 +1342,7 @@ def projected_change_us(result: Any, **changes: Any) -> float | None:
     residual on this job cancels. None when it cannot project this trace. The rules take their
     estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
     try:
-        measured = Measured(result)
+        measured = Measured.of(result)
         base = project(result, Scenario(), measured).projected.get("step_time_us")
         changed = project(result, Scenario(**changes), measured).projected.get("step_time_us")
     except (TracecliffError, ValueError):

@@ -14,7 +14,7 @@ def scaling_data(result: Any) -> dict[str, Any]:
     100%) at 1/2×..8× the measured GPU count: as configured, and with the top finding's fix when the
     what-if model can express it."""
     measured_gpus = int(result.job.get("world_size") or len(result.ranks))
-    measured = whatif.Measured(result)  # the measured schedules, shared by every point's projection
+    measured = whatif.Measured.of(result)  # the measured schedules, shared by every projection of it
     own_size = whatif.Scenario(gpus=measured_gpus)
     try:  # the projection onto the job's own size: when even that cannot run, say why once
         at_own_size = whatif.project(result, own_size, measured)
