@@ -251,7 +251,7 @@ def load_result(path: str | Path) -> Result:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
     from analyzer.job.plausible import check_result
     check_result(doc, path)
-    return Result.from_dict(doc)
+    return Result.from_dict(doc, path)
 
 
 def result_schema() -> dict[str, Any]:
@@ -291,7 +291,7 @@ def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,
                 raise InputError(raw, "a saved result must be given alone, not with trace paths")
             from analyzer.job.plausible import check_result
             check_result(doc, raw)
-            return Result.from_dict(doc)  # checked against the contract (analyzer.job.saved)
+            return Result.from_dict(doc, path)  # checked against the contract (analyzer.job.saved)
     return diagnose(paths, options, progress, config, **keywords)
 
 

@@ -6,8 +6,9 @@ matching, fits, rules, serialisation) for a job of many small ranks, without rea
 One synthetic rank (sample_traces/synthetic/ddp_healthy_8r, rank 0) is analysed once, its
 collectives tiled to the count asked (steps repeated), and cloned per rank with the rank
 number changed, so the reduce sees a job of ``ranks`` x ``collectives`` rows. Prints the time of
-each stage (wall, and CPU seconds of this process: the machine may be shared) and the peak
-memory growth (tracemalloc-free: RSS from /proc), in one run.
+each stage (wall, and CPU seconds of this process: the machine may be shared), the size of the
+JSON and of the rows file beside it (a result of more than analyzer.job.large.JSON_ROWS rows:
+docs/scale.md), and the peak memory (RSS from /proc), in one run.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from analyzer.base.gc_pause import paused_gc
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result
 from analyzer.rank.analysis import RankOptions, analyze_rank_file
-from analyzer.base.output import write_atomic
-from analyzer.reports import render_chunks
 from analyzer.rules.engine import run_rules
 
 SOURCE = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_healthy_8r" / "rank-0.json.gz"
@@ -69,25 +68,12 @@ def clone(template, rank: int, world: int):
                    steps=copy.deepcopy(template.steps), host=f"node{rank // 8}")
 
 
-def timed(chunks, spent: list[float]):
-    """The chunks, adding the wall and CPU seconds spent producing them (encoding and formatting,
-    not writing) to ``spent``."""
-    chunks = iter(chunks)
-    while True:
-        wall, cpu = time.perf_counter(), time.process_time()
-        chunk = next(chunks, None)
-        spent[0] += time.perf_counter() - wall
-        spent[1] += time.process_time() - cpu
-        if chunk is None:
-            return
-        yield chunk
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--collectives", type=int, default=2000)
-    parser.add_argument("--output", default="/tmp/tracecliff-bench-reduce.json", help="where the JSON goes")
+    parser.add_argument("--output", default="/tmp/tracecliff-bench-reduce.json",
+                        help="where the JSON goes (a large result's rows file goes beside it)")
     args = parser.parse_args()
     template = tiled_rank(args.collectives)
     start_rss = rss_mb()
@@ -102,18 +88,20 @@ def main() -> None:
         t3 = time.perf_counter(), time.process_time()
         run_rules(result, {})
         t4 = time.perf_counter(), time.process_time()
-        encoding = [0.0, 0.0]
-        write_atomic(args.output, timed(render_chunks(result, "json"), encoding))  # streamed, as the CLI does
+        written = result.save(args.output)  # as `diagnose --format json -o FILE` does: the JSON, the rows file
         t5 = time.perf_counter(), time.process_time()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"{args.ranks} ranks x {len(template.collectives)} collectives = {args.ranks * len(template.collectives):,} rows")
-    size = f"{Path(args.output).stat().st_size / 1e6:,.0f} MB"
+    output = Path(args.output)
+    rows = output.with_name(written.file) if written is not None and written.file else None
+    sizes = f"JSON {output.stat().st_size / 1e6:,.1f} MB" + (f", rows file {rows.stat().st_size / 1e6:,.1f} MB" if rows
+                                                          else ", no rows file" + (f" ({written.why})" if written else ""))
     print("  stage                               wall      CPU")
     for label, (a, b) in (("ranks in memory (the map's output)", (t0, t1)), ("combine (build_result)", (t1, t2)),
                           ("job analysis (match, fits, MFU)", (t2, t3)), ("rules", (t3, t4)),
-                          (f"JSON ({size}, streamed)", (t4, t5)), ("  of which encoding, formatting", ((0, 0), encoding)),
-                          ("reduce total (combine..JSON)", (t1, t5))):
+                          ("save (JSON and rows file)", (t4, t5)), ("reduce total (combine..save)", (t1, t5))):
         print(f"  {label + ':':<35}{b[0] - a[0]:6.2f} s {b[1] - a[1]:6.2f} s")
+    print(f"  {sizes}")
     print(f"  RSS: {start_rss:,.0f} MB before the ranks, peak {peak:,.0f} MB")
 
 

@@ -24,6 +24,7 @@ from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
 from analyzer.job.compute import shape_text
+from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
@@ -40,10 +41,7 @@ BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped com
 # The typical step's leaves (analyzer.job.attribution): they add up to the step time.
 LEAF_SEGMENTS = (("compute_only", "compute only"), ("wait", "waiting for late peers"),
                  ("transfer", "exposed transfer"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
-SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
-MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
 OPEN_GROUPS = 2
-BUSBW_KINDS = set(models.COLLECTIVE_KINDS)
 
 
 class HtmlRenderer:
@@ -520,16 +518,13 @@ def _fix_parts(fix: Any) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- collectives
 def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
-    rows = [c for c in doc.get("collectives") or [] if isinstance(c, dict)]
-    if not rows:
+    # every row's figures, from the digest (analyzer.job.digest): a saved large result has only
+    # its most exposed rows in the document
+    digest = model.digest["groups"]
+    if not digest:
         return unavailable("no collective operations in the traces")
     fits = {str(g.get("name")): g for g in doc.get("groups") or [] if isinstance(g, dict)}
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    for c in rows:
-        by_group.setdefault(_group_name(c), []).append(c)
-    # The scatter plots share one point budget, so many process groups cannot blow up the page.
-    budget = max(MIN_SCATTER_POINTS, min(MAX_SCATTER_POINTS, SCATTER_POINTS_TOTAL // len(by_group)))
-    groups = [_group_view(name, by_group[name], fits.get(name), budget) for name in sorted(by_group, key=_natural)]
+    groups = [_group_view(entry, fits.get(entry["name"])) for entry in digest]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -542,24 +537,16 @@ def _natural(name: str) -> tuple[int, Any]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def _group_name(c: dict[str, Any]) -> str:
-    group = c.get("group") if isinstance(c.get("group"), dict) else {}
-    return str(group.get("name") if group.get("name") is not None else "unknown")
-
-
-def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int) -> dict[str, Any]:
-    group = next((c["group"] for c in rows if isinstance(c.get("group"), dict)), {}) or {}
+def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
+    group = entry["group"]
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
-    table: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for c in rows:
-        table.setdefault((str(c.get("collective") or "unknown"), _bucket_index(c.get("bytes"))), []).append(c)
-    lines = [_bucket_line(kind, bucket, table[(kind, bucket)], size, beta) for kind, bucket in sorted(table)]
-    return {"name": name, "description": str((fit or {}).get("description") or group.get("description") or ""),
+    lines = [_bucket_line(line, beta) for line in entry["lines"]]
+    return {"name": entry["name"], "description": str((fit or {}).get("description") or group.get("description") or ""),
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
-            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget), "count": len(rows),
+            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(entry["scatter"], fit), "count": entry["count"],
             "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
-            "on_gpu": any(c.get("on_gpu") for c in rows)}
+            "on_gpu": entry["on_gpu"]}
 
 
 def _num(value: Any) -> float | None:
@@ -577,12 +564,6 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             "busbw_median_gbps": _num(fit.get("busbw_median_gbps")), "role": str(fit.get("role") or "")}
 
 
-def _bucket_index(nbytes: Any) -> int:
-    if not isinstance(nbytes, (int, float)) or isinstance(nbytes, bool):
-        return len(SIZE_EDGES) + 1  # size unknown: last
-    return sum(nbytes >= edge for edge in SIZE_EDGES)
-
-
 def _bucket_label(index: int) -> str:
     if index > len(SIZE_EDGES):
         return "size unknown"
@@ -592,29 +573,22 @@ def _bucket_label(index: int) -> str:
     return f"{fmt_bytes(lo)} – {fmt_bytes(SIZE_EDGES[index])}" if index else f"< {fmt_bytes(SIZE_EDGES[0])}"
 
 
-def _bucket_line(kind, bucket, rows, group_size, beta) -> dict[str, Any]:
+def _bucket_line(line: list[Any], beta: float | None) -> dict[str, Any]:
     # each row's busbw comes from the job analysis (analyzer.job.commfit); none is computed here
-    busbw = [b for b in (_num(c.get("busbw_gbps")) for c in rows) if b is not None]
-    mid = median(busbw) if busbw else None
-    bounds = sorted({str(c["bound"]) for c in rows if c.get("bound")})
-    waits = [float(c["wait_us"]) for c in rows if _num(c.get("wait_us")) is not None]
-    return {"collective": kind, "bucket": _bucket_label(bucket), "count": len(rows),
-            "total_us": sum(float(c.get("dur_us") or 0) for c in rows),
-            "exposed_us": sum(float(c.get("exposed_us") or 0) for c in rows),
-            "wait_us": sum(waits) if waits else None, "bound": ", ".join(bounds),
+    kind, bucket, count, total, exposed, wait, bounds, mid = line
+    return {"collective": kind, "bucket": _bucket_label(bucket), "count": count, "total_us": total,
+            "exposed_us": exposed, "wait_us": wait, "bound": ", ".join(bounds),
             "busbw_gbps": mid, "beta_pct": 100 * mid / beta if mid is not None and beta else None}
 
 
-def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int = 600) -> dict[str, Any]:
+def _scatter(data: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
     """Collectives in the coordinates of the group's α-β fit (analyzer.job.commfit): bytes per ring
     step x = S·busbw_factor/hops (S/N on a ring) against time per step y = transfer time/hops,
-    so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x."""
-    points = sorted(p for p in (_per_hop_point(c, i) for i, c in enumerate(rows)) if p is not None)
-    if len(points) < 2:
+    so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x.
+    The points (thinned to the page's budget) come from the digest (analyzer.job.digest)."""
+    points = data["points"]
+    if data["total"] < 2:
         return unavailable("fewer than two collectives with a known size, kind and group size")
-    total = len(points)
-    if total > budget:
-        points = _thin_points(points, budget)
     w, h, left, bottom, right = 640, 300, 64, 36, 34
     s_star = _num(fit.get("s_star_bytes")) if fit else None
     alpha, beta = (_num(fit.get("alpha_us")), _num(fit.get("beta_gbps"))) if fit else (None, None)
@@ -627,9 +601,9 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
     fy = lambda v: h - bottom - (math.log10(v) - ylo) / (yhi - ylo) * (h - bottom - 10)  # noqa: E731
     kinds = sorted({p[2] for p in points})
     view = {"available": True, "w": w, "h": h, "left": left, "plot_right": w - right, "plot_bottom": h - bottom,
-            "shown": len(points), "total": total, "kinds": kinds,
-            "points": [{"x": round(fx(x), 1), "y": round(fy(y), 1), "k": kinds.index(kind), "tip": _hop_tip(rows[i])}
-                       for x, y, kind, i in points],
+            "shown": len(points), "total": data["total"], "kinds": kinds,
+            "points": [{"x": round(fx(p[0]), 1), "y": round(fy(p[1]), 1), "k": kinds.index(p[2]), "tip": _hop_tip(p)}
+                       for p in points],
             "xticks": [{"x": round(fx(10 ** e), 1), "label": fmt_bytes(10 ** e)} for e in range(xlo, xhi + 1)],
             "yticks": [{"y": round(fy(10 ** e), 1), "label": fmt_us(10 ** e)} for e in range(ylo, yhi + 1)],
             "line": None, "s_star": None}
@@ -647,54 +621,11 @@ def _scatter(rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int
     return view
 
 
-def _hop_geometry(c: dict[str, Any]) -> tuple[str, float, float, int, int, float] | None:
-    """(kind, S, transfer µs, ring steps, N, waited µs) of a collective the fit can place."""
-    from analyzer.job.commfit import hops
-
-    kind, size, dur = str(c.get("collective") or ""), _num(c.get("bytes")), _num(c.get("dur_us"))
-    n = (c.get("group") or {}).get("size") if isinstance(c.get("group"), dict) else None
-    if kind not in BUSBW_KINDS or not size or not dur or not isinstance(n, int) or n < 1:
-        return None
-    steps = hops(kind, n)
-    if steps < 1 or (n < 2 and kind not in ("send", "recv", "sendrecv")):
-        return None
-    wait = _num(c.get("wait_us")) or 0.0
-    wait = wait if 0 <= wait < dur else 0.0  # waiting for late ranks is not transfer
-    return kind, size, dur - wait, steps, n, wait
-
-
-def _per_hop_point(c: dict[str, Any], index: int) -> tuple[float, float, str, int] | None:
-    geometry = _hop_geometry(c)
-    if geometry is None:
-        return None
-    kind, size, transfer, steps, n, _ = geometry
-    return size * models.busbw_factor(kind, n) / steps, transfer / steps, kind, index
-
-
-def _hop_tip(c: dict[str, Any]) -> str:
-    kind, size, transfer, steps, n, wait = _hop_geometry(c)
+def _hop_tip(point: list[Any]) -> str:
+    x, y, kind, size, transfer, steps, n, wait = point
     return (f"{kind} of {fmt_bytes(size)} on {n} ranks: transfer {fmt_us(transfer)}"
             + (f" (+{fmt_us(wait)} waiting)" if wait else "")
-            + f" = {steps} step(s) of {fmt_bytes(size * models.busbw_factor(kind, n) / steps)} in {fmt_us(transfer / steps)}")
-
-
-def _thin_points(points: list[tuple], budget: int) -> list[tuple]:
-    """Deterministic thinning that keeps the lower envelope (the fastest point of each size, what
-    the α-β fit rests on) and spreads the rest evenly in size order."""
-    fastest = [i for i, p in enumerate(points) if i == 0 or p[0] != points[i - 1][0]]
-    keep = _evenly(fastest, budget)
-    kept = set(keep)
-    rest = [i for i in range(len(points)) if i not in kept]
-    keep += _evenly(rest, budget - len(keep))
-    return [points[i] for i in sorted(keep)]
-
-
-def _evenly(items: list[int], count: int) -> list[int]:
-    if count <= 0:
-        return []
-    if len(items) <= count:
-        return list(items)
-    return [items[int(i * len(items) / count)] for i in range(count)]
+            + f" = {steps} step(s) of {fmt_bytes(x)} in {fmt_us(y)}")
 
 
 def _log_bounds(lo: float, hi: float) -> tuple[int, int]:

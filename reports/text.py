@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import heapq
 import textwrap
-from itertools import repeat
-from operator import is_not
 from typing import Any
 
-import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
+from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.prediction import prediction_view
@@ -43,7 +40,7 @@ class TextRenderer:
         lines += _tree(model)
         lines += _compute(doc, model)
         lines += _rank_table(doc, model)
-        lines += _top_collectives(doc)
+        lines += _top_collectives(doc, model.digest)
         lines += _groups(doc)
         lines += _stragglers(doc)
         lines += _warnings(doc)
@@ -308,22 +305,20 @@ def _tree(model: JobModel) -> list[str]:
     return lines + [""]
 
 
-def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
-    on_gpu = [c for c in doc["collectives"] if c.get("on_gpu")]
+def _top_collectives(doc: dict[str, Any], digest: dict[str, Any]) -> list[str]:
+    """The most exposed GPU collectives and the host-side ones, from the digest of every row
+    (analyzer.job.digest: a saved large result has only its most exposed rows in the document)."""
+    top = digest["top_exposed"]
     matched = bool((doc.get("stragglers") or {}).get("method"))
-    host_side = _host_side_collectives(doc["collectives"], limit, matched) \
-        if len(on_gpu) < len(doc["collectives"]) else []
-    shown, rows = _exposed_rows(on_gpu, limit)
+    host_side = _host_side_collectives(digest["host_side"], matched) if digest["host_side"] else []
+    shown, rows = top["shown"], top["rows"]
     if not shown:
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
-        return ["No exposed communication." if on_gpu else "No communication kernels.", ""]
-    # The first ``limit`` of the sorted rows (ties in row order, as a stable sort), without
-    # sorting hundreds of thousands of rows of a large job.
-    rows = heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
-    lines = [f"Top {min(limit, shown)} collectives by exposed time:",
+        return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
+    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
-    for c in rows[:limit]:
+    for c in rows:
         size = fmt_bytes(c.get("bytes"))
         group = (c.get("group") or {}).get("description") or (c.get("group") or {}).get("name") or "?"
         step = c["step"] if c.get("step") is not None else "-"
@@ -332,32 +327,24 @@ def _top_collectives(doc: dict[str, Any], limit: int = 5) -> list[str]:
     return lines + [""] + host_side
 
 
-def _host_side_collectives(collectives: list[dict[str, Any]], limit: int, matched: bool) -> list[str]:
+def _host_side_collectives(host: dict[str, Any], matched: bool) -> list[str]:
     """The collectives only the host's ops record (gloo, and NCCL ops of a rank with no GPU
     trace): how many and how large per step, the longest, and what their record can and cannot
     tell (their host time, not when a GPU transferred or what compute hid)."""
-    rows = [c for c in collectives if not c.get("on_gpu")]
-    libraries = sorted({str(c.get("library") or "unknown") for c in rows})
-    ranks = sorted({c["rank"] for c in rows})
-    steps = {(c["rank"], c.get("step")) for c in rows if c.get("step") is not None}
-    per = max(len(steps), len(ranks), 1)
-    kinds: dict[str, list[float]] = {}
-    for c in rows:
-        kinds.setdefault(c["collective"], [0.0, 0.0])
-        kinds[c["collective"]][0] += 1
-        kinds[c["collective"]][1] += c.get("bytes") or 0
-    basis = "rank and step" if steps else "rank (whole trace)"
+    per = max(host["windows"], host["ranks"], 1)
+    basis = "rank and step" if host["windows"] else "rank (whole trace)"
     parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
-                      for kind, (count, size) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
-    lines = textwrap.wrap(f"Host-side collectives ({', '.join(libraries)}), {len(rows)} on {len(ranks)} rank(s), "
-                          f"per {basis}: {parts}.", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+                      for kind, count, size in sorted(host["kinds"], key=lambda k: -k[1]))
+    lines = textwrap.wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
+                          f"{host['ranks']} rank(s), per {basis}: {parts}.", WIDTH, subsequent_indent="  ",
+                          break_on_hyphens=False)
     last = ("which rank reached each last" if matched else
             "not which rank reached each last (the collectives could not be matched across ranks)")
     lines += textwrap.wrap("measured: their count, message sizes, how long each took on the host (the "
                            f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
                            "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
                            initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
-    longest = heapq.nsmallest(limit, rows, key=lambda c: (-c["dur_us"], c["rank"], c["start_us"]))
+    longest = host["longest"]
     lines += [f"Top {len(longest)} host-side collectives by duration:",
               f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10}  group"]
     for c in longest:
@@ -366,30 +353,6 @@ def _host_side_collectives(collectives: list[dict[str, Any]], limit: int, matche
         lines.append(f"{c['rank']:>5} {step:>5} {str(c.get('phase')):<9} {c['collective']:<14} "
                      f"{fmt_bytes(c.get('bytes')):>10} {c['dur_us']:>10,.0f}  {group}")
     return lines + [""]
-
-
-def _exposed_rows(collectives: list[dict[str, Any]], limit: int) -> tuple[int, list[dict[str, Any]]]:
-    """(how many rows have exposed time (a truthy ``exposed_us``), those of them that can be
-    among the ``limit`` most exposed, in row order): the rows whose exposed time is at least
-    the ``limit``-th largest, read as a column (a float is never above a larger exact value,
-    so no row of the top is left out). All of them where the values are not plain numbers."""
-    values = list(map(dict.get, collectives, repeat("exposed_us")))
-    exposed = None
-    if set(map(type, values)) <= {float, int, type(None)}:
-        try:
-            exposed = np.array(values, dtype=float)  # None: NaN
-        except OverflowError:  # an int beyond the floats
-            pass
-    known = np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values))
-    if exposed is None or np.isnan(exposed[known]).any():  # not plain numbers, or NaN
-        rows = [c for c in collectives if c.get("exposed_us")]
-        return len(rows), rows
-    index = np.flatnonzero(known & (exposed != 0))
-    shown = len(index)
-    if shown > limit:
-        threshold = np.partition(exposed[index], shown - limit)[shown - limit]
-        index = index[exposed[index] >= threshold]
-    return shown, list(map(collectives.__getitem__, index.tolist()))
 
 
 def _groups(doc: dict[str, Any]) -> list[str]:

@@ -133,7 +133,7 @@ def test_group_annotation_matches_the_per_row_model(n, s_star):
             for size, dur, wait, on_gpu in ((2**20, 100.0, 20.0, True), (None, 50.0, None, True),
                                             (3 * 10**9 + 7, 8000.5, None, False), (4096, 0.0, None, True),
                                             (1, 30.0, 30.0, True))]
-    _, codes = commfit.annotate_group(rows, n, s_star)
+    _, codes, _ = commfit.annotate_group(rows, n, s_star)
     assert [commfit.BOUNDS[c] for c in codes.tolist()] == [r["bound"] for r in rows]
     for r in rows:
         # a CPU-side row's duration is no transfer time: no bandwidth from it

@@ -147,3 +147,17 @@ def test_worker_killed_with_no_retry_left_is_one_line(cluster, gz_job):
     error = outcome.get("error")
     assert isinstance(error, InputError), error
     assert error.path in gz_job and "died" in str(error) and "\n" not in str(error)
+
+
+def test_real_cluster_writes_the_same_large_result(cluster, gz_job, tmp_path, monkeypatch):
+    """A large result (JSON_ROWS lowered so this small job is one): the same JSON and the same
+    rows file from the cluster as from the local executor."""
+    pytest.importorskip("pyarrow")
+    from analyzer.job import large
+    monkeypatch.setattr(large, "JSON_ROWS", 5)
+    for name, kw in (("dask", {"executor": "dask", "scheduler": cluster.scheduler.address}), ("local", {"workers": 1})):
+        (tmp_path / name).mkdir()
+        written = diagnose(gz_job, DiagnoseOptions(**kw)).save(tmp_path / name / "result.json")
+        assert written is not None and written.file == "result.collectives.parquet"
+    for file in ("result.json", "result.collectives.parquet"):
+        assert (tmp_path / "dask" / file).read_bytes() == (tmp_path / "local" / file).read_bytes(), file

@@ -365,7 +365,8 @@ def test_worst_case_64_rank_page_stays_under_5_mb():
            "findings": [{"rule": f"rule-{i}", "title": "t" * 100, "evidence": {f"k{j}": list(range(200)) for j in range(20)},
                          "model": "m" * 1000, "estimated_gain_us": float(i)} for i in range(20)],
            "collectives": [{"rank": g % 64, "collective": "allreduce", "bytes": int(2 ** (10 + i % 18)),
-                            "dur_us": 5.0 + i, "exposed_us": 1.0, "group": {"name": str(g), "size": 8}}
+                            "start_us": 10.0 * i, "dur_us": 5.0 + i, "exposed_us": 1.0, "on_gpu": True,
+                            "group": {"name": str(g), "size": 8}}
                            for g in range(64) for i in range(400)]}
     doc["timeline"] = timeline_data(ranks, doc)
     html = render(doc)

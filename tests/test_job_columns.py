@@ -360,30 +360,21 @@ def test_nullable_columns_read_none_as_nan(values, keyless):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.none() | st.sampled_from([0, 0.0, 1, 2, 2.5, 7.25, -1.0, 2**60, 2**60 + 1, 10**400,
-                                                       float("nan"), "x", True]),
-                          st.integers(0, 2), st.sampled_from([1.0, 2.0])), max_size=25), st.integers(1, 6))
-def test_text_top_collectives_equal_the_plain_selection(rows, limit):
-    """The text view's candidates for the most exposed collectives, read as a column, against
-    the plain filter over every row: the same count, and the same top rows (ties in row order)."""
+@given(st.lists(st.tuples(st.none() | st.sampled_from([0, 0.0, 1, 2, 2.5, 7.25, -1.0, 2**60, 2**60 + 1]),
+                          st.integers(0, 2), st.sampled_from([1.0, 2.0]), st.booleans()), max_size=25))
+def test_text_top_collectives_equal_the_plain_selection(rows):
+    """The text view's most exposed GPU collectives (analyzer.job.digest.top_exposed), chosen from
+    the exposed column, against the plain filter and sort over every row: the same count, the same
+    top rows in the same order (ties in row order; ints beyond a float's precision by their value)."""
     import heapq
 
-    from analyzer.reports.text import _exposed_rows
-    collectives = [{"exposed_us": e, "rank": r, "start_us": s} for e, r, s in rows]
-    plain = [c for c in collectives if c.get("exposed_us")]
-    shown, candidates = _exposed_rows(collectives, limit)
-    assert shown == len(plain)
-    assert [id(c) for c in candidates] == [id(c) for c in plain if any(c is d for d in candidates)]  # row order
-
-    def top(rows):
-        return [id(c) for c in heapq.nsmallest(limit, rows, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))]
-    try:
-        expected = top(plain)
-    except TypeError:  # a string among them: both fail
-        with pytest.raises(TypeError):
-            top(candidates)
-        return
-    assert top(candidates) == expected
+    from analyzer.job.digest import TOP_ROWS, top_exposed
+    collectives = [{"exposed_us": e, "rank": r, "start_us": s, "on_gpu": g} for e, r, s, g in rows]
+    plain = [c for c in collectives if c.get("exposed_us") and c["on_gpu"]]
+    got = top_exposed(CollectiveColumns(collectives), collectives)
+    assert got["shown"] == len(plain) and got["gpu"] == sum(c["on_gpu"] for c in collectives)
+    expected = heapq.nsmallest(TOP_ROWS, plain, key=lambda c: (-c["exposed_us"], c["rank"], c["start_us"]))
+    assert [id(c) for c in got["rows"]] == [id(c) for c in expected]
 
 
 @settings(max_examples=40, deadline=None)

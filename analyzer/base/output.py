@@ -20,7 +20,7 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # once, at import: os.umask is process-wide, not thread-safe
 
 
-def write_atomic(path: str | Path, text: str | bytes | Iterable[str | bytes],
+def write_atomic(path: str | Path, text: str | bytes | memoryview | Iterable[str | bytes],
                  inputs: list[str] | None = None) -> None:
     """Write ``text`` (or its pieces, in order: a large result is never held as one string) to
     ``path`` through a temporary file renamed over it; never over one of ``inputs``."""
@@ -28,7 +28,7 @@ def write_atomic(path: str | Path, text: str | bytes | Iterable[str | bytes],
     for given in inputs or []:
         if target.exists() and Path(given).exists() and os.path.samefile(target, given):
             raise InputError(target, "refusing to overwrite an input trace")
-    pieces = [text] if isinstance(text, (str, bytes)) else text
+    pieces = [text] if isinstance(text, (str, bytes, memoryview)) else text
     if _is_special(target):  # /dev/null, /dev/stdout, a pipe: write through, never rename over it
         try:
             with open(target, "wb") as handle:
@@ -54,6 +54,11 @@ def write_atomic(path: str | Path, text: str | bytes | Iterable[str | bytes],
 def _write_pieces(handle, pieces: Iterable[str | bytes]) -> None:
     for piece in pieces:
         handle.write(piece.encode("utf-8") if isinstance(piece, str) else piece)
+
+
+def is_special(target: str | Path) -> bool:
+    """Whether ``target`` is a device, FIFO or socket (``/dev/stdout``, ``/dev/null``, a pipe)."""
+    return _is_special(Path(target))
 
 
 def _is_special(target: Path) -> bool:

@@ -8,6 +8,8 @@ from analyzer.api import load_run
 from analyzer.base.gc_pause import paused_gc
 from analyzer.base.progress import ProgressBar
 from analyzer.cli.main import keep_until_exit
+from analyzer.base.output import is_special
+from analyzer.job.large import is_large
 from analyzer.cli.options import config_option, emit, html_options, output_option, trace_options
 from analyzer.cli.rules import exit_code
 
@@ -32,8 +34,22 @@ def diagnose_command(paths, fmt, output, fail_on, options, html, config, config_
                       report=report, html_step=html["step"], hta=html["hta"])
     with paused_gc():
         inputs = [i["path"] for i in result.inputs] + list(paths)
-        emit(render_chunks(result, fmt, timestamp=html["timestamp"]), output, inputs)
+        if fmt == "json" and output and not is_special(output):
+            save(result, output, inputs)  # a large result's rows file beside it
+        else:
+            emit(render_chunks(result, fmt, timestamp=html["timestamp"]), output, inputs)
+            if fmt == "json" and is_large(result):
+                click.echo("tracecliff: the collective rows beyond the JSON's are not written: write the result "
+                           "with -o FILE to have its rows file beside it", err=True)
         if html.get("file"):
             emit(render(result, "html", timestamp=html["timestamp"]), html["file"], inputs)
     keep_until_exit(result)
     return exit_code(result.findings, fail_on)
+
+
+def save(result, output, inputs) -> None:
+    """The JSON to ``output``; a large result's rows to the rows file beside it, else a line on
+    stderr saying why there is none (the JSON says it too)."""
+    written = result.save(output, [str(i) for i in inputs])
+    if written is not None and written.file is None:
+        click.echo(f"tracecliff: {output}: the collective rows beyond the JSON's are {written.why}", err=True)

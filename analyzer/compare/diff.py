@@ -16,10 +16,10 @@ from collections import defaultdict
 from typing import Any
 
 from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.compare.metrics import DEFAULT_AGGREGATE, group_label, metric_spec, run_metrics
+from analyzer.compare.metrics import DEFAULT_AGGREGATE, metric_spec, run_metrics
 from analyzer.compare.predictions import prediction_checks
 from analyzer.job.compute import FAMILIES, bucket_floor
-from analyzer.job.model import LEAF_NAMES, STEADY, TYPICAL
+from analyzer.job.model import LEAF_NAMES
 from analyzer.model import formulas as models
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
@@ -154,52 +154,23 @@ def rank_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- collectives
 
 
-def _rows_in_windows(run: Any) -> tuple[list[dict[str, Any]], int, str]:
-    """Collective rows inside the run's steady (rank, step) windows, the number of windows and
-    what a window is. A run without a step breakdown counts whole traces per rank."""
-    windows = {(s.rank, s.step) for s in run.model.rank_steps() if s.role in (TYPICAL, STEADY)}
-    rows = run.collectives
-    if not windows:
-        ranks = {r.rank for r in run.ranks}
-        return [row for row in rows if row.get("rank") in ranks], max(len(ranks), 1), "rank"
-    return [row for row in rows if (row.get("rank"), row.get("step")) in windows], len(windows), "steady rank-step"
-
-
 def collective_totals(run: Any) -> dict[tuple[str, str], dict[str, Any]]:
     """Per (group, collective): count, bytes, time, exposed and wait per steady (rank, step)
-    window (per rank when the run has no step breakdown)."""
-    rows, windows, per = _rows_in_windows(run)
+    window (per rank when the run has no step breakdown), from the digest of every row
+    (analyzer.job.digest: its sums over the windows' rows)."""
+    totals = run.model.digest["totals"]
+    windows, per = totals["windows"], totals["per"]
     sums: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (group_label(row.get("group")) or "(unknown group)", row.get("collective") or "unknown")
-        entry = sums.setdefault(key, {"count": 0, "bytes": 0.0, "time_us": 0.0, "exposed_us": 0.0,
-                                      "wait_us": None, "bytes_unknown": 0, "group": row.get("group")})
-        entry["count"] += 1
-        size = _num(row.get("bytes"))
-        entry["bytes"] += size or 0.0
-        entry["bytes_unknown"] += size is None
-        entry["time_us"] += _num(row.get("dur_us")) or 0.0
-        entry["exposed_us"] += _num(row.get("exposed_us")) or 0.0
-        wait = _exposed_wait(row)
-        if wait is not None:
-            entry["wait_us"] = (entry["wait_us"] or 0.0) + wait
-    for entry in sums.values():
-        if entry["bytes_unknown"] == entry["count"]:
-            entry["bytes"] = None  # no size known at all: not "0 bytes"
+    for label, kind, count, size, unknown, time_us, exposed_us, wait_us, group in totals["cells"]:
+        entry = {"count": count, "bytes": None if unknown == count else size, "time_us": time_us,
+                 "exposed_us": exposed_us, "wait_us": wait_us, "bytes_unknown": unknown}
         for key in ("count", "bytes", "time_us", "exposed_us", "wait_us"):
             if entry[key] is not None:
                 entry[key] = entry[key] / windows
-        entry["cross_node"], entry["cross_node_source"] = cross_node_of(run, entry.pop("group"))
+        entry["cross_node"], entry["cross_node_source"] = cross_node_of(run, group)
         entry["per"] = per
+        sums[(label, kind)] = entry
     return sums
-
-
-def _exposed_wait(row: dict[str, Any]) -> float | None:
-    """The part of a collective's exposed time spent waiting for the last rank to arrive."""
-    wait, exposed = _num(row.get("wait_us")), _num(row.get("exposed_us"))
-    if wait is None or exposed is None:
-        return None
-    return min(max(wait, 0.0), exposed)
 
 
 def collective_deltas(base: Any, new: Any) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -93,17 +93,25 @@ class Metric:
     samples: tuple[Sample, ...]
     basis: str  # e.g. "typical step 5, mean over 8 ranks"
     scope: str = "step"  # "step": of the typical step; "trace": of the whole trace (no step markers)
+    # A metric of many values per (rank, step) (a group's bus bandwidth): ``aggregates`` over all
+    # of them (median, max, min, p90) and their number, ``samples`` one per (rank, step) window
+    # (its median) for the spread; None: ``samples`` are the values.
+    aggregates: Mapping[str, float] | None = None
+    sample_count: int | None = None
 
     def value(self, how: str = DEFAULT_AGGREGATE) -> float:
         if how == "typical" or not self.samples:
             return self.typical
+        if self.aggregates is not None:
+            return float(self.aggregates[how])
         return aggregate([s.value for s in self.samples], how)
 
     def described(self, how: str = DEFAULT_AGGREGATE) -> str:
         """What ``value(how)`` is, in words (for a gate message)."""
         if how == "typical" or not self.samples:
             return self.basis
-        return f"{how} of {len(self.samples)} steady sample(s)"
+        count = self.sample_count if self.sample_count is not None else len(self.samples)
+        return f"{how} of {count} steady sample(s)"
 
 
 def metric_spec(name: str) -> MetricSpec | None:
@@ -228,27 +236,21 @@ def _compute_metrics(run: Any, steady: list[Any]) -> dict[str, Metric]:
 
 def _busbw(run: Any) -> dict[str, Metric]:
     """``busbw_gbps:<group>``: the bus bandwidth the job analysis gave each GPU collective of
-    the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample."""
-    view = run.model.collectives
-    if not view.n:
-        return {}
-    busbw = view.written("busbw_gbps")
-    rows = np.flatnonzero(view.on_gpu & ~np.isnan(busbw))
-    by_label: dict[str, list[Sample]] = {}
-    collectives = run.collectives
-    for i in rows.tolist():
-        row = collectives[i]
-        label = group_label(row.get("group"))
-        if label is not None:
-            by_label.setdefault(label, []).append(Sample(row.get("rank"), row.get("step"), float(busbw[i])))
-    # the samples are the steady steps' collectives (a warm-up step's first collectives set up
+    the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample.
+    From the digest of every row (analyzer.job.digest): its aggregates over the collectives, its
+    samples one per (rank, step), the median of that window's collectives."""
+    # the samples are the steady steps' windows (a warm-up step's first collectives set up
     # NCCL's channels), all of them when the run has no steady step
     typical = run.model.typical
     steady = set(typical.steady_steps) if typical is not None else None
-    return {f"{GROUP_METRIC}:{label}": Metric(
-        f"{GROUP_METRIC}:{label}", float(np.median([s.value for s in found])),
-        tuple(s for s in found if steady is None or s.step in steady) or tuple(found),
-        f"median of {len(found)} GPU collective(s)") for label, found in by_label.items()}
+    out = {}
+    for label, count, aggregates, windows in run.model.digest["busbw"]:
+        found = tuple(Sample(rank, step, value) for rank, step, value in windows)
+        samples = tuple(s for s in found if steady is None or s.step in steady) or found
+        name = f"{GROUP_METRIC}:{label}"
+        out[name] = Metric(name, aggregates["median"], samples, f"median of {count} GPU collective(s)",
+                           aggregates=aggregates, sample_count=count)
+    return out
 
 
 # A σ needs this many step-to-step changes of the figure (three steady steps): from one change
@@ -350,8 +352,7 @@ def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the r
         return "no FLOPs from recorded shapes with GPU kernels (profile with record_shapes=True)"
     if name.startswith(GROUP_METRIC + ":"):
         label = name.partition(":")[2]
-        groups = sorted({g for g in (group_label(r.get("group")) for r in run.collectives) if g}
-                        | {g.label for g in run.model.groups if g.label})
+        groups = sorted(set(run.model.digest["labels"]) | {g.label for g in run.model.groups if g.label})
         if label not in groups:
             return f"group {label} absent from {who} (groups: {', '.join(groups) or 'none'})"
         return f"no GPU collective with a known size in group {label!r}"

@@ -28,6 +28,7 @@ from analyzer.job.topology import Topology, build_topology
 
 def analyze_job(result: Any, options: Any) -> None:
     result.job_model = None  # the model is read from what follows (analyzer.job.model)
+    result.collective_digest = None  # and so is the digest of the rows (analyzer.job.digest)
     topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
@@ -48,7 +49,8 @@ def analyze_job(result: Any, options: Any) -> None:
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                              getattr(options, "tokens_per_step", None), n_gpus,
                              hardware.peak_tflops.to_dict(), from_shapes)
-    result.job_model = None  # built afresh, from these sections, on first use
+    if result.job_model is not None:  # the typical step and each rank's facts stand (80,000 rank-steps
+        result.job_model.forget("compute")  # at 1,024 ranks); the compute figures read the new sections
 
 
 def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:
@@ -78,6 +80,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     bounds_at = np.searchsorted(key_code[order], np.arange(len(keys) + 1))
     members = {key: order[bounds_at[code]:bounds_at[code + 1]] for code, key in enumerate(keys)}
     busbw_column = np.full(view.n, np.nan)
+    algbw_column = np.full(view.n, np.nan)
     bound_column = np.zeros(view.n, dtype=np.int64)  # commfit.BOUNDS codes
     groups = []
     for key in sorted(members, key=str):
@@ -97,7 +100,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             ab = commfit.fit_alpha_beta(Categorical(cols.kind.codes[gpu], cols.kind.names),
                                         cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
-        busbw, bound_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
+        busbw, bound_column[index], algbw_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
         busbw_column[index] = group_busbw = np.array(busbw, dtype=float)  # None: NaN
         gpu_busbw = group_busbw[gpu & ~np.isnan(group_busbw)]
         groups.append({
@@ -114,5 +117,6 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if len(gpu_busbw) else None,
         })
     view.set("busbw_gbps", busbw_column)
+    view.set("algbw_gbps", algbw_column)
     view.set("bound", bound_column)
     return groups

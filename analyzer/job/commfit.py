@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from collections import deque
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, setitem
 from typing import Any
 
 import numpy as np
@@ -98,12 +99,13 @@ BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
-                   cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray]:
+                   cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray, list[float]]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives; none on a
     CPU-side row: an op's duration on the host is no transfer time, an NCCL launch takes ~20 µs
     whatever the size, which would read as thousands of GB/s) and ``bound`` on the rows of one
     group of ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's
-    rows at a time. Returns the busbw values and the bounds as codes (``BOUNDS``)."""
+    rows at a time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw
+    values (NaN where None)."""
     cols = cols or GroupColumns(rows)
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
@@ -117,13 +119,21 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
         latency = per_hop < (np.nan if s_star is None else s_star)
     has_bound = ~np.isnan(per_hop) & (s_star is not None)
     codes = np.where(has_bound, np.where(latency, 1, 2), 0)
-    busbw = [None if b != b else b for b in round_list(bus, 4)]
-    # The rows share the BOUNDS strings (an array's tolist() would make one string per row).
-    for r, a, b, bound in zip(rows, round_list(alg, 4), busbw, map(BOUNDS.__getitem__, codes.tolist())):
-        r["algbw_gbps"] = None if a != a else a
-        r["busbw_gbps"] = b
-        r["bound"] = bound
-    return busbw, codes
+    busbw = _none_for_nan(round_list(bus, 4), np.isnan(bus))
+    algbw = round_list(alg, 4)
+    # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
+    # written by a C-level pass per key, the keys in this order.
+    for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
+                        ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
+        deque(map(setitem, rows, repeat(key), values), maxlen=0)
+    return busbw, codes, algbw
+
+
+def _none_for_nan(values: list[float], nan: np.ndarray) -> list[float | None]:
+    """The values with None where ``nan`` (round keeps NaN: the rounded list's NaN are there)."""
+    if not nan.any():
+        return values
+    return np.where(nan, None, np.array(values, dtype=object)).tolist()
 
 
 @lru_cache(maxsize=4096)

@@ -21,8 +21,10 @@ process is the noise of when each finishes a collective, gloo's up to millisecon
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
+from itertools import repeat
+from operator import setitem
 from typing import Any
 
 import numpy as np
@@ -170,7 +172,10 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
               for rank in ranks}
     if len(set(clocks.values())) == 1:
         return {rank: 0.0 for rank in ranks}
-    codes = _codes(clocks[int(m)] for m in members.tolist())
+    # each member's clock, looked up per rank (members are ranks: ``ranks`` is their sorted set)
+    clock_code: dict[Any, int] = {}
+    rank_clock = np.array([clock_code.setdefault(clocks[rank], len(clock_code)) for rank in ranks], dtype=np.int64)
+    codes = rank_clock[np.searchsorted(np.array(ranks, dtype=np.int64), members)]
     order = np.argsort(codes, kind="stable")
     found, first = np.unique(codes[order], return_index=True)
     by_clock = {int(code): float(np.median(part)) for code, part in zip(found.tolist(), np.split(diffs[order], first[1:]))}
@@ -188,6 +193,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     ranks = np.unique(view.rank).tolist()
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
+    view.set("waited_for", np.full(view.n, -1, dtype=np.int64))  # the member waited for; -1: none
     if len(ranks) < 2:
         for row in rows:
             row.update(_UNMATCHED)
@@ -238,15 +244,14 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     others = members != waited  # a member waited for by the others: no wait of its own to name
     waited_for = np.full(view.n, None, dtype=object)
     waited_for[flat[others]] = waited[others].astype(object)  # Python ints
-    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order.
-    for row, known, wait, peer, lag in zip(rows, matched.tolist(), view.extra["wait_us"].tolist(),
-                                           waited_for.tolist(), view.extra["arrival_lag_us"].tolist()):
-        if known:
-            row["wait_us"] = wait
-            row["waited_for"] = peer
-            row["arrival_lag_us"] = lag
-        else:
-            row.update(_UNMATCHED)
+    view.extra["waited_for"][flat[others]] = waited[others]
+    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order,
+    # None where unmatched; a C-level pass per key (no Python step per row; a pass of
+    # ``map(setitem)`` per key is faster than one ``dict.update`` per row).
+    waits = np.where(matched, view.extra["wait_us"].astype(object), None).tolist()
+    lags = np.where(matched, view.extra["arrival_lag_us"].astype(object), None).tolist()
+    for key, values in zip(_UNMATCHED, (waits, waited_for.tolist(), lags)):
+        deque(map(setitem, rows, repeat(key), values), maxlen=0)
     summary = _summary(method, len(bounds) - 1, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "

@@ -84,6 +84,8 @@ def breakdown_df(result: "Result") -> "pd.DataFrame":
 
 
 def collectives_df(result: "Result") -> "pd.DataFrame":
+    if result.rows_source is not None:  # a saved large result: from its rows file, by column
+        return result.rows_source.frame(COLLECTIVE_COLUMNS)
     rows = []
     for c in result.collectives:
         group = c.get("group")

@@ -172,9 +172,19 @@ class TypicalStep:
     def role(self, step: Any) -> str:
         if step == self.step:
             return TYPICAL
-        if step in self.steady_steps:
-            return STEADY
-        return next((e.role for e in self.excluded if e.step == step), UNMEASURED)
+        try:
+            return self._roles.get(step, UNMEASURED)
+        except TypeError:  # an unhashable step number (a hostile saved result's): no role
+            return UNMEASURED
+
+    @cached_property
+    def _roles(self) -> dict[Any, str]:
+        """The role of each step other than the typical one (a job has one per rank-step to tell)."""
+        roles = {}
+        for e in reversed(self.excluded):  # the first of equal steps wins, as a search in order would
+            roles[e.step] = e.role
+        roles.update(dict.fromkeys(self.steady_steps, STEADY))
+        return roles
 
     @property
     def reason(self) -> str:
@@ -302,6 +312,12 @@ class JobModel:
     def lateness(self) -> tuple[RankLateness, ...]:
         return _lateness(self._result.stragglers)
 
+    def forget(self, *names: str) -> None:
+        """Read these figures again from the Result on their next use (the job analysis sets a
+        section some of them read after they were first read)."""
+        for name in names:
+            self.__dict__.pop(name, None)
+
     @classmethod
     def of(cls, result: Result) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
@@ -355,6 +371,10 @@ class JobModel:
         for rank in self.ranks:
             yield from rank.steps
 
+    def steady_windows(self) -> set[tuple[int, Any]]:
+        """The (rank, step) of every typical or steady rank-step."""
+        return {(s.rank, s.step) for s in self.rank_steps() if s.role in (TYPICAL, STEADY)}
+
     # ---------------------------------------------------------------- job-wide facts
     @cached_property
     def topology(self) -> Topology:
@@ -390,6 +410,13 @@ class JobModel:
     @cached_property
     def collectives(self) -> CollectiveColumns:
         return CollectiveColumns.of(self._result)
+
+    @property
+    def digest(self) -> dict[str, Any]:
+        """What the views quote from every collective row (analyzer.job.digest): saved with a
+        large result, else computed from the rows."""
+        from analyzer.job.digest import collective_digest
+        return collective_digest(self._result)
 
     def consistently_last(self) -> dict[int, str]:
         """rank -> why: the ranks that arrive last at least half the matched collectives (the
@@ -466,7 +493,7 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
     tb = entry.get("time_breakdown") or {}
-    leaves = Leaves.of({**tb, "step_time_us": entry["step_time_us"]}) \
+    leaves = Leaves(float(entry["step_time_us"]), *(float(tb[leaf]) for leaf in LEAVES)) \
         if "exposed_wait_us" in tb and entry.get("step_time_us") is not None else None
     role = typical.role(entry["step"]) if typical else UNMEASURED
     if leaves is None and role in (TYPICAL, STEADY):

@@ -94,3 +94,11 @@ def check_result(doc: dict[str, Any], path: Any) -> None:
         msgspec.convert(doc, _Result)
     except msgspec.ValidationError as exc:
         raise InputError(path, f"not a plausible tracecliff result: {exc}") from None
+
+
+def check_rows(rows: list[dict[str, Any]], path: Any) -> None:
+    """The same checks for the collective rows a large result keeps in its rows file."""
+    try:
+        msgspec.convert(rows, list[_Collective])
+    except msgspec.ValidationError as exc:
+        raise InputError(path, f"not plausible collective rows: {exc}") from None

@@ -7,16 +7,17 @@ from dataclasses import replace
 from collections import deque
 from itertools import compress, repeat
 from operator import is_not, itemgetter, setitem
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
+from analyzer.job.columns import CollectiveColumns, round_list
 from analyzer.rank.comms import share_groups
 from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
-from analyzer.job.result import Bucket, Result
+from analyzer.job.buckets import backward_starts, gradient_buckets
+from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units
 
@@ -73,49 +74,8 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
         warnings=warnings, collective_columns=view,
     )
     if job["dp_strategy"] in ("ddp", "unknown"):
-        result.buckets = gradient_buckets(view, data_parallel, _backward_starts(ranks, origin))
+        result.buckets = gradient_buckets(view, data_parallel, backward_starts(ranks, origin))
     return result
-
-
-def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
-                     backward_start_us: dict[tuple[int, Any], float]) -> list[Bucket]:
-    """DDP buckets: each step's backward all-reduces (of the rows ``keep`` selects) in launch
-    order (bucket 0 fills first), steps by rank then step number (steps without a number last).
-    ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
-    bucket's ``launch_offset_us`` (how long after backward started the bucket was ready)."""
-    chosen = keep & view.kind.isin(("allreduce",)) & view.phase.isin(("backward",))
-    rows = np.flatnonzero(chosen)
-    if not len(rows):
-        return []
-    numbered = np.array([isinstance(v, int) for v in view.step.names], dtype=bool)
-    step_number = np.array([v if isinstance(v, int) else 0 for v in view.step.names], dtype=np.int64)
-    step = view.step.codes[rows]
-    # (rank, step) pairs in order of first appearance: ties of the sort key (unnumbered steps)
-    pair_row, _, pair = distinct_rows([view.rank[rows], step])
-    # when backward began, looked up once per (rank, step) rather than once per bucket
-    pair_keys = zip(view.rank[rows[pair_row]].tolist(), map(view.step.names.__getitem__, step[pair_row].tolist()))
-    pair_origin = np.array(list(map(backward_start_us.get, pair_keys, repeat(np.nan))), dtype=np.float64)
-    launch, start = view.launch[rows], view.start[rows]
-    ready = np.where(np.isnan(launch), start, launch)
-    order = np.lexsort((np.arange(len(rows)), start, ready, pair, step_number[step], ~numbered[step],
-                        view.rank[rows]))
-    rows, pair, step = rows[order], pair[order], step[order]
-    first = np.r_[True, pair[1:] != pair[:-1]]
-    index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
-    ranks = view.rank[rows].tolist()
-    steps = list(map(view.step.names.__getitem__, step.tolist()))
-    since_backward = view.launch[rows] - pair_origin[pair]
-    offsets: list[float | None] = round_list(since_backward)  # type: ignore[assignment]
-    for i in np.flatnonzero(np.isnan(since_backward)).tolist():
-        offsets[i] = None  # no backward start or no launch time
-    chosen_rows = list(map(view.rows.__getitem__, rows.tolist()))
-
-    def field(key: str) -> Iterator[Any]:
-        return map(itemgetter(key), chosen_rows)
-    # One C-level pass per field, no Python step per bucket (a 64-rank job has 200,000 of them).
-    return list(map(Bucket, field("bytes"), field("dtype"), field("dur_us"), field("exposed_us"),
-                    map(itemgetter("name"), field("group")), index.tolist(), offsets, field("launch_us"),
-                    ranks, field("start_us"), steps))
 
 
 def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
@@ -126,11 +86,6 @@ def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
     known = list(compress(rows, is_known))
     shifted = np.fromiter(compress(values, is_known), dtype=float, count=len(known)) + shift
     deque(map(setitem, known, repeat(key), round_list(shifted)), maxlen=0)
-
-
-def _backward_starts(ranks: list[RankAnalysis], origin_ns: int) -> dict[tuple[int, int], float]:
-    return {(r.rank, s["step"]): round((s["backward_launch_ns"] - origin_ns) / 1000.0, 3)
-            for r in ranks for s in r.steps if s.get("backward_launch_ns") is not None}
 
 
 def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:

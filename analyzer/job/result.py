@@ -1,6 +1,9 @@
 """The one Result every consumer reads (rules, what-if, gate, diff, renderers) and its JSON
-serialization, the contract of ``diagnose --format json`` (schema_version 1). Other tools rely on
-it: add keys, never rename or remove them without bumping SCHEMA_VERSION.
+serialization, the contract of ``diagnose --format json``: schema_version 1 for a result with
+every collective row in it, 2 for a large one (more than ``JSON_ROWS`` rows: its most exposed
+rows and the digest of all of them in the JSON, every row in the rows file beside it;
+analyzer.job.large). Other tools rely on it: add keys, never rename or remove them without a
+new schema_version.
 
 ``Result.to_dict()`` and ``Result.from_dict()`` round-trip: a saved result is a Result again, so
 ``diagnose result.json --format html`` renders the very bytes the traces gave."""
@@ -9,11 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, TypeVar
 
 import msgspec
 
 from analyzer import __version__
+from analyzer.base.errors import InputError
+from analyzer.job.buckets import Bucket
+from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
+    saved_form, shown_rows
 from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
 
 if TYPE_CHECKING:  # pandas is imported only when a table is asked for
@@ -21,7 +29,8 @@ if TYPE_CHECKING:  # pandas is imported only when a table is asked for
 
     from analyzer.job.model import JobModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # a result with every collective row in its JSON
+SCHEMA_VERSIONS = (SCHEMA_VERSION, LARGE_SCHEMA_VERSION)  # the ones this tracecliff reads
 _R = TypeVar("_R", bound="Result")
 Severity = Literal["error", "warning", "info"]
 
@@ -79,39 +88,6 @@ class Finding(_ReadsLikeADict):
         return msgspec.convert(doc, cls)
 
 
-class Bucket(msgspec.Struct, gc=False):
-    """One DDP gradient bucket of ``Result.buckets`` (analyzer.job.reduce.gradient_buckets):
-    read like the dict its JSON is (``b["bytes"]``, ``b.get("launch_us")``), at a sixth of a
-    dict's memory (a 1,024-rank job has millions). Fields in sorted order: it encodes to the
-    bytes of the dict; ``Result.to_dict()`` gives the dicts (plain JSON types)."""
-
-    bytes: Any
-    dtype: Any
-    dur_us: Any
-    exposed_us: Any
-    group: Any
-    index: int
-    launch_offset_us: Any
-    launch_us: Any
-    rank: int
-    start_us: Any
-    step: Any
-
-    def __getitem__(self, key: str) -> Any:
-        if key in _BUCKET_FIELDS:
-            return getattr(self, key)
-        raise KeyError(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in _BUCKET_FIELDS else default
-
-    def __contains__(self, key: object) -> bool:
-        return key in _BUCKET_FIELDS
-
-
-_BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
-
-
 @dataclass
 class Result:
     """Everything ``diagnose`` knows about one job. Sections are plain data (JSON types)."""
@@ -148,6 +124,14 @@ class Result:
     # the job's typed facts (analyzer.job.model.JobModel), built on first use after the job
     # analyses, never serialized: the sections above are what it is read from
     job_model: Any = field(default=None, repr=False, compare=False)
+    # what the views quote from every collective row (analyzer.job.digest), computed on first use
+    # after the job analyses and rules; serialized with a large result only (it then has only its
+    # most exposed rows in the JSON)
+    collective_digest: Any = field(default=None, repr=False, compare=False)
+    # a saved large result (analyzer.job.large): where its rows are (read on first use of
+    # ``collectives``, ``buckets`` or ``fsdp_units``), and the rows its JSON holds
+    rows_source: RowsSource | None = field(default=None, repr=False, compare=False)
+    shown_collectives: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def model(self) -> "JobModel":
@@ -161,8 +145,41 @@ class Result:
         return result_to_dict(self)
 
     @classmethod
-    def from_dict(cls: type[_R], doc: dict[str, Any]) -> _R:
-        return cls(**vars(result_from_dict(doc)))
+    def from_dict(cls: type[_R], doc: dict[str, Any], source: str | Path | None = None) -> _R:
+        """The Result of a checked document (analyzer.job.saved); ``source``: the file it was
+        read from, beside which a large result's rows file is."""
+        result = result_from_dict(doc, source)
+        if cls is Result:
+            return result  # type: ignore[return-value]
+        typed = cls.__new__(cls)
+        typed.__dict__.update(result.__dict__)  # as it is: a large result's rows stay unread
+        return typed
+
+    @property
+    def collective_count(self) -> int:
+        """The job's collective rows (a saved large result's without reading them)."""
+        if self.rows_source is not None:
+            return int(self.rows_source.section["count"])
+        return len(self.collectives)
+
+    def save(self, path: str | Path, inputs: list[str] | None = None) -> RowsWritten | None:
+        """Write the result as ``diagnose --format json`` does to ``path`` (atomically, never over
+        one of ``inputs``), and a large result's rows to its rows file beside it (needs the
+        ``parquet`` extra; without it the JSON says why there is none). Returns where the rows
+        went (None: a result with every row in its JSON)."""
+        from analyzer.base.output import write_atomic
+        from analyzer.job import rows_file
+        if not is_large(self):
+            write_atomic(path, self.json_chunks(), inputs)
+            return None
+        from analyzer.job.digest import collective_digest
+        collective_digest(self)  # first: its working arrays are freed before the rows file's are made
+        pending = _write_rows(self, rows_file.file_for(path), inputs)
+        doc = saved_document(self)  # the steps by column while the rows file is encoded and written
+        written = pending()
+        doc["collective_rows"] = rows_section(self, written)
+        write_atomic(path, iter_json(doc, compact=True), inputs)
+        return written
 
     def to_html(self) -> str:
         """The self-contained report page of ``diagnose --format html``."""
@@ -208,18 +225,58 @@ class Result:
         from analyzer.job import frames
         return frames.findings_df(self)
 
-    def to_json(self) -> str:
-        """The bytes of ``diagnose --format json``."""
-        return dumps(result_to_dict(self, plain=False))
+    def to_json(self, rows: RowsWritten | None = None) -> str:
+        """The bytes of ``diagnose --format json`` (``rows``: where a large result's rows went)."""
+        return b"".join(self.json_chunks(rows)).decode("utf-8")
 
-    def json_chunks(self) -> Iterator[bytes]:
-        """``to_json()`` in pieces, UTF-8 (``iter_json``): what ``diagnose`` streams to a file."""
-        return iter_json(result_to_dict(self, plain=False))
+    def json_chunks(self, rows: RowsWritten | None = None) -> Iterator[bytes]:
+        """``to_json()`` in pieces, UTF-8 (``iter_json``): what ``diagnose`` streams to a file. A
+        large result's JSON is written compact, a value per line (analyzer.job.large)."""
+        doc = saved_document(self, rows)
+        return iter_json(doc, compact=doc["schema_version"] == LARGE_SCHEMA_VERSION)
 
     def __repr__(self) -> str:
         world = self.job.get("world_size") or len(self.ranks)
         return (f"<Result {len(self.ranks)} of {world} rank(s), strategy {self.job.get('strategy')}, "
-                f"{len(self.collectives)} collectives, {len(self.findings)} finding(s)>")
+                f"{self.collective_count} collectives, {len(self.findings)} finding(s)>")
+
+
+def _write_rows(result: Result, target: Path, inputs: list[str] | None) -> Callable[[], RowsWritten]:
+    """A large result's rows to ``target``: written (pyarrow, the file itself on a thread), or
+    copied from the rows file of the saved result it was read from; else why not. Returns the
+    call that waits for the writing and says where the rows went."""
+    written = _copied_or_why(result, target, inputs)
+    if written is not None:
+        return lambda: written
+    from analyzer.job import rows_file
+    from analyzer.job.columns import CollectiveColumns
+    view = CollectiveColumns.of(result)
+    view.written("exposed_us")  # read once, for the rows file and the digest
+    wait = rows_file.start_write(target, result.collectives, view)
+    return lambda: RowsWritten(target.name, wait())
+
+
+def _copied_or_why(result: Result, target: Path, inputs: list[str] | None) -> RowsWritten | None:
+    import shutil
+
+    from analyzer.base.output import write_atomic
+    from analyzer.job import rows_file
+    if result.rows_source is not None:
+        source = result.rows_source
+        if source.path is None:
+            return RowsWritten(None, None, source.section.get("why") or "the rows file was not found")
+        path = source.checked_path()
+        if path.resolve() != target.resolve():
+            with open(path, "rb") as handle:
+                write_atomic(target, iter(lambda: handle.read(1 << 22), b""), inputs)
+            shutil.copymode(path, target)
+        return RowsWritten(target.name, source.section.get("sha256"))
+    if not rows_file.available():
+        return RowsWritten(None, None, f"not written: pyarrow is not installed ({rows_file.EXTRA})")
+    for given in inputs or []:
+        if target.exists() and Path(given).exists() and target.samefile(given):
+            raise InputError(target, "refusing to overwrite an input")
+    return None
 
 
 # The rendered views belong to the renderers (analyzer.reports), a layer above this one, which
@@ -238,24 +295,30 @@ _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary
              "recoverable", "timeline", "scaling", "hta")
 
 
-def result_to_dict(result: Result, plain: bool = True) -> dict[str, Any]:
-    """The Result's document. ``plain``: JSON types only (the Buckets as dicts), else the Buckets
-    as they are, for the encoder (the same bytes, without a dict per bucket)."""
-    buckets = result.buckets
-    if plain and buckets and isinstance(buckets[0], Bucket):
-        buckets = msgspec.to_builtins(buckets)
+def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None = None) -> dict[str, Any]:
+    """The Result's document, as the views read it. ``plain``: JSON types only (the Buckets as
+    dicts), else the Buckets as they are, for the encoder (the same bytes, without a dict per
+    bucket). A large result's (analyzer.job.large): its most exposed rows, ``collective_rows``
+    (``rows``: where the rows went) and the digest of every row; no buckets or FSDP units."""
+    large = is_large(result)
     doc = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": LARGE_SCHEMA_VERSION if large else SCHEMA_VERSION,
         "tool": {"name": "tracecliff", "version": __version__},
         "inputs": result.inputs,
         "job": result.job,
         "ranks": [rank_entry(r) for r in result.ranks],
-        "collectives": result.collectives,
-        "buckets": buckets,
-        "fsdp_units": result.fsdp_units,
         "findings": result.findings,
         "warnings": result.warnings,
     }
+    if large:
+        from analyzer.job.digest import collective_digest
+        doc.update(collectives=shown_rows(result), collective_rows=rows_section(result, rows),
+                   collective_digest=collective_digest(result))
+    else:
+        buckets = result.buckets
+        if plain and buckets and isinstance(buckets[0], Bucket):
+            buckets = msgspec.to_builtins(buckets)
+        doc.update(collectives=result.collectives, buckets=buckets, fsdp_units=result.fsdp_units)
     for key in _SECTIONS:
         value = getattr(result, key)
         if value is not None:
@@ -263,17 +326,67 @@ def result_to_dict(result: Result, plain: bool = True) -> dict[str, Any]:
     return doc
 
 
-def result_from_dict(doc: dict[str, Any]) -> Result:
-    """The Result a ``result_to_dict`` document holds (its rank entries carry every field)."""
+def saved_document(result: Result, rows: RowsWritten | None = None) -> dict[str, Any]:
+    """The document as ``diagnose --format json`` writes it: a large result's steps by column."""
+    doc = result_to_dict(result, plain=False, rows=rows)
+    return saved_form(doc) if doc["schema_version"] == LARGE_SCHEMA_VERSION else doc
+
+
+def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> Result:
+    """The Result a ``result_to_dict`` document holds (its rank entries carry every field); a
+    large result's rows stay in its rows file (beside ``source``) until they are asked for."""
+    common: dict[str, Any] = {key: doc.get(key) for key in _SECTIONS}
+    common.update(inputs=list(doc.get("inputs") or []), job=dict(doc.get("job") or {}),
+                  findings=list(doc.get("findings") or []), warnings=list(doc.get("warnings") or []))
+    if doc.get("schema_version") == LARGE_SCHEMA_VERSION:
+        folder = None if source is None else Path(source).parent
+        ranks = [rank_from_entry(entry, []) for entry in doc.get("ranks") or []]
+        return Result(ranks=ranks, collectives=None, buckets=None, fsdp_units=None,  # type: ignore[arg-type]
+                      collective_digest=doc["collective_digest"], shown_collectives=list(doc["collectives"]),
+                      rows_source=RowsSource(dict(doc["collective_rows"]), folder, str(source or "the result")),
+                      **common)
     rows_by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in doc.get("collectives") or []:
         rows_by_rank.setdefault(row["rank"], []).append(row)
     ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
-    sections = {key: doc.get(key) for key in _SECTIONS}
-    return Result(inputs=list(doc.get("inputs") or []), ranks=ranks, job=dict(doc.get("job") or {}),
-                  collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
-                  fsdp_units=list(doc.get("fsdp_units") or []), findings=list(doc.get("findings") or []),
-                  warnings=list(doc.get("warnings") or []), **sections)
+    return Result(ranks=ranks, collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
+                  fsdp_units=list(doc.get("fsdp_units") or []), **common)
+
+
+class _FromRows:
+    """``Result.collectives``, ``buckets`` and ``fsdp_units`` of a saved large result: read from
+    its rows file on first use (the buckets and units worked out from the rows as the reduce
+    does), then kept. Of any other Result: the value it was given."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, "_" + name
+
+    def __get__(self, result: Any, owner: type | None = None) -> Any:
+        if result is None:
+            return self
+        value = result.__dict__.get(self.slot)
+        if value is None and result.__dict__.get("rows_source") is not None:
+            value = _from_rows(result, self.name)
+            result.__dict__[self.slot] = value
+        return value
+
+    def __set__(self, result: Any, value: Any) -> None:
+        result.__dict__[self.slot] = value
+
+
+def _from_rows(result: Result, name: str) -> list[Any]:
+    if name == "collectives":
+        return result.rows_source.rows()  # type: ignore[union-attr]
+    from analyzer.job.buckets import derived_records
+    buckets, units = derived_records(result)
+    result.__dict__["_buckets"], result.__dict__["_fsdp_units"] = buckets, units
+    return buckets if name == "buckets" else units
+
+
+for _name in ("collectives", "buckets", "fsdp_units"):
+    _descriptor = _FromRows()
+    _descriptor.__set_name__(Result, _name)
+    setattr(Result, _name, _descriptor)
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -289,12 +402,17 @@ def dumps(doc: dict[str, Any]) -> str:
 _BATCH = 2000  # list items formatted per chunk when streaming
 
 
-def iter_json(doc: dict[str, Any]) -> Iterator[bytes]:
+def iter_json(doc: dict[str, Any], compact: bool = False) -> Iterator[bytes]:
     """``dumps(doc)`` (UTF-8) in pieces, for writing a large result without holding its text
     twice (raw and indented): the same bytes, top-level values formatted one by one and long
     lists a batch of items at a time. The formatter indents each piece at its depth in the
     document (a value inside ``{key: value}``, a batch inside ``[[batch]]``): no re-indenting,
-    no round trip through str."""
+    no round trip through str. ``compact``: no indentation, each top-level value on a line of its
+    own and each item of a top-level list too (a large result's JSON: a third smaller, and
+    encoded once, never formatted)."""
+    if compact:
+        yield from _iter_compact(doc)
+        return
     keys = sorted(doc)
     if not keys:
         yield b"{}\n"
@@ -311,6 +429,24 @@ def iter_json(doc: dict[str, Any]) -> Iterator[bytes]:
             yield b" ]"
         else:
             yield _formatted({key: value})[2:-2]  # "{\n" + ' "key": value' + "\n}"
+        yield b",\n" if n < len(keys) - 1 else b"\n"
+    yield b"}\n"
+
+
+def _iter_compact(doc: dict[str, Any]) -> Iterator[bytes]:
+    keys = sorted(doc)
+    yield b"{\n"
+    for n, key in enumerate(keys):
+        value = doc[key]
+        if isinstance(value, list) and value:
+            yield _encode(key) + b": [\n"
+            last = len(value) - 1
+            for i, item in enumerate(value):  # an item at a time: a rank's entry is ~60 KB
+                yield _encode(item)
+                yield b",\n" if i < last else b"\n"
+            yield b"]"
+        else:
+            yield _encode(key) + b": " + _encode(value)
         yield b",\n" if n < len(keys) - 1 else b"\n"
     yield b"}\n"
 

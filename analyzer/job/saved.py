@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.job.result import SCHEMA_VERSION
+from analyzer.job.large import LARGE_SCHEMA_VERSION
+from analyzer.job.result import SCHEMA_VERSIONS
 
 
 def is_result_doc(doc: Any) -> bool:
@@ -45,23 +46,46 @@ def read_result_file(path: Path) -> dict[str, Any] | None:
 
 
 def check_document(doc: dict[str, Any], source: Any, data: bytes | None = None) -> None:
-    """Raise ``InputError(source, ...)`` unless ``doc`` is a result of the schema version this
+    """Raise ``InputError(source, ...)`` unless ``doc`` is a result of a schema version this
     tracecliff reads, every key of the contract of its type (``data``: the document's bytes, when
-    the caller has them: checked straight from them, faster than from the dicts)."""
-    from analyzer.job.schema import ResultDocument
+    the caller has them: checked straight from them, faster than from the dicts). A large
+    result's steps (by column) are read back into lists (in place) and checked as steps."""
+    from analyzer.job.schema import AnyResultDocument
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in SCHEMA_VERSIONS or isinstance(version, bool):
         raise InputError(source, f"schema_version {json.dumps(version)} is not one this tracecliff reads "
-                                 f"(it reads {SCHEMA_VERSION}); re-run `tracecliff diagnose` on the traces")
+                                 f"(it reads {' and '.join(map(str, SCHEMA_VERSIONS))}); re-run `tracecliff diagnose` "
+                                 "on the traces")
     try:
         if data is not None:
-            msgspec.json.decode(data, type=ResultDocument)
+            msgspec.json.decode(data, type=AnyResultDocument)
         else:
-            msgspec.convert(doc, ResultDocument)
+            msgspec.convert(doc, AnyResultDocument)
     except msgspec.ValidationError as exc:
         raise InputError(source, f"not a valid tracecliff result: {_where(exc)}") from None
     except msgspec.DecodeError:  # what json read, msgspec does not (NaN tokens): check the dicts
         check_document(doc, source)
+        return
+    if version == LARGE_SCHEMA_VERSION:
+        _read_step_columns(doc, source)
+
+
+def _read_step_columns(doc: dict[str, Any], source: Any) -> None:
+    """A large result's steps by column as lists of steps again (analyzer.job.large), each
+    checked as a ``Step``."""
+    from analyzer.job.large import read_form
+    from analyzer.job.schema import Step
+    try:
+        read_form(doc)
+    except ValueError as exc:
+        raise InputError(source, f"not a valid tracecliff result: {exc}") from None
+    for n, entry in enumerate(doc["ranks"]):
+        try:
+            msgspec.convert(entry["steps"], list[Step])
+        except msgspec.ValidationError as exc:
+            where = _where(exc)
+            where = f"ranks[{n}].steps{where}" if where.startswith("[") else f"ranks[{n}].steps: {where}"
+            raise InputError(source, f"not a valid tracecliff result: {where}") from None
 
 
 def _where(exc: msgspec.ValidationError) -> str:

@@ -10,10 +10,11 @@ any JSON Schema validator against ``result_schema()``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
+from analyzer.job.large import LARGE_SCHEMA_VERSION
 from analyzer.job.result import SCHEMA_VERSION, Finding
 
 
@@ -432,17 +433,13 @@ class Section(msgspec.Struct):
     note: str | None = None
 
 
-class ResultDocument(msgspec.Struct):
-    """``diagnose --format json``: one diagnosed job."""
+class _Document(msgspec.Struct, tag_field="schema_version"):
+    """What every version of ``diagnose --format json`` holds (``schema_version`` tells them apart)."""
 
-    schema_version: Literal[1]
     tool: Tool
     inputs: list[Input]
     job: Job
-    ranks: list[Rank]
     collectives: list[Collective]
-    buckets: list[Bucket]
-    fsdp_units: list[FsdpUnit]
     findings: list[Finding]
     warnings: list[str]
     topology: Topology | None = None
@@ -460,14 +457,148 @@ class ResultDocument(msgspec.Struct):
     hta: Section | None = None
 
 
+class ResultDocument(_Document, tag=SCHEMA_VERSION, kw_only=True):
+    """``diagnose --format json``: one diagnosed job, every collective row in it."""
+
+    ranks: list[Rank]
+    buckets: list[Bucket]
+    fsdp_units: list[FsdpUnit]
+
+
+class StepColumns(msgspec.Struct, forbid_unknown_fields=True):
+    """A rank's steps by column (analyzer.job.large): ``columns[path]`` one value per step, a
+    nested field by its dotted path (``time_breakdown.idle_us``); ``absent[path]``: the steps
+    (positions) that lack it. Read back into ``Step`` objects, each checked."""
+
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    columns: dict[str, list[Any]]
+    absent: dict[str, list[Annotated[int, msgspec.Meta(ge=0)]]] = {}
+
+
+class LargeRank(Rank, kw_only=True):
+    """A rank of a large result: its steps by column (``step_columns``; ``steps`` when a step
+    has a key the columns cannot name)."""
+
+    steps: list[Step] = []
+    step_columns: StepColumns | None = None
+
+
+class CollectiveRows(msgspec.Struct):
+    """How many collective rows a large result has, how many its JSON holds (the most exposed:
+    ``chosen_by``) and how many it leaves out; the rows file beside the JSON that holds them
+    all and its SHA-256, or why there is none; the DDP buckets and FSDP units of the rows (not
+    written: worked out from the rows file)."""
+
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    in_json: Annotated[int, msgspec.Meta(ge=0)]
+    left_out: Annotated[int, msgspec.Meta(ge=0)]
+    chosen_by: str
+    file: Annotated[str, msgspec.Meta(pattern=r"^(?!\.)[^/\\]+$")] | None
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None
+    why: str | None = None
+    buckets: Annotated[int, msgspec.Meta(ge=0)] = 0
+    fsdp_units: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+SizeLine = tuple[str, int, int, float, float, Optional[float], list[str], Optional[float]]
+ScatterPoint = tuple[float, float, str, float, float, int, int, float]
+
+
+class Scatter(msgspec.Struct, forbid_unknown_fields=True):
+    total: Annotated[int, msgspec.Meta(ge=0)]
+    points: list[ScatterPoint]
+
+
+class DigestGroup(msgspec.Struct, forbid_unknown_fields=True):
+    """One process group of the HTML report's collective tables: its first row's group, its
+    rows, whether any ran on the GPU, one line per (kind, size bucket): kind, bucket, count,
+    total µs, exposed µs, waiting µs, bounds, median busbw; the α-β scatter's points: x, y,
+    kind, bytes, transfer µs, ring steps, N, waiting µs."""
+
+    name: str
+    group: CollectiveGroup
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    on_gpu: bool
+    lines: list[SizeLine]
+    scatter: Scatter
+
+
+class TopExposed(msgspec.Struct, forbid_unknown_fields=True):
+    gpu: Annotated[int, msgspec.Meta(ge=0)]
+    shown: Annotated[int, msgspec.Meta(ge=0)]
+    rows: list[Collective]
+
+
+class HostSide(msgspec.Struct, forbid_unknown_fields=True):
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    libraries: list[str]
+    ranks: Annotated[int, msgspec.Meta(ge=0)]
+    windows: Annotated[int, msgspec.Meta(ge=0)]
+    kinds: list[tuple[str, float, float]]
+    longest: list[Collective]
+
+
+class BusbwAggregates(msgspec.Struct, forbid_unknown_fields=True):
+    median: float
+    max: float
+    min: float
+    p90: float
+
+
+class Totals(msgspec.Struct, forbid_unknown_fields=True):
+    """The diff's sums per (group label, collective) over the steady windows: label, kind,
+    count, bytes, rows without a size, time µs, exposed µs, waiting µs, the first row's group."""
+
+    windows: Annotated[int, msgspec.Meta(ge=1)]
+    per: str
+    cells: list[tuple[str, str, int, float, int, float, float, Optional[float], Optional[CollectiveGroup]]]
+
+
+class Digest(msgspec.Struct, forbid_unknown_fields=True):
+    """What the views quote from every collective row (analyzer.job.digest)."""
+
+    groups: list[DigestGroup]
+    top_exposed: TopExposed
+    host_side: HostSide | None
+    busbw: list[tuple[str, int, BusbwAggregates, list[tuple[int, Optional[int], float]]]]
+    labels: list[str]
+    totals: Totals
+
+
+class LargeResultDocument(_Document, tag=LARGE_SCHEMA_VERSION, kw_only=True):
+    """``diagnose --format json`` of a large job (more than analyzer.job.large.JSON_ROWS
+    collective rows): ``collectives`` holds the most exposed of them, the rows file all."""
+
+    ranks: list[LargeRank]
+    collective_rows: CollectiveRows
+    collective_digest: Digest
+
+
+AnyResultDocument = Union[ResultDocument, LargeResultDocument]
+
+
 def result_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of ``diagnose --format json``, schema_version included."""
-    return versioned_schema(ResultDocument, "result", "tracecliff diagnose --format json")
+    """The JSON Schema (draft 2020-12) of ``diagnose --format json``: a result of either
+    schema_version (1: every row in it; 2: a large result)."""
+    schema = versioned_schema(AnyResultDocument, "result", "tracecliff diagnose --format json", LARGE_SCHEMA_VERSION,
+                              f"{SCHEMA_VERSION} or {LARGE_SCHEMA_VERSION}")
+    # Each version's definition applies by its schema_version (if/then: a validator then names
+    # the key at fault; the union's anyOf would only say that neither version matched).
+    versions = {SCHEMA_VERSION: "ResultDocument", LARGE_SCHEMA_VERSION: "LargeResultDocument"}
+    schema.pop("anyOf", None)
+    schema.pop("discriminator", None)
+    schema.update(type="object", required=["schema_version"],
+                  properties={"schema_version": {"enum": list(versions)}},
+                  allOf=[{"if": {"properties": {"schema_version": {"const": version}}},
+                          "then": {"$ref": f"#/$defs/{name}"}} for version, name in versions.items()])
+    return schema
 
 
-def versioned_schema(struct: Any, name: str, title: str) -> dict[str, Any]:
-    """``struct``'s JSON Schema with the draft, an id and title carrying ``SCHEMA_VERSION``."""
+def versioned_schema(struct: Any, name: str, title: str, version: int = SCHEMA_VERSION,
+                     versions: str | None = None) -> dict[str, Any]:
+    """``struct``'s JSON Schema with the draft, an id carrying ``version`` and a title naming the
+    schema_version(s) it describes."""
     schema = msgspec.json.schema(struct)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": f"https://tracecliff.dev/schema/{name}-v{SCHEMA_VERSION}.json",
-            "title": f"{title} (schema_version {SCHEMA_VERSION})", **schema}
+            "$id": f"https://tracecliff.dev/schema/{name}-v{version}.json",
+            "title": f"{title} (schema_version {versions or version})", **schema}
