@@ -529,7 +529,8 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         by_group.setdefault(_group_name(c), []).append(c)
     # The scatter plots share one point budget, so many process groups cannot blow up the page.
     budget = max(MIN_SCATTER_POINTS, min(MAX_SCATTER_POINTS, SCATTER_POINTS_TOTAL // len(by_group)))
-    groups = [_group_view(name, by_group[name], fits.get(name), budget) for name in sorted(by_group, key=_natural)]
+    groups = [_group_view(name, by_group[name], fits.get(name), budget, model.group(name))
+              for name in sorted(by_group, key=_natural)]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -547,7 +548,9 @@ def _group_name(c: dict[str, Any]) -> str:
     return str(group.get("name") if group.get("name") is not None else "unknown")
 
 
-def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int) -> dict[str, Any]:
+def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int,
+                facts: Any = None) -> dict[str, Any]:
+    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth), if known."""
     group = next((c["group"] for c in rows if isinstance(c.get("group"), dict)), {}) or {}
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
@@ -559,7 +562,9 @@ def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | Non
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
             "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget), "count": len(rows),
             "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
-            "on_gpu": any(c.get("on_gpu") for c in rows)}
+            "on_gpu": any(c.get("on_gpu") for c in rows),
+            "busbw": None if facts is None or facts.busbw is None else
+            {"gbps": facts.busbw.gbps, "basis": facts.busbw.basis, "label": facts.label}}
 
 
 def _num(value: Any) -> float | None:
@@ -574,7 +579,7 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
             "source": str(fit.get("fit_source") or ""),
             "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
-            "busbw_median_gbps": _num(fit.get("busbw_median_gbps")), "role": str(fit.get("role") or "")}
+            "role": str(fit.get("role") or "")}
 
 
 def _bucket_index(nbytes: Any) -> int:

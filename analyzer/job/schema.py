@@ -302,11 +302,16 @@ class Group(msgspec.Struct):
     alpha_us: float | None
     beta_gbps: float | None
     s_star_bytes: float | None
-    busbw_median_gbps: float | None
+    busbw_median_gbps: float | None  # the same value as busbw_gbps (its name before it was a step's Σ / Σ)
     fit: str
     fit_source: str
     description: str | None = None
     role: str | None = None  # dp, dp_shard, dp_replicate, tp, pp, ep, cp, ... (analyzer.job.parallelism)
+    # the bus bandwidth of the groups of its label (description, else name) in the typical step:
+    # Σ S·factor / Σ transfer time of the collectives matched on every member (analyzer.job.busbw);
+    # None: not measured, and busbw_basis says why
+    busbw_gbps: float | None = None
+    busbw_basis: str | None = None
 
 
 class CollectiveSummary(msgspec.Struct):
