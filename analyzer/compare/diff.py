@@ -131,9 +131,11 @@ def metric_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
         a = after[name].typical if name in after else None
         row = {"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": DEFAULT_AGGREGATE,
                "base": b, "new": a, **_change(b, a, spec.better)}
-        why = [f"{side}: {reasons[name]}" for side, reasons in unmeasured.items() if name in reasons]
+        why = {side: reasons[name] for side, reasons in unmeasured.items() if name in reasons}
         if why:
-            row.update(verdict="not measured", note="; ".join(why))
+            same = len(why) == 2 and why["base"] == why["new"]
+            row.update(verdict="not measured", note=f"both: {why['base']}" if same else
+                       "; ".join(f"{side}: {reason}" for side, reason in why.items()))
         rows.append(row)
     return rows
 
