@@ -20,6 +20,11 @@ from analyzer.cli.main import main
 from analyzer.compare.diff import metric_deltas
 from analyzer.compare.gate import GateConfig, compare_baseline, evaluate
 from analyzer.compare.metrics import run_metrics, unmeasured_metrics
+from analyzer.job.busbw import group_busbw
+from analyzer.job.columns import CollectiveColumns
+from analyzer.job.commfit import transfer_measured
+from analyzer.job.crossrank import analyze, matched_ranks
+from analyzer.job.model import group_label
 from analyzer.model.formulas import busbw_factor
 from analyzer.synth import SCENARIOS, write_job
 from analyzer.synth.parallel import PARALLEL_SCENARIOS, write_parallel_job
@@ -28,12 +33,7 @@ from conftest import SAMPLES
 HEALTHY = replace(SCENARIOS["ddp_healthy_8r"], name="healthy", n_layers=2, steps=6, first_step=5, world_size=4,
                   gpus_per_node=4)
 PP = SAMPLES / "synthetic" / "pp_gpipe_4stage"
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no ./pyproject.toml of the repo
-    monkeypatch.setenv("TRACECLIFF_CACHE_DIR", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +216,28 @@ def test_the_models_md_example():
     figure = run.model.group_busbw["mesh_dp_shard"]
     assert figure.gbps == pytest.approx(by_hand, rel=1e-9)
     assert "(2 groups of this name)" in figure.basis
+
+
+def test_which_transfers_are_measured_by_hand():
+    """A collective's transfer is measured where it is matched on every member of its group:
+    the all-reduces of a 3-rank group with its 3 traces (the last arrival's 100 µs), not those
+    of a 4-rank group seen on 3 of them (the wait for the fourth is unknown), not a send/recv
+    pair (matched by Seq, but a p2p kernel waits for its peer), not a CPU-side op, not a
+    collective of unknown size."""
+    def row(rank, start, dur, seq, kind="allreduce", size=3, on_gpu=True, nbytes=1 << 20):
+        group = {"name": str(size), "ranks": list(range(size)), "size": size, "description": f"g{size}"}
+        return {"rank": rank, "start_us": start, "dur_us": dur, "step": 1, "collective": kind, "group": group,
+                "seq": seq, "comms_id": None, "bytes": nbytes, "on_gpu": on_gpu}
+    rows = [row(r, 1000.0 + 100 * r, 400.0 - 100 * r, 1) for r in range(3)]  # rank 2 last: 200 µs
+    rows += [row(r, 2000.0, 100.0, 2, size=4) for r in range(3)]  # rank 3 not given
+    rows += [row(0, 3000.0, 20.0, 3, kind="send"), row(1, 2900.0, 120.0, 3, kind="recv")]
+    rows += [row(r, 4000.0, 50.0, 4, on_gpu=False) for r in range(3)]
+    rows += [row(r, 5000.0, 50.0, 5, nbytes=None) for r in range(3)]
+    view = CollectiveColumns(rows)
+    analyze(rows, 3, view)
+    assert matched_ranks(view).tolist() == [3, 3, 3, 3, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3]
+    assert transfer_measured(view).tolist() == [True] * 3 + [False] * 11
+    assert [r["wait_us"] for r in rows[:3]] == [200.0, 100.0, 0.0]  # transfer = 200 µs on each
+    figures = group_busbw(view, group_label, 1, (1,))
+    assert figures["g3"].gbps == pytest.approx((1 << 20) * busbw_factor("allreduce", 3) / 200.0 * 1e-3)
+    assert figures["g4"].gbps is None and "3 of the group's 4 members' traces given" in figures["g4"].basis
