@@ -22,6 +22,7 @@ class DiffTextRenderer:
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
                             pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
+        lines += [f" {m['metric']}: {m['note']}" for m in doc["metrics"] if m.get("note")]
         per = {c["per"] for c in doc["collectives"]}
         lines += _section(f"Collectives per {' and '.join(sorted(per)) or 'rank-step'} (count, bytes, time, exposed)",
                           ["group", "collective", "scope", "count", "bytes", "time µs", "exposed µs"],

@@ -524,7 +524,7 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     if not digest:
         return unavailable("no collective operations in the traces")
     fits = {str(g.get("name")): g for g in doc.get("groups") or [] if isinstance(g, dict)}
-    groups = [_group_view(entry, fits.get(entry["name"])) for entry in digest]
+    groups = [_group_view(entry, fits.get(entry["name"]), model.group(entry["name"])) for entry in digest]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -537,7 +537,8 @@ def _natural(name: str) -> tuple[int, Any]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
+def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None, facts: Any = None) -> dict[str, Any]:
+    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth), if known."""
     group = entry["group"]
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
@@ -546,7 +547,9 @@ def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, 
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
             "fit": _fit_view(fit), "table": lines, "scatter": _scatter(entry["scatter"], fit), "count": entry["count"],
             "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
-            "on_gpu": entry["on_gpu"]}
+            "on_gpu": entry["on_gpu"],
+            "busbw": None if facts is None or facts.busbw is None else
+            {"gbps": facts.busbw.gbps, "basis": facts.busbw.basis, "label": facts.label}}
 
 
 def _num(value: Any) -> float | None:
@@ -561,7 +564,7 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
             "source": str(fit.get("fit_source") or ""),
             "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
-            "busbw_median_gbps": _num(fit.get("busbw_median_gbps")), "role": str(fit.get("role") or "")}
+            "role": str(fit.get("role") or "")}
 
 
 def _bucket_label(index: int) -> str:

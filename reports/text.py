@@ -41,7 +41,7 @@ class TextRenderer:
         lines += _compute(doc, model)
         lines += _rank_table(doc, model)
         lines += _top_collectives(doc, model.digest)
-        lines += _groups(doc)
+        lines += _groups(doc, model)
         lines += _stragglers(doc)
         lines += _warnings(doc)
         return "\n".join(_fitted(lines)) + "\n"
@@ -355,31 +355,39 @@ def _host_side_collectives(host: dict[str, Any], matched: bool) -> list[str]:
     return lines + [""]
 
 
-def _groups(doc: dict[str, Any]) -> list[str]:
-    """Process groups: span, fitted α/β (or the profile's) with S*, median busbw."""
+def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
+    """Process groups: span, fitted α/β (or the profile's) with S*, the bus bandwidth (the job
+    model's: the typical step's, over the collectives whose transfer is measured) and what it
+    is, or why there is none."""
     groups = doc.get("groups") or []
     if not groups:
         return []
     names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
     name_w, role_w = 20, 12
-    lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile):",
+    lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile; busbw: below):",
              f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
-             f"{'busbw med':>10} how"]
-    for g, name in zip(groups, names):
+             f"{'busbw GB/s':>10} how"]
+    notes: dict[str, str] = {}
+    for g, facts, name in zip(groups, model.groups, names):
         nodes = "?" if g.get("nodes") is None else f"{g['nodes']}{'x' if g.get('cross_node') else ''}"
         role = str(g.get("role") or "?")
+        if facts.busbw is not None:
+            notes.setdefault(facts.label or name, facts.busbw.basis)
+        shown = name
         if len(name) > name_w or len(role) > role_w:  # never cut: the long name on a line of its own
             lines.append(f"{name} ({role})" if len(role) > role_w else name)
-            name, role = "", ("" if len(role) > role_w else role)
-        lines.append(f"{name:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
+            shown, role = "", ("" if len(role) > role_w else role)
+        lines.append(f"{shown:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
                      f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
-                     f"{_num(g.get('busbw_median_gbps'), '{:.1f}'):>10} {g.get('fit_source', '')}")
+                     f"{_num(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
+    for label, basis in notes.items():
+        lines += textwrap.wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
     return lines + [""]
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "?" if value is None else fmt.format(value)
+def _num(value: Any, fmt: str, missing: str = "?") -> str:
+    return missing if value is None else fmt.format(value)
 
 
 def _stragglers(doc: dict[str, Any]) -> list[str]:

@@ -15,3 +15,12 @@ def real_traces() -> Path:
             pytest.fail(f"real traces missing at {REAL_TRACES} (CI must provide ../shared)")
         pytest.skip(f"real traces not found at {REAL_TRACES}")
     return REAL_TRACES
+
+
+@pytest.fixture()
+def isolated(tmp_path, monkeypatch) -> Path:
+    """A test run from an empty directory (no ./pyproject.toml of the repo is read) with a
+    per-rank cache of its own; use with ``pytestmark = pytest.mark.usefixtures("isolated")``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACECLIFF_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path

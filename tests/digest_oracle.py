@@ -1,7 +1,11 @@
 """The row-by-row code the digest (analyzer.job.digest) replaced, as it was on main (b13bf47),
 kept as the oracle tests/test_digest.py compares the digest's views with: the HTML report's
-collective tables and scatter, the text view's top and host-side collectives, the gate's
-bus bandwidth per group and the diff's totals per (group, collective)."""
+collective tables and scatter, the text view's top and host-side collectives and the diff's
+totals per (group, collective). The bus bandwidth of each group (the gate's, the HTML's; models.md
+§2 "Bus bandwidth of a job") as branch busbw defines it, worked out here row by row on its own
+(no call into analyzer.job.busbw): which collectives' transfer is measured, the typical step's
+Σ S·factor / Σ t (else the steady steps', else the whole trace's), the samples per rank and steady
+step, and why a group has none."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.compare.diff import _num as diff_num, cross_node_of
-from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample, aggregate
+from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample
 from analyzer.job.model import STEADY, TYPICAL, JobModel, group_label
 from analyzer.model import formulas as models
 from analyzer.reports.html import OPEN_GROUPS, _fit_view, _short_list, _sourced, unavailable
@@ -33,7 +37,8 @@ def _log_bounds(lo: float, hi: float) -> tuple[int, int]:
     return a, b if b > a else a + 1
 
 
-def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+def _collectives(doc: dict[str, Any], model: JobModel, busbw: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``busbw``: the oracle's bus bandwidth of each group label (``busbw_figures``)."""
     rows = [c for c in doc.get("collectives") or [] if isinstance(c, dict)]
     if not rows:
         return unavailable("no collective operations in the traces")
@@ -43,7 +48,8 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         by_group.setdefault(_group_name(c), []).append(c)
     # The scatter plots share one point budget, so many process groups cannot blow up the page.
     budget = max(MIN_SCATTER_POINTS, min(MAX_SCATTER_POINTS, SCATTER_POINTS_TOTAL // len(by_group)))
-    groups = [_group_view(name, by_group[name], fits.get(name), budget) for name in sorted(by_group, key=_natural)]
+    groups = [_group_view(name, by_group[name], fits.get(name), budget, _busbw_view(model.group(name), busbw))
+              for name in sorted(by_group, key=_natural)]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -61,7 +67,13 @@ def _group_name(c: dict[str, Any]) -> str:
     return str(group.get("name") if group.get("name") is not None else "unknown")
 
 
-def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int) -> dict[str, Any]:
+def _busbw_view(facts: Any, busbw: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    figure = busbw.get(facts.label) if facts is not None and facts.label is not None else None
+    return None if figure is None else {"gbps": figure["gbps"], "basis": figure["basis"], "label": facts.label}
+
+
+def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | None, budget: int,
+                busbw: dict[str, Any] | None) -> dict[str, Any]:
     group = next((c["group"] for c in rows if isinstance(c.get("group"), dict)), {}) or {}
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
@@ -73,7 +85,7 @@ def _group_view(name: str, rows: list[dict[str, Any]], fit: dict[str, Any] | Non
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
             "fit": _fit_view(fit), "table": lines, "scatter": _scatter(rows, fit, budget), "count": len(rows),
             "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
-            "on_gpu": any(c.get("on_gpu") for c in rows)}
+            "on_gpu": any(c.get("on_gpu") for c in rows), "busbw": busbw}
 
 
 def _num(value: Any) -> float | None:
@@ -288,36 +300,139 @@ def _exposed_rows(collectives: list[dict[str, Any]], limit: int) -> tuple[int, l
 
 
 
-# ---------------------------------------------------------------- gate
-def busbw_metrics(run: Any) -> dict[str, Metric]:
-    """``busbw_gbps:<group>``: the bus bandwidth the job analysis gave each GPU collective of
-    the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample."""
-    view = run.model.collectives
-    if not view.n:
-        return {}
-    busbw = view.written("busbw_gbps")
-    rows = np.flatnonzero(view.on_gpu & ~np.isnan(busbw))
-    by_label: dict[str, list[Sample]] = {}
-    collectives = run.collectives
-    for i in rows.tolist():
-        row = collectives[i]
-        label = group_label(row.get("group"))
-        if label is not None:
-            by_label.setdefault(label, []).append(Sample(row.get("rank"), row.get("step"), float(busbw[i])))
-    # the samples are the steady steps' collectives (main's filter since the gate's noise term
-    # of step-to-step changes), all of them when the run has no steady step
+# ---------------------------------------------------------------- gate: bus bandwidth
+P2P = ("send", "recv", "sendrecv")
+
+
+def _size_of(group: Any) -> int:
+    size = group.get("size") if isinstance(group, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+def _value(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return None if value is None or value != value else float(value)
+
+
+def _factor(kind: Any, n: int) -> float | None:
+    """nccl-tests' factor of a kind on N ranks, where the bus model has one."""
+    if kind not in models.COLLECTIVE_KINDS or not n or (n < 2 and kind not in P2P):
+        return None
+    return models.busbw_factor(kind, n)
+
+
+def _measured(row: dict[str, Any], matched: int) -> bool:
+    """A GPU ring/tree collective of a known size, matched on every member of its group, its wait
+    known and its transfer (duration - wait) positive."""
+    n, size, dur, wait = _size_of(row.get("group")), _value(row, "bytes"), _value(row, "dur_us"), _value(row, "wait_us")
+    return (bool(row.get("on_gpu")) and size is not None and size > 0 and row.get("collective") not in P2P
+            and _factor(row.get("collective"), n) is not None and wait is not None and matched == n
+            and dur is not None and dur - wait > 0)
+
+
+def busbw_figures(run: Any, matched: list[int]) -> dict[str, dict[str, Any]]:
+    """label -> {gbps, basis, scope, samples}: each group label's bus bandwidth, row by row.
+    ``matched``: each row's matched set size (the cross-rank matching's, an input)."""
     typical = run.model.typical
-    steady = set(typical.steady_steps) if typical is not None else None
+    step, steady = (typical.step, list(typical.steady_steps)) if typical is not None else (None, [])
+    by_label: dict[str, list[int]] = {}
+    for i, row in enumerate(run.collectives):
+        group = row.get("group")
+        label = group_label(group) if isinstance(group, dict) else None
+        if label is not None:
+            by_label.setdefault(label, []).append(i)
     out = {}
-    for label, found in by_label.items():
-        values = [s.value for s in found]
-        aggregates = {how: aggregate(values, how) for how in ("median", "max", "min", "p90")}
-        out[f"{GROUP_METRIC}:{label}"] = Metric(
-            f"{GROUP_METRIC}:{label}", float(np.median(values)),
-            tuple(s for s in found if steady is None or s.step in steady) or tuple(found),
-            f"median of {len(found)} GPU collective(s)", aggregates=aggregates, sample_count=len(found))
+    for label in sorted(by_label):
+        rows = [run.collectives[i] for i in by_label[label]]
+        if all(_size_of(r.get("group")) == 1 for r in rows):
+            continue  # a group of one rank moves nothing over a link
+        hit = [i for i in by_label[label] if _measured(run.collectives[i], matched[i])]
+        out[label] = (_label_figure(run.collectives, hit, matched, step, steady) if hit else
+                      {"gbps": None, "basis": "not measured: " + _why_not(rows, [matched[i] for i in by_label[label]]),
+                       "scope": "step", "samples": []})
     return out
 
+
+def _label_figure(rows: list[dict[str, Any]], hit: list[int], matched: list[int], step: Any,
+                  steady: list[Any]) -> dict[str, Any]:
+    def bus(i: int) -> float:
+        return rows[i]["bytes"] * _factor(rows[i]["collective"], _size_of(rows[i]["group"]))
+
+    def transfer(i: int) -> float:
+        return rows[i]["dur_us"] - rows[i]["wait_us"]
+
+    def samples(chosen: list[int]) -> list[tuple[int, Any, float]]:
+        cells: dict[tuple[int, Any], list[float]] = {}
+        for i in chosen:
+            cell = cells.setdefault((rows[i]["rank"], rows[i].get("step")), [0.0, 0.0])
+            cell[0] += bus(i)
+            cell[1] += transfer(i)
+        return [(rank, at, b / t * 1e-3) for (rank, at), (b, t) in cells.items()]
+
+    def figure(chosen: list[int], basis: str, scope: str, sampled: list[int]) -> dict[str, Any]:
+        members = max(matched[i] for i in hit)
+        names = {_group_key(rows[i]) for i in hit}
+        what = (f"Σ bus bytes / Σ transfer time of {len(chosen)} collective kernel(s), each matched on all {members} "
+                "members" + (f" of its group ({len(names)} groups of this name)" if len(names) > 1 else ""))
+        gbps = sum(bus(i) for i in chosen) / sum(transfer(i) for i in chosen) * 1e-3
+        return {"gbps": gbps, "basis": basis + what, "scope": scope, "samples": samples(sampled)}
+
+    if step is None:
+        return figure(hit, "whole trace (no step breakdown): ", "trace", hit)
+    in_steady = [i for i in hit if rows[i].get("step") in steady]
+    in_typical = [i for i in hit if rows[i].get("step") == step]
+    if in_typical:
+        return figure(in_typical, f"typical step {step}: ", "step", in_steady)
+    if in_steady:
+        covered = [s for s in steady if any(rows[i].get("step") == s for i in in_steady)]
+        return figure(in_steady, f"steady steps {', '.join(map(str, covered))} (none in typical step {step}): ", "step",
+                      in_steady)
+    return {"gbps": None, "basis": f"not measured in the steady steps: its {len(hit)} collective(s) with a measured "
+                                   "transfer lie in the warm-up, drain or outlier steps, or outside any step",
+            "scope": "step", "samples": []}
+
+
+def _group_key(row: dict[str, Any]) -> tuple:
+    group = row.get("group") or {}
+    if group.get("name") is not None:
+        return ("name", str(group["name"]))
+    return ("ranks", tuple(group["ranks"])) if group.get("ranks") else ("unknown", row["collective"])
+
+
+def _why_not(rows: list[dict[str, Any]], matched: list[int]) -> str:
+    """Why none of a label's rows has a measured transfer: the first condition none meets."""
+    gpu = [(r, m) for r, m in zip(rows, matched) if r.get("on_gpu")]
+    if not gpu:
+        return "no GPU collective kernel (an op's duration on the host is no transfer time)"
+    sized = [(r, m) for r, m in gpu if (_value(r, "bytes") or 0) > 0]
+    if not sized:
+        return "no GPU collective of a known size"
+    kinds = {r["collective"] for r, _ in sized}
+    sizes = {_size_of(r.get("group")) for r, _ in sized}
+    if kinds <= set(P2P):
+        return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and the traces "
+                "do not pair each send with its recv, so no transfer time is measured")
+    if not any(kind in models.COLLECTIVE_KINDS for kind in kinds - set(P2P)):
+        return f"no collective kind with a bus-bandwidth factor ({', '.join(sorted(map(str, kinds)))})"
+    if sizes == {0}:
+        return "the group's size is unknown: no bus-bandwidth factor"
+    ranks, size = len({r["rank"] for r, _ in sized}), max(sizes)
+    if ranks < size:
+        return (f"{ranks} of the group's {size} members' traces given: each collective's wait for the members "
+                "not given is unknown, so its transfer time is too")
+    if not any(m > 0 for _, m in sized):
+        return ("its collectives could not be matched across ranks (no Comms Id, Seq or consistent order): "
+                "their waits for the last member are unknown")
+    return f"no collective matched on all {size} members of the group"
+
+
+def busbw_metrics(run: Any, matched: list[int]) -> tuple[dict[str, Metric], dict[str, str]]:
+    """``busbw_gbps:<group>`` of each label with a figure, and why each other has none."""
+    figures = busbw_figures(run, matched)
+    metrics = {f"{GROUP_METRIC}:{label}": Metric(f"{GROUP_METRIC}:{label}", f["gbps"],
+                                                 tuple(Sample(*s) for s in f["samples"]), f["basis"], f["scope"])
+               for label, f in figures.items() if f["gbps"] is not None}
+    return metrics, {f"{GROUP_METRIC}:{label}": f["basis"] for label, f in figures.items() if f["gbps"] is None}
 
 
 # ---------------------------------------------------------------- diff

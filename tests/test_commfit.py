@@ -108,14 +108,14 @@ def test_synthetic_job_groups_recover_the_generator_links(two_node_ddp):
     spec, result = two_node_ddp
     (group,) = result.groups
     assert {"name", "description", "ranks", "size", "nodes", "cross_node", "alpha_us", "beta_gbps",
-            "s_star_bytes", "fit", "busbw_median_gbps"} <= set(group)
+            "s_star_bytes", "fit", "busbw_gbps", "busbw_basis", "busbw_median_gbps"} <= set(group)
     assert group["ranks"] == list(range(16)) and group["description"] == "default_pg"
     assert {"algbw_gbps", "busbw_gbps", "bound", "wait_us"} <= set(result.collectives[0])
     assert (group["size"], group["nodes"], group["cross_node"], group["fit_source"]) == (16, 2, True, "fit")
     # cross-node ring: α_nic, β = min(NVLink, 8 NICs x 45 GB/s)
     assert group["alpha_us"] == pytest.approx(spec.nic_alpha_us, rel=0.05)
     assert group["beta_gbps"] == pytest.approx(min(spec.nvlink_gbps, spec.nics_per_node * spec.nic_gbps), rel=0.03)
-    assert group["busbw_median_gbps"] <= group["beta_gbps"] * 1.01
+    assert group["busbw_gbps"] == group["busbw_median_gbps"] <= group["beta_gbps"] * 1.01
     for row in result.collectives:
         transfer = row["dur_us"] - row["wait_us"]
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / transfer / 1e3, rel=1e-3)

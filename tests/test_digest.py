@@ -1,12 +1,15 @@
 """The digest (analyzer.job.digest) gives every view the figures of the row-by-row code it replaced
 (tests/digest_oracle.py, as it was on main): the HTML report's collective tables and α-β scatter,
-the text view's top and host-side collectives, the gate's bus bandwidth per group and the diff's
-totals per (group, collective). On sample jobs of every shape, and on generated rows (hypothesis)."""
+the text view's top and host-side collectives and the diff's totals per (group, collective); and
+each group's bus bandwidth (the gate's metric, its samples, why a group has none, the HTML's) as
+the oracle works it out row by row. On sample jobs of every shape, and on generated rows
+(hypothesis)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,7 +17,10 @@ from hypothesis import strategies as st
 import digest_oracle as oracle
 from analyzer.compare import diff, metrics
 from analyzer.job import digest as digest_module
+from analyzer.job.busbw import figures, group_sums
 from analyzer.job.columns import CollectiveColumns
+from analyzer.job.crossrank import matched_ranks
+from analyzer.job.model import group_label
 from analyzer.job.result import _clean, result_to_dict
 from analyzer.reports import html, text
 from rule_cases_lib import diagnosed
@@ -24,28 +30,42 @@ JOBS = ["synthetic/ddp_straggler", "synthetic/fsdp_hybrid_2node", "synthetic/meg
         "cpu_gloo/ddp", "cpu_gloo/pp", "cpu_gloo/fsdp2_tp", "gpu_h200/fsdp2"]
 
 
-def _same_metrics(new: dict, old: dict) -> None:
+def _same_busbw(run, matched) -> dict:
     """The gate reads a metric's figure by aggregation, its description, its spread (σ, n) and
-    the steps its samples cover: the same from the digest's aggregates and windows."""
-    assert new.keys() == old.keys()
+    its samples, and says why a group it cannot measure is not gated: the same from the digest's
+    sums as from the rows, to the last bit."""
+    new, unmeasured = metrics._busbw(run), metrics.unmeasured_metrics(run)
+    old, old_unmeasured = oracle.busbw_metrics(run, matched)
+    assert new.keys() == old.keys() and unmeasured == old_unmeasured
     for name in new:
         for how in metrics.AGGREGATIONS:
             assert new[name].value(how) == old[name].value(how), (name, how)
             assert new[name].described(how) == old[name].described(how), (name, how)
         assert metrics.spread(new[name]) == metrics.spread(old[name]), name
-        assert {s.step for s in new[name].samples} == {s.step for s in old[name].samples}, name
-        assert new[name].basis == old[name].basis and new[name].typical == old[name].typical
+        assert sorted(new[name].samples, key=repr) == sorted(old[name].samples, key=repr), name
+        assert (new[name].basis, new[name].typical, new[name].scope) == (old[name].basis, old[name].typical,
+                                                                          old[name].scope)
+    return oracle.busbw_figures(run, matched)
 
 
 @pytest.mark.parametrize("job", JOBS)
 def test_views_of_a_sample_job_are_the_row_by_row_figures(job):
     result = diagnosed(job)
     doc = _clean(result_to_dict(result, plain=False))
-    assert html._collectives(doc, result.model) == oracle._collectives(doc, result.model)
+    busbw = _same_busbw(result, matched_ranks(result.model.collectives).tolist())
+    assert html._collectives(doc, result.model) == oracle._collectives(doc, result.model, busbw)
     plain_doc = result_to_dict(result, plain=False)
     assert text._top_collectives(plain_doc, result.model.digest) == oracle.text_top_collectives(plain_doc)
-    _same_metrics(metrics._busbw(result), oracle.busbw_metrics(result))
     assert diff.collective_totals(result) == oracle.collective_totals(result)
+
+
+def test_the_sample_jobs_cover_every_kind_of_busbw_figure():
+    """The jobs above hold figures of the typical step and groups with none (send/recv only)."""
+    kinds = set()
+    for job in JOBS:
+        for figure in diagnosed(job).model.group_busbw.values():
+            kinds.add(figure.basis.split(":")[0].split(" ")[0] if figure.measured else figure.basis[:40])
+    assert "typical" in kinds and any(k.startswith("not measured") for k in kinds), kinds
 
 
 # ---------------------------------------------------------------- generated rows
@@ -75,21 +95,56 @@ def _rows(drawn: list[dict]) -> list[dict]:
     return [dict(r, group=GROUPS[r["group"]]) for r in drawn]
 
 
+steps = st.one_of(st.none(), st.tuples(st.integers(0, 3), st.lists(st.integers(0, 3), unique=True, max_size=4)))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(row, min_size=0, max_size=60), st.booleans())
-def test_generated_rows_give_the_row_by_row_figures(drawn, matched):
+@given(st.lists(row, min_size=0, max_size=60), st.booleans(), st.data())
+def test_generated_rows_give_the_row_by_row_figures(drawn, matched, data):
+    """Every view, and the bus bandwidth with rows matched on all members or not (each row's
+    matched set size drawn, as the cross-rank matching gives it), over a typical step and steady
+    steps (held by the rows or not) or none (no step breakdown)."""
     rows = _rows(drawn)
     view = CollectiveColumns(rows)
+    sets = data.draw(st.lists(st.sampled_from([0, 1, 2, 4, 4, 4]), min_size=len(rows), max_size=len(rows)))
+    view.set("matched_ranks", np.array(sets, dtype=np.int64))
+    chosen = data.draw(steps)
+    typical = None if chosen is None else SimpleNamespace(step=chosen[0], steady_steps=tuple(sorted(chosen[1])))
     digest = digest_module.plain({"groups": digest_module.html_groups(view),
                                   "top_exposed": digest_module.top_exposed(view, rows),
-                                  "host_side": digest_module.host_side(view, rows),
-                                  "busbw": digest_module.busbw_samples(view), "labels": digest_module.group_labels(view)})
-    model = SimpleNamespace(digest=digest, collectives=view, typical=None)
+                                  "host_side": digest_module.host_side(view, rows), "labels": digest_module.group_labels(view),
+                                  "busbw": group_sums(view, group_label, typical and typical.step,
+                                                     typical.steady_steps if typical else ())})
+    model = SimpleNamespace(digest=digest, collectives=view, typical=typical, group_busbw=figures(digest["busbw"]))
+    named = {str(g["name"]): g for g in GROUPS if g.get("name") is not None}
+    model.group = lambda name: None if name not in named else SimpleNamespace(
+        label=group_label(named[name]), busbw=model.group_busbw.get(group_label(named[name]) or ""))
     doc = {"collectives": rows, "groups": [], "stragglers": {"method": "seq" if matched else None}}
-    assert html._collectives(doc, model) == oracle._collectives(doc, model)
-    assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)
     run = SimpleNamespace(model=model, collectives=rows)
-    _same_metrics(metrics._busbw(run), oracle.busbw_metrics(run))
+    busbw = _same_busbw(run, sets)
+    assert html._collectives(doc, model) == oracle._collectives(doc, model, busbw)
+    assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)
+
+
+# rows most of which have their transfer measured: GPU ring collectives of a known size, their
+# wait known and below their duration (the drawn matched set then decides)
+measured_row = st.fixed_dictionaries({
+    "rank": st.integers(0, 3), "step": st.one_of(st.integers(0, 2), st.just(None)), "group": st.sampled_from([0, 0, 1, 2, 4, 5]),
+    "collective": st.sampled_from(["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "send"]),
+    "bytes": st.one_of(st.integers(1, 2**31), st.just(None)), "start_us": times,
+    "dur_us": st.floats(1, 1e5).map(lambda v: round(v, 3)), "exposed_us": maybe(times), "phase": st.just("backward"),
+    "wait_us": st.one_of(st.floats(0, 0.999).map(lambda v: round(v, 3)), st.just(None)),
+    "busbw_gbps": st.just(None), "bound": st.just(None), "on_gpu": st.sampled_from([True, True, True, False]),
+    "library": st.just("nccl"),
+})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(measured_row, min_size=1, max_size=60), st.data())
+def test_generated_measured_rows_give_the_row_by_row_bus_bandwidth(drawn, data):
+    """Rows most of which are measured: the figure of the typical step, of the steady steps (none
+    in the typical one), of the whole trace, none in the steady steps, and its samples."""
+    test_generated_rows_give_the_row_by_row_figures.hypothesis.inner_test(drawn, True, data)
 
 
 @settings(max_examples=100, deadline=None)
@@ -138,7 +193,7 @@ def test_many_rows_thin_the_scatter_as_the_row_by_row_code(seed):
                                   "top_exposed": digest_module.top_exposed(view, rows),
                                   "host_side": digest_module.host_side(view, rows)})
     assert any(g["scatter"]["total"] > len(g["scatter"]["points"]) for g in digest["groups"])  # thinned
-    model = SimpleNamespace(digest=digest)
+    model = SimpleNamespace(digest=digest, group=lambda name: None)  # no groups section: no bus bandwidth shown
     doc = {"collectives": rows, "groups": [], "stragglers": {}}
-    assert html._collectives(doc, model) == oracle._collectives(doc, model)
+    assert html._collectives(doc, model) == oracle._collectives(doc, model, {})
     assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)

@@ -73,10 +73,14 @@ def test_metrics_match_the_hand_worked_numbers(job):
     assert values["step_time_us"] == pytest.approx([100, 100]) and {s.step for s in metrics["step_time_us"].samples} == {1}
     assert values["exposed_comm_pct"] == pytest.approx([20, 20]) and values["idle_pct"] == pytest.approx([5, 5])
     assert "mfu" not in metrics
-    # busbw of a 2000-byte (1000 bf16) all-reduce over 2 ranks in 30 µs: 2000/30e-6/1e9 × 2·1/2; its
-    # samples too are the steady step's (one collective per rank), its figure all four's median
-    assert values["busbw_gbps:default_pg"] == pytest.approx([2000 / 30e-6 / 1e9] * 2, rel=1e-3)
-    assert metrics["busbw_gbps:default_pg"].basis == "median of 4 GPU collective(s)"
+    # busbw of a 2000-byte (1000 bf16) all-reduce over 2 ranks in 30 µs (both arrive together: no
+    # wait): 2000/30e-6/1e9 × 2·1/2; the figure is the typical step's (step 1), its samples the
+    # steady step's (one collective per rank): the drain's all-reduce is in neither
+    busbw = 2000 / 30e-6 / 1e9
+    assert values["busbw_gbps:default_pg"] == pytest.approx([busbw] * 2, rel=1e-3)
+    assert typical["busbw_gbps:default_pg"] == pytest.approx(busbw, rel=1e-3)
+    assert metrics["busbw_gbps:default_pg"].basis == ("typical step 1: Σ bus bytes / Σ transfer time of 2 collective "
+                                                      "kernel(s), each matched on all 2 members")
     assert aggregate([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], "p90") == pytest.approx(10.0)
 
 
@@ -133,12 +137,12 @@ def test_per_metric_regression_override(job, tmp_path, capsys):
                       "[tool.tracecliff.gate.max_regression_pct_by_metric]\nstep_time_us = 21\n")
     rc, out, _ = run_cli(["gate", slow, "--baseline", base, "--config", config], capsys)
     # step time +20% is now allowed (21% of the baseline is above the 10 µs floor, 10% of 100 µs);
-    # bus bandwidth fell to 1/1.2 (-16.64%), within its floor (0.5 GB/s: latency-bound 2 KB
+    # bus bandwidth fell to 1/1.2 (-16.67%: 2000 B in 30 µs, then 36 µs), within its floor (0.5 GB/s: latency-bound 2 KB
     # all-reduces of 0.067 GB/s move by µs of jitter), which the threshold column names
     # (one steady step in either run: no noise measured, and the threshold says so)
     unknown = "; noise unknown: 1 steady step(s), 3 needed)"
     assert rc == 0 and f"+20.00%   Δ ≤ 21.00% (max_regression_pct{unknown}" in out
-    assert f"-16.64%   Δ ≤ 749.63% (floor{unknown}" in out
+    assert f"-16.67%   Δ ≤ 750.00% (floor{unknown}" in out
     config.write_text(config.read_text().replace("step_time_us = 21", "step_time_us = 19"))
     rc, out, _ = run_cli(["gate", slow, "--baseline", base, "--config", config], capsys)
     assert rc == 1 and "FAIL    step_time_us" in out and f"Δ ≤ 19.00% (max_regression_pct{unknown}" in out

@@ -350,7 +350,7 @@ def test_no_busbw_from_cpu_side_durations(capsys):
     assert run.collectives and not any(c["on_gpu"] for c in run.collectives)
     assert all(c["busbw_gbps"] is None and c["algbw_gbps"] is None for c in run.collectives)
     assert all(s["busbw_gbps_median"] is None for s in run.collective_summary)
-    assert all(g.busbw_median_gbps is None for g in run.model.groups)
+    assert all(g.busbw_gbps is None for g in run.model.groups)
     assert not [m for m in run_metrics(run) if m.startswith("busbw_gbps")]
     config = "[tool.tracecliff.gate.assertions]\n\"busbw_gbps:default_pg\" = [\"error\", { min = 0.001 }]\n"
     with open("g.toml", "w") as f:
@@ -367,7 +367,7 @@ def test_busbw_above_the_link_peak_is_suspect_not_gated(capsys, tmp_path):
     rc, out, _ = run_cli(["gate", job, "--gpu", "v100-sxm2-16gb", "--baseline", base], capsys)
     compared = rows(out, "Baseline ")
     assert rc == 0 and compared["busbw_gbps:default_pg"][0] == "SUSPECT"
-    assert "436.3 GB/s is above the link's peak 187.5 GB/s (NVLink 2 150 GB/s one-way, x 1.25 margin)" in out
+    assert "436.4 GB/s is above the link's peak 187.5 GB/s (NVLink 2 150 GB/s one-way, x 1.25 margin)" in out
     assert "1 suspect)" in out.splitlines()[0]
     from analyzer.api import load_run
     assert busbw_ceiling(load_run([str(base)]), "default_pg")[0] == pytest.approx(150 * 1.25)

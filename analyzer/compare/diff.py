@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.compare.metrics import DEFAULT_AGGREGATE, metric_spec, run_metrics
+from analyzer.compare.metrics import DEFAULT_AGGREGATE, metric_spec, run_metrics, unmeasured_metrics
 from analyzer.compare.predictions import prediction_checks
 from analyzer.job.compute import FAMILIES, bucket_floor
 from analyzer.job.model import LEAF_NAMES
@@ -118,14 +118,25 @@ def _group_scope(run: Any, label: str) -> bool | None:
 
 
 def metric_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
+    """Each metric of either run, the gate's figure (analyzer.compare.metrics); one a run has the
+    subject of but cannot measure (a group's bus bandwidth without a measured transfer) is
+    ``not measured``, with why in ``note``."""
     before, after = run_metrics(base), run_metrics(new)
+    unmeasured = {"base": unmeasured_metrics(base), "new": unmeasured_metrics(new)}
     rows = []
-    for name in sorted(set(before) | set(after)):
+    for name in sorted(set(before) | set(after) | set(unmeasured["base"]) | set(unmeasured["new"])):
         spec = metric_spec(name)
+        assert spec is not None
         b = before[name].typical if name in before else None
         a = after[name].typical if name in after else None
-        rows.append({"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": DEFAULT_AGGREGATE,
-                     "base": b, "new": a, **_change(b, a, spec.better)})
+        row = {"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": DEFAULT_AGGREGATE,
+               "base": b, "new": a, **_change(b, a, spec.better)}
+        why = {side: reasons[name] for side, reasons in unmeasured.items() if name in reasons}
+        if why:
+            same = len(why) == 2 and why["base"] == why["new"]
+            row.update(verdict="not measured", note=f"both: {why['base']}" if same else
+                       "; ".join(f"{side}: {reason}" for side, reason in why.items()))
+        rows.append(row)
     return rows
 
 

@@ -49,7 +49,7 @@ from analyzer.base.units import fmt_unit
 from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES,
                                       NOISE_MIN_CHANGES, Metric, has_gpu_activity, implausible, metric_spec,
                                       requested_steps_missing, run_metrics, selected_nothing, spread, steps_text,
-                                      unavailable_reason)
+                                      unavailable_reason, unmeasured_metrics)
 
 LEVELS = ("off", "warning", "error")
 # Defaults of the baseline comparison (docs/ci.md, "Noise-aware thresholds" says why these).
@@ -504,20 +504,33 @@ def compare_baseline(new_run: Any, base_run: Any, config: GateConfig, steps: Any
     one the baseline has; suspect (not gated) where either figure is physically impossible."""
     new_metrics = run_metrics(new_run) if new_metrics is None else new_metrics
     base_metrics = run_metrics(base_run)
+    base_unmeasured = unmeasured_metrics(base_run)
     how_of = {a.key: a.aggregate for a in config.assertions if a.rule is None}
     return [_compare_one(name, base_metrics.get(name), new_metrics.get(name), how_of.get(name, DEFAULT_AGGREGATE),
-                         new_run, base_run, config, steps)
-            for name in sorted(set(new_metrics) | set(base_metrics))]
+                         new_run, base_run, config, steps, base_unmeasured.get(name))
+            for name in sorted(set(new_metrics) | set(base_metrics) | set(base_unmeasured)
+                               | set(unmeasured_metrics(new_run)))]
 
 
 def _compare_one(name: str, base: Metric | None, new: Metric | None, how: str, new_run: Any, base_run: Any,
-                 config: GateConfig, steps: Any) -> Check:
+                 config: GateConfig, steps: Any, base_unmeasured: str | None = None) -> Check:
+    """``base_unmeasured``: why the baseline has the metric's subject but no figure of it."""
     base_value = base.value(how) if base is not None else None
     new_value = new.value(how) if new is not None else None
 
     def check(status: str, message: str) -> Check:
         return Check("baseline", name, "error", status, new_value, "", how, message, base=base_value)
+    if base_unmeasured is not None:  # nothing measured to compare with: say so, gate nothing
+        base_why = f"{_what(name)} {base_unmeasured}"
+        if new is None:
+            new_why = unavailable_reason(new_run, name, steps, who="the new run")
+            why = base_why if new_why == base_why else f"the baseline's {base_why}; the new run's {new_why}"
+            return check("skip", f"not gated (neither run): {why}")
+        return check("skip", f"not gated (the baseline): {base_why}")
     if base is None or base_value is None:
+        if new is None:  # the new run has its subject but cannot measure it
+            return check("skip", f"not gated (the new run; not in the baseline): "
+                                 f"{unavailable_reason(new_run, name, steps, who='the new run')}")
         return check("skip", "not in the baseline: nothing to compare with")
     if new is None or new_value is None:
         return check("fail", f"in the baseline, missing in the new run: "
@@ -558,6 +571,12 @@ def _compared(name: str, base: Metric, new: Metric, base_value: float, new_value
     return Check("baseline", name, "error", status, new_value, f"Δ ≤ {limit.text}", how, verdict, base=base_value,
                  change_pct=change, change_pp=(new_value - base_value) if spec.compare == "share" else None,
                  threshold=limit)
+
+
+def _what(name: str) -> str:
+    """A metric's subject in words, for a message ("bus bandwidth of group tp0")."""
+    prefix, _, group = name.partition(":")
+    return f"bus bandwidth of group {group}" if prefix == GROUP_METRIC and group else name
 
 
 def baseline_check(new_run: Any, base_run: Any, compared: list[Check]) -> Check:

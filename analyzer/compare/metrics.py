@@ -15,7 +15,7 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``mfu`` | the typical step's model-parameter MFU (``doc["mfu"]``, needs the flags) | per step | higher |
 | ``shapes_mfu`` | the typical step's MFU from recorded shapes (``mfu.from_shapes``) | FLOPs at peak / step time | higher |
 | ``gemm_tflops`` | the typical step's GEMM TFLOP/s (recorded shapes), over its ranks | the rank-step's GEMMs | higher |
-| ``busbw_gbps:<group>`` | median over the group's GPU collectives | each GPU collective of a steady step (never a CPU op's duration) | higher |
+| ``busbw_gbps:<group>`` | the typical step's bus bytes / transfer time of the group's measured collectives (analyzer.job.busbw) | the same per rank-step | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
 the whole trace's, one sample per rank, and say so in their basis (``scope`` "trace").
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -93,25 +93,17 @@ class Metric:
     samples: tuple[Sample, ...]
     basis: str  # e.g. "typical step 5, mean over 8 ranks"
     scope: str = "step"  # "step": of the typical step; "trace": of the whole trace (no step markers)
-    # A metric of many values per (rank, step) (a group's bus bandwidth): ``aggregates`` over all
-    # of them (median, max, min, p90) and their number, ``samples`` one per (rank, step) window
-    # (its median) for the spread; None: ``samples`` are the values.
-    aggregates: Mapping[str, float] | None = None
-    sample_count: int | None = None
 
     def value(self, how: str = DEFAULT_AGGREGATE) -> float:
         if how == "typical" or not self.samples:
             return self.typical
-        if self.aggregates is not None:
-            return float(self.aggregates[how])
         return aggregate([s.value for s in self.samples], how)
 
     def described(self, how: str = DEFAULT_AGGREGATE) -> str:
         """What ``value(how)`` is, in words (for a gate message)."""
         if how == "typical" or not self.samples:
             return self.basis
-        count = self.sample_count if self.sample_count is not None else len(self.samples)
-        return f"{how} of {count} steady sample(s)"
+        return f"{how} of {len(self.samples)} steady sample(s)"
 
 
 def metric_spec(name: str) -> MetricSpec | None:
@@ -235,22 +227,23 @@ def _compute_metrics(run: Any, steady: list[Any]) -> dict[str, Metric]:
 
 
 def _busbw(run: Any) -> dict[str, Metric]:
-    """``busbw_gbps:<group>``: the bus bandwidth the job analysis gave each GPU collective of
-    the group (analyzer.job.commfit); a CPU-side op's duration is no transfer time, never a sample.
-    From the digest of every row (analyzer.job.digest): its aggregates over the collectives, its
-    samples one per (rank, step), the median of that window's collectives."""
-    # the samples are the steady steps' windows (a warm-up step's first collectives set up
-    # NCCL's channels), all of them when the run has no steady step
-    typical = run.model.typical
-    steady = set(typical.steady_steps) if typical is not None else None
+    """``busbw_gbps:<group>``: the job model's bus bandwidth of each group label that has one
+    (analyzer.job.busbw: the typical step's, over the collectives whose transfer time is
+    measured, never a CPU-side op's duration), with its samples per rank and steady step."""
     out = {}
-    for label, count, aggregates, windows in run.model.digest["busbw"]:
-        found = tuple(Sample(rank, step, value) for rank, step, value in windows)
-        samples = tuple(s for s in found if steady is None or s.step in steady) or found
-        name = f"{GROUP_METRIC}:{label}"
-        out[name] = Metric(name, aggregates["median"], samples, f"median of {count} GPU collective(s)",
-                           aggregates=aggregates, sample_count=count)
+    for label, figure in run.model.group_busbw.items():
+        if figure.gbps is not None:
+            name = f"{GROUP_METRIC}:{label}"
+            out[name] = Metric(name, figure.gbps, tuple(Sample(rank, step, value) for rank, step, value in figure.samples),
+                               figure.basis, figure.scope)
     return out
+
+
+def unmeasured_metrics(run: Any) -> dict[str, str]:
+    """The metrics whose subject ``run`` has but cannot measure, with why (the gate says so and
+    does not gate them): each group whose bus bandwidth no collective's transfer time gives."""
+    return {f"{GROUP_METRIC}:{label}": figure.basis for label, figure in sorted(run.model.group_busbw.items())
+            if figure.gbps is None}
 
 
 # A σ needs this many step-to-step changes of the figure (three steady steps): from one change
@@ -355,7 +348,9 @@ def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the r
         groups = sorted(set(run.model.digest["labels"]) | {g.label for g in run.model.groups if g.label})
         if label not in groups:
             return f"group {label} absent from {who} (groups: {', '.join(groups) or 'none'})"
-        return f"no GPU collective with a known size in group {label!r}"
+        figure = run.model.group_busbw.get(label)
+        return f"bus bandwidth of group {label} {figure.basis}" if figure is not None else \
+            f"no GPU collective with a known size in group {label!r}"
     if name == "step_time_us":
         if not any(r.steps for r in run.model.ranks):
             return "no ProfilerStep#N markers: per-step times unavailable"

@@ -17,6 +17,7 @@ from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
 from analyzer.job.columns import Categorical, CollectiveColumns
+from analyzer.job.model import group_label
 from analyzer.base.errors import ConfigError
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
@@ -43,7 +44,8 @@ def analyze_job(result: Any, options: Any) -> None:
     result.groups = groups
     result.collective_summary = commfit.summarize(result.collectives, view)
     attribute_job(result)
-    result.job_model = None  # the typical step is chosen: the compute figures read it
+    result.job_model = None  # the typical step is chosen: the compute figures and busbw read it
+    write_group_busbw(result)
     from_shapes = analyze_compute(result, hardware)
     n_gpus = world or result.job.get("ranks_given")
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
@@ -51,6 +53,19 @@ def analyze_job(result: Any, options: Any) -> None:
                              hardware.peak_tflops.to_dict(), from_shapes)
     if result.job_model is not None:  # the typical step and each rank's facts stand (80,000 rank-steps
         result.job_model.forget("compute")  # at 1,024 ranks); the compute figures read the new sections
+
+
+def write_group_busbw(result: Any) -> None:
+    """Each group's bus bandwidth into its ``groups`` entry, as the job model defines it
+    (analyzer.job.busbw: the typical step's, over the collectives whose transfer is measured):
+    ``busbw_gbps`` and what it is (``busbw_basis``), or why there is none. ``busbw_median_gbps``,
+    the figure's name before it was the typical step's, holds the same value."""
+    figures = result.model.group_busbw
+    for entry in result.groups:
+        figure = figures.get(group_label(entry) or "")
+        value = None if figure is None or figure.gbps is None else round(figure.gbps, 3)
+        entry["busbw_gbps"] = entry["busbw_median_gbps"] = value
+        entry["busbw_basis"] = figure.basis if figure is not None else "group unknown: no bus bandwidth"
 
 
 def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> HardwareAssumptions:
@@ -82,6 +97,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     busbw_column = np.full(view.n, np.nan)
     algbw_column = np.full(view.n, np.nan)
     bound_column = np.zeros(view.n, dtype=np.int64)  # commfit.BOUNDS codes
+    measured = commfit.transfer_measured(view)
     groups = []
     for key in sorted(members, key=str):
         index = members[key]
@@ -90,7 +106,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
-        cols = commfit.GroupColumns(group_rows, view, index)
+        cols = commfit.GroupColumns(group_rows, view, index, measured[index])
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
@@ -101,8 +117,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
                                         cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
         busbw, bound_column[index], algbw_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
-        busbw_column[index] = group_busbw = np.array(busbw, dtype=float)  # None: NaN
-        gpu_busbw = group_busbw[gpu & ~np.isnan(group_busbw)]
+        busbw_column[index] = np.array(busbw, dtype=float)  # None: NaN
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
             "description": group.get("description"),
@@ -114,7 +129,6 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
             "fit": ab.fit, "fit_source": ab.source,
-            "busbw_median_gbps": round(float(np.median(gpu_busbw)), 3) if len(gpu_busbw) else None,
         })
     view.set("busbw_gbps", busbw_column)
     view.set("algbw_gbps", algbw_column)

@@ -1,8 +1,10 @@
 """Bandwidth of every collective, and α/β of every process group fitted from the trace.
 
 algbw / busbw follow nccl-tests (models.md §2): ``algbw = S / t`` and ``busbw = algbw ×
-busbw_factor(kind, N)``, with t the collective's *transfer* time (its duration minus the time it
-waited for late ranks, see :mod:`analyzer.job.crossrank`).
+busbw_factor(kind, N)``, with t the collective's *transfer* time: its duration minus the time it
+waited for late ranks (:mod:`analyzer.job.crossrank`). A collective has one only where that wait
+is measured (``transfer_measured``); elsewhere its kernel's duration is a wait of unknown length
+plus the transfer, no rate of the link, and it has no algbw or busbw.
 
 α/β of a group (models.md §1): every ring collective costs ``hops·α + hops·x/β`` with
 ``hops`` = 2(N-1) (all-reduce), N-1 (all-gather, reduce-scatter, all-to-all) or 1 (broadcast,
@@ -26,8 +28,10 @@ from typing import Any
 import numpy as np
 
 from analyzer.job.columns import Categorical, CollectiveColumns, categorical, distinct_rows, round_list
+from analyzer.job.crossrank import matched_ranks
 from analyzer.model import formulas as models
 
+P2P = ("send", "recv", "sendrecv")
 MIN_DISTINCT_SIZES = 3
 MAX_MEDIAN_GAP = 0.5  # envelope points this far above the fitted line: the model does not fit
 _RING_HOPS = {"allreduce": 2, "allgather": 1, "reduce_scatter": 1, "alltoall": 1}
@@ -61,21 +65,52 @@ def bandwidths(kind: str, size_bytes: int | None, time_us: float | None,
     return alg, alg * busbw_factor(kind, n)  # = models.busbw_gbps, factor computed once per (kind, N)
 
 
+def transfer_measured(view: CollectiveColumns) -> np.ndarray:
+    """Whether each row's transfer time is measured, so that its bandwidth is the link's rate
+    (models.md §2, "Bus bandwidth of a job"): a GPU collective kernel (an op's duration on the
+    host is no transfer: an NCCL launch takes ~20 µs whatever the size) of a known size and a
+    kind with a bus-bandwidth factor on its group's size, matched across ranks with *every*
+    member of its group. A kernel's duration is the wait for the group's last member plus the
+    transfer; in a set that holds every member the shortest kernel is the last arrival's, which
+    waited for nobody, and ``dur − wait_us`` is the transfer. Where a member's trace is missing
+    the wait is a lower bound, and unmatched it is unknown. Point-to-point kernels never: a
+    send or recv waits for its peer, and the traces do not pair each send with its recv."""
+    if not view.n:
+        return np.zeros(0, dtype=bool)
+    sizes = np.array([group_size(g) for g in view.group.names], dtype=np.int64)[view.group.codes]
+    # once per (group, kind) pair: a ring or tree kind with a factor on the group's size
+    codes, ok = view.group_keys(lambda row: row["collective"] not in P2P
+                                and has_bus_model(row["collective"], group_size(row.get("group")) or None))
+    transfer = view.dur - waits(view)
+    with np.errstate(invalid="ignore"):
+        return (view.on_gpu & (view.size > 0) & np.array(ok, dtype=bool)[codes] & ~np.isnan(view.written("wait_us"))
+                & (matched_ranks(view) == sizes) & (transfer > 0))
+
+
+def group_size(group: Any) -> int:
+    """A row's group size (0: unknown)."""
+    size = (group or {}).get("size") if isinstance(group, dict) else None
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
 class GroupColumns:
     """The fields of a group's collective rows that the fits need, as arrays: the rows at
     ``index`` of the job's view (its ``wait_us`` column set by the cross-rank matching), or
-    rows read on their own."""
+    rows read on their own. ``measured``: which rows' transfer time is measured (the job's
+    ``transfer_measured`` at ``index``); None: every row's (rows read on their own, whose job
+    is unknown)."""
 
     def __init__(self, rows: list[dict[str, Any]], view: CollectiveColumns | None = None,
-                 index: np.ndarray | None = None) -> None:
+                 index: np.ndarray | None = None, measured: np.ndarray | None = None) -> None:
         if view is None or index is None:
             view, index = CollectiveColumns(rows), np.arange(len(rows))
+        self.measured = np.ones(len(index), dtype=bool) if measured is None else measured
         # codes of the view's kinds (kinds of other groups among the names): no string per row
         self.kind = Categorical(view.kind.codes[index], view.kind.names)
         self.sizes = view.size[index]
         self.on_gpu = view.on_gpu[index]
         durations = view.dur[index]
-        self.transfer = durations - _waits(view)[index]  # the wait for late ranks taken out
+        self.transfer = durations - waits(view)[index]  # the wait for late ranks taken out
         self.time = np.where(self.on_gpu, self.transfer, durations)  # CPU rows: their duration
 
     def present_kinds(self) -> list[str]:
@@ -89,10 +124,10 @@ def _by_kind(kind: Categorical, figures: dict[str, float]) -> np.ndarray:
     return np.array([figures.get(name, np.nan) for name in kind.names], dtype=float)[kind.codes]
 
 
-def _waits(view: CollectiveColumns) -> np.ndarray:
+def waits(view: CollectiveColumns) -> np.ndarray:
     """Each row's ``wait_us or 0.0`` (the cross-rank matching's)."""
-    waits = view.written("wait_us")
-    return np.where(np.isnan(waits), 0.0, waits)
+    wait = view.written("wait_us")
+    return np.where(np.isnan(wait), 0.0, wait)
 
 
 BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
@@ -100,19 +135,19 @@ BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
                    cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray, list[float]]:
-    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time of GPU collectives; none on a
-    CPU-side row: an op's duration on the host is no transfer time, an NCCL launch takes ~20 µs
-    whatever the size, which would read as thousands of GB/s) and ``bound`` on the rows of one
-    group of ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's
-    rows at a time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw
-    values (NaN where None)."""
+    """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time, on the rows whose transfer is
+    measured: ``transfer_measured``; none on a CPU-side row, an unmatched one, one whose group
+    has members without a trace, a send or a recv) and ``bound`` on the rows of one group of
+    ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's rows at a
+    time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw values (NaN
+    where None)."""
     cols = cols or GroupColumns(rows)
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
     factors = _by_kind(cols.kind, {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()})
     hop_counts = _by_kind(cols.kind, {kind: hops(kind, n) if ok else np.nan for kind, ok in defined.items()})
     with np.errstate(invalid="ignore", divide="ignore"):
-        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0) & cols.on_gpu
+        known = ~np.isnan(sizes) & np.isfinite(times) & (times > 0) & cols.on_gpu & cols.measured
         alg = np.where(known, sizes / times * 1e-3, np.nan)
         bus = alg * factors
         per_hop = sizes * factors / hop_counts  # the bytes each of the collective's α terms carries
@@ -301,7 +336,7 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     cells = {(names[group_code[index[i]]], view.kind.names[kinds[i]], int(bucket[i])):
              order[bounds_at[code]:bounds_at[code + 1]] for code, i in enumerate(first.tolist())}
     sizes = None if exact else np.fromiter(sizes_list, dtype=object, count=count)
-    transfer = (view.dur - _waits(view))[index]
+    transfer = (view.dur - waits(view))[index]
     busbw = view.written("busbw_gbps")[index]
     codes = view.extra.get("bound")  # the fits' (fit_groups), else the rows'
     bounds = Categorical(codes[index], list(BOUNDS)) if codes is not None else \

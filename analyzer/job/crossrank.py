@@ -194,6 +194,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
     view.set("waited_for", np.full(view.n, -1, dtype=np.int64))  # the member waited for; -1: none
+    view.set("matched_ranks", np.zeros(view.n, dtype=np.int64))
     if len(ranks) < 2:
         for row in rows:
             row.update(_UNMATCHED)
@@ -217,6 +218,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
     rounded_waits = round_list(waits)
     view.extra["wait_us"][flat] = rounded_waits
+    view.set("matched_ranks", _set_sizes(view.n, flat, bounds))
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
     caused: dict[int, float] = defaultdict(float)
@@ -257,6 +259,28 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
                            "not be the last member, so waits are lower bounds")
     return summary
+
+
+def matched_ranks(view: CollectiveColumns) -> np.ndarray:
+    """How many ranks' rows each row was matched with, itself included (0: unmatched): the
+    matching's column, else the same matching made again (a Result loaded from its JSON, whose
+    rows keep their waits but not their sets). A collective whose set holds every member of
+    its group has its transfer measured: its last arrival's kernel waited for nobody."""
+    if "matched_ranks" not in view.extra:
+        codes = _match(view)[1] if len(np.unique(view.rank)) >= 2 else None
+        if codes is None:
+            view.set("matched_ranks", np.zeros(view.n, dtype=np.int64))
+        else:
+            flat, bounds = _flat_sets(codes)
+            view.set("matched_ranks", _set_sizes(view.n, flat, bounds))
+    return view.extra["matched_ranks"]
+
+
+def _set_sizes(n: int, flat: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Each row's set size (``_flat_sets``' sets), 0 for the rows in none."""
+    out = np.zeros(n, dtype=np.int64)
+    out[flat] = np.repeat(np.diff(bounds), np.diff(bounds))
+    return out
 
 
 def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -1,7 +1,8 @@
 """What the views quote from the collective rows, worked out once per Result from its columns
 (``CollectiveColumns``): the text view's top collectives and host-side ops, the HTML report's
-tables and α-β scatter per process group, the gate's bus bandwidth per group and the diff's
-totals per (group, collective) over the steady steps.
+tables and α-β scatter per process group, what each group's bus bandwidth is made of
+(analyzer.job.busbw: the job model's, the groups section's, the gate's) and the diff's totals
+per (group, collective) over the steady steps.
 
 A saved result of a large job keeps only its most exposed collectives in the JSON (all rows go
 to the rows file, analyzer.job.rows_file); it carries this digest instead, so that every view
@@ -23,6 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from analyzer.job.busbw import group_sums
 from analyzer.job.columns import CollectiveColumns, categorical
 from analyzer.job.commfit import BOUNDS, hops
 from analyzer.model import formulas as models
@@ -64,8 +66,11 @@ def compute(result: Any) -> dict[str, Any]:
     view = CollectiveColumns.of(result)
     rows = result.collectives
     model = result.model
+    typical = model.typical
     return {"groups": html_groups(view), "top_exposed": top_exposed(view, rows),
-            "host_side": host_side(view, rows), "busbw": busbw_samples(view), "labels": group_labels(view),
+            "host_side": host_side(view, rows), "labels": group_labels(view),
+            "busbw": group_sums(view, group_label, typical.step if typical else None,
+                                typical.steady_steps if typical else ()),
             "totals": window_totals(view, model.steady_windows(), [r.rank for r in model.ranks])}
 
 
@@ -305,47 +310,6 @@ def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, 
 
 
 # ---------------------------------------------------------------- the gate
-def busbw_samples(view: CollectiveColumns) -> list[list[Any]]:
-    """Per group label (in order of first appearance): the bus bandwidth the job analysis gave
-    its GPU collectives, as the gate's metric ``busbw_gbps:<label>`` reads them: [label, count,
-    {median, max, min, p90}, [[rank, step, median of the (rank, step)'s values], ...]]."""
-    if not view.n:
-        return []
-    busbw = view.written("busbw_gbps")
-    labels = [group_label(g) for g in view.group.names]
-    label_codes = categorical(labels, len(labels))
-    row_label = label_codes.codes[view.group.codes]
-    has_label = np.array([name is not None for name in label_codes.names], dtype=bool)
-    rows = np.flatnonzero(view.on_gpu & ~np.isnan(busbw) & has_label[row_label])
-    out = []
-    first = np.unique(row_label[rows], return_index=True)[1]
-    for code in row_label[rows][np.sort(first)].tolist():
-        mine = rows[row_label[rows] == code]
-        values = busbw[mine]
-        out.append([label_codes.names[code], len(mine),
-                    {"median": float(np.median(values)), "max": float(values.max()), "min": float(values.min()),
-                     "p90": float(np.percentile(values, 90))}, _window_medians(view, mine, values)])
-    return out
-
-
-def _window_medians(view: CollectiveColumns, rows: np.ndarray, values: np.ndarray) -> list[list[Any]]:
-    """[[rank, step, np.median of its values], ...] per (rank, step) of ``rows``, in order of
-    first appearance."""
-    window = view.rank[rows] * (len(view.step.names) + 1) + view.step.codes[rows]
-    distinct, first, inverse, counts = np.unique(window, return_index=True, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    order = np.lexsort((values, inverse))  # each window's values together, ascending
-    ordered = values[order]
-    starts = np.r_[0, np.cumsum(counts)[:-1]]
-    mid = starts + counts // 2
-    odd = counts % 2 == 1
-    medians = np.where(odd, ordered[mid], (ordered[mid - 1 + odd] + ordered[mid]) / 2)
-    by_appearance = np.argsort(first, kind="stable")
-    heads = rows[first[by_appearance]]
-    steps = list(map(view.step.names.__getitem__, view.step.codes[heads].tolist()))
-    return [list(window) for window in zip(view.rank[heads].tolist(), steps, medians[by_appearance].tolist())]
-
-
 def group_labels(view: CollectiveColumns) -> list[str]:
     """The group labels of the rows (sorted; none for a row without one)."""
     return sorted({label for label in map(group_label, view.group.names) if label})

@@ -33,7 +33,7 @@ COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_siz
                       "start_us", "dur_us", "exposed_us", "wait_us", "algbw_gbps", "busbw_gbps", "bound",
                       "on_gpu", "stream", "module", "kernel")
 GROUP_COLUMNS = ("name", "description", "size", "ranks", "nodes", "cross_node", "kinds", "collectives",
-                 "alpha_us", "beta_gbps", "s_star_bytes", "busbw_median_gbps", "fit_source", "fit")
+                 "alpha_us", "beta_gbps", "s_star_bytes", "busbw_gbps", "busbw_basis", "fit_source", "fit")
 COMPUTE_COLUMNS = ("rank", "step", "role", "op", "family", "dtype", "shape", "bucket", "count", "flops_each", "flops",
                    "timed_count", "gpu_us", "tflops_per_s", "pct_of_peak", "note")
 FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_gain_us", "ranks", "steps",

@@ -9,7 +9,8 @@ Each derived figure is defined here, once:
   waiting for late peers, exposed transfer, other GPU work, idle) with the exposed and idle shares;
 - each rank's leaves of every step (``RankFacts``, ``RankStep``);
 - each process group's role, nodes, link (the one ``Link`` rule, analyzer.model.link) and bus
-  bandwidth (``GroupFacts``);
+  bandwidth (``GroupFacts``; the typical step's, over the collectives whose transfer time is
+  measured: analyzer.job.busbw);
 - each rank's lateness and the waiting it causes the others (``RankLateness``);
 - the hardware (``HardwareAssumptions``), the topology, and the collectives as columns;
 - the typical step's compute: FLOPs from recorded shapes, TFLOP/s per op family and shape,
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
@@ -264,7 +266,13 @@ class GroupFacts:
     link: Link | None  # the fit of its collectives, else the hardware profile's
     fit: str
     fit_source: str
-    busbw_median_gbps: float | None  # median nccl-tests bus bandwidth of its GPU collectives
+    # the bus bandwidth of its label's groups in the typical step, or why there is none
+    # (analyzer.job.busbw: the one figure text, HTML, JSON, gate and diff quote)
+    busbw: GroupBusbw | None
+
+    @property
+    def busbw_gbps(self) -> float | None:
+        return self.busbw.gbps if self.busbw is not None else None
 
 
 @dataclass(frozen=True)
@@ -418,6 +426,13 @@ class JobModel:
         from analyzer.job.digest import collective_digest
         return collective_digest(self._result)
 
+    @cached_property
+    def group_busbw(self) -> dict[str, GroupBusbw]:
+        """Each group label's bus bandwidth (analyzer.job.busbw): the typical step's, over the
+        collectives whose transfer time is measured; its samples per rank and steady step. From
+        the digest's sums (a saved large result's too: no rows read)."""
+        return busbw_figures(self.digest["busbw"])
+
     def consistently_last(self) -> dict[int, str]:
         """rank -> why: the ranks that arrive last at least half the matched collectives (the
         arrival order alone, whether or not straggler-rank could run: a CPU-only job's, a hung
@@ -447,7 +462,7 @@ class JobModel:
         return GroupFacts(g.get("name"), group_label(g), g.get("description"), ranks, size,
                           str(g.get("role") or "unknown"), nodes, g.get("cross_node"), tuple(g.get("kinds") or ()),
                           int(g.get("collectives") or 0), link, str(g.get("fit") or ""), str(g.get("fit_source") or ""),
-                          g.get("busbw_median_gbps"))
+                          self.group_busbw.get(group_label(g) or ""))
 
 
 def leaf_names(leaves: Any) -> list[str]:

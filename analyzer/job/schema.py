@@ -303,11 +303,16 @@ class Group(msgspec.Struct):
     alpha_us: float | None
     beta_gbps: float | None
     s_star_bytes: float | None
-    busbw_median_gbps: float | None
+    busbw_median_gbps: float | None  # the same value as busbw_gbps (its name before it was a step's Σ / Σ)
     fit: str
     fit_source: str
     description: str | None = None
     role: str | None = None  # dp, dp_shard, dp_replicate, tp, pp, ep, cp, ... (analyzer.job.parallelism)
+    # the bus bandwidth of the groups of its label (description, else name) in the typical step:
+    # Σ S·factor / Σ transfer time of the collectives matched on every member (analyzer.job.busbw);
+    # None: not measured, and busbw_basis says why
+    busbw_gbps: float | None = None
+    busbw_basis: str | None = None
 
 
 class CollectiveSummary(msgspec.Struct):
@@ -538,11 +543,34 @@ class HostSide(msgspec.Struct, forbid_unknown_fields=True):
     longest: list[Collective]
 
 
-class BusbwAggregates(msgspec.Struct, forbid_unknown_fields=True):
-    median: float
-    max: float
-    min: float
-    p90: float
+# a sum of bus bytes (≥ 0) or of transfer time (> 0: the figure divides by it), finite
+BusBytes = Annotated[float, msgspec.Meta(ge=0, le=1.7976931348623157e308)]
+TransferTime = Annotated[float, msgspec.Meta(gt=0, le=1.7976931348623157e308)]
+
+
+class BusbwSums(msgspec.Struct, forbid_unknown_fields=True):
+    """Σ S·factor and Σ transfer time of a group label's measured collectives in the typical
+    step (``over``; else the steady ``steps``, else the whole ``trace``), how many, on how many
+    matched members, in how many groups (analyzer.job.busbw.group_sums)."""
+
+    over: Literal["typical", "steady", "trace"]
+    steps: list[int]
+    collectives: Annotated[int, msgspec.Meta(ge=1)]
+    members: Annotated[int, msgspec.Meta(ge=0)]
+    groups: Annotated[int, msgspec.Meta(ge=1)]
+    bus_bytes: BusBytes
+    transfer_us: TransferTime
+
+
+class BusbwEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """What a group label's bus bandwidth is made of (analyzer.job.busbw): its sums (None: not
+    measured, ``why`` says why) and per rank and steady step [rank, step, Σ S·factor, Σ t]."""
+
+    label: str
+    step: Optional[int]
+    sums: Optional[BusbwSums]
+    samples: list[tuple[Annotated[int, msgspec.Meta(ge=0)], Optional[int], BusBytes, TransferTime]]
+    why: Optional[str]
 
 
 class Totals(msgspec.Struct, forbid_unknown_fields=True):
@@ -560,7 +588,7 @@ class Digest(msgspec.Struct, forbid_unknown_fields=True):
     groups: list[DigestGroup]
     top_exposed: TopExposed
     host_side: HostSide | None
-    busbw: list[tuple[str, int, BusbwAggregates, list[tuple[int, Optional[int], float]]]]
+    busbw: list[BusbwEntry]
     labels: list[str]
     totals: Totals
 

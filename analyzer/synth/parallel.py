@@ -71,6 +71,10 @@ class ParallelSpec:
     forward_us: int = 200
     backward_us: int = 400
     transfer_us: int = 20
+    # every NCCL collective and transfer takes this many times as long: a link at 1/k of its
+    # bandwidth, α included (the gate's planted regression, tests/test_busbw.py); DeepEP and custom
+    # all-reduce kernels, in no process group, keep theirs
+    comm_slowdown: int = 1
 
     def to_dict(self) -> dict:
         # Knobs added after the committed samples were written are left out at their defaults,
@@ -78,7 +82,7 @@ class ParallelSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20}
+_LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20, "comm_slowdown": 1}
 
 
 @dataclass
@@ -134,27 +138,29 @@ def _fsdp2_tp(spec: ParallelSpec, rank: int) -> StepPlan:
     _, g = _groups(spec, rank)
     plan, t = StepPlan(), 0
     ops = plan.ops
-    ops.append(Op(DP_STREAM, 0, 40, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
+    k = spec.comm_slowdown
+    ops.append(Op(DP_STREAM, 0, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
                   nelems=1 << 20, marker="FSDP::all_gather (layers.0)"))
-    t = 40
+    t = 40 * k
     for i in range(spec.layers):
         ops.append(Op(COMPUTE_STREAM, t, 300, GEMM, "compute", marker=f"FSDP::pre_forward (layers.{i})"))
         if i + 1 < spec.layers:
-            ops.append(Op(DP_STREAM, t + 10, 40, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
+            ops.append(Op(DP_STREAM, t + 10, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
                           nelems=1 << 20, marker=f"FSDP::all_gather (layers.{i + 1})"))
         t += 300
-        ops.append(Op(TP_STREAM, t, 30, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"], nelems=1 << 18))
-        t += 30
+        ops.append(Op(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"],
+                      nelems=1 << 18))
+        t += 30 * k
     for i in reversed(range(spec.layers)):
         ops.append(Op(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
                       marker="autograd::engine::evaluate_function: MmBackward0"))
         t += 600
-        ops.append(Op(TP_STREAM, t, 30, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
+        ops.append(Op(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
                       group=g["tp"], nelems=1 << 18))
-        t += 30
-        ops.append(Op(DP_STREAM, t, 50, NCCL["reduce_scatter"], "comm", thread="autograd", coll="reduce_scatter",
+        t += 30 * k
+        ops.append(Op(DP_STREAM, t, 50 * k, NCCL["reduce_scatter"], "comm", thread="autograd", coll="reduce_scatter",
                       group=g["dp_shard"], nelems=1 << 20, marker=f"FSDP::post_backward_reduce (layers.{i})"))
-    t += 50  # the last reduce-scatter has no compute after it
+    t += 50 * k  # the last reduce-scatter has no compute after it
     ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 100 + 20
     return plan
@@ -168,7 +174,8 @@ def _megatron_tp(spec: ParallelSpec, rank: int) -> StepPlan:
     gradient bucket all-reduce (80 µs) under the next layer's backward (the last one exposed)."""
     _, g = _groups(spec, rank)
     plan, t = StepPlan(), 0
-    ar = 30 if spec.tp <= spec.gpus_per_node else 120  # NVLink, or the NIC's α and bandwidth
+    ar = (30 if spec.tp <= spec.gpus_per_node else 120) * spec.comm_slowdown  # NVLink, or the NIC's α and bandwidth
+    bucket = 80 * spec.comm_slowdown
     for _ in range(spec.layers):
         for _half in range(2):
             plan.ops.append(Op(COMPUTE_STREAM, t, 150, GEMM, "compute"))
@@ -185,10 +192,10 @@ def _megatron_tp(spec: ParallelSpec, rank: int) -> StepPlan:
                            marker="autograd::engine::evaluate_function: _CopyToModelParallelRegionBackward"))
         t += ar
         if "dp" in g:  # overlap_grad_reduce: the layer's gradient bucket under the next layer
-            plan.ops.append(Op(DP_STREAM, t, 80, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
+            plan.ops.append(Op(DP_STREAM, t, bucket, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
                                group=g["dp"], nelems=1 << 22, marker="autograd::engine::evaluate_function: AccumulateGrad"))
     if "dp" in g:
-        t += 80  # the last bucket has no compute after it
+        t += bucket  # the last bucket has no compute after it
     plan.ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 120
     return plan
@@ -206,7 +213,7 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
     this step: the host runs ahead), which spins until stage s-1 sends in the next step.
     Ideal bubble: (p - 1)/(m + p - 1) of the pipeline time."""
     p, m, s = spec.pp, spec.microbatches, rank
-    f, b, c = spec.forward_us, spec.backward_us, spec.transfer_us
+    f, b, c = spec.forward_us, spec.backward_us, spec.transfer_us * spec.comm_slowdown
     world = _groups(spec, rank)[0]
     tf = [[0] * m for _ in range(p)]
     tb = [[0] * m for _ in range(p)]
@@ -306,9 +313,9 @@ def _rccl_ddp(spec: ParallelSpec, rank: int) -> StepPlan:
         plan.ops.append(Op(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: MmBackward0"))
         t += 600
-        plan.ops.append(Op(DP_STREAM, t, 80, RCCL_GENERIC, "comm", thread="autograd", coll="allreduce", group=world,
-                           nelems=1 << 22, library="rccl"))
-    t += 80
+        plan.ops.append(Op(DP_STREAM, t, 80 * spec.comm_slowdown, RCCL_GENERIC, "comm", thread="autograd",
+                           coll="allreduce", group=world, nelems=1 << 22, library="rccl"))
+    t += 80 * spec.comm_slowdown
     plan.ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 120
     return plan
