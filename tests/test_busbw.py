@@ -222,7 +222,7 @@ def test_which_transfers_are_measured_by_hand():
     """A collective's transfer is measured where it is matched on every member of its group:
     the all-reduces of a 3-rank group with its 3 traces (the last arrival's 100 µs), not those
     of a 4-rank group seen on 3 of them (the wait for the fourth is unknown), not a send/recv
-    pair (matched by Seq, but a p2p kernel waits for its peer), not a CPU-side op, not a
+    pair (never matched: its Seq counts one rank's own p2p calls, and a p2p kernel waits for its peer), not a CPU-side op, not a
     collective of unknown size."""
     def row(rank, start, dur, seq, kind="allreduce", size=3, on_gpu=True, nbytes=1 << 20):
         group = {"name": str(size), "ranks": list(range(size)), "size": size, "description": f"g{size}"}
@@ -235,7 +235,7 @@ def test_which_transfers_are_measured_by_hand():
     rows += [row(r, 5000.0, 50.0, 5, nbytes=None) for r in range(3)]
     view = CollectiveColumns(rows)
     analyze(rows, 3, view)
-    assert matched_ranks(view).tolist() == [3, 3, 3, 3, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3]
+    assert matched_ranks(view).tolist() == [3, 3, 3, 3, 3, 3, 0, 0, 3, 3, 3, 3, 3, 3]
     assert transfer_measured(view).tolist() == [True] * 3 + [False] * 11
     assert [r["wait_us"] for r in rows[:3]] == [200.0, 100.0, 0.0]  # transfer = 200 µs on each
     figures = group_busbw(view, group_label, 1, (1,))

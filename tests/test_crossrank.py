@@ -82,6 +82,27 @@ def test_point_to_point_is_not_matched_by_order():
     assert all(r["wait_us"] is None for r in rows)
 
 
+def test_point_to_point_ids_are_per_rank_counters_not_keys():
+    """torch >= 2.12 gives a send / recv a Seq and Comms Id that count one rank's own p2p calls
+    on the group (one per coalesced batch): rank 0's send #3 and rank 1's recv #3 need not be one
+    transfer, and a batch repeats one value on a rank. Neither pairs p2p rows nor stops the
+    job's collectives from being matched by their ids."""
+    rows = [row(0, 0, 10, comms_id=7, seq=1), row(1, 5, 5, comms_id=7, seq=1),
+            row(0, 100, 10, comms_id=8, seq=2), row(1, 103, 7, comms_id=8, seq=2)]
+    # a batched send+recv on rank 0 (one Seq and Comms Id for both), a recv on rank 1 whose
+    # per-rank counters happen to equal rank 0's
+    rows += [row(0, 200, 30, kind="send", comms_id=99, seq=3), row(0, 200, 30, kind="recv", comms_id=99, seq=3),
+             row(1, 150, 80, kind="recv", comms_id=99, seq=3)]
+    summary = analyze(rows)
+    assert summary["method"] == "comms_id" and summary["matched_collectives"] == 2
+    assert [r["wait_us"] for r in rows[:4]] == [5.0, 0.0, 3.0, 0.0]
+    assert all(r["wait_us"] is None for r in rows[4:])
+    no_ids = copy.deepcopy(rows)
+    for r in no_ids[4:]:
+        r["comms_id"] = r["seq"] = None  # p2p without ids (torch < 2.12): the collectives' ids still work
+    assert match(no_ids)[0] == "comms_id"
+
+
 def test_one_rank_or_subset():
     rows = [row(0, 0, 10)]
     assert analyze(rows)["method"] is None and rows[0]["wait_us"] is None
@@ -108,11 +129,16 @@ def reference_match(rows):
         g = r.get("group") or {}
         return ("name", str(g["name"])) if g.get("name") is not None else ("unknown", r["collective"])
 
+    def p2p(r):
+        return r["collective"] in ("send", "recv", "sendrecv")
+
     def keys(method):
-        if method == "comms_id":
-            return None if any(r["comms_id"] is None for r in rows) else [str(r["comms_id"]) for r in rows]
-        if method == "seq":
-            return None if any(r["seq"] is None for r in rows) else [(group_key(r), str(r["seq"])) for r in rows]
+        if method in ("comms_id", "seq"):  # over the collectives; point-to-point never keyed
+            mine = [r for r in rows if not p2p(r)]
+            if not mine or any(r[method] is None for r in mine):
+                return None
+            key = (lambda r: str(r["comms_id"])) if method == "comms_id" else (lambda r: (group_key(r), str(r["seq"])))
+            return [None if p2p(r) else key(r) for r in rows]
         out, seen = [None] * len(rows), {}
         for i in sorted(range(len(rows)), key=lambda i: (rows[i]["rank"], rows[i]["start_us"])):
             r = rows[i]

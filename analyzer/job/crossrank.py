@@ -10,7 +10,11 @@ so waits are lower bounds.
 Matching key, first that works for the whole job: the ``Comms Id`` arg; else process group +
 ``Seq``; else process group + step + order of the group's collectives within the step on each
 rank (ProcessGroupNCCL issues a group's collectives in the same order on every member).
-Point-to-point operations are matched only by id or seq (their order differs per peer).
+Point-to-point operations (send, recv, batched send/recv) are never matched, by any key: their
+``Seq`` and ``Comms Id`` count one rank's own p2p calls on the group (all peers together, one per
+coalesced batch), so equal values on two ranks need not be one transfer, and their order on a
+rank differs per peer. Their rows stay unmatched (waits unknown) and never decide whether a key
+works for the job's collectives.
 
 Clocks of different hosts are not synchronised; each host's clock offset is estimated as the
 median difference between its ranks' collective *end* times and the other ranks' (ends coincide
@@ -95,16 +99,18 @@ def _dense(values: np.ndarray) -> np.ndarray:
 def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view: CollectiveColumns) -> np.ndarray | None:
     """One matching-key code per row (``_tuple_codes``; -1: this row is not matched), or None
     when the method does not apply. ``groups``: each row's process-group code."""
-    if method == "comms_id":
-        ids = view.comms_id
-        return None if None in ids else _tuple_codes([_identity_codes(ids)])
-    if method == "seq":
-        seqs = view.seq
-        return None if None in seqs else _tuple_codes([groups, _identity_codes(seqs)])
-    # order: the n-th collective of a group in a step on each rank (point-to-point excluded)
-    ranks, starts, steps = view.rank, view.start, view.step.codes
-    collective = ~view.kind.isin(_P2P)
+    collective = ~view.kind.isin(_P2P)  # point-to-point: no key (the module's docstring)
     index = np.flatnonzero(collective)
+    if method in ("comms_id", "seq"):
+        values = view.comms_id if method == "comms_id" else view.seq
+        keys = [values[i] for i in index.tolist()]
+        if not keys or None in keys:
+            return None
+        full = np.zeros(len(rows), dtype=np.int64)
+        full[index] = _identity_codes(keys)
+        return _tuple_codes([full] if method == "comms_id" else [groups, full], collective)
+    # order: the n-th collective of a group in a step on each rank
+    ranks, starts, steps = view.rank, view.start, view.step.codes
     slot = tuple_numbers([ranks[index], groups[index], steps[index]])  # (rank, group, step) order kept
     order = np.lexsort((index, starts[index], slot))
     slot = slot[order]
