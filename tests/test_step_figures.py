@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.trace import GpuEvents, GpuKind, Launches, Marker, Markers
-from analyzer.rank.attribution import LAUNCH_GAP_NS, LAUNCH_LATENCY_NS, RankTimeline
+from analyzer.rank.attribution import LAUNCH_GAP_NS, LAUNCH_LATENCY_NS, QUEUED_CAUSES, RankTimeline
 from analyzer.rank import steps as steps_module
 from analyzer.rank.analysis import _first_within
 from analyzer.rank.steps import _is_attention_forward, _is_low_precision, step_figures
@@ -150,7 +150,9 @@ class PlainTimeline:
             "idle_queued_us": ns_to_us(sum(split["queued"].values())),
             "idle_queued_by": {k: ns_to_us(v) for k, v in split["queued"].items()},
             "idle_queued_in_sync_us": ns_to_us(split["in_sync"]),
-            "idle_queued_ops": {cause: {"k": ns_to_us(ns)} for cause, ns in split["queued"].items() if ns},
+            # causes by their longest-waiting op (here each cause's one op "k"), ties in QUEUED_CAUSES' order
+            "idle_queued_ops": {cause: {"k": ns_to_us(ns)} for cause, ns in sorted(
+                split["queued"].items(), key=lambda kv: (-kv[1], QUEUED_CAUSES.index(kv[0]))) if ns},
             "idle_unlinked_us": ns_to_us(split["unlinked"]),
             "queued_copies_us": ns_to_us(split["copies"]),
         }
@@ -270,6 +272,9 @@ def timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter, phas
        st.lists(st.tuples(st.integers(-10, 210), st.integers(-20, 80)), min_size=1, max_size=8),
        st.integers(-3, 3), st.lists(st.integers(-1, 1), min_size=1, max_size=5),
        st.lists(st.integers(0, len(PHASES) - 1), min_size=1, max_size=5))
+# one window queued behind two causes, the later one longer: the longer one's cause comes first
+@example(kernels=[(84, 1), (82, 1), (0, 1)], kinds=[1, 0], launches=[0], host_input=[], host_sync=[],
+         windows=[(81, 6)], skew=1, jitter=[0], phases=[0])
 def test_every_window_at_once_is_window_by_window(kernels, kinds, launches, host_input, host_sync, windows, skew,
                                                   jitter, phases):
     trace, gpu, launch_ts, phase = timeline_trace(kernels, kinds, launches, host_input, host_sync, jitter, phases)

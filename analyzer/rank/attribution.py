@@ -238,7 +238,8 @@ class RankTimeline:
 
     def _queued_ops(self, starts: np.ndarray, ends: np.ndarray) -> list[dict[str, dict[str, float]]]:
         """Per window and what it waited on, the GPU work that waited longest (queued idle before
-        it, µs), the first ``QUEUED_OPS_SHOWN`` by time then name."""
+        it, µs), the first ``QUEUED_OPS_SHOWN`` by time then name; the causes in the order of their
+        longest-waiting op (ties: QUEUED_CAUSES' order), so the dict reads most waiting first."""
         window, lo, hi = iv.clip_each(self.queued, starts, ends)
         out: list[dict[str, dict[str, float]]] = [{} for _ in range(len(starts))]
         if not len(window):
@@ -249,7 +250,7 @@ class RankTimeline:
                                       (hi - lo).tolist()):
             totals[k][(cause, name)] = totals[k].get((cause, name), 0) + ns
         for k, by_op in enumerate(totals):
-            for (cause, name), ns in sorted(by_op.items(), key=lambda kv: (-kv[1], self.strings[kv[0][1]])):
+            for (cause, name), ns in sorted(by_op.items(), key=lambda kv: (-kv[1], self.strings[kv[0][1]], kv[0][0])):
                 ops = out[k].setdefault(QUEUED_CAUSES[cause], {})
                 if len(ops) < QUEUED_OPS_SHOWN:
                     ops[self.strings[name]] = ns_to_us(ns)
