@@ -1,5 +1,5 @@
 """A large result (more than JSON_ROWS collective rows, analyzer.job.large) saved as two files:
-the JSON (schema_version 2) and its rows file (Parquet). Every view of it (text, HTML, gate,
+the JSON (schema_version 3) and its rows file (Parquet). Every view of it (text, HTML, gate,
 diff, load_result, the what-if) gives the fresh run's figures; the views need no rows file;
 the rows come back exactly; a missing or hostile rows file is one line naming it (exit 2).
 
@@ -54,7 +54,7 @@ def test_a_large_result_is_two_files_and_says_what_it_left_out(small_limit, tmp_
     doc = json.loads(path.read_text())
     section = doc["collective_rows"]
     count = len(result.collectives)
-    assert doc["schema_version"] == 2 and "buckets" not in doc and "fsdp_units" not in doc
+    assert doc["schema_version"] == 3 and "buckets" not in doc and "fsdp_units" not in doc
     assert section["count"] == count and section["in_json"] == LIMIT == len(doc["collectives"])
     assert section["left_out"] == count - LIMIT and section["chosen_by"] == "exposed_us"
     assert section["buckets"] == len(result.buckets) > 0
@@ -337,11 +337,16 @@ def test_a_hostile_json_cannot_point_outside_its_folder(small_limit, tmp_path, c
 
 def test_a_result_of_another_version_is_one_line(tmp_path, capsys):
     doc = json.loads(_diagnosed().to_json())
-    doc["schema_version"] = 3
+    doc["schema_version"] = 4
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
     rc, _, err = run_cli(["diagnose", path], capsys)
-    assert rc == 2 and "schema_version 3 is not one this tracecliff reads (it reads 1 and 2)" in err
+    assert rc == 2 and "schema_version 4 is not one this tracecliff reads (it reads 1 and 3)" in err
+    doc["schema_version"] = 2  # the first large results: their digest's busbw had another definition
+    path.write_text(json.dumps(doc))
+    rc, _, err = run_cli(["diagnose", path], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "schema_version 2 (a large result of an earlier tracecliff" in err and "it reads 1 and 3" in err
 
 
 def test_steps_by_column_read_back_as_steps(small_limit, tmp_path):

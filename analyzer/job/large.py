@@ -1,6 +1,6 @@
 """A large result: one of more than ``JSON_ROWS`` collective rows, saved as two files.
 
-``result.json`` (schema_version 2) holds what every view quotes: the job, each rank's summary
+``result.json`` (schema_version 3) holds what every view quotes: the job, each rank's summary
 and steps, the groups, the findings, the digest of every collective row (analyzer.job.digest)
 and the ``JSON_ROWS`` collectives with the most exposed time, with ``collective_rows`` saying
 how many rows the job has, how many were left out, and where they are: the rows file beside it
@@ -29,7 +29,11 @@ import numpy as np
 from analyzer.base.errors import InputError
 
 JSON_ROWS = 10_000  # collective rows a result's JSON holds at most (the most exposed ones)
-LARGE_SCHEMA_VERSION = 2
+# 3: the digest's ``busbw`` holds each group label's sums (analyzer.job.busbw); version 2 (the
+# first large results) held per-collective aggregates of another definition: not read
+LARGE_SCHEMA_VERSION = 3
+RETIRED_SCHEMA_VERSIONS = {2: "a large result of an earlier tracecliff, whose bus-bandwidth digest has "
+                                  "another definition"}
 KEEP_WHOLE = frozenset({"wait_by_peer"})  # dicts keyed by peer rank: kept as one value per step
 LEFT_OUT_OF_STEPS = ("time_breakdown.idle_queued_ops",)
 

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.job.large import LARGE_SCHEMA_VERSION
+from analyzer.job.large import LARGE_SCHEMA_VERSION, RETIRED_SCHEMA_VERSIONS
 from analyzer.job.result import SCHEMA_VERSIONS
 
 
@@ -52,6 +52,10 @@ def check_document(doc: dict[str, Any], source: Any, data: bytes | None = None) 
     result's steps (by column) are read back into lists (in place) and checked as steps."""
     from analyzer.job.schema import AnyResultDocument
     version = doc.get("schema_version")
+    if version in RETIRED_SCHEMA_VERSIONS and not isinstance(version, bool):
+        raise InputError(source, f"schema_version {version} ({RETIRED_SCHEMA_VERSIONS[version]}) is not one this "
+                                 f"tracecliff reads (it reads {' and '.join(map(str, SCHEMA_VERSIONS))}); re-run "
+                                 "`tracecliff diagnose` on the traces")
     if version not in SCHEMA_VERSIONS or isinstance(version, bool):
         raise InputError(source, f"schema_version {json.dumps(version)} is not one this tracecliff reads "
                                  f"(it reads {' and '.join(map(str, SCHEMA_VERSIONS))}); re-run `tracecliff diagnose` "

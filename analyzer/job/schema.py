@@ -607,7 +607,7 @@ AnyResultDocument = Union[ResultDocument, LargeResultDocument]
 
 def result_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of ``diagnose --format json``: a result of either
-    schema_version (1: every row in it; 2: a large result)."""
+    schema_version (1: every row in it; 3: a large result)."""
     schema = versioned_schema(AnyResultDocument, "result", "tracecliff diagnose --format json", LARGE_SCHEMA_VERSION,
                               f"{SCHEMA_VERSION} or {LARGE_SCHEMA_VERSION}")
     # Each version's definition applies by its schema_version (if/then: a validator then names
