@@ -130,6 +130,17 @@ def test_synthetic_pipeline_pairs_each_send_with_its_recv(tmp_path, name):
         assert got == pytest.approx(sorted(truth * spec.steps))
     forward = [r for r in rows if r["peers"][0][0] == "send" and r["peers"][0][1] == r["rank"] + 1]
     assert forward and all(r["wait_us"] is None for r in forward)
+    # the unpaired ones keep the α-β estimate the job had without pairs, the paired ones are
+    # measured: the verdict and the findings' gains are those of the job without peer fields, and
+    # no stage is named a straggler for the pipeline's own dependency
+    plain = diagnose([str(write_parallel_job(PARALLEL_SCENARIOS[name], tmp_path / "plain"))], DiagnoseOptions(workers=1))
+    assert "p2p_order" in result.attribution["wait_source"] and "unpaired" in result.attribution["wait_source"]
+    assert result.verdict == plain.verdict
+    assert [(f["rule"], f["estimated_gain_us"]) for f in result.findings] == \
+        [(f["rule"], f["estimated_gain_us"]) for f in plain.findings]
+    assert result.attribution["exposed_wait_us"] == pytest.approx(plain.attribution["exposed_wait_us"], abs=0.01)
+    peers = {k for rank in result.ranks for st in rank.steps for k in st["time_breakdown"]["wait_by_peer"]}
+    assert "rank 1 (send/recv)" in peers and not any(k.isdigit() for k in peers)
 
 
 def test_committed_pipeline_samples_record_no_peers():
