@@ -205,3 +205,48 @@ def test_gloo_pipeline_every_send_pairs_with_its_recv():
         transfer = min(send["dur_us"], recv["dur_us"])
         for r in (send, recv):
             assert r["wait_us"] == pytest.approx(r["dur_us"] - transfer, abs=1e-3)
+
+
+# -- a coalesced batch as NCCL records it: its ops' record_param_comms, then one launch ----------
+
+def _batch_trace(rank: int, start_us: int, end_us: int) -> dict:
+    """One step of one rank: ``batch_isend_irecv`` with the other rank (a send and a recv, each
+    a record_param_comms that launches nothing, ``Src Rank`` / ``Dst Rank`` global), then the
+    batch's one SendRecv kernel, launched outside them, running from ``start_us`` to ``end_us``."""
+    peer = 1 - rank
+    pg = {"Process Group Name": "0", "Process Group Description": "default_pg", "Process Group Ranks": "[0, 1]",
+          "Group size": 2, "dtype": "BFloat16", "In msg nelems": 1024, "Out msg nelems": 1024}
+    t0 = 1_000_000.0
+
+    def cpu(name, ts, dur, **args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t0 + ts, "dur": dur, "args": args}
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": t0,
+               "dur": 1000.0, "args": {}},
+              cpu("record_param_comms", start_us - 90, 5, **{**pg, "Collective name": "send", "Src Rank": rank, "Dst Rank": peer}),
+              cpu("record_param_comms", start_us - 80, 5, **{**pg, "Collective name": "recv", "Src Rank": peer, "Dst Rank": rank}),
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + start_us - 60,
+               "dur": 2.0, "args": {"correlation": 7, "cbid": 211}},
+              {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+               "pid": 0, "tid": 20, "ts": t0 + start_us, "dur": float(end_us - start_us),
+               "args": {"device": 0, "stream": 20, "correlation": 7}},
+              {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+               "pid": 0, "tid": 7, "ts": t0 + 500, "dur": 300.0, "args": {"device": 0, "stream": 7, "correlation": 8}}]
+    info = {"backend": "nccl", "rank": rank, "world_size": 2,
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1],
+                           "backend_config": "cuda:nccl"}]}
+    return {"schemaVersion": 1, "distributedInfo": info, "traceEvents": events}
+
+
+def test_a_coalesced_batch_kernel_takes_its_ops_as_members(tmp_path):
+    """Both batch kernels end when the last transfer lands (400 µs): rank 0 posted at 100 and
+    spins, rank 1 posted at 370: its kernel (30 µs) is the transfer, rank 0 waited 270 µs for
+    rank 1. The kernel's members are the batch's two ops, in their recorded order."""
+    for rank, (start, end) in {0: (100, 400), 1: (370, 400)}.items():
+        (tmp_path / f"rank-{rank}.json").write_text(json.dumps(_batch_trace(rank, start, end)))
+    from analyzer.api import DiagnoseOptions, diagnose
+    result = diagnose([str(tmp_path)], DiagnoseOptions(workers=1))
+    rows = sorted(result.collectives, key=lambda r: r["rank"])
+    assert [r["collective"] for r in rows] == ["sendrecv", "sendrecv"]
+    assert [r["peers"] for r in rows] == [[["send", 1, None], ["recv", 1, None]], [["send", 0, None], ["recv", 0, None]]]
+    assert [r["wait_us"] for r in rows] == [270.0, 0.0] and rows[0]["waited_for"] == 1

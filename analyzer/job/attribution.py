@@ -82,12 +82,15 @@ def _estimate_waits(result: Any) -> bool:
     """Without every rank's trace a collective's wait is unknown (one rank) or a lower bound (a
     subset): estimate it as the time beyond the α-β model's transfer for its bytes on its
     group's link, ``max(0, dur − T_model)``, kept as ``wait_estimated_us`` where it exceeds the
-    measured wait. With every rank matched, only the sends and receives left unpaired (a trace
-    window's edges, analyzer.job.p2p) are: their waits are unknown. True when any row got one."""
+    measured wait. With every rank matched, only the sends and receives whose peers are known
+    but that were left unpaired (a trace window's edges, analyzer.job.p2p) are: their waits are
+    unknown. (Those whose peers are unknown still count as transfer, as before pairing existed.)
+    True when any row got one."""
     world = result.job.get("world_size") or len(result.ranks)
     rows = result.collectives
     if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
-        rows = [row for row in rows if row["collective"] in POINT_TO_POINT and row.get("wait_us") is None]
+        rows = [row for row in rows if row["collective"] in POINT_TO_POINT and row.get("peers")
+                and row.get("wait_us") is None]
         if not rows:
             return False
     facts, found = JobFacts(result), False
