@@ -338,11 +338,12 @@ class _Writer:
                             "ts": us(start_ns), "dur": us(dur_ns), "args": args})
 
     def _peer_args(self, op: Op) -> dict[str, int]:
-        """A send's / recv's ends by global rank, when the spec records them (``peer_fields``)."""
+        """A send's / recv's peer by global rank, when the spec records it (``peer_fields``), as
+        torch's profiler writes it: ``Dst Rank`` on a send, ``Src Rank`` on a recv (the peer's
+        global rank, from the group's ranks and record_param_comms' ``Rank``)."""
         if not self.spec.peer_fields or op.peer is None:
             return {}
-        src, dst = (self.rank, op.peer) if op.coll == "send" else (op.peer, self.rank)
-        return {"Src Rank": src, "Dst Rank": dst}
+        return {"Dst Rank": op.peer} if op.coll == "send" else {"Src Rank": op.peer}
 
     def op(self, op: Op, step_ns: int) -> None:
         start = step_ns + op.start * NS
