@@ -410,8 +410,8 @@ def _why_not(rows: list[dict[str, Any]], matched: list[int]) -> str:
     kinds = {r["collective"] for r, _ in sized}
     sizes = {_size_of(r.get("group")) for r, _ in sized}
     if kinds <= set(P2P):
-        return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and the traces "
-                "do not pair each send with its recv, so no transfer time is measured")
+        return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and even a "
+                "paired send may end before its data lands, so no transfer time is measured")
     if not any(kind in models.COLLECTIVE_KINDS for kind in kinds - set(P2P)):
         return f"no collective kind with a bus-bandwidth factor ({', '.join(sorted(map(str, kinds)))})"
     if sizes == {0}:

@@ -33,6 +33,7 @@ from typing import Any
 from analyzer.base.errors import InputError
 from analyzer.base.limits import MAX_WORLD
 from analyzer.hang.read import Entry, GroupStatus, RankDump
+from analyzer.ingest.p2p import direction, in_posting_order, peer_in_title
 
 DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_pg")
 # Collectives whose per-rank sizes legitimately differ: only their name and dtypes must agree.
@@ -647,29 +648,18 @@ def p2p_hang(job: Job, group: Group) -> Hang | None:
 
 
 def _p2p_by_pair(job: Job, group: Group) -> tuple[dict, dict]:
+    """({(src, dst): sends}, {(src, dst): receives}) in posting order (analyzer.ingest.p2p)."""
     members = group.ranks
-    sends: dict[tuple[int, int], list[Entry]] = {}
-    recvs: dict[tuple[int, int], list[Entry]] = {}
-    for r in members:
-        for e in job.entries(r, group.name, True):
-            pair = _peer_pair(e, members)
-            if pair and e.op == "send":
-                sends.setdefault(pair, []).append(e)
-            elif pair and e.op == "recv":
-                recvs.setdefault(pair, []).append(e)
-    return sends, recvs
+    return in_posting_order((pair, e.op, e) for r in members for e in job.entries(r, group.name, True)
+                            if e.op in ("send", "recv") and (pair := _peer_pair(e, members)))
 
 
 def _peer_pair(e: Entry, members: list[int]) -> tuple[int, int] | None:
     """``send 0->1`` / ``recv 1<-0`` name group-local ranks; map them to global ones."""
-    arrow = "->" if e.op == "send" else "<-"
-    parts = e.peer.split(arrow)
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    ends = peer_in_title(e.op, e.peer)
+    if ends is None or max(ends) >= len(members):
         return None
-    a, b = (int(p) for p in parts)
-    src, dst = (a, b) if e.op == "send" else (b, a)
-    if max(src, dst) >= len(members):
-        return None
+    src, dst = direction(e.op, *ends)
     return members[src], members[dst]
 
 

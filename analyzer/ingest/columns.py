@@ -30,6 +30,7 @@ from analyzer.ingest.classify import (
     step_number,
 )
 from analyzer.ingest.hostops import HostOpDurations
+from analyzer.ingest.p2p import P2P_ARG_NAMES
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
 from analyzer.ingest.trace import CommArgs, GpuEvents, GpuKind, Launches, Marker, Markers
@@ -602,11 +603,15 @@ def _hashable(value: Any) -> bool:
 
 def _shape_fields(args: list[EventArgs]) -> list[tuple]:
     """The repeating fields of each args (``_SHAPE_NAMES``), with the recorded shapes' text
-    where there are any (the ``nccl:*`` ops of a job that records shapes)."""
+    where there are any (the ``nccl:*`` ops of a job that records shapes; ``Concrete Inputs``
+    holds a ``c10d::send``'s peer), and a send's or receive's peer fields (a tuple, last)."""
     fields = list(map(_SHAPE_FIELDS, args))
     dims = list(map(_DIMS, args))
     for i in np.flatnonzero(np.fromiter(map(len, dims), dtype=np.int64, count=len(dims))).tolist():
-        fields[i] += (bytes(dims[i]), bytes(args[i].input_type))
+        fields[i] += (bytes(dims[i]), bytes(args[i].input_type), bytes(args[i].concrete_inputs))
+    p2p = np.fromiter(map(P2P_ARG_NAMES.__contains__, map(_NAME, args)), dtype=bool, count=len(args))
+    for i in np.flatnonzero(p2p).tolist():
+        fields[i] += (_PEER_FIELDS(args[i]),)
     return fields
 
 
@@ -616,7 +621,7 @@ def _id_column(values: list[Any], key: str, rejected: Rejected | None) -> tuple[
     present but unusable counted in ``rejected`` (not -1: it has always meant "none")."""
     name, limit = _ARG_LIMITS[key]
     kinds = set(map(type, values))
-    if kinds <= {type(None)}:  # the field is not written (Comms Id before torch 2.4)
+    if kinds <= {type(None)}:  # the field is not written (Seq and Comms Id before torch 2.12)
         return np.full(len(values), MISSING if key == "seq" else 0, dtype=np.int64 if key == "seq" else np.uint64), \
             np.zeros(len(values), dtype=bool)
     if kinds == {int}:  # the usual: every one an int, read in one C-level pass (beyond the dtype: below)
@@ -645,6 +650,8 @@ def _id_column(values: list[Any], key: str, rejected: Rejected | None) -> tuple[
 _SEQ = attrgetter("seq")
 _COMMS_ID = attrgetter("comms_id")
 _DIMS = attrgetter("input_dims")
+_NAME = attrgetter("collective_name")
+_PEER_FIELDS = attrgetter("src_rank", "dst_rank", "rank")
 
 
 def bounded_int(value: Any, limit: int, low: int = 0) -> tuple[int | None, bool]:
@@ -716,12 +723,34 @@ def _comm_shape(fields: tuple) -> tuple[dict[str, Any], dict[str, Any], tuple[in
     if ranks is not None and not all(0 <= r < MAX_WORLD for r in ranks):
         bad.append(("args.Process Group Ranks", next(r for r in ranks if not 0 <= r < MAX_WORLD)))
         ranks = None  # a rank beyond any world: the group's members are unknown
+    peer = fields[-1] if len(fields) > 8 and isinstance(fields[-1], tuple) else None
+    if peer is not None:
+        tail.update(_peer_keys(peer, bad))
     shapes: dict[str, Any] = {}
-    if len(fields) > 8:
+    if len(fields) > 9:
         # Kept raw-decoded: which argument holds the message depends on the op (see comms).
         shapes["input_dims"] = _decoded_text(fields[8])
         shapes["input_types"] = _decoded_text(fields[9]) if fields[9] else None
+        if fields[10]:  # a c10d::send's peer and tag (analyzer.ingest.p2p)
+            shapes["concrete_inputs"] = _decoded_text(fields[10])
     return head, tail, None if ranks is None else tuple(ranks), shapes, tuple(bad)
+
+
+# A send's / receive's peer fields (``_PEER_FIELDS``) and their keys in its metadata: the
+# peer's global rank, and its rank in the group (``Rank``: the peer for send / recv).
+_PEER_KEYS = (("src_rank", "Src Rank"), ("dst_rank", "Dst Rank"), ("peer_rank", "Rank"))
+
+
+def _peer_keys(peer: tuple, bad: list[tuple[str, Any]]) -> dict[str, int]:
+    """The usable peer fields of a send / receive; the unusable ones added to ``bad``."""
+    out = {}
+    for (key, name), raw in zip(_PEER_KEYS, peer):
+        value, unusable = bounded_int(raw, MAX_WORLD - 1)
+        if value is not None:
+            out[key] = value
+        elif unusable and to_int(raw, None) != MISSING:  # type: ignore[arg-type]  (-1: none)
+            bad.append((f"args.{name}", raw))
+    return out
 
 
 # Collective args repeat: every collective of a group carries the same ranks string, and a

@@ -20,8 +20,7 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
     correlation: IntLike = None
     external_id: IntLike = msgspec.field(default=None, name="External id")
     stream: IntLike = None
-    # No ``device`` (a kernel's) and no ``Rank`` (a collective's): nothing reads them, and
-    # skipping a field is cheaper than storing it.
+    # No ``device`` (a kernel's): nothing reads it, and skipping a field is cheaper than storing it.
     # Collective metadata (record_param_comms, and kernels in newer Kineto)
     collective_name: Optional[str] = msgspec.field(default=None, name="Collective name")
     in_nelems: IntLike = msgspec.field(default=None, name="In msg nelems")
@@ -33,6 +32,12 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
     pg_ranks: Union[str, list, None] = msgspec.field(default=None, name="Process Group Ranks")
     seq: IntLike = msgspec.field(default=None, name="Seq")
     comms_id: IntLike = msgspec.field(default=None, name="Comms Id")
+    # A send's / receive's peer: its global rank (torch >= 2.5, copied onto kernels by Kineto)
+    # and ``Rank``, which record_param_comms gives the peer's rank in the group for send / recv
+    # (a collective's own rank otherwise: read for send / recv only, analyzer.ingest.p2p)
+    src_rank: IntLike = msgspec.field(default=None, name="Src Rank")
+    dst_rank: IntLike = msgspec.field(default=None, name="Dst Rank")
+    rank: IntLike = msgspec.field(default=None, name="Rank")
     # Shapes recorded with record_shapes=True (``nccl:*`` ops carry message sizes here)
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")

@@ -30,7 +30,7 @@ import numpy as np
 
 from analyzer.base import intervals as iv
 from analyzer.job.columns import CollectiveColumns
-from analyzer.job.facts import JobFacts
+from analyzer.job.facts import POINT_TO_POINT, JobFacts
 from analyzer.job.model import DRAIN, LEAVES, OUTLIER, WARM_UP, Leaves, group_label
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
@@ -82,13 +82,20 @@ def _estimate_waits(result: Any) -> bool:
     """Without every rank's trace a collective's wait is unknown (one rank) or a lower bound (a
     subset): estimate it as the time beyond the α-β model's transfer for its bytes on its
     group's link, ``max(0, dur − T_model)``, kept as ``wait_estimated_us`` where it exceeds the
-    measured wait. True when any row got one."""
+    measured wait. With every rank matched, only the sends and receives whose peers are known
+    but that were left unpaired (a trace window's edges, analyzer.job.p2p) are: their waits are
+    unknown. (Those whose peers are unknown still count as transfer, as before pairing existed.)
+    True when any row got one."""
     world = result.job.get("world_size") or len(result.ranks)
+    rows = result.collectives
     if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
-        return False
+        rows = [row for row in rows if row["collective"] in POINT_TO_POINT and row.get("peers")
+                and row.get("wait_us") is None]
+        if not rows:
+            return False
     facts, found = JobFacts(result), False
     CollectiveColumns.of(result).extra.pop("wait_estimated_us", None)  # read again after this
-    for row in result.collectives:
+    for row in rows:
         if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
             continue
         link = facts.link(row.get("group") or {})
@@ -223,6 +230,9 @@ def _wait_source(result: Any, estimated: bool) -> str:
     if world and given < world:
         return (f"cross-rank matching of {given} of {world} ranks: waits are lower bounds (the last member "
                 "may be a rank not given)" + (f", raised to {model} where that is larger" if estimated else ""))
+    if estimated:  # every rank given: only unpaired sends / receives were estimated
+        return (f"cross-rank matching of all {given} ranks ({stragglers['method']}); the sends and receives "
+                f"left unpaired (a trace window's edges): waiting is {model}")
     return f"cross-rank matching of all {given} ranks ({stragglers['method']})"
 
 
@@ -285,13 +295,17 @@ def _rounded_cells(cells: dict[str, list[float]]) -> dict[str, dict[str, float]]
 
 
 def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, float]:
-    """Exposed waiting (µs) by the rank that arrived last (the peer waited for)."""
+    """Exposed waiting (µs) by the rank that arrived last (the peer waited for). A send's or
+    receive's wait for its peer is keyed ``rank N (send/recv)``: a pipeline stage waiting for
+    the stage before it is the pipeline's dependency, not a late member of a collective (the
+    straggler rule reads the plain rank keys only)."""
     peers: dict[str, int] = defaultdict(int)
     for row, _, wait in split:
         if wait and row.get("wait_estimated_us"):
             peers[ESTIMATED_PEER] += wait
         elif wait and row.get("waited_for") is not None:
-            peers[str(row["waited_for"])] += wait
+            p2p = row["collective"] in POINT_TO_POINT
+            peers[f"rank {row['waited_for']} (send/recv)" if p2p else str(row["waited_for"])] += wait
     return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
 

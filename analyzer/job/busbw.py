@@ -190,8 +190,8 @@ def _why(view: CollectiveColumns, rows: np.ndarray) -> str:
     kinds = {view.kind.names[c] for c in np.unique(view.kind.codes[sized]).tolist()}
     sizes = {group_size(view.group.names[c]) for c in np.unique(view.group.codes[sized]).tolist()}
     if kinds <= set(P2P):
-        return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and the traces "
-                "do not pair each send with its recv, so no transfer time is measured")
+        return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and even a "
+                "paired send may end before its data lands, so no transfer time is measured")
     if not any(modelled(kind) for kind in kinds - set(P2P)):
         return f"no collective kind with a bus-bandwidth factor ({', '.join(sorted(kinds))})"
     if 0 in sizes and len(sizes) == 1:

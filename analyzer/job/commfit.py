@@ -74,7 +74,9 @@ def transfer_measured(view: CollectiveColumns) -> np.ndarray:
     transfer; in a set that holds every member the shortest kernel is the last arrival's, which
     waited for nobody, and ``dur − wait_us`` is the transfer. Where a member's trace is missing
     the wait is a lower bound, and unmatched it is unknown. Point-to-point kernels never: a
-    send or recv waits for its peer, and the traces do not pair each send with its recv."""
+    send or recv waits for its peer, and paired (analyzer.job.p2p) a send may return before its
+    data has landed (eagerly buffered, or handed to gloo's socket): the shorter kernel of a pair
+    need not be the transfer."""
     if not view.n:
         return np.zeros(0, dtype=bool)
     sizes = np.array([group_size(g) for g in view.group.names], dtype=np.int64)[view.group.codes]

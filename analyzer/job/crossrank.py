@@ -10,11 +10,15 @@ so waits are lower bounds.
 Matching key, first that works for the whole job: the ``Comms Id`` arg; else process group +
 ``Seq``; else process group + step + order of the group's collectives within the step on each
 rank (ProcessGroupNCCL issues a group's collectives in the same order on every member).
-Point-to-point operations (send, recv, batched send/recv) are never matched, by any key: their
+Point-to-point operations (send, recv, batched send/recv) are never keyed by those: their
 ``Seq`` and ``Comms Id`` count one rank's own p2p calls on the group (all peers together, one per
 coalesced batch), so equal values on two ranks need not be one transfer, and their order on a
-rank differs per peer. Their rows stay unmatched (waits unknown) and never decide whether a key
-works for the job's collectives.
+rank differs per peer. They never decide whether a key works for the job's collectives; each
+send is paired with its receive by (group, source, destination, n-th of that direction) where
+the traces name the peers (analyzer.job.p2p), whatever the collectives' method, in sets of two
+codes apart from the collectives' ones (method ``p2p_order`` when no collective matches). The
+clock offsets come from the collectives' sets where there are any (a send may end before its
+receive: gloo's returns once its bytes are handed to the socket).
 
 Clocks of different hosts are not synchronised; each host's clock offset is estimated as the
 median difference between its ranks' collective *end* times and the other ranks' (ends coincide
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.job.columns import CollectiveColumns, round_list, tuple_numbers
+from analyzer.job.p2p import pair_codes
 
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
@@ -147,12 +152,25 @@ def match(rows: list[dict[str, Any]]) -> tuple[str | None, dict[int, list[int]]]
 def _match(view: CollectiveColumns) -> tuple[str | None, np.ndarray | None]:
     """(method, key code per row numbered by first appearance, -1 unmatched), or (None, None)."""
     groups = view.group_keys(group_key)[0]
+    pairs = pair_codes(view.rows) if view.kind.isin(_P2P).any() else None
     for method in METHODS:
         codes = _key_codes(view.rows, method, groups, view)
         if codes is None or not _valid(view.rank, codes):
             continue
-        return method, _first_seen(codes)
+        return method, _first_seen(_with_pairs(codes, pairs))
+    if pairs is not None and (pairs >= 0).any():
+        return "p2p_order", _first_seen(pairs)
     return None, None
+
+
+def _with_pairs(codes: np.ndarray, pairs: np.ndarray | None) -> np.ndarray:
+    """The collectives' codes with the p2p pairs' after them (codes of their own)."""
+    if pairs is None or not (pairs >= 0).any():
+        return codes
+    out = codes.copy()
+    paired = pairs >= 0
+    out[paired] = pairs[paired] + int(codes.max()) + 1
+    return out
 
 
 def _flat_sets(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -189,6 +207,21 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
     return {rank: by_clock[code_of_rank[rank]] for rank in ranks}
 
 
+def _clock_sets(view: CollectiveColumns, flat: np.ndarray, bounds: np.ndarray,
+                ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(members, ends, bounds) of the sets that give the clock offsets: the collectives' where
+    they hold every matched rank (their ends coincide), else every set."""
+    p2p = view.kind.isin(_P2P)[flat[bounds[:-1]]]
+    members = view.rank[flat]
+    if not p2p.any() or p2p.all():
+        return members, ends[flat], bounds
+    sizes = np.diff(bounds)
+    keep = np.repeat(~p2p, sizes)
+    if len(np.unique(members[keep])) < len(np.unique(members)):  # a rank in pairs only: its offset from them
+        return members, ends[flat], bounds
+    return members[keep], ends[flat[keep]], np.r_[0, np.cumsum(sizes[~p2p])]
+
+
 def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
             view: CollectiveColumns | None = None, clock_of: dict[int, Any] | None = None) -> dict[str, Any]:
     """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary;
@@ -217,7 +250,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     rank_of, starts, durations = view.rank, view.start, view.dur
     flat, bounds = _flat_sets(codes)
     members, flat_durations = rank_of[flat], durations[flat]
-    offsets = _flat_clock_offsets(members, starts[flat] + flat_durations, bounds, clock_of)
+    offsets = _flat_clock_offsets(*_clock_sets(view, flat, bounds, starts + durations), clock_of)
     offset_ranks = np.array(list(offsets), dtype=np.int64)  # ascending (np.unique's)
     flat_arrivals = starts[flat] - np.array(list(offsets.values()))[np.searchsorted(offset_ranks, members)]
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody

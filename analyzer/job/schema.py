@@ -257,6 +257,9 @@ class Collective(msgspec.Struct):
     waited_for: int | None = None  # the member this rank's wait was for (cross-rank matching)
     arrival_lag_us: float | None = None  # arrival after the group's median member (clocks aligned)
     wait_estimated_us: float | None = None  # α-β estimate of the wait when not every rank is given
+    # a send's / receive's [kind, peer's global rank, tag] members (analyzer.rank.p2p); absent
+    # where the trace does not name the peer, and on every collective
+    peers: list[list[str | int | None]] | None = None
 
 
 class Bucket(msgspec.Struct):

@@ -24,6 +24,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
 from analyzer.ingest.classify import fsdp_module_of
 from analyzer.ingest.columns import _take, factorize
+from analyzer.rank import p2p
 from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
 from analyzer.ingest.trace import GpuKind, Marker, RankTrace
 
@@ -217,6 +218,12 @@ def collectives_for_rank(rank: RankTrace, att: Attribution, origin_ns: int,
                       start_us=start_us[k], dur_us=dur_us[k], exposed_us=exposed_us[k], launch_us=launch_us[k],
                       kernel=combos.rows[c]["kernel"], library=combos.rows[c]["library"], module=modules[k],
                       on_gpu=True)
+        if "peers" in combos.rows[c]:
+            out[k]["peers"] = combos.rows[c]["peers"]
+    if combos.p2p:  # coalesced batches' kernels: their members are the free send / recv ops
+        groups = _GroupLookup(rank)
+        p2p.add_batches(rank, out, ts, thread, params_row,
+                        lambda row: _p2p_member(rank, groups, m.comm_args.get(row, {})))
     share_groups(out)  # one dict per process group, not one per row (and pickled as shared)
     return drop_implausible_sizes(out, rank.devices, warnings)
 
@@ -329,6 +336,7 @@ class _Combination:
         self.kernels: list[CommKernel | None] = []
         self.rows: list[dict[str, Any]] = []  # its row (:func:`_row`), the per-kernel fields None
         self.seq_from = self.comms_id_from = self.sourced = np.empty(0)
+        self.p2p = False  # any send / recv / batch among them
 
 
 def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
@@ -345,6 +353,10 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
         combos.rows.append(_row(rank.rank, meta, group, step=None, phase="", stream=None, start_us=0.0, dur_us=0.0,
                                 exposed_us=None, launch_us=None, kernel=name, library=_library(kernel, amd),
                                 module=None, on_gpu=True))
+        if meta["collective"] in p2p.P2P_KINDS:
+            combos.p2p = True
+            op_name = rank.strings[sources.op_name[k]] if sources.op_name[k] >= 0 else None
+            _set_peers(combos.rows[-1], rank.rank, meta, op_name, sources.args(k)[2])
         combos.metas.append(meta)
         combos.kernels.append(kernel)
         kernel_args, params_args, _ = sources.args(k)
@@ -355,6 +367,24 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
     combos.seq_from, combos.comms_id_from = np.array(seq_from, dtype=np.int8), np.array(comms_id_from, dtype=np.int8)
     combos.sourced = np.array(sourced, dtype=bool)
     return combos
+
+
+def _set_peers(row: dict[str, Any], rank: int, meta: dict[str, Any], op_name: str | None,
+               op_args: dict[str, Any] | None) -> None:
+    """A send's or receive's ``peers`` (analyzer.rank.p2p), on its row where the trace names
+    a usable peer: only point-to-point rows ever carry the key."""
+    found = p2p.members(row["collective"], meta, op_name, op_args, row["group"], rank)[0]
+    if found is not None:
+        row["peers"] = found
+
+
+def _p2p_member(rank: RankTrace, groups: "_GroupLookup", args: dict[str, Any]) -> tuple[list | None, dict[str, Any]]:
+    """(members, metadata) of a ``record_param_comms`` that launched no kernel: one op of a
+    coalesced batch."""
+    kind = canonical_collective(args.get("collective"))
+    if kind not in ("send", "recv"):
+        return None, args
+    return p2p.members(kind, args, None, None, groups.of(args, True), rank.rank)[0], args
 
 
 def _module_names(rank: RankTrace, module_row: np.ndarray) -> list[str | None]:
@@ -639,6 +669,8 @@ def _cpu_side_collectives(rank: RankTrace, origin_ns: int) -> list[dict[str, Any
                         exposed_us=None, launch_us=round((int(m.ts[row]) - origin_ns) / 1000.0, 3), kernel=None,
                         library=_cpu_library(rank, name),
                         module=_module_at(rank, m.ts[row:row + 1], m.thread[row:row + 1]), on_gpu=False))
+        if meta["collective"] in p2p.P2P_KINDS:
+            _set_peers(out[-1], rank.rank, meta, None if name == "record_param_comms" else name, args)
     return out
 
 

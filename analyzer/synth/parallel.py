@@ -75,6 +75,9 @@ class ParallelSpec:
     # bandwidth, α included (the gate's planted regression, tests/test_busbw.py); DeepEP and custom
     # all-reduce kernels, in no process group, keep theirs
     comm_slowdown: int = 1
+    # pipeline: each send's / recv's record_param_comms names its ends by global rank (``Src Rank``
+    # / ``Dst Rank``, torch >= 2.5), so the analysis can pair them; off in the committed samples
+    peer_fields: bool = False
 
     def to_dict(self) -> dict:
         # Knobs added after the committed samples were written are left out at their defaults,
@@ -82,7 +85,7 @@ class ParallelSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20, "comm_slowdown": 1}
+_LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20, "comm_slowdown": 1, "peer_fields": False}
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Op:
     nelems: int = 0
     marker: str | None = None  # CPU range around the launch (FSDP2 / Megatron / pipeline / MoE)
     library: str = "nccl"
+    peer: int | None = None  # a send's / recv's other end (global rank)
 
 
 @dataclass
@@ -226,34 +230,34 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
             tb[st][j] = max(after, tb[st][j - 1] + b if j else 0)
     plan, recv_free = StepPlan(), 0
 
-    def p2p(kind, start, end, thread, marker):
+    def p2p(kind, start, end, thread, marker, peer):
         stream = RECV_STREAM if kind == "recv" else SEND_STREAM
         plan.ops.append(Op(stream, start, end - start, NCCL[kind], "comm", thread=thread, coll=kind, group=world,
-                           nelems=1 << 16, marker=marker))
+                           nelems=1 << 16, marker=marker, peer=peer))
 
     for j in range(m):
         if s > 0 and j > 0:  # posted when the previous recv finished; the data lands at tF(s, j)
-            p2p("recv", recv_free, tf[s][j], "main", f"Forward {j}")
+            p2p("recv", recv_free, tf[s][j], "main", f"Forward {j}", s - 1)
         recv_free = tf[s][j]
         plan.ops.append(Op(COMPUTE_STREAM, tf[s][j], f, GEMM, "compute", marker=f"Forward {j}"))
         if s < p - 1:
-            p2p("send", tf[s][j] + f, tf[s][j] + f + c, "main", f"Forward {j}")
+            p2p("send", tf[s][j] + f, tf[s][j] + f + c, "main", f"Forward {j}", s + 1)
     # the host posts the backward recvs from the main thread once every forward is queued
     recv_free = max(recv_free, max(op.start for op in plan.ops) + 3)
     for j in range(m):
         if s < p - 1:
-            p2p("recv", recv_free, tb[s][j], "main", f"Backward {j}")
+            p2p("recv", recv_free, tb[s][j], "main", f"Backward {j}", s + 1)
             recv_free = tb[s][j]
         plan.ops.append(Op(COMPUTE_STREAM, tb[s][j], b, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: MmBackward0"))
         if s > 0:
-            p2p("send", tb[s][j] + b, tb[s][j] + b + c, "main", f"Backward {j}")
+            p2p("send", tb[s][j] + b, tb[s][j] + b + c, "main", f"Backward {j}", s - 1)
     done = tb[s][m - 1] + b + 3  # the host queues the optimizer after the last send
     plan.ops.append(Op(COMPUTE_STREAM, done, 50, "multi_tensor_apply_kernel", "compute",
                        marker="Optimizer.step#AdamW.step"))
     plan.length = tb[0][m - 1] + b + 3 + 50  # stage 0 finishes last
     if s > 0:  # the next step's first recv, posted now, lands at tF(s, 0) of the next step
-        p2p("recv", done + 50, plan.length + tf[s][0], "main", "Forward 0")
+        p2p("recv", done + 50, plan.length + tf[s][0], "main", "Forward 0", s - 1)
     return plan
 
 
@@ -333,6 +337,14 @@ class _Writer:
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": self.tids[thread],
                             "ts": us(start_ns), "dur": us(dur_ns), "args": args})
 
+    def _peer_args(self, op: Op) -> dict[str, int]:
+        """A send's / recv's peer by global rank, when the spec records it (``peer_fields``), as
+        torch's profiler writes it: ``Dst Rank`` on a send, ``Src Rank`` on a recv (the peer's
+        global rank, from the group's ranks and record_param_comms' ``Rank``)."""
+        if not self.spec.peer_fields or op.peer is None:
+            return {}
+        return {"Dst Rank": op.peer} if op.coll == "send" else {"Src Rank": op.peer}
+
     def op(self, op: Op, step_ns: int) -> None:
         start = step_ns + op.start * NS
         # launched 9 µs before it runs, and at least 2 µs after the thread's previous launch
@@ -352,7 +364,8 @@ class _Writer:
                 "Out msg nelems": op.nelems * (len(group.ranks) if op.coll == "allgather" else 1),
                 "Group size": len(group.ranks), "Process Group Name": group.name,
                 "Process Group Description": group.desc,
-                "Process Group Ranks": "[" + ", ".join(map(str, group.ranks)) + "]"})
+                "Process Group Ranks": "[" + ", ".join(map(str, group.ranks)) + "]",
+                **self._peer_args(op)})
         self.corr += 1
         self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": self.pid,
                             "tid": self.tids[op.thread], "ts": us(launch), "dur": us(NS),
@@ -372,7 +385,7 @@ def render(spec: ParallelSpec, rank: int) -> tuple[dict, list[tuple[int, int, st
     if spec.layout == "pipeline" and rank > 0:  # the first recv, posted in the unrecorded step before
         first = plan.ops[-1]
         w.op(Op(first.stream, first.start - plan.length, first.dur, first.name, "comm", coll="recv",
-                group=first.group, nelems=first.nelems, marker="Forward 0"), step_ns)
+                group=first.group, nelems=first.nelems, marker="Forward 0", peer=first.peer), step_ns)
         intervals.append((step_ns + (first.start - plan.length) * NS,
                           step_ns + (first.start - plan.length + first.dur) * NS, "comm"))
     for k in range(spec.steps):
