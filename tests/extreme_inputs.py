@@ -51,7 +51,7 @@ NONNEG = (0, 2**63 - 1)
 @dataclass(frozen=True)
 class Case:
     name: str          # "<job>/<field>=<value>"
-    job: str           # "ddp", "fsdp", "gloo", "hang-json", "hang-pickle" or "result"
+    job: str           # "ddp", "fsdp", "gloo", "pp", "hang-json", "hang-pickle" or "result"
     says: str | None   # what a warning or error about the field contains (None: any value is fine)
     must_say: bool     # the value is beyond what the field can plausibly hold: it must be said
     path: Path         # the job's directory (rank 0 changed), or the result file
@@ -133,6 +133,16 @@ def _input_dim(doc, value):
     _event(doc, _is_c10d)["args"]["Input Dims"][0][0][0] = value  # a TensorList's first tensor
 
 
+def _p2p_arg(kind, key):
+    """Set ``key`` on rank 0's first send's (recv's) record_param_comms: the peer fields are read
+    for point-to-point ops only (analyzer.ingest.p2p)."""
+    def change(doc, value):
+        found = next(e for e in doc["traceEvents"]
+                     if _is_params(e) and e["args"].get("Collective name") == kind)
+        found["args"][key] = value
+    return change
+
+
 def _step_name(doc, value):
     _event(doc, _is_step)["name"] = f"ProfilerStep#{value}"
 
@@ -157,6 +167,10 @@ TRACE_FIELDS: dict[str, Field] = {
     "Seq": Field(("ddp",), _arg(_is_params, "Seq"), INT_VALUES, "args.Seq", (-1, 2**63 - 1)),
     "Comms Id": Field(("ddp",), _arg(_is_params, "Comms Id"), INT_VALUES, "args.Comms Id", (-1, 2**64 - 1)),
     "Process Group Ranks": Field(("ddp",), _group_ranks_text, INT_VALUES, "Process Group Ranks", WORLD_RANK),
+    # a send's / recv's peer: global (Dst Rank on a send, Src Rank on a recv), or in the group (Rank)
+    "Dst Rank": Field(("pp",), _p2p_arg("send", "Dst Rank"), INT_VALUES, "args.Dst Rank", (-1, 2**18 - 1)),
+    "Src Rank": Field(("pp",), _p2p_arg("recv", "Src Rank"), INT_VALUES, "args.Src Rank", (-1, 2**18 - 1)),
+    "Rank": Field(("pp",), _p2p_arg("send", "Rank"), INT_VALUES, "args.Rank", (-1, 2**18 - 1)),
     "Process Group Name": Field(("ddp",), _arg(_is_comm, "Process Group Name"), (HUGE, NEGATIVE), None, None),
     "Input Dims": Field(("gloo",), _input_dim, INT_VALUES, "Input Dims", (0, 2**35)),
     "ProfilerStep#": Field(("ddp", "gloo"), _step_name, (10**20, PAST_I64, NEGATIVE, -1), "ProfilerStep",
@@ -253,6 +267,7 @@ JOBS = {
     "ddp": (SAMPLES / "synthetic" / "ddp_bucket_oversized", ("rank-0.json.gz", "rank-1.json.gz")),
     "fsdp": (SAMPLES / "synthetic" / "fsdp2_per_layer_healthy", ("rank-0.json.gz", "rank-1.json.gz")),
     "gloo": (SAMPLES / "cpu_gloo" / "ddp", ("rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz")),
+    "pp": (SAMPLES / "synthetic" / "pp_gpipe_4stage", ("rank-0.json.gz", "rank-1.json.gz")),
     "hang-json": (SAMPLES / "flight_recorder" / "skip_collective" / "json",
                   tuple(f"fr_rank_{r}.json" for r in range(4))),
     "hang-pickle": (SAMPLES / "flight_recorder" / "skip_collective" / "pickle", tuple(f"fr_rank_{r}" for r in range(4))),
