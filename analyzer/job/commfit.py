@@ -133,15 +133,15 @@ def waits(view: CollectiveColumns) -> np.ndarray:
 BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 
-def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
+def annotate_group(rows: list[dict[str, Any]] | None, n: int | None, s_star: float | None,
                    cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray, list[float]]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time, on the rows whose transfer is
     measured: ``transfer_measured``; none on a CPU-side row, an unmatched one, one whose group
     has members without a trace, a send or a recv) and ``bound`` on the rows of one group of
     ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's rows at a
     time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw values (NaN
-    where None)."""
-    cols = cols or GroupColumns(rows)
+    where None). ``rows`` None: nothing written (``cols`` then gives the fields)."""
+    cols = cols or GroupColumns(rows or [])
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
     factors = _by_kind(cols.kind, {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()})
@@ -156,11 +156,12 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
     codes = np.where(has_bound, np.where(latency, 1, 2), 0)
     busbw = _none_for_nan(round_list(bus, 4), np.isnan(bus))
     algbw = round_list(alg, 4)
-    # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
-    # written by a C-level pass per key, the keys in this order.
-    for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
-                        ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
-        deque(map(setitem, rows, repeat(key), values), maxlen=0)
+    if rows is not None:  # rows of their own (the job's are written by column: fit_groups)
+        # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
+        # written by a C-level pass per key, the keys in this order.
+        for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
+                            ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
+            deque(map(setitem, rows, repeat(key), values), maxlen=0)
     return busbw, codes, algbw
 
 

@@ -25,14 +25,13 @@ process is the noise of when each finishes a collective, gloo's up to millisecon
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterator
-from itertools import repeat
-from operator import setitem
 from typing import Any
 
 import numpy as np
 
+from analyzer.base.rowtable import Numbers, nones
 from analyzer.job.columns import CollectiveColumns, round_list, tuple_numbers
 
 _P2P = ("send", "recv", "sendrecv")
@@ -191,8 +190,9 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
 
 def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
             view: CollectiveColumns | None = None, clock_of: dict[int, Any] | None = None) -> dict[str, Any]:
-    """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary;
-    the waits and arrival lags go into the view's columns too (NaN when unmatched).
+    """Set ``wait_us``, ``waited_for`` and ``arrival_lag_us`` on every row (None when unmatched:
+    by column, in the rows' table) and return the straggler summary; the waits and arrival lags
+    are kept in the view's columns too (NaN when unmatched).
     ``view``: the rows' columns when the caller has them; ``clock_of``: each rank's host (ranks
     of one host share its clock offset)."""
     view = view if view is not None else CollectiveColumns(rows)
@@ -202,15 +202,13 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     view.set("waited_for", np.full(view.n, -1, dtype=np.int64))  # the member waited for; -1: none
     view.set("matched_ranks", np.zeros(view.n, dtype=np.int64))
     if len(ranks) < 2:
-        for row in rows:
-            row.update(_UNMATCHED)
+        _write_unmatched(view)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
     method, codes = _match(view)
     if codes is None:
-        for row in rows:
-            row.update(_UNMATCHED)
+        _write_unmatched(view)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
@@ -250,16 +248,11 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     matched = np.zeros(view.n, dtype=bool)
     matched[flat] = True
     others = members != waited  # a member waited for by the others: no wait of its own to name
-    waited_for = np.full(view.n, None, dtype=object)
-    waited_for[flat[others]] = waited[others].astype(object)  # Python ints
     view.extra["waited_for"][flat[others]] = waited[others]
-    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order,
-    # None where unmatched; a C-level pass per key (no Python step per row; a pass of
-    # ``map(setitem)`` per key is faster than one ``dict.update`` per row).
-    waits = np.where(matched, view.extra["wait_us"].astype(object), None).tolist()
-    lags = np.where(matched, view.extra["arrival_lag_us"].astype(object), None).tolist()
-    for key, values in zip(_UNMATCHED, (waits, waited_for.tolist(), lags)):
-        deque(map(setitem, rows, repeat(key), values), maxlen=0)
+    # The rows' keys, in _UNMATCHED's order: None where unmatched (and where no one was waited for)
+    view.write("wait_us", Numbers(view.extra["wait_us"].copy(), ~matched))
+    view.write("waited_for", Numbers(view.extra["waited_for"].copy(), view.extra["waited_for"] < 0))
+    view.write("arrival_lag_us", Numbers(view.extra["arrival_lag_us"].copy(), ~matched))
     summary = _summary(method, len(bounds) - 1, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
@@ -287,6 +280,12 @@ def _set_sizes(n: int, flat: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=np.int64)
     out[flat] = np.repeat(np.diff(bounds), np.diff(bounds))
     return out
+
+
+def _write_unmatched(view: CollectiveColumns) -> None:
+    """Every row unmatched: ``wait_us``, ``waited_for`` and ``arrival_lag_us`` None."""
+    for key in _UNMATCHED:
+        view.write(key, nones(view.n))
 
 
 def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -18,14 +18,13 @@ and ``np.median`` take them, sorts stable with the same keys.
 from __future__ import annotations
 
 import heapq
-from itertools import repeat
 from typing import Any
 
 import msgspec
 import numpy as np
 
 from analyzer.job.busbw import group_sums
-from analyzer.job.columns import CollectiveColumns, categorical
+from analyzer.job.columns import CollectiveColumns, categorical, table_categorical
 from analyzer.job.commfit import BOUNDS, hops
 from analyzer.model import formulas as models
 
@@ -112,7 +111,7 @@ def _bound_names(view: CollectiveColumns) -> tuple[np.ndarray, list[Any]]:
     codes = view.extra.get("bound")
     if codes is not None:
         return codes, list(BOUNDS)
-    found = categorical(map(dict.get, view.rows, repeat("bound")), view.n)
+    found = table_categorical(view.rows, "bound")
     return found.codes, found.names
 
 

@@ -19,6 +19,7 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
+from analyzer.base.rowtable import RowTable
 from analyzer.job.buckets import Bucket
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
@@ -95,7 +96,9 @@ class Result:
     inputs: list[dict[str, Any]]
     ranks: list[RankAnalysis]
     job: dict[str, Any]
-    collectives: list[dict[str, Any]]
+    # the collective rows, kept by column (analyzer.base.rowtable: a sequence of the row dicts;
+    # a list given here is made one)
+    collectives: RowTable
     buckets: list[dict[str, Any]] | list[Bucket]
     fsdp_units: list[dict[str, Any]]
     findings: list[dict[str, Any]] = field(default_factory=list)
@@ -318,7 +321,7 @@ def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None 
         buckets = result.buckets
         if plain and buckets and isinstance(buckets[0], Bucket):
             buckets = msgspec.to_builtins(buckets)
-        doc.update(collectives=result.collectives, buckets=buckets, fsdp_units=result.fsdp_units)
+        doc.update(collectives=result.collectives.dicts(), buckets=buckets, fsdp_units=result.fsdp_units)
     for key in _SECTIONS:
         value = getattr(result, key)
         if value is not None:
@@ -371,12 +374,14 @@ class _FromRows:
         return value
 
     def __set__(self, result: Any, value: Any) -> None:
+        if self.name == "collectives" and isinstance(value, list):  # the rows are kept by column
+            value = RowTable.from_dicts(value)
         result.__dict__[self.slot] = value
 
 
 def _from_rows(result: Result, name: str) -> list[Any]:
     if name == "collectives":
-        return result.rows_source.rows()  # type: ignore[union-attr]
+        return RowTable.from_dicts(result.rows_source.rows())  # type: ignore[union-attr]
     from analyzer.job.buckets import derived_records
     buckets, units = derived_records(result)
     result.__dict__["_buckets"], result.__dict__["_fsdp_units"] = buckets, units
