@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections import deque
 from itertools import repeat
-from operator import itemgetter, setitem
+from operator import setitem
 from typing import Any
 
 import numpy as np
@@ -316,13 +316,16 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     ``view``: the rows' columns when the caller has them (with the fits' ``busbw_gbps``)."""
     view = view if view is not None else CollectiveColumns(rows)
     index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
-    sized = list(map(rows.__getitem__, index.tolist()))
-    count = len(sized)
+    count = len(index)
+
+    def sized(key: str) -> list[Any]:  # the rows' values of ``key`` (read only where needed)
+        values = view.rows.values(key)
+        return list(map(values.__getitem__, index.tolist()))
     known = view.size[index]
     # Sizes below 2**53 are exact in the column: buckets and each cell's extremes from it (the
     # extreme's row gives the value as written); larger ones from the rows' values
     exact = not count or float(np.abs(known).max()) < 2.0 ** 53
-    sizes_list = [] if exact else list(map(itemgetter("bytes"), sized))
+    sizes_list = [] if exact else sized("bytes")
     if exact:
         bucket = size_buckets(known)
     else:
@@ -341,15 +344,16 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     busbw = view.written("busbw_gbps")[index]
     codes = view.extra.get("bound")  # the fits' (fit_groups), else the rows'
     bounds = Categorical(codes[index], list(BOUNDS)) if codes is not None else \
-        categorical(map(dict.get, sized, repeat("bound")), count)
+        categorical(sized("bound"), count)
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         cell_transfer, cell_busbw = transfer[members], busbw[members]
         cell_busbw = cell_busbw[~np.isnan(cell_busbw)]
         if sizes is None:  # min() and max() of the values: the first row of the extreme (argmin's)
             cell_known = known[members]
-            bytes_min = sized[int(members[np.argmin(cell_known)])]["bytes"]
-            bytes_max = sized[int(members[np.argmax(cell_known)])]["bytes"]
+            column = view.rows.column("bytes")  # the extreme rows' values as written
+            bytes_min = column.at(int(index[members[np.argmin(cell_known)]]))  # type: ignore[union-attr]
+            bytes_max = column.at(int(index[members[np.argmax(cell_known)]]))  # type: ignore[union-attr]
         else:
             bytes_min, bytes_max = min(sizes[members]), max(sizes[members])
         out.append({

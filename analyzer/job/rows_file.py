@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from analyzer.base.errors import InputError
+from analyzer.base.rowtable import RowTable, as_table
 
 FORMAT = 1  # of the file's own description (its metadata key ``tracecliff``)
 META_KEY = b"tracecliff"
@@ -138,34 +139,29 @@ def _encode_and_write(table: Any, path: str | Path) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
-def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
+def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
     """The Arrow arrays of the rows' keys, their description and the distinct groups. A key the
     job's columns (``view``, analyzer.job.columns) already hold is taken from them; the others
-    are read in C-level passes over the rows (a 1,024-rank job has 2 million)."""
+    from the rows' table (analyzer.base.rowtable: a 1,024-rank job has 2 million rows), a
+    column at a time. The keys in the order the rows' dicts give them: the first row's, then
+    each key of a later row with more keys that is not among them yet."""
+    table = as_table(rows)
     arrays: dict[str, Any] = {}
     columns: list[Column] = []
     groups: list[Any] = []
-    count = len(rows)
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=count)
-    present_in = np.zeros(count, dtype=np.int64)  # how many of the keys so far each row has
-    keys = list(rows[0]) if rows else []
-    n = 0
-    while n < len(keys):
-        key = keys[n]
+    for n, key in enumerate(_key_order(table)):
         taken = _from_view(view, key)
         if taken is not None:
             encoding, array, nulls, values = taken
         else:
-            values = list(map(dict.get, rows, repeat(key)))
+            values = table.values(key)
             nulls = values.count(None)
         present = None
-        has = None
         if nulls:
-            has = np.fromiter(map(dict.__contains__, rows, repeat(key)), dtype=bool, count=count)
-            if not has.all():
+            has = table.has(key)
+            if has is not None and not has.all():
                 present = f"present.{n}"
                 arrays[present] = _buffers("bool", has)
-        present_in += 1 if has is None else has
         if key == "group":
             codes, groups = _group_codes(values) if taken is None else values
             arrays["group_code"] = _buffers("int32", codes)
@@ -178,11 +174,33 @@ def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], lis
             name = key if not key.startswith(("present.", "group", "column.")) else f"column.{n}"
             arrays[name] = array
             columns.append(Column(key, encoding, name, present))
-        n += 1
-        if n == len(keys):  # the keys of rows with more keys than those seen so far
-            for i in np.flatnonzero(lengths > present_in).tolist():
-                keys.extend(k for k in rows[i] if k not in keys)
     return arrays, columns, groups
+
+
+def _key_order(table: RowTable) -> list[Any]:
+    """The keys as a pass over the rows' dicts finds them: the first row's keys, then, whenever
+    a row has more keys than those found so far (a row has them in the table's order), its keys
+    not found yet. Rows are told apart by which keys they lack (a few patterns): the first row
+    of each pattern is the only one that can add keys."""
+    if not table.n:
+        return []
+    lacking = list(table.absent)
+    pattern = np.zeros(table.n, dtype=np.int64)
+    for bit, key in enumerate(lacking):
+        pattern |= table.absent[key].astype(np.int64) << bit
+    _, first = np.unique(pattern, return_index=True)
+    shapes = [[key for k, key in enumerate(table.keys) if not (key in table.absent and table.absent[key][i])]
+              for i in np.sort(first).tolist()]
+    keys = list(shapes[0])
+    seen = set(keys)
+    for shape in shapes[1:]:
+        # a row counts the keys found so far that it has: it adds keys only when it has more
+        if len(shape) > sum(key in seen for key in shape):
+            for key in shape:
+                if key not in seen:
+                    keys.append(key)
+                    seen.add(key)
+    return keys
 
 
 def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
