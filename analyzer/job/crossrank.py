@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.rowtable import Numbers, nones
-from analyzer.job.columns import CollectiveColumns, round_list, tuple_numbers
+from analyzer.job.columns import CollectiveColumns, round_array, tuple_numbers
 
 _P2P = ("send", "recv", "sendrecv")
 METHODS = ("comms_id", "seq", "order")
@@ -101,12 +101,17 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     collective = ~view.kind.isin(_P2P)  # point-to-point: no key (the module's docstring)
     index = np.flatnonzero(collective)
     if method in ("comms_id", "seq"):
-        values = view.comms_id if method == "comms_id" else view.seq
-        keys = [values[i] for i in index.tolist()]
-        if not keys or None in keys:
+        ids = _id_numbers(view, method, index)
+        if ids is None:
+            values = view.comms_id if method == "comms_id" else view.seq
+            keys = [values[i] for i in index.tolist()]
+            if not keys or None in keys:
+                return None
+            ids = _identity_codes(keys)
+        elif not len(ids):
             return None
         full = np.zeros(len(rows), dtype=np.int64)
-        full[index] = _identity_codes(keys)
+        full[index] = ids
         return _tuple_codes([full] if method == "comms_id" else [groups, full], collective)
     # order: the n-th collective of a group in a step on each rank
     ranks, starts, steps = view.rank, view.start, view.step.codes
@@ -119,6 +124,24 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     nth[index[order]] = np.arange(len(order)) - run_start
     nth[~collective] = 0
     return _tuple_codes([groups, steps, nth], collective)
+
+
+def _id_numbers(view: CollectiveColumns, key: str, index: np.ndarray) -> np.ndarray | None:
+    """``_identity_codes`` of the rows' ``key`` at ``index`` read from its column, when it holds
+    whole numbers (an empty array: some of those rows have none, the key does not apply);
+    None: read the values (another column form, negative ints)."""
+    col = view.rows.column(key)
+    if col is None:
+        return np.zeros(0, dtype=np.int64)  # no row has the key: every value None
+    if not isinstance(col, Numbers) or col.data.dtype.kind not in "iu":
+        return None
+    missing = view.rows.absent.get(key)
+    if (col.none is not None and col.none[index].any()) or (missing is not None and missing[index].any()):
+        return np.zeros(0, dtype=np.int64)
+    data = col.data[index]
+    if data.dtype.kind == "i" and len(data) and int(data.min()) < 0:
+        return None  # as _identity_codes: negative ints are told apart by their text
+    return data.view(np.int64) if data.dtype == np.uint64 else data.astype(np.int64)
 
 
 def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
@@ -220,8 +243,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     flat_arrivals = starts[flat] - np.array(list(offsets.values()))[np.searchsorted(offset_ranks, members)]
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
-    rounded_waits = round_list(waits)
-    view.extra["wait_us"][flat] = rounded_waits
+    view.extra["wait_us"][flat] = round_array(waits)
     view.set("matched_ranks", _set_sizes(view.n, flat, bounds))
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
@@ -243,8 +265,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         entry["caused"][last_rank] += others
         entry["sets"] += 1
         entry["max_skew_us"] = max(entry["max_skew_us"], skew_k)
-    rounded_lags = round_list(lags)
-    view.extra["arrival_lag_us"][flat] = rounded_lags
+    view.extra["arrival_lag_us"][flat] = round_array(lags)
     matched = np.zeros(view.n, dtype=bool)
     matched[flat] = True
     others = members != waited  # a member waited for by the others: no wait of its own to name

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
 from analyzer.job.columns import CollectiveColumns, categorical, table_categorical
 from analyzer.job.commfit import BOUNDS, hops
@@ -282,7 +283,8 @@ def _top(rows: list[dict[str, Any]], chosen: np.ndarray, values: np.ndarray, key
     if len(chosen) > TOP_ROWS:
         threshold = np.partition(values[chosen], len(chosen) - TOP_ROWS)[len(chosen) - TOP_ROWS]
         chosen = chosen[values[chosen] >= threshold]
-    return heapq.nsmallest(TOP_ROWS, map(rows.__getitem__, chosen.tolist()), key=key)
+    chosen_rows = rows.dicts(chosen) if isinstance(rows, RowTable) else list(map(rows.__getitem__, chosen.tolist()))
+    return heapq.nsmallest(TOP_ROWS, chosen_rows, key=key)
 
 
 def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, Any] | None:

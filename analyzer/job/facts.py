@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.rowtable import RowSubset
+from analyzer.job.buckets import BucketTable
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
 from analyzer.job.model import RankStep
 from analyzer.job.parallelism import data_parallel_mask, role_key
@@ -153,6 +154,11 @@ class JobFacts:
         chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
         return RowSubset(self.result.collectives, chosen)
 
+    def rows_of_kinds(self, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The rows of these collective kinds, in row order (chosen from the kinds' column)."""
+        view = CollectiveColumns.of(self.result)
+        return self.result.collectives.dicts(np.flatnonzero(view.kind.isin(kinds)))
+
     def all_gather_dtypes(self) -> list[Any]:
         """The ``dtype`` of every all-gather row, in row order (read from its column)."""
         view = CollectiveColumns.of(self.result)
@@ -183,6 +189,8 @@ class JobFacts:
     def buckets_by_step(self) -> dict[tuple[int, Any], list[Any]]:
         """{(rank, step): its DDP buckets by index}."""
         buckets = self.result.buckets
+        if isinstance(buckets, BucketTable):  # made once here (iterated twice below)
+            buckets = buckets.tolist()
         # a Bucket's fields as attributes: its b["key"] is a Python call, millions of them here
         read = attrgetter if buckets and isinstance(buckets[0], Bucket) else itemgetter
         out: dict[tuple[int, Any], list[Any]] = {}

@@ -20,7 +20,7 @@ import msgspec
 from analyzer import __version__
 from analyzer.base.errors import InputError
 from analyzer.base.rowtable import RowTable
-from analyzer.job.buckets import Bucket
+from analyzer.job.buckets import Bucket, BucketTable
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
 from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
@@ -99,7 +99,7 @@ class Result:
     # the collective rows, kept by column (analyzer.base.rowtable: a sequence of the row dicts;
     # a list given here is made one)
     collectives: RowTable
-    buckets: list[dict[str, Any]] | list[Bucket]
+    buckets: list[dict[str, Any]] | list[Bucket] | BucketTable
     fsdp_units: list[dict[str, Any]]
     findings: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -319,6 +319,8 @@ def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None 
                    collective_digest=collective_digest(result))
     else:
         buckets = result.buckets
+        if isinstance(buckets, BucketTable):  # the JSON's list
+            buckets = buckets.tolist()
         if plain and buckets and isinstance(buckets[0], Bucket):
             buckets = msgspec.to_builtins(buckets)
         doc.update(collectives=result.collectives.dicts(), buckets=buckets, fsdp_units=result.fsdp_units)
