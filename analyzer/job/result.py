@@ -354,7 +354,7 @@ def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> R
     for row in doc.get("collectives") or []:
         rows_by_rank.setdefault(row["rank"], []).append(row)
     ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
-    return Result(ranks=ranks, collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
+    return Result(ranks=ranks, collectives=RowTable.from_dicts(list(doc.get("collectives") or [])), buckets=list(doc.get("buckets") or []),
                   fsdp_units=list(doc.get("fsdp_units") or []), **common)
 
 
@@ -381,7 +381,7 @@ class _FromRows:
         result.__dict__[self.slot] = value
 
 
-def _from_rows(result: Result, name: str) -> list[Any]:
+def _from_rows(result: Result, name: str) -> Any:
     if name == "collectives":
         return RowTable.from_dicts(result.rows_source.rows())  # type: ignore[union-attr]
     from analyzer.job.buckets import derived_records

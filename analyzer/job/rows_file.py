@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from analyzer.base.errors import InputError
-from analyzer.base.rowtable import RowTable, as_table
+from analyzer.base.rowtable import Coded, Numbers, RowTable, as_table
 
 FORMAT = 1  # of the file's own description (its metadata key ``tracecliff``)
 META_KEY = b"tracecliff"
@@ -90,14 +90,14 @@ def sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- writing
-def write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> str:
-    """Write ``rows`` to ``path`` (atomically: a temporary file renamed over it); returns the
+def write(path: str | Path, rows: Any, view: Any = None) -> str:
+    """Write ``rows`` (a RowTable, or a list of dicts) to ``path`` (atomically: a temporary file renamed over it); returns the
     file's SHA-256. ``view``: the rows' columns (analyzer.job.columns), whose values are taken
     as they are. Needs pyarrow (``available()``)."""
     return start_write(path, rows, view)()
 
 
-def start_write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> Callable[[], str]:
+def start_write(path: str | Path, rows: Any, view: Any = None) -> Callable[[], str]:
     """``write``, its Parquet encoding, compression and writing left to a thread (pyarrow and
     the file system release the GIL: a large result's JSON is made meanwhile); returns the call
     that waits for it and gives the SHA-256 (or raises what the writing raised)."""
@@ -151,6 +151,8 @@ def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[A
     groups: list[Any] = []
     for n, key in enumerate(_key_order(table)):
         taken = _from_view(view, key)
+        if taken is None and key != "group":
+            taken = _from_column(table, key)
         if taken is not None:
             encoding, array, nulls, values = taken
         else:
@@ -236,6 +238,8 @@ def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
         data = np.where(missing, 0, size).astype(np.int64)
         return "int64", _buffers("int64", data, missing if nulls else None), nulls, None
     if key in ("comms_id", "seq"):  # the rows' own values, kept by the view
+        if (from_table := _from_column(view.rows, key)) is not None:
+            return from_table
         values = getattr(view, key)
         encoding, array = _encoded(values)
         return encoding, array, values.count(None), None
@@ -248,6 +252,51 @@ def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
         from analyzer.job.commfit import BOUNDS
         return _category(_Coded(view.extra["bound"], list(BOUNDS)))
     return None
+
+
+def _from_column(table: RowTable, key: str) -> tuple[str, Any, int, None] | None:
+    """``_encoded`` of a key's values (encoding, array, how many rows have None) from the
+    table's column where its form decides them: numbers of one type, strings by code (a row
+    lacking the key counts as None, as ``dict.get`` gives). None: read the values."""
+    col = table.column(key)
+    if col is None:
+        return None
+    missing = col.none if isinstance(col, Numbers) else None
+    if isinstance(col, Coded) and col.by_value:
+        used = [code for code in col.used().tolist()]
+        table_values = [col.table[code] for code in used if col.table[code] is not None]
+        if not table_values or not all(type(v) is str for v in table_values):
+            return None
+        position = np.zeros(len(col.table), dtype=np.int32)
+        position[[code for code in used if col.table[code] is not None]] = np.arange(len(table_values))
+        is_none = np.array([value is None for value in col.table], dtype=bool)[col.codes]
+        missing = _with_absent(table, key, is_none)
+        codes = position[col.codes]
+        codes[missing] = 0  # as _encoded codes None
+        return "str", _dictionary(codes, table_values, missing if missing.any() else None), int(missing.sum()), None
+    if not isinstance(col, Numbers):
+        return None
+    missing = _with_absent(table, key, np.zeros(col.n, dtype=bool) if missing is None else missing)
+    if missing.all():
+        return None  # no value: _encoded's null column
+    mask = missing if missing.any() else None
+    kind = col.data.dtype.kind
+    if kind == "f":
+        data = col.data if mask is None else np.where(mask, np.nan, col.data)
+        return "float", _buffers("float", data, mask), int(missing.sum()), None
+    if kind == "b":
+        data = col.data if mask is None else np.where(mask, False, col.data)
+        return "bool", _buffers("bool", data, mask), int(missing.sum()), None
+    if kind in "iu":
+        data = col.data if mask is None else np.where(mask, 0, col.data).astype(col.data.dtype)
+        return ("int64" if kind == "i" else "uint64"), _buffers("int64" if kind == "i" else "uint64", data, mask), \
+            int(missing.sum()), None
+    return None
+
+
+def _with_absent(table: RowTable, key: str, missing: np.ndarray) -> np.ndarray:
+    absent = table.absent.get(key)
+    return missing if absent is None else missing | absent
 
 
 # The view's columns (analyzer.job.columns.CollectiveColumns) a key is read from: its own

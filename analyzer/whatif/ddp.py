@@ -239,19 +239,21 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
     keys = ("bytes", "start_us", "dur_us", "launch_us")
     fields = attrgetter(*keys)  # a Bucket's (facts.bucket_fields), read here without a call per step
     table = facts.result.buckets
-    if isinstance(table, BucketTable):  # by column: each step's fields taken from the columns
-        columns = [table.values(key) for key in (*keys, "dtype")]
-        by_step: dict[tuple[int, Any], Any] = table.by_step()
-    else:
-        by_step = facts.buckets_by_step()
-    for (rank, step), buckets in sorted(by_step.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    by_step: dict[tuple[int, Any], Any] = table.by_step() if isinstance(table, BucketTable) \
+        else facts.buckets_by_step()
+    ordered = sorted(by_step.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    if isinstance(table, BucketTable):  # by column: the fields in this order, each step a slice
+        order = np.concatenate([index for _, index in ordered]) if ordered else np.zeros(0, dtype=np.int64)
+        columns = [table.column(key).take(order).values() for key in (*keys, "dtype")]
+        bounds = np.cumsum([0] + [len(index) for _, index in ordered]).tolist()
+    for k, ((rank, step), buckets) in enumerate(ordered):
         view: RankStep | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
             continue
         if isinstance(table, BucketTable):
-            at = buckets.tolist()
-            sizes, starts, durations, launches, dtypes = (tuple(map(col.__getitem__, at)) for col in columns)
-            dtype = dtypes[0]
+            lo, hi = bounds[k], bounds[k + 1]
+            sizes, starts, durations, launches = (tuple(col[lo:hi]) for col in columns[:4])
+            dtype = columns[4][lo]
         else:
             sizes, starts, durations, launches = zip(*map(fields, buckets)) if isinstance(buckets[0], Bucket) \
                 else facts.bucket_fields(buckets, keys)
