@@ -241,7 +241,8 @@ class CollectiveColumns:
     def of(cls, result: Any) -> "CollectiveColumns":
         """The view of ``result.collectives``, built on first use and kept on the Result."""
         view = result.collective_columns
-        if view is None or view.rows is not result.collectives or view.n != len(result.collectives):
+        source = None if view is None else view.rows if view.dicts is None else view.dicts
+        if view is None or source is not result.collectives or view.n != len(result.collectives):
             view = result.collective_columns = cls(result.collectives)
         return view
 

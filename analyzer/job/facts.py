@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.base.rowtable import RowSubset
+from analyzer.base.rowtable import RowSubset, RowTable
 from analyzer.job.buckets import BucketTable
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
 from analyzer.job.model import RankStep
@@ -64,7 +64,12 @@ class JobFacts:
     # ---------------------------------------------------------------- collectives
     def collectives_of(self, rank: int, step: Any) -> list[dict[str, Any]]:
         index = self._collectives_index.get((rank, step))
-        return [] if index is None else self.result.collectives.dicts(index)
+        return [] if index is None else self._table.dicts(index)
+
+    @property
+    def _table(self) -> RowTable:
+        """The rows by column (a list of row dicts given is read into the view's table)."""
+        return CollectiveColumns.of(self.result).rows
 
     @cached_property
     def backward_allreduce_groups(self) -> dict[tuple[int, Any], Any]:
@@ -74,7 +79,7 @@ class JobFacts:
         view = CollectiveColumns.of(self.result)
         rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
         pairs, first = np.unique(pair[rows], return_index=True)
-        groups = self.result.collectives.values("group")
+        groups = self._table.values("group")
         return {keys[p]: groups[row] for p, row in zip(pairs.tolist(), rows[first].tolist())}
 
     @cached_property
@@ -115,7 +120,7 @@ class JobFacts:
         if not self._every_rank:
             capped = np.flatnonzero(view.kind.isin(tuple(models.COLLECTIVE_KINDS)) & (view.size != 0)
                                     & ~np.isnan(view.size))
-            times[capped] = [self.transfer_time(row) for row in self.result.collectives.dicts(capped)]
+            times[capped] = [self.transfer_time(row) for row in self._table.dicts(capped)]
         return times
 
     def transfer_time(self, row: dict[str, Any]) -> float:
@@ -140,7 +145,7 @@ class JobFacts:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce.
         A sequence of the row dicts, made as they are read."""
-        return RowSubset(self.result.collectives, self._data_parallel_rows)
+        return RowSubset(self._table, self._data_parallel_rows)
 
     @cached_property
     def _data_parallel_rows(self) -> np.ndarray:
@@ -152,17 +157,17 @@ class JobFacts:
         phase]``, chosen from the columns (no row is read)."""
         view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
         chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
-        return RowSubset(self.result.collectives, chosen)
+        return RowSubset(self._table, chosen)
 
     def rows_of_kinds(self, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
         """The rows of these collective kinds, in row order (chosen from the kinds' column)."""
         view = CollectiveColumns.of(self.result)
-        return self.result.collectives.dicts(np.flatnonzero(view.kind.isin(kinds)))
+        return self._table.dicts(np.flatnonzero(view.kind.isin(kinds)))
 
     def all_gather_dtypes(self) -> list[Any]:
         """The ``dtype`` of every all-gather row, in row order (read from its column)."""
         view = CollectiveColumns.of(self.result)
-        dtypes = self.result.collectives.values("dtype")
+        dtypes = self._table.values("dtype")
         return [dtypes[i] for i in np.flatnonzero(view.kind.isin(("allgather",))).tolist()]
 
     def role_of(self, row: dict[str, Any]) -> str:
@@ -177,7 +182,7 @@ class JobFacts:
             return out
         codes, roles = view.group_keys(self.role_of)  # a role depends on the group and kind only
         chosen = np.flatnonzero(np.array([r == role for r in roles], dtype=bool)[codes] & view.on_gpu)
-        for row in self.result.collectives.dicts(chosen):
+        for row in self._table.dicts(chosen):
             if row["step"] is not None:
                 out.setdefault((row["rank"], row["step"]), []).append(row)
         return out

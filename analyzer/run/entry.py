@@ -132,7 +132,9 @@ def _column(col: StoredColumn, n: int) -> Column:
     if col.form == "numbers":
         return Numbers(data, None if col.none is None else _mask(col.none, n))
     if col.form == "coded" and col.table is not None:
-        if n and int(data.max()) >= len(col.table):
+        if data.dtype.kind not in "iu":
+            raise ValueError("damaged entry: codes that are not whole numbers")
+        if n and (int(data.max()) >= len(col.table) or int(data.min()) < 0):
             raise ValueError("damaged entry: code out of range")
         return Coded(data, col.table, col.by_value)
     raise ValueError("damaged entry: a column of no known form")
