@@ -144,3 +144,42 @@ def test_forms_of_columns():
 def test_merged_keys_keep_each_order():
     assert merged_keys([["a", "b", "d"], ["a", "b", "c", "d"]]) == ["a", "b", "c", "d"]
     assert merged_keys([["a", "c"], ["b", "c"]]) == ["b", "a", "c"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["int", "float", "bool", "str"]).flatmap(lambda kind: st.lists(_column_values(kind), max_size=40)),
+       st.lists(st.booleans(), max_size=40))
+def test_rows_file_columns_from_the_table_equal_those_from_the_values(column_values, lacking):
+    """The rows file's encoding of a key read from its table column (analyzer.job.rows_file:
+    ``_from_column``) is the one of the values themselves (``_encoded``: its docstring's exact
+    forms), a row lacking the key read as None."""
+    import pytest
+
+    from analyzer.job import rows_file
+    if not rows_file.available():
+        pytest.skip("needs pyarrow (tracecliff[parquet])")
+    rows = [{} if k < len(lacking) and lacking[k] else {"key": value} for k, value in enumerate(column_values)]
+    rows = [dict(row, other=1) for row in rows]
+    table = RowTable.from_dicts(rows)
+    taken = rows_file._from_column(table, "key")
+    if taken is None:
+        return  # read from the values: nothing to compare
+    encoding, array, nulls, _ = taken
+    values = [row.get("key") for row in rows]
+    want_encoding, want = rows_file._encoded(values)
+    assert (encoding, nulls) == (want_encoding, values.count(None))
+    assert array.type == want.type and array.null_count == want.null_count
+    assert repr(array.to_pylist()) == repr(want.to_pylist())
+    if encoding == "str":  # the dictionary's order too (the file's bytes)
+        assert array.dictionary.to_pylist() == want.dictionary.to_pylist()
+        assert array.indices.to_pylist() == want.indices.to_pylist()
+
+
+def test_rows_file_keys_in_the_order_a_pass_over_the_dicts_finds_them():
+    from analyzer.job.rows_file import _key_order
+    rows = [{"a": 1, "b": 2}, {"a": 1, "b": 2}, {"a": 1, "c": 3, "b": 2, "d": 4}, {"a": 1, "b": 2, "e": 5}]
+    table = RowTable.from_dicts(rows)
+    found: list = list(rows[0])
+    for row in rows:
+        found += [key for key in row if key not in found]
+    assert _key_order(table) == found
