@@ -21,10 +21,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 # This checkout's analyzer, not an installed one (the script's folder is bench/).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analyzer.api import DiagnoseOptions
+from analyzer.base.rowtable import Numbers, RowTable
 from analyzer.base.gc_pause import paused_gc
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result
@@ -59,11 +62,13 @@ def tiled_rank(count: int):
         for s in steps:
             out_steps.append(dict(s, step=s["step"] + step_shift))
         k += 1
-    return replace(base, collectives=out_rows, steps=out_steps)
+    return replace(base, collectives=RowTable.from_dicts(out_rows), steps=out_steps)
 
 
 def clone(template, rank: int, world: int):
-    rows = [dict(r, rank=rank) for r in template.collectives]
+    # the map's rows are a table (analyzer.rank.analysis): the template's, with this rank's number
+    rows = template.collectives.take(np.arange(len(template.collectives)))
+    rows.set("rank", Numbers(np.full(len(rows), rank, dtype=np.int64)))
     return replace(template, rank=rank, world_size=world, path=f"rank-{rank}.json", collectives=rows,
                    steps=copy.deepcopy(template.steps), host=f"node{rank // 8}")
 

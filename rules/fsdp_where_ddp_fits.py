@@ -72,7 +72,7 @@ class FsdpWhereDdpFits(Rule):
         if ddp_state > ctx.thresholds["memory_fraction"] * memory:
             return []
         n = facts.world_size
-        gathered = [c["dtype"] for c in facts.result.collectives if c["collective"] == "allgather" and c["dtype"]]
+        gathered = [d for d in facts.all_gather_dtypes() if d]
         elem = DTYPE_BYTES.get(gathered[0], 2) if gathered else 2  # one dtype: the 1.5x of §3
         fsdp_volume = models.zero3_volume_bytes(psi, elem, n)
         ddp_volume = models.ddp_volume_bytes(psi, elem, n)

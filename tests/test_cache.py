@@ -5,6 +5,7 @@ import json
 import os
 
 import msgspec
+import numpy as np
 import pytest
 
 from analyzer.run import cache
@@ -90,17 +91,19 @@ def test_same_bytes_at_another_path_report_that_path(job, tmp_path):
 
 
 def _columns_damaged(doc, damage):
-    """The entry ``doc`` with its collective columns damaged in one of several ways."""
+    """The entry ``doc`` with its collective columns (analyzer.run.entry.StoredRows: each column
+    [form, dtype, data, none, table, by_value]) damaged in one of several ways."""
     rows = doc["rows"]
-    coded = rows["tables"].index(next(t for t in rows["tables"] if t is not None))
+    numbers = next(c for c in rows["columns"] if c[0] == "numbers")
+    coded = next(c for c in rows["columns"] if c[0] == "coded")
     if damage == "short column":
-        rows["columns"][0] = rows["columns"][0][:-1]
+        numbers[2] = numbers[2][:-8]  # one value fewer
     elif damage == "code out of range":
-        rows["columns"][coded][0] = len(rows["tables"][coded])
+        coded[1], coded[2] = "<u4", np.full(rows["count"], len(coded[4]), dtype="<u4").tobytes()
     elif damage == "negative code":
-        rows["columns"][coded][0] = -1
+        coded[1], coded[2] = "<i8", np.full(rows["count"], -1, dtype="<i8").tobytes()
     elif damage == "code not an int":
-        rows["columns"][coded][0] = "0"
+        coded[1], coded[2] = "<f8", np.zeros(rows["count"], dtype="<f8").tobytes()
     elif damage == "key missing":
         rows["keys"] = rows["keys"][1:]
     return msgspec.msgpack.encode(doc)
@@ -262,13 +265,17 @@ def test_code_fingerprint_covers_the_whole_package(tmp_path, edited):
 
 
 def test_a_pool_worker_stores_the_entry_one_process_stores(job, tmp_path):
-    """A pool worker's path (cache.analyze_and_pack: the rows by column, shared with the entry)
-    writes the bytes the one-process path writes, and its packed rows unpack to that path's rows."""
+    """A pool worker's path (cache.analyze_and_pack: the rows by column, as a table the parent
+    gets pickled) writes the bytes the one-process path writes, and its rows, pickled and back,
+    are that path's rows."""
+    import pickle
+
+    from analyzer.base.rowtable import RowTable
     options = RankOptions()
     one, pooled = tmp_path / "one", tmp_path / "pooled"
     key = cache.cache_key(job[0], options, one)
     alone = cache.analyze_and_store(str(job[0]), options, str(one), key)
-    summary, packed = cache.analyze_and_pack(str(job[0]), options, str(pooled), key)
-    assert packed is not None and summary.collectives == []
+    summary = pickle.loads(pickle.dumps(cache.analyze_and_pack(str(job[0]), options, str(pooled), key)))
+    assert isinstance(summary.collectives, RowTable) and len(summary.collectives)
     assert [p.read_bytes() for p in entries(one)] == [p.read_bytes() for p in entries(pooled)]
-    assert cache.unpacked(summary, packed) == alone
+    assert summary == alone

@@ -2,11 +2,13 @@
 types (ints stay ints, floats floats, NaN NaN) and key order; coded columns share their objects."""
 
 import math
+import pickle
 
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analyzer.base.rowtable import RowTable
 from analyzer.run import entry
 
 VERSION = 7
@@ -34,27 +36,36 @@ def _same(a, b):
 def test_rows_round_trip(values, ragged):
     rows = [{"bytes": a, "kind": b, "group": g} for a, b, g in values]
     if ragged and rows:
-        rows[-1] = {"kind": rows[-1]["kind"]}  # another shape: the rows are kept as a list
+        rows[-1] = {"kind": rows[-1]["kind"]}  # another shape: the keys it lacks stay absent
     fields = {"rank": 3, "metrics": {"span_us": 1.0}, "collectives": rows}  # decoded last
     back = entry.decode(entry.encode(fields, VERSION), VERSION)
-    assert _same(back, fields)
+    table = back.pop("collectives")
+    assert isinstance(table, RowTable)  # the rows by column, as the map keeps them
+    assert _same(list(table), rows) and _same(back, {"rank": 3, "metrics": {"span_us": 1.0}})
 
 
 def test_coded_columns_share_their_values():
+    """A string column is stored as its distinct strings and a code per row; a group column as
+    its distinct group objects (the map's rows share their rank's: analyzer.rank.comms), which
+    the decoded rows share again."""
     group = {"name": "0", "ranks": [0, 1]}
-    rows = [{"kind": "allreduce", "group": dict(group), "dur_us": float(i)} for i in range(5)]
-    back = entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)["collectives"]
+    rows = [{"kind": "allreduce", "group": group, "dur_us": float(i)} for i in range(5)]
+    back = list(entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)["collectives"])
     assert back == rows
     assert len({id(row["group"]) for row in back}) == 1 and len({id(row["kind"]) for row in back}) == 1
     stored = msgspec.msgpack.decode(entry.encode({"collectives": rows}, VERSION))["rows"]
-    assert stored["tables"] == [["allreduce"], [group], None]
+    forms = {key: column[0] for key, column in zip(stored["keys"], stored["columns"])}
+    assert forms == {"kind": "coded", "group": "coded", "dur_us": "numbers"}
+    tables = {key: column[4] for key, column in zip(stored["keys"], stored["columns"])}
+    assert tables["kind"] == ["allreduce"] and tables["group"] == [group]
 
 
 def test_other_format_or_unencodable_values():
     raw = entry.encode({"collectives": []}, VERSION)
-    assert entry.decode(raw, VERSION) == {"collectives": []}
+    assert list(entry.decode(raw, VERSION)["collectives"]) == []
     assert entry.decode(raw, VERSION + 1) is None
     assert entry.encode({"comms_id": 2**70}, VERSION) is None  # beyond MessagePack: not cached
+    assert entry.encode({"collectives": [{"comms_id": 2**70}]}, VERSION) is None
 
 
 def test_numpy_scalars_and_tuples_come_back_plain():
@@ -66,19 +77,22 @@ def test_numpy_scalars_and_tuples_come_back_plain():
              "lat": np.float32(0.25)}]
     fields = {"rank": np.int32(3), "steps": [{"step": np.int64(7), "window_ns": (1, 2)}], "collectives": rows}
     back = entry.decode(entry.encode(fields, VERSION), VERSION)
+    back["collectives"] = list(back["collectives"])
     assert _same(back, {"rank": 3, "steps": [{"step": 7, "window_ns": [1, 2]}],
                         "collectives": [{"bytes": 4096, "dur_us": 1.5, "on_gpu": True, "ranks": [0, 1], "lat": 0.25}]})
     assert entry.encode({"collectives": [{"x": np.zeros(3)}]}, VERSION) is None  # not a scalar: not cached
 
 
-def test_equal_but_distinct_objects_share_one_code():
-    """Codes are by encoding: rows holding equal strings or groups as separate objects get one
-    table entry; 1 and 1.0-like lookalikes in a dict stay apart."""
+def test_equal_strings_share_one_code_and_lookalikes_stay_apart():
+    """Strings are coded by value (equal strings held as separate objects get one table entry);
+    group dicts by object, so 2 and 2.0 in lookalike groups stay apart, types and all."""
     rows = [{"kind": "".join(["all", "reduce"]), "group": {"size": 2}} for _ in range(3)]
     rows.append({"kind": "allreduce", "group": {"size": 2.0}})
     stored = msgspec.msgpack.decode(entry.encode({"collectives": rows}, VERSION))["rows"]
-    assert stored["tables"][0] == ["allreduce"] and stored["columns"][0] == [0, 0, 0, 0]
-    assert stored["columns"][1] == [0, 0, 0, 1]
+    kind = stored["columns"][stored["keys"].index("kind")]
+    assert kind[4] == ["allreduce"] and set(kind[2]) == {0}  # one code, one byte a row
+    back = list(entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)["collectives"])
+    assert _same(back, rows)
 
 
 packed_scalars = st.one_of(scalars, st.tuples(st.integers(0, 7)), st.just(float("-0.0")),
@@ -88,16 +102,15 @@ packed_scalars = st.one_of(scalars, st.tuples(st.integers(0, 7)), st.just(float(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(scalars, packed_scalars, groups), min_size=1, max_size=30),
        st.sampled_from([None, 0.5, 7, True, 2**64 - 1]))
-def test_packed_rows_come_back_as_they_were(values, uniform):
-    """Rows a worker sends by column (entry.pack, for the parent to hold arrays instead of dicts)
+def test_pickled_tables_come_back_as_they_were(values, uniform):
+    """Rows a worker sends the parent as their table (pickled: analyzer.run.cache.analyze_and_pack)
     come back with the very values: the same types (bool, int, float, numpy scalars, tuples),
     the same bits (-0.0, NaN), ints beyond 64 bits, mixed columns."""
     rows = [{"bytes": a, "odd": b, "group": g} for a, b, g in values]
-    if uniform is not None:  # a column of one number type: packed as an array
+    if uniform is not None:  # a column of one number type: held as an array
         for row in rows:
             row["bytes"] = uniform
-    packed = entry.pack(entry.to_columns(rows))
-    back = entry.from_columns(packed)
+    back = list(pickle.loads(pickle.dumps(RowTable.from_dicts(rows))))
     assert len(back) == len(rows)
     for got, want in zip(back, rows):
         assert list(got) == list(want)
@@ -105,14 +118,18 @@ def test_packed_rows_come_back_as_they_were(values, uniform):
             assert type(got[key]) is type(want[key]) and repr(got[key]) == repr(want[key])
 
 
-def test_number_columns_are_packed_as_arrays():
+def test_number_columns_are_arrays():
     import numpy as np
 
     rows = [{"start_us": float(i), "rank": i, "on_gpu": True, "launch_us": None if i else 1.0,
              "comms_id": 2**64 - i, "kind": "allreduce"} for i in range(4)]
-    packed = entry.pack(entry.to_columns(rows))
-    # None among floats and an int beyond 64 bits stay lists; a string column's codes are an array
-    assert [type(c).__name__ for c in packed.columns] == ["ndarray", "ndarray", "ndarray", "list", "list", "ndarray"]
-    assert packed.columns[0].dtype == np.float64 and packed.columns[1].dtype == np.int64
-    assert packed.tables[5] == ["allreduce"]
-    assert entry.from_columns(packed) == rows
+    table = RowTable.from_dicts(rows)
+    # None among floats is a mask beside the array; an int beyond 64 bits keeps the values
+    assert [type(c).__name__ for c in table.columns.values()] == ["Numbers", "Numbers", "Numbers", "Numbers",
+                                                                  "Objects", "Coded"]
+    assert table.columns["start_us"].data.dtype == np.float64 and table.columns["rank"].data.dtype == np.int64
+    assert table.columns["kind"].table == ["allreduce"]
+    back = entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)
+    assert back is None  # 2**64 is beyond MessagePack: not cached
+    rows = [dict(row, comms_id=2**64 - 1 - row["rank"]) for row in rows]
+    assert list(entry.decode(entry.encode({"collectives": rows}, VERSION), VERSION)["collectives"]) == rows

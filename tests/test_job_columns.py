@@ -206,7 +206,7 @@ def test_gradient_buckets_equal_the_per_row_code(seed):
         assert buckets[0].get("nothing", 7) == 7 and "nothing" not in buckets[0]
         with pytest.raises(KeyError):
             buckets[0]["nothing"]
-        assert msgspec.json.encode(buckets, order="sorted") == msgspec.json.encode(
+        assert msgspec.json.encode(list(buckets), order="sorted") == msgspec.json.encode(
             _gradient_buckets_by_row(chosen, origins), order="sorted")
 
 
@@ -389,7 +389,7 @@ def test_data_parallel_of_equals_the_row_filter(seed, kind, phase):
                              job={"group_roles": {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}})
     facts = JobFacts(result)
     expected = [c for c in facts.data_parallel_collectives if c["collective"] == kind and c["phase"] == phase]
-    assert [id(c) for c in facts.data_parallel_of(kind, phase)] == [id(c) for c in expected]
+    assert list(facts.data_parallel_of(kind, phase)) == expected  # the rows' dicts, made from the table
 
 
 def test_summarize_reads_the_fits_bounds_as_the_rows_give_them():
@@ -404,3 +404,31 @@ def test_summarize_reads_the_fits_bounds_as_the_rows_give_them():
         assert "bound" in result.collective_columns.extra
         assert commfit.summarize(result.collectives, result.collective_columns) == result.collective_summary
         assert commfit.summarize(result.collectives) == result.collective_summary
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_bucket_table_by_step_groups_as_buckets_by_step(seed):
+    """The buckets kept by column (analyzer.job.buckets.BucketTable) group by (rank, step) as
+    ``JobFacts.buckets_by_step`` groups the Buckets themselves: the same keys in the same order,
+    each step's buckets by index."""
+    from types import SimpleNamespace
+
+    from analyzer.job.buckets import BucketTable
+    from analyzer.job.facts import JobFacts
+    from analyzer.job.parallelism import data_parallel_mask
+    from analyzer.job.reduce import gradient_buckets
+    rows = [r for r in _random_rows(seed) if r["group"]]
+    view = CollectiveColumns(rows)
+    keep = data_parallel_mask(view, {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"})
+    table = gradient_buckets(view, keep, {(0, 0): 5.0, (1, 2): 7.5})
+    if not isinstance(table, BucketTable):
+        return
+    made = table.tolist()
+    assert made == list(table) and table == made and len(table) == len(made)
+    assert [table[i] for i in range(len(table))] == made and table[1:4] == made[1:4]
+    expected = JobFacts(SimpleNamespace(buckets=made, collectives=rows, collective_columns=None,
+                                        job={})).buckets_by_step()
+    got = table.by_step()
+    assert list(got) == list(expected)
+    assert all([made[i] for i in got[key].tolist()] == expected[key] for key in expected)

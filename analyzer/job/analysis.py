@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.rowtable import Coded, Numbers
 from analyzer.job import commfit
 from analyzer.job import crossrank
 from analyzer.job.attribution import attribute_job
@@ -87,7 +88,7 @@ def resolve_job_hardware(ranks: list[Any], topology: Topology, options: Any) -> 
 def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: HardwareAssumptions,
                roles: dict[str, str] | None = None, view: CollectiveColumns | None = None) -> list[dict[str, Any]]:
     """One entry per process group with collectives, with its ``role`` (analyzer.job.parallelism);
-    annotates the rows with bandwidths and bound (and the view with a ``busbw_gbps`` column).
+    annotates the rows with bandwidths and bound, by column (and keeps their arrays in the view).
     ``view``: the rows' columns when the caller has them."""
     view = view if view is not None else CollectiveColumns(rows)
     key_code, keys = view.group_keys(crossrank.group_key)
@@ -101,12 +102,12 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     groups = []
     for key in sorted(members, key=str):
         index = members[key]
-        group_rows = list(map(rows.__getitem__, index.tolist()))
-        group = group_rows[0].get("group") or {}
+        first = view.row(int(index[0]))
+        group = first.get("group") or {}
         n = group.get("size")
         label = topology.label_group(group.get("ranks"))
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
-        cols = commfit.GroupColumns(group_rows, view, index, measured[index])
+        cols = commfit.GroupColumns([], view, index, measured[index])
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
@@ -116,15 +117,15 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
             ab = commfit.fit_alpha_beta(Categorical(cols.kind.codes[gpu], cols.kind.names),
                                         cols.sizes[gpu], cols.transfer[gpu], n, fallback)
         s_star = ab.s_star_bytes
-        busbw, bound_column[index], algbw_column[index] = commfit.annotate_group(group_rows, n, s_star, cols)
+        busbw, bound_column[index], algbw_column[index] = commfit.annotate_group(None, n, s_star, cols)
         busbw_column[index] = np.array(busbw, dtype=float)  # None: NaN
         groups.append({
             "name": group.get("name") if key[0] != "unknown" else None,
             "description": group.get("description"),
             "ranks": group.get("ranks"), "size": n,
-            "role": (roles or {}).get(role_key(group_rows[0]), "unknown"),
+            "role": (roles or {}).get(role_key(first), "unknown"),
             "nodes": label["nodes"], "cross_node": label["cross_node"],
-            "collectives": len(group_rows),
+            "collectives": len(index),
             "kinds": sorted(cols.present_kinds()),
             "alpha_us": ab.alpha_us, "beta_gbps": ab.beta_gbps,
             "s_star_bytes": None if s_star is None else round(s_star, 1),
@@ -133,4 +134,8 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
     view.set("busbw_gbps", busbw_column)
     view.set("algbw_gbps", algbw_column)
     view.set("bound", bound_column)
+    # the rows' keys, in this order: None where NaN (round keeps NaN: the NaN are the Nones)
+    view.write("algbw_gbps", Numbers(algbw_column.copy(), np.isnan(algbw_column)))
+    view.write("busbw_gbps", Numbers(busbw_column.copy(), np.isnan(busbw_column)))
+    view.write("bound", Coded(bound_column.astype(np.uint8), list(commfit.BOUNDS), True))
     return groups

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.base.rowtable import Numbers
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.facts import POINT_TO_POINT, JobFacts
 from analyzer.job.model import DRAIN, LEAVES, OUTLIER, WARM_UP, Leaves, group_label
@@ -41,8 +42,9 @@ DETAIL_KEYS = ("by_kind", "by_group", "by_phase", "by_kind_phase", "wait_by_peer
 # idle while the host sat in a blocking call, the idle ended by work whose launch is unknown (µs).
 # ``queued_copies_us``: the other-GPU time of the copies the queued idle waited for.
 IDLE_FIGURES = ("idle_host_us", "idle_queued_us", "idle_queued_in_sync_us", "idle_unlinked_us", "queued_copies_us")
-# (row, exposed ns it owns, of which waiting) of the rows with exposed time in a step
-_Split = list[tuple[dict[str, Any], int, int]]
+# (row's position among its rank's, exposed ns it owns, of which waiting) of the rows with
+# exposed time in a step
+_Split = list[tuple[int, int, int]]
 # A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
 OUTLIER_FRACTION = 0.3
 
@@ -59,8 +61,9 @@ def attribute_job(result: Any) -> None:
     # Each rank's steps, by step: the per-step detail tables are built for the typical step only
     # (the only one the output carries), once it is chosen from every step's time.
     per_rank: dict[int, dict[Any, _Step]] = {}
+    peers = _Peers(view)
     for rank in result.ranks:
-        rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]))
+        rows = _RowIntervals(view, by_rank.get(rank.rank, on_gpu[:0]), peers)
         per_rank[rank.rank] = {}
         entries = [e for e in rank.steps if e.get("time_breakdown") is not None and "window_ns" in e]
         exposed_sets, totals = _exposed_sets([rank.exposed_intervals.get(str(e["step"]), []) for e in entries],
@@ -70,9 +73,9 @@ def attribute_job(result: Any) -> None:
             wait_ns = sum(map(itemgetter(2), split))  # the waiting ns of each (row, owned, waiting)
             tb["exposed_wait_us"] = ns_to_us(wait_ns)
             tb["exposed_transfer_us"] = ns_to_us(total - wait_ns)
-            tb["wait_by_peer"] = _wait_by_peer(split)
-            per_rank[rank.rank][entry["step"]] = _step_figures(entry, split)
-    result.attribution = _job_section(result, per_rank, source)
+            tb["wait_by_peer"] = _wait_by_peer(split, rows)
+            per_rank[rank.rank][entry["step"]] = _step_figures(entry, split, rows.index)
+    result.attribution = _job_section(result, per_rank, source, view)
 
 
 ESTIMATED_PEER = "estimated (α-β)"  # wait_by_peer key of waiting estimated from the α-β model
@@ -87,34 +90,63 @@ def _estimate_waits(result: Any) -> bool:
     unknown. (Those whose peers are unknown still count as transfer, as before pairing existed.)
     True when any row got one."""
     world = result.job.get("world_size") or len(result.ranks)
-    rows = result.collectives
+    view = CollectiveColumns.of(result)
+    table = view.rows
+    on_gpu, sizes, kinds, groups, durations, waits = map(
+        table.values, ("on_gpu", "bytes", "collective", "group", "dur_us", "wait_us"))
+    candidates: Any = range(view.n)
     if len(result.ranks) >= world and (result.stragglers or {}).get("method"):
-        rows = [row for row in rows if row["collective"] in POINT_TO_POINT and row.get("peers")
-                and row.get("wait_us") is None]
-        if not rows:
+        candidates = [i for i, (kind, known, wait) in enumerate(zip(kinds, table.values("peers"), waits))
+                      if kind in POINT_TO_POINT and known and wait is None]
+        if not candidates:
             return False
-    facts, found = JobFacts(result), False
-    CollectiveColumns.of(result).extra.pop("wait_estimated_us", None)  # read again after this
-    for row in rows:
-        if not row.get("on_gpu") or not row.get("bytes") or row["collective"] not in COLLECTIVE_KINDS:
+    facts = JobFacts(result)
+    view.extra.pop("wait_estimated_us", None)  # read again after this
+    found: dict[int, float] = {}
+    for i in candidates:
+        gpu, size, kind = on_gpu[i], sizes[i], kinds[i]
+        if not gpu or not size or kind not in COLLECTIVE_KINDS:
             continue
-        link = facts.link(row.get("group") or {})
+        link = facts.link(groups[i] or {})
         if link is None or link.n < 2:
             continue
-        estimate = max(0.0, row["dur_us"] - link.time_us(row["collective"], row["bytes"]))
-        if estimate > (row.get("wait_us") or 0.0):
-            row["wait_estimated_us"] = round(estimate, 3)
-            found = True
-    return found
+        estimate = max(0.0, durations[i] - link.time_us(kind, size))
+        if estimate > (waits[i] or 0.0):
+            found[i] = round(estimate, 3)
+    if found:  # the key on those rows only
+        present = np.zeros(view.n, dtype=bool)
+        present[list(found)] = True
+        values = np.zeros(view.n)
+        values[list(found)] = list(found.values())
+        view.write("wait_estimated_us", Numbers(values), present)
+    return bool(found)
+
+
+class _Peers:
+    """Of every row, as arrays: whether it has an estimated wait (``wait_estimated_us`` set and
+    not zero) and the member it waited for (``waited_for``; -1: None)."""
+
+    def __init__(self, view: CollectiveColumns) -> None:
+        estimated = view.written("wait_estimated_us")
+        self.estimated = ~np.isnan(estimated) & (estimated != 0)
+        waited = view.extra.get("waited_for")
+        if waited is None:  # read from the rows (whole numbers, or None)
+            waited = np.array([-1 if v is None else v for v in view.rows.values("waited_for")], dtype=np.int64)
+        self.waited = waited
 
 
 class _RowIntervals:
     """One rank's GPU collectives as the disjoint stretches each one *owns* (the instants where
     it is the earliest-started collective running) and the waiting prefix of each, in ns."""
 
-    def __init__(self, view: CollectiveColumns, index: np.ndarray):
+    def __init__(self, view: CollectiveColumns, index: np.ndarray, peers: _Peers):
         index = index[np.lexsort((view.dur[index], view.start[index]))]  # by start, then duration
-        self.rows = list(map(view.rows.__getitem__, index.tolist()))
+        self.index = index  # the rows, by position here
+        self.rows = len(index)
+        self.estimated = peers.estimated[index].tolist()
+        waited = peers.waited[index]
+        self.waited = np.where(waited < 0, None, waited.astype(object)).tolist()
+        self.p2p = view.kind.isin(POINT_TO_POINT)[index].tolist()  # a send's / recv's wait is keyed apart
         # round(x * 1000) to the ns: np.rint rounds half to even on the same product, as round()
         start = _ns(view.start[index])
         end = start + _ns(view.dur[index])
@@ -128,8 +160,8 @@ class _RowIntervals:
         self.own_end = end
         self.wait_end = np.clip(start + wait, self.own_start, end)
 
-    def split(self, exposed: iv.IntervalSet) -> list[tuple[dict[str, Any], int, int]]:
-        """(row, exposed ns it owns, of which waiting) for the rows with exposed time."""
+    def split(self, exposed: iv.IntervalSet) -> _Split:
+        """(row's position, exposed ns it owns, of which waiting) for the rows with exposed time."""
         if not self.rows or not len(exposed[0]):
             return []
         # Only the rows that can reach the step's exposed stretch (rows are sorted by start).
@@ -137,7 +169,7 @@ class _RowIntervals:
         hi = int(np.searchsorted(self.start, exposed[1][-1], side="left"))
         part = slice(lo, hi)
         owned, waiting = iv.covered_lengths(exposed, self.own_start[part], self.own_end[part], self.wait_end[part])
-        return [(self.rows[lo + i], int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0)]
+        return [(lo + i, int(owned[i]), int(waiting[i])) for i in np.flatnonzero(owned > 0).tolist()]
 
 
     def split_all(self, sets: list[iv.IntervalSet]) -> list[_Split]:
@@ -171,7 +203,7 @@ class _RowIntervals:
                                             clamp(self.wait_end[row]))
         hit = np.flatnonzero(owned > 0)
         cut = np.searchsorted(step_of[hit], np.arange(len(present) + 1), side="left").tolist()
-        found = list(zip(map(self.rows.__getitem__, row[hit].tolist()), owned[hit].tolist(), waiting[hit].tolist()))
+        found = list(zip(row[hit].tolist(), owned[hit].tolist(), waiting[hit].tolist()))
         out: list[_Split] = [[] for _ in sets]
         for j, k in enumerate(present):
             out[k] = found[cut[j]:cut[j + 1]]
@@ -241,29 +273,31 @@ class _Step(NamedTuple):
     ``time_breakdown`` dict), and the split, the typical step's details are made of."""
     figures: dict[str, Any]  # step, step_time_us and the leaves
     split: _Split
+    index: np.ndarray  # the rows by their position in ``split``
     wait_by_peer: dict[str, float]
     idle_by_host: dict[str, float]
     idle: dict[str, Any]  # the idle split (IDLE_FIGURES, idle_queued_by, idle_queued_ops, its note)
 
 
-def _step_figures(entry: dict[str, Any], split: _Split) -> _Step:
+def _step_figures(entry: dict[str, Any], split: _Split, index: np.ndarray) -> _Step:
     tb = entry["time_breakdown"]
     figures = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     figures.update({k: tb[k] for k in LEAVES})
     idle = {k: tb[k] for k in (*IDLE_FIGURES, "idle_queued_by", "idle_queued_ops", "idle_unknown_by_phase",
                                "idle_split_note", "inflated_ops") if k in tb}
-    return _Step(figures, split, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}), idle)
+    return _Step(figures, split, index, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}), idle)
 
 
-def _rank_breakdown(step: _Step, source: str, labels: dict[int, str]) -> dict[str, Any]:
+def _rank_breakdown(step: _Step, source: str, labels: dict[int, str], view: CollectiveColumns) -> dict[str, Any]:
     """The typical step's breakdown of a rank. ``labels``: each group's ``group_label`` by the
     group's id, filled as they come and shared by the ranks (rows share their group's dict)."""
     by_kind: dict[str, list[float]] = {}
     by_group: dict[str, list[float]] = {}
     by_phase: dict[str, list[float]] = {}
     by_kind_phase: dict[str, list[float]] = {}
-    for row, owned, wait in step.split:
-        phase, kind, group = row.get("phase") or "other", row["collective"], row.get("group")
+    for position, owned, wait in step.split:
+        row = int(step.index[position])
+        phase, kind, group = view.phase.at(row) or "other", view.kind.at(row), view.group.at(row)
         group_name = labels.get(id(group))
         if group_name is None:
             group_name = labels[id(group)] = group_label(group) or "unknown"
@@ -294,18 +328,19 @@ def _rounded_cells(cells: dict[str, list[float]]) -> dict[str, dict[str, float]]
             for label, cell in sorted(cells.items())}
 
 
-def _wait_by_peer(split: list[tuple[dict[str, Any], int, int]]) -> dict[str, float]:
+def _wait_by_peer(split: _Split, rows: _RowIntervals) -> dict[str, float]:
     """Exposed waiting (µs) by the rank that arrived last (the peer waited for). A send's or
     receive's wait for its peer is keyed ``rank N (send/recv)``: a pipeline stage waiting for
     the stage before it is the pipeline's dependency, not a late member of a collective (the
     straggler rule reads the plain rank keys only)."""
     peers: dict[str, int] = defaultdict(int)
-    for row, _, wait in split:
-        if wait and row.get("wait_estimated_us"):
+    estimated, waited = rows.estimated, rows.waited
+    for position, _, wait in split:
+        if wait and estimated[position]:
             peers[ESTIMATED_PEER] += wait
-        elif wait and row.get("waited_for") is not None:
-            p2p = row["collective"] in POINT_TO_POINT
-            peers[f"rank {row['waited_for']} (send/recv)" if p2p else str(row["waited_for"])] += wait
+        elif wait and waited[position] is not None:
+            key = f"rank {waited[position]} (send/recv)" if rows.p2p[position] else str(waited[position])
+            peers[key] += wait
     return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
 
@@ -329,7 +364,8 @@ def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], li
     return kept, sorted(excluded, key=lambda e: e["step"])
 
 
-def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str) -> dict[str, Any] | None:
+def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str,
+                 view: CollectiveColumns) -> dict[str, Any] | None:
     """The job's section: the typical step from every step's time (mean over ranks), and each
     rank's breakdown of it."""
     times: dict[Any, list[float]] = defaultdict(list)
@@ -349,7 +385,7 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str
     labels: dict[int, str] = {}
     for rank in result.ranks:
         figures = per_rank.get(rank.rank, {}).get(typical)
-        rank.time_breakdown = None if figures is None else _rank_breakdown(figures, source, labels)
+        rank.time_breakdown = None if figures is None else _rank_breakdown(figures, source, labels, view)
         if rank.time_breakdown is not None:
             chosen.append(rank.time_breakdown)
     section = _mean_breakdown(chosen)

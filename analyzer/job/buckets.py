@@ -5,14 +5,16 @@ reduce (analyzer.job.reduce) and, for a saved large result that does not store t
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, Iterator
+from typing import Any, overload
 
 import msgspec
 import numpy as np
 
-from analyzer.job.columns import CollectiveColumns, distinct_rows, round_list
+from analyzer.base.rowtable import Coded, Column, Numbers, column
+from analyzer.job.columns import CollectiveColumns, distinct_rows, round_array
 from analyzer.job.parallelism import data_parallel_mask
 from analyzer.rank.comms import fsdp_units
 
@@ -48,6 +50,75 @@ class Bucket(msgspec.Struct, gc=False):
 
 
 _BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
+_FIELD_ORDER = {name: k for k, name in enumerate(Bucket.__struct_fields__)}
+_CHUNK = 8192  # buckets made at a time when the table is iterated
+
+
+class BucketTable(Sequence):
+    """``gradient_buckets``' Buckets kept by column (analyzer.base.rowtable), one column per
+    field in ``Bucket``'s order: a read-only sequence of Buckets made as they are read. A
+    1,024-rank job has millions of buckets: as Structs with their float objects they held a
+    third of the reduce's memory from the combine to the save."""
+
+    def __init__(self, columns: list[Column], count: int) -> None:
+        self.columns, self.n = columns, count
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Bucket: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Bucket]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return self._made(np.arange(self.n)[i])
+        if not -self.n <= i < self.n:
+            raise IndexError("bucket index out of range")
+        return Bucket(*(col.at(int(i) % self.n) for col in self.columns))
+
+    def _made(self, index: np.ndarray) -> list[Bucket]:
+        return list(map(Bucket, *(col.take(index).values() for col in self.columns)))
+
+    def __iter__(self) -> Iterator[Bucket]:
+        for start in range(0, self.n, _CHUNK):
+            yield from self._made(np.arange(start, min(start + _CHUNK, self.n)))
+
+    def column(self, field: str) -> Column:
+        """The column of a Bucket field."""
+        return self.columns[_FIELD_ORDER[field]]
+
+    def values(self, field: str) -> list[Any]:
+        """The field of every bucket, in order."""
+        return self.column(field).values()
+
+    def by_step(self) -> dict[tuple[int, Any], np.ndarray]:
+        """{(rank, step): the positions of its buckets, by ``index``}: the keys in order of first
+        appearance, as ``JobFacts.buckets_by_step`` groups the Buckets, without making one."""
+        if not self.n:
+            return {}
+        rank, step = self.column("rank"), self.column("step")
+        assert isinstance(rank, Numbers) and isinstance(step, Coded)
+        first, _, number = distinct_rows([rank.data - rank.data.min(), step.codes.astype(np.int64)])
+        order = np.lexsort((self.column("index").data, number))  # type: ignore[attr-defined]
+        bounds = np.searchsorted(number[order], np.arange(len(first) + 1)).tolist()
+        keys = zip(rank.data[first].tolist(), map(step.table.__getitem__, step.codes[first].tolist()))
+        return {key: order[lo:hi] for key, lo, hi in zip(keys, bounds[:-1], bounds[1:])}
+
+    def tolist(self) -> list[Bucket]:
+        return list(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (BucketTable, list, tuple)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<BucketTable of {self.n} buckets>"
 
 
 def derived_records(result: Any) -> tuple[list[Bucket], list[dict[str, Any]]]:
@@ -65,7 +136,7 @@ def derived_records(result: Any) -> tuple[list[Bucket], list[dict[str, Any]]]:
 
 
 def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
-                     backward_start_us: dict[tuple[int, Any], float]) -> list[Bucket]:
+                     backward_start_us: dict[tuple[int, Any], float]) -> BucketTable | list[Bucket]:
     """DDP buckets: each step's backward all-reduces (of the rows ``keep`` selects) in launch
     order (bucket 0 fills first), steps by rank then step number (steps without a number last).
     ``backward_start_us[(rank, step)]``: when backward began on the CPU, the origin of each
@@ -89,20 +160,30 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
     rows, pair, step = rows[order], pair[order], step[order]
     first = np.r_[True, pair[1:] != pair[:-1]]
     index = np.arange(len(rows)) - np.maximum.accumulate(np.where(first, np.arange(len(rows)), 0))
-    ranks = view.rank[rows].tolist()
-    steps = list(map(view.step.names.__getitem__, step.tolist()))
     since_backward = view.launch[rows] - pair_origin[pair]
-    offsets: list[float | None] = round_list(since_backward)  # type: ignore[assignment]
-    for i in np.flatnonzero(np.isnan(since_backward)).tolist():
-        offsets[i] = None  # no backward start or no launch time
-    chosen_rows = list(map(view.rows.__getitem__, rows.tolist()))
+    # round() of each known offset; None where there is no backward start or no launch time
+    offsets = Numbers(round_array(since_backward), np.isnan(since_backward))
+    table = view.rows
 
-    def field(key: str) -> Iterator[Any]:
-        return map(itemgetter(key), chosen_rows)
-    # One C-level pass per field, no Python step per bucket (a 64-rank job has 200,000 of them).
-    return list(map(Bucket, field("bytes"), field("dtype"), field("dur_us"), field("exposed_us"),
-                    map(itemgetter("name"), field("group")), index.tolist(), offsets, field("launch_us"),
-                    ranks, field("start_us"), steps))
+    def field(key: str) -> Column:
+        col = table.column(key)
+        if col is None or key in table.absent:  # a key a row lacks: as row[key] raises
+            return column(list(map(itemgetter(key), table.dicts(rows))))
+        return col.take(rows)
+    # Each field a column of the rows' values: no Python step per bucket (a 1,024-rank job has
+    # millions of them)
+    columns = [field("bytes"), field("dtype"), field("dur_us"), field("exposed_us"), _group_names(view, rows),
+               Numbers(index.astype(np.int64)), offsets, field("launch_us"), Numbers(view.rank[rows].astype(np.int64)),
+               field("start_us"), Coded(step, list(view.step.names), False)]
+    return BucketTable(columns, len(rows))
+
+
+def _group_names(view: CollectiveColumns, rows: np.ndarray) -> Column:
+    """``row["group"]["name"]`` of the rows, read once per group object."""
+    codes = view.group.codes[rows]
+    used = set(np.unique(codes).tolist())
+    names = [group["name"] if k in used else None for k, group in enumerate(view.group.names)]
+    return Coded(codes, names, False)
 
 
 def backward_starts(ranks: list[Any], origin_ns: int) -> dict[tuple[int, int], float]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from functools import cached_property
 from itertools import repeat
-from operator import is_not, itemgetter
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from operator import is_not
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
+
+from analyzer.base.rowtable import Coded, Column, Numbers, RowTable
 
 # Beyond 2**50 a scaled value's fraction is no longer exact in a float: round it in Python.
 _EXACT_LIMIT = 2.0 ** 50
@@ -30,6 +32,21 @@ def round_list(values: np.ndarray, digits: int = 3) -> list[float]:
         out = (np.rint(scaled) / scale).tolist()
         margin = np.abs(scaled - np.floor(scaled) - 0.5)
         sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT) | ~np.isfinite(values)
+    for i in np.flatnonzero(~sure).tolist():
+        out[i] = round(float(values[i]), digits)
+    return out
+
+
+def round_array(values: np.ndarray, digits: int = 3) -> np.ndarray:
+    """``round_list`` as an array (float64): the same floats, without a Python float per value."""
+    values = np.asarray(values, dtype=np.float64)
+    scale = 10.0 ** digits
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = values * scale
+        out = np.rint(scaled) / scale
+        margin = np.abs(scaled - np.floor(scaled) - 0.5)
+        sure = (margin > np.abs(scaled) * 2.0 ** -51) & (np.abs(scaled) < _EXACT_LIMIT) | ~np.isfinite(values)
+    out = np.where(np.isfinite(values), out, values)  # NaN and ±inf as round() leaves them
     for i in np.flatnonzero(~sure).tolist():
         out[i] = round(float(values[i]), digits)
     return out
@@ -58,66 +75,146 @@ def categorical(values: Iterable[Any], count: int) -> Categorical:
 
 def _categorical(key: str) -> cached_property:
     """A view column of the rows' ``key`` as a Categorical, read on first use."""
-    return cached_property(lambda view: categorical(_field(view.rows, key), view.n))
+    return cached_property(lambda view: table_categorical(view.rows, key))
+
+
+def table_categorical(table: RowTable, key: str) -> Categorical:
+    """``categorical`` of the rows' ``key`` values (None where a row lacks it), from the table's
+    column: a coded column of strings or a column of ints without a Python step per row."""
+    col = table.column(key)
+    if col is not None and key not in table.absent:
+        if isinstance(col, Coded) and col.by_value:  # distinct values already: first appearances
+            used = col.used()
+            renumber = np.zeros(len(col.table), dtype=np.int64)
+            renumber[used] = np.arange(len(used))
+            return Categorical(renumber[col.codes], [col.table[code] for code in used.tolist()])
+        if isinstance(col, Numbers) and col.data.dtype.kind in "iu":
+            return _int_categorical(col)
+    return categorical(table.values(key), table.n)
+
+
+def _int_categorical(col: Numbers) -> Categorical:
+    """``categorical`` of a column of ints (None allowed): equal ints are one value."""
+    distinct, inverse = np.unique(col.data, return_inverse=True)
+    inverse = inverse.reshape(-1).astype(np.int64)
+    names: list[Any] = distinct.tolist()
+    if col.none is not None:
+        inverse[col.none] = len(names)
+        names.append(None)
+    if not len(inverse):
+        return Categorical(inverse, [])
+    first = np.full(len(names), len(inverse), dtype=np.int64)
+    np.minimum.at(first, inverse, np.arange(len(inverse)))
+    used = np.flatnonzero(first < len(inverse))
+    used = used[np.argsort(first[used], kind="stable")]
+    renumber = np.zeros(len(names), dtype=np.int64)
+    renumber[used] = np.arange(len(used))
+    return Categorical(renumber[inverse], [names[code] for code in used.tolist()])
 
 
 class CollectiveColumns:
-    """The job's collective rows as columns, read once and shared by the job analyses and the
-    rules: numpy arrays per field (row order), strings as categorical codes, process groups as
-    codes of the group objects (rows share them: ``analyzer.rank.comms.share_groups``), nullable
-    numbers as NaN plus a mask. The row dicts stay the JSON and renderer contract; the fields
-    the analyses write back (``wait_us``, ``arrival_lag_us``...) are added here as columns by
-    their writers too (``set``), so later readers need not read them from the rows again.
+    """The job's collective rows as columns, shared by the job analyses and the rules: numpy
+    arrays per field (row order), strings as categorical codes, process groups as codes of the
+    group objects (rows share them: ``analyzer.rank.comms.share_groups``), nullable numbers as
+    NaN plus a mask. ``rows`` is the table the rows are kept in (analyzer.base.rowtable), the
+    Result's ``collectives``: the fields the analyses add (``wait_us``, ``arrival_lag_us``...)
+    are written into it as columns (``write``) and kept here in their array form (``extra``),
+    so later readers read neither from the rows.
 
     Built by the reduce (``build_result``), or by ``of(result)`` for a Result without one; valid
     while the rows' read fields (rank, times, kind, phase, library, group, step, bytes) are not
-    changed in place."""
+    replaced."""
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-        self.n = len(rows)
+    def __init__(self, rows: RowTable | list[dict[str, Any]]) -> None:
+        # rows given as dicts: read into a table, and what the analyses write written into them too
+        self.dicts = None if isinstance(rows, RowTable) else rows
+        self.rows = rows if isinstance(rows, RowTable) else RowTable.from_dicts(rows)
+        self.n = len(self.rows)
         self.extra: dict[str, np.ndarray] = {}
 
-    # Each column is read from the rows on first use: a consumer pays only for what it reads.
+    # Each column is read from the table on first use: a consumer pays only for what it reads.
     @cached_property
     def rank(self) -> np.ndarray:
-        return np.fromiter(map(itemgetter("rank"), self.rows), dtype=np.int64, count=self.n)
+        return self._exact("rank", np.int64)
 
     @cached_property
     def start(self) -> np.ndarray:
-        return np.fromiter(map(itemgetter("start_us"), self.rows), dtype=np.float64, count=self.n)
+        return self._exact("start_us", np.float64)
 
     @cached_property
     def dur(self) -> np.ndarray:
-        return np.fromiter(map(itemgetter("dur_us"), self.rows), dtype=np.float64, count=self.n)
+        return self._exact("dur_us", np.float64)
+
+    def _exact(self, key: str, dtype: Any) -> np.ndarray:
+        """A field every row has as a number, as ``dtype`` (read-only: the table's own array
+        where it is of that type)."""
+        col = self.rows.column(key)
+        if isinstance(col, Numbers) and col.none is None and key not in self.rows.absent:
+            data = col.data if col.data.dtype == dtype else col.data.astype(dtype)
+        else:
+            data = np.fromiter(self.rows.values(key), dtype=dtype, count=self.n)
+        data = data.view()
+        data.flags.writeable = False
+        return data
 
     @cached_property
     def launch(self) -> np.ndarray:
         """``launch_us``, NaN where unknown."""
-        return _nullable(self.rows, "launch_us")
+        return self.nullable("launch_us")
 
     @cached_property
     def size(self) -> np.ndarray:
         """``bytes`` as float64, NaN where unknown."""
-        return _nullable(self.rows, "bytes")
+        return self.nullable("bytes")
+
+    def nullable(self, key: str) -> np.ndarray:
+        """A numeric field as float64, NaN where it is None or absent."""
+        col = self.rows.column(key)
+        if isinstance(col, Numbers) and col.data.dtype.kind in "fiu":
+            out = col.floats()
+            if key in self.rows.absent:
+                out[self.rows.absent[key]] = np.nan
+            return out
+        return _nullable(self.rows.values(key))
 
     @cached_property
     def on_gpu(self) -> np.ndarray:
-        return np.fromiter(map(bool, _field(self.rows, "on_gpu")), dtype=bool, count=self.n)
+        col = self.rows.column("on_gpu")
+        if isinstance(col, Numbers) and col.data.dtype == np.bool_ and col.none is None \
+                and "on_gpu" not in self.rows.absent:
+            data = col.data.view()
+            data.flags.writeable = False
+            return data
+        return np.fromiter(map(bool, self.rows.values("on_gpu")), dtype=bool, count=self.n)
 
     @cached_property
     def comms_id(self) -> list[Any]:
         """The rows' ``comms_id`` values as they are (the cross-rank matching's first key)."""
-        return list(_field(self.rows, "comms_id"))
+        return self.rows.values("comms_id")
 
     @cached_property
     def seq(self) -> list[Any]:
         """The rows' ``seq`` values as they are."""
-        return list(_field(self.rows, "seq"))
+        return self.rows.values("seq")
+
+    def whole_numbers(self, key: str) -> np.ndarray | None:
+        """A field every row has as an int of 64 bits (no None), as its array; else None."""
+        col = self.rows.column(key)
+        if isinstance(col, Numbers) and col.none is None and col.data.dtype.kind in "iu" \
+                and key not in self.rows.absent:
+            return col.data
+        return None
 
     @cached_property
     def module_known(self) -> np.ndarray:
-        return np.fromiter(map(is_not, _field(self.rows, "module"), repeat(None)), dtype=bool, count=self.n)
+        col = self.rows.column("module")
+        if isinstance(col, Coded):
+            known = np.array([value is not None for value in col.table], dtype=bool)[col.codes]
+        else:
+            known = np.fromiter(map(is_not, self.rows.values("module"), repeat(None)), dtype=bool, count=self.n)
+        if "module" in self.rows.absent:
+            known &= ~self.rows.absent["module"]
+        return known
 
     # Strings and other repeated values as (code per row, distinct values by code).
     kind = _categorical("collective")
@@ -129,7 +226,13 @@ class CollectiveColumns:
     def group(self) -> Categorical:
         """Code of each row's process-group object (the rows share them), in order of first
         appearance; ``group.names[code]`` is the group dict."""
-        groups = list(_field(self.rows, "group"))
+        col = self.rows.column("group")
+        if isinstance(col, Coded) and "group" not in self.rows.absent:  # one entry per object already
+            used = col.used()
+            renumber = np.zeros(len(col.table), dtype=np.int64)
+            renumber[used] = np.arange(len(used))
+            return Categorical(renumber[col.codes], [col.table[code] for code in used.tolist()])
+        groups = self.rows.values("group")
         codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
         first = np.unique(codes, return_index=True)[1]
         return Categorical(codes, [groups[i] for i in first.tolist()])
@@ -138,20 +241,30 @@ class CollectiveColumns:
     def of(cls, result: Any) -> "CollectiveColumns":
         """The view of ``result.collectives``, built on first use and kept on the Result."""
         view = result.collective_columns
-        if view is None or view.rows is not result.collectives or view.n != len(result.collectives):
+        source = None if view is None else view.rows if view.dicts is None else view.dicts
+        if view is None or source is not result.collectives or view.n != len(result.collectives):
             view = result.collective_columns = cls(result.collectives)
         return view
 
     def set(self, name: str, values: np.ndarray) -> None:
-        """A column the analyses computed (also written into the rows where the output needs it)."""
+        """A column the analyses computed, in its array form (``write`` puts it in the rows)."""
         self.extra[name] = values
+
+    def write(self, key: str, col: Column, present: np.ndarray | None = None) -> None:
+        """``row[key] = value`` of every row (``present``: of those rows), by column."""
+        self.rows.set(key, col, present)
+        if self.dicts is not None:
+            chosen = range(self.n) if present is None else np.flatnonzero(present).tolist()
+            values = col.values()
+            for i in chosen:
+                self.dicts[i][key] = values[i]
 
     def written(self, name: str) -> np.ndarray:
         """A numeric field the job analysis writes (``wait_us``, ``arrival_lag_us``,
         ``busbw_gbps``), NaN where None: the writer's column, else read from the rows (a Result
         loaded from its JSON)."""
         if name not in self.extra:
-            self.extra[name] = _nullable(self.rows, name)
+            self.extra[name] = self.nullable(name)
         return self.extra[name]
 
     def group_keys(self, key_of: Callable[[dict[str, Any]], Any]) -> tuple[np.ndarray, list[Any]]:
@@ -164,8 +277,12 @@ class CollectiveColumns:
         codes: dict[Any, int] = {}
         pair_code = np.empty(len(first), dtype=np.int64)
         for k in np.argsort(first, kind="stable").tolist():  # pairs in order of first appearance
-            pair_code[k] = codes.setdefault(key_of(self.rows[int(first[k])]), len(codes))
+            pair_code[k] = codes.setdefault(key_of(self.row(int(first[k]))), len(codes))
         return pair_code[inverse], list(codes)
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as its dict."""
+        return self.rows.row(i)
 
     @cached_property
     def _group_kind_pairs(self) -> tuple[np.ndarray, np.ndarray]:
@@ -176,20 +293,14 @@ class CollectiveColumns:
         return first, inverse.reshape(-1)
 
 
-def _nullable(rows: list[dict[str, Any]], key: str) -> np.ndarray:
-    """A numeric field as float64, NaN where it is None (``np.isnan`` is its mask)."""
-    values = list(_field(rows, key))
+def _nullable(values: list[Any]) -> np.ndarray:
+    """Numbers as float64, NaN where a value is None (``np.isnan`` is its mask)."""
     if values and values[0] is None and values.count(None) == len(values):
         return np.full(len(values), np.nan)  # a field no row has: numpy converts None slowly
     try:
         return np.array(values, dtype=np.float64)  # None becomes NaN
     except (TypeError, ValueError, OverflowError):
         return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
-
-
-def _field(rows: list[dict[str, Any]], key: str) -> Iterator[Any]:
-    """``row.get(key)`` of every row (an optional field), at C speed."""
-    return map(dict.get, rows, repeat(key))
 
 
 # A mixed-radix number stays below this (int64 holds it; the next digit may still be added).

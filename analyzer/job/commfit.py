@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from collections import deque
 from itertools import repeat
-from operator import itemgetter, setitem
+from operator import setitem
 from typing import Any
 
 import numpy as np
@@ -135,15 +135,15 @@ def waits(view: CollectiveColumns) -> np.ndarray:
 BOUNDS = (None, "latency-bound", "bandwidth-bound")  # a row's ``bound`` by code
 
 
-def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | None,
+def annotate_group(rows: list[dict[str, Any]] | None, n: int | None, s_star: float | None,
                    cols: GroupColumns | None = None) -> tuple[list[float | None], np.ndarray, list[float]]:
     """Set ``algbw_gbps``, ``busbw_gbps`` (over the transfer time, on the rows whose transfer is
     measured: ``transfer_measured``; none on a CPU-side row, an unmatched one, one whose group
     has members without a trace, a send or a recv) and ``bound`` on the rows of one group of
     ``n`` ranks: the arithmetic of :func:`bandwidths` and :func:`bound_of`, a group's rows at a
     time. Returns the busbw values, the bounds as codes (``BOUNDS``) and the algbw values (NaN
-    where None)."""
-    cols = cols or GroupColumns(rows)
+    where None). ``rows`` None: nothing written (``cols`` then gives the fields)."""
+    cols = cols or GroupColumns(rows or [])
     sizes, times = cols.sizes, cols.time
     defined = {kind: has_bus_model(kind, n) for kind in cols.present_kinds()}
     factors = _by_kind(cols.kind, {kind: busbw_factor(kind, n) if ok else np.nan for kind, ok in defined.items()})
@@ -158,11 +158,12 @@ def annotate_group(rows: list[dict[str, Any]], n: int | None, s_star: float | No
     codes = np.where(has_bound, np.where(latency, 1, 2), 0)
     busbw = _none_for_nan(round_list(bus, 4), np.isnan(bus))
     algbw = round_list(alg, 4)
-    # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
-    # written by a C-level pass per key, the keys in this order.
-    for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
-                        ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
-        deque(map(setitem, rows, repeat(key), values), maxlen=0)
+    if rows is not None:  # rows of their own (the job's are written by column: fit_groups)
+        # The rows share the BOUNDS strings (an array's tolist() would make one string per row);
+        # written by a C-level pass per key, the keys in this order.
+        for key, values in (("algbw_gbps", _none_for_nan(algbw, np.isnan(alg))), ("busbw_gbps", busbw),
+                            ("bound", list(map(BOUNDS.__getitem__, codes.tolist())))):
+            deque(map(setitem, rows, repeat(key), values), maxlen=0)
     return busbw, codes, algbw
 
 
@@ -317,13 +318,16 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     ``view``: the rows' columns when the caller has them (with the fits' ``busbw_gbps``)."""
     view = view if view is not None else CollectiveColumns(rows)
     index = np.flatnonzero(~np.isnan(view.size))  # rows with a known size
-    sized = list(map(rows.__getitem__, index.tolist()))
-    count = len(sized)
+    count = len(index)
+
+    def sized(key: str) -> list[Any]:  # the rows' values of ``key`` (read only where needed)
+        values = view.rows.values(key)
+        return list(map(values.__getitem__, index.tolist()))
     known = view.size[index]
     # Sizes below 2**53 are exact in the column: buckets and each cell's extremes from it (the
     # extreme's row gives the value as written); larger ones from the rows' values
     exact = not count or float(np.abs(known).max()) < 2.0 ** 53
-    sizes_list = [] if exact else list(map(itemgetter("bytes"), sized))
+    sizes_list = [] if exact else sized("bytes")
     if exact:
         bucket = size_buckets(known)
     else:
@@ -342,15 +346,16 @@ def summarize(rows: list[dict[str, Any]], view: CollectiveColumns | None = None)
     busbw = view.written("busbw_gbps")[index]
     codes = view.extra.get("bound")  # the fits' (fit_groups), else the rows'
     bounds = Categorical(codes[index], list(BOUNDS)) if codes is not None else \
-        categorical(map(dict.get, sized, repeat("bound")), count)
+        categorical(sized("bound"), count)
     out = []
     for (group, kind, bucket), members in sorted(cells.items(), key=lambda kv: (str(kv[0][0]), kv[0][1], kv[0][2])):
         cell_transfer, cell_busbw = transfer[members], busbw[members]
         cell_busbw = cell_busbw[~np.isnan(cell_busbw)]
         if sizes is None:  # min() and max() of the values: the first row of the extreme (argmin's)
             cell_known = known[members]
-            bytes_min = sized[int(members[np.argmin(cell_known)])]["bytes"]
-            bytes_max = sized[int(members[np.argmax(cell_known)])]["bytes"]
+            column = view.rows.column("bytes")  # the extreme rows' values as written
+            bytes_min = column.at(int(index[members[np.argmin(cell_known)]]))  # type: ignore[union-attr]
+            bytes_max = column.at(int(index[members[np.argmax(cell_known)]]))  # type: ignore[union-attr]
         else:
             bytes_min, bytes_max = min(sizes[members]), max(sizes[members])
         out.append({

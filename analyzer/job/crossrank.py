@@ -29,15 +29,14 @@ process is the noise of when each finishes a collective, gloo's up to millisecon
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterator
-from itertools import repeat
-from operator import setitem
 from typing import Any
 
 import numpy as np
 
-from analyzer.job.columns import CollectiveColumns, round_list, tuple_numbers
+from analyzer.base.rowtable import Numbers, nones
+from analyzer.job.columns import CollectiveColumns, round_array, tuple_numbers
 from analyzer.job.p2p import pair_codes
 
 _P2P = ("send", "recv", "sendrecv")
@@ -107,12 +106,17 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     collective = ~view.kind.isin(_P2P)  # point-to-point: no key (the module's docstring)
     index = np.flatnonzero(collective)
     if method in ("comms_id", "seq"):
-        values = view.comms_id if method == "comms_id" else view.seq
-        keys = [values[i] for i in index.tolist()]
-        if not keys or None in keys:
+        ids = _id_numbers(view, method, index)
+        if ids is None:
+            values = view.comms_id if method == "comms_id" else view.seq
+            keys = [values[i] for i in index.tolist()]
+            if not keys or None in keys:
+                return None
+            ids = _identity_codes(keys)
+        elif not len(ids):
             return None
         full = np.zeros(len(rows), dtype=np.int64)
-        full[index] = _identity_codes(keys)
+        full[index] = ids
         return _tuple_codes([full] if method == "comms_id" else [groups, full], collective)
     # order: the n-th collective of a group in a step on each rank
     ranks, starts, steps = view.rank, view.start, view.step.codes
@@ -125,6 +129,24 @@ def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view
     nth[index[order]] = np.arange(len(order)) - run_start
     nth[~collective] = 0
     return _tuple_codes([groups, steps, nth], collective)
+
+
+def _id_numbers(view: CollectiveColumns, key: str, index: np.ndarray) -> np.ndarray | None:
+    """``_identity_codes`` of the rows' ``key`` at ``index`` read from its column, when it holds
+    whole numbers (an empty array: some of those rows have none, the key does not apply);
+    None: read the values (another column form, negative ints)."""
+    col = view.rows.column(key)
+    if col is None:
+        return np.zeros(0, dtype=np.int64)  # no row has the key: every value None
+    if not isinstance(col, Numbers) or col.data.dtype.kind not in "iu":
+        return None
+    missing = view.rows.absent.get(key)
+    if (col.none is not None and col.none[index].any()) or (missing is not None and missing[index].any()):
+        return np.zeros(0, dtype=np.int64)
+    data = col.data[index]
+    if data.dtype.kind == "i" and len(data) and int(data.min()) < 0:
+        return None  # as _identity_codes: negative ints are told apart by their text
+    return data.view(np.int64) if data.dtype == np.uint64 else data.astype(np.int64)
 
 
 def _valid(ranks: np.ndarray, codes: np.ndarray) -> bool:
@@ -224,8 +246,9 @@ def _clock_sets(view: CollectiveColumns, flat: np.ndarray, bounds: np.ndarray,
 
 def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
             view: CollectiveColumns | None = None, clock_of: dict[int, Any] | None = None) -> dict[str, Any]:
-    """Set ``wait_us`` on every row (None when unmatched) and return the straggler summary;
-    the waits and arrival lags go into the view's columns too (NaN when unmatched).
+    """Set ``wait_us``, ``waited_for`` and ``arrival_lag_us`` on every row (None when unmatched:
+    by column, in the rows' table) and return the straggler summary; the waits and arrival lags
+    are kept in the view's columns too (NaN when unmatched).
     ``view``: the rows' columns when the caller has them; ``clock_of``: each rank's host (ranks
     of one host share its clock offset)."""
     view = view if view is not None else CollectiveColumns(rows)
@@ -235,15 +258,13 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     view.set("waited_for", np.full(view.n, -1, dtype=np.int64))  # the member waited for; -1: none
     view.set("matched_ranks", np.zeros(view.n, dtype=np.int64))
     if len(ranks) < 2:
-        for row in rows:
-            row.update(_UNMATCHED)
+        _write_unmatched(view)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "fewer than two ranks with collectives: no cross-rank comparison",
                 "per_step": [], "by_rank": [], "top_rank": None}
     method, codes = _match(view)
     if codes is None:
-        for row in rows:
-            row.update(_UNMATCHED)
+        _write_unmatched(view)
         return {"method": None, "matched_collectives": 0, "ranks_compared": ranks,
                 "note": "no collective could be matched across ranks (no Comms Id, Seq, or "
                         "consistent group order)", "per_step": [], "by_rank": [], "top_rank": None}
@@ -255,8 +276,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     flat_arrivals = starts[flat] - np.array(list(offsets.values()))[np.searchsorted(offset_ranks, members)]
     transfer = np.minimum.reduceat(flat_durations, bounds[:-1])  # the last arrival waited for nobody
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
-    rounded_waits = round_list(waits)
-    view.extra["wait_us"][flat] = rounded_waits
+    view.extra["wait_us"][flat] = round_array(waits)
     view.set("matched_ranks", _set_sizes(view.n, flat, bounds))
     member_ranks, member_of = np.unique(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
@@ -278,21 +298,15 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
         entry["caused"][last_rank] += others
         entry["sets"] += 1
         entry["max_skew_us"] = max(entry["max_skew_us"], skew_k)
-    rounded_lags = round_list(lags)
-    view.extra["arrival_lag_us"][flat] = rounded_lags
+    view.extra["arrival_lag_us"][flat] = round_array(lags)
     matched = np.zeros(view.n, dtype=bool)
     matched[flat] = True
     others = members != waited  # a member waited for by the others: no wait of its own to name
-    waited_for = np.full(view.n, None, dtype=object)
-    waited_for[flat[others]] = waited[others].astype(object)  # Python ints
     view.extra["waited_for"][flat[others]] = waited[others]
-    # In row order (the rows of a set lie far apart in memory), the keys in _UNMATCHED's order,
-    # None where unmatched; a C-level pass per key (no Python step per row; a pass of
-    # ``map(setitem)`` per key is faster than one ``dict.update`` per row).
-    waits = np.where(matched, view.extra["wait_us"].astype(object), None).tolist()
-    lags = np.where(matched, view.extra["arrival_lag_us"].astype(object), None).tolist()
-    for key, values in zip(_UNMATCHED, (waits, waited_for.tolist(), lags)):
-        deque(map(setitem, rows, repeat(key), values), maxlen=0)
+    # The rows' keys, in _UNMATCHED's order: None where unmatched (and where no one was waited for)
+    view.write("wait_us", Numbers(view.extra["wait_us"].copy(), ~matched))
+    view.write("waited_for", Numbers(view.extra["waited_for"].copy(), view.extra["waited_for"] < 0))
+    view.write("arrival_lag_us", Numbers(view.extra["arrival_lag_us"].copy(), ~matched))
     summary = _summary(method, len(bounds) - 1, ranks, offsets, caused, incurred, last_count, steps)
     if world_size and len(ranks) < world_size:
         summary["note"] = (f"{len(ranks)} of {world_size} ranks compared: the last rank given may "
@@ -320,6 +334,12 @@ def _set_sizes(n: int, flat: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=np.int64)
     out[flat] = np.repeat(np.diff(bounds), np.diff(bounds))
     return out
+
+
+def _write_unmatched(view: CollectiveColumns) -> None:
+    """Every row unmatched: ``wait_us``, ``waited_for`` and ``arrival_lag_us`` None."""
+    for key in _UNMATCHED:
+        view.write(key, nones(view.n))
 
 
 def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:

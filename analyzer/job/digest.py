@@ -18,14 +18,14 @@ and ``np.median`` take them, sorts stable with the same keys.
 from __future__ import annotations
 
 import heapq
-from itertools import repeat
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
-from analyzer.job.columns import CollectiveColumns, categorical
+from analyzer.job.columns import CollectiveColumns, categorical, table_categorical
 from analyzer.job.commfit import BOUNDS, hops
 from analyzer.model import formulas as models
 
@@ -112,7 +112,7 @@ def _bound_names(view: CollectiveColumns) -> tuple[np.ndarray, list[Any]]:
     codes = view.extra.get("bound")
     if codes is not None:
         return codes, list(BOUNDS)
-    found = categorical(map(dict.get, view.rows, repeat("bound")), view.n)
+    found = table_categorical(view.rows, "bound")
     return found.codes, found.names
 
 
@@ -283,7 +283,8 @@ def _top(rows: list[dict[str, Any]], chosen: np.ndarray, values: np.ndarray, key
     if len(chosen) > TOP_ROWS:
         threshold = np.partition(values[chosen], len(chosen) - TOP_ROWS)[len(chosen) - TOP_ROWS]
         chosen = chosen[values[chosen] >= threshold]
-    return heapq.nsmallest(TOP_ROWS, map(rows.__getitem__, chosen.tolist()), key=key)
+    chosen_rows = rows.dicts(chosen) if isinstance(rows, RowTable) else list(map(rows.__getitem__, chosen.tolist()))
+    return heapq.nsmallest(TOP_ROWS, chosen_rows, key=key)
 
 
 def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, Any] | None:

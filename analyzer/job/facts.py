@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.rowtable import RowSubset, RowTable
+from analyzer.job.buckets import BucketTable
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
 from analyzer.job.model import RankStep
 from analyzer.job.parallelism import data_parallel_mask, role_key
@@ -61,7 +63,13 @@ class JobFacts:
 
     # ---------------------------------------------------------------- collectives
     def collectives_of(self, rank: int, step: Any) -> list[dict[str, Any]]:
-        return self._collectives_index.get((rank, step), [])
+        index = self._collectives_index.get((rank, step))
+        return [] if index is None else self._table.dicts(index)
+
+    @property
+    def _table(self) -> RowTable:
+        """The rows by column (a list of row dicts given is read into the view's table)."""
+        return CollectiveColumns.of(self.result).rows
 
     @cached_property
     def backward_allreduce_groups(self) -> dict[tuple[int, Any], Any]:
@@ -71,8 +79,8 @@ class JobFacts:
         view = CollectiveColumns.of(self.result)
         rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
         pairs, first = np.unique(pair[rows], return_index=True)
-        collectives = self.result.collectives
-        return {keys[p]: collectives[row]["group"] for p, row in zip(pairs.tolist(), rows[first].tolist())}
+        groups = self._table.values("group")
+        return {keys[p]: groups[row] for p, row in zip(pairs.tolist(), rows[first].tolist())}
 
     @cached_property
     def _step_pairs(self) -> tuple[np.ndarray, list[tuple[int, Any]]]:
@@ -84,13 +92,12 @@ class JobFacts:
         return pair, [(int(view.rank[i]), view.step.at(i)) for i in first.tolist()]
 
     @cached_property
-    def _collectives_index(self) -> dict[tuple[int, Any], list[dict[str, Any]]]:
-        """{(rank, step): its rows, in row order}."""
+    def _collectives_index(self) -> dict[tuple[int, Any], np.ndarray]:
+        """{(rank, step): its rows' positions, in row order} (the dicts made when asked for)."""
         pair, keys = self._step_pairs
         order = np.argsort(pair, kind="stable")
-        ordered = list(map(self.result.collectives.__getitem__, order.tolist()))
         bounds = np.searchsorted(pair[order], np.arange(len(keys) + 1)).tolist()
-        return {key: ordered[lo:hi] for key, lo, hi in zip(keys, bounds[:-1], bounds[1:])}
+        return {key: order[lo:hi] for key, lo, hi in zip(keys, bounds[:-1], bounds[1:])}
 
     @cached_property
     def backward_allreduce_transfer_us(self) -> dict[tuple[int, Any], float | int]:
@@ -113,8 +120,7 @@ class JobFacts:
         if not self._every_rank:
             capped = np.flatnonzero(view.kind.isin(tuple(models.COLLECTIVE_KINDS)) & (view.size != 0)
                                     & ~np.isnan(view.size))
-            rows = self.result.collectives
-            times[capped] = [self.transfer_time(rows[i]) for i in capped.tolist()]
+            times[capped] = [self.transfer_time(row) for row in self._table.dicts(capped)]
         return times
 
     def transfer_time(self, row: dict[str, Any]) -> float:
@@ -135,22 +141,34 @@ class JobFacts:
         return len(self.result.ranks) >= self.world_size
 
     @cached_property
-    def data_parallel_collectives(self) -> list[dict[str, Any]]:
+    def data_parallel_collectives(self) -> RowSubset:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
-        and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce."""
-        return list(map(self.result.collectives.__getitem__, self._data_parallel_rows.tolist()))
+        and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce.
+        A sequence of the row dicts, made as they are read."""
+        return RowSubset(self._table, self._data_parallel_rows)
 
     @cached_property
     def _data_parallel_rows(self) -> np.ndarray:
         keep = data_parallel_mask(CollectiveColumns.of(self.result), self.job.get("group_roles") or {})
         return np.flatnonzero(keep)
 
-    def data_parallel_of(self, kind: str, phase: str) -> list[dict[str, Any]]:
+    def data_parallel_of(self, kind: str, phase: str) -> RowSubset:
         """``[c for c in data_parallel_collectives if c["collective"] == kind and c["phase"] ==
         phase]``, chosen from the columns (no row is read)."""
         view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
         chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
-        return list(map(self.result.collectives.__getitem__, chosen.tolist()))
+        return RowSubset(self._table, chosen)
+
+    def rows_of_kinds(self, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The rows of these collective kinds, in row order (chosen from the kinds' column)."""
+        view = CollectiveColumns.of(self.result)
+        return self._table.dicts(np.flatnonzero(view.kind.isin(kinds)))
+
+    def all_gather_dtypes(self) -> list[Any]:
+        """The ``dtype`` of every all-gather row, in row order (read from its column)."""
+        view = CollectiveColumns.of(self.result)
+        dtypes = self._table.values("dtype")
+        return [dtypes[i] for i in np.flatnonzero(view.kind.isin(("allgather",))).tolist()]
 
     def role_of(self, row: dict[str, Any]) -> str:
         """The role of a collective's process group (analyzer.job.parallelism)."""
@@ -159,8 +177,13 @@ class JobFacts:
     def rows_by_step(self, role: str) -> dict[tuple[int, Any], list[dict[str, Any]]]:
         """GPU collectives of one role per (rank, step) that have a step."""
         out: dict[tuple[int, Any], list[dict[str, Any]]] = {}
-        for row in self.result.collectives:
-            if row.get("on_gpu") and row["step"] is not None and self.role_of(row) == role:
+        view = CollectiveColumns.of(self.result)
+        if not view.n:
+            return out
+        codes, roles = view.group_keys(self.role_of)  # a role depends on the group and kind only
+        chosen = np.flatnonzero(np.array([r == role for r in roles], dtype=bool)[codes] & view.on_gpu)
+        for row in self._table.dicts(chosen):
+            if row["step"] is not None:
                 out.setdefault((row["rank"], row["step"]), []).append(row)
         return out
 
@@ -171,6 +194,8 @@ class JobFacts:
     def buckets_by_step(self) -> dict[tuple[int, Any], list[Any]]:
         """{(rank, step): its DDP buckets by index}."""
         buckets = self.result.buckets
+        if isinstance(buckets, BucketTable):  # made once here (iterated twice below)
+            buckets = buckets.tolist()
         # a Bucket's fields as attributes: its b["key"] is a Python call, millions of them here
         read = attrgetter if buckets and isinstance(buckets[0], Bucket) else itemgetter
         out: dict[tuple[int, Any], list[Any]] = {}

@@ -109,7 +109,7 @@ def shown_rows(result: Any) -> list[dict[str, Any]]:
     if view.n > JSON_ROWS:  # the rows at least as exposed as the JSON_ROWS-th: the chosen are among them
         rows = rows[key >= np.partition(key, view.n - JSON_ROWS)[view.n - JSON_ROWS]]
     order = np.lexsort((rows, view.start[rows], view.rank[rows], -key[rows]))[:JSON_ROWS]
-    return list(map(result.collectives.__getitem__, np.sort(rows[order]).tolist()))
+    return result.collectives.dicts(np.sort(rows[order]))
 
 
 def rows_section(result: Any, written: RowsWritten | None) -> dict[str, Any]:

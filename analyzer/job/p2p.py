@@ -39,13 +39,16 @@ def p2p_group(row: dict[str, Any]) -> tuple:
     return ("unknown",)
 
 
-def pair_codes(rows: list[dict[str, Any]]) -> np.ndarray:
+def pair_codes(rows: Any) -> np.ndarray:
     """One code per row: the number of its send / receive pair (0, 1, ... in no particular
     order), -1 for every row in no pair (collectives, p2p rows without peers or unpaired)."""
     codes = np.full(len(rows), -1, dtype=np.int64)
-    with_peers = [i for i, row in enumerate(rows) if row.get("peers")]
+    # a row table (analyzer.base.rowtable) gives the column without a dict per row
+    peers = rows.values("peers") if hasattr(rows, "values") else [row.get("peers") for row in rows]
+    with_peers = [i for i, found in enumerate(peers) if found]
     if not with_peers:
         return codes
+    rows = {i: rows[i] for i in with_peers}  # the few p2p rows as dicts, by position
     # each rank's ops in posting order: the host's launch, else the op's start; the members of
     # a batch in their recorded order
     order = sorted(with_peers, key=lambda i: (_posted(rows[i]), i))
@@ -70,7 +73,7 @@ def _posted(row: dict[str, Any]) -> float:
     return float(launch if launch is not None else row["start_us"])
 
 
-def _one_to_one(rows: list[dict[str, Any]], with_peers: list[int], partner: dict[tuple[int, int], tuple[int, int]],
+def _one_to_one(rows: dict[int, dict[str, Any]], with_peers: list[int], partner: dict[tuple[int, int], tuple[int, int]],
                 codes: np.ndarray) -> np.ndarray:
     """Pairs of rows whose every member's partner is a member of the other row (the module's
     docstring), numbered in order of their first row."""

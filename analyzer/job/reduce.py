@@ -4,17 +4,17 @@ clock, DDP buckets, FSDP units, warnings)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from collections import deque
-from itertools import compress, repeat
-from operator import is_not, itemgetter, setitem
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.columns import CollectiveColumns, round_list
-from analyzer.rank.comms import share_groups
+from analyzer.base.rowtable import Coded, Numbers, RowSubset, RowTable, as_table, code_type, column
+from analyzer.job.columns import CollectiveColumns, round_array, round_list
+from analyzer.rank.comms import shared_groups
 from analyzer.job.parallelism import data_parallel_mask, infer_parallelism
 from analyzer.job.buckets import backward_starts, gradient_buckets
 from analyzer.job.result import Result
@@ -49,19 +49,26 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
 
 def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     origin = min((r.first_gpu_ns for r in ranks if r.first_gpu_ns is not None), default=0)
-    collectives = []
+    tables = []
     for r in ranks:
         shift = ((r.first_gpu_ns or origin) - origin) / 1000.0
+        table = as_table(r.collectives)
         for key in ("start_us", "launch_us"):
-            _shift(r.collectives, key, shift)
-        collectives.extend(r.collectives)
+            _shift(table, key, shift)
+        tables.append(table)
         if r.timeline is not None:
             r.timeline["start_us"] = round_list(np.asarray(r.timeline["start_us"], dtype=float) + shift)
-    collectives.sort(key=itemgetter("rank", "start_us", "collective"))  # (rank, start_us, collective) tuples
+    sizes = [t.n for t in tables]
+    collectives = RowTable.concat(tables, consume=True)  # each rank's columns let go of as they are copied
+    del tables
+    order = _row_order(collectives)  # by (rank, start_us, collective), stable
+    if order is not None:
+        collectives = collectives.take(order)
     share_groups(collectives)
+    _rank_subsets(ranks, collectives, sizes, order)
     view = CollectiveColumns(collectives)  # read once here, shared by the job analyses and rules
     warnings = _job_warnings(ranks)
-    job = job_facts(ranks, options, origin)
+    job = job_facts(ranks, options, origin, view)
     job.update(infer_parallelism(ranks, collectives, job["dp_strategy"], job["world_size"], view))
     # DDP buckets and FSDP units come from the data-parallel groups only: a tensor-parallel
     # all-reduce is no gradient bucket, a kernel of another library no FSDP unit.
@@ -69,7 +76,7 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     result = Result(
         inputs=[{"path": r.path, "rank": r.rank} for r in ranks],
         ranks=ranks, job=job, collectives=collectives, buckets=[],
-        fsdp_units=fsdp_units([collectives[i] for i in np.flatnonzero(data_parallel).tolist()])
+        fsdp_units=fsdp_units(collectives.dicts(np.flatnonzero(data_parallel)))
         if job["dp_strategy"].startswith("fsdp") else [],
         warnings=warnings, collective_columns=view,
     )
@@ -78,14 +85,81 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
     return result
 
 
-def _shift(rows: list[dict[str, Any]], key: str, shift: float) -> None:
-    """``row[key] = round(row[key] + shift, 3)`` where the value is known, over an array (and
-    C-level passes over the rows: a 64-rank job has 275,000 of them)."""
-    values = list(map(itemgetter(key), rows))
-    is_known = list(map(is_not, values, repeat(None)))
-    known = list(compress(rows, is_known))
-    shifted = np.fromiter(compress(values, is_known), dtype=float, count=len(known)) + shift
-    deque(map(setitem, known, repeat(key), round_list(shifted)), maxlen=0)
+def _shift(table: RowTable, key: str, shift: float) -> None:
+    """``row[key] = round(row[key] + shift, 3)`` where the value is known, over the column."""
+    col = table.column(key)
+    if col is None:
+        return
+    if isinstance(col, Numbers) and col.data.dtype.kind in "fiu":
+        table.set(key, Numbers(round_array(col.data.astype(np.float64) + shift), col.none), table.has(key))
+        return
+    values = col.values()
+    known = np.flatnonzero(np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values)))
+    shifted = round_list(np.array([values[i] for i in known.tolist()], dtype=float) + shift)
+    for i, value in zip(known.tolist(), shifted):
+        values[i] = value
+    table.set(key, column(values), table.has(key))
+
+
+def _row_order(table: RowTable) -> np.ndarray | None:
+    """The order that sorts the rows by (rank, start_us, collective) as Python's stable sort
+    does; None when they are in it already."""
+    if not table.n:
+        return None
+    rank, start, kind = (table.column(key) for key in ("rank", "start_us", "collective"))
+    simple = (isinstance(rank, Numbers) and rank.none is None and rank.data.dtype.kind in "iu"
+              and isinstance(start, Numbers) and start.none is None and start.data.dtype.kind in "fiu"
+              and not np.isnan(start.data.astype(np.float64)).any()
+              and isinstance(kind, Coded) and all(type(name) is str for name in kind.table)
+              and not {"rank", "start_us", "collective"} & set(table.absent))
+    if simple:  # the kinds by the order of their names
+        names = kind.table  # type: ignore[union-attr]
+        position = np.empty(len(names), dtype=np.int64)
+        position[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+        order = np.lexsort((position[kind.codes], start.data, rank.data))  # type: ignore[union-attr]
+    else:
+        keys = list(zip(table.values("rank"), table.values("start_us"), table.values("collective")))
+        order = np.array(sorted(range(table.n), key=keys.__getitem__), dtype=np.int64)
+    return None if (order == np.arange(table.n)).all() else order
+
+
+def _rank_subsets(ranks: list[RankAnalysis], table: RowTable, sizes: list[int], order: np.ndarray | None) -> None:
+    """Each rank's rows are its part of the job's table from now on (read from it: the columns
+    the job analyses add are a rank's too, as when the rows were shared dicts)."""
+    source = np.repeat(np.arange(len(ranks)), sizes)
+    if order is not None:
+        source = source[order]
+    by_rank = np.argsort(source, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(source, minlength=len(ranks)))]
+    for k, r in enumerate(ranks):
+        r.collectives = RowSubset(table, by_rank[bounds[k]:bounds[k + 1]])  # type: ignore[assignment]
+
+
+def share_groups(table: RowTable) -> None:
+    """Give equal ``group`` dicts (same keys in the same order, same values) one object, as
+    ``analyzer.rank.comms.share_groups`` does for rows: each rank's group objects are its own."""
+    col = table.column("group")
+    if col is None or not table.n:
+        return
+    if not isinstance(col, Coded) or col.by_value:
+        values = col.values()
+        shared = shared_groups(list(dict(zip(map(id, values), values)).values()))
+        if shared:
+            table.set("group", column([shared.get(id(v), v) for v in values]), table.has("group"))
+        return
+    used = col.used()
+    objects = [col.table[code] for code in used.tolist()]
+    shared = shared_groups(objects)
+    kept: list[Any] = []
+    code_of: dict[int, int] = {}
+    for obj in objects:
+        obj = shared.get(id(obj), obj)
+        if id(obj) not in code_of:
+            code_of[id(obj)] = len(kept)
+            kept.append(obj)
+    recode = np.zeros(len(col.table), dtype=np.int64)
+    recode[used] = [code_of[id(shared.get(id(obj), obj))] for obj in objects]
+    table.set("group", Coded(recode[col.codes].astype(code_type(len(kept))), kept, False), table.has("group"))
 
 
 def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
@@ -98,7 +172,8 @@ def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
     return warnings
 
 
-def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int) -> dict[str, Any]:
+def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
+              view: CollectiveColumns | None = None) -> dict[str, Any]:
     seen = {k: sum(r.markers_seen.get(k, 0) for r in ranks) for k in ("ddp_forward", "fsdp1", "fsdp2")}
     # The markers first: the rows' kinds (a pass over every row) only when no marker decides.
     if seen["fsdp2"]:
@@ -107,7 +182,8 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int) -> dict[s
         strategy = "fsdp1"
     elif seen["ddp_forward"]:
         strategy = "ddp"
-    elif {"allgather", "reduce_scatter"} <= {row["collective"] for r in ranks for row in r.collectives}:
+    elif {"allgather", "reduce_scatter"} <= (set(view.kind.names) if view is not None
+                                             else {row["collective"] for r in ranks for row in r.collectives}):
         strategy = "fsdp"
     else:
         strategy = "unknown"

@@ -19,7 +19,8 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
-from analyzer.job.buckets import Bucket
+from analyzer.base.rowtable import RowTable
+from analyzer.job.buckets import Bucket, BucketTable
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
 from analyzer.rank.analysis import RankAnalysis, rank_entry, rank_from_entry
@@ -95,8 +96,10 @@ class Result:
     inputs: list[dict[str, Any]]
     ranks: list[RankAnalysis]
     job: dict[str, Any]
-    collectives: list[dict[str, Any]]
-    buckets: list[dict[str, Any]] | list[Bucket]
+    # the collective rows, kept by column (analyzer.base.rowtable: a sequence of the row dicts;
+    # a list given here is made one)
+    collectives: RowTable
+    buckets: list[dict[str, Any]] | list[Bucket] | BucketTable
     fsdp_units: list[dict[str, Any]]
     findings: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -316,9 +319,11 @@ def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None 
                    collective_digest=collective_digest(result))
     else:
         buckets = result.buckets
+        if isinstance(buckets, BucketTable):  # the JSON's list
+            buckets = buckets.tolist()
         if plain and buckets and isinstance(buckets[0], Bucket):
             buckets = msgspec.to_builtins(buckets)
-        doc.update(collectives=result.collectives, buckets=buckets, fsdp_units=result.fsdp_units)
+        doc.update(collectives=result.collectives.dicts(), buckets=buckets, fsdp_units=result.fsdp_units)
     for key in _SECTIONS:
         value = getattr(result, key)
         if value is not None:
@@ -349,7 +354,7 @@ def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> R
     for row in doc.get("collectives") or []:
         rows_by_rank.setdefault(row["rank"], []).append(row)
     ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
-    return Result(ranks=ranks, collectives=list(doc.get("collectives") or []), buckets=list(doc.get("buckets") or []),
+    return Result(ranks=ranks, collectives=RowTable.from_dicts(list(doc.get("collectives") or [])), buckets=list(doc.get("buckets") or []),
                   fsdp_units=list(doc.get("fsdp_units") or []), **common)
 
 
@@ -371,12 +376,14 @@ class _FromRows:
         return value
 
     def __set__(self, result: Any, value: Any) -> None:
+        if self.name == "collectives" and isinstance(value, list):  # the rows are kept by column
+            value = RowTable.from_dicts(value)
         result.__dict__[self.slot] = value
 
 
-def _from_rows(result: Result, name: str) -> list[Any]:
+def _from_rows(result: Result, name: str) -> Any:
     if name == "collectives":
-        return result.rows_source.rows()  # type: ignore[union-attr]
+        return RowTable.from_dicts(result.rows_source.rows())  # type: ignore[union-attr]
     from analyzer.job.buckets import derived_records
     buckets, units = derived_records(result)
     result.__dict__["_buckets"], result.__dict__["_fsdp_units"] = buckets, units

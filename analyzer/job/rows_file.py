@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from analyzer.base.errors import InputError
+from analyzer.base.rowtable import Coded, Numbers, RowTable, as_table
 
 FORMAT = 1  # of the file's own description (its metadata key ``tracecliff``)
 META_KEY = b"tracecliff"
@@ -89,14 +90,14 @@ def sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- writing
-def write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> str:
-    """Write ``rows`` to ``path`` (atomically: a temporary file renamed over it); returns the
+def write(path: str | Path, rows: Any, view: Any = None) -> str:
+    """Write ``rows`` (a RowTable, or a list of dicts) to ``path`` (atomically: a temporary file renamed over it); returns the
     file's SHA-256. ``view``: the rows' columns (analyzer.job.columns), whose values are taken
     as they are. Needs pyarrow (``available()``)."""
     return start_write(path, rows, view)()
 
 
-def start_write(path: str | Path, rows: list[dict[str, Any]], view: Any = None) -> Callable[[], str]:
+def start_write(path: str | Path, rows: Any, view: Any = None) -> Callable[[], str]:
     """``write``, its Parquet encoding, compression and writing left to a thread (pyarrow and
     the file system release the GIL: a large result's JSON is made meanwhile); returns the call
     that waits for it and gives the SHA-256 (or raises what the writing raised)."""
@@ -138,34 +139,31 @@ def _encode_and_write(table: Any, path: str | Path) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
-def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
+def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
     """The Arrow arrays of the rows' keys, their description and the distinct groups. A key the
     job's columns (``view``, analyzer.job.columns) already hold is taken from them; the others
-    are read in C-level passes over the rows (a 1,024-rank job has 2 million)."""
+    from the rows' table (analyzer.base.rowtable: a 1,024-rank job has 2 million rows), a
+    column at a time. The keys in the order the rows' dicts give them: the first row's, then
+    each key of a later row with more keys that is not among them yet."""
+    table = as_table(rows)
     arrays: dict[str, Any] = {}
     columns: list[Column] = []
     groups: list[Any] = []
-    count = len(rows)
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=count)
-    present_in = np.zeros(count, dtype=np.int64)  # how many of the keys so far each row has
-    keys = list(rows[0]) if rows else []
-    n = 0
-    while n < len(keys):
-        key = keys[n]
+    for n, key in enumerate(_key_order(table)):
         taken = _from_view(view, key)
+        if taken is None and key != "group":
+            taken = _from_column(table, key)
         if taken is not None:
             encoding, array, nulls, values = taken
         else:
-            values = list(map(dict.get, rows, repeat(key)))
+            values = table.values(key)
             nulls = values.count(None)
         present = None
-        has = None
         if nulls:
-            has = np.fromiter(map(dict.__contains__, rows, repeat(key)), dtype=bool, count=count)
-            if not has.all():
+            has = table.has(key)
+            if has is not None and not has.all():
                 present = f"present.{n}"
                 arrays[present] = _buffers("bool", has)
-        present_in += 1 if has is None else has
         if key == "group":
             codes, groups = _group_codes(values) if taken is None else values
             arrays["group_code"] = _buffers("int32", codes)
@@ -178,11 +176,33 @@ def _columns(rows: list[dict[str, Any]], view: Any) -> tuple[dict[str, Any], lis
             name = key if not key.startswith(("present.", "group", "column.")) else f"column.{n}"
             arrays[name] = array
             columns.append(Column(key, encoding, name, present))
-        n += 1
-        if n == len(keys):  # the keys of rows with more keys than those seen so far
-            for i in np.flatnonzero(lengths > present_in).tolist():
-                keys.extend(k for k in rows[i] if k not in keys)
     return arrays, columns, groups
+
+
+def _key_order(table: RowTable) -> list[Any]:
+    """The keys as a pass over the rows' dicts finds them: the first row's keys, then, whenever
+    a row has more keys than those found so far (a row has them in the table's order), its keys
+    not found yet. Rows are told apart by which keys they lack (a few patterns): the first row
+    of each pattern is the only one that can add keys."""
+    if not table.n:
+        return []
+    lacking = list(table.absent)
+    pattern = np.zeros(table.n, dtype=np.int64)
+    for bit, key in enumerate(lacking):
+        pattern |= table.absent[key].astype(np.int64) << bit
+    _, first = np.unique(pattern, return_index=True)
+    shapes = [[key for k, key in enumerate(table.keys) if not (key in table.absent and table.absent[key][i])]
+              for i in np.sort(first).tolist()]
+    keys = list(shapes[0])
+    seen = set(keys)
+    for shape in shapes[1:]:
+        # a row counts the keys found so far that it has: it adds keys only when it has more
+        if len(shape) > sum(key in seen for key in shape):
+            for key in shape:
+                if key not in seen:
+                    keys.append(key)
+                    seen.add(key)
+    return keys
 
 
 def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
@@ -218,6 +238,8 @@ def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
         data = np.where(missing, 0, size).astype(np.int64)
         return "int64", _buffers("int64", data, missing if nulls else None), nulls, None
     if key in ("comms_id", "seq"):  # the rows' own values, kept by the view
+        if (from_table := _from_column(view.rows, key)) is not None:
+            return from_table
         values = getattr(view, key)
         encoding, array = _encoded(values)
         return encoding, array, values.count(None), None
@@ -230,6 +252,51 @@ def _from_view(view: Any, key: str) -> tuple[str, Any, int, Any] | None:
         from analyzer.job.commfit import BOUNDS
         return _category(_Coded(view.extra["bound"], list(BOUNDS)))
     return None
+
+
+def _from_column(table: RowTable, key: str) -> tuple[str, Any, int, None] | None:
+    """``_encoded`` of a key's values (encoding, array, how many rows have None) from the
+    table's column where its form decides them: numbers of one type, strings by code (a row
+    lacking the key counts as None, as ``dict.get`` gives). None: read the values."""
+    col = table.column(key)
+    if col is None:
+        return None
+    missing = col.none if isinstance(col, Numbers) else None
+    if isinstance(col, Coded) and col.by_value:
+        used = [code for code in col.used().tolist()]
+        table_values = [col.table[code] for code in used if col.table[code] is not None]
+        if not table_values or not all(type(v) is str for v in table_values):
+            return None
+        position = np.zeros(len(col.table), dtype=np.int32)
+        position[[code for code in used if col.table[code] is not None]] = np.arange(len(table_values))
+        is_none = np.array([value is None for value in col.table], dtype=bool)[col.codes]
+        missing = _with_absent(table, key, is_none)
+        codes = position[col.codes]
+        codes[missing] = 0  # as _encoded codes None
+        return "str", _dictionary(codes, table_values, missing if missing.any() else None), int(missing.sum()), None
+    if not isinstance(col, Numbers):
+        return None
+    missing = _with_absent(table, key, np.zeros(col.n, dtype=bool) if missing is None else missing)
+    if missing.all():
+        return None  # no value: _encoded's null column
+    mask = missing if missing.any() else None
+    kind = col.data.dtype.kind
+    if kind == "f":
+        data = col.data if mask is None else np.where(mask, np.nan, col.data)
+        return "float", _buffers("float", data, mask), int(missing.sum()), None
+    if kind == "b":
+        data = col.data if mask is None else np.where(mask, False, col.data)
+        return "bool", _buffers("bool", data, mask), int(missing.sum()), None
+    if kind in "iu":
+        data = col.data if mask is None else np.where(mask, 0, col.data).astype(col.data.dtype)
+        return ("int64" if kind == "i" else "uint64"), _buffers("int64" if kind == "i" else "uint64", data, mask), \
+            int(missing.sum()), None
+    return None
+
+
+def _with_absent(table: RowTable, key: str, missing: np.ndarray) -> np.ndarray:
+    absent = table.absent.get(key)
+    return missing if absent is None else missing | absent
 
 
 # The view's columns (analyzer.job.columns.CollectiveColumns) a key is read from: its own

@@ -16,6 +16,7 @@ import numpy as np
 
 from analyzer.base import arrays
 from analyzer.base.gc_pause import paused_gc
+from analyzer.base.rowtable import RowTable
 from analyzer.rank.comms import collectives_for_rank
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
@@ -45,7 +46,9 @@ class RankAnalysis:
     metrics: dict[str, float]
     steps: list[dict[str, Any]]
     phases: dict[str, float]
-    collectives: list[dict[str, Any]]
+    # one row per collective (analyzer.rank.comms), by column (a list of dicts given is read as one);
+    # after the reduce, the rank's rows of the job's table
+    collectives: RowTable
     markers_seen: dict[str, int]
     gpu_event_count: int
     event_count: int
@@ -306,7 +309,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         nccl_version=trace.nccl_version, process_groups=trace.process_groups, devices=trace.devices,
         first_gpu_ns=first_gpu, metrics=breakdown(gpu), steps=steps,
         phases=exposed_by_phase(gpu, att.phase),
-        collectives=collectives_for_rank(trace, att, origin, warnings),
+        collectives=RowTable.from_dicts(collectives_for_rank(trace, att, origin, warnings)),
         markers_seen=_markers_seen(trace), gpu_event_count=len(gpu), event_count=trace.event_count,
         warnings=warnings, exposed_intervals=exposed,
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base import intervals as iv
+from analyzer.base.rowtable import RowTable
 from analyzer.rank.timeline import NO_STEP, Attribution
 from analyzer.ingest.trace import GpuEvents, GpuKind
 
 
 def partial_result_warnings(gpu: GpuEvents, att: Attribution, steps: list[dict[str, Any]],
-                            collectives: list[dict[str, Any]]) -> list[str]:
+                            collectives: RowTable | list[dict[str, Any]]) -> list[str]:
     warnings = []
     outside = att.step == NO_STEP
     if steps and outside.any():
@@ -24,7 +25,8 @@ def partial_result_warnings(gpu: GpuEvents, att: Attribution, steps: list[dict[s
     if unlinked_comm and linked.any():  # all-unlinked traces get one warning of their own
         warnings.append(f"{unlinked_comm} communication kernel(s) have no CPU-side launch link: their "
                         "step and phase come from stream order and their size only from the kernel itself")
-    unknown = sum(1 for row in collectives if row.get("bytes") is None)
+    unknown = collectives.values("bytes").count(None) if isinstance(collectives, RowTable) \
+        else sum(1 for row in collectives if row.get("bytes") is None)
     if unknown:
         warnings.append(f"{unknown} of {len(collectives)} collective(s) have an unknown message size "
                         "(no element count or an unrecognised dtype): bytes left empty, never guessed")

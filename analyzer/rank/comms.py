@@ -546,29 +546,10 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
     return meta
 
 
-# The keys the job analyses add to every row later: crossrank's wait_us, waited_for and
-# arrival_lag_us, commfit's algbw_gbps, busbw_gbps and bound.
-JOB_KEYS_ADDED = 6
-_ROOM_KEYS = tuple(f"\0room {i}" for i in range(JOB_KEYS_ADDED))  # no row key starts with NUL
-
-
-def with_room(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with table room for the keys the job analyses add, which its ``dict.copy()``
-    copies keep. A 21-key row fills a 32-slot table: the first key added moved every row to a
-    new 64-slot table, a reallocation each that left the old table behind as allocator waste
-    (docs/scale.md gives what it cost). Made with the room, a row keeps one table for life. The
-    same keys in the same order; only the memory differs."""
-    roomy = dict(zip([*row, *_ROOM_KEYS], [*row.values(), *repeat(None, JOB_KEYS_ADDED)]))
-    for key in _ROOM_KEYS:
-        del roomy[key]
-    return roomy
-
-
 def _row(rank: int, meta: dict[str, Any], group: dict[str, Any], *, step: int | None, phase: str, stream: Any,
          start_us: float, dur_us: float, exposed_us: float | None, launch_us: float | None, kernel: str | None,
          library: str | None, module: str | None, on_gpu: bool) -> dict[str, Any]:
-    """One collective row, built as one dict (thousands per collective-heavy rank), with room
-    for the job analyses' keys (``with_room``: copied rows keep it)."""
+    """One collective row, built as one dict (the rank's rows become a table: RankAnalysis)."""
     collective, dtype = meta["collective"], meta["dtype"]
     in_n, out_n = meta.get("in_nelems"), meta.get("out_nelems")
     row = {
@@ -582,7 +563,7 @@ def _row(rank: int, meta: dict[str, Any], group: dict[str, Any], *, step: int | 
     }
     if not row["collective_source"]:
         del row["collective_source"]
-    return with_room(row)
+    return row
 
 
 class _GroupLookup:
@@ -719,9 +700,20 @@ def share_groups(rows: list[dict[str, Any]]) -> None:
     Each group object is compared once (rows mostly share them already: the map shares its
     rank's), and only the rows whose object is replaced are written."""
     groups = list(map(dict.get, rows, repeat("group")))  # held: their ids stay unique
+    replaced = shared_groups(list(dict(zip(map(id, groups), groups)).values()))
+    if replaced:
+        for row, ident in zip(rows, map(id, groups)):
+            if ident in replaced:
+                row["group"] = replaced[ident]
+
+
+def shared_groups(groups: list[Any]) -> dict[int, dict[str, Any]]:
+    """{id of a group object: the equal one (same keys in the same order, same values) that
+    came before it} of distinct objects in order of first appearance (empty ones left as
+    they are)."""
     by_name: dict[tuple[str, str], list[dict[str, Any]]] = {}
     replaced: dict[int, dict[str, Any]] = {}
-    for group in dict(zip(map(id, groups), groups)).values():  # each object, by first appearance
+    for group in groups:
         if not group:
             continue
         # str(): a hostile trace's name may be a list (unhashable); equality decides below
@@ -731,7 +723,4 @@ def share_groups(rows: list[dict[str, Any]]) -> None:
             candidates.append(group)
         else:
             replaced[id(group)] = shared
-    if replaced:
-        for row, ident in zip(rows, map(id, groups)):
-            if ident in replaced:
-                row["group"] = replaced[ident]
+    return replaced

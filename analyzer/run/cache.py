@@ -27,7 +27,9 @@ from analyzer.base.gc_pause import paused_gc
 from analyzer.run import entry as entry_codec
 from analyzer.rank.analysis import RankAnalysis, RankOptions, analyze_rank_file, step_timeline_file
 
-CACHE_FORMAT = 3  # 2: MessagePack, collective rows by column (analyzer.run.entry); 3: flat exposed intervals
+# 2: MessagePack, collective rows by column (analyzer.run.entry); 3: flat exposed intervals;
+# 4: the rows' table (analyzer.base.rowtable) as its arrays
+CACHE_FORMAT = 4
 RACY_SECONDS = 2.0  # coarser than any file system's timestamp tick (FAT: 2 s)
 MAX_CACHE_BYTES = int(os.environ.get("TRACECLIFF_CACHE_MAX_BYTES", 2 * 10**9))
 _HASH_BLOCK = 8 << 20
@@ -159,39 +161,15 @@ def analyze_and_store(path: str, options: RankOptions, cache_dir: str | None, ke
     return analysis
 
 
-def analyze_and_pack(path: str, options: RankOptions, cache_dir: str | None,
-                     key: str | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
-    """``analyze_and_store`` in a worker process: the summary and its collective rows apart, by
-    column (``entry.PackedRows``; None when the rows have no one shape and stay in the summary),
-    so that the parent holds arrays, not dicts, until the pool is done (``unpacked``). The
-    columns serve the cache entry too."""
-    analysis = analyze_rank_file(path, options)
-    columns = entry_codec.to_columns(analysis.collectives)
-    if cache_dir and key:
-        store_entry(entry_path(cache_dir, key), analysis, columns)
-    return _rows_apart(analysis, columns)
+def analyze_and_pack(path: str, options: RankOptions, cache_dir: str | None, key: str | None) -> RankAnalysis:
+    """``analyze_and_store`` in a worker process: the summary goes back to the parent with its
+    collective rows by column (a RowTable pickles as its arrays: a fifth of the rows as dicts)."""
+    return analyze_and_store(path, options, cache_dir, key)
 
 
-def analyze_rank_cached_packed(path: str, options: RankOptions,
-                               cache_dir: str | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
-    """``analyze_rank_cached`` on a Dask worker, its rows by column as ``analyze_and_pack``."""
-    analysis = analyze_rank_cached(path, options, cache_dir)
-    return _rows_apart(analysis, entry_codec.to_columns(analysis.collectives))
-
-
-def _rows_apart(analysis: RankAnalysis,
-                columns: entry_codec.RowColumns | None) -> tuple[RankAnalysis, entry_codec.PackedRows | None]:
-    """The summary without its rows, and the rows packed (None: no columns, the rows stay)."""
-    if columns is None:
-        return analysis, None
-    return dataclasses.replace(analysis, collectives=[]), entry_codec.pack(columns)
-
-
-def unpacked(analysis: RankAnalysis, packed: entry_codec.PackedRows | None) -> RankAnalysis:
-    """The summary with its rows again (from ``analyze_and_pack``)."""
-    if packed is not None:
-        analysis.collectives = entry_codec.from_columns(packed)
-    return analysis
+def analyze_rank_cached_packed(path: str, options: RankOptions, cache_dir: str | None) -> RankAnalysis:
+    """``analyze_rank_cached`` on a Dask worker (its rows by column, as ``analyze_and_pack``)."""
+    return analyze_rank_cached(path, options, cache_dir)
 
 
 def timeline_entry(path: str, options: RankOptions, origin_ns: int, cache_dir: str | None) -> Path | None:
@@ -265,11 +243,10 @@ def load_entry(entry: Path) -> RankAnalysis | None:
         return None  # damaged: recompute
 
 
-def store_entry(entry: Path, analysis: RankAnalysis, columns: entry_codec.RowColumns | None = None) -> None:
-    """``columns``: the rows by column when the caller has them (``entry.to_columns``)."""
+def store_entry(entry: Path, analysis: RankAnalysis) -> None:
     # The fields as they are (no deep copy: encoding reads them); numpy scalars and tuples
     # become numbers and arrays in the encoder.
-    raw = entry_codec.encode({name: getattr(analysis, name) for name in _FIELDS}, CACHE_FORMAT, columns)
+    raw = entry_codec.encode({name: getattr(analysis, name) for name in _FIELDS}, CACHE_FORMAT)
     if raw is not None:
         _write_atomic(entry, raw)
 

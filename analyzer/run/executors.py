@@ -19,11 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from analyzer.run import EXECUTORS
 from analyzer.run.cache import (analyze_and_pack, analyze_and_store, analyze_rank_cached_packed, cached_entry,
                                 cached_timeline, key_or_none, prune, step_timeline_and_store, store_timeline,
-                                timeline_entry, unpacked)
-from analyzer.run.entry import PackedRows
+                                timeline_entry)
 from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
-from analyzer.base.memory import release_free_memory
 from analyzer.ingest.parallel import MIN_PARALLEL_BYTES
 from analyzer.rank.analysis import RankAnalysis, RankOptions
 
@@ -173,25 +171,12 @@ def _map_local(paths: list[str], options: RankOptions, workers: int | None, cach
                 progress(done_count, len(paths), paths[index])
     else:
         jobs = [(i, (paths[i], options, cache_dir, keys[i])) for i in todo]
-        packed: dict[int, PackedRows | None] = {}
-        for index, (analysis, packed[index]) in _memory_gated_pool(analyze_and_pack, jobs, peaks, count, budget):
+        for index, analysis in _memory_gated_pool(analyze_and_pack, jobs, peaks, count, budget):
             results[index] = kept.admit(analysis)
             done_count += 1
             if progress:
                 progress(done_count, len(paths), paths[index])
-        _unpack(results, packed)  # the workers are gone: their memory is free for the rows
     return results  # type: ignore[return-value]
-
-
-def _unpack(results: list[RankAnalysis | None], packed: dict[int, PackedRows | None]) -> None:
-    """The packed rows (``analyze_and_pack``) back into their summaries, once every worker is
-    done: while they run, the parent holds arrays rather than a dict per row."""
-    with paused_gc(long_lived=True):  # the rows survive to the end: scanning them is wasted
-        while packed:  # each rank's arrays freed before the next one's rows are made
-            index, rows = packed.popitem()
-            results[index] = unpacked(results[index], rows)  # type: ignore[arg-type]
-            del rows
-    release_free_memory()  # the arrays' pages, under the rows now: 13 MB at 8 heavy ranks
 
 
 def _pool_size(peaks: dict[int, int], workers: int | None) -> tuple[int, int | None]:
@@ -293,14 +278,11 @@ def _map_dask(paths: list[str], options: RankOptions, scheduler: str | None, cac
     """Per-rank map on a Dask cluster (``scheduler`` address, or a LocalCluster when None).
     Workers read the trace paths themselves: they must see the same file system."""
     results: list[RankAnalysis | None] = [None] * len(paths)
-    packed: dict[int, PackedRows | None] = {}
     calls = [(i, (path, options, cache_dir)) for i, path in enumerate(paths)]
-    for done, (index, (analysis, packed[index])) in enumerate(
-            _dask_calls(analyze_rank_cached_packed, calls, paths, scheduler), 1):
+    for done, (index, analysis) in enumerate(_dask_calls(analyze_rank_cached_packed, calls, paths, scheduler), 1):
         results[index] = kept.admit(analysis)
         if progress:
             progress(done, len(paths), paths[index])
-    _unpack(results, packed)
     return results  # type: ignore[return-value]
 
 

@@ -23,6 +23,7 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.model import RankStep
 from analyzer.model.link import Link
+from analyzer.job.buckets import BucketTable
 from analyzer.job.result import Bucket
 
 _IDLE_GAP_US = 2.0  # comm stream idle at least this long before a start: the start is a ready time
@@ -223,7 +224,7 @@ def ddp_steps(facts, need_link: bool = True) -> list[DdpStep]:
 
 def why_no_ddp_steps(facts, need_link: bool = True) -> str:
     """Why ``ddp_steps`` is empty: what the traces lack for the bucket models."""
-    buckets = [b for rows in facts.buckets_by_step().values() for b in rows]
+    buckets = facts.result.buckets  # the buckets of every step, as buckets_by_step groups them
     if not any("backward" in s.windows for s in facts.steps):
         return "no backward phase in the traces (no autograd or DDP markers): the bucket pipeline needs it"
     if buckets and all(b["bytes"] is None for b in buckets):
@@ -237,12 +238,26 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
     out = []
     keys = ("bytes", "start_us", "dur_us", "launch_us")
     fields = attrgetter(*keys)  # a Bucket's (facts.bucket_fields), read here without a call per step
-    for (rank, step), buckets in sorted(facts.buckets_by_step().items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    table = facts.result.buckets
+    by_step: dict[tuple[int, Any], Any] = table.by_step() if isinstance(table, BucketTable) \
+        else facts.buckets_by_step()
+    ordered = sorted(by_step.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    if isinstance(table, BucketTable):  # by column: the fields in this order, each step a slice
+        order = np.concatenate([index for _, index in ordered]) if ordered else np.zeros(0, dtype=np.int64)
+        columns = [table.column(key).take(order).values() for key in (*keys, "dtype")]
+        bounds = np.cumsum([0] + [len(index) for _, index in ordered]).tolist()
+    for k, ((rank, step), buckets) in enumerate(ordered):
         view: RankStep | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
             continue
-        sizes, starts, durations, launches = zip(*map(fields, buckets)) if isinstance(buckets[0], Bucket) \
-            else facts.bucket_fields(buckets, keys)
+        if isinstance(table, BucketTable):
+            lo, hi = bounds[k], bounds[k + 1]
+            sizes, starts, durations, launches = (tuple(col[lo:hi]) for col in columns[:4])
+            dtype = columns[4][lo]
+        else:
+            sizes, starts, durations, launches = zip(*map(fields, buckets)) if isinstance(buckets[0], Bucket) \
+                else facts.bucket_fields(buckets, keys)
+            dtype = buckets[0].get("dtype")
         if None in sizes or None in starts:
             continue
         link = facts.link(facts.backward_allreduce_groups.get((rank, step), {}))
@@ -250,7 +265,7 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
         out.append(DdpStep(rank, step, start, end,
                            tuple(map(float, sizes)), tuple(map(float, starts)),
                            tuple(map(add, map(float, starts), map(float, durations))),
-                           link, buckets[0].get("dtype"), launches))
+                           link, dtype, launches))
     return out
 
 

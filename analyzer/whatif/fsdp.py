@@ -136,8 +136,8 @@ def parameter_count(facts) -> tuple[float | None, str]:
     """Ψ from one step's gradient reduce-scatters (their inputs are the unsharded gradients),
     else its forward all-gathers (outputs are the unsharded parameters)."""
     per_step: dict[tuple[int, Any], dict[str, float]] = {}
-    for row in facts.result.collectives:
-        if row["collective"] not in ("reduce_scatter", "allgather") or row["bytes"] is None:
+    for row in facts.rows_of_kinds(("reduce_scatter", "allgather")):
+        if row["bytes"] is None:
             continue
         if row["collective"] == "allgather" and row["phase"] != "forward":
             continue

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.base.rowtable import RowTable
 from analyzer.model import formulas as models
 from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
@@ -1125,7 +1126,9 @@ def _rows_by_rank_step(result: Any) -> dict[tuple, tuple[list[dict[str, Any]], l
     return out
 
 
-def _rows_at(rows: list[dict[str, Any]], index: np.ndarray) -> list[dict[str, Any]]:
+def _rows_at(rows: Any, index: np.ndarray) -> list[dict[str, Any]]:
+    if isinstance(rows, RowTable):  # the rows kept by column: their dicts made in column passes
+        return rows.dicts(index)
     if len(index) < 2:
         return [rows[i] for i in index.tolist()]
     return list(itemgetter(*index.tolist())(rows))
