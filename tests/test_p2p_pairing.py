@@ -190,18 +190,23 @@ def test_gloo_pipeline_every_send_pairs_with_its_recv():
     # posting order of each side), the shorter one waiting for nobody, the other its duration less
     method, sets = match(result.collectives)
     assert method == "p2p_order" and len(sets) == 48
+    # (rows are made afresh from the result's columns on each read: keyed by position, not identity)
+    every = list(result.collectives)
     nth = {}
     for side in ("send", "recv"):
-        mine = sorted((r for r in rows if r["collective"] == side), key=lambda r: (r["rank"], r["launch_us"]))
+        mine = sorted((i for i, r in enumerate(every) if r["collective"] == side),
+                      key=lambda i: (every[i]["rank"], every[i]["launch_us"]))
         seen: Counter = Counter()
-        for r in mine:
+        for i in mine:
+            r = every[i]
             key = (r["rank"], r["peers"][0][1]) if side == "send" else (r["peers"][0][1], r["rank"])
-            nth[id(r)] = (key, seen[key])
+            nth[i] = (key, seen[key])
             seen[key] += 1
     for members_ in sets.values():
-        send, recv = sorted((result.collectives[i] for i in members_), key=lambda r: r["collective"] != "send")
+        send_at, recv_at = sorted(members_, key=lambda i: every[i]["collective"] != "send")
+        send, recv = every[send_at], every[recv_at]
         assert (send["collective"], recv["collective"]) == ("send", "recv")
-        assert nth[id(send)] == nth[id(recv)]
+        assert nth[send_at] == nth[recv_at]
         transfer = min(send["dur_us"], recv["dur_us"])
         for r in (send, recv):
             assert r["wait_us"] == pytest.approx(r["dur_us"] - transfer, abs=1e-3)
