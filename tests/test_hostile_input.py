@@ -328,3 +328,24 @@ def test_non_utf8_bytes_are_replaced_with_a_warning(tmp_path, capsys):
     bad.write_bytes(data)
     doc = expect_warning(capsys, [bad], "not valid UTF-8")
     assert metrics(doc) == BASELINE
+
+
+@pytest.mark.parametrize("at", [0, 150, 399])
+def test_a_number_beyond_any_field_is_named_at_its_event_by_both_loaders(tmp_path, at):
+    """A literal no field can hold (``1e999``) is read as null with a warning naming its event,
+    counted over the whole trace wherever the decoder met it: in a batch, or in the text after
+    the last cut (decoded as a whole document), by the one-process and the two-process loader
+    alike (the fuzzer found the tail's index counted from the tail, and differently by the two)."""
+    from analyzer.ingest.loader import load_rank_trace
+    from analyzer.ingest.parallel import load_rank_trace_parallel
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{k}", "pid": 1, "tid": 1, "ts": 1000 + 10 * k, "dur": 5}
+              for k in range(400)]
+    text = json.dumps({"traceEvents": events})
+    marker = f'"ts": {1000 + 10 * at}, '
+    assert text.count(marker) == 1
+    path = tmp_path / "rank-0.json"
+    path.write_text(text.replace(marker, '"ts": 1e999, '))
+    expected = f"first at $.traceEvents[{at}].ts"
+    for load in (load_rank_trace, lambda p: load_rank_trace_parallel(p, chunk_bytes=4096)):
+        warnings = load(path).warnings
+        assert any(expected in w for w in warnings), warnings

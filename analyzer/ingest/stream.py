@@ -106,8 +106,10 @@ class Decoding:
         match = re.search(r"at `(\$[^`]*)`", message)
         if not match:
             return "?"
-        return re.sub(r"^\$\[(\d+)\]", lambda m: f"$.traceEvents[{self.events_seen + int(m.group(1))}]",
-                      match.group(1))
+        # a batch's decode names ``$[k]``, the tail's (a whole document) ``$.traceEvents[k]``: both
+        # count from the first event not yet seen
+        return re.sub(r"^\$(?:\.traceEvents)?\[(\d+)\]",
+                      lambda m: f"$.traceEvents[{self.events_seen + int(m.group(1))}]", match.group(1))
 
 
 def _null_if_beyond(match: re.Match) -> bytes:
