@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 from operator import is_, is_not
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -211,7 +211,40 @@ def _all_none(col: Column) -> bool:
     return isinstance(col, Coded) and col.table == [None] and type(col.table[0]) is type(None)
 
 
-class RowTable(Sequence):
+class ColumnSequence(Sequence):
+    """A read-only sequence of items kept by column (a ``RowTable``'s dicts, a ``BucketTable``'s
+    Buckets): ``_made(index)`` makes the items asked for, a chunk at a time when iterated; equal
+    to a list or tuple of the same items."""
+
+    n: int
+
+    def _made(self, index: np.ndarray) -> list[Any]:
+        raise NotImplementedError
+
+    def _one(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self._made(np.arange(self.n)[i])
+        return self._one(int(i))
+
+    def __iter__(self) -> Iterator[Any]:
+        for start in range(0, self.n, _ITER_CHUNK):
+            yield from self._made(np.arange(start, min(start + _ITER_CHUNK, self.n)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (ColumnSequence, list, tuple)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class RowTable(ColumnSequence):
     """Rows (dicts) by column; see the module's docstring. ``keys``: every key some row has, in
     the rows' order; ``absent[key]``: the rows that lack ``key`` (only for such keys)."""
 
@@ -363,30 +396,11 @@ class RowTable(Sequence):
         return out
 
     # ------------------------------------------------------------------ a sequence of dicts
-    def __len__(self) -> int:
-        return self.n
+    def _made(self, index: np.ndarray) -> list[dict[Any, Any]]:
+        return self.dicts(index)
 
-    @overload
-    def __getitem__(self, i: int) -> dict[Any, Any]: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[dict[Any, Any]]: ...
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return self.dicts(np.arange(self.n)[i])
-        return self.row(int(i))
-
-    def __iter__(self) -> Iterator[dict[Any, Any]]:
-        for start in range(0, self.n, _ITER_CHUNK):
-            yield from self.dicts(np.arange(start, min(start + _ITER_CHUNK, self.n)))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (RowTable, list, tuple)):
-            return len(self) == len(other) and list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def _one(self, i: int) -> dict[Any, Any]:
+        return self.row(i)
 
     def __repr__(self) -> str:
         return f"<RowTable of {self.n} rows, {len(self.keys)} keys>"

@@ -5,15 +5,14 @@ reduce (analyzer.job.reduce) and, for a saved large result that does not store t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, overload
+from typing import Any
 
 import msgspec
 import numpy as np
 
-from analyzer.base.rowtable import Coded, Column, Numbers, column
+from analyzer.base.rowtable import Coded, Column, ColumnSequence, Numbers, column
 from analyzer.job.columns import CollectiveColumns, distinct_rows, round_array
 from analyzer.job.parallelism import data_parallel_mask
 from analyzer.rank.comms import fsdp_units
@@ -51,10 +50,9 @@ class Bucket(msgspec.Struct, gc=False):
 
 _BUCKET_FIELDS = frozenset(Bucket.__struct_fields__)
 _FIELD_ORDER = {name: k for k, name in enumerate(Bucket.__struct_fields__)}
-_CHUNK = 8192  # buckets made at a time when the table is iterated
 
 
-class BucketTable(Sequence):
+class BucketTable(ColumnSequence):
     """``gradient_buckets``' Buckets kept by column (analyzer.base.rowtable), one column per
     field in ``Bucket``'s order: a read-only sequence of Buckets made as they are read. A
     1,024-rank job has millions of buckets: as Structs with their float objects they held a
@@ -63,28 +61,13 @@ class BucketTable(Sequence):
     def __init__(self, columns: list[Column], count: int) -> None:
         self.columns, self.n = columns, count
 
-    def __len__(self) -> int:
-        return self.n
-
-    @overload
-    def __getitem__(self, i: int) -> Bucket: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[Bucket]: ...
-
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return self._made(np.arange(self.n)[i])
+    def _one(self, i: int) -> Bucket:
         if not -self.n <= i < self.n:
             raise IndexError("bucket index out of range")
-        return Bucket(*(col.at(int(i) % self.n) for col in self.columns))
+        return Bucket(*(col.at(i % self.n) for col in self.columns))
 
     def _made(self, index: np.ndarray) -> list[Bucket]:
         return list(map(Bucket, *(col.take(index).values() for col in self.columns)))
-
-    def __iter__(self) -> Iterator[Bucket]:
-        for start in range(0, self.n, _CHUNK):
-            yield from self._made(np.arange(start, min(start + _CHUNK, self.n)))
 
     def column(self, field: str) -> Column:
         """The column of a Bucket field."""
@@ -109,13 +92,6 @@ class BucketTable(Sequence):
 
     def tolist(self) -> list[Bucket]:
         return list(self)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (BucketTable, list, tuple)):
-            return len(self) == len(other) and list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<BucketTable of {self.n} buckets>"

@@ -48,13 +48,13 @@ def pair_codes(rows: Any) -> np.ndarray:
     with_peers = [i for i, found in enumerate(peers) if found]
     if not with_peers:
         return codes
-    rows = {i: rows[i] for i in with_peers}  # the few p2p rows as dicts, by position
+    p2p = {i: rows[i] for i in with_peers}  # the few p2p rows as dicts, by position
     # each rank's ops in posting order: the host's launch, else the op's start; the members of
     # a batch in their recorded order
-    order = sorted(with_peers, key=lambda i: (_posted(rows[i]), i))
+    order = sorted(with_peers, key=lambda i: (_posted(p2p[i]), i))
     items = []
     for i in order:
-        row, group = rows[i], p2p_group(rows[i])
+        row, group = p2p[i], p2p_group(p2p[i])
         for m, (kind, peer, _tag) in enumerate(row["peers"]):
             items.append(((group, *direction(kind, row["rank"], peer)), kind, (i, m)))
     sends, recvs = in_posting_order(items)
@@ -65,7 +65,7 @@ def pair_codes(rows: Any) -> np.ndarray:
             continue
         for a, b in zip(sent, got):
             partner[a], partner[b] = b, a
-    return _one_to_one(rows, with_peers, partner, codes)
+    return _one_to_one(p2p, with_peers, partner, codes)
 
 
 def _posted(row: dict[str, Any]) -> float:
