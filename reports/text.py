@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
 
@@ -16,6 +17,18 @@ from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
+# A figure and its unit stay on one line ("179.7 ms", "34.2 GB/s"): the space between them is
+# held as a private-use character while the text is wrapped.
+_GLUE = "\ue000"
+_FIGURE_UNIT = re.compile(r"(?<=\d) (?=(?:µs|ms|s|MB|KB|GB|TB|GB/s|TFLOP/s|[kMGT]?FLOP|pp|%)(?![\w/]))")
+
+
+def _wrap(text: str, width: int = WIDTH, **options: Any) -> list[str]:
+    """``textwrap.wrap`` that never breaks a line between a figure and its unit."""
+    if _GLUE in text:  # the trace itself holds the character: wrap as it is
+        return textwrap.wrap(text, width, **options)
+    glued = _FIGURE_UNIT.sub(_GLUE, text)
+    return [line.replace(_GLUE, " ") for line in textwrap.wrap(glued, width, **options)]
 # Whole-trace columns, for ranks without a typical step (no ProfilerStep markers).
 COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "comm_us"),
            ("overlapped", "overlap_us"), ("exposed", "exposed_comm_us"), ("idle", "idle_us"))
@@ -55,7 +68,7 @@ def _fitted(lines: list[str]) -> list[str]:
             out.append(line)
             continue
         indent = len(line) - len(line.lstrip())
-        out += textwrap.wrap(line, WIDTH, subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
+        out += _wrap(line, WIDTH, subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
     return out
 
 
@@ -76,7 +89,7 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines.append("parallelism: " + ", ".join(f"{dim}={dims[dim]['size']}" for dim in sorted(dims)))
     verdict = doc.get("verdict")
     if verdict:
-        lines[0:0] = textwrap.wrap(verdict, WIDTH, break_on_hyphens=False)
+        lines[0:0] = _wrap(verdict, WIDTH, break_on_hyphens=False)
     typical = model.typical
     headline = _compute_headline(doc, model)
     if typical is not None:
@@ -84,7 +97,7 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
                      f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
         if model.step_source:
-            lines += textwrap.wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
+            lines += _wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
                                    break_on_hyphens=False)
         return lines + headline + [""]
     comm = sum(r["comm_us"] for r in ranks)
@@ -144,7 +157,7 @@ def _compute(doc: dict[str, Any], model: JobModel) -> list[str]:
                      "(not in the figures above)")
     sizes = [(bucket, f) for bucket, f in compute.buckets("gemm") if f.tflops_per_s is not None]
     if len(sizes) > 1:
-        lines += textwrap.wrap("GEMMs by FLOPs per op: " + ", ".join(
+        lines += _wrap("GEMMs by FLOPs per op: " + ", ".join(
             f"{bucket} {_rate(f.tflops_per_s)} TFLOP/s ({fmt_pct(f.pct_of_peak)})" for bucket, f in sizes), WIDTH,
             initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
@@ -166,14 +179,14 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         gain_text = f"  ~{gain / 1000:,.1f} ms/step" if isinstance(gain, (int, float)) else ""
         lines.append(f"  [{f.get('severity', '?')}] {f.get('code', '')} {f.get('rule')}{gain_text}")
         wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
-        lines += textwrap.wrap(f.get("summary", ""), **wrap)
+        lines += _wrap(f.get("summary", ""), **wrap)
         recovers = leaf_names(f.get("recovers"))
         if recovers and isinstance(gain, (int, float)) and gain > 0:
-            lines += textwrap.wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
+            lines += _wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
         lines += _prediction(f, step_us, wrap)
         fix = (f.get("fix") or {}).get("text")
         if fix:
-            lines += textwrap.wrap(f"fix: {fix}", **wrap)
+            lines += _wrap(f"fix: {fix}", **wrap)
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
 
 
@@ -184,17 +197,17 @@ def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) 
     if view is None:
         return []
     if view["after"] is None:
-        return textwrap.wrap(f"no gain: {view['why']}", **wrap) if view["why"] else []
+        return _wrap(f"no gain: {view['why']}", **wrap) if view["why"] else []
     head = f"predicted: typical step {view['step']} → {view['after']}" if view["step"] else \
         f"predicted: typical step {view['after']}"
-    lines = textwrap.wrap(f"{head} ({view['model']})", **wrap)
+    lines = _wrap(f"{head} ({view['model']})", **wrap)
     if view["assumptions"]:
-        lines += textwrap.wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
+        lines += _wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
     if view["whatif"]:
-        lines += textwrap.wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
+        lines += _wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
     for a in view["alternatives"]:
         outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
-        lines += textwrap.wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
+        lines += _wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
     return lines
 
 
@@ -213,7 +226,7 @@ def _rule_statuses(doc: dict[str, Any]) -> list[str]:
         for s in rows:
             by_reason.setdefault(str(s.get("reason") or "no reason given"), []).append(str(s.get("rule")))
         text = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
-        lines += textwrap.wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
+        lines += _wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     return lines + [""]
 
@@ -292,15 +305,15 @@ def _tree(model: JobModel) -> list[str]:
     if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
         # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
         waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])
-        lines += textwrap.wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
+        lines += _wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
                                **wrap)
-        lines += textwrap.wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
+        lines += _wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
                                + ", ".join(f"{k} {fmt_us(v)}" for k, v in waited), **wrap)
     elif idle:
-        lines += textwrap.wrap(host_text, **wrap)  # the findings' words for the same leaves (analyzer.rules.host)
+        lines += _wrap(host_text, **wrap)  # the findings' words for the same leaves (analyzer.rules.host)
     if model.idle_split_note:
-        lines += textwrap.wrap(f"({model.idle_split_note})", **wrap)
-    lines += textwrap.wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
+        lines += _wrap(f"({model.idle_split_note})", **wrap)
+    lines += _wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 
@@ -335,12 +348,12 @@ def _host_side_collectives(host: dict[str, Any], matched: bool) -> list[str]:
     basis = "rank and step" if host["windows"] else "rank (whole trace)"
     parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
                       for kind, count, size in sorted(host["kinds"], key=lambda k: -k[1]))
-    lines = textwrap.wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
+    lines = _wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
                           f"{host['ranks']} rank(s), per {basis}: {parts}.", WIDTH, subsequent_indent="  ",
                           break_on_hyphens=False)
     last = ("which rank reached each last" if matched else
             "not which rank reached each last (the collectives could not be matched across ranks)")
-    lines += textwrap.wrap("measured: their count, message sizes, how long each took on the host (the "
+    lines += _wrap("measured: their count, message sizes, how long each took on the host (the "
                            f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
                            "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
                            initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
@@ -382,7 +395,7 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
                      f"{_num(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
     for label, basis in notes.items():
-        lines += textwrap.wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
+        lines += _wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
     return lines + [""]
 
 
@@ -408,7 +421,7 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     offsets = [b.get("clock_offset_us") or 0.0 for b in s.get("by_rank") or []]
     lines[0] += ("; one clock (ranks on one host)" if not any(offsets)
                  else "; clocks aligned per host by collective end times")
-    return textwrap.wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
+    return _wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
 
 
 def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
@@ -418,5 +431,5 @@ def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
     for w in doc.get("warnings") or []:
         text = f"warning: {w}"
         text = text if len(text) <= longest else text[:longest - 1] + "…"
-        lines += textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+        lines += _wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     return lines
