@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import textwrap
 from itertools import repeat
 from operator import is_not
 from statistics import median
@@ -25,7 +24,7 @@ from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample
 from analyzer.job.model import STEADY, TYPICAL, JobModel, group_label
 from analyzer.model import formulas as models
 from analyzer.reports.html import OPEN_GROUPS, _fit_view, _short_list, _sourced, unavailable
-from analyzer.reports.text import WIDTH
+from analyzer.reports.text import WIDTH, _wrap as wrap  # the view's line breaking, not a figure
 
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
 MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
@@ -256,11 +255,11 @@ def _host_side_collectives(collectives: list[dict[str, Any]], limit: int, matche
     basis = "rank and step" if steps else "rank (whole trace)"
     parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
                       for kind, (count, size) in sorted(kinds.items(), key=lambda kv: -kv[1][0]))
-    lines = textwrap.wrap(f"Host-side collectives ({', '.join(libraries)}), {len(rows)} on {len(ranks)} rank(s), "
+    lines = wrap(f"Host-side collectives ({', '.join(libraries)}), {len(rows)} on {len(ranks)} rank(s), "
                           f"per {basis}: {parts}.", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     last = ("which rank reached each last" if matched else
             "not which rank reached each last (the collectives could not be matched across ranks)")
-    lines += textwrap.wrap("measured: their count, message sizes, how long each took on the host (the "
+    lines += wrap("measured: their count, message sizes, how long each took on the host (the "
                            f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
                            "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
                            initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
