@@ -27,6 +27,7 @@ from analyzer.job.compute import shape_text
 from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
+from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
@@ -226,6 +227,7 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
                                           if hosts else "") if hosts else "unknown (no host names)"),
              ("GPU", _gpu_text(doc, job)),
+             ("workload", WORKLOAD_TEXT.get(job.get("workload"), "unknown (the trace cannot tell)")),
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),

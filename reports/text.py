@@ -78,6 +78,8 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     parts = [f"{job['ranks_given']} rank(s)"]
     if job.get("world_size"):
         parts[0] += f" of {job['world_size']}"
+    if job.get("workload"):
+        parts.append(str(job["workload"]))
     parts.append(f"strategy {job['strategy']}")
     if job.get("gpu"):
         parts.append(str(job["gpu"]))

@@ -31,6 +31,7 @@ from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
+from analyzer.rank.workload import INFERENCE_NOTE
 from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
@@ -265,7 +266,12 @@ def verdict(findings: list[dict[str, Any]], model: JobModel, statuses: list[dict
     together recover (``joint``: the Result's ``recoverable``), or why the run looks healthy;
     then the rules that could not check. "No scaling problem found" only when the typical step's
     exposed communication and idle together are small (analyzer.job.model)."""
-    return _headline(findings, model, joint) + _unchecked(statuses or [])
+    return _workload(model) + _headline(findings, model, joint) + _unchecked(statuses or [])
+
+
+def _workload(model: JobModel) -> str:
+    """An inference job is named first: the reader must not take its findings for a training step's."""
+    return f"Inference ({INFERENCE_NOTE}): " if model.workload == "inference" else ""
 
 
 def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, Any] | None) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import (HOST_ACTIVITY, HOST_FIX, HOST_OWN_WORK_FIX, HOST_OWN_WORK_SNIPPET, HOST_SNIPPET,
-                                 idle_split_note, ranks_phrase)
+from analyzer.rules.host import HOST_ACTIVITY, host_fix, idle_split_note, ranks_phrase
 
 
 @register
@@ -47,7 +46,10 @@ class GpuIdleHostBound(Rule):
         graphs for launch-bound steps. The rest is the host's own work, placed by the phase of
         the work it launched next: in forward or backward, per-op host overhead (``torch.compile``,
         CUDA graphs, more GPU work per op); in the optimizer step, a fused or foreach optimizer;
-        outside them, profiling the host (logging, checkpointing, evaluation).
+        outside them, profiling the host (logging, checkpointing, evaluation). On an inference job
+        (no backward pass, no optimizer step: analyzer.rank.workload), the host's own work and
+        launch overhead get inference's fix instead: CUDA graphs, ``torch.compile``, larger
+        batches, fewer host syncs (never the training loop's logging or checkpointing).
 
     References:
         docs/models.md §6 (compute, MFU: idle time lowers MFU directly); HTA idle-time
@@ -114,11 +116,12 @@ class GpuIdleHostBound(Rule):
         if note:
             evidence["idle_split"] = note
         evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
-        fix, snippet = HOST_FIX[activity], HOST_SNIPPET[activity]
-        if activity == "unknown" and own:
-            lead = max(own, key=lambda k: (own[k], k))
+        lead = max(own, key=lambda k: (own[k], k)) if activity == "unknown" and own else None
+        if lead:
             evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
-            fix, snippet = HOST_OWN_WORK_FIX[lead], HOST_OWN_WORK_SNIPPET[lead]
+        if ctx.model.workload:
+            evidence["workload"] = ctx.model.workload
+        fix, snippet = host_fix(activity, lead, ctx.model.workload)
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text=f"The host sets the pace: {fix}.", fix_snippet=snippet)]

@@ -68,6 +68,26 @@ HOST_OWN_WORK_SNIPPET = {
     "other": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
 }
 
+# An inference job's own host work or launch overhead (no training loop: no optimizer, logging,
+# checkpointing or evaluation to blame): cut the host's work per generated token or request.
+INFERENCE_ACTIVITIES = ("unknown", "launch")
+INFERENCE_HOST_FIX = ("the host's work between kernels of the forward passes (Python, operator dispatch, the serving "
+                      "loop's scheduling) takes longer than the GPU work it launches: CUDA graphs (capture the decode "
+                      "step: torch.compile(mode=\"reduce-overhead\"), a serving engine's CUDA-graph mode rather than "
+                      "eager), torch.compile to fuse the small ops, larger batches (more sequences or requests per "
+                      "forward: more GPU work per launch), fewer host syncs (.item() / .tolist() / .cpu() per token)")
+INFERENCE_HOST_SNIPPET = 'model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs for the decode step'
+
+
+def host_fix(activity: str, own_phase: str | None, workload: str | None) -> tuple[str, str]:
+    """The fix and snippet for the leading host leaf: on an inference job, its own advice for
+    the host's own work and launch overhead; else the leaf's, the host's own work by its phase."""
+    if workload == "inference" and activity in INFERENCE_ACTIVITIES:
+        return INFERENCE_HOST_FIX, INFERENCE_HOST_SNIPPET
+    if activity == "unknown" and own_phase:
+        return HOST_OWN_WORK_FIX[own_phase], HOST_OWN_WORK_SNIPPET[own_phase]
+    return HOST_FIX[activity], HOST_SNIPPET[activity]
+
 
 def idle_split_note(ctx) -> str | None:
     """Why the typical step's split of idle into host-caused and queued cannot be trusted."""

@@ -143,6 +143,13 @@ def marker_kind(name: str) -> int | None:
         return None
     if name in ("DistributedDataParallel.forward", "## forward ##"):
         return Marker.FORWARD
+    # torch.compile: AOTAutograd's forward ("CompiledFunction", its backward an autograd node,
+    # "…evaluate_function: CompiledFunctionBackward") inside dynamo's "Torch-Compiled Region: i/j"
+    # (in a backward or an optimizer step, their markers come first: analyzer.rank.timeline)
+    if name == "CompiledFunction" or name.startswith("Torch-Compiled Region"):
+        return Marker.FORWARD
+    if name == "CompiledFunctionBackward":
+        return Marker.BACKWARD
     if _PIPELINE_ACTION.match(name):  # torch.distributed.pipelining's GPipe / 1F1B ranges
         return Marker.FORWARD if name[0] == "F" else Marker.BACKWARD
     if name == "## backward ##":

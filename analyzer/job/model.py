@@ -298,6 +298,7 @@ class JobModel:
         self.ranks_given: int = len(result.ranks)
         self.strategy: str = str(job.get("strategy") or "unknown")
         self.dp_strategy: str = str(job.get("dp_strategy") or job.get("strategy") or "unknown")
+        self.workload: str | None = job.get("workload")  # training | inference | None (analyzer.rank.workload)
         self.parallelism: Mapping[str, int | None] = {
             dim: (entry or {}).get("size") for dim, entry in (job.get("parallelism") or {}).items()}
 

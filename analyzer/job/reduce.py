@@ -20,6 +20,7 @@ from analyzer.job.buckets import backward_starts, gradient_buckets
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units
+from analyzer.rank.workload import job_workload
 
 
 def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
@@ -192,6 +193,7 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
     return {
         "strategy": strategy,  # replaced by the combination's name (analyzer.job.parallelism)
         "dp_strategy": strategy,
+        "workload": job_workload([r.markers_seen for r in ranks]),  # training | inference | None
         "world_size": next((r.world_size for r in ranks if r.world_size), None),
         "ranks_given": len(ranks),
         "hosts": hosts,

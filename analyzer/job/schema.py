@@ -52,6 +52,7 @@ class Job(msgspec.Struct):
     world_size: int | None
     strategy: str  # the combination, e.g. "ddp", "fsdp2+tp", "megatron tp", "expert parallel"
     dp_strategy: str | None = None  # the data-parallel part: ddp, fsdp1, fsdp2, fsdp, unknown
+    workload: str | None = None  # training | inference | None: cannot tell (analyzer.rank.workload)
     parallelism: dict[str, Parallelism] = {}
     process_groups: list[JobProcessGroup] = []
     group_roles: dict[str, str] = {}

@@ -26,6 +26,7 @@ from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.flops import compute_steps
 from analyzer.rank.steps import step_figures
+from analyzer.rank.workload import workload_evidence
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
                                     step_source, step_windows)
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
@@ -400,6 +401,7 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
+    seen.update(workload_evidence(trace))  # training or inference (analyzer.rank.workload)
     for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
         seen[family] = 0
     for name, n in names:

@@ -17,6 +17,7 @@ from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.classify import step_number
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
+from analyzer.rank.workload import forward_only
 
 PHASES = ("forward", "backward", "optimizer", "other")
 FORWARD, BACKWARD, OPTIMIZER, OTHER = range(4)
@@ -89,7 +90,7 @@ def exposed_by_phase(gpu: GpuEvents, phase: np.ndarray) -> dict[str, float]:
 
 def attribute(rank: RankTrace) -> Attribution:
     launch_ts, launch_thread = _link_launches(rank)
-    step, phase = locate(rank, launch_ts, launch_thread)
+    step, phase = locate(rank, launch_ts, launch_thread, rank.gpu.kind != GpuKind.MEMORY)
     linked = launch_thread >= 0
     if len(linked) and not linked.all():
         _fill_unlinked_by_stream(rank.gpu, step, linked)
@@ -97,10 +98,12 @@ def attribute(rank: RankTrace) -> Attribution:
     return Attribution(launch_ts, launch_thread, step, phase)
 
 
-def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown."""
+def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray,
+           model_work: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown;
+    ``model_work``: which points launch the model's own work (not copies; default: all)."""
     step = _steps(rank, ts, thread)
-    return step, _phases(rank, ts, thread, step)
+    return step, _phases(rank, ts, thread, step, model_work)
 
 
 def _link_launches(rank: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +243,7 @@ def _fill_unlinked_by_stream(gpu: GpuEvents, values: np.ndarray, linked: np.ndar
 
 
 def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
-            step: np.ndarray) -> np.ndarray:
+            step: np.ndarray, model_work: np.ndarray | None = None) -> np.ndarray:
     phase = np.full(len(launch_ts), OTHER, dtype=np.int8)
     linked = launch_thread >= 0
     if not linked.any():
@@ -259,6 +262,8 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
         phase[on_bwd] = BACKWARD
         decided |= on_bwd
     _forward_before_backward(phase, decided, linked, launch_ts, step)
+    if forward_only(rank):  # forward passes only (inference, a forward-only or compiled trace)
+        phase[linked & ~decided & (step != NO_STEP) & (True if model_work is None else model_work)] = FORWARD
     return phase
 
 

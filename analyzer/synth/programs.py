@@ -10,7 +10,7 @@ _reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotation
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
@@ -98,8 +98,10 @@ class Program:
         with eng.annotation(f"ProfilerStep#{step}") as rec:
             rec.recorded = self.spec.step_marker == "profiler"
             self.step_ranges[step] = rec
-            with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
-                pass
+            training = self.spec.workload == "training"
+            if training:
+                with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
+                    pass
             stall = self.spec.stall_us(step - self.spec.first_step)
             if self.spec.host_stall_kind == "input" and (self.spec.host_stall_ranks or self.spec.host_stalls):
                 self.host_stall(stall)
@@ -113,19 +115,37 @@ class Program:
                     self.forward()
             else:
                 self.forward()
-            compute.loss_forward()
+            if training:
+                compute.loss_forward()
             if self.spec.host_stall_kind == "sync" and any(stall):
                 compute.loss_item()  # the host blocks until forward is done...
                 self.host_stall(stall, "log_metrics")  # ...then works
-            eng.phase = "backward"
-            self.run_backward()
-            eng.phase = "optimizer"
-            with eng.annotation("Optimizer.step#AdamW.step") as opt:
-                kernels = compute.optimizer_step(self.local_params())
-            eng.annotate_gpu(opt.name, opt.ext, kernels)
+            if self.spec.host_stall_kind == "alloc" and any(stall):
+                eng.device_free(stall)  # waits for the device to drain, then frees
+            if training:
+                self.train_after_forward()
             eng.phase = "other"
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
+
+    def train_after_forward(self) -> None:
+        """The backward pass and the optimizer step."""
+        eng = self.eng
+        eng.phase = "backward"
+        self.run_backward()
+        eng.phase = "optimizer"
+        with eng.annotation("Optimizer.step#AdamW.step") as opt:
+            kernels = self.compute.optimizer_step(self.local_params())
+        eng.annotate_gpu(opt.name, opt.ext, kernels)
+
+    def forward_range(self):
+        """The range the trace shows around DDP's forward (JobSpec.forward_marker), or None."""
+        eng, marker = self.eng, self.spec.forward_marker
+        if marker == "ddp":
+            return eng.annotation("DistributedDataParallel.forward")
+        if marker == "compiled":  # dynamo's region, AOTAutograd's forward inside it
+            return _nested(eng.op("Torch-Compiled Region: 0/0"), eng.op("CompiledFunction"))
+        return None
 
     def prefetch_input(self) -> None:
         """The compute stream waits for this step's batch (prefetched during the previous step;
@@ -212,13 +232,15 @@ class DdpProgram(Program):
         eng, compute = self.eng, self.compute
         first = len(eng.gpu)
         self.embedding_alltoall("main")
-        with eng.annotation("DistributedDataParallel.forward") as ann:
+        around = self.forward_range()
+        with around or nullcontext() as ann:
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
                 compute.layer_forward(self.tp_allreduce)
                 self.blocking_collective(ALLREDUCE, self.spec.forward_allreduce_mb, "main", {"tp": "forward"})
             compute.head_forward()
-        eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
+        if around is not None:
+            eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
 
     def backward(self) -> None:
         compute = self.compute
@@ -468,3 +490,10 @@ def _ignore(params: list[Param], thread: str) -> None:
 
 def build_program(spec: JobSpec) -> Program:
     return (DdpProgram if spec.strategy == "ddp" else FsdpProgram)(spec).run()
+
+
+@contextmanager
+def _nested(outer, inner):
+    """Two ranges, one inside the other; yields the outer one."""
+    with outer as rec, inner:
+        yield rec

@@ -105,10 +105,12 @@ class JobSpec:
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
     # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
     # step, in turn) in the data loader ("input") or in Python right after a blocking device
-    # sync in mid-step ("sync": loss.item() after forward, then host work before backward)
+    # sync in mid-step ("sync": loss.item() after forward, then host work before backward) or in
+    # the device allocator ("alloc": after forward, a cudaFree with the caching allocator off,
+    # which waits for the device to drain, then frees for host_stall_us)
     host_stall_ranks: tuple = ()
     host_stall_us: float = 0.0
-    host_stall_kind: str = "input"  # input | sync
+    host_stall_kind: str = "input"  # input | sync | alloc
     host_stall_rotate: bool = False
     # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
     # every-th recorded step (from the first), on top of the above
@@ -135,6 +137,13 @@ class JobSpec:
     # named step_annotation) or "none" (no step marker at all)
     step_marker: str = "profiler"
     step_annotation: str = "measure|forward"
+    # what the job runs: "training" (zero_grad, forward, loss, backward, optimizer step) or
+    # "inference" (forward passes only, then the output's .item(): no backward, no optimizer)
+    workload: str = "training"
+    # the range the trace shows around DDP's forward: "ddp" (DistributedDataParallel.forward),
+    # "compiled" (torch.compile: "Torch-Compiled Region: 0/0" > "CompiledFunction") or "none"
+    # (eager, no range: the phases come from the job's structure alone)
+    forward_marker: str = "ddp"
     emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
@@ -170,7 +179,9 @@ class JobSpec:
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
         _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
                "host_stalls: (rank in range, µs, every >= 1)")
-        _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
+        _check(self.host_stall_kind in ("input", "sync", "alloc"), "host_stall_kind must be input, sync or alloc")
+        _check(self.workload in ("training", "inference"), "workload must be training or inference")
+        _check(self.forward_marker in ("ddp", "compiled", "none"), "forward_marker must be ddp, compiled or none")
         _check(self.input_copy in ("pinned", "pageable_prefetch", "pinned_prefetch"),
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
         _check(self.loss_copy in ("item", "pageable"), "loss_copy must be item or pageable")
@@ -229,7 +240,7 @@ _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "b
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
-                "step_annotation": "measure|forward"}  # knob: its default
+                "step_annotation": "measure|forward", "workload": "training", "forward_marker": "ddp"}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
