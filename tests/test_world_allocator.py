@@ -101,6 +101,8 @@ def test_the_verdict_is_host_bound_on_the_allocator_with_its_fix(result):
     leaves = finding["evidence"]["idle_by_host_median_us"]
     assert max(leaves, key=leaves.get) == "allocator"
     assert "the device allocator" in finding["summary"]
+    # training (backward and optimizer markers), never inference advice
+    assert result.job["workload"] == "training" and not result.verdict.startswith("Inference")
     fix = finding["fix"]["text"] + finding["fix"]["snippet"]
     assert "caching allocator" in fix and "PYTORCH_NO_CUDA_MEMORY_CACHING" in fix and "empty_cache" in fix
     for advice in ("torch.compile", "CUDA graph", "py-spy", "checkpointing"):
