@@ -15,7 +15,7 @@ from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
 
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
@@ -382,7 +382,8 @@ def _fix(ctx, rank: int, lead: dict[str, Any]) -> str:
     node = ctx.facts.node_of(rank)
     cause = lead["cause"]
     if cause == "host":
-        return f"Rank {rank} ({node}) is host-bound: {HOST_FIX.get(lead['host_activity'], HOST_FIX['unknown'])}."
+        activity = lead["host_activity"] if lead["host_activity"] in HOST_FIX else "unknown"
+        return f"Rank {rank} ({node}) is host-bound: {host_fix(activity, None, ctx.model.workload)[0]}."
     if cause == "queued":
         return f"Rank {rank} ({node}) waits behind a dependency: {dependency_fix(lead['waited_on'], {}, False)[0]}"
     if cause == "compute":
