@@ -57,10 +57,12 @@ HOST_SYNC_NAMES = frozenset({
     "hipMemcpy", "aten::item", "aten::_local_scalar_dense",
 })
 # The device allocator's own calls, made by the host outside the caching allocator's pool (it
-# disabled: PYTORCH_NO_CUDA_MEMORY_CACHING=1; torch.cuda.empty_cache; the pool's retry after a
-# failed allocation, which frees its cached blocks and allocates again): each free of device or
+# disabled: PYTORCH_NO_CUDA_MEMORY_CACHING=1; torch.cuda.empty_cache, which frees the cached
+# blocks; the pool's retry after a failed allocation, which frees them and allocates again: both
+# show as these calls, with_stack's Python frames being no CPU op): each free of device or
 # pinned memory implicitly synchronizes the device, and an allocation costs host time the GPU
-# waits through. The stream-ordered cudaMallocAsync / cudaFreeAsync are neither, and not here.
+# waits through. The stream-ordered cudaMallocAsync / cudaFreeAsync are neither, and not here;
+# "torch.cuda.empty_cache" is a user's own record_function of that name.
 HOST_ALLOC_NAMES = frozenset({
     "cudaMalloc", "cudaFree", "cudaMallocHost", "cudaHostAlloc", "cudaFreeHost", "cudaMallocManaged",
     "cudaHostRegister", "cudaHostUnregister", "cuMemAlloc", "cuMemAlloc_v2", "cuMemFree", "cuMemFree_v2",
@@ -69,6 +71,11 @@ HOST_ALLOC_NAMES = frozenset({
     "hipExtMallocWithFlags", "hipHostRegister", "hipHostUnregister", "torch.cuda.empty_cache",
 })
 _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
+# Autograd's nodes by their bare names, as PyTorch <= 1.9 records the backward ("AddmmBackward",
+# "MeanBackward1", "torch::autograd::AccumulateGrad") and as newer ones record a node's own range
+# inside its evaluate_function ("CompiledFunctionBackward"): CamelCase, no spaces (aten's
+# "aten::addmm_backward" ops and schedules' "Backward 3" ranges are not these).
+_AUTOGRAD_NODE = re.compile(r"^(?:[A-Za-z_][\w:]*Backward\d*|torch::autograd::(?:AccumulateGrad|CopyBackwards|GraphRoot))$")
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 # A job's own ranges of its passes: a schedule's forward / backward step (Megatron-style
@@ -118,11 +125,13 @@ def marker_kind(name: str) -> int | None:
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
         return Marker.BACKWARD  # framework markers among them are counted from the names
+    if _AUTOGRAD_NODE.match(name):  # a node by its bare name (PyTorch <= 1.9; a node's own range)
+        return Marker.BACKWARD
     if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
         return Marker.OPTIMIZER
     if name in HOST_SYNC_NAMES:
         return Marker.HOST_SYNC
-    if name in HOST_ALLOC_NAMES or name.endswith(": empty_cache"):  # with_stack's "….py(N): empty_cache"
+    if name in HOST_ALLOC_NAMES:
         return Marker.HOST_ALLOC
     if name.startswith(_INPUT_PREFIXES):
         return Marker.HOST_INPUT
@@ -148,8 +157,6 @@ def marker_kind(name: str) -> int | None:
     # (in a backward or an optimizer step, their markers come first: analyzer.rank.timeline)
     if name == "CompiledFunction" or name.startswith("Torch-Compiled Region"):
         return Marker.FORWARD
-    if name == "CompiledFunctionBackward":
-        return Marker.BACKWARD
     if _PIPELINE_ACTION.match(name):  # torch.distributed.pipelining's GPipe / 1F1B ranges
         return Marker.FORWARD if name[0] == "F" else Marker.BACKWARD
     if name == "## backward ##":
