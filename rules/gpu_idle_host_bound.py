@@ -94,9 +94,11 @@ class GpuIdleHostBound(Rule):
         rest = (f"; the other {fmt_us(queued)} of its {fmt_us(all_idle)} idle had work launched and waiting "
                 "(gpu-idle-queued)" if queued >= 0.05 * all_idle else "")
         note = idle_split_note(ctx)
+        calls = _allocator_evidence(hit, by_rank) if activity == "allocator" else {}
         summary = (f"The GPU is idle for lack of work {fmt_us(idle)} of its {fmt_us(own_step_us)} step {who} "
                    f"(median of those ranks, typical step {step}; up to {100 * max(shares[r] for r in hit):.0f}%)"
                    f"{rest}; meanwhile the host is in: {host_text or 'nothing the trace shows'}."
+                   + (f" {_allocator_text(hit[0], calls[str(hit[0])])}." if str(hit[0]) in calls else "")
                    + (f" Caveat: {note}." if note else ""))
         model = ("host-caused idle = the step window's time with no kernel, copy or collective on the GPU and the "
                  "work that ends each gap not launched yet (until its launch + the launch latency; waiting for "
@@ -116,6 +118,8 @@ class GpuIdleHostBound(Rule):
         if note:
             evidence["idle_split"] = note
         evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
+        if calls:
+            evidence["allocator_calls"] = calls
         lead = max(own, key=lambda k: (own[k], k)) if activity == "unknown" and own else None
         if lead:
             evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
@@ -140,6 +144,18 @@ def _inflated_evidence(ctx, hit, by_rank) -> dict:
         for name, figures in ((by_rank[r]["details"].get("inflated_ops")) or {}).items():
             ops.setdefault(name, figures)
     return {"inflated_host_ops": ops} if ops else {}
+
+
+def _allocator_evidence(hit, by_rank) -> dict[str, dict[str, dict[str, float]]]:
+    """Each firing rank's allocator calls in its typical step (name: calls, host µs in them)."""
+    return {str(r): by_rank[r]["details"]["allocator_calls"] for r in hit if by_rank[r]["details"].get("allocator_calls")}
+
+
+def _allocator_text(rank: int, calls: dict[str, dict[str, float]]) -> str:
+    """'Rank 0's allocator calls in that step: hipFree x1,298 (3.35 s of host time), ...'."""
+    parts = [f"{name} x{c['calls']:,} ({fmt_us(c['host_us'])})"
+             for name, c in sorted(calls.items(), key=lambda kv: (-kv[1]["host_us"], kv[0]))]
+    return f"Rank {rank}'s allocator calls in that step (host time in them): " + ", ".join(parts)
 
 
 def _own_work_by_phase(breakdowns) -> dict[str, float]:

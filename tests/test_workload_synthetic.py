@@ -74,6 +74,11 @@ def test_allocator_idle_is_the_truths(job):
     (finding,) = [f for f in result.findings if f["rule"] == "gpu-idle-host-bound"]
     assert finding["ranks"] == stalled and finding["evidence"]["host_activity"] == "allocator"
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING" in finding["fix"]["text"]
+    # one cudaFree a step on every rank (the program's), the stalled rank's lasting its stall
+    for rank, _, got in _steps(truth, result):
+        (free,) = got["time_breakdown"]["allocator_calls"].values()
+        assert free["calls"] == 1
+        assert (free["host_us"] >= truth["spec"]["host_stall_us"]) == (rank in stalled)
 
 
 def test_inference_gets_inference_advice(job):

@@ -59,7 +59,7 @@ def by_hand():
     gaps = [(busy[k][1], busy[k + 1][0]) for k in range(len(busy) - 1)]
     frees = [e for e in events if e.get("name") == "hipFree" and e.get("ph") == "X"]
     in_free = _overlap(gaps, _merge([(e["ts"], e["ts"] + e["dur"]) for e in frees]))
-    return {"span_us": busy[-1][1] - busy[0][0], "busy_us": sum(b - a for a, b in busy),
+    return {"free_calls": [(e["ts"], e["dur"]) for e in frees],"span_us": busy[-1][1] - busy[0][0], "busy_us": sum(b - a for a, b in busy),
             "idle_us": sum(b - a for a, b in gaps), "frees": len(frees),
             "free_us": sum(e["dur"] for e in frees), "idle_in_free_us": in_free}
 
@@ -91,6 +91,25 @@ def test_the_idle_goes_to_the_allocator_leaf(by_hand, result):
     # blocking syncs, ahead of it in the leaves' order, take: under 1% here)
     assert allocator <= idle
     assert allocator >= by_hand["idle_in_free_us"] - 0.01 * idle
+
+
+def test_the_allocator_calls_of_each_window(by_hand, result):
+    """Each window names the hipFree calls that start in it and the host time in them: summed
+    over the windows, the hand count of the calls starting inside one (the windows are the tool's:
+    the sum holds whatever they are)."""
+    (rank,) = result.ranks
+    windows = [s for s in rank.steps if s.get("time_breakdown")]
+    calls = host_us = 0.0
+    for s in windows:
+        frees = s["time_breakdown"]["allocator_calls"]["hipFree"]
+        calls += frees["calls"]
+        host_us += frees["host_us"]
+    spans = [(lo / 1000, hi / 1000) for lo, hi in (s["window_ns"] for s in windows)]
+    inside = [(ts, dur) for ts, dur in by_hand["free_calls"] if any(lo <= ts < hi for lo, hi in spans)]
+    assert calls == len(inside) and 0.9 * by_hand["frees"] <= calls <= by_hand["frees"]
+    assert host_us == pytest.approx(sum(dur for _, dur in inside), abs=0.01 * len(inside))
+    finding = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
+    assert "hipFree x" in finding["summary"]
 
 
 def test_the_verdict_is_host_bound_on_the_allocator_with_its_fix(result):

@@ -84,6 +84,8 @@ class RankTimeline:
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _blocking_calls(trace, gpu, m)
         self.alloc = _marker_union(m, Marker.HOST_ALLOC)
+        alloc = m.kind == Marker.HOST_ALLOC
+        self._alloc_calls = (m.ts[alloc], m.end[alloc], m.name[alloc])
         self.contention = _marker_union(m, Marker.HOST_INFLATED)
         self.fsdp = _fsdp_hooks(trace)
         inflated = m.kind == Marker.HOST_INFLATED
@@ -142,6 +144,7 @@ class RankTimeline:
         copies = iv.covered_length(self.waited_copies, starts, ends_at_least).tolist()
         ops = self._queued_ops(starts, ends_at_least)
         inflated = self._inflated_ops(starts, ends_at_least) if len(self._inflated[0]) else [{}] * len(starts)
+        allocs = self._allocator_calls(starts, ends_at_least) if len(self._alloc_calls[0]) else [{}] * len(starts)
         window, exposed_starts, exposed_ends = iv.clip_each(self.exposed, starts, ends_at_least)
         flat = np.stack([exposed_starts, exposed_ends], axis=1).ravel().tolist()
         cuts = (2 * np.searchsorted(window, np.arange(len(starts) + 1))).tolist()
@@ -170,6 +173,7 @@ class RankTimeline:
                 "idle_unlinked_us": ns_to_us(unlinked[k]),
                 "queued_copies_us": ns_to_us(copies[k]),
                 **({"inflated_ops": inflated[k]} if inflated[k] else {}),
+                **({"allocator_calls": allocs[k]} if allocs[k] else {}),
             }, flat[cuts[k]:cuts[k + 1]]))
         return out
 
@@ -186,6 +190,25 @@ class RankTimeline:
             for n, ns in sorted(longest.items(), key=lambda kv: (-kv[1], self.strings[kv[0]]))[:QUEUED_OPS_SHOWN]:
                 label = self.strings[n]
                 out[k][label] = {"longest_us": ns_to_us(ns), "usual_us": self._usual.get(label)}
+        return out
+
+    def _allocator_calls(self, starts: np.ndarray, ends: np.ndarray) -> list[dict[str, dict[str, float]]]:
+        """Per window, the allocator's calls that start in it by name: how many and the host time
+        in them (µs, the calls' own lengths: a free waits for the device first), the
+        ``QUEUED_OPS_SHOWN`` longest in total."""
+        ts, end, name = self._alloc_calls
+        out: list[dict[str, dict[str, float]]] = [{} for _ in range(len(starts))]
+        order = np.argsort(starts, kind="stable")  # the windows by start (they do not overlap)
+        at = np.searchsorted(starts[order], ts, side="right") - 1
+        window = order[np.maximum(at, 0)]
+        inside = (at >= 0) & (ts < ends[window])
+        for k in arrays.unique(window[inside]).tolist():
+            rows = inside & (window == k)
+            names, index = np.unique(name[rows], return_inverse=True)
+            calls = np.bincount(index)
+            ns = np.bincount(index, weights=(end[rows] - ts[rows]).astype(np.float64))
+            ranked = sorted(zip(names.tolist(), calls.tolist(), ns.tolist()), key=lambda c: (-c[2], self.strings[c[0]]))
+            out[k] = {self.strings[n]: {"calls": c, "host_us": ns_to_us(t)} for n, c, t in ranked[:QUEUED_OPS_SHOWN]}
         return out
 
     def host_before(self, cpu_starts: np.ndarray, first_gpus: np.ndarray) -> list[dict[str, float]]:

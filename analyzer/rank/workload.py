@@ -6,9 +6,10 @@ counts the evidence of either once per distinct name (never per event): backward
 (autograd's ``evaluate_function``, FSDP's backward hooks, a schedule's backward ranges),
 optimizer markers (``Optimizer.step#`` / ``zero_grad#``), and kernels whose names say they are
 backward or optimizer work (cuDNN's dgrad / wgrad, MIOpen's wrw, flash attention's bwd, a fused
-Adam). The job is ``inference`` only where every rank's host side is in the trace (CPU ops, and
-launches linked to the GPU work that is not a filtered trace) and none shows any of that
-evidence: absence of evidence counts only where the evidence could have been recorded.
+Adam). The job is ``inference`` only where every rank's host side is in the trace (the model's
+own CPU ops: matmuls, convolutions, attention (analyzer.ingest.shapes); launches linked to the
+GPU work, not a filtered trace) and none shows any of that evidence: absence of evidence counts
+only where the evidence could have been recorded.
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ def workload_evidence(trace: RankTrace) -> dict[str, int]:
     return {
         "backward": int((m.kind == Marker.BACKWARD).sum()),
         "training_kernels": 0 if _training_markers(trace) else _training_kernels(trace),
-        "host_ops": int(len(m.kind) + len(trace.shape_ops.ts)),
+        "host_ops": int(len(trace.shape_ops.ts)),  # the model's own CPU ops
         "linked_launches": 0 if filtered else launches,
         "compute_kernels": int((gpu.kind == GpuKind.COMPUTE).sum()),
     }
 
 
 def forward_only(trace: RankTrace) -> bool:
-    """Whether the rank's trace holds forward passes only: no backward or optimizer marker and no
-    kernel of backward or optimizer work (its phases then come from that: analyzer.rank.timeline)."""
-    return not _training_markers(trace) and not _training_kernels(trace)
+    """Whether the rank's trace holds forward passes only: the model's CPU ops are in it, and no
+    backward or optimizer marker nor kernel of their work (its phases then come from that:
+    analyzer.rank.timeline)."""
+    return bool(len(trace.shape_ops.ts)) and not _training_markers(trace) and not _training_kernels(trace)
 
 
 def _training_markers(trace: RankTrace) -> bool:
