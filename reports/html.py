@@ -69,7 +69,8 @@ class SummaryHtmlRenderer:
         doc, model = _document(result), result.model
         job = doc.get("job") or {}
         facts = (f"{len(doc.get('ranks') or [])} of {job.get('world_size') or len(doc.get('ranks') or [])} "
-                 f"rank(s), {job.get('strategy') or 'unknown strategy'}")
+                 f"rank(s), {job['workload'] + ', ' if job.get('workload') else ''}"
+                 f"{job.get('strategy') or 'unknown strategy'}")
         return _environment().get_template("summary.html.j2").render(
             summary=_guarded(_summary, doc, model), findings=_guarded(_findings, doc, model), facts=facts,
             warnings=len(doc.get("warnings") or []))

@@ -5,7 +5,10 @@ are never taken for a pass. Small hand-built traces: each kernel's phase is know
 
 from __future__ import annotations
 
+import json
+
 from analyzer.api import diagnose
+from analyzer.reports.html import HtmlRenderer
 from analyzer.reports.text import TextRenderer
 from builders import TraceBuilder
 
@@ -77,6 +80,8 @@ def test_forward_passes_only_are_forward_and_named_inference(tmp_path):
     header = next(line for line in TextRenderer().render(result).splitlines() if line.startswith("tracecliff:"))
     assert ", inference, strategy unknown" in header
     assert result.verdict.startswith("Inference (no backward pass and no optimizer step in the trace): ")
+    assert "inference (no backward pass and no optimizer step in the trace)" in HtmlRenderer().render(result)
+    assert json.loads(result.to_json())["job"]["workload"] == "inference"
 
 
 def test_a_filtered_trace_is_not_called_inference(tmp_path):
