@@ -133,7 +133,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     gpu_seen = any(p["span_us"] > 0 for p in per_step)
     if per_step and not gpu_seen:
         headline.append({"label": "GPU time", "value": "–",
-                         "note": "not available: no GPU activity in the traces (CPU-only profile)"})
+                         "note": f"not available: no GPU activity in the traces ({_no_gpu_why(model)})"})
     if gpu_seen:
         typical = model.typical
         if typical is not None:  # the one definition of each figure (analyzer.job.model)
@@ -307,12 +307,19 @@ def _leaf_notes(typical: Any) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- per-rank bars
+def _no_gpu_why(model: JobModel) -> str:
+    """Why a job has no GPU figures: a CPU-only profile, or device work under unknown categories."""
+    if model.unread_device_events:
+        return "device-looking events under unknown categories not read: see warnings"
+    return "CPU-only profile"
+
+
 def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
     if not any(_per_step(r)["span_us"] > 0 for r in ranks):
-        return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
+        return unavailable(f"no GPU activity in the traces ({_no_gpu_why(model)}): nothing to break down")
     stragglers = straggler_ranks(doc)
     if model.typical is not None and any(r.typical for r in model.ranks):
         return _leaf_bars(model, stragglers)

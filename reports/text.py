@@ -251,7 +251,9 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
     if not any(r.get("gpu_event_count") for r in doc["ranks"]):
-        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) (CPU-only): "
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc["ranks"])
+        why = "device-looking events under unknown categories not read: see warnings" if unread else "CPU-only"
+        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) ({why}): "
                 "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]

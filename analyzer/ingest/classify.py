@@ -20,6 +20,26 @@ ANNOTATION_CAT = "user_annotation"  # record_function ranges
 HOST_OP_CATS = frozenset({"cpu_op"}) | LAUNCH_CATS
 # Kineto's flow arrows from a runtime launch to the GPU work it launched (counted, not read).
 FLOW_CATS = frozenset({"ac2g"})
+# The categories Kineto wrote up to PyTorch 1.9 (2021), read as today's. "Operator" held both the
+# ATen ops and the record_function ranges (ProfilerStep#N, the DataLoader, the optimizer):
+# OPERATOR_CAT is split by name (operator_category), once per distinct name.
+OPERATOR_CAT = "Operator"
+LEGACY_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
+               "async": "ac2g"}
+# Categories tracecliff knows and does not read (no device work it measures lies in them): an
+# unknown category whose events look like device work is named in a warning (columns.py).
+IGNORED_CATS = frozenset({"python_function", "gpu_user_annotation", "Trace", "fwdbwd", "overhead",
+                          "external_correlation", "cuda_profiler_range"})
+
+
+@lru_cache(maxsize=65536)
+def operator_category(name: object) -> str:
+    """Today's category of an old "Operator" event: record_function ranges carry a '#'
+    (``ProfilerStep#5``, ``Optimizer.step#SGD.step``, ``enumerate(DataLoader)#...``) or are the
+    ``## name ##`` ranges; the ATen ops (``aten::conv2d``) and autograd nodes never do."""
+    if isinstance(name, str) and "#" in name:
+        return ANNOTATION_CAT
+    return "cpu_op"
 
 __all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 

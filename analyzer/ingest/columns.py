@@ -24,8 +24,12 @@ from analyzer.ingest.classify import (
     FLOW_CATS,
     GPU_ACTIVITY_CATS,
     HOST_OP_CATS,
+    IGNORED_CATS,
     LAUNCH_CATS,
+    LEGACY_CATS,
+    OPERATOR_CAT,
     KernelClassifier,
+    operator_category,
     marker_kind,
     step_number,
 )
@@ -57,21 +61,65 @@ def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
     return list(itemgetter(*index.tolist())(items))
 
 
-def split_by_category(events: list[Event], counts: dict[str, int] | None = None) -> dict[str, list[Event]]:
-    """Events of the categories tracecliff reads, grouped by category (one C-level pass);
-    ``counts``: the number of flow events (``FLOW_CATS``), added to ``counts["flow"]``.
+def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
+                      unread: dict[str, int] | None = None) -> dict[str, list[Event]]:
+    """Events of the categories tracecliff reads, grouped by category (one C-level pass), the old
+    Kineto names (``LEGACY_CATS``, "Operator") under today's; ``counts``: the number of flow
+    events (``FLOW_CATS``), added to ``counts["flow"]``; ``unread``: the events of unknown
+    categories that look like device work (:func:`_device_like`), counted by category.
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
     warning, so no separate pass over 'ph' is needed."""
     cat_codes, cat_values = factorize(map(_get["cat"], events))
-    groups = {}
-    for code, value in enumerate(cat_values):
-        if value in GPU_ACTIVITY_CATS or value in LAUNCH_CATS or value in CPU_OP_CATS:
-            groups[value] = _take(events, np.flatnonzero(cat_codes == code))
-        elif counts is not None and value in FLOW_CATS:
+    groups: dict[str, list[Event]] = {}
+    for code, value in enumerate(cat_values):  # once per distinct category: a dict lookup each
+        cat = LEGACY_CATS.get(value, value) if isinstance(value, str) else value
+        if cat in READ_CATS:
+            _add_group(groups, cat, _take(events, np.flatnonzero(cat_codes == code)))
+        elif cat == OPERATOR_CAT:
+            _split_operators(groups, _take(events, np.flatnonzero(cat_codes == code)))
+        elif counts is not None and cat in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
+        elif unread is not None and isinstance(cat, str) and cat not in IGNORED_CATS:
+            rows = np.flatnonzero(cat_codes == code)
+            if _device_like(_take(events, rows[:_DEVICE_SAMPLE])):
+                unread[cat] = unread.get(cat, 0) + len(rows)
     return groups
+
+
+READ_CATS = GPU_ACTIVITY_CATS | LAUNCH_CATS | CPU_OP_CATS
+_DEVICE_SAMPLE = 32  # events of an unknown category looked at: its first few tell what it holds
+
+
+def _add_group(groups: dict[str, list[Event]], cat: str, events: list[Event]) -> None:
+    if cat in groups:  # an old and a new name in one trace (merged traces)
+        groups[cat] = groups[cat] + events
+    else:
+        groups[cat] = events
+
+
+def _split_operators(groups: dict[str, list[Event]], events: list[Event]) -> None:
+    """Old "Operator" events as today's ``cpu_op`` and ``user_annotation`` (``operator_category``,
+    judged once per distinct name), each in the trace's order."""
+    codes, names = factorize(map(_get["name"], events))
+    annotation = np.array([operator_category(n) == ANNOTATION_CAT for n in names], dtype=bool)[codes] if names \
+        else np.zeros(0, dtype=bool)
+    for cat, rows in ((ANNOTATION_CAT, np.flatnonzero(annotation)), ("cpu_op", np.flatnonzero(~annotation))):
+        if len(rows):
+            _add_group(groups, cat, _take(events, rows))
+
+
+def _device_like(events: list[Event]) -> bool:
+    """Whether events look like device work: on a GPU stream (a ``stream`` arg, a "stream N"
+    row) or correlated to a runtime launch."""
+    for event in events:
+        args = event.args
+        if args is not None and (args.stream is not None or args.correlation is not None):
+            return True
+        if isinstance(event.tid, str) and event.tid.startswith("stream"):
+            return True
+    return False
 
 
 def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -260,6 +308,7 @@ class ColumnBuilder:
         # flows nor runtime calls beyond the launches was filtered (analyzer.rank.attribution).
         self.counts = {"flow": 0, "runtime": 0}
         self.invalid = {"GPU": 0, "CUDA runtime": 0, "CPU op": 0}
+        self.unread: dict[str, int] = {}  # device-looking events of unknown categories, by category
         self.rejected = Rejected()
         self._gpu: list[tuple[np.ndarray, ...]] = []
         self._launches: list[tuple[np.ndarray, ...]] = []
@@ -273,7 +322,7 @@ class ColumnBuilder:
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
-        groups = split_by_category(events, self.counts)
+        groups = split_by_category(events, self.counts, self.unread)
         self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
@@ -373,6 +422,7 @@ class ColumnBuilder:
                 "marker_args": self._marker_args.export(), "gpu_rows": self._gpu_rows,
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
                 "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
+                "unread": self.unread,
                 "host_ops": self.host_ops.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
@@ -397,6 +447,8 @@ class ColumnBuilder:
         self.shapes.merge(part["shapes"], threads)
         for what, seen in part["counts"].items():
             self.counts[what] += seen
+        for cat, seen in part["unread"].items():
+            self.unread[cat] = self.unread.get(cat, 0) + seen
         self.host_ops.merge(part["host_ops"], threads)
 
     def finish_shapes(self) -> ShapeOps:
@@ -408,8 +460,17 @@ class ColumnBuilder:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
         warnings += self.rejected.warnings("event(s)")
+        warnings += self.unread_warnings()
         gpu, kernel_args = self._finish_gpu(warnings)
         return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
+
+    def unread_warnings(self) -> list[str]:
+        """One warning naming the unknown categories whose events look like device work."""
+        if not self.unread:
+            return []
+        named = ", ".join(f"{_shown(cat)} ({seen:,})" for cat, seen in sorted(self.unread.items()))
+        return [f"{sum(self.unread.values()):,} event(s) under categories tracecliff does not know look like device "
+                f"work (a GPU stream or a launch correlation): {named}; not read, so the GPU figures leave them out"]
 
     def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, CommArgs]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),

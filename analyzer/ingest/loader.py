@@ -84,6 +84,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         shape_ops=builder.finish_shapes(),
         flow_events=builder.counts["flow"],
         runtime_calls=builder.counts["runtime"],
+        unread_device_events=sum(builder.unread.values()),
         host_op_medians=builder.host_op_medians,
     )
 

@@ -308,14 +308,20 @@ class JobFacts:
         sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
         return any(size >= 2 for size in sizes.values())
 
+    def _no_gpu_steps(self) -> str:
+        if self.model.gpu_events:
+            return "no GPU steps in the traces"
+        if self.model.unread_device_events:
+            return "no GPU work read (events under unknown categories look like device work: see warnings)"
+        return "no GPU work in the traces (CPU-only): no GPU timeline to measure"
+
     def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
         """(status, reason) when a rule with these needs cannot run on this job, None when it
         can: ``not_evaluated`` when the job may have the problem but the traces cannot show it
         (no GPU steps, ranks missing), ``not_applicable`` when the job cannot have it."""
         checks = {
             "gpu_steps": (lambda: any(s.windows for s in self.steps),
-                          "no GPU work in the traces (CPU-only): no GPU timeline to measure" if not self.model.gpu_events
-                          else "no GPU steps in the traces"),
+                          self._no_gpu_steps()),
             "ddp": (lambda: self.strategy in ("ddp", "unknown") and bool(self.result.buckets),
                     "not a DDP job with gradient all-reduces"),
             "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units), self._no_fsdp_units()),

@@ -286,6 +286,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
     if len(gpu) == 0 and recorded_gpu:  # --steps selected none of the steps holding GPU work
         warnings.append("no GPU activity in the selected step(s): GPU metrics are zero")
+    elif len(gpu) == 0 and trace.unread_device_events:  # named by the ingest's warning
+        warnings.append("no GPU activity read, though events under unknown categories look like device work: "
+                        "GPU metrics are zero, not measured")
     elif len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
@@ -319,7 +322,8 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
                         "gloo:*): communication is unknown, not zero")
-    analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
+    analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives,
+                                                 "step" if note else "ProfilerStep")
     return analysis
 
 
@@ -406,6 +410,8 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
         family = framework_marker(name)
         if family:
             seen[family] += n
+    if trace.unread_device_events:  # only where there are some: other results stay as they were
+        seen["unread_device_events"] = trace.unread_device_events
     return seen
 
 
