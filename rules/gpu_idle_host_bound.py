@@ -23,6 +23,7 @@ class GpuIdleHostBound(Rule):
         already launched and waiting behind a dependency is gpu-idle-queued's. The host part is
         split by what the host's CPU trace shows meanwhile: the data loader, a blocking device
         sync (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``, a copy to pageable memory),
+        the device allocator (``cudaFree`` / ``hipFree`` / ``cudaMalloc`` ..., each free a sync),
         ordinary host ops running far past their usual length (CPU contention), FSDP's hooks,
         kernel launches, other work.
 
@@ -39,7 +40,9 @@ class GpuIdleHostBound(Rule):
 
     Fix:
         Follows the largest host leaf: a faster data loader for input, removing the sync for a
-        device sync (a faster data loader does not fix that), pinning threads and thread counts
+        device sync (a faster data loader does not fix that), the caching allocator for allocator
+        stalls (no PYTORCH_NO_CUDA_MEMORY_CACHING, no ``empty_cache`` in the loop,
+        ``expandable_segments``, buffers allocated once), pinning threads and thread counts
         for CPU contention, coarser FSDP units for FSDP overhead, ``torch.compile`` / CUDA
         graphs for launch-bound steps. The rest is the host's own work, placed by the phase of
         the work it launched next: in forward or backward, per-op host overhead (``torch.compile``,
@@ -96,7 +99,8 @@ class GpuIdleHostBound(Rule):
         model = ("host-caused idle = the step window's time with no kernel, copy or collective on the GPU and the "
                  "work that ends each gap not launched yet (until its launch + the launch latency; waiting for "
                  "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: data "
-                 "loader, blocking syncs (and the gap they drained), host ops inflated far past their usual length, "
+                 "loader, blocking syncs (and the gap they drained), the device allocator's calls (and the gap "
+                 "a free drained), host ops inflated far past their usual length, "
                  "FSDP hooks, short gaps before late launches, the rest; the gain is an upper bound (all of that "
                  "idle recovered)")
         evidence = {

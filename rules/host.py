@@ -4,6 +4,7 @@ cause."""
 
 # What the host was doing while its GPU idled, nothing launched (analyzer.rank.attribution).
 HOST_ACTIVITY = {"input": "the data loader", "device_sync": "a blocking device sync",
+                 "allocator": "the device allocator (cudaFree / hipFree / cudaMalloc ..., each free a device sync)",
                  "contention": "host ops running far beyond their usual length (CPU contention)",
                  "fsdp": "FSDP's own hooks", "launch": "launching kernels one by one",
                  "unknown": "Python or other host work"}
@@ -13,6 +14,11 @@ HOST_FIX = {
     "device_sync": ("remove the blocking sync from the step (.item(), .cpu(), print of a tensor, "
                     "torch.cuda.synchronize, a copy to pageable memory): keep values on the GPU or read them "
                     "every N steps, copy into pinned memory with non_blocking=True"),
+    "allocator": ("device memory is allocated and freed outside the caching allocator's pool, and every free "
+                  "waits for the device: keep the caching allocator on (unset PYTORCH_NO_CUDA_MEMORY_CACHING), "
+                  "take torch.cuda.empty_cache() out of the loop, set "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where fragmentation makes it retry (free its "
+                  "cache and allocate again), and allocate buffers once, outside the step"),
     "contention": ("the host process is descheduled: ordinary host ops (kernel launches, allocations) run "
                    "20x and more their usual length. Pin each rank's threads to its own cores (numactl / taskset, "
                    "one NUMA node per GPU), set OMP_NUM_THREADS and torch.set_num_threads to the cores per rank, "
@@ -29,6 +35,8 @@ HOST_SNIPPET = {
               "           persistent_workers=True, prefetch_factor=4)"),
     "device_sync": "loss_sum += loss.detach()          # not loss.item() every step\n"
                    "if step % 100 == 0: print(loss_sum.item() / 100)",
+    "allocator": ("unset PYTORCH_NO_CUDA_MEMORY_CACHING   # the caching allocator reuses freed blocks\n"
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py   # and no empty_cache() per step"),
     "contention": ("OMP_NUM_THREADS=8 numactl --cpunodebind=<gpu's node> --membind=<node> python train.py\n"
                    "torch.set_num_threads(8)   # the cores of this rank, not the host's"),
     "fsdp": "fully_shard(model.layers[i:i + 4], reshard_after_forward=(i < last))   # fewer, larger units",

@@ -76,6 +76,18 @@ HOST_SYNC_NAMES = frozenset({
     "cuMemcpyDtoH_v2", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
     "hipMemcpy", "aten::item", "aten::_local_scalar_dense",
 })
+# The device allocator's own calls, made by the host outside the caching allocator's pool (it
+# disabled: PYTORCH_NO_CUDA_MEMORY_CACHING=1; torch.cuda.empty_cache; the pool's retry after a
+# failed allocation, which frees its cached blocks and allocates again): each free of device or
+# pinned memory implicitly synchronizes the device, and an allocation costs host time the GPU
+# waits through. The stream-ordered cudaMallocAsync / cudaFreeAsync are neither, and not here.
+HOST_ALLOC_NAMES = frozenset({
+    "cudaMalloc", "cudaFree", "cudaMallocHost", "cudaHostAlloc", "cudaFreeHost", "cudaMallocManaged",
+    "cudaHostRegister", "cudaHostUnregister", "cuMemAlloc", "cuMemAlloc_v2", "cuMemFree", "cuMemFree_v2",
+    "cuMemAllocHost", "cuMemAllocHost_v2", "cuMemHostAlloc", "cuMemFreeHost", "cuMemAllocManaged",
+    "hipMalloc", "hipFree", "hipHostMalloc", "hipHostFree", "hipFreeHost", "hipMallocHost", "hipMallocManaged",
+    "hipExtMallocWithFlags", "hipHostRegister", "hipHostUnregister", "torch.cuda.empty_cache",
+})
 _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
@@ -130,6 +142,8 @@ def marker_kind(name: str) -> int | None:
         return Marker.OPTIMIZER
     if name in HOST_SYNC_NAMES:
         return Marker.HOST_SYNC
+    if name in HOST_ALLOC_NAMES or name.endswith(": empty_cache"):  # with_stack's "….py(N): empty_cache"
+        return Marker.HOST_ALLOC
     if name.startswith(_INPUT_PREFIXES):
         return Marker.HOST_INPUT
     lowered = name.lower()

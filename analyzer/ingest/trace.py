@@ -40,6 +40,7 @@ class Marker(IntEnum):
     FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
     HOST_INFLATED = 10  # an ordinary host op far past its usual length (analyzer.ingest.hostops)
     ANNOTATION = 11  # any other user annotation (record_function): steps where no ProfilerStep is
+    HOST_ALLOC = 12  # the host in the device allocator: cudaFree / hipFree / cudaMalloc ..., empty_cache
 
 
 @dataclass

@@ -18,7 +18,10 @@ waited behind a dependency). The host part is split by what the CPU trace shows 
 ``input`` (inside ``enumerate(DataLoader)…``), ``device_sync`` (inside a blocking call:
 ``cudaStreamSynchronize`` / ``cudaEventSynchronize`` / ``aten::item``, a copy to pageable memory
 (``cudaMemcpyAsync`` of a "Memcpy DtoH (Device -> Pageable)"), or a gap that began while the host
-was blocked in one: the sync drained the queue), ``contention`` (inside host ops running far
+was blocked in one: the sync drained the queue), ``allocator`` (inside the device allocator's own
+calls: ``cudaFree`` / ``hipFree`` / ``cudaMalloc`` / ``cudaHostAlloc`` …, ``empty_cache``, or a gap
+that began in one: each free synchronizes the device, which drains the queue as a sync does;
+analyzer.ingest.classify.HOST_ALLOC_NAMES), ``contention`` (inside host ops running far
 beyond their usual length: the process was descheduled), ``fsdp`` (inside FSDP's own hooks),
 ``launch`` (a short gap before work launched only after the GPU went idle: launch overhead),
 ``unknown``; the unknown part is split again by the phase of the work whose launch ended it
@@ -45,7 +48,7 @@ from analyzer.rank.timeline import OTHER, PHASES, ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_comm_us", "other_gpu_us", "idle_us")
 # The host part of idle, by what the host was doing (in priority order; unknown: the rest).
-IDLE_CAUSES = ("input", "device_sync", "contention", "fsdp", "launch", "unknown")
+IDLE_CAUSES = ("input", "device_sync", "allocator", "contention", "fsdp", "launch", "unknown")
 # The queued part, by what the launched work waited on (in priority order).
 QUEUED_CAUSES = ("graph", "collective", "copy", "event")
 # A gap up to this long before work launched after the GPU went idle is the host's launch
@@ -80,6 +83,7 @@ class RankTimeline:
         m = trace.markers
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _blocking_calls(trace, gpu, m)
+        self.alloc = _marker_union(m, Marker.HOST_ALLOC)
         self.contention = _marker_union(m, Marker.HOST_INFLATED)
         self.fsdp = _fsdp_hooks(trace)
         inflated = m.kind == Marker.HOST_INFLATED
@@ -196,23 +200,23 @@ class RankTimeline:
     def _host_causes(self, starts: np.ndarray, ends: np.ndarray) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         """Nanoseconds of host idle per cause in each window, in priority order: the data
         loader's; then what blocking calls cover, and all of a stretch that began while the host
-        was blocked in one (the sync drained the queue); then what inflated host ops cover, then
+        was blocked in one (the sync drained the queue); then the same of the allocator's calls
+        (a free synchronizes the device); then what inflated host ops cover, then
         FSDP's hooks; then the rest of a short idle gap ended by work launched after it began
         (unknown, what is left, is the caller's). And what is left in the gaps, by the phase of the
         work that ended each (the caller adds the idle outside every gap to ``other``)."""
         rest = iv.subtract(self.host, self.input)
-        blocked = iv.covered_length(self.sync, rest[0] - 1, rest[0]) > 0  # host blocked as the GPU drained
-        synced = iv.union(np.concatenate([rest[0][blocked], self.sync[0]]),
-                          np.concatenate([rest[1][blocked], self.sync[1]]))
-        sync = iv.intersect(rest, synced)
+        sync = _in_or_after(rest, self.sync)
         rest = iv.subtract(rest, sync)
+        alloc = _in_or_after(rest, self.alloc)
+        rest = iv.subtract(rest, alloc)
         contention = iv.intersect(rest, self.contention)
         rest = iv.subtract(rest, contention)
         fsdp = iv.intersect(rest, self.fsdp)
         rest = iv.subtract(rest, fsdp)
         host = iv.covered_length(self.host, starts, ends)
         out = {"input": host - iv.covered_length(iv.subtract(self.host, self.input), starts, ends)}
-        for name, part in (("device_sync", sync), ("contention", contention), ("fsdp", fsdp)):
+        for name, part in (("device_sync", sync), ("allocator", alloc), ("contention", contention), ("fsdp", fsdp)):
             out[name] = iv.covered_length(part, starts, ends)
         launch = self._launch_gaps(rest, starts, ends)
         out["launch"] = launch.sum(axis=0)
@@ -314,6 +318,14 @@ def _blocking_calls(trace: RankTrace, gpu: GpuEvents, m) -> iv.IntervalSet:
     hit = idx[(table[idx] == corr) & (corr >= 0)]
     launches = trace.launches
     return iv.union(np.concatenate([sync[0], launches.ts[hit]]), np.concatenate([sync[1], launches.end[hit]]))
+
+
+def _in_or_after(rest: iv.IntervalSet, calls: iv.IntervalSet) -> iv.IntervalSet:
+    """The part of ``rest`` inside ``calls``, and all of each stretch of it that began while the
+    host was in one (the call drained the GPU's queue: the idle after it is the call's)."""
+    blocked = iv.covered_length(calls, rest[0] - 1, rest[0]) > 0
+    cover = iv.union(np.concatenate([rest[0][blocked], calls[0]]), np.concatenate([rest[1][blocked], calls[1]]))
+    return iv.intersect(rest, cover)
 
 
 def _per_window(window: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
