@@ -8,6 +8,7 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
+from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
@@ -17,6 +18,8 @@ from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
+# The peer a wait is keyed by, in words: an α-β estimate names no rank (members' traces missing).
+_PEER_WORDS = {ESTIMATED_PEER: "unseen members (beyond the link model)"}
 # A figure and its unit stay on one line ("179.7 ms", "34.2 GB/s"): the space between them is
 # held as a private-use character while the text is wrapped.
 _GLUE = "\ue000"
@@ -281,7 +284,7 @@ def _tree(model: JobModel) -> list[str]:
              + (f"  [left out: {excluded}]" if excluded else "")]
     exposed = leaves.exposed_us
     peers = sorted(d.wait_by_peer.items(), key=lambda kv: (-kv[1], kv[0]))
-    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
+    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{_PEER_WORDS.get(p, p)} {fmt_us(v)}" for p, v in peers[:2]) \
         + (f", +{len(peers) - 2}" if len(peers) > 2 else "")
     splits = []
     for cells_of, title in ((d.by_kind, "by collective"), (d.by_phase, "by phase"), (d.by_group, "by group")):
