@@ -30,6 +30,7 @@ from analyzer.ingest.classify import (
     step_number,
 )
 from analyzer.ingest.hostops import HostOpDurations
+from analyzer.ingest.memory import MEMORY_CAT, MemoryBuilder
 from analyzer.ingest.p2p import P2P_ARG_NAMES
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
@@ -57,9 +58,12 @@ def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
     return list(itemgetter(*index.tolist())(items))
 
 
-def split_by_category(events: list[Event], counts: dict[str, int] | None = None) -> dict[str, list[Event]]:
+def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
+                      unread: list[Event] | None = None) -> dict[str, list[Event]]:
     """Events of the categories tracecliff reads, grouped by category (one C-level pass);
-    ``counts``: the number of flow events (``FLOW_CATS``), added to ``counts["flow"]``.
+    ``counts``: the number of flow events (``FLOW_CATS``), added to ``counts["flow"]``;
+    ``unread``: given, the events of every other category are appended to it (the allocator's
+    ``[memory]`` events are among them: analyzer.ingest.memory).
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
@@ -71,6 +75,8 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None)
             groups[value] = _take(events, np.flatnonzero(cat_codes == code))
         elif counts is not None and value in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
+        elif unread is not None:
+            unread += _take(events, np.flatnonzero(cat_codes == code))
     return groups
 
 
@@ -270,10 +276,13 @@ class ColumnBuilder:
         self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
         self.host_ops = HostOpDurations(Interner())  # for the inflated host ops (analyzer.ingest.hostops)
         self.host_op_medians: dict[str, float] = {}
+        self.memory = MemoryBuilder()  # the allocator's [memory] events (analyzer.ingest.memory)
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
-        groups = split_by_category(events, self.counts)
+        unread: list[Event] = []
+        groups = split_by_category(events, self.counts, unread)
+        self.memory.add(unread + groups.get(MEMORY_CAT, []), _floats, lambda rows: thread_ids(rows, self.threads))
         self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
@@ -373,7 +382,7 @@ class ColumnBuilder:
                 "marker_args": self._marker_args.export(), "gpu_rows": self._gpu_rows,
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
                 "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
-                "host_ops": self.host_ops.export()}
+                "host_ops": self.host_ops.export(), "memory": self.memory.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -398,6 +407,7 @@ class ColumnBuilder:
         for what, seen in part["counts"].items():
             self.counts[what] += seen
         self.host_ops.merge(part["host_ops"], threads)
+        self.memory.merge(part["memory"], threads)
 
     def finish_shapes(self) -> ShapeOps:
         return self.shapes.finish()

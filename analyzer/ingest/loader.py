@@ -85,6 +85,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         flow_events=builder.counts["flow"],
         runtime_calls=builder.counts["runtime"],
         host_op_medians=builder.host_op_medians,
+        memory=builder.memory.finish(warnings),
     )
 
 
