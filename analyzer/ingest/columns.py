@@ -34,6 +34,7 @@ from analyzer.ingest.classify import (
     step_number,
 )
 from analyzer.ingest.hostops import HostOpDurations
+from analyzer.ingest.memory import MEMORY_CAT, MemoryBuilder
 from analyzer.ingest.p2p import P2P_ARG_NAMES
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
@@ -62,11 +63,14 @@ def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
 
 
 def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
-                      unread: dict[str, int] | None = None) -> dict[str, list[Event]]:
+                      unread: dict[str, int] | None = None,
+                      others: list[Event] | None = None) -> dict[str, list[Event]]:
     """Events of the categories tracecliff reads, grouped by category (one C-level pass), the old
     Kineto names (``LEGACY_CATS``, "Operator") under today's; ``counts``: the number of flow
     events (``FLOW_CATS``), added to ``counts["flow"]``; ``unread``: the events of unknown
-    categories that look like device work (:func:`_device_like`), counted by category.
+    categories that look like device work (:func:`_device_like`), counted by category;
+    ``others``: given, the events of every category not read nor counted as flows are appended
+    to it (the allocator's ``[memory]`` events are among them: analyzer.ingest.memory).
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
@@ -81,9 +85,12 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
             _split_operators(groups, _take(events, np.flatnonzero(cat_codes == code)))
         elif counts is not None and cat in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
-        elif unread is not None and isinstance(cat, str) and cat not in IGNORED_CATS:
+        else:
             rows = np.flatnonzero(cat_codes == code)
-            if _device_like(_take(events, rows[:_DEVICE_SAMPLE])):
+            if others is not None:
+                others += _take(events, rows)
+            if unread is not None and isinstance(cat, str) and cat not in IGNORED_CATS \
+                    and _device_like(_take(events, rows[:_DEVICE_SAMPLE])):
                 unread[cat] = unread.get(cat, 0) + len(rows)
     return groups
 
@@ -319,10 +326,13 @@ class ColumnBuilder:
         self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
         self.host_ops = HostOpDurations(Interner())  # for the inflated host ops (analyzer.ingest.hostops)
         self.host_op_medians: dict[str, float] = {}
+        self.memory = MemoryBuilder()  # the allocator's [memory] events (analyzer.ingest.memory)
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
-        groups = split_by_category(events, self.counts, self.unread)
+        others: list[Event] = []
+        groups = split_by_category(events, self.counts, self.unread, others)
+        self.memory.add(others + groups.get(MEMORY_CAT, []), _floats, lambda rows: thread_ids(rows, self.threads))
         self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
@@ -423,7 +433,7 @@ class ColumnBuilder:
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
                 "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
                 "unread": self.unread,
-                "host_ops": self.host_ops.export()}
+                "host_ops": self.host_ops.export(), "memory": self.memory.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -450,6 +460,7 @@ class ColumnBuilder:
         for cat, seen in part["unread"].items():
             self.unread[cat] = self.unread.get(cat, 0) + seen
         self.host_ops.merge(part["host_ops"], threads)
+        self.memory.merge(part["memory"], threads)
 
     def finish_shapes(self) -> ShapeOps:
         return self.shapes.finish()

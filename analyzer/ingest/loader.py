@@ -86,6 +86,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         runtime_calls=builder.counts["runtime"],
         unread_device_events=sum(builder.unread.values()),
         host_op_medians=builder.host_op_medians,
+        memory=builder.memory.finish(warnings),
     )
 
 

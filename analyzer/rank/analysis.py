@@ -25,6 +25,7 @@ from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.flops import compute_steps
+from analyzer.rank.memory import rank_memory
 from analyzer.rank.steps import step_figures
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
                                     step_source, step_windows)
@@ -69,6 +70,9 @@ class RankAnalysis:
     # The kernels of every step, for the report's step timeline (RankOptions.keep_kernels): this
     # run's alone, never cached (analyzer.run.cache) nor written to the result.
     kernels: RankKernels | None = field(default=None, repr=False, compare=False)
+    # Measured memory per step from the allocator's events (analyzer.rank.memory), for the job's
+    # ``memory`` section (analyzer.job.memory), which is what the result writes and reads back.
+    memory: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -318,6 +322,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
         kernels=kept_kernels(gpu, att, trace.strings) if options.keep_kernels else None,
         compute_steps=compute_steps(trace, gpu, att.launch_ts, att.launch_thread, options.steps),
+        memory=rank_memory(trace, options.steps),
     )
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
