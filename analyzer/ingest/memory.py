@@ -88,8 +88,10 @@ class MemoryBuilder:
         ts = ts[keep]
         args = list(map(_ARGS, events))
         columns = [floats(list(map(_ARG[key], args))) for key in _ARG]
-        for sizes in columns[:3]:  # a size no device holds is no size: unknown, and counted
+        for k, sizes in enumerate(columns[:3]):  # a size no device holds is no size: unknown, and counted
             wild = np.abs(sizes) > MAX_DEVICE_BYTES
+            if k:  # a total held below zero is no total either
+                wild |= sizes < 0
             self.rejected += int(wild.sum())
             sizes[wild] = np.nan
         whole = np.floor(ts)
@@ -109,7 +111,7 @@ class MemoryBuilder:
     def finish(self, warnings: list[str]) -> MemoryEvents:
         if self.rejected:
             warnings.append(f"{self.rejected} allocator ([memory]) value(s) beyond any device's memory "
-                            "(Bytes / Total Allocated / Total Reserved): read as unknown")
+                            "or below zero (Bytes / Total Allocated / Total Reserved): read as unknown")
         if not self._parts:
             return MemoryEvents.empty()
         columns = [np.concatenate([part[k] for part in self._parts]).astype(dtype, copy=False)
