@@ -32,12 +32,18 @@ IGNORED_CATS = frozenset({"python_function", "gpu_user_annotation", "Trace", "fw
                           "external_correlation", "cuda_profiler_range"})
 
 
+# The record_function ranges the frameworks open (today's user_annotation), by prefix.
+_FRAMEWORK_RANGES = ("DistributedDataParallel.", "FullyShardedDataParallel.", "FSDP::", "## ")
+
+
 @lru_cache(maxsize=65536)
 def operator_category(name: object) -> str:
     """Today's category of an old "Operator" event: record_function ranges carry a '#'
-    (``ProfilerStep#5``, ``Optimizer.step#SGD.step``, ``enumerate(DataLoader)#...``) or are the
-    ``## name ##`` ranges; the ATen ops (``aten::conv2d``) and autograd nodes never do."""
-    if isinstance(name, str) and "#" in name:
+    (``ProfilerStep#5``, ``Optimizer.step#SGD.step``, ``enumerate(DataLoader)#...``) or are a
+    framework's own (``_FRAMEWORK_RANGES``); the ATen ops (``aten::conv2d``) and autograd nodes
+    (``CudnnConvolutionBackward``) are ``cpu_op``. A user's own range without '#' is read as an
+    op: it still marks what its name marks, only it is no candidate step annotation."""
+    if isinstance(name, str) and ("#" in name or name.startswith(_FRAMEWORK_RANGES)):
         return ANNOTATION_CAT
     return "cpu_op"
 
@@ -77,6 +83,13 @@ HOST_SYNC_NAMES = frozenset({
     "hipMemcpy", "aten::item", "aten::_local_scalar_dense",
 })
 _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
+# Ops that launch collectives outside c10d's backends, naming the collective: PyTorch's
+# symmetric memory (symm_mem::multimem_all_reduce_, one_shot_all_reduce, two_shot_all_reduce_...),
+# vLLM's / SGLang's custom all-reduce (vllm::all_reduce, _C_custom_ar::all_reduce,
+# sgl_kernel::all_reduce), TensorRT-LLM's (trtllm::allreduce). Their kernels take kind (and,
+# for symm_mem, group) from them (analyzer.rank.comms).
+_LAUNCHING_COMM_OP = re.compile(r"^(?:symm_mem|vllm|_C_custom_ar|sgl_kernel|trtllm)::\w*?"
+                                r"(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast)", re.IGNORECASE)
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 # A job's own ranges of its passes: a schedule's forward / backward step (Megatron-style
@@ -122,7 +135,7 @@ def marker_kind(name: str) -> int | None:
         return Marker.STEP
     if name == "record_param_comms":
         return Marker.COMM_PARAMS
-    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")):
+    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")) or _LAUNCHING_COMM_OP.match(name):
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
         return Marker.BACKWARD  # framework markers among them are counted from the names
