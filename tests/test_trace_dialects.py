@@ -117,3 +117,24 @@ def test_a_rank_beyond_the_declared_groups_is_said(tmp_path):
     result = diagnose([str(b.write(tmp_path / "trace.json"))], report=False)
     named = [w for w in result.warnings if "distributedInfo.rank" in w]
     assert len(named) == 1 and "distributedInfo.rank 6 " in named[0]
+
+
+def test_an_annotation_repeating_within_the_iteration_gives_way_to_the_optimizer(tmp_path):
+    """A range around each of 4 layers repeats 4 times an iteration: it marks layers, not
+    iterations; the optimizer's 3 repeats, 1,000 µs apart, give the 2 iterations."""
+    b = TraceBuilder(world_size=1, pg_ranks=(0,))
+    for it in range(3):
+        base = 1000.0 * it
+        for layer in range(4):
+            b.cpu("my_layer", base + 100.0 * layer, 80.0, cat="user_annotation")
+            b.kernel("sm90_xmma_gemm_bf16bf16", base + 100.0 * layer + 10, 60.0, launch_ts=base + 100.0 * layer + 5)
+        b.cpu("Optimizer.step#SGD.step", base + 500.0, 50.0, cat="user_annotation")
+        b.kernel("multi_tensor_apply_kernel", base + 520.0, 20.0, launch_ts=base + 510.0)
+    result = diagnose([str(b.write(tmp_path / "rank-0.json"))], report=False)
+    steps = result.ranks[0].steps
+    assert [s["step"] for s in steps] == [0, 1]
+    assert [s["cpu_step_us"] for s in steps] == [1000.0, 1000.0]
+    # iteration 0: the optimizer kernel at 1,520 aside, from 500 to 1,500: the optimizer's 20 µs
+    # and the next iteration's 4 layers, 60 µs each
+    assert [s["busy_us"] for s in steps] == [260.0, 260.0]
+    assert "'Optimizer.step#SGD.step'" in result.attribution["step_source"]
