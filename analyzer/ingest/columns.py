@@ -112,12 +112,14 @@ def _split_operators(groups: dict[str, list[Event]], events: list[Event]) -> Non
 
 def _device_like(events: list[Event]) -> bool:
     """Whether events look like device work: on a GPU stream (a ``stream`` arg, a "stream N"
-    row) or correlated to a runtime launch."""
+    row), correlated to a runtime launch, or named as CUDA kernels are (``void f<T>(...)``)."""
     for event in events:
         args = event.args
         if args is not None and (args.stream is not None or args.correlation is not None):
             return True
         if isinstance(event.tid, str) and event.tid.startswith("stream"):
+            return True
+        if isinstance(event.name, str) and event.name.startswith("void "):
             return True
     return False
 
@@ -546,7 +548,12 @@ def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _tid_stream(event: Event) -> int | None:
-    return event.tid if isinstance(event.tid, int) else None
+    """The stream of GPU work written without a ``stream`` arg: its row, an int or "stream N"
+    (Kineto's row name; PyTorch 1.9's kernels carry only it)."""
+    tid = event.tid
+    if isinstance(tid, str) and tid.startswith("stream ") and tid[7:].isdigit() and len(tid) < 20:
+        return int(tid[7:])
+    return tid if isinstance(tid, int) else None
 
 
 def _marker_kind(name: Any) -> int:
