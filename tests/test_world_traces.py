@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import diagnose
+from analyzer.cli.main import main
 from conftest import REAL_TRACES
 
 WORLD = REAL_TRACES.parent / "world"
@@ -118,7 +119,7 @@ def test_old_names_give_the_figures_of_todays_names(resnet50, tmp_path):
     assert old_doc == new_doc
 
 
-def test_unknown_categories_that_look_like_device_work_are_named_not_cpu_only(tmp_path):
+def test_unknown_categories_that_look_like_device_work_are_named_not_cpu_only(tmp_path, capsys):
     """Kernels under a category no Kineto version wrote: read what can be read, name the
     category in one warning, and never call the trace CPU-only."""
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0 * k, "dur": 20.0}
@@ -138,6 +139,12 @@ def test_unknown_categories_that_look_like_device_work_are_named_not_cpu_only(tm
     assert "CPU-only" not in result.verdict and "No GPU work could be read" in result.verdict
     statuses = {r["rule"]: (r["status"], r.get("reason") or "") for r in result.rules}
     assert "CPU-only" not in statuses["gpu-idle-host-bound"][1]
+    html = result.to_html()
+    assert "CPU-only" not in html and "unknown categories" in html
+    with pytest.raises(SystemExit) as exited:
+        main(["gate", str(path), "--preset", "recommended"])
+    out, err = capsys.readouterr()
+    assert exited.value.code != 0 and "CPU-only" not in out + err and "unknown categories" in out + err
 
 
 def test_iterations_between_optimizer_steps():
