@@ -138,3 +138,23 @@ def test_an_annotation_repeating_within_the_iteration_gives_way_to_the_optimizer
     # and the next iteration's 4 layers, 60 µs each
     assert [s["busy_us"] for s in steps] == [260.0, 260.0]
     assert "'Optimizer.step#SGD.step'" in result.attribution["step_source"]
+
+
+def test_a_kernel_the_catalog_does_not_know_is_communication_when_a_launching_op_names_it(tmp_path):
+    """vllm::all_reduce launching a kernel no catalog entry names: the op says it is an
+    all-reduce of 4,096 bf16 elements (its recorded shapes), so the kernel is communication;
+    the GEMM launched after the op stays compute."""
+    b = TraceBuilder(world_size=8, pg_ranks=range(8))
+    for k in range(3):
+        base = 1000.0 + 100.0 * k
+        b.cpu(f"ProfilerStep#{k}", base - 10, 100, cat="user_annotation")
+        b.cpu("vllm::all_reduce", base - 5, 4, **{"Input Dims": [[4096]], "Input type": ["c10::BFloat16"]})
+        b.kernel("void vllm::my_new_allreduce_kernel<__nv_bfloat16, 8>(float*)", base, 30, launch_ts=base - 4)
+        b.kernel("sm90_xmma_gemm_bf16bf16", base + 40, 30, launch_ts=base + 1)
+    result = diagnose([str(b.write(tmp_path / "rank-0.json"))], report=False)
+    rows = list(result.collectives)
+    assert len(rows) == 3
+    assert {(r["collective"], r["library"], r["dtype"], r["bytes"]) for r in rows} == \
+        {("allreduce", "custom_allreduce", "bf16", 4096 * 2)}
+    step = result.ranks[0].steps[0]
+    assert (step["comm_us"], step["compute_us"]) == (30.0, 30.0)

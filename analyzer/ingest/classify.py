@@ -135,7 +135,7 @@ def marker_kind(name: str) -> int | None:
         return Marker.STEP
     if name == "record_param_comms":
         return Marker.COMM_PARAMS
-    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")) or _LAUNCHING_COMM_OP.match(name):
+    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")) or launching_comm_op(name):
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
         return Marker.BACKWARD  # framework markers among them are counted from the names
@@ -177,6 +177,12 @@ def marker_kind(name: str) -> int | None:
     if framework_marker(name):
         return Marker.FRAMEWORK
     return None
+
+
+def launching_comm_op(name: str) -> bool:
+    """Whether a CPU op launches a collective outside c10d's backends and names it
+    (``_LAUNCHING_COMM_OP``): every kernel it launches is that collective's."""
+    return _LAUNCHING_COMM_OP.match(name) is not None
 
 
 def fsdp_module_of(name: str) -> str | None:

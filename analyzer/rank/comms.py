@@ -22,7 +22,7 @@ from analyzer.base import intervals as iv
 from analyzer.base.limits import MAX_DEVICE_BYTES
 from analyzer.base.units import fmt_bytes
 from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
-from analyzer.ingest.classify import fsdp_module_of
+from analyzer.ingest.classify import fsdp_module_of, launching_comm_op
 from analyzer.ingest.columns import _take, factorize
 from analyzer.rank import p2p
 from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
@@ -360,7 +360,7 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
         kernel = lookup(name)
         op_name = rank.strings[sources.op_name[k]] if sources.op_name[k] >= 0 else None
         group = groups.of(meta, _in_c10d_group(kernel, op_name))
-        library = "symm_mem" if op_name and op_name.startswith("symm_mem::") else _library(kernel, amd)
+        library = _launching_library(op_name) or _library(kernel, amd)
         combos.rows.append(_row(rank.rank, meta, group, step=None, phase="", stream=None, start_us=0.0, dur_us=0.0,
                                 exposed_us=None, launch_us=None, kernel=name, library=library,
                                 module=None, on_gpu=True))
@@ -377,6 +377,29 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
     combos.seq_from, combos.comms_id_from = np.array(seq_from, dtype=np.int8), np.array(comms_id_from, dtype=np.int8)
     combos.sourced = np.array(sourced, dtype=bool)
     return combos
+
+
+def _launching_library(op_name: str | None) -> str | None:
+    """The library of a kernel a launching comm op (``launching_comm_op``) started: symm_mem's
+    ops', else a custom all-reduce's (vLLM, SGLang, TensorRT-LLM); None for c10d's ops."""
+    if not op_name or not launching_comm_op(op_name):
+        return None
+    return "symm_mem" if op_name.startswith("symm_mem::") else "custom_allreduce"
+
+
+def kernels_of_launching_ops(rank: RankTrace, att: Attribution) -> None:
+    """Kernels a launching comm op started that the catalog does not name (a new symmetric-memory
+    or custom all-reduce kernel) are communication: their kind set in ``rank.gpu.kind``, once
+    (nothing is done when the trace holds no such op)."""
+    m = rank.markers
+    ops = arrays.unique(m.name[m.kind == Marker.COMM_OP]).tolist()
+    launching = [n for n in ops if launching_comm_op(rank.strings[n])]
+    if not launching:
+        return
+    compute = np.flatnonzero(rank.gpu.kind == GpuKind.COMPUTE)
+    row = innermost_marker(m, Marker.COMM_OP, att.launch_ts[compute], att.launch_thread[compute])
+    hit = (row >= 0) & np.isin(m.name[np.maximum(row, 0)], launching)
+    rank.gpu.kind[compute[hit]] = GpuKind.COMM
 
 
 def _in_c10d_group(kernel: CommKernel | None, op_name: str | None) -> bool:
