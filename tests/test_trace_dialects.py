@@ -158,3 +158,19 @@ def test_a_kernel_the_catalog_does_not_know_is_communication_when_a_launching_op
         {("allreduce", "custom_allreduce", "bf16", 4096 * 2)}
     step = result.ranks[0].steps[0]
     assert (step["comm_us"], step["compute_us"]) == (30.0, 30.0)
+
+
+@pytest.mark.parametrize("runtime", ["xpu_runtime", "privateuse1_runtime", "mtia_runtime"])
+def test_other_backends_launches_link_their_kernels(tmp_path, runtime):
+    """Intel XPU, PrivateUse1 and MTIA launches (Kineto's categories for them) link their
+    kernels to the CPU as CUDA's do: each kernel in the ProfilerStep that launched it."""
+    b = TraceBuilder(world_size=1, pg_ranks=(0,))
+    for k in range(2):
+        b.cpu(f"ProfilerStep#{k}", 1000.0 * k, 900.0, cat="user_annotation")
+        b.kernel("gemm_kernel", 1000.0 * k + 20, 300.0, launch_ts=1000.0 * k + 10)
+    for event in b.events:
+        if event["cat"] == "cuda_runtime":
+            event["cat"], event["name"] = runtime, "launch"
+    result = diagnose([str(b.write(tmp_path / "rank-0.json"))], report=False)
+    assert [(s["step"], s["busy_us"]) for s in result.ranks[0].steps] == [(0, 300.0), (1, 300.0)]
+    assert not any("categories tracecliff does not know" in w or "no CPU-side link" in w for w in result.warnings)

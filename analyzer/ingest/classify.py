@@ -13,7 +13,10 @@ from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.trace import GpuKind, Marker
 
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
+# Runtime / driver calls that launch device work: CUDA's, HIP's, and the other backends Kineto
+# records (Intel XPU, MTIA, PrivateUse1 devices), whose kernels are "kernel" events as CUDA's.
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime", "xpu_runtime", "xpu_driver",
+                         "mtia_runtime", "privateuse1_runtime", "privateuse1_driver"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
 ANNOTATION_CAT = "user_annotation"  # record_function ranges
 # The categories of host ops whose lengths tell a descheduled host (analyzer.ingest.hostops).
@@ -29,7 +32,7 @@ LEGACY_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset
 # Categories tracecliff knows and does not read (no device work it measures lies in them): an
 # unknown category whose events look like device work is named in a warning (columns.py).
 IGNORED_CATS = frozenset({"python_function", "gpu_user_annotation", "Trace", "fwdbwd", "overhead",
-                          "external_correlation", "cuda_profiler_range"})
+                          "external_correlation", "cuda_profiler_range", "mtia_ccp_events"})
 
 
 # The record_function ranges the frameworks open (today's user_annotation), by prefix.
