@@ -174,3 +174,17 @@ def test_other_backends_launches_link_their_kernels(tmp_path, runtime):
     result = diagnose([str(b.write(tmp_path / "rank-0.json"))], report=False)
     assert [(s["step"], s["busy_us"]) for s in result.ranks[0].steps] == [(0, 300.0), (1, 300.0)]
     assert not any("categories tracecliff does not know" in w or "no CPU-side link" in w for w in result.warnings)
+
+
+def test_a_trace_inventing_categories_costs_its_size_and_one_short_warning(tmp_path):
+    """20,000 device-looking events under 20,000 invented categories (hostile input): a bounded
+    number of categories examined, one warning that names a few and counts the rest."""
+    events = [{"ph": "X", "cat": f"c{i}", "name": "void k", "pid": 0, "tid": "stream 7", "ts": float(i), "dur": 1.0,
+               "args": {"stream": 7}} for i in range(20000)]
+    events.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 5.0, "dur": 1.0,
+                   "args": {"stream": 7}})
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    result = diagnose([str(path)], report=False)
+    named = [w for w in result.warnings if "categories tracecliff does not know" in w]
+    assert len(named) == 1 and " more; not read" in named[0] and len(named[0]) < 500
