@@ -242,7 +242,8 @@ def _gpu_text(doc, job) -> str:
     if not gpu and isinstance(hardware, dict):
         gpu = _sourced(hardware.get("gpu_name") or hardware.get("gpu"))
     if not gpu:
-        return "none seen (CPU-only trace)"
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc.get("ranks") or [])
+        return f"none seen ({'device-looking events under unknown categories not read' if unread else 'CPU-only trace'})"
     mem = job.get("gpu_mem_bytes")
     return f"{gpu}" + (f", {mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import diagnose
+from analyzer.cli.main import main
 from conftest import REAL_TRACES
 
 WORLD = REAL_TRACES.parent / "world"
@@ -118,22 +119,32 @@ def test_old_names_give_the_figures_of_todays_names(resnet50, tmp_path):
     assert old_doc == new_doc
 
 
-def test_unknown_categories_that_look_like_device_work_are_named_not_cpu_only(tmp_path):
+def test_unknown_categories_that_look_like_device_work_are_named_not_cpu_only(tmp_path, capsys):
     """Kernels under a category no Kineto version wrote: read what can be read, name the
     category in one warning, and never call the trace CPU-only."""
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100.0 * k, "dur": 20.0}
               for k in range(4)]
     events += [{"ph": "X", "cat": "GpuKernelV9", "name": "gemm_kernel", "pid": 0, "tid": "stream 7",
                 "ts": 100.0 * k + 10, "dur": 50.0, "args": {"stream": 7, "correlation": k}} for k in range(4)]
+    # another generator's: kernels named as CUDA names them, on a numbered row, no args
+    events += [{"ph": "X", "cat": "cuda_op", "name": "void sgemm_kernel", "pid": 1, "tid": 5, "ts": 100.0 * k + 60,
+                "dur": 20.0} for k in range(2)]
     events += [{"ph": "X", "cat": "my_host_range", "name": "setup", "pid": 1, "tid": 1, "ts": 0.0, "dur": 5.0}]
     path = tmp_path / "rank-0.json"
     path.write_text(json.dumps({"traceEvents": events}))
     result = diagnose([str(path)], report=False)
     named = [w for w in result.warnings if "categories tracecliff does not know" in w]
-    assert len(named) == 1 and "'GpuKernelV9' (4)" in named[0] and "my_host_range" not in named[0]
+    assert len(named) == 1 and "6 event(s)" in named[0]
+    assert "'GpuKernelV9' (4)" in named[0] and "'cuda_op' (2)" in named[0] and "my_host_range" not in named[0]
     assert "CPU-only" not in result.verdict and "No GPU work could be read" in result.verdict
     statuses = {r["rule"]: (r["status"], r.get("reason") or "") for r in result.rules}
     assert "CPU-only" not in statuses["gpu-idle-host-bound"][1]
+    html = result.to_html()
+    assert "CPU-only" not in html and "unknown categories" in html
+    with pytest.raises(SystemExit) as exited:
+        main(["gate", str(path), "--preset", "recommended"])
+    out, err = capsys.readouterr()
+    assert exited.value.code != 0 and "CPU-only" not in out + err and "unknown categories" in out + err
 
 
 def test_iterations_between_optimizer_steps():
@@ -179,3 +190,23 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
             total += b - end
             end = b
     return total / 1000.0
+
+
+def test_old_kernels_without_a_stream_arg_are_read_on_their_row(tmp_path):
+    """PyTorch 1.9 wrote some GPU work with only a "stream 7" row and a correlation (the
+    TensorBoard plugin's own test traces): read on stream 7, linked to its launch."""
+    events = [{"ph": "X", "cat": "Operator", "name": f"ProfilerStep#{k}", "pid": 13721, "tid": "123",
+               "ts": 1000.0 * k, "dur": 900.0, "args": {"External id": k}} for k in range(1, 3)]
+    for k in range(1, 3):
+        events.append({"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 13721, "tid": "123",
+                       "ts": 1000.0 * k + 10, "dur": 5.0, "args": {"correlation": k, "external id": k}})
+        events.append({"ph": "X", "cat": "Kernel", "name": "void gemmSN_TN_kernel_64addr", "pid": 0,
+                       "tid": "stream 7", "ts": 1000.0 * k + 20, "dur": 300.0,
+                       "args": {"correlation": k, "external id": k, "device": 0}})
+    path = tmp_path / "worker0.json"
+    path.write_text(json.dumps(events))
+    result = diagnose([str(path)], report=False)
+    steps = result.ranks[0].steps
+    assert [s["step"] for s in steps] == [1, 2]
+    assert [s["busy_us"] for s in steps] == [300.0, 300.0]
+    assert steps[0]["step_time_us"] == 1000.0

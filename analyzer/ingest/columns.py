@@ -77,6 +77,7 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
     warning, so no separate pass over 'ph' is needed."""
     cat_codes, cat_values = factorize(map(_get["cat"], events))
     groups: dict[str, list[Event]] = {}
+    unknown = []
     for code, value in enumerate(cat_values):  # once per distinct category: a dict lookup each
         cat = LEGACY_CATS.get(value, value) if isinstance(value, str) else value
         if cat in READ_CATS:
@@ -86,17 +87,33 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
         elif counts is not None and cat in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
         else:
-            rows = np.flatnonzero(cat_codes == code)
             if others is not None:
-                others += _take(events, rows)
-            if unread is not None and isinstance(cat, str) and cat not in IGNORED_CATS \
-                    and _device_like(_take(events, rows[:_DEVICE_SAMPLE])):
-                unread[cat] = unread.get(cat, 0) + len(rows)
+                others += _take(events, np.flatnonzero(cat_codes == code))
+            if isinstance(cat, str) and cat not in IGNORED_CATS:
+                unknown.append(code)
+    if unread is not None and unknown:
+        _count_unread(events, cat_codes, cat_values, unknown, unread)
     return groups
 
 
 READ_CATS = GPU_ACTIVITY_CATS | LAUNCH_CATS | CPU_OP_CATS
 _DEVICE_SAMPLE = 32  # events of an unknown category looked at: its first few tell what it holds
+_UNKNOWN_EXAMINED = 64  # unknown categories looked at, the largest first: the cost follows the size only
+
+
+def _count_unread(events: list[Event], cat_codes: np.ndarray, cat_values: list[Any], unknown: list[int],
+                  unread: dict[str, int]) -> None:
+    """Add to ``unread`` the events of the unknown categories (codes ``unknown``) whose first
+    events look like device work (:func:`_device_like`); in one pass over the codes, however
+    many categories a trace invents."""
+    sizes = np.bincount(cat_codes, minlength=len(cat_values))
+    chosen = sorted(unknown, key=lambda code: (-int(sizes[code]), code))[:_UNKNOWN_EXAMINED]
+    rows = np.flatnonzero(np.isin(cat_codes, chosen))
+    rows = rows[np.argsort(cat_codes[rows], kind="stable")]  # each category's rows together, in order
+    begins = np.searchsorted(cat_codes[rows], sorted(chosen))
+    for code, begin in zip(sorted(chosen), begins.tolist()):
+        if _device_like(_take(events, rows[begin:begin + min(_DEVICE_SAMPLE, int(sizes[code]))])):
+            unread[cat_values[code]] = unread.get(cat_values[code], 0) + int(sizes[code])
 
 
 def _add_group(groups: dict[str, list[Event]], cat: str, events: list[Event]) -> None:
@@ -119,12 +136,14 @@ def _split_operators(groups: dict[str, list[Event]], events: list[Event]) -> Non
 
 def _device_like(events: list[Event]) -> bool:
     """Whether events look like device work: on a GPU stream (a ``stream`` arg, a "stream N"
-    row) or correlated to a runtime launch."""
+    row), correlated to a runtime launch, or named as CUDA kernels are (``void f<T>(...)``)."""
     for event in events:
         args = event.args
         if args is not None and (args.stream is not None or args.correlation is not None):
             return True
         if isinstance(event.tid, str) and event.tid.startswith("stream"):
+            return True
+        if isinstance(event.name, str) and event.name.startswith("void "):
             return True
     return False
 
@@ -479,9 +498,12 @@ class ColumnBuilder:
         """One warning naming the unknown categories whose events look like device work."""
         if not self.unread:
             return []
-        named = ", ".join(f"{_shown(cat)} ({seen:,})" for cat, seen in sorted(self.unread.items()))
+        largest = sorted(self.unread.items(), key=lambda item: (-item[1], item[0]))
+        named = ", ".join(f"{_shown(cat)} ({seen:,})" for cat, seen in largest[:6])
+        more = f" and {len(largest) - 6:,} more" if len(largest) > 6 else ""
         return [f"{sum(self.unread.values()):,} event(s) under categories tracecliff does not know look like device "
-                f"work (a GPU stream or a launch correlation): {named}; not read, so the GPU figures leave them out"]
+                f"work (a GPU stream, a launch correlation or a kernel's name): {named}{more}; not read, so the GPU "
+                "figures leave them out"]
 
     def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, CommArgs]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),
@@ -557,7 +579,12 @@ def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _tid_stream(event: Event) -> int | None:
-    return event.tid if isinstance(event.tid, int) else None
+    """The stream of GPU work written without a ``stream`` arg: its row, an int or "stream N"
+    (Kineto's row name; PyTorch 1.9's kernels carry only it)."""
+    tid = event.tid
+    if isinstance(tid, str) and tid.startswith("stream ") and tid[7:].isdigit() and len(tid) < 20:
+        return int(tid[7:])
+    return tid if isinstance(tid, int) else None
 
 
 def _marker_kind(name: Any) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 from analyzer.base import arrays
 from analyzer.base.gc_pause import paused_gc
 from analyzer.base.rowtable import RowTable
-from analyzer.rank.comms import collectives_for_rank
+from analyzer.rank.comms import collectives_for_rank, kernels_of_launching_ops
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
@@ -271,6 +271,7 @@ def _load_key(path: str, options: RankOptions) -> tuple | None:
 
 def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
     att = attribute(trace)
+    kernels_of_launching_ops(trace, att)  # before any figure: they are communication
     warnings = list(trace.warnings)
     gpu, keep = trace.gpu, None
     recorded_gpu = len(gpu) > 0

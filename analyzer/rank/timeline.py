@@ -169,9 +169,9 @@ def step_source(rank: RankTrace) -> StepSource:
     annotation, optimizer = _repeating_annotation(rank), _optimizer_iterations(rank)
     # An annotation repeating more often than the optimizer marks something inside the iteration
     # (a layer, a micro-batch): the optimizer's repeats are then the iterations.
-    if annotation is not None and (optimizer is None or len(annotation.numbers) <= len(optimizer.numbers) + 2):
-        return annotation
-    return optimizer or _whole_trace(rank)
+    if optimizer is not None and (annotation is None or len(annotation.numbers) > len(optimizer.numbers) + 2):
+        return optimizer
+    return annotation or _whole_trace(rank)
 
 
 def _repeating_annotation(rank: RankTrace) -> StepSource | None:
@@ -226,7 +226,9 @@ def _optimizer_iterations(rank: RankTrace) -> StepSource | None:
     if best is None:
         return None
     _, name, thread, starts = best
-    return StepSource(np.arange(len(starts) - 1, dtype=np.int64), starts[:-1], starts[1:] - 1, frozenset({thread}),
+    # Each window ends where the next begins (inclusive ends: a launch at that instant belongs to
+    # the later window, the one starting at or before it last), so its length is the repeats' gap.
+    return StepSource(np.arange(len(starts) - 1, dtype=np.int64), starts[:-1], starts[1:], frozenset({thread}),
                       "optimizer", rank.strings[name])
 
 
