@@ -135,7 +135,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     gpu_seen = any(p["span_us"] > 0 for p in per_step)
     if per_step and not gpu_seen:
         headline.append({"label": "GPU time", "value": "–",
-                         "note": "not available: no GPU activity in the traces (CPU-only profile)"})
+                         "note": f"not available: no GPU activity in the traces ({_no_gpu_why(model)})"})
     if gpu_seen:
         typical = model.typical
         if typical is not None:  # the one definition of each figure (analyzer.job.model)
@@ -245,7 +245,8 @@ def _gpu_text(doc, job) -> str:
     if not gpu and isinstance(hardware, dict):
         gpu = _sourced(hardware.get("gpu_name") or hardware.get("gpu"))
     if not gpu:
-        return "none seen (CPU-only trace)"
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc.get("ranks") or [])
+        return f"none seen ({'device-looking events under unknown categories not read' if unread else 'CPU-only trace'})"
     mem = job.get("gpu_mem_bytes")
     return f"{gpu}" + (f", {mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
 
@@ -310,12 +311,19 @@ def _leaf_notes(typical: Any) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- per-rank bars
+def _no_gpu_why(model: JobModel) -> str:
+    """Why a job has no GPU figures: a CPU-only profile, or device work under unknown categories."""
+    if model.unread_device_events:
+        return "device-looking events under unknown categories not read: see warnings"
+    return "CPU-only profile"
+
+
 def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
     if not any(_per_step(r)["span_us"] > 0 for r in ranks):
-        return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
+        return unavailable(f"no GPU activity in the traces ({_no_gpu_why(model)}): nothing to break down")
     stragglers = straggler_ranks(doc)
     if model.typical is not None and any(r.typical for r in model.ranks):
         return _leaf_bars(model, stragglers)

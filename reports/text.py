@@ -8,6 +8,7 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
+from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
@@ -17,6 +18,8 @@ from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
 WIDTH = 100
+# The peer a wait is keyed by, in words: an α-β estimate names no rank (members' traces missing).
+_PEER_WORDS = {ESTIMATED_PEER: "unseen members (beyond the link model)"}
 # A figure and its unit stay on one line ("179.7 ms", "34.2 GB/s"): the space between them is
 # held as a private-use character while the text is wrapped.
 _GLUE = "\ue000"
@@ -253,7 +256,9 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
     if not any(r.get("gpu_event_count") for r in doc["ranks"]):
-        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) (CPU-only): "
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc["ranks"])
+        why = "device-looking events under unknown categories not read: see warnings" if unread else "CPU-only"
+        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) ({why}): "
                 "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]
@@ -281,7 +286,7 @@ def _tree(model: JobModel) -> list[str]:
              + (f"  [left out: {excluded}]" if excluded else "")]
     exposed = leaves.exposed_us
     peers = sorted(d.wait_by_peer.items(), key=lambda kv: (-kv[1], kv[0]))
-    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{p} {fmt_us(v)}" for p, v in peers[:2]) \
+    peer_text = ", ".join(f"{'rank ' if p.isdigit() else ''}{_PEER_WORDS.get(p, p)} {fmt_us(v)}" for p, v in peers[:2]) \
         + (f", +{len(peers) - 2}" if len(peers) > 2 else "")
     splits = []
     for cells_of, title in ((d.by_kind, "by collective"), (d.by_phase, "by phase"), (d.by_group, "by group")):

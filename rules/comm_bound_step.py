@@ -23,8 +23,11 @@ class CommBoundStep(Rule):
         overlap equation, T_comm ≤ T_bwd − T_first_bucket_wait, and whose measured exposed
         communication (the bubble) is a large share of the step. T_comm is the transfer time of
         the step's collectives (the shortest duration of each across ranks, so waiting for a
-        late rank does not count; capped by the α-β model when some ranks' traces are missing); for FSDP the window is forward plus backward, which the
-        all-gathers and reduce-scatters can overlap.
+        late rank does not count); for FSDP the window is forward plus backward, which the
+        all-gathers and reduce-scatters can overlap. When some ranks' traces are missing a kernel's
+        duration is its transfer plus waiting for members not given, which that rank's kernels
+        cannot tell apart: T_comm is then bounded by the link model (hardware profile or
+        ``--config``), stated in the finding, and without one the rule could not check.
 
     Why it matters:
         Once T_comm exceeds the window, no bucket size, prefetch or stream trick can hide the
@@ -78,6 +81,10 @@ class CommBoundStep(Rule):
                                     "are pipeline-bubble's): no collective for compute to hide")
             raise NotEvaluated("no step has both a forward/backward phase and GPU collectives, so the "
                                "critical-overlap window is unknown")
+        known, bound_by = facts.transfer_bound(self._comm_rows(facts, rows[0]["kind"]))
+        if not known:  # T_comm would be each kernel's duration, waiting for the unseen members included
+            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --config) bounds the "
+                               "transfer of its collectives, whose kernels also wait for the members not given")
         exposed = median(r["exposed_us"] for r in rows)
         bubble = median(r["min_bubble_us"] for r in rows)
         t = ctx.thresholds
@@ -92,6 +99,9 @@ class CommBoundStep(Rule):
         model = (f"critical overlap: T_comm ≤ {window} − T_first_wait ⇔ {rep['t_comm_us']:,.0f} µs ≤ "
                  f"{rep['t_window_us']:,.0f} − {rep['wait_us']:,.0f} µs: false; bubble ≥ T_comm + T_first_wait "
                  f"− {window} = {rep['min_bubble_us']:,.0f} µs (rank {rep['rank']}, step {rep['step']})")
+        if bound_by:
+            summary += f" T_comm is the {bound_by}."
+            model += f"; T_comm: {bound_by}"
         hit = [r for r in rows if r["min_bubble_us"] >= t["min_bubble_fraction"] * step_us]
         step_us = facts.model.step_time_us
         gain, best, prediction = self._prediction(ctx, rep["kind"])
@@ -106,7 +116,7 @@ class CommBoundStep(Rule):
             "step_time_us": round(step_us, 1),
             "by_rank_step": [[r["rank"], r["step"], round(r["t_comm_us"], 1), round(r["t_window_us"], 1),
                               round(r["exposed_us"], 1)] for r in rows],
-            "collectives": rep["collectives"],
+            "collectives": rep["collectives"], "t_comm_basis": bound_by or "measured (every rank's trace given)",
             "prediction": prediction,
         }
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
@@ -152,6 +162,16 @@ class CommBoundStep(Rule):
         model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
         return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
                                       changes=fix.changes)
+
+    @staticmethod
+    def _comm_rows(facts, kind: str) -> list[dict]:
+        """The collective rows T_comm sums: the backward all-reduces (DDP) or every GPU
+        collective but point-to-point (the window)."""
+        if kind == "ddp":
+            return [c for c in facts.data_parallel_of("allreduce", "backward") if c.get("on_gpu")]
+        view = CollectiveColumns.of(facts.result)
+        kinds = tuple(k for k in view.kind.names if k not in POINT_TO_POINT)
+        return [c for c in facts.rows_of_kinds(kinds) if c.get("on_gpu")]
 
     @staticmethod
     def _ddp_rows(facts):

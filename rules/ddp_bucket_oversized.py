@@ -7,7 +7,8 @@ import statistics
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.prediction import what_if_or_own
-from analyzer.whatif.ddp import allreduce_equation, backward_transfer_us, ddp_steps, why_no_ddp_steps, typical_step
+from analyzer.whatif.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
+                                 why_no_ddp_steps)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
@@ -79,7 +80,7 @@ class DdpBucketOversized(Rule):
         gain, projection_source, prediction = what_if_or_own(
             ctx.facts.result, step_us, gain,
             "DDP bucket pipeline (docs/models.md §4) on the median rank-step, re-bucketed at the suggested cap",
-            {"link": {"value": rep.link.evidence(), "origin": "measured", "source": rep.link.source}},
+            {"link": {"value": rep.link.evidence(), "origin": link_origin(rep.link), "source": rep.link.source}},
             bucket_mb=cap_mib)
         hit = [s for s in steps if s.measured_tail_us >= ctx.thresholds["tail_fraction"] * step_us]
         wait = rep.first_wait_us

@@ -7,7 +7,7 @@ import statistics
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.prediction import what_if_or_own
-from analyzer.whatif.ddp import ddp_steps, why_no_ddp_steps, typical_step
+from analyzer.whatif.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
@@ -87,7 +87,7 @@ class DdpBucketUndersized(Rule):
         gain, projection_source, prediction = what_if_or_own(
             ctx.facts.result, step_us, gain,
             "DDP bucket pipeline (docs/models.md §4) on the median rank-step, re-bucketed at the suggested cap",
-            {"link": {"value": link.evidence(), "origin": "measured", "source": link.source}},
+            {"link": {"value": link.evidence(), "origin": link_origin(link), "source": link.source}},
             bucket_mb=cap_mib)
         n = link.n
         summary = (f"{len(rep.bucket_bytes)} gradient all-reduces per step, median {fmt_bytes(median_bucket)}, "

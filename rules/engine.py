@@ -301,6 +301,9 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     if model.ranks and any(r.steps for r in model.ranks):
         return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
     # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
+    if not model.gpu_events and model.unread_device_events:
+        return (f"No GPU work could be read: {model.unread_device_events:,} event(s) under categories tracecliff does "
+                "not know look like device work (see warnings); only the structural checks could run.")
     if not model.gpu_events:
         return ("CPU-only traces (no GPU work recorded): only the structural checks could run, and none found a "
                 "problem.")

@@ -157,7 +157,7 @@ class ExposedCommunication(Rule):
                                         "overlap": {"value": "full", "origin": "assumed",
                                                     "source": "the fix hides or removes all of it (bucketing, prefetch, "
                                                               "pipelining, fewer bytes); the compute is enough to hide it"},
-                                        "waiting": {"value": round(open_wait, 1), "origin": "measured",
+                                        "waiting": {"value": round(open_wait, 1), "origin": _wait_origin(tb),
                                                     "source": "waiting for late peers counted as recoverable: the late "
                                                               "ranks arrive on time"}}),
         }
@@ -203,11 +203,19 @@ def _wait_caveat(tb: dict[str, Any]) -> str:
     source = tb.get("wait_source") or ""
     if source.startswith("not measured"):
         return " (one rank's trace: waiting is not measured and counts as transfer)"
+    if source.startswith("estimated") and "ranks' traces given" in source:
+        return (" (waiting is an α-β estimate: the transfer bounded by the link model, the rest waiting or "
+                "contention; the other members' traces are missing)")
     if source.startswith("estimated"):
         return " (one rank's trace: waiting is an α-β estimate)"
     if "lower bound" in source:
         return f" (waiting is a lower bound: {source.split(':')[0]})"
     return ""
+
+
+def _wait_origin(tb: dict[str, Any]) -> str:
+    """How the waiting was obtained: measured by the cross-rank matching, else estimated."""
+    return "estimated" if str(tb.get("wait_source") or "").startswith("estimated") else "measured"
 
 
 def _sentence(text: str) -> str:

@@ -84,13 +84,13 @@ def test_the_idle_goes_to_the_allocator_leaf(by_hand, result):
     windows = [s["time_breakdown"] for s in rank.steps if s.get("time_breakdown")]
     idle = sum(tb["idle_us"] for tb in windows)
     allocator = sum(tb["idle_by_host"]["allocator"] for tb in windows)
-    # the windows cover the GPU span: their idle is the hand-worked idle
-    assert idle == pytest.approx(by_hand["idle_us"], rel=0.01)
+    # The windows are the iterations between the optimizer's repeats (no ProfilerStep here):
+    # they cover all but the GPU work before the first Optimizer.step and after the last, so
+    # their idle is most of the hand-worked idle (2.94 of 3.03 s), never more.
+    assert 0.9 * by_hand["idle_us"] <= idle <= by_hand["idle_us"]
+    # inside them, the hand-worked share of idle spent in a hipFree (>= 95%) is the leaf's
     assert allocator >= 0.95 * idle
-    # never more than the idle, and at least the idle spent inside the frees (less what the
-    # blocking syncs, ahead of it in the leaves' order, take: under 1% here)
     assert allocator <= idle
-    assert allocator >= by_hand["idle_in_free_us"] - 0.01 * idle
 
 
 def test_the_allocator_calls_of_each_window(by_hand, result):

@@ -331,6 +331,15 @@ def has_gpu_activity(run: Any) -> bool:
     return any(r.gpu_event_count for r in run.ranks) or any(s.busy_us > 0 for s in run.model.rank_steps())
 
 
+def no_gpu_reason(run: Any, who: str) -> str:
+    """Why ``run`` (no GPU activity read) has no GPU steps: a CPU-only profile, or device work
+    under categories tracecliff does not know (never called CPU-only)."""
+    if run.model.unread_device_events:
+        return (f"no GPU steps in {who} (no GPU activity read: events under unknown categories look like device "
+                "work, see its warnings)")
+    return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+
+
 def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the run") -> str:
     """Why a known metric has no value in ``run`` (for the gate's message); ``steps``: the
     ProfilerStep numbers the run was asked for (``--steps``), ``who``: how to name the run."""
@@ -338,7 +347,7 @@ def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the r
     if steps and selected_nothing(run, steps):
         return f"{steps_text(missing)} not in the traces (--steps selected nothing)"
     if not has_gpu_activity(run):
-        return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+        return no_gpu_reason(run, who)
     if name == "mfu":
         return "model-parameter MFU unknown for this run (needs --model-params and --tokens-per-step)"
     if name in ("shapes_mfu", "gemm_tflops"):

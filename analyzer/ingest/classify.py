@@ -13,13 +13,42 @@ from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.trace import GpuKind, Marker
 
 GPU_ACTIVITY_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
-LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
+# Runtime / driver calls that launch device work: CUDA's, HIP's, and the other backends Kineto
+# records (Intel XPU, MTIA, PrivateUse1 devices), whose kernels are "kernel" events as CUDA's.
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime", "xpu_runtime", "xpu_driver",
+                         "mtia_runtime", "privateuse1_runtime", "privateuse1_driver"})
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "cpu_instant_event"})
 ANNOTATION_CAT = "user_annotation"  # record_function ranges
 # The categories of host ops whose lengths tell a descheduled host (analyzer.ingest.hostops).
 HOST_OP_CATS = frozenset({"cpu_op"}) | LAUNCH_CATS
 # Kineto's flow arrows from a runtime launch to the GPU work it launched (counted, not read).
 FLOW_CATS = frozenset({"ac2g"})
+# The categories Kineto wrote up to PyTorch 1.9 (2021), read as today's. "Operator" held both the
+# ATen ops and the record_function ranges (ProfilerStep#N, the DataLoader, the optimizer):
+# OPERATOR_CAT is split by name (operator_category), once per distinct name.
+OPERATOR_CAT = "Operator"
+LEGACY_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
+               "async": "ac2g"}
+# Categories tracecliff knows and does not read (no device work it measures lies in them): an
+# unknown category whose events look like device work is named in a warning (columns.py).
+IGNORED_CATS = frozenset({"python_function", "gpu_user_annotation", "Trace", "fwdbwd", "overhead",
+                          "external_correlation", "cuda_profiler_range", "mtia_ccp_events"})
+
+
+# The record_function ranges the frameworks open (today's user_annotation), by prefix.
+_FRAMEWORK_RANGES = ("DistributedDataParallel.", "FullyShardedDataParallel.", "FSDP::", "## ")
+
+
+@lru_cache(maxsize=65536)
+def operator_category(name: object) -> str:
+    """Today's category of an old "Operator" event: record_function ranges carry a '#'
+    (``ProfilerStep#5``, ``Optimizer.step#SGD.step``, ``enumerate(DataLoader)#...``) or are a
+    framework's own (``_FRAMEWORK_RANGES``); the ATen ops (``aten::conv2d``) and autograd nodes
+    (``CudnnConvolutionBackward``) are ``cpu_op``. A user's own range without '#' is read as an
+    op: it still marks what its name marks, only it is no candidate step annotation."""
+    if isinstance(name, str) and ("#" in name or name.startswith(_FRAMEWORK_RANGES)):
+        return ANNOTATION_CAT
+    return "cpu_op"
 
 __all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 
@@ -76,6 +105,13 @@ _INPUT_PREFIXES = ("enumerate(DataLoader)", "enumerate(DataPipe)")
 # inside its evaluate_function ("CompiledFunctionBackward"): CamelCase, no spaces (aten's
 # "aten::addmm_backward" ops and schedules' "Backward 3" ranges are not these).
 _AUTOGRAD_NODE = re.compile(r"^(?:[A-Za-z_][\w:]*Backward\d*|torch::autograd::(?:AccumulateGrad|CopyBackwards|GraphRoot))$")
+# Ops that launch collectives outside c10d's backends, naming the collective: PyTorch's
+# symmetric memory (symm_mem::multimem_all_reduce_, one_shot_all_reduce, two_shot_all_reduce_...),
+# vLLM's / SGLang's custom all-reduce (vllm::all_reduce, _C_custom_ar::all_reduce,
+# sgl_kernel::all_reduce), TensorRT-LLM's (trtllm::allreduce). Their kernels take kind (and,
+# for symm_mem, group) from them (analyzer.rank.comms).
+_LAUNCHING_COMM_OP = re.compile(r"^(?:symm_mem|vllm|_C_custom_ar|sgl_kernel|trtllm)::\w*?"
+                                r"(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast)", re.IGNORECASE)
 
 _FSDP_FQN = re.compile(r"^FSDP::[\w.]+ \((.*)\)$")
 # A job's own ranges of its passes: a schedule's forward / backward step (Megatron-style
@@ -121,7 +157,7 @@ def marker_kind(name: str) -> int | None:
         return Marker.STEP
     if name == "record_param_comms":
         return Marker.COMM_PARAMS
-    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")):
+    if name.startswith(("nccl:", "gloo:", "c10d::", "mpi:", "ucc:")) or launching_comm_op(name):
         return Marker.COMM_OP
     if name.startswith("autograd::engine::evaluate_function"):
         return Marker.BACKWARD  # framework markers among them are counted from the names
@@ -172,6 +208,12 @@ def marker_kind(name: str) -> int | None:
     if framework_marker(name):
         return Marker.FRAMEWORK
     return None
+
+
+def launching_comm_op(name: str) -> bool:
+    """Whether a CPU op launches a collective outside c10d's backends and names it
+    (``_LAUNCHING_COMM_OP``): every kernel it launches is that collective's."""
+    return _LAUNCHING_COMM_OP.match(name) is not None
 
 
 def fsdp_module_of(name: str) -> str | None:

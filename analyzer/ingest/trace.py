@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from analyzer.ingest.memory import MemoryEvents
 from analyzer.ingest.shapes import ShapeOps, empty_shape_ops
 
 
@@ -230,4 +231,7 @@ class RankTrace:
     shape_ops: ShapeOps = field(default_factory=empty_shape_ops)
     flow_events: int = 0  # launch -> GPU work arrows ("ac2g"): none in a filtered trace
     runtime_calls: int = 0  # CUDA/HIP runtime and driver calls, the launches among them
+    # Events of unknown categories that look like device work (not read): no "CPU-only" while any
+    unread_device_events: int = 0
     host_op_medians: dict[str, float] = field(default_factory=dict)  # µs, of the HOST_INFLATED ops' names
+    memory: MemoryEvents = field(default_factory=MemoryEvents.empty)  # the allocator's events (profile_memory)

@@ -24,6 +24,7 @@ from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
 from analyzer.job.parallelism import role_key
 from analyzer.job.compute import analyze_compute
+from analyzer.job.memory import job_memory
 from analyzer.job.mfu import compute_mfu, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
@@ -44,6 +45,8 @@ def analyze_job(result: Any, options: Any) -> None:
     result.stragglers = stragglers
     result.groups = groups
     result.collective_summary = commfit.summarize(result.collectives, view)
+    if any(r.memory is not None for r in result.ranks) or result.memory is None:  # a saved result keeps its own
+        result.memory = job_memory(result.ranks)
     attribute_job(result)
     result.job_model = None  # the typical step is chosen: the compute figures and busbw read it
     write_group_busbw(result)
@@ -109,8 +112,17 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
         cols = commfit.GroupColumns([], view, index, measured[index])
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
+        given = len(np.unique(view.rank[index]))  # members whose traces hold the group's rows
+        if n and given < n:
+            # A member's trace is missing: a kernel's duration is its transfer plus the wait for
+            # members not seen, which cannot be told apart; a fit on them learns the waiting.
+            # Only kernels whose transfer is measured (none without every member) may teach it.
+            gpu &= cols.measured
         if not n:
             ab = commfit.AlphaBeta(None, None, "group size unknown: no α/β", "none")
+        elif not gpu.any() and given < n:
+            ab = commfit.AlphaBeta(fallback[0], fallback[1], commfit.unfitted_partial(fallback[2], given, n),
+                                   "profile" if fallback[1] is not None else "none")
         elif not gpu.any():
             ab = commfit.AlphaBeta(None, None, "no GPU collectives with a known size", "none")
         else:

@@ -254,6 +254,11 @@ def _wait_source(result: Any, estimated: bool) -> str:
     model = ("the kernel time beyond the α-β model's transfer for its bytes on the group's link "
              "(dur − T_model), where sizes and link are known")
     if not stragglers.get("method"):
+        if estimated and world and given < world:
+            return (f"estimated: {given} of {world} ranks' traces given and no collective matched across them, so "
+                    f"the transfer is bounded by the α-β model's time for its bytes on the group's link and the rest "
+                    f"of each kernel (dur − T_model) is waiting or contention (the other members' traces are "
+                    f"missing), where sizes and link are known; the rest counts as transfer")
         if estimated:
             return (f"estimated: no collective could be matched across ranks (one rank's trace?), so waiting "
                     f"is {model}; the rest counts as transfer")

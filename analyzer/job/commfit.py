@@ -299,6 +299,12 @@ def fit_alpha_beta(kinds: list[str] | Categorical, sizes: list[int] | np.ndarray
                      f"{len(x)} size buckets)", "fit", len(x))
 
 
+def unfitted_partial(where: str, given: int, n: int) -> str:
+    """Why a group with members missing from the traces has no α/β fit (its link: ``where``)."""
+    return (f"{where}: {given} of {n} members' traces given: each kernel's duration is its transfer plus "
+            "waiting for the members not given, which a fit cannot tell apart, so none is made")
+
+
 def _beta_only(points, alpha_fb, beta_fb, where, distinct, source) -> AlphaBeta:
     """Too few sizes for a line: α from the profile; β from the fastest collective with that α
     when its transfer time is clearly above α (else the profile's β too)."""

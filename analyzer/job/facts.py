@@ -141,6 +141,34 @@ class JobFacts:
         return len(self.result.ranks) >= self.world_size
 
     @cached_property
+    def members_missing(self) -> str | None:
+        """On a partial job (fewer ranks' traces than ``world_size``), how many are given, in the
+        words a rule that cannot check says it: "needs every member's trace (1 of 8 given)";
+        None when every rank's trace is given."""
+        if self._every_rank:
+            return None
+        return f"needs every member's trace ({len(self.result.ranks)} of {self.world_size} given)"
+
+    def transfer_bound(self, rows: list[dict[str, Any]]) -> tuple[bool, str | None]:
+        """(whether the transfer time of these collective rows is known, what bounds it) on a
+        job whose traces are a subset: a kernel's duration is its transfer plus waiting for the
+        members not given, and only the link model (hardware profile or --config) bounds the
+        transfer (``transfer_time``). Unknown when a row's size, kind model or group link is
+        missing; (True, None) when every rank's trace is given (the cross-rank matching measures
+        it)."""
+        if self._every_rank:
+            return True, None
+        sources = set()
+        for row in rows:
+            link = self.link(row.get("group") or {})
+            if not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS or link is None:
+                return False, None
+            sources.add(link.source)
+        return True, (f"transfer bounded by the link model ({'; '.join(sorted(sources))}), the rest of each "
+                      f"kernel being waiting or contention (the other members' traces are missing: "
+                      f"{len(self.result.ranks)} of {self.world_size} given)")
+
+    @cached_property
     def data_parallel_collectives(self) -> RowSubset:
         """The collectives of data-parallel groups (analyzer.job.parallelism): what gradient
         and parameter rules may read; a tensor-parallel all-reduce is no gradient all-reduce.
@@ -308,14 +336,20 @@ class JobFacts:
         sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
         return any(size >= 2 for size in sizes.values())
 
+    def _no_gpu_steps(self) -> str:
+        if self.model.gpu_events:
+            return "no GPU steps in the traces"
+        if self.model.unread_device_events:
+            return "no GPU work read (events under unknown categories look like device work: see warnings)"
+        return "no GPU work in the traces (CPU-only): no GPU timeline to measure"
+
     def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
         """(status, reason) when a rule with these needs cannot run on this job, None when it
         can: ``not_evaluated`` when the job may have the problem but the traces cannot show it
         (no GPU steps, ranks missing), ``not_applicable`` when the job cannot have it."""
         checks = {
             "gpu_steps": (lambda: any(s.windows for s in self.steps),
-                          "no GPU work in the traces (CPU-only): no GPU timeline to measure" if not self.model.gpu_events
-                          else "no GPU steps in the traces"),
+                          self._no_gpu_steps()),
             "ddp": (lambda: self.strategy in ("ddp", "unknown") and bool(self.result.buckets),
                     "not a DDP job with gradient all-reduces"),
             "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units), self._no_fsdp_units()),

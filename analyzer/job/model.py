@@ -360,6 +360,12 @@ class JobModel:
         return sum(int(r.gpu_event_count or 0) for r in self._result.ranks)
 
     @property
+    def unread_device_events(self) -> int:
+        """Events of unknown categories that look like device work, over all the ranks given:
+        with GPU work unread, a trace without GPU events is not called CPU-only."""
+        return sum(int((r.markers_seen or {}).get("unread_device_events", 0)) for r in self._result.ranks)
+
+    @property
     def step_source(self) -> str | None:
         """How the typical step was found where it is no ProfilerStep (an annotation, the whole
         trace), else None."""

@@ -121,6 +121,9 @@ class Result:
     timeline: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
     hta: dict[str, Any] | None = None
+    # measured memory per rank and step from the allocator's events, and the job's figures
+    # (analyzer.job.memory; ``recorded`` false with the reason when the trace has none)
+    memory: dict[str, Any] | None = None
     # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
     # built on first use, never serialized: the rows above are the contract)
     collective_columns: Any = field(default=None, repr=False, compare=False)
@@ -295,7 +298,7 @@ def _view(name: str) -> Callable[[Result], str]:
 
 
 _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",
-             "recoverable", "timeline", "scaling", "hta")
+             "recoverable", "timeline", "scaling", "hta", "memory")
 
 
 def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None = None) -> dict[str, Any]:

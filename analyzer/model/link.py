@@ -92,6 +92,10 @@ def group_link(fit: dict[str, Any] | None, hardware: HardwareAssumptions, n: int
     """The link of a process group: the job analysis's α/β fit of its collectives when there is
     one (``fit``: its ``groups[]`` entry), else the hardware profile's."""
     if fit and fit.get("alpha_us") is not None and fit.get("beta_gbps"):
+        # the analysis's entry holds the profile's α/β when it made no fit: say so, not "fitted"
+        unfitted = fit.get("fit_source") == "profile"
+        source = str(fit.get("fit") or "hardware profile").split(": ")[0] if unfitted \
+            else f"fitted ({fit.get('fit') or 'job analysis'})"
         return Link(float(fit["alpha_us"]), float(fit["beta_gbps"]), n, bool(fit.get("cross_node", nodes > 1)),
-                    int(fit.get("nodes") or nodes), f"fitted ({fit.get('fit') or 'job analysis'})")
+                    int(fit.get("nodes") or nodes), source)
     return profile_link(hardware, n, nodes, members)

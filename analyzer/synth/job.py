@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip as gzip_module
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +59,15 @@ def dumps(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ": "), allow_nan=False).encode()
 
 
-def write_job(spec: JobSpec, outdir: str | Path, gzip: bool = True) -> Path:
-    """Write rank-{r}.json[.gz] per rank and truth.json into outdir; identical bytes every time."""
+def write_job(spec: JobSpec, outdir: str | Path, gzip: bool = True, ranks: Iterable[int] | None = None) -> Path:
+    """Write rank-{r}.json[.gz] per rank and truth.json into outdir; identical bytes every time.
+    ``ranks``: only these ranks' traces (a partial job: the traces a user has of a larger run);
+    the truth is the whole job's, every rank's, with ``ranks_written`` naming those written."""
     sim = simulate(spec)
-    return write_folder(outdir, sim.rank_traces, sim.truth, gzip)
+    if ranks is None:
+        return write_folder(outdir, sim.rank_traces, sim.truth, gzip)
+    chosen = sorted(set(ranks))
+    return write_folder(outdir, {r: sim.rank_traces[r] for r in chosen}, {**sim.truth, "ranks_written": chosen}, gzip)
 
 
 def write_folder(outdir: str | Path, rank_traces: Mapping[int, dict], truth: dict, gzip: bool = True) -> Path:

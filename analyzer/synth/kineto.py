@@ -51,6 +51,8 @@ class RankRenderer:
     def trace(self) -> dict:
         spec = self.spec
         events = self.cpu_events() + self.gpu_events() + self.metadata_events()
+        if spec.category_names == "legacy":
+            events = [_legacy(e) for e in events]
         host = spec.host_name(self.r)
         dist = {
             "backend": "nccl", "rank": self.r, "world_size": spec.world_size,
@@ -129,7 +131,8 @@ class RankRenderer:
         args["blocks per SM"] = round(blocks, 6)
         args["warps per SM"] = round(warps, 6)
         args["est. achieved occupancy %"] = int(min(100, 100 * warps / 64))
-        if ev.comm is not None and self.spec.kernel_comm_args:
+        # Kineto copies record_param_comms' args onto the kernel: none for a custom all-reduce's
+        if ev.comm is not None and self.spec.kernel_comm_args and "library" not in ev.comm.tag:
             comm = self.comm_args(ev.comm, cpu_side=False)
             args.update({k: comm[k] for k in KINETO_KERNEL_COMM_KEYS if k in comm})
         return args
@@ -187,6 +190,17 @@ class RankRenderer:
 
 def render_rank(program: Program, rank: int) -> dict:
     return RankRenderer(program, rank).trace()
+
+
+# PyTorch <= 1.9's category names (category_names="legacy"): CPU ops and record_function
+# ranges were both "Operator" (GPU annotations keep theirs: tracecliff reads none).
+LEGACY_NAMES = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset", "cuda_runtime": "Runtime",
+                "cpu_op": "Operator", "user_annotation": "Operator", "ac2g": "async"}
+
+
+def _legacy(event: dict) -> dict:
+    cat = event.get("cat")
+    return {**event, "cat": LEGACY_NAMES[cat]} if cat in LEGACY_NAMES else event
 
 
 def _by_time(rows: list[tuple[int, dict]]) -> list[dict]:

@@ -31,6 +31,19 @@ COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nc
     REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
     ALLTOALL: ("c10d::alltoall_base_", "all_to_all", "nccl:all_to_all"),
 }
+# tp_allreduce_impl -> (the launching op, its kernel, the library tracecliff names it by, the
+# kernel's element type by dtype)
+CUSTOM_ALLREDUCE = {
+    "symm_mem": ("symm_mem::multimem_all_reduce_",
+                 "void c10d::symmetric_memory::multimem_all_reduce_kernel<{dtype}, 16, {n}>({dtype}*, unsigned long, "
+                 "unsigned long, unsigned int**, unsigned long, unsigned long)", "symm_mem",
+                 {"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp32": "float"}),
+    "custom_ar": ("vllm::all_reduce",
+                  "void vllm::cross_device_reduce_1stage<{dtype}, {n}>(vllm::RankData*, vllm::RankSignals, "
+                  "vllm::Signal*, {dtype}*, int, int)", "custom_allreduce",
+                  {"bf16": "__nv_bfloat16", "fp16": "half", "fp32": "float"}),
+}
+RECORDED_TYPE = {"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp32": "float"}  # record_shapes' Input type
 DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 SPLIT_COPY = (
@@ -195,9 +208,14 @@ class Program:
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
         transfer_us = ring_time_us(kind, size, n, group.link) * contention
         c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
+        impl = self.spec.tp_allreduce_impl if kind == ALLREDUCE and "tp" in tag else "nccl"
+        if impl != "nccl":
+            tag = {**tag, "library": CUSTOM_ALLREDUCE[impl][2]}
         call = CollectiveCall(kind, coll_name, dtype, in_n, out_n, size, role, int(round(transfer_us * 1e3)),
                               ready=ready, labels=self.labels[role], tag=tag)
         eng = self.eng
+        if impl != "nccl":
+            return self.custom_allreduce(impl, call, n, stream, thread)
         with eng.op(c10d_op, thread), eng.op("record_param_comms", thread) as rpc:
             rpc.comm = call
             eng.depend_on(COMPUTE_STREAM, thread)  # ProcessGroupNCCL syncStream; `ready` holds its time
@@ -205,6 +223,16 @@ class Program:
                 kernel = eng.collective(nccl_kernel_name(kind, dtype), stream, call, thread)
         eng.annotate_gpu(annotation, ann.ext, [kernel])
         return kernel
+
+    def custom_allreduce(self, impl: str, call: CollectiveCall, n: int, stream: int, thread: str) -> GpuEvent:
+        """An all-reduce outside c10d's backends (tp_allreduce_impl): the op that launches it
+        names it (with its recorded shapes when record_shapes is on), no record_param_comms."""
+        op, kernel, _, types = CUSTOM_ALLREDUCE[impl]
+        shapes = {"Input Dims": [[call.in_nelems]], "Input type": [RECORDED_TYPE[call.dtype]]} \
+            if self.spec.record_shapes else {}
+        with self.eng.op(op, thread, args=shapes):
+            self.eng.depend_on(COMPUTE_STREAM, thread)
+            return self.eng.collective(kernel.format(dtype=types[call.dtype], n=n), stream, call, thread)
 
     def local_params(self) -> float:
         raise NotImplementedError
@@ -234,6 +262,8 @@ class DdpProgram(Program):
         self.embedding_alltoall("main")
         around = self.forward_range()
         with around or nullcontext() as ann:
+            if self.spec.forward_marker == "ddp":
+                ann.recorded = self.spec.step_marker != "optimizer"
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
                 compute.layer_forward(self.tp_allreduce)

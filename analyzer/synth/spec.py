@@ -135,7 +135,7 @@ class JobSpec:
     # how the trace marks the steps: "profiler" (ProfilerStep#N, the profiler's schedule),
     # "annotation" (no ProfilerStep: a benchmark's own record_function around each forward,
     # named step_annotation) or "none" (no step marker at all)
-    step_marker: str = "profiler"
+    step_marker: str = "profiler"  # or "optimizer": neither ProfilerStep nor a forward range, the optimizer's alone
     step_annotation: str = "measure|forward"
     # what the job runs: "training" (zero_grad, forward, loss, backward, optimizer step) or
     # "inference" (forward passes only, then the output's .item(): no backward, no optimizer)
@@ -144,6 +144,14 @@ class JobSpec:
     # "compiled" (torch.compile: "Torch-Compiled Region: 0/0" > "CompiledFunction") or "none"
     # (eager, no range: the phases come from the job's structure alone)
     forward_marker: str = "ddp"
+    # the category names Kineto writes: "today" or "legacy" (PyTorch <= 1.9: Kernel, Memcpy,
+    # Memset, Runtime, Operator for CPU ops and record_function ranges alike, async flows)
+    category_names: str = "today"
+    # how the tensor-parallel / forward all-reduces run: "nccl", "symm_mem" (PyTorch's symmetric
+    # memory: symm_mem::multimem_all_reduce_ launching multimem_all_reduce_kernel, no
+    # record_param_comms) or "custom_ar" (vLLM's custom all-reduce: vllm::all_reduce launching
+    # cross_device_reduce_1stage); the time model is the same
+    tp_allreduce_impl: str = "nccl"
     emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
@@ -186,7 +194,11 @@ class JobSpec:
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
         _check(self.loss_copy in ("item", "pageable"), "loss_copy must be item or pageable")
         _check(self.host_contention_every >= 1, "host_contention_every >= 1")
-        _check(self.step_marker in ("profiler", "annotation", "none"), "step_marker must be profiler, annotation or none")
+        _check(self.step_marker in ("profiler", "annotation", "none", "optimizer"),
+               "step_marker must be profiler, annotation, none or optimizer")
+        _check(self.category_names in ("today", "legacy"), "category_names must be today or legacy")
+        _check(self.tp_allreduce_impl in ("nccl", "symm_mem", "custom_ar"),
+               "tp_allreduce_impl must be nccl, symm_mem or custom_ar")
 
     def stall_us(self, step_index: int) -> list[float]:
         """Per rank, the host stall of the step_index-th recorded step (µs)."""
@@ -240,7 +252,8 @@ _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "b
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
-                "step_annotation": "measure|forward", "workload": "training", "forward_marker": "ddp"}  # knob: its default
+                "step_annotation": "measure|forward", "category_names": "today",
+                "tp_allreduce_impl": "nccl", "workload": "training", "forward_marker": "ddp"}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:

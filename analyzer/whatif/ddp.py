@@ -230,8 +230,16 @@ def why_no_ddp_steps(facts, need_link: bool = True) -> str:
     if buckets and all(b["bytes"] is None for b in buckets):
         return "gradient all-reduce sizes are unknown (no collective args or Input Dims)"
     if need_link and ddp_steps(facts, need_link=False):
+        if facts.members_missing:  # no fit from kernels that wait for members not given
+            return f"{facts.members_missing}: no link model (hardware profile or --config) for the all-reduce group"
         return "the all-reduce group's link (α/β) is unknown: no fit and no hardware profile"
     return "no step has both a backward window and gradient all-reduces of known size"
+
+
+def link_origin(link: Link) -> str:
+    """Where a link's α/β came from, as a prediction's assumption says it: measured (a fit of
+    the group's own collectives) or the hardware profile."""
+    return "measured" if link.source.startswith("fitted") else "profile"
 
 
 def _all_ddp_steps(facts) -> list[DdpStep]:

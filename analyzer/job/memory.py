@@ -1,0 +1,100 @@
+"""The job's ``memory`` section, and whether a fix that changes memory fits.
+
+``memory.ranks[]`` is each rank's measured memory per step (analyzer.rank.memory). The job's
+``peak_allocated_bytes`` / ``peak_reserved_bytes`` are the highest of any rank in any analysed
+step: what a change must fit beside (one definition, quoted by the text, HTML, gate and diff).
+
+A fix that changes memory carries ``evidence.memory`` (:func:`fit`): the peak after the fix,
+from the measured peak (absolute figures: the allocator's totals) plus the bytes the fix adds,
+else from the models (docs/models.md §3: the static state of the new strategy), against the
+device's memory less a margin (docs/models.md "Memory"): 10% of the device beside a measured
+peak (NCCL's buffers and the CUDA context are outside the allocator), 20% beside a modelled
+one (workspaces, NCCL buffers, fragmentation, activations unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.base.units import fmt_bytes
+
+MEASURED_MARGIN = 0.10
+MODELLED_MARGIN = 0.20
+NOT_RECORDED = "no allocator events: profile with profile_memory=True"
+
+
+def job_memory(ranks: list[Any]) -> dict[str, Any]:
+    """The section from the ranks' map summaries (``RankAnalysis.memory``)."""
+    recorded = [dict(r.memory, rank=r.rank) for r in ranks if r.memory and r.memory.get("recorded")]
+    if not recorded:
+        return {"recorded": False, "why": NOT_RECORDED, "ranks": []}
+    recorded.sort(key=lambda m: m["rank"])
+    out: dict[str, Any] = {"recorded": True, "ranks": recorded,
+                           "relative": any(m["relative"] for m in recorded),
+                           "ranks_recorded": len(recorded), "ranks_without": sorted(
+                               r.rank for r in ranks if not (r.memory and r.memory.get("recorded")))}
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        rank, step, value = _highest(recorded, key)
+        out[key] = value
+        out[key.replace("_bytes", "_at")] = None if value is None else {"rank": rank, "step": step}
+    sizes = [m["device_bytes"] for m in recorded if m.get("device_bytes")]
+    out["device_bytes"] = min(sizes) if sizes else None
+    return out
+
+
+def _highest(recorded: list[dict[str, Any]], key: str) -> tuple[int | None, int | None, int | None]:
+    best: tuple[int | None, int | None, int | None] = (None, None, None)
+    for m in recorded:
+        for s in m["steps"]:
+            value = s.get(key)
+            if value is not None and (best[2] is None or value > best[2]):
+                best = (m["rank"], s["step"], value)
+    return best
+
+
+def measured_peak(section: dict[str, Any] | None) -> int | None:
+    """The job's measured peak as a fit reads it (reserved where recorded, else allocated);
+    None when not recorded, or relative (Bytes only: not comparable with the device)."""
+    if not section or not section.get("recorded") or section.get("relative"):
+        return None
+    peak = section.get("peak_reserved_bytes")
+    return peak if peak is not None else section.get("peak_allocated_bytes")
+
+
+def fit(section: dict[str, Any] | None, device_bytes: float | None, added_bytes: float | None,
+        modelled_peak_bytes: float | None = None, added_source: str = "") -> dict[str, Any]:
+    """``evidence.memory`` of a fix: ``fits`` (None: could not check, ``why``), ``peak_bytes``
+    after the fix, ``added_bytes``, ``device_bytes``, ``margin`` (a fraction of the device) and
+    ``how`` (measured / modelled)."""
+    measured = measured_peak(section)
+    device = (section or {}).get("device_bytes") or device_bytes
+    out: dict[str, Any] = {"added_bytes": None if added_bytes is None else round(added_bytes),
+                           "added_source": added_source, "device_bytes": device}
+    if measured is not None and added_bytes is not None:
+        peak, how, margin = measured + added_bytes, "measured", MEASURED_MARGIN
+        out["measured_peak_bytes"] = measured
+    elif modelled_peak_bytes is not None:
+        peak, how, margin = modelled_peak_bytes, "modelled", MODELLED_MARGIN
+    else:
+        why = ("the bytes the fix adds are unknown" if added_bytes is None else
+               "memory not recorded (profile with profile_memory=True) and no model of the peak"
+               if measured_peak(section) is None and not (section or {}).get("relative") else
+               "only Bytes recorded (relative figures: the peak is not comparable with the device)")
+        out.update(fits=None, peak_bytes=None, margin=None, how=None, why=why)
+        return out
+    out.update(peak_bytes=round(peak), margin=margin, how=how)
+    if not device:
+        out.update(fits=None, why="the device's memory is unknown (no deviceProperties, no hardware profile)")
+    else:
+        out["fits"] = bool(peak <= (1 - margin) * device)
+        out["text"] = fit_text(out)
+    return out
+
+
+def fit_text(memory: dict[str, Any]) -> str:
+    """One clause for a finding's sentence."""
+    if memory.get("fits") is None:
+        return f"whether it fits is unknown ({memory.get('why')})"
+    verb = "fits" if memory["fits"] else "does NOT fit"
+    return (f"it {verb}: {memory['how']} peak {fmt_bytes(memory['peak_bytes'])} of the {fmt_bytes(memory['device_bytes'])} "
+            f"device (keeping {memory['margin']:.0%} free)")

@@ -1,0 +1,285 @@
+"""The replay of the measured job: each rank's chain of work between its arrivals at collectives,
+each collective ending on every member at its last member's arrival plus its transfer.
+
+From the collective rows (clock offsets corrected: ``stragglers.by_rank[].clock_offset_us``)
+and each rank's step windows:
+
+- a *set* is one collective matched across its members (``analyzer.job.crossrank``'s matching;
+  an unmatched row is a set of one); its transfer is its shortest kernel (the last arrival
+  waited for nobody), its end = the latest arrival + the transfer;
+- every event of a rank (its arrival at a set, the start of each of its step windows, the end
+  of its last window) is *anchored* on the latest set end of that rank at or before it: the
+  event comes ``offset`` after that end (its own work between the two: compute, host gaps,
+  copies), or at its measured time when nothing of the rank ended before it.
+
+Replaying the measured offsets gives back every measured arrival, set end and window, so every
+rank-step's time (``test_replay``: within 1% on every sample job). A counterfactual takes time
+out of some offsets (a rank's host stall, its extra compute) and replays: a set ends at its
+latest member's new arrival + its transfer, and everything anchored after it moves with it. The
+step time it saves is that fix's gain. Sets are replayed in order of their measured end (a
+dependency ends before what it anchors), one pass: linear in the number of collective rows.
+
+What the replay assumes: a rank whose collective started as soon as its previous one ended (its
+work was hidden under the wait) arrives, in the replay, as soon as that one ends: its own work
+there is unseen, so a fix that moves the others earlier may be credited a little more than the
+re-simulated job gives when such a rank would have been next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from analyzer.job import crossrank
+from analyzer.job.columns import CollectiveColumns
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The measured job as chains (µs, corrected clocks). Rows are the collective rows' indices."""
+
+    set_of: np.ndarray  # per row: its set
+    step: list[Any]  # per row: its step (None: outside every step)
+    rank: np.ndarray  # per row
+    arrival: np.ndarray  # per row, measured
+    anchor: np.ndarray  # per row: the set its arrival is anchored on (-1: none)
+    offset: np.ndarray  # per row: arrival − that set's end (the arrival itself when no anchor)
+    transfer: np.ndarray  # per set
+    end: np.ndarray  # per set, measured: latest arrival + transfer
+    order: np.ndarray  # the sets in order of measured end
+    members: list[np.ndarray]  # per set, in ``order``'s positions: its rows
+    # per rank: [(step, start anchor, start offset)] ascending, then the last window's end
+    windows: dict[int, list[tuple[Any, int, float]]]
+    window_end: dict[int, tuple[int, float]]
+    steps: dict[Any, dict[int, float]]  # measured {step: {rank: step time µs}}
+
+    def gap_excess(self) -> np.ndarray:
+        """Per row: its offset minus the median offset of the other members of its set (how much
+        more own work this rank did before it arrived than the others); 0 for a set of one or
+        a row not anchored."""
+        out = np.zeros(len(self.rank))
+        for rows in self.members:
+            if len(rows) < 2:
+                continue
+            anchored = rows[self.anchor[rows] >= 0]
+            for row in anchored.tolist():
+                others = anchored[anchored != row]
+                if len(others):
+                    out[row] = self.offset[row] - float(np.median(self.offset[others]))
+        return out
+
+
+def chains(result: Any) -> Chains | None:
+    """The chains of ``result`` (None: no collective rows or no step windows)."""
+    view = CollectiveColumns.of(result)
+    if view.n == 0:
+        return None
+    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
+    rank = view.rank.astype(np.int64)
+    shift = np.array([offsets.get(int(r), 0.0) for r in rank.tolist()]) if offsets else np.zeros(view.n)
+    arrival = view.start - shift
+    dur = view.dur
+    set_of = _sets(view)
+    n_sets = int(set_of.max()) + 1
+    transfer = np.full(n_sets, np.inf)
+    np.minimum.at(transfer, set_of, dur)
+    latest = np.full(n_sets, -np.inf)
+    np.maximum.at(latest, set_of, arrival)
+    # the job's start: the earliest window start, a set of its own that never moves, which
+    # anchors what comes before a rank's first collective end (a rank entering late moves)
+    origin = _first_window_us(result, offsets)
+    if origin is None:
+        return None
+    end = np.r_[latest + transfer, min(origin, float(arrival.min()))]
+    transfer = np.r_[transfer, 0.0]
+    anchor, offset = _anchors(rank, arrival, set_of, end)
+    order = np.argsort(end[:-1], kind="stable")
+    by_set = np.argsort(set_of, kind="stable")
+    cuts = np.searchsorted(set_of[by_set], np.arange(n_sets + 1))
+    members = [by_set[cuts[s]:cuts[s + 1]] for s in order.tolist()]
+    windows, window_end, steps = _windows(result, rank, set_of, end, offsets)
+    if not windows:
+        return None
+    step = [view.step.at(i) for i in range(view.n)]
+    return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end, steps)
+
+
+def _first_window_us(result: Any, offsets: dict[int, float]) -> float | None:
+    origin = int(result.job.get("time_origin_ns") or 0)
+    starts = [(e["window_ns"][0] - origin) / 1000.0 - offsets.get(a.rank, 0.0)
+              for a in result.ranks for e in a.steps if e.get("window_ns")]
+    return min(starts) if starts else None
+
+
+def _sets(view: CollectiveColumns) -> np.ndarray:
+    """Per row, its set: the matched collectives' code, a set of its own for every other row."""
+    codes = crossrank._match(view)[1] if len(np.unique(view.rank)) >= 2 else None
+    codes = np.full(view.n, -1, dtype=np.int64) if codes is None else codes.copy()
+    lone = codes < 0
+    base = int(codes.max()) + 1 if (~lone).any() else 0
+    codes[lone] = base + np.arange(int(lone.sum()))
+    return codes
+
+
+def _anchors(rank: np.ndarray, times: np.ndarray, set_of: np.ndarray,
+             end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the latest end of a set of its rank's at or before its arrival, and the offset."""
+    anchor = np.full(len(rank), -1, dtype=np.int64)
+    offset = times.copy()
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, rank[by_rank][1:] != rank[by_rank][:-1], True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        rows = by_rank[lo:hi]
+        found, off = anchor_times(rows, set_of, end, times[rows])
+        own = found == set_of[rows]  # a transfer of 0: never its own anchor
+        anchor[rows], offset[rows] = np.where(own, -1, found), np.where(own, times[rows], off)
+    return anchor, offset
+
+
+def anchor_times(rows: np.ndarray, set_of: np.ndarray, end: np.ndarray,
+                 times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``times`` on the rank whose rows are ``rows``: the set of the rank's that ended
+    last at or before it (-1: none) and the time after that end (the time itself when none)."""
+    ends = end[set_of[rows]]
+    by_end = np.argsort(ends, kind="stable")
+    at = np.searchsorted(ends[by_end], times, side="right") - 1
+    start = len(end) - 1  # the job's start (``chains``)
+    found = np.where(at >= 0, set_of[rows][by_end][np.maximum(at, 0)] if len(rows) else start, start)
+    return found, times - end[found]
+
+
+def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float]):
+    """Each rank's step windows anchored as its arrivals are, and the measured step times."""
+    origin = int(result.job.get("time_origin_ns") or 0)
+    windows: dict[int, list[tuple[Any, int, float]]] = {}
+    window_end: dict[int, tuple[int, float]] = {}
+    steps: dict[Any, dict[int, float]] = {}
+    for analysis in result.ranks:
+        entries = sorted((e for e in analysis.steps if e.get("window_ns")), key=lambda e: e["window_ns"][0])
+        rows = np.flatnonzero(rank == analysis.rank)
+        if not entries:
+            continue
+        shift = offsets.get(analysis.rank, 0.0)
+        starts = np.array([(e["window_ns"][0] - origin) / 1000.0 - shift for e in entries])
+        last = (entries[-1]["window_ns"][0] - origin) / 1000.0 - shift + entries[-1]["step_time_us"]
+        times = np.r_[starts, last]
+        found, off = anchor_times(rows, set_of, end, times)
+        windows[analysis.rank] = [(e["step"], int(a), float(o)) for e, a, o in zip(entries, found[:-1], off[:-1])]
+        window_end[analysis.rank] = (int(found[-1]), float(off[-1]))
+        for e in entries:
+            steps.setdefault(e["step"], {})[analysis.rank] = float(e["step_time_us"])
+    return windows, window_end, steps
+
+
+@dataclass(frozen=True)
+class Replayed:
+    end: np.ndarray  # per set
+    steps: dict[Any, dict[int, float]]  # {step: {rank: step time µs}}
+
+
+def replay(chains: Chains, cut: np.ndarray | None = None,
+           window_cut: dict[tuple[int, Any], float] | None = None) -> Replayed:
+    """The job replayed with ``cut`` (per row, µs taken out of its offset: its own work before
+    it arrives) and ``window_cut`` ({(rank, step): µs taken out of the offset of that window's
+    start}). No cut: the measured job."""
+    offset = chains.offset if cut is None else chains.offset - cut
+    end = chains.end.copy()
+    arrival = np.empty(len(offset))
+    anchor, transfer = chains.anchor, chains.transfer
+    for s, rows in zip(chains.order.tolist(), chains.members):
+        latest = -np.inf
+        for row in rows.tolist():
+            a = anchor[row]
+            t = offset[row] if a < 0 else end[a] + offset[row]
+            arrival[row] = t
+            latest = t if t > latest else latest
+        end[s] = latest + transfer[s]
+    return Replayed(end, _step_times(chains, end, window_cut or {}))
+
+
+def _step_times(chains: Chains, end: np.ndarray, window_cut: dict[tuple[int, Any], float]) -> dict[Any, dict[int, float]]:
+    out: dict[Any, dict[int, float]] = {}
+    for r, windows in chains.windows.items():
+        starts = [(o if a < 0 else end[a] + o) - window_cut.get((r, step), 0.0) for step, a, o in windows]
+        a, o = chains.window_end[r]
+        starts.append(o if a < 0 else end[a] + o)
+        for k, (step, _, _) in enumerate(windows):
+            out.setdefault(step, {})[r] = float(starts[k + 1] - starts[k])
+    return out
+
+
+def saving(measured: Replayed, fixed: Replayed, steps: list[Any]) -> float:
+    """The step time a counterfactual saves: mean over ``steps`` of the median over ranks of each
+    rank-step's replayed time before minus after (a step the replay lacks counts 0). The median
+    rank: a fixed rank's own window moves with its fix at one end only where its first step has
+    nothing before it to anchor on, which would pull a mean."""
+    total = 0.0
+    for step in steps:
+        before, after = measured.steps.get(step, {}), fixed.steps.get(step, {})
+        ranks = [r for r in before if r in after]
+        if ranks:
+            total += float(np.median([before[r] - after[r] for r in ranks]))
+    return total / len(steps) if steps else 0.0
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A counterfactual as cuts: µs out of rows' offsets and out of window starts' offsets."""
+
+    cut: np.ndarray
+    window_cut: dict[tuple[int, Any], float]
+
+    def __add__(self, other: "Fix") -> "Fix":
+        cuts = dict(self.window_cut)
+        for key, us in other.window_cut.items():
+            cuts[key] = cuts.get(key, 0.0) + us
+        return Fix(self.cut + other.cut, cuts)
+
+
+def no_fix(chains: Chains) -> Fix:
+    return Fix(np.zeros(len(chains.rank)), {})
+
+
+def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
+             excess: np.ndarray | None = None) -> Fix:
+    """The rank's own extra time taken out: per step, ``budget[step]`` µs (its excess in the leaf
+    of its cause against the median other rank) out of the offsets of its arrivals in that step
+    where they exceed the other members' (``Chains.gap_excess``): out of the one that exceeds
+    them most (a host stall is one stretch of idle), or, ``spread`` (slower kernels: every
+    stretch of its work is longer), out of each in turn from the largest. A window start in a
+    cut offset moves by as much of the cut as its own offset exceeds the other ranks' (the extra
+    time lay before the step's first kernel)."""
+    excess = chains.gap_excess() if excess is None else excess
+    cut = np.zeros(len(chains.rank))
+    window_cut: dict[tuple[int, Any], float] = {}
+    rows = np.flatnonzero(chains.rank == rank)
+    anchors = {step: a for step, a, _ in chains.windows.get(rank, [])}
+    for step, left in budget.items():
+        mine = sorted((row for row in rows.tolist() if chains.step[row] == step and excess[row] > 0.0),
+                      key=lambda i: (-excess[i], i))
+        for row in mine if spread else mine[:1]:
+            if left <= 0.0:
+                break
+            take = min(float(excess[row]), left)
+            cut[row] += take
+            left -= take
+            if anchors.get(step, -2) == chains.anchor[row]:
+                ahead = window_excess(chains, rank, step)
+                if ahead > 0.0:
+                    window_cut[(rank, step)] = window_cut.get((rank, step), 0.0) + min(take, ahead)
+    return Fix(cut, window_cut)
+
+
+def window_excess(chains: Chains, rank: int, step: Any) -> float:
+    """How much later after its anchor the rank's window of ``step`` starts than the median
+    other rank's (0 when unknown)."""
+    offsets = {r: o for r, windows in chains.windows.items() for n, a, o in windows if n == step and a >= 0}
+    if rank not in offsets or len(offsets) < 2:
+        return 0.0
+    return offsets[rank] - float(np.median([o for r, o in offsets.items() if r != rank]))
+
+
+def replay_fix(chains: Chains, fix: Fix) -> Replayed:
+    return replay(chains, fix.cut, fix.window_cut)
