@@ -12,15 +12,13 @@ may change; the test sums the leaves over every window of the rank, so it holds 
 
 import gzip
 import json
-import os
 
 import pytest
 
 from analyzer.api import diagnose
-from conftest import REPO
+from conftest import WORLD_TRACES
 
-WORLD = REPO.parent / "shared" / "traces" / "world"
-TRACE = WORLD / "tracelens_ddp_resnet18_mi300" / "train_resnet18.json.gz"
+TRACE = WORLD_TRACES / "tracelens_ddp_resnet18_mi300" / "train_resnet18.json.gz"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -49,11 +47,7 @@ def _overlap(xs, ys) -> float:
 
 
 @pytest.fixture(scope="module")
-def by_hand():
-    if not TRACE.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"world traces missing at {WORLD} (CI must provide ../shared)")
-        pytest.skip(f"world traces not found at {WORLD}")
+def by_hand(world_traces):
     events = json.loads(gzip.decompress(TRACE.read_bytes()))["traceEvents"]
     busy = _merge([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in GPU_CATS])
     gaps = [(busy[k][1], busy[k + 1][0]) for k in range(len(busy) - 1)]

@@ -7,16 +7,14 @@ backward compute is the union of those kernels."""
 
 import gzip
 import json
-import os
 import re
 
 import pytest
 
 from analyzer.api import diagnose
-from conftest import REPO
+from conftest import WORLD_TRACES
 
-TRACE = (REPO.parent / "shared" / "traces" / "world" / "kineto_tb_resnet50_num_workers_0"
-         / "worker0.1623143089861.pt.trace.json.gz")
+TRACE = WORLD_TRACES / "kineto_tb_resnet50_num_workers_0" / "worker0.1623143089861.pt.trace.json.gz"
 NODE = re.compile(r"^[A-Za-z_][\w:]*Backward\d*$|^torch::autograd::AccumulateGrad$")
 
 
@@ -30,11 +28,7 @@ def _union(spans) -> float:
 
 
 @pytest.fixture(scope="module")
-def by_hand():
-    if not TRACE.is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"world trace missing at {TRACE} (CI must provide ../shared)")
-        pytest.skip(f"world trace not found at {TRACE}")
+def by_hand(world_traces):
     events = [e for e in json.loads(gzip.decompress(TRACE.read_bytes()))["traceEvents"] if e.get("ph") == "X"]
     autograd = {e["tid"] for e in events if e["cat"] == "Operator" and NODE.match(e["name"])}
     launch = {e["args"]["correlation"]: e for e in events if e["cat"] == "Runtime" and "correlation" in e["args"]}
