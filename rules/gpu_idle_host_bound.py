@@ -125,7 +125,8 @@ class GpuIdleHostBound(Rule):
             evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
         if ctx.model.workload:
             evidence["workload"] = ctx.model.workload
-        fix, snippet = host_fix(activity, lead, ctx.model.workload)
+        graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
+        fix, snippet = host_fix(activity, lead, ctx.model.workload, graphed)
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text=f"The host sets the pace: {fix}.", fix_snippet=snippet)]

@@ -77,13 +77,23 @@ INFERENCE_HOST_FIX = ("the host's work between kernels of the forward passes (Py
                       "eager), torch.compile to fuse the small ops, larger batches (more sequences or requests per "
                       "forward: more GPU work per launch), fewer host syncs (.item() / .tolist() / .cpu() per token)")
 INFERENCE_HOST_SNIPPET = 'model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs for the decode step'
+# The same where the GPU work already runs as CUDA graphs: what is left is the host's work between
+# graph launches.
+INFERENCE_GRAPHED_FIX = ("the forward passes already run as CUDA graphs, and the host's work between graph launches "
+                         "(scheduling, input preparation, sampling, Python) takes longer than the GPU work of each: "
+                         "larger batches (more sequences or requests per graph launch), fewer host syncs "
+                         "(.item() / .tolist() / .cpu() per token), and the next step's scheduling overlapped with "
+                         "the GPU's work (asynchronous scheduling in the serving engine)")
+INFERENCE_GRAPHED_SNIPPET = "py-spy record -o host.svg --pid <PID>   # the host's work between graph launches"
 
 
-def host_fix(activity: str, own_phase: str | None, workload: str | None) -> tuple[str, str]:
+def host_fix(activity: str, own_phase: str | None, workload: str | None, graphed: bool = False) -> tuple[str, str]:
     """The fix and snippet for the leading host leaf: on an inference job, its own advice for
-    the host's own work and launch overhead; else the leaf's, the host's own work by its phase."""
+    the host's own work and launch overhead (without CUDA graphs where its work runs as graphs
+    already: ``graphed``); else the leaf's, the host's own work by its phase."""
     if workload == "inference" and activity in INFERENCE_ACTIVITIES:
-        return INFERENCE_HOST_FIX, INFERENCE_HOST_SNIPPET
+        return (INFERENCE_GRAPHED_FIX, INFERENCE_GRAPHED_SNIPPET) if graphed else (INFERENCE_HOST_FIX,
+                                                                                  INFERENCE_HOST_SNIPPET)
     if activity == "unknown" and own_phase:
         return HOST_OWN_WORK_FIX[own_phase], HOST_OWN_WORK_SNIPPET[own_phase]
     return HOST_FIX[activity], HOST_SNIPPET[activity]

@@ -94,3 +94,36 @@ def test_a_filtered_trace_is_not_called_inference(tmp_path):
     _, result = _compute_by_phase(tmp_path, b)
     assert result.job["workload"] is None
     assert not result.verdict.startswith("Inference")
+
+
+def _host_bound_inference(b, graphed):
+    """One 2 ms step of forward passes: a kernel, then 850 µs of the host's own work before the
+    next launch (a cudaGraphLaunch of two kernels sharing its correlation id, when ``graphed``)."""
+    _step(b, 2000.0)
+    b.cpu("aten::mm", 10.0, 30.0)
+    b.kernel(GEMM, 100.0, 50.0, launch_ts=50.0)
+    if not graphed:
+        b.kernel(GEMM, 1000.0, 50.0, launch_ts=900.0)
+        return
+    b.corr += 1
+    b.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 100,
+                     "ts": 900.0, "dur": 10.0, "args": {"correlation": b.corr}})
+    for ts in (1000.0, 1060.0):
+        b.events.append({"ph": "X", "cat": "kernel", "name": GEMM, "pid": 0, "tid": 7, "ts": ts, "dur": 50.0,
+                         "args": {"device": 0, "stream": 7, "correlation": b.corr}})
+
+
+def test_inference_advice_leaves_out_cuda_graphs_where_the_work_runs_as_graphs(tmp_path):
+    fixes = {}
+    for graphed in (False, True):
+        b = TraceBuilder(world_size=1, pg_ranks=(0,))
+        _host_bound_inference(b, graphed)
+        _, result = _compute_by_phase(tmp_path, b)
+        assert result.job["workload"] == "inference"
+        (finding,) = [f for f in result.findings if f["rule"] == "gpu-idle-host-bound"]
+        fixes[graphed] = finding["fix"]["text"]
+    assert "CUDA graphs (capture" in fixes[False]
+    assert "already run as CUDA graphs" in fixes[True] and "CUDA graphs (capture" not in fixes[True]
+    for fix in fixes.values():
+        assert "larger batches" in fix and "syncs" in fix
+        assert "logging" not in fix and "checkpointing" not in fix and "optimizer" not in fix

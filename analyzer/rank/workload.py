@@ -47,7 +47,17 @@ def workload_evidence(trace: RankTrace) -> dict[str, int]:
         "host_ops": int(len(trace.shape_ops.ts)),  # the model's own CPU ops
         "linked_launches": 0 if filtered else launches,
         "compute_kernels": int((gpu.kind == GpuKind.COMPUTE).sum()),
+        # graph-launched work, where no training marker decides already (inference's advice)
+        "graph_kernels": 0 if _training_markers(trace) else _graph_kernels(trace),
     }
+
+
+def _graph_kernels(trace: RankTrace) -> int:
+    """GPU ops launched by a CUDA graph: CUPTI gives every op of a graph launch the launch call's
+    correlation id, so ids shared by several ops are graph launches (analyzer.rank.attribution)."""
+    corr = trace.gpu.correlation
+    _, counts = np.unique(corr[corr >= 0], return_counts=True)
+    return int(counts[counts > 1].sum())
 
 
 def forward_only(trace: RankTrace) -> bool:
