@@ -27,7 +27,6 @@ from analyzer.ingest.trace import GpuKind, Marker, RankTrace
 # optimizers (apex / torch FusedAdam, multi-tensor Adam functors).
 _TRAINING_KERNEL = re.compile(r"backward|bwd|dgrad|wgrad|_wrw_|grad_input|grad_weight|adam", re.IGNORECASE)
 
-WORKLOADS = ("training", "inference")
 INFERENCE_NOTE = "no backward pass and no optimizer step in the trace"
 WORKLOAD_TEXT = {"training": "training (a backward pass or an optimizer step in the trace)",
                  "inference": f"inference ({INFERENCE_NOTE})"}
