@@ -50,6 +50,7 @@ class DdpBucketOversized(Rule):
     failure_title = "DDP buckets are oversized: a large all-reduce is exposed after backward"
     severity = "warning"
     needs = ("gpu_steps", "ddp", "gradient_collectives")
+    fix_requires = ("training", "ddp")  # bucket_cap_mb is DistributedDataParallel's, in training
     thresholds = {
         "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),

@@ -49,6 +49,7 @@ class FsdpFullShardCrossNode(Rule):
     failure_title = "FSDP FULL_SHARD spans nodes: per-layer collectives cross the network"
     severity = "warning"
     needs = ("gpu_steps", "fsdp")
+    fix_requires = ("training", "fsdp")  # HYBRID_SHARD is FSDP's sharding of a training job
     thresholds = {
         "exposed_fraction": Threshold(0.05, "exposed all-gather / reduce-scatter time, as a fraction "
                                       "of the step time, above which the rule looks", 0.0, 1.0),

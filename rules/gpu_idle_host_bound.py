@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import (HOST_ACTIVITY, HOST_FIX, HOST_OWN_WORK_FIX, HOST_OWN_WORK_SNIPPET, HOST_SNIPPET,
-                                 idle_split_note, ranks_phrase)
+from analyzer.rules.host import (HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES, HOST_OWN_WORK_FIX, HOST_OWN_WORK_REQUIRES,
+                                 HOST_OWN_WORK_SNIPPET, HOST_SNIPPET, idle_split_note, ranks_phrase)
 
 
 @register
@@ -57,6 +57,7 @@ class GpuIdleHostBound(Rule):
     failure_title = "The GPU is idle for lack of work for much of each step: the host is the bottleneck"
     severity = "warning"
     needs = ("gpu_steps",)
+    fix_requires = ()  # each of its fixes declares its own (a Fix's requires)
     thresholds = {
         "idle_fraction": Threshold(0.25, "GPU idle time, as a fraction of the typical step on a "
                                    "rank, from which the rule fires for that rank", 0.0, 1.0),
@@ -111,13 +112,20 @@ class GpuIdleHostBound(Rule):
             evidence["idle_split"] = note
         evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
         fix, snippet = HOST_FIX[activity], HOST_SNIPPET[activity]
+        requires = HOST_FIX_REQUIRES.get(activity, ())
         if activity == "unknown" and own:
             lead = max(own, key=lambda k: (own[k], k))
             evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
             fix, snippet = HOST_OWN_WORK_FIX[lead], HOST_OWN_WORK_SNIPPET[lead]
+            requires = HOST_OWN_WORK_REQUIRES.get(lead, ())
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
-                            model=model, fix_text=f"The host sets the pace: {fix}.", fix_snippet=snippet)]
+                            model=model, fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
+
+
+# Where the fix for the host's activity does not apply to this job (an inference job's own work)
+_PROFILE_HOST = Fix("the host sets the pace: profile that host (py-spy dump / record on the rank) for the work "
+                    "between its launches", HOST_SNIPPET["unknown"], otherwise=True)
 
 
 def host_idle_us(tb) -> float:

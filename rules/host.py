@@ -69,3 +69,9 @@ def idle_split_note(ctx) -> str | None:
 def ranks_phrase(hit: list[int], given: int) -> str:
     """Which of the ranks given a finding is about, in words."""
     return f"on {len(hit)} of {given} ranks" if len(hit) < given else "on every rank given"
+
+# What each fix above needs of the job (analyzer.job.facts.FIX_PRECONDITIONS), checked before it
+# is printed: the data loader's advice only where the loader is where the idle goes, FSDP's only on
+# FSDP, advice about the training step (backward, optimizer, checkpointing) only in training.
+HOST_FIX_REQUIRES = {"input": ("loader_bound",), "fsdp": ("fsdp",), "unknown": ("training",)}
+HOST_OWN_WORK_REQUIRES = {"backward": ("training",), "optimizer": ("training",), "other": ("training",)}
