@@ -68,6 +68,8 @@ class Fix:
     requires: tuple[str, ...] = ()
     # Printed only when no fix before it is (the general advice where the specific one's premise fails).
     otherwise: bool = False
+    # What its snippet needs beyond ``requires`` (a DDP call shown only on a DDP job).
+    snippet_requires: tuple[str, ...] = ()
 
 
 class NotEvaluated(Exception):
@@ -219,9 +221,13 @@ class RuleContext:
             failed = {need: why for need in fix.requires if (why := self.facts.fix_precondition(need))}
             if fix.otherwise and kept:
                 failed["otherwise"] = "a fix before it applies"
-            record.append({"fix": fix.text, "requires": list(fix.requires), "printed": not failed, "failed": failed})
+            entry = {"fix": fix.text, "requires": list(fix.requires), "printed": not failed, "failed": failed}
+            snippet_failed = {need: why for need in fix.snippet_requires if (why := self.facts.fix_precondition(need))}
+            if fix.snippet and fix.snippet_requires:
+                entry.update(snippet_requires=list(fix.snippet_requires), snippet_failed=snippet_failed)
+            record.append(entry)
             if not failed:
-                kept.append(fix)
+                kept.append(fix if not snippet_failed else Fix(fix.text, None, fix.requires))
         evidence["fix_preconditions"] = record
         if not kept:
             reasons = "; ".join(sorted({why for r in record for why in r["failed"].values()}))

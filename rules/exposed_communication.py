@@ -34,7 +34,8 @@ _FIX_BY_KIND = {
                      "(fp16/bf16 or quantized embedding communication)",
                      "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # torchrec", ("training",)),),
     "allreduce": (Fix("overlap the all-reduces with backward compute (gradient buckets, no synchronous "
-                      "per-tensor all-reduce)", "model = DDP(model, bucket_cap_mb=25)", ("training",)),
+                      "per-tensor all-reduce)", "model = DDP(model, bucket_cap_mb=25)", ("training",),
+                      snippet_requires=("ddp",)),
                   Fix("cut their bytes (bf16 gradients / reduce dtype)",
                       "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
                       "model.register_comm_hook(None, default_hooks.bf16_compress_hook)",

@@ -360,9 +360,10 @@ class JobFacts:
     # ---------------------------------------------------------------- the job's kind
     @cached_property
     def kind(self) -> str:
-        """``training`` or ``inference``: a job with neither a backward pass nor an optimizer step
-        (nor gradient collectives) is inference (prefill / decode, serving)."""
-        return "training" if self.training_evidence else "inference"
+        """``training`` or ``inference``: a job whose GPU work shows neither a backward pass nor
+        an optimizer step (nor gradient collectives) is inference (prefill / decode, serving).
+        Traces with no GPU work read say nothing either way: training, the tool's subject."""
+        return "inference" if self.model.gpu_events and not self.training_evidence else "training"
 
     @cached_property
     def training_evidence(self) -> str | None:
