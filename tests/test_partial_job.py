@@ -107,6 +107,21 @@ def test_comm_bound_step_fires_with_the_stated_bound(jobs):
     assert basis.startswith("transfer bounded by the link model (hardware profile (1 NIC(s) per node")
     assert "waiting or contention (the other members' traces are missing: 1 of 8 given)" in basis
     assert basis in " ".join(finding["summary"].split())
+    assert "ddp-bucket-oversized" not in {f["rule"] for f in result.findings}
+
+
+def test_a_bound_that_cannot_decide_is_could_not_check(jobs):
+    """The same rank without the NIC count (the profile's default, 4 per node, is 4x the job's
+    link): bounded by it the all-reduces fit under backward, but the kernels less the measured
+    waits do not, so neither comm-bound-step nor ddp-bucket-oversized can tell (the full job is
+    comm-bound): both could not check, saying which traces they need; the exposed time beyond the
+    link model is called waiting or contention, not late peers."""
+    result = load_run([str(jobs["comm_bound"])], no_cache=True)
+    for rule in ("comm-bound-step", "ddp-bucket-oversized"):
+        assert status(result, rule)["status"] == "not_evaluated"
+        assert status(result, rule)["reason"].startswith("needs every member's trace (1 of 8 given): ")
+    (finding,) = [f for f in result.findings if f["rule"] == "exposed-communication"]
+    assert "waiting or contention beyond the link model's transfer" in finding["summary"]
 
 
 def test_without_a_link_model_the_transfer_rules_could_not_check(jobs, tmp_path):
