@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.job.attribution import wait_words
 from analyzer.job.model import group_label
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
@@ -144,7 +145,7 @@ class ExposedCommunication(Rule):
         groups = _ranked(details.get("by_group") or {})
         model = _alpha_beta(ctx, tb["step"])
         summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
-                   f"({100 * typical.exposed_share:.0f}%): {fmt_us(wait)} {_wait_words(tb)} and "
+                   f"({100 * typical.exposed_share:.0f}%): {fmt_us(wait)} {wait_words(tb.get('wait_source'))} and "
                    f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "
                    f"by process group {_list(groups)}; "
                    f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")
@@ -210,15 +211,6 @@ def _wait_caveat(tb: dict[str, Any]) -> str:
     if "lower bound" in source:
         return f" (waiting is a lower bound: {source.split(':')[0]})"
     return ""
-
-
-def _wait_words(tb: dict[str, Any]) -> str:
-    """What the waiting leaf holds: beyond the link model's transfer, with members' traces
-    missing, it is waiting or contention (a slower link than the model's), not only late peers."""
-    source = str(tb.get("wait_source") or "")
-    if source.startswith("estimated") and "ranks' traces given" in source:
-        return "waiting or contention beyond the link model's transfer"
-    return "waiting for late peers"
 
 
 def _wait_origin(tb: dict[str, Any]) -> str:

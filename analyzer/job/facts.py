@@ -5,6 +5,7 @@ analysis when it ran, else from the hardware profile), and which analyses are av
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from functools import cached_property
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -388,12 +389,13 @@ class JobFacts:
     def gradient_dtypes(self) -> dict[str, int]:
         """{dtype: rows} of the gradient collectives (data-parallel all-reduces and
         reduce-scatters in backward) whose dtype is recorded."""
-        out: dict[str, int] = {}
-        for kind in ("allreduce", "reduce_scatter"):
-            for row in self.data_parallel_of(kind, "backward"):
-                if row.get("dtype") is not None and self.group_size(row.get("group")) >= 2:
-                    out[str(row["dtype"])] = out.get(str(row["dtype"]), 0) + 1
-        return dict(sorted(out.items()))
+        view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
+        rows = index[view.kind.isin(("allreduce", "reduce_scatter"))[index] & view.phase.isin(("backward",))[index]]
+        among_two = np.array([self.group_size(g) >= 2 for g in view.group.names], dtype=bool)
+        rows = rows[among_two[view.group.codes[rows]]] if len(among_two) else rows[:0]
+        dtypes = self._table.values("dtype")  # read from the column, no row dict made
+        counts = Counter(dtypes[i] for i in rows.tolist())
+        return {str(d): n for d, n in sorted(counts.items(), key=lambda kv: str(kv[0])) if d is not None}
 
     @cached_property
     def host_idle_leaders(self) -> set[str]:
