@@ -18,10 +18,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from analyzer.api import load_run
+from analyzer.api import DiagnoseOptions, diagnose, load_run
 from analyzer.job.facts import JobFacts
 from analyzer.synth import SCENARIOS, write_job
 from builders import AUTOGRAD, TraceBuilder
+from rule_cases_lib import diagnosed, sample_traces
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -187,3 +188,27 @@ def test_one_mi300x_rank_of_eight_by_hand(tmp_path):
     assert status(result, "comm-bound-step")["reason"].startswith("needs every member's trace (1 of 8 given)")
     (finding,) = [f for f in result.findings if f["rule"] == "exposed-communication"]
     assert "7.82 ms waiting or contention beyond the link model's transfer and 82.8 µs transfer" in finding["summary"]
+
+
+@pytest.mark.parametrize("job", ["ddp_comm_bound", "ddp_bucket_oversized", "ddp_bucket_undersized",
+                                 "ddp_straggler", "fsdp_fullshard_2node", "fsdp_no_prefetch", "fsdp_small_model",
+                                 "megatron_tp8_2node", "ep_deepep_exposed"])
+def test_one_rank_never_passes_what_the_whole_job_fires_on_it(job):
+    """Rank 0's trace alone: a rule that fires on the whole job with rank 0 among its ranks
+    fires or could not check, never passes (the link model's bound decides only where it can)."""
+    full = diagnosed(f"synthetic/{job}")
+    part = diagnose(sample_traces()[f"synthetic/{job}"][:1], DiagnoseOptions(workers=1))
+    given = {s["rule"]: s for s in part.rules}
+    for finding in full.findings:
+        if 0 in finding["ranks"] or not finding["ranks"]:
+            assert given[finding["rule"]]["status"] in ("fired", "not_evaluated"), (finding["rule"], given[finding["rule"]])
+
+
+def test_the_link_given_the_hybrid_shard_rule_decides_on_one_rank():
+    """fsdp_fullshard_2node's rank 0 (4 NICs per node; the profile assumes 8): with the profile's
+    link HYBRID_SHARD would gain little, which a slower link would not say: could not check;
+    with --nics-per-node 4 it fires as on the whole job."""
+    files = sample_traces()["synthetic/fsdp_fullshard_2node"][:1]
+    assert status(load_run(files, no_cache=True), "fsdp-fullshard-cross-node")["status"] == "not_evaluated"
+    given = load_run(files, no_cache=True, nics_per_node=4)
+    assert status(given, "fsdp-fullshard-cross-node")["status"] == "fired"
