@@ -13,7 +13,8 @@ rule about ranks waiting for each other; the job cannot have the problem) and ``
 rank missing). A rule says which by raising :class:`NotApplicable` or :class:`NotEvaluated`
 with the reason (or through its ``needs``, analyzer.job.facts); the verdict names the rules that
 could not check. A rule that raises anything else becomes an ``error`` finding for that rule and
-the run goes on.
+the run goes on. Each fix a rule suggests declares what must be true of the job for it to apply
+(``fix_requires``, or a :class:`Fix` per fix), checked before it is printed.
 """
 
 from __future__ import annotations
