@@ -404,9 +404,10 @@ class JobFacts:
         leaders = set()
         for r in self.result.ranks:
             by_host = ((r.time_breakdown or {}).get("details") or {}).get("idle_by_host") or {}
-            best = max(by_host.items(), key=lambda kv: (kv[1], kv[0]), default=(None, 0.0))
+            times = {str(k): float(v or 0.0) for k, v in by_host.items()}
+            best = max(times.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
             if best[1] > 0:
-                leaders.add(str(best[0]))
+                leaders.add(best[0])
         return leaders
 
     def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
@@ -481,7 +482,7 @@ def _needs_wide_gradients(facts: JobFacts) -> str | None:
     dtypes = facts.gradient_dtypes
     if not dtypes:
         return "no gradient collective's dtype is recorded" if facts.gradient_collectives else "no gradient collectives"
-    if all(d.lower() in LOW_PRECISION_DTYPES for d in dtypes):
+    if all(d.lower() in LOW_PRECISION_DTYPES or d.lower().startswith(("f8", "fp8", "float8")) for d in dtypes):
         return "the gradient collectives already travel in " + ", ".join(f"{d} ({n})" for d, n in dtypes.items())
     return None
 
