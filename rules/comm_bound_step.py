@@ -101,8 +101,8 @@ class CommBoundStep(Rule):
                                "critical-overlap window is unknown")
         known, bound_by = facts.transfer_bound(self._comm_rows(facts, rows[0]["kind"]))
         if not known:  # T_comm would be each kernel's duration, waiting for the unseen members included
-            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --config) bounds the "
-                               "transfer of its collectives, whose kernels also wait for the members not given")
+            raise NotEvaluated(f"{facts.members_missing}: nothing bounds the transfer of its collectives, whose "
+                               f"kernels also wait for the members not given ({bound_by})")
         exposed = median(r["exposed_us"] for r in rows)
         bubble = median(r["min_bubble_us"] for r in rows)
         t = ctx.thresholds

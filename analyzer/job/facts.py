@@ -172,19 +172,23 @@ class JobFacts:
         return f"needs every member's trace ({len(self.result.ranks)} of {self.world_size} given)"
 
     def transfer_bound(self, rows: list[dict[str, Any]]) -> tuple[bool, str | None]:
-        """(whether the transfer time of these collective rows is known, what bounds it) on a
-        job whose traces are a subset: a kernel's duration is its transfer plus waiting for the
-        members not given, and only the link model (hardware profile or --config) bounds the
-        transfer (``transfer_time``). Unknown when a row's size, kind model or group link is
-        missing; (True, None) when every rank's trace is given (the cross-rank matching measures
-        it)."""
+        """(whether the transfer time of these collective rows is bounded, what bounds it or
+        why nothing does) on a job whose traces are a subset: a kernel's duration is its
+        transfer plus waiting for the members not given, and only the link model (hardware
+        profile or --config) bounds the transfer (``transfer_time``); nothing does where a row's
+        size, kind model or group link is unknown. (True, None) when every rank's trace is given
+        (the cross-rank matching measures it)."""
         if self._every_rank:
             return True, None
         sources = set()
         for row in rows:
             link = self.link(row.get("group") or {})
-            if not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS or link is None:
-                return False, None
+            if not row.get("bytes"):
+                return False, "a collective's message size is not recorded"
+            if row["collective"] not in models.COLLECTIVE_KINDS:
+                return False, f"no α-β model of a {row['collective']} collective"
+            if link is None:
+                return False, "no link model (hardware profile or --config) for its group"
             sources.add(link.source)
         return True, (f"transfer bounded by the link model ({'; '.join(sorted(sources))}), the rest of each "
                       f"kernel being waiting or contention (the other members' traces are missing: "
