@@ -23,6 +23,7 @@ from markupsafe import Markup
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
+from analyzer.job.attribution import wait_words
 from analyzer.job.compute import shape_text
 from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names
@@ -292,7 +293,7 @@ def _mfu_text(mfu: Any) -> tuple[str, str]:
 def _leaf_notes(typical: Any) -> tuple[str, str]:
     """The typical step's finer leaves for the headline: the waiting/transfer split of the
     exposed communication and what the host did during most of the idle."""
-    exposed = (f": waiting for late peers {fmt_us(typical.leaves.exposed_wait_us)}, transfer "
+    exposed = (f": {wait_words(typical.wait_source)} {fmt_us(typical.leaves.exposed_wait_us)}, transfer "
                f"{fmt_us(typical.leaves.exposed_transfer_us)}")
     details = typical.details
     host = details.idle_by_host

@@ -10,8 +10,23 @@ from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
 from analyzer.whatif.fsdp import layer_count
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
-from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
+from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
+
+
+# Each fix with what it needs of the job: the bf16 hook only where the gradients travel wider
+# than 16 bits, sharding advice only on FSDP, more compute per step only in training.
+FIXES = (
+    Fix("reduce the bytes per step: bf16 gradients (a DDP comm hook)",
+        "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+        "model.register_comm_hook(None, default_hooks.bf16_compress_hook)", ("training", "gradients_wide", "ddp")),
+    Fix("reduce the bytes per step: bf16 gradients (reduce_dtype=torch.bfloat16)",
+        "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP2",
+        ("training", "gradients_wide", "fsdp")),
+    Fix("shard within each node and replicate across nodes (HYBRID_SHARD)", None, ("training", "fsdp")),
+    Fix("add compute per step (a larger micro-batch, gradient accumulation with no_sync())", None, ("training",)),
+    Fix("or give the group more bandwidth (NICs per node, NCCL settings)"),
+)
 
 
 @register
@@ -27,7 +42,9 @@ class CommBoundStep(Rule):
         all-gathers and reduce-scatters can overlap. When some ranks' traces are missing a kernel's
         duration is its transfer plus waiting for members not given, which that rank's kernels
         cannot tell apart: T_comm is then bounded by the link model (hardware profile or
-        ``--config``), stated in the finding, and without one the rule could not check.
+        ``--config``), the least it can be, and a finding states that bound. Where the bound fits
+        under compute but the kernels less the measured waits (the most it can be) would not, or
+        no link model bounds it, the rule could not check ("needs every member's trace").
 
     Why it matters:
         Once T_comm exceeds the window, no bucket size, prefetch or stream trick can hide the
@@ -57,6 +74,7 @@ class CommBoundStep(Rule):
     failure_title = "The step is communication-bound: communication exceeds what compute can hide"
     severity = "warning"
     needs = ("gpu_steps", "communication")
+    fix_requires = ()  # each of its fixes declares its own (a Fix's requires)
     thresholds = {
         "bubble_fraction": Threshold(0.10, "measured exposed communication, as a fraction of the "
                                      "step time, above which the rule looks", 0.0, 1.0),
@@ -72,8 +90,8 @@ class CommBoundStep(Rule):
         step_us = facts.model.step_time_us
         if not step_us:
             raise NotEvaluated("no GPU step times")
-        rows = self._ddp_rows(facts) if facts.strategy in ("ddp", "unknown") and facts.result.buckets \
-            else self._window_rows(facts)
+        ddp = facts.strategy in ("ddp", "unknown") and bool(facts.result.buckets)
+        rows = self._ddp_rows(facts) if ddp else self._window_rows(facts)
         if not rows:
             view = CollectiveColumns.of(facts.result)
             if not (view.on_gpu & ~view.kind.isin(POINT_TO_POINT)).any():
@@ -83,12 +101,18 @@ class CommBoundStep(Rule):
                                "critical-overlap window is unknown")
         known, bound_by = facts.transfer_bound(self._comm_rows(facts, rows[0]["kind"]))
         if not known:  # T_comm would be each kernel's duration, waiting for the unseen members included
-            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --config) bounds the "
-                               "transfer of its collectives, whose kernels also wait for the members not given")
+            raise NotEvaluated(f"{facts.members_missing}: nothing bounds the transfer of its collectives, whose "
+                               f"kernels also wait for the members not given ({bound_by})")
         exposed = median(r["exposed_us"] for r in rows)
         bubble = median(r["min_bubble_us"] for r in rows)
         t = ctx.thresholds
         if exposed < t["bubble_fraction"] * step_us or bubble < t["min_bubble_fraction"] * step_us:
+            if bound_by and self._fires_unbounded(facts, ddp, step_us, t):
+                # The bound is the least the transfer can be: below it the step fits, but the rest of
+                # the kernels may be transfer on a slower link as well as waiting for the unseen members.
+                raise NotEvaluated(f"{facts.members_missing}: with the transfer bounded by the link model the "
+                                   "communication fits under compute, but the rest of its kernels' time may be "
+                                   "transfer on a slower link as well as waiting for the members not given")
             return []
         rep = min(rows, key=lambda r: (abs(r["min_bubble_us"] - bubble), r["rank"], str(r["step"])))
         window = "T_bwd" if rep["kind"] == "ddp" else "T_fwd+bwd"
@@ -121,11 +145,7 @@ class CommBoundStep(Rule):
         }
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
-                            fix_text=("Reduce the bytes per step (bf16 gradients / comm hook, HYBRID_SHARD "
-                                      "across nodes), add compute per step (larger micro-batch, gradient "
-                                      "accumulation with no_sync()), or add network bandwidth."),
-                            fix_snippet=("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-                                         "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"))]
+                            fix_text="", fixes=list(FIXES))]
 
     @staticmethod
     def _prediction(ctx, kind: str) -> tuple[float | None, str | None, dict]:
@@ -173,10 +193,19 @@ class CommBoundStep(Rule):
         kinds = tuple(k for k in view.kind.names if k not in POINT_TO_POINT)
         return [c for c in facts.rows_of_kinds(kinds) if c.get("on_gpu")]
 
+    @classmethod
+    def _fires_unbounded(cls, facts, ddp: bool, step_us: float, t) -> bool:
+        """Whether the rule would fire with T_comm at its most: each kernel less the waits the
+        given ranks measure (transfer on a link as slow as the kernels say)."""
+        rows = cls._ddp_rows(facts, upper=True) if ddp else cls._window_rows(facts, upper=True)
+        return bool(rows) and median(r["min_bubble_us"] for r in rows) >= t["min_bubble_fraction"] * step_us \
+            and median(r["exposed_us"] for r in rows) >= t["bubble_fraction"] * step_us
+
     @staticmethod
-    def _ddp_rows(facts):
+    def _ddp_rows(facts, upper: bool = False):
         steps = ddp_steps(facts, need_link=False)  # a large job has thousands: the bound of all at once
-        t_comm = [backward_transfer_us(facts, s.rank, s.step) for s in steps]
+        t_comm = [facts.backward_allreduce_upper_us.get((s.rank, s.step), 0) if upper
+                  else backward_transfer_us(facts, s.rank, s.step) for s in steps]
         backward = [s.backward_us for s in steps]
         wait = [s.first_wait_us for s in steps]
         bubbles = models.critical_overlap_bubbles(t_comm, backward, wait)
@@ -187,7 +216,7 @@ class CommBoundStep(Rule):
                 for s, comm, window, first_wait, bubble in zip(steps, t_comm, backward, wait, bubbles)]
 
     @staticmethod
-    def _window_rows(facts):
+    def _window_rows(facts, upper: bool = False):
         rows = []
         for view in facts.steps:
             phases = [view.windows[p] for p in ("forward", "backward") if p in view.windows]
@@ -198,7 +227,7 @@ class CommBoundStep(Rule):
             if not phases or not colls:
                 continue
             window = max(w[1] for w in phases) - min(w[0] for w in phases)
-            t_comm = sum(facts.transfer_time(c) for c in colls)
+            t_comm = sum(facts.transfer_upper_time(c) if upper else facts.transfer_time(c) for c in colls)
             bound = models.critical_overlap(t_comm, window, 0.0)
             kinds = sorted({c["collective"] for c in colls})
             rows.append({"kind": "window", "rank": view.rank, "step": view.step, "t_comm_us": t_comm,

@@ -50,6 +50,7 @@ class DdpBucketOversized(Rule):
     failure_title = "DDP buckets are oversized: a large all-reduce is exposed after backward"
     severity = "warning"
     needs = ("gpu_steps", "ddp", "gradient_collectives")
+    fix_requires = ("training", "ddp")  # bucket_cap_mb is DistributedDataParallel's, in training
     thresholds = {
         "tail_fraction": Threshold(0.05, "measured exposed tail (median over ranks and steps), "
                                    "as a fraction of the step time, above which the rule looks", 0.0, 1.0),
@@ -70,6 +71,13 @@ class DdpBucketOversized(Rule):
         t_comm = backward_transfer_us(ctx.facts, rep.rank, rep.step)
         if t_comm > rep.backward_us:
             return []  # the volume itself does not fit under backward: comm-bound-step's case
+        upper = ctx.facts.backward_allreduce_upper_us.get((rep.rank, rep.step), 0)
+        if ctx.facts.members_missing and upper > rep.backward_us:
+            # t_comm is the link model's bound, the least the transfer can be: with the kernels'
+            # time it may not fit under backward, which is comm-bound-step's case, not a bucket's
+            raise NotEvaluated(f"{ctx.facts.members_missing}: bounded by the link model the all-reduces fit under "
+                               "backward, but the rest of their kernels' time may be transfer on a slower link "
+                               "(comm-bound-step's case) as well as waiting for the members not given")
         largest = max(rep.bucket_bytes)
         choice, current, gain = rep.cap_saving()
         if choice.cap_bytes >= statistics.median(rep.bucket_bytes):

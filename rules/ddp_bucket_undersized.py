@@ -46,6 +46,7 @@ class DdpBucketUndersized(Rule):
     failure_title = "DDP buckets are undersized: all-reduces are latency-bound (below S*)"
     severity = "warning"
     needs = ("gpu_steps", "ddp", "gradient_collectives")
+    fix_requires = ("training", "ddp")  # bucket_cap_mb is DistributedDataParallel's, in training
     thresholds = {
         "min_buckets": Threshold(2, "fewest buckets per step for the rule to look (merging needs "
                                  "two)", 1, 1e9),

@@ -13,7 +13,8 @@ rule about ranks waiting for each other; the job cannot have the problem) and ``
 rank missing). A rule says which by raising :class:`NotApplicable` or :class:`NotEvaluated`
 with the reason (or through its ``needs``, analyzer.job.facts); the verdict names the rules that
 could not check. A rule that raises anything else becomes an ``error`` finding for that rule and
-the run goes on.
+the run goes on. Each fix a rule suggests declares what must be true of the job for it to apply
+(``fix_requires``, or a :class:`Fix` per fix), checked before it is printed.
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not app
                 "not_evaluated": "could not check", "disabled": "disabled"}
 
 
+@dataclass(frozen=True)
+class Fix:
+    """One fix a finding suggests, and what must be true of the job for it to apply: the names
+    of ``analyzer.job.facts.FIX_PRECONDITIONS``, each checked before the fix is printed."""
+
+    text: str
+    snippet: str | None = None
+    requires: tuple[str, ...] = ()
+    # Printed only when no fix before it is (the general advice where the specific one's premise fails).
+    otherwise: bool = False
+    # What its snippet needs beyond ``requires`` (a DDP call shown only on a DDP job).
+    snippet_requires: tuple[str, ...] = ()
+
+
 class NotEvaluated(Exception):
     """A rule could not check this job; the message says why (one sentence, no period)."""
 
@@ -81,6 +96,9 @@ class Rule:
     recovers: ClassVar[tuple[str, ...]] = ()
     # Runs after the others and sees their findings (ctx.findings): a rule for what they leave.
     runs_last: ClassVar[bool] = False
+    # What the job must be for the rule's fix to apply (FIX_PRECONDITIONS), where the rule gives
+    # one fix text; a rule with several passes each its own ``Fix`` (ctx.finding's ``fixes``).
+    fix_requires: ClassVar[tuple[str, ...]] = ()
 
     def check(self, ctx: "RuleContext") -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -146,13 +164,20 @@ class RuleContext:
     def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
                 estimated_gain_us: float | None, model: str | None, fix_text: str,
                 fix_snippet: str | None = None, severity: str | None = None,
-                recovers: dict[str, float] | tuple[str, ...] | None = None) -> dict[str, Any]:
+                recovers: dict[str, float] | tuple[str, ...] | None = None,
+                fixes: list[Fix] | None = None) -> dict[str, Any]:
         """A finding; ``recovers``: the leaves its fix gives back (the rule's by default), or its
         gain split over them in µs when the rule knows the split, each part at most that leaf's
         time in the typical step (analyzer.job.model.split_gain). Its evidence states what the fix
         is worth (``evidence["prediction"]``, analyzer.whatif.prediction): the rule's own when it
         gives one, else the typical step less the gain, or "no model for this fix". A rule's own
-        estimate beyond what those leaves hold is capped at it, and the model text says so."""
+        estimate beyond what those leaves hold is capped at it, and the model text says so.
+        The fix: ``fixes`` (each with its preconditions; their texts joined, the first kept
+        snippet), else ``fix_text`` / ``fix_snippet`` under the rule's ``fix_requires``; a fix
+        whose precondition fails on this job is not printed, and ``evidence["fix_preconditions"]``
+        records each with what it requires and why it was withheld."""
+        fix_text, fix_snippet = self._fixes(evidence, fixes if fixes is not None else
+                                            [Fix(fix_text, fix_snippet, self.rule.fix_requires)], fixes is not None)
         gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)
         leaves = self.rule.recovers if recovers is None else recovers
         split = {} if gain is None else split_gain(gain, leaves, self.model.typical)
@@ -188,6 +213,32 @@ class RuleContext:
             "references": list(self.rule.references),
             "recovers": parts,
         }
+
+
+    def _fixes(self, evidence: dict[str, Any], fixes: list[Fix], joined: bool) -> tuple[str, str | None]:
+        """(text, snippet) of the fixes whose preconditions hold; each fix's check into the
+        evidence. ``joined``: the texts are clauses of one sentence (several fixes)."""
+        kept, record = [], []
+        for fix in fixes:
+            failed = {need: why for need in fix.requires if (why := self.facts.fix_precondition(need))}
+            if fix.otherwise and kept:
+                failed["otherwise"] = "a fix before it applies"
+            entry = {"fix": fix.text, "requires": list(fix.requires), "printed": not failed, "failed": failed}
+            snippet_failed = {need: why for need in fix.snippet_requires if (why := self.facts.fix_precondition(need))}
+            if fix.snippet and fix.snippet_requires:
+                entry.update(snippet_requires=list(fix.snippet_requires), snippet_failed=snippet_failed)
+            record.append(entry)
+            if not failed:
+                kept.append(fix if not snippet_failed else Fix(fix.text, None, fix.requires))
+        evidence["fix_preconditions"] = record
+        if not kept:
+            reasons = "; ".join(sorted({why for r in record for why in r["failed"].values()}))
+            return f"No fix this rule knows applies to this job ({reasons}).", None
+        snippet = next((f.snippet for f in kept if f.snippet), None)
+        if not joined:
+            return kept[0].text, snippet
+        text = "; ".join(f.text for f in kept)
+        return text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."), snippet
 
 
 def run_rules(result: Any, config: dict[str, Any] | None = None,

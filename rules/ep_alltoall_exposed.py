@@ -48,6 +48,7 @@ class EpAlltoallExposed(Rule):
     failure_title = "Expert-parallel dispatch/combine is exposed: the GPU waits for token routing"
     severity = "warning"
     needs = ("gpu_steps", "expert_parallel")
+    fix_requires = ()  # dispatch/combine overlap applies to training and inference alike
     thresholds = {
         "exposed_fraction": Threshold(0.08, "exposed expert-parallel communication, as a fraction of the "
                                       "step time, from which the rule fires", 0.0, 1.0),

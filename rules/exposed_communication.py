@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_us
+from analyzer.job.attribution import wait_words
 from analyzer.job.model import group_label
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
-from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.whatif.prediction import predicted
 
 # The collective kinds whose exposed transfer a finding of each specific rule explains (None:
@@ -29,27 +30,38 @@ EXPLAINS: dict[str, tuple[str, ...] | None] = {
 WAIT_RULES = ("straggler-rank",)
 
 _FIX_BY_KIND = {
-    "alltoall": "overlap the embedding all-to-all with dense compute (pipeline the sparse stage "
-                "one batch ahead, e.g. TorchRec's TrainPipelineSparseDist) and cut its bytes "
-                "(fp16/bf16 or quantized embedding communication)",
-    "allreduce": "overlap the all-reduces with backward compute (gradient buckets, no synchronous "
-                 "per-tensor all-reduce) and cut their bytes (bf16 gradients / reduce dtype)",
-    "allgather": "prefetch the all-gathers under the previous compute (FSDP forward/backward "
-                 "prefetch); an optimizer-step all-gather can overlap the next forward",
-    "reduce_scatter": "overlap the reduce-scatters with backward compute and cut their bytes "
-                      "(bf16 reduce dtype)",
-    "broadcast": "broadcast once, not per step (e.g. broadcast_buffers=False in DDP)",
+    "alltoall": (Fix("overlap the embedding all-to-all with dense compute (pipeline the sparse stage "
+                     "one batch ahead, e.g. TorchRec's TrainPipelineSparseDist) and cut its bytes "
+                     "(fp16/bf16 or quantized embedding communication)",
+                     "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # torchrec", ("training",)),),
+    "allreduce": (Fix("overlap the all-reduces with backward compute (gradient buckets, no synchronous "
+                      "per-tensor all-reduce)", "model = DDP(model, bucket_cap_mb=25)", ("training",),
+                      snippet_requires=("ddp",)),
+                  Fix("cut their bytes (bf16 gradients / reduce dtype)",
+                      "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+                      "model.register_comm_hook(None, default_hooks.bf16_compress_hook)",
+                      ("training", "gradients_wide", "ddp")),
+                  Fix("cut their bytes (bf16 reduce dtype)", None, ("training", "gradients_wide", "fsdp"))),
+    "allgather": (Fix("prefetch the all-gathers under the previous compute (FSDP forward/backward "
+                      "prefetch); an optimizer-step all-gather can overlap the next forward",
+                      "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)",
+                      ("fsdp",)),),
+    "reduce_scatter": (Fix("overlap the reduce-scatters with backward compute", None, ("training",)),
+                       Fix("cut their bytes (bf16 reduce dtype)", None, ("training", "gradients_wide"))),
+    "broadcast": (Fix("broadcast once, not per step (e.g. broadcast_buffers=False in DDP)"),),
 }
-_FIX_FORWARD_ALLREDUCE = ("the all-reduces in the forward pass are activation (tensor-parallel) all-reduces "
-                          "the next layer waits for: keep the tensor-parallel group inside a node (NVLink), "
-                          "overlap them with the next GEMM (sequence parallelism / async TP, e.g. "
-                          "torch.distributed._symmetric_memory or TransformerEngine comm overlap), or use a "
-                          "smaller tensor-parallel degree")
-_FIX_SYNC = ("all-reduce gradients in buckets that overlap backward (wrap the model in "
-             "DistributedDataParallel, or all_reduce(async_op=True) on flattened buckets) instead of one "
-             "synchronous all-reduce per parameter")
-_FIX_WAIT = ("most of it is waiting for late ranks: find why they arrive late (the straggler-rank "
-             "and gpu-idle-host-bound findings and the per-rank breakdown name them)")
+_FIX_FORWARD_ALLREDUCE = Fix("the all-reduces in the forward pass are activation (tensor-parallel) all-reduces "
+                             "the next layer waits for: keep the tensor-parallel group inside a node (NVLink), "
+                             "overlap them with the next GEMM (sequence parallelism / async TP, e.g. "
+                             "torch.distributed._symmetric_memory or TransformerEngine comm overlap), or use a "
+                             "smaller tensor-parallel degree")
+_FIX_SYNC = Fix("all-reduce gradients in buckets that overlap backward (wrap the model in "
+                "DistributedDataParallel, or all_reduce(async_op=True) on flattened buckets) instead of one "
+                "synchronous all-reduce per parameter",
+                "model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)\n"
+                "# not: for p in model.parameters(): dist.all_reduce(p.grad)", ("training",))
+_FIX_WAIT = Fix("most of it is waiting for late ranks: find why they arrive late (the straggler-rank "
+                "and gpu-idle-host-bound findings and the per-rank breakdown name them)")
 
 
 @register
@@ -94,6 +106,7 @@ class ExposedCommunication(Rule):
     failure_title = "Communication nothing hides takes a large share of the step"
     severity = "warning"
     needs = ("gpu_steps", "communication")
+    fix_requires = ()  # each of its fixes declares its own (a Fix's requires)
     runs_last = True  # it covers what the other rules leave unexplained
     thresholds = {
         "exposed_fraction": Threshold(0.10, "exposed communication no other finding explains, as a "
@@ -131,9 +144,8 @@ class ExposedCommunication(Rule):
         phases = _ranked(details.get("by_phase") or {})
         groups = _ranked(details.get("by_group") or {})
         model = _alpha_beta(ctx, tb["step"])
-        top_kind = kinds[0][0] if kinds else None
         summary = (f"Exposed communication takes {fmt_us(wait + transfer)} of the {fmt_us(step)} typical step "
-                   f"({100 * typical.exposed_share:.0f}%): {fmt_us(wait)} waiting for late peers and "
+                   f"({100 * typical.exposed_share:.0f}%): {fmt_us(wait)} {wait_words(tb.get('wait_source'))} and "
                    f"{fmt_us(transfer)} transfer; by collective {_list(kinds)}; by phase {_list(phases)}; "
                    f"by process group {_list(groups)}; "
                    f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")
@@ -143,7 +155,7 @@ class ExposedCommunication(Rule):
                         "exposed: synchronous, unbucketed (per-parameter) gradient all-reduces.")
         fixes = [_FIX_SYNC] if sync else []
         fixes += [_FIX_WAIT] if open_wait > open_transfer else []
-        fixes += [_fix_for(kind, _ranked(details.get("by_kind_phase") or {})) for kind, _ in kinds[:2]]
+        fixes += [fix for kind, _ in kinds[:2] for fix in _fix_for(kind, _ranked(details.get("by_kind_phase") or {}))]
         evidence = {
             "step": tb["step"], "step_time_us": step, "exposed_wait_us": wait, "exposed_transfer_us": transfer,
             "unexplained_us": round(unexplained, 1), "explained_by": sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
@@ -174,28 +186,16 @@ class ExposedCommunication(Rule):
             model=("exposed = |comm \\ compute| over the step window, waiting = the part of each collective "
                    "before its last member arrived; the gain is an upper bound (all of it hidden). "
                    + model_text),
-            fix_text=_sentence("; ".join(fixes)),
-            fix_snippet=_SNIPPETS["sync"] if sync else _SNIPPETS.get(top_kind))]
+            fix_text="", fixes=fixes)]
 
 
-_SNIPPETS = {
-    "sync": ("model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)\n"
-             "# not: for p in model.parameters(): dist.all_reduce(p.grad)"),
-    "allreduce": ("from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
-                  "model = DDP(model, bucket_cap_mb=25)\n"
-                  "model.register_comm_hook(None, default_hooks.bf16_compress_hook)"),
-    "allgather": "FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)",
-    "alltoall": "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # torchrec",
-}
-
-
-def _fix_for(kind: str, kind_phases: list[tuple[str, float]]) -> str:
+def _fix_for(kind: str, kind_phases: list[tuple[str, float]]) -> tuple[Fix, ...]:
     """The fix for a kind, by the phase where most of its exposed time is: an all-reduce in the
     forward pass is an activation (tensor-parallel) all-reduce, not a gradient one."""
     phase = next((label.split(" ", 1)[1] for label, _ in kind_phases if label.split(" ", 1)[0] == kind), None)
     if kind == "allreduce" and phase == "forward":
-        return _FIX_FORWARD_ALLREDUCE
-    return _FIX_BY_KIND.get(kind, f"overlap the {kind} transfers with compute or cut their bytes")
+        return (_FIX_FORWARD_ALLREDUCE,)
+    return _FIX_BY_KIND.get(kind, (Fix(f"overlap the {kind} transfers with compute or cut their bytes"),))
 
 
 def _wait_caveat(tb: dict[str, Any]) -> str:
@@ -216,10 +216,6 @@ def _wait_caveat(tb: dict[str, Any]) -> str:
 def _wait_origin(tb: dict[str, Any]) -> str:
     """How the waiting was obtained: measured by the cross-rank matching, else estimated."""
     return "estimated" if str(tb.get("wait_source") or "").startswith("estimated") else "measured"
-
-
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:] + "."
 
 
 def _synchronous_allreduces(ctx, step: Any, minimum: float) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ class Fp32GradientComm(Rule):
     failure_title = "Gradients are communicated in fp32 while compute runs in bf16/fp16"
     severity = "warning"
     needs = ("gradient_collectives",)
+    fix_requires = ("training", "gradients_wide")  # bf16 gradients where they travel wider, in training
     thresholds = {
         "low_precision_share": Threshold(0.5, "share of GPU compute time in bf16/fp16 kernels from "
                                          "which compute counts as low precision", 0.0, 1.0),

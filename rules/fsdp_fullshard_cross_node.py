@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
-from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
+from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.prediction import what_if_or_own
 from analyzer.whatif.ddp import representative
@@ -49,6 +49,7 @@ class FsdpFullShardCrossNode(Rule):
     failure_title = "FSDP FULL_SHARD spans nodes: per-layer collectives cross the network"
     severity = "warning"
     needs = ("gpu_steps", "fsdp")
+    fix_requires = ("training", "fsdp")  # HYBRID_SHARD is FSDP's sharding of a training job
     thresholds = {
         "exposed_fraction": Threshold(0.05, "exposed all-gather / reduce-scatter time, as a fraction "
                                       "of the step time, above which the rule looks", 0.0, 1.0),
@@ -69,6 +70,9 @@ class FsdpFullShardCrossNode(Rule):
         rep = representative(steps, facts.model)
         group = group_of_kind(facts, rep.rank, rep.step, "allgather")
         link = facts.link(group)
+        if link is None and facts.members_missing:
+            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --config) for the "
+                               "all-gather group")
         if link is None or not link.cross_node:
             return []
         exposed = median(self._exposed_per_step(facts).values()) or 0.0
@@ -88,6 +92,11 @@ class FsdpFullShardCrossNode(Rule):
         projected = rep.exposed_us(hybrid, replicate_time=replicate)
         gain = now - projected
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
+            if facts.members_missing:
+                # the link is the model's (no fit of kernels that wait for unseen members): a slower
+                # real link would expose more of FULL_SHARD's traffic, and HYBRID_SHARD gain more
+                raise NotEvaluated(f"{facts.members_missing}: on the link model's link ({link.source}) HYBRID_SHARD "
+                                   "gains little, but the all-gathers' kernels may run on a slower link")
             return []
         psi, psi_source = parameter_count(facts)
         memory = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value

@@ -52,6 +52,7 @@ class FsdpMissingWrapPolicy(Rule):
     failure_title = "FSDP has no wrap policy: one all-gather of the whole model per pass"
     severity = "warning"
     needs = ("fsdp",)
+    fix_requires = ("fsdp",)  # a wrap policy is FSDP's
     thresholds = {
         "max_units": Threshold(1, "all-gathers per forward pass at or below which the model counts "
                                "as a single unit", 1, 1e9),

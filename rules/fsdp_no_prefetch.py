@@ -44,6 +44,7 @@ class FsdpNoPrefetch(Rule):
     failure_title = "FSDP all-gathers are serialized with compute: prefetch is off"
     severity = "warning"
     needs = ("gpu_steps", "fsdp")
+    fix_requires = ("fsdp",)  # prefetching is FSDP's
     thresholds = {
         "min_units": Threshold(3, "fewest all-gathers in a pass for prefetch to matter", 2, 1e9),
         "serialized_share": Threshold(0.8, "share of the pass's all-gather time outside compute "

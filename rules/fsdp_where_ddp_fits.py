@@ -51,6 +51,7 @@ class FsdpWhereDdpFits(Rule):
     failure_title = "FSDP on a model that fits in DDP: 1.5× the communication for nothing"
     severity = "warning"
     needs = ("gpu_steps", "fsdp")
+    fix_requires = ("training", "fsdp")  # the move from FSDP to DDP, in training
     thresholds = {
         "memory_fraction": Threshold(0.5, "share of GPU memory the DDP static state 16Ψ may take "
                                      "(the rest is left for activations)", 0.0, 1.0),

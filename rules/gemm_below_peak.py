@@ -58,6 +58,7 @@ class GemmBelowPeak(Rule):
     failure_title = "Large GEMMs run far below the GPU's peak (fp32 on tensor-core hardware, or misaligned sizes)"
     severity = "warning"
     needs = ("gpu_steps",)
+    fix_requires = ()  # its fix follows the GEMMs' own dtype and shapes (no job premise)
     thresholds = {
         "min_gemm_flops": Threshold(1e9, "FLOPs of one GEMM from which it counts as large (FLOPs)", 0.0),
         "reference_efficiency": Threshold(0.6, "share of the target dtype's dense peak a large GEMM reaches, "

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import HOST_ACTIVITY, host_fix, idle_split_note, ranks_phrase
+from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, host_fix_requires, idle_split_note, ranks_phrase
 
 
 @register
@@ -62,6 +62,7 @@ class GpuIdleHostBound(Rule):
     failure_title = "The GPU is idle for lack of work for much of each step: the host is the bottleneck"
     severity = "warning"
     needs = ("gpu_steps",)
+    fix_requires = ()  # each of its fixes declares its own (a Fix's requires)
     thresholds = {
         "idle_fraction": Threshold(0.25, "GPU idle time, as a fraction of the typical step on a "
                                    "rank, from which the rule fires for that rank", 0.0, 1.0),
@@ -127,9 +128,15 @@ class GpuIdleHostBound(Rule):
             evidence["workload"] = ctx.model.workload
         graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
         fix, snippet = host_fix(activity, lead, ctx.model.workload, graphed)
+        requires = host_fix_requires(activity, lead, ctx.model.workload)
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
-                            model=model, fix_text=f"The host sets the pace: {fix}.", fix_snippet=snippet)]
+                            model=model, fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
+
+
+# Where the fix for the host's activity does not apply to this job (an inference job's own work)
+_PROFILE_HOST = Fix("the host sets the pace: profile that host (py-spy dump / record on the rank) for the work "
+                    "between its launches", HOST_SNIPPET["unknown"], otherwise=True)
 
 
 def host_idle_us(tb) -> float:

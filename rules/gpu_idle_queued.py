@@ -60,6 +60,7 @@ class GpuIdleQueued(Rule):
     failure_title = "The GPU idles with work already launched: it waits behind a dependency"
     severity = "warning"
     needs = ("gpu_steps",)
+    fix_requires = ()  # its fix follows the dependency the idle waited on (no job premise)
     thresholds = {
         "idle_fraction": Threshold(0.10, "GPU idle with work launched and waiting, as a fraction of the typical "
                                    "step on a rank, from which the rule fires for that rank", 0.0, 1.0),

@@ -107,3 +107,19 @@ def idle_split_note(ctx) -> str | None:
 def ranks_phrase(hit: list[int], given: int) -> str:
     """Which of the ranks given a finding is about, in words."""
     return f"on {len(hit)} of {given} ranks" if len(hit) < given else "on every rank given"
+
+# What each fix above needs of the job (analyzer.job.facts.FIX_PRECONDITIONS), checked before it
+# is printed: the data loader's advice only where the loader is where the idle goes, FSDP's only on
+# FSDP, advice about the training step (backward, optimizer, checkpointing) only in training.
+HOST_FIX_REQUIRES = {"input": ("loader_bound",), "fsdp": ("fsdp",), "unknown": ("training",)}
+HOST_OWN_WORK_REQUIRES = {"backward": ("training",), "optimizer": ("training",), "other": ("training",)}
+
+
+def host_fix_requires(activity: str, own_phase: str | None, workload: str | None) -> tuple[str, ...]:
+    """What :func:`host_fix`'s advice needs of the job (its preconditions): an inference job's own
+    advice needs nothing more; else the leaf's, the host's own work by its phase."""
+    if workload == "inference" and activity in INFERENCE_ACTIVITIES:
+        return ()
+    if activity == "unknown" and own_phase:
+        return HOST_OWN_WORK_REQUIRES.get(own_phase, ())
+    return HOST_FIX_REQUIRES.get(activity, ())

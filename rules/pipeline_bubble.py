@@ -50,6 +50,7 @@ class PipelineBubble(Rule):
     failure_title = "Pipeline bubble: stages wait for each other for much of each step"
     severity = "warning"
     needs = ("gpu_steps", "pipeline_parallel")
+    fix_requires = ("training",)  # 1F1B / interleaved schedules and micro-batches of a training step
     thresholds = {
         "bubble_fraction": Threshold(0.25, "share of the step a stage does not compute (median over "
                                      "pipeline ranks and steps) from which the rule fires", 0.0, 1.0),

@@ -10,12 +10,12 @@ import numpy as np
 
 from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
-from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
+from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
 
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, host_fix
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
@@ -72,6 +72,7 @@ class StragglerRank(Rule):
     failure_title = "Late ranks make the others wait at the collectives"
     severity = "warning"
     needs = ("multi_process", "communication", "gpu_steps", "all_ranks")
+    fix_requires = ()  # each of its fixes declares its own (a Fix's requires)
     thresholds = {
         "consistency": Threshold(0.6, "share of the steady steps in which the same rank is the main "
                                  "late rank, from which the pattern is persistent (else rotating)", 0.0, 1.0),
@@ -167,7 +168,9 @@ class StragglerRank(Rule):
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
-                            fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
+                            fix_text="", fixes=[Fix(_fix(ctx, worst, lead), _snippet(ctx, worst, lead),
+                                                    HOST_FIX_REQUIRES.get(lead.get("host_activity") or "unknown", ())
+                                                    if lead["cause"] == "host" else ())])]
 
 
 def _caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:

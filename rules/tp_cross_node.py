@@ -47,6 +47,7 @@ class TpCrossNode(Rule):
     failure_title = "A tensor-parallel group spans nodes: every layer's all-reduce crosses the network"
     severity = "warning"
     needs = ("gpu_steps", "tensor_parallel")
+    fix_requires = ()  # tensor-parallel placement applies to training and inference alike
     thresholds = {
         "exposed_fraction": Threshold(0.05, "exposed tensor-parallel communication, as a fraction of "
                                       "the step time, from which the rule fires", 0.0, 1.0),

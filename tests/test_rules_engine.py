@@ -259,15 +259,22 @@ def test_fsdp_step_model_hand_worked():
 @pytest.mark.parametrize("trace, expected", [
     # straggler not given: 19% of the step is exposed; the waiting is a lower bound and says so
     ("synthetic/ddp_straggler", {"exposed-communication"}),
-    ("synthetic/ddp_comm_bound", {"comm-bound-step"}),
+    # one NIC per node, which the traces do not show (the profile's default is 4): bounded by the
+    # profile's link the all-reduces fit under backward, but the rest of their kernels may be
+    # transfer on the slower link as well as waiting for the 6 ranks not given (issue 37 item 4:
+    # no fit of those kernels decides it), so comm-bound-step could not check, nor could
+    # ddp-bucket-oversized tell its case (buckets) from comm-bound-step's
+    ("synthetic/ddp_comm_bound", {"exposed-communication"}),
 ])
 def test_subset_of_ranks(trace, expected):
     from analyzer.api import DiagnoseOptions, diagnose
     result = diagnose(sample_traces()[trace][:2], DiagnoseOptions(workers=1))
     assert {f["rule"] for f in result.findings} == expected
-    status = {s["rule"]: s["status"] for s in result.rules}
-    assert status["straggler-rank"] == "not_evaluated"
-    assert "could not check: straggler-rank" in result.verdict
+    status = {s["rule"]: (s["status"], s["reason"]) for s in result.rules}
+    assert status["straggler-rank"][0] == "not_evaluated"
+    assert status["comm-bound-step"][0] == "not_evaluated"
+    assert status["comm-bound-step"][1].startswith("needs every member's trace (2 of 8 given)")
+    assert "could not check: comm-bound-step, ddp-bucket-oversized, straggler-rank" in result.verdict
     for f in result.findings:
         if f["rule"] == "exposed-communication":
             assert "lower bound" in f["summary"] and "2 of 8 ranks" in f["evidence"]["wait_source"]

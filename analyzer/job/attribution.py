@@ -247,6 +247,16 @@ def _exposed_set(flat: list[int], origin_ns: int) -> iv.IntervalSet:
     return array[:, 0], array[:, 1]
 
 
+def wait_words(source: str | None) -> str:
+    """What the waiting leaf holds, in words, by its ``wait_source``: with members' traces
+    missing, the time beyond the link model's transfer is waiting or contention (a link slower
+    than the model's), not only late peers."""
+    text = str(source or "")
+    if text.startswith("estimated") and "ranks' traces given" in text:
+        return "waiting or contention beyond the link model's transfer"
+    return "waiting for late peers"
+
+
 def _wait_source(result: Any, estimated: bool) -> str:
     stragglers = result.stragglers or {}
     world = result.job.get("world_size")

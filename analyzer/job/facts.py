@@ -5,6 +5,7 @@ analysis when it ran, else from the hardware profile), and which analyses are av
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from functools import cached_property
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -103,20 +104,36 @@ class JobFacts:
     def backward_allreduce_transfer_us(self) -> dict[tuple[int, Any], float | int]:
         """{(rank, step): the summed ``transfer_time`` of its backward all-reduces (T_comm of a
         DDP step)}, summed as ``sum()`` over the rows in order gives it."""
+        return self._backward_allreduce_sums(self.transfer_times)
+
+    @cached_property
+    def backward_allreduce_upper_us(self) -> dict[tuple[int, Any], float | int]:
+        """``backward_allreduce_transfer_us`` with no α-β cap: on a partial job, the most the
+        transfer can be (the kernels less the waits the given ranks measure)."""
+        return self._backward_allreduce_sums(self.transfer_upper_times)
+
+    def _backward_allreduce_sums(self, times: np.ndarray) -> dict[tuple[int, Any], float | int]:
         view = CollectiveColumns.of(self.result)
         pair, keys = self._step_pairs
         rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
-        sums = sequential_sums(self.transfer_times[rows], pair[rows], len(keys))
+        sums = sequential_sums(times[rows], pair[rows], len(keys))
         return {key: total for key, total in zip(keys, sums)}
+
+    @cached_property
+    def transfer_upper_times(self) -> np.ndarray:
+        """Each row's duration less the wait the cross-rank matching measured: its transfer time
+        when every member is given, at most that when some are not (their wait is unseen)."""
+        view = CollectiveColumns.of(self.result)
+        waits = view.written("wait_us")
+        matched = ~np.isnan(waits) & view.on_gpu & ~view.kind.isin(POINT_TO_POINT)
+        return np.where(matched, view.dur - np.where(matched, waits, 0.0), view.dur)
 
     @cached_property
     def transfer_times(self) -> np.ndarray:
         """``transfer_time`` of every row, as an array (the α-β cap row by row, only where it
         applies: some ranks missing, size and kind known)."""
         view = CollectiveColumns.of(self.result)
-        waits = view.written("wait_us")
-        matched = ~np.isnan(waits) & view.on_gpu & ~view.kind.isin(POINT_TO_POINT)
-        times = np.where(matched, view.dur - np.where(matched, waits, 0.0), view.dur)
+        times = self.transfer_upper_times.copy()
         if not self._every_rank:
             capped = np.flatnonzero(view.kind.isin(tuple(models.COLLECTIVE_KINDS)) & (view.size != 0)
                                     & ~np.isnan(view.size))
@@ -127,14 +144,19 @@ class JobFacts:
         """A collective's transfer time (µs): the shortest duration across the ranks given.
         When some ranks are missing that minimum may still include waiting for one of them, so
         it is capped by the α-β model time when the group's link is known."""
-        measured = row["dur_us"]
-        wait = row.get("wait_us")  # the cross-rank matching's (analyzer.job.crossrank): dur − the set's shortest
-        if wait is not None and row.get("on_gpu") and row["collective"] not in POINT_TO_POINT:
-            measured -= wait
+        measured = self.transfer_upper_time(row)
         if self._every_rank or not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS:
             return measured
         link = self.link(row.get("group") or {})
         return min(measured, link.time_us(row["collective"], row["bytes"])) if link else measured
+
+    @staticmethod
+    def transfer_upper_time(row: dict[str, Any]) -> float:
+        """A row's ``transfer_upper_times``: its duration less the wait the matching measured."""
+        wait = row.get("wait_us")  # the cross-rank matching's (analyzer.job.crossrank): dur − the set's shortest
+        if wait is not None and row.get("on_gpu") and row["collective"] not in POINT_TO_POINT:
+            return row["dur_us"] - wait
+        return row["dur_us"]
 
     @cached_property
     def _every_rank(self) -> bool:
@@ -150,19 +172,23 @@ class JobFacts:
         return f"needs every member's trace ({len(self.result.ranks)} of {self.world_size} given)"
 
     def transfer_bound(self, rows: list[dict[str, Any]]) -> tuple[bool, str | None]:
-        """(whether the transfer time of these collective rows is known, what bounds it) on a
-        job whose traces are a subset: a kernel's duration is its transfer plus waiting for the
-        members not given, and only the link model (hardware profile or --config) bounds the
-        transfer (``transfer_time``). Unknown when a row's size, kind model or group link is
-        missing; (True, None) when every rank's trace is given (the cross-rank matching measures
-        it)."""
+        """(whether the transfer time of these collective rows is bounded, what bounds it or
+        why nothing does) on a job whose traces are a subset: a kernel's duration is its
+        transfer plus waiting for the members not given, and only the link model (hardware
+        profile or --config) bounds the transfer (``transfer_time``); nothing does where a row's
+        size, kind model or group link is unknown. (True, None) when every rank's trace is given
+        (the cross-rank matching measures it)."""
         if self._every_rank:
             return True, None
         sources = set()
         for row in rows:
             link = self.link(row.get("group") or {})
-            if not row.get("bytes") or row["collective"] not in models.COLLECTIVE_KINDS or link is None:
-                return False, None
+            if not row.get("bytes"):
+                return False, "a collective's message size is not recorded"
+            if row["collective"] not in models.COLLECTIVE_KINDS:
+                return False, f"no α-β model of a {row['collective']} collective"
+            if link is None:
+                return False, "no link model (hardware profile or --config) for its group"
             sources.add(link.source)
         return True, (f"transfer bounded by the link model ({'; '.join(sorted(sources))}), the rest of each "
                       f"kernel being waiting or contention (the other members' traces are missing: "
@@ -343,6 +369,46 @@ class JobFacts:
             return "no GPU work read (events under unknown categories look like device work: see warnings)"
         return "no GPU work in the traces (CPU-only): no GPU timeline to measure"
 
+    # ---------------------------------------------------------------- the job's kind
+    @cached_property
+    def kind(self) -> str:
+        """``training`` or ``inference``: the job model's workload (analyzer.rank.workload: inference
+        only where every rank's host side is in the trace and none shows a backward pass, an
+        optimizer step or their kernels). A job that cannot tell is taken as training, the tool's
+        subject: absence of evidence counts only where the evidence could have been recorded."""
+        return "inference" if self.model.workload == "inference" else "training"
+
+    # ---------------------------------------------------------------- what a fix needs
+    def fix_precondition(self, name: str) -> str | None:
+        """Whether the job is one a fix requiring ``name`` (FIX_PRECONDITIONS) applies to: None
+        when it holds, else why not (one clause)."""
+        return _PRECONDITIONS[name](self)
+
+    @cached_property
+    def gradient_dtypes(self) -> dict[str, int]:
+        """{dtype: rows} of the gradient collectives (data-parallel all-reduces and
+        reduce-scatters in backward) whose dtype is recorded."""
+        view, index = CollectiveColumns.of(self.result), self._data_parallel_rows
+        rows = index[view.kind.isin(("allreduce", "reduce_scatter"))[index] & view.phase.isin(("backward",))[index]]
+        among_two = np.array([self.group_size(g) >= 2 for g in view.group.names], dtype=bool)
+        rows = rows[among_two[view.group.codes[rows]]] if len(among_two) else rows[:0]
+        dtypes = self._table.values("dtype")  # read from the column, no row dict made
+        counts = Counter(dtypes[i] for i in rows.tolist())
+        return {str(d): n for d, n in sorted(counts.items(), key=lambda kv: str(kv[0])) if d is not None}
+
+    @cached_property
+    def host_idle_leaders(self) -> set[str]:
+        """The host activities (analyzer.rank.attribution's idle by host) that lead some rank's
+        typical-step idle: where the host time goes on that rank."""
+        leaders = set()
+        for r in self.result.ranks:
+            by_host = ((r.time_breakdown or {}).get("details") or {}).get("idle_by_host") or {}
+            times = {str(k): float(v or 0.0) for k, v in by_host.items()}
+            best = max(times.items(), key=lambda kv: (kv[1], kv[0]), default=("", 0.0))
+            if best[1] > 0:
+                leaders.add(best[0])
+        return leaders
+
     def missing(self, needs: tuple[str, ...]) -> tuple[str, str] | None:
         """(status, reason) when a rule with these needs cannot run on this job, None when it
         can: ``not_evaluated`` when the job may have the problem but the traces cannot show it
@@ -391,6 +457,51 @@ class JobFacts:
         if self.world_size < 2:
             return "FSDP on one process (world size 1): nothing is sharded, no all-gather or reduce-scatter"
         return "an FSDP job whose units the traces do not show (no parameter all-gathers matched to them)"
+
+
+LOW_PRECISION_DTYPES = ("bf16", "f16", "fp16", "bfloat16", "float16", "f8", "fp8")
+
+
+def _needs_training(facts: JobFacts) -> str | None:
+    return None if facts.kind == "training" else "an inference job (no backward pass, no optimizer step)"
+
+
+def _needs_ddp(facts: JobFacts) -> str | None:
+    if facts.strategy == "ddp" or (facts.strategy == "unknown" and facts.result.buckets):
+        return None
+    return f"not a DDP job ({facts.strategy})"
+
+
+def _needs_fsdp(facts: JobFacts) -> str | None:
+    return None if facts.strategy.startswith("fsdp") else f"not an FSDP job ({facts.strategy})"
+
+
+def _needs_wide_gradients(facts: JobFacts) -> str | None:
+    dtypes = facts.gradient_dtypes
+    if not dtypes:
+        return "no gradient collective's dtype is recorded" if facts.gradient_collectives else "no gradient collectives"
+    if all(d.lower() in LOW_PRECISION_DTYPES or d.lower().startswith(("f8", "fp8", "float8")) for d in dtypes):
+        return "the gradient collectives already travel in " + ", ".join(f"{d} ({n})" for d, n in dtypes.items())
+    return None
+
+
+def _needs_loader_bound(facts: JobFacts) -> str | None:
+    if "input" in facts.host_idle_leaders:
+        return None
+    return "the data loader is not where the host's idle time goes on any rank"
+
+
+#: What a fix may require of the job (a rule's ``fix_requires``, or a ``Fix``'s ``requires``),
+#: each checked before the fix is printed: the words say what must hold.
+FIX_PRECONDITIONS = {
+    "training": "the job trains (a backward pass or an optimizer step)",
+    "ddp": "a DistributedDataParallel job",
+    "fsdp": "an FSDP job",
+    "gradients_wide": "the gradient collectives travel wider than 16 bits (fp32)",
+    "loader_bound": "the data loader is where the host's idle time goes (on some rank)",
+}
+_PRECONDITIONS = {"training": _needs_training, "ddp": _needs_ddp, "fsdp": _needs_fsdp,
+                  "gradients_wide": _needs_wide_gradients, "loader_bound": _needs_loader_bound}
 
 
 def median(values) -> float | None:
