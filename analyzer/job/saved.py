@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,13 @@ def read_result_file(path: Path) -> dict[str, Any] | None:
     contain that key)."""
     from analyzer.ingest.files import read_trace_bytes
     head = _head(path, 1 << 20)
-    if b'"traceEvents"' in head:
-        return None
+    if b'"traceEvents"' in head or _first_key(head) not in RESULT_KEYS:
+        return None  # a trace (or a bare array, or not JSON): the trace reader streams it
     data = read_trace_bytes(path)
     try:
         doc = json.loads(data)
+    except RecursionError:
+        raise InputError(path, "not a tracecliff result: JSON nested deeper than any result") from None
     except (ValueError, UnicodeDecodeError):
         if _looks_like_result(head):
             raise InputError(path, "not valid JSON: a truncated or damaged tracecliff result") from None
@@ -100,6 +103,20 @@ def _where(exc: msgspec.ValidationError) -> str:
     where = where.rstrip("`").removeprefix("$").lstrip(".")
     problem = problem[:1].lower() + problem[1:]
     return f"{where}: {problem}" if where else problem
+
+
+# Every key a result's document opens with: sorted (the tool's writer: "attribution" first) or
+# in the order Result.to_dict() makes them ("schema_version" first). A trace opens with none.
+RESULT_KEYS = frozenset(("schema_version", "tool", "inputs", "job", "ranks", "findings", "warnings",
+                         "attribution", "buckets", "collective_summary", "collective_digest",
+                         "collective_rows", "collectives"))
+_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*"([a-z_]{1,40})"[ \t\r\n]*:')
+
+
+def _first_key(head: bytes) -> str | None:
+    """The document's first key, when it opens as an object (never a whole parse)."""
+    match = _FIRST_KEY.match(head)
+    return match.group(1).decode() if match else None
 
 
 def _looks_like_result(head: bytes) -> bool:
