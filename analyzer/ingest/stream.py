@@ -476,9 +476,22 @@ def _scan_from(buf, start: int, stop: int, state: tuple[bool, bool, int]) -> tup
     """The scan state (inside a string, after a backslash, depth) at ``stop`` from ``state`` at ``start``."""
     in_string, escaped, depth = state
     for lo in range(start, stop, _SCAN_BLOCK):
-        block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
+        count = min(_SCAN_BLOCK, stop - lo)
+        if _plain(buf, lo, count, escaped):
+            continue
+        block = np.frombuffer(buf, dtype=np.uint8, count=count, offset=lo)
         _, _, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
     return in_string, escaped, depth
+
+
+def _plain(buf, lo: int, count: int, escaped: bool) -> bool:
+    """Does ``buf[lo:lo+count]`` hold no quote, bracket or backslash (nor follow a backslash)?
+    Then the scan state passes it unchanged: a long run of blanks or of one string's letters
+    costs six memchr, not the vectorised scan."""
+    if escaped:
+        return False
+    block = memoryview(buf)[lo:lo + count].tobytes() if not isinstance(buf, bytes) else buf[lo:lo + count]
+    return not any(c in block for c in (b'"', b"\\", b"{", b"}", b"[", b"]"))
 
 
 def last_element_end(buf, stop: int) -> tuple[int | None, bool]:
@@ -486,6 +499,8 @@ def last_element_end(buf, stop: int) -> tuple[int | None, bool]:
     the enclosing array closes in it); the buffer starts at an element boundary."""
     in_string, escaped, depth, last = False, False, 0, None
     for lo in range(0, stop, _SCAN_BLOCK):
+        if _plain(buf, lo, min(_SCAN_BLOCK, stop - lo), escaped):
+            continue  # no element ends in it, the state passes unchanged
         block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
         depths, closes, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
         below = np.flatnonzero(depths < 0)  # the enclosing array closed: nothing after counts

@@ -1,0 +1,152 @@
+"""Issue 41: input built by an attacker. Each case runs the command line in a subprocess under
+an address-space limit (RLIMIT_AS) and asserts its exit code, one line on stderr naming the file
+(never a traceback or an internal error), its wall time and its peak memory (the child's own
+rusage, from os.wait4).
+
+Figures on this machine (2 shared cores), each case's worst of a few runs, before -> after:
+- 200 MB string as the first key before traceEvents (0.9 MB of gzip): the head was read up to
+  64 MB, then the whole file decoded (1 GB: 3.1 GB, 9-12 s) -> refused at 64 MB, ~2 s, ~0.2 GB.
+- one kernel named by a 100 MB string (0.5 MB gzip): quadratic re-joins (200 MB: 72-81 s) ->
+  refused at 32 MB naming "name" in $.traceEvents[100], ~3 s.
+- a 200 MB string after the events array: 142 s and 2.2 GB at 1 GB -> refused at 64 MB, ~2 s.
+- 500 MB of whitespace inside the array (2.3 MB gzip): -> refused at 32 MB, ~5 s.
+- 200,000 levels of nesting in distributedInfo, or after the array: RecursionError -> one line.
+The benchmark for size: bench/bench_hostile.py (each case at several sizes: the time and the
+memory stay flat once past the limit).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from builders import two_step_ddp
+
+LIMIT_AS = 3 << 30  # the address space each case runs in (Python + numpy + msgspec: ~1 GB of it mapped)
+MB = 1 << 20
+EVENTS = ",".join(json.dumps({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1000 + 10 * i,
+                              "dur": 5, "args": {"device": 0, "stream": 7}}) for i in range(100)).encode()
+
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
+
+
+def run_cli(*args, cwd=None) -> tuple[int, str, str, float, float]:
+    """(exit code, stdout, stderr, wall s, peak RSS MB) of ``python -m analyzer ARGS``: the
+    child's own rusage (os.wait4), its output through files (no pipe to drain while waiting)."""
+    env = {**os.environ, "TRACECLIFF_CACHE_DIR": str(Path(cwd or ".") / "cache")}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-m", "analyzer", *map(str, args)], stdout=out, stderr=err,
+                                 preexec_fn=_limit, cwd=cwd, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - start
+        out.seek(0)
+        err.seek(0)
+        return (child.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+                wall, usage.ru_maxrss / 1024)
+
+
+def refused(path, *args, needle: str, seconds: float, megabytes: float, command="diagnose") -> str:
+    code, out, err, wall, peak = run_cli(command, "--no-cache", *args, path)
+    assert code == 2, (code, err[-2000:])
+    assert err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err, err[-2000:]
+    assert str(path) in err and needle in err, err
+    assert wall < seconds, (wall, err)
+    assert peak < megabytes, (peak, err)
+    return err
+
+
+def gz(path: Path, *parts) -> Path:
+    with gzip.open(path, "wb", compresslevel=1) as handle:
+        for part in parts:
+            if isinstance(part, tuple):  # (byte, MB): a long run written a MB at a time
+                block = part[0] * MB
+                for _ in range(part[1]):
+                    handle.write(block)
+            else:
+                handle.write(part)
+    return path
+
+
+def test_long_string_before_the_events(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"x": "', (b"A", 200), b'", "traceEvents": [' + EVENTS + b"]}")
+    refused(path, needle='the value of "x" is a string longer than', seconds=20, megabytes=700)
+
+
+def test_long_event_name(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b', {"ph": "X", "name": "', (b"A", 100),
+              b'", "ts": 1, "dur": 1, "pid": 0, "tid": 7}]}')
+    refused(path, needle='the value of "name" in $.traceEvents[100] is a string longer than', seconds=20,
+            megabytes=700)
+
+
+def test_long_string_after_the_events(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b'], "x": "', (b"A", 200), b'"}')
+    refused(path, needle='the value of "x" is a string longer than', seconds=20, megabytes=700)
+
+
+def test_whitespace_inside_the_array(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b",", (b" ", 100), b"{}]}")
+    refused(path, needle="(text with no event boundary) is longer than", seconds=20, megabytes=700)
+
+
+@pytest.mark.parametrize("layout", ["distributedInfo", "bare", "after"])
+def test_deep_nesting(tmp_path, layout):
+    deep = b"[" * 200_000 + b"]" * 200_000
+    event = b'{"ph": "X", "name": "k", "cat": "kernel", "ts": 1, "dur": 1, "pid": 0, "tid": 1}'
+    text = {"distributedInfo": b'{"distributedInfo": {"a": ' + deep + b'}, "traceEvents": [' + event + b"]}",
+            "bare": deep,
+            "after": b'{"traceEvents": [' + event + b'], "distributedInfo": {"a": ' + deep + b"}}"}[layout]
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(text)
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", path)
+    assert code == 2 and err.count("\n") == 1 and str(path) in err and "internal error" not in err, err
+    assert wall < 20 and peak < 700, (wall, peak)
+
+
+def test_bare_array_is_streamed_not_parsed_whole(tmp_path):
+    """A bare-array trace is never json.loads-ed to see whether it is a saved result: its memory
+    follows the columns, as the object form's does."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i % 50}", "pid": 0, "tid": 7, "ts": 1000 + 10 * i, "dur": 5,
+               "args": {"device": 0, "stream": 7}} for i in range(60_000)]
+    bare, wrapped = tmp_path / "bare" / "rank-0.json", tmp_path / "object" / "rank-0.json"
+    for path, doc in ((bare, events), (wrapped, {"traceEvents": events})):
+        path.parent.mkdir()
+        path.write_text(json.dumps(doc))
+    peaks = []
+    for path in (bare, wrapped):
+        code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", path)
+        assert code == 0, err
+        assert json.loads(out)["ranks"][0]["event_count"] == 60_000
+        peaks.append(peak)
+    size = bare.stat().st_size / MB  # ~8 MB
+    assert peaks[0] < peaks[1] + size, (peaks, size)  # was ~6x the file for the bare array
+
+
+def test_long_metadata_rank_is_not_dropped_from_a_directory(tmp_path):
+    """A rank whose metadata before traceEvents passes 1 MiB is still a trace of the job."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        doc = json.loads(two_step_ddp(rank=rank).write(tmp_path / f"src-{rank}.json").read_text())
+        if rank == 1:
+            doc = {"distributedInfo": {**doc.get("distributedInfo", {}),
+                                       "pg_config": [{"pg_name": "x", "pg_desc": "big", "ranks": list(range(300_000))}]},
+                   **{k: v for k, v in doc.items() if k != "distributedInfo"}}
+        (job / f"rank-{rank}.json").write_text(json.dumps(doc))
+    assert (job / "rank-1.json").read_bytes().index(b'"traceEvents"') > 1 << 20
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", job)
+    assert code in (0, 1), err
+    assert sorted(r["rank"] for r in json.loads(out)["ranks"]) == [0, 1], err
