@@ -150,3 +150,77 @@ def test_long_metadata_rank_is_not_dropped_from_a_directory(tmp_path):
     code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", job)
     assert code in (0, 1), err
     assert sorted(r["rank"] for r in json.loads(out)["ranks"]) == [0, 1], err
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b]52;c;ZWNobyBoaQ==\x07\x1b[31m\u202e"  # window title, clipboard, colour, bidi
+MARKDOWN_HOSTILE = "pg` [click](https://example.com) ![x](https://example.com/p.png) <b>"
+
+
+def hostile_job(tmp_path, name="job"):
+    job = tmp_path / name
+    job.mkdir()
+    for rank in (0, 1):
+        builder = two_step_ddp(rank=rank)
+        builder.doc["deviceProperties"][0]["name"] = "H100" + HOSTILE
+        info = builder.doc["distributedInfo"]
+        info["nccl_version"] = "2.21" + HOSTILE
+        info["host_name"] = "host" + HOSTILE
+        for group in info.get("pg_config") or []:
+            group["pg_desc"] = MARKDOWN_HOSTILE + HOSTILE
+        builder.write(job / f"rank-{rank}{HOSTILE[:6]}.json")
+    return job
+
+
+def assert_inert(text: str) -> None:
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text[:400])
+
+
+def test_control_sequences_are_shown_not_obeyed(tmp_path):
+    """Issue 41, 5: trace strings and file names reach stdout and stderr escaped (\\x1b)."""
+    job = hostile_job(tmp_path)
+    for args in (("diagnose", "--no-cache", job), ("gate", "--no-cache", "--preset", "strict", job),
+                 ("diagnose", "--no-cache", job / "missing.json")):
+        code, out, err, wall, peak = run_cli(*args, cwd=tmp_path)
+        assert "internal error" not in err and "Traceback" not in err, err
+        assert_inert(out)
+        assert_inert(err)
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", job, cwd=tmp_path)
+    assert code == 0 and "\\x1b]0;owned\\x07" in out, out  # shown, as its escape
+
+
+def test_summary_and_junit_hold_no_markup_from_the_trace(tmp_path, monkeypatch):
+    """Issue 41, 6: the GitHub summary escapes Markdown (backticks included) and controls; JUnit
+    shows controls escaped."""
+    from analyzer.base.sanitize import markdown
+    cell = markdown(MARKDOWN_HOSTILE + HOSTILE)
+    assert_inert(cell)
+    assert "](" not in cell and "<b>" not in cell and "`" not in cell.replace("\\`", ""), cell
+    job = hostile_job(tmp_path)
+    summary, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err, wall, peak = run_cli("gate", "--no-cache", "--preset", "strict", "--github-summary", "--junit", junit, job, cwd=tmp_path)
+    assert code in (0, 1), err
+    for text in (summary.read_text(), junit.read_text(), out, err):
+        assert_inert(text)
+    assert "](http" not in summary.read_text()
+
+
+def test_file_name_that_is_not_utf8(tmp_path):
+    """Issue 41, 7: JSON and HTML hold a file name's undecodable bytes as \\xff, losslessly shown."""
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(Path(os.fsdecode(bytes(job) + b"/rank-0\xff\xfe.json")))
+    html = tmp_path / "report.html"
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", "--html", html, job)
+    assert code == 0, err
+    assert [r["path"].rsplit("/", 1)[-1] for r in json.loads(out)["ranks"]] == ["rank-0\\xff\\xfe.json"]
+    assert "rank-0\\xff\\xfe.json" in html.read_text(encoding="utf-8")
+
+
+def test_dash_output_is_stdout(tmp_path):
+    """Issue 41, 13: ``-o -`` writes to stdout, never a file named ``-``."""
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", "-o", "-", job, cwd=tmp_path)
+    assert code == 0 and json.loads(out)["ranks"] and not (tmp_path / "-").exists(), err
