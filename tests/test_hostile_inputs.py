@@ -224,3 +224,20 @@ def test_dash_output_is_stdout(tmp_path):
     two_step_ddp(rank=0).write(job / "rank-0.json")
     code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", "-o", "-", job, cwd=tmp_path)
     assert code == 0 and json.loads(out)["ranks"] and not (tmp_path / "-").exists(), err
+
+
+@pytest.mark.parametrize("command, steps", [("diagnose", "7-5"), ("diagnose", ","), ("diff", "7-5"),
+                                            ("annotate", ","), ("gate", "9-3,4")])
+def test_steps_that_select_nothing_by_their_syntax(tmp_path, capsys, command, steps):
+    """Issue 41, 8: an empty or reversed --steps is one line, exit 2, in every command."""
+    from analyzer.cli.main import main
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        two_step_ddp(rank=rank).write(job / f"rank-{rank}.json")
+    extra = {"diff": [job], "annotate": ["-o", tmp_path / "out"], "gate": ["--preset", "strict"]}.get(command, [])
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--no-cache", "--steps", steps, *map(str, extra), str(job)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and repr(steps) in err, err
+    assert not (tmp_path / "out").exists()

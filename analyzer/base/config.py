@@ -300,6 +300,12 @@ def parse_steps(text: Any) -> tuple[int, ...] | None:
             raise ValueError(f"expected step numbers like 3,5-7, got {text!r}")
         bounds = [(s, s) for s in items]
     shown = str(text)[:80]
+    if not bounds:  # ",", " , ": a selection of nothing by its own syntax (issue 41)
+        raise ValueError(f"{shown!r} names no step (expected step numbers like 3,5-7)")
+    reversed_range = next(((lo, hi) for lo, hi in bounds if lo > hi), None)
+    if reversed_range:
+        raise ValueError(f"{shown!r}: the range {reversed_range[0]}-{reversed_range[1]} is empty (its first step "
+                         "is after its last; write it low-high)")
     if any(not 0 <= n <= MAX_STEP for pair in bounds for n in pair):
         raise ValueError(f"step numbers are 0 to {MAX_STEP:,}, got {shown!r}")
     if sum(max(0, hi - lo + 1) for lo, hi in bounds) > MAX_STEPS_SELECTED:
