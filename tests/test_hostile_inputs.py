@@ -241,3 +241,49 @@ def test_steps_that_select_nothing_by_their_syntax(tmp_path, capsys, command, st
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and repr(steps) in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _fr_entry() -> dict:
+    return {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+            "p2p_seq_id": 0, "op_id": 1, "profiling_name": "nccl:all_reduce", "time_created_ns": 1,
+            "input_sizes": [[4]], "output_sizes": [[4]], "state": "completed", "retired": True, "frames": [],
+            "is_p2p": False, "timeout_ms": 600000}
+
+
+@pytest.mark.parametrize("case, needle", [("cycle", "a cycle"), ("fan", "through shared references"),
+                                          ("shared", "through shared references"), ("zeros", "longer than")])
+def test_flight_recorder_dumps_cost_their_size(tmp_path, case, needle):
+    """Issue 41, 9-10: a dump's cost follows its bytes. A self-holding list (looped for ever), 7.8 KB
+    of [x]*1000 four levels deep (~16 h before), 2,000,000 references to one entry (4 MB: 1:46 and
+    3.35 GB before) and a .gz of zeros inflating past the dump limit (7.2 GB RSS before) are one
+    line each, in seconds."""
+    import pickle
+    path = tmp_path / f"fr_rank_0{'.gz' if case == 'zeros' else ''}"
+    if case == "cycle":
+        loop: list = []
+        loop.append(loop)
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": loop}))
+    elif case == "fan":
+        fan: list = [1]
+        for _ in range(4):
+            fan = [fan] * 1000
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": fan}))
+    elif case == "shared":
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": [_fr_entry()] * 2_000_000}))
+    else:
+        gz(path, b"\x80\x04", (b"\0", 300))
+    code, out, err, wall, peak = run_cli("hang", path)
+    assert code == 2 and err.count("\n") == 1 and str(path) in err and needle in err, err
+    assert wall < 20 and peak < 700, (wall, peak)
+
+
+def test_large_plain_dump_is_still_read(tmp_path):
+    """The bound is on references, not on size: 30,000 distinct entries (no sharing) pass it, in the time of one walk."""
+    import pickle
+    from analyzer.hang.read import _check_plain
+    doc = {"version": "2.10", "entries": [dict(_fr_entry(), record_id=i) for i in range(30_000)]}
+    raw = pickle.dumps(doc)
+    loaded = pickle.loads(raw)
+    _check_plain(tmp_path / "fr_rank_0", loaded, len(raw))  # no error
+    shared = {"version": "2.10", "entries": [loaded["entries"][0]] * 2}  # sharing that stays small: read too
+    _check_plain(tmp_path / "fr_rank_0", shared, len(pickle.dumps(shared)))

@@ -87,9 +87,18 @@ def looks_like_trace(path: Path) -> bool:
     return b'"traceEvents"' in buf or buf.lstrip()[:1] == b"["
 
 
-def read_trace_bytes(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> bytes:
-    """Return the JSON text of ``path``, inflating gzip whatever the file name says."""
-    return b"".join(iter_trace_chunks(path, max_inflate_bytes))
+def read_trace_bytes(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES,
+                     limit: int | None = None) -> bytes:
+    """Return the JSON text of ``path``, inflating gzip whatever the file name says. ``limit``:
+    a file whose text is longer is refused as soon as it passes it (a reader that needs the
+    whole text: memory follows the limit, not what a small .gz inflates to)."""
+    parts, size = [], 0
+    for chunk in iter_trace_chunks(path, max_inflate_bytes):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise InputError(path, f"longer than {limit:,} bytes (inflated): no file of this kind is")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def iter_trace_chunks(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES,
