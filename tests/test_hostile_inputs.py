@@ -287,3 +287,44 @@ def test_large_plain_dump_is_still_read(tmp_path):
     _check_plain(tmp_path / "fr_rank_0", loaded, len(raw))  # no error
     shared = {"version": "2.10", "entries": [loaded["entries"][0]] * 2}  # sharing that stays small: read too
     _check_plain(tmp_path / "fr_rank_0", shared, len(pickle.dumps(shared)))
+
+
+def test_config_depth_and_catastrophic_regex(tmp_path, capsys):
+    """Issue 41, 12: a deeply nested TOML value and a catastrophic [communication] kernels regex
+    are one-line configuration errors (a RecursionError, a 60 s hang before)."""
+    from analyzer.cli.main import main
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[tool.tracecliff.communication]\nkernels = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    evil = tmp_path / "evil.toml"
+    evil.write_text('[tool.tracecliff.communication]\nkernels = ["(a+)+$"]\n')
+    for config, needle in ((deep, "nested deeper"), (evil, "nests a quantifier")):
+        start = time.monotonic()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["diagnose", "--no-cache", "--config", str(config), str(job)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and str(config) in err and needle in err, err
+        assert time.monotonic() - start < 10
+
+
+def test_a_result_past_its_versions_row_limit_is_refused(tmp_path, capsys):
+    """Issue 41, 13: a schema_version 1 result holds at most 10,000 collective rows (192,000 were
+    accepted before: 855 MB for gate)."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.cli.main import main
+    from analyzer.job.large import JSON_ROWS
+    from analyzer.job.result import dumps
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    doc = json.loads(dumps(diagnose([str(job)], DiagnoseOptions(workers=1)).to_dict()))
+    assert doc["collectives"]
+    doc["collectives"] = doc["collectives"][:1] * (JSON_ROWS + 1)
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["gate", "--preset", "strict", str(saved)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and str(saved) in err and "at most 10,000" in err, err

@@ -37,6 +37,9 @@ SEVERITIES = ("error", "warning", "info")  # worst first: the one list of findin
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KB; its parse must not follow a hostile file
+
+
 def load_config(path: str | Path | None = None) -> dict[str, Any]:
     """The ``[tool.tracecliff]`` table of ``path`` (``--config FILE``; it must exist), else of
     ``./pyproject.toml`` when there is one, else ``{}``. The table's ``source`` is not added:
@@ -51,7 +54,11 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
         if not file.is_file():
             raise ConfigError(f"{file}: configuration file not found")
     try:
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{file}: larger than {MAX_CONFIG_BYTES:,} bytes: not a configuration file")
         document = tomllib.loads(file.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid TOML: a value nested deeper than any configuration") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -277,7 +284,61 @@ def check_patterns(patterns: Any) -> tuple[str, ...]:
             re.compile(pattern)
         except re.error as exc:
             raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        problem = backtracking_risk(pattern)
+        if problem:
+            raise ValueError(f"regular expression {pattern[:80]!r} {problem}: its matching time could follow "
+                             "a kernel name's length exponentially; write it without") from None
     return tuple(patterns)
+
+
+MAX_PATTERN_CHARS = 500
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why ``pattern`` could backtrack catastrophically on a hostile kernel name (None: it
+    cannot). Python's engine backtracks, so a user's pattern is held to a shape whose cost is
+    at most quadratic in the name (searched over its first 4 KB, analyzer.ingest.classify): no
+    backreference, no quantifier inside a repeated group or a repeated alternation, at most one
+    unbounded quantifier."""
+    try:
+        import re._parser as sre_parse  # type: ignore[import-not-found]  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        import sre_parse  # type: ignore[no-redef]
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"is longer than {MAX_PATTERN_CHARS} characters"
+    unbounded = 0
+
+    def walk(items, repeated: bool) -> str | None:
+        nonlocal unbounded
+        for op, arg in items:
+            name = str(op)
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "uses a backreference"
+            if name.endswith("REPEAT"):
+                low, high, sub = arg
+                wide = high > 1
+                if wide and repeated:
+                    return "nests a quantifier inside a repeated group"
+                if high > 64:
+                    unbounded += 1
+                if unbounded > 1:
+                    return "has more than one unbounded quantifier"
+                found = walk(sub, repeated or wide)
+            elif name == "SUBPATTERN":
+                found = walk(arg[-1], repeated)
+            elif name == "BRANCH":
+                if repeated:
+                    return "repeats an alternation"
+                found = next((f for f in (walk(b, repeated) for b in arg[1]) if f), None)
+            elif name in ("ASSERT", "ASSERT_NOT", "ATOMIC_GROUP"):
+                found = walk(arg[-1], repeated)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(sre_parse.parse(pattern), False)
 
 
 def parse_steps(text: Any) -> tuple[int, ...] | None:

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.job.large import LARGE_SCHEMA_VERSION, RETIRED_SCHEMA_VERSIONS
+from analyzer.job.large import JSON_ROWS, LARGE_SCHEMA_VERSION, RETIRED_SCHEMA_VERSIONS
 from analyzer.job.result import SCHEMA_VERSIONS
 
 
@@ -63,6 +63,11 @@ def check_document(doc: dict[str, Any], source: Any, data: bytes | None = None) 
         raise InputError(source, f"schema_version {json.dumps(version)} is not one this tracecliff reads "
                                  f"(it reads {' and '.join(map(str, SCHEMA_VERSIONS))}); re-run `tracecliff diagnose` "
                                  "on the traces")
+    rows = doc.get("collectives")
+    if isinstance(rows, list) and len(rows) > JSON_ROWS:  # each version's own limit (issue 41)
+        raise InputError(source, f"not a valid tracecliff result: collectives holds {len(rows):,} rows, and a "
+                                 f"schema_version {version} result holds at most {JSON_ROWS:,} (the rest go to its "
+                                 "rows file)")
     try:
         if data is not None:
             msgspec.json.decode(data, type=AnyResultDocument)
