@@ -300,15 +300,16 @@ def backtracking_risk(pattern: str) -> str | None:
     at most quadratic in the name (searched over its first 4 KB, analyzer.ingest.classify): no
     backreference, no quantifier inside a repeated group or a repeated alternation, at most one
     unbounded quantifier."""
-    try:
-        import re._parser as sre_parse  # type: ignore[import-not-found]  # Python 3.11+
+    import importlib
+    try:  # the pattern's parse tree: re._parser from Python 3.11, sre_parse before
+        sre_parse: Any = importlib.import_module("re._parser")
     except ImportError:  # pragma: no cover - Python 3.10
-        import sre_parse  # type: ignore[no-redef]
+        sre_parse = importlib.import_module("sre_parse")
     if len(pattern) > MAX_PATTERN_CHARS:
         return f"is longer than {MAX_PATTERN_CHARS} characters"
     unbounded = 0
 
-    def walk(items, repeated: bool) -> str | None:
+    def walk(items: Any, repeated: bool) -> str | None:
         nonlocal unbounded
         for op, arg in items:
             name = str(op)
