@@ -328,3 +328,19 @@ def test_a_result_past_its_versions_row_limit_is_refused(tmp_path, capsys):
         main(["gate", "--preset", "strict", str(saved)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and str(saved) in err and "at most 10,000" in err, err
+
+
+def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
+    """Issue 41, 13: ranks of other GPUs or NCCL versions are not merged in silence."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        builder = two_step_ddp(rank=rank)
+        if rank == 1:
+            builder.doc["deviceProperties"][0]["name"] = "AMD Instinct MI300X"
+            builder.doc["distributedInfo"]["nccl_version"] = "2.18.1"
+        builder.write(job / f"rank-{rank}.json")
+    warnings = diagnose([str(job)], DiagnoseOptions(workers=1)).warnings
+    assert any("disagree on the GPU" in w and "MI300X" in w and "rank(s) 1" in w for w in warnings), warnings
+    assert any("disagree on the NCCL version" in w and "2.18.1" in w for w in warnings), warnings
