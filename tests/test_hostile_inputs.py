@@ -3,16 +3,20 @@ an address-space limit (RLIMIT_AS) and asserts its exit code, one line on stderr
 (never a traceback or an internal error), its wall time and its peak memory (the child's own
 rusage, from os.wait4).
 
-Figures on this machine (2 shared cores), each case's worst of a few runs, before -> after:
-- 200 MB string as the first key before traceEvents (0.9 MB of gzip): the head was read up to
-  64 MB, then the whole file decoded (1 GB: 3.1 GB, 9-12 s) -> refused at 64 MB, ~2 s, ~0.2 GB.
-- one kernel named by a 100 MB string (0.5 MB gzip): quadratic re-joins (200 MB: 72-81 s) ->
-  refused at 32 MB naming "name" in $.traceEvents[100], ~3 s.
-- a 200 MB string after the events array: 142 s and 2.2 GB at 1 GB -> refused at 64 MB, ~2 s.
-- 500 MB of whitespace inside the array (2.3 MB gzip): -> refused at 32 MB, ~5 s.
-- 200,000 levels of nesting in distributedInfo, or after the array: RecursionError -> one line.
-The benchmark for size: bench/bench_hostile.py (each case at several sizes: the time and the
-memory stay flat once past the limit).
+Figures on this machine (2 cores shared with 5 other sessions), before -> after; after from
+`python bench/bench_hostile.py --sizes 100,400` (4 GB limit; wall, peak RSS):
+- a long string as the first key before traceEvents: at 1 GB, exit 0 after 9-12 s at 3.1 GB
+  (the head read to 64 MB, then the whole file decoded) -> refused at 64 MB naming "x":
+  100 MB 3.4 s 203 MB, 400 MB 3.6 s 207 MB.
+- one kernel named by a long string: 200 MB 72-81 s (a re-join and re-scan per chunk) ->
+  refused at 32 MB naming "name" in $.traceEvents[100]: 100 MB 5.1 s 277 MB, 400 MB 4.4 s 281 MB.
+- a long string after the events array: 1 GB 142 s and 2.2 GB -> refused at 64 MB:
+  100 MB 3.4 s 321 MB, 400 MB 3.6 s 325 MB.
+- whitespace inside the array: 10 GB 53 s -> refused at 32 MB: 100 MB 5.2 s, 400 MB 5.4 s, 281 MB.
+- 2,000,000 references to one Flight Recorder entry (3.8 MB pickle): 1:46 and 3.35 GB -> 2.2 s 62 MB.
+- 200,000 levels of nesting: "internal error: RecursionError" -> one line naming the file.
+The limits asserted below are looser than these (the machine is shared), and the sizes are a few
+times each limit: enough to show the cost no longer follows the value.
 """
 
 from __future__ import annotations
