@@ -21,7 +21,6 @@ times each limit: enough to show the cost no longer follows the value.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import resource
@@ -35,10 +34,10 @@ import pytest
 
 from builders import two_step_ddp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_hostile import EVENTS, MB, write_gz  # noqa: E402  (the benchmark for size: bench/)
+
 LIMIT_AS = 3 << 30  # the address space each case runs in (Python + numpy + msgspec: ~1 GB of it mapped)
-MB = 1 << 20
-EVENTS = ",".join(json.dumps({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1000 + 10 * i,
-                              "dur": 5, "args": {"device": 0, "stream": 7}}) for i in range(100)).encode()
 
 
 def _limit() -> None:
@@ -72,16 +71,7 @@ def refused(path, *args, needle: str, seconds: float, megabytes: float, command=
     return err
 
 
-def gz(path: Path, *parts) -> Path:
-    with gzip.open(path, "wb", compresslevel=1) as handle:
-        for part in parts:
-            if isinstance(part, tuple):  # (byte, MB): a long run written a MB at a time
-                block = part[0] * MB
-                for _ in range(part[1]):
-                    handle.write(block)
-            else:
-                handle.write(part)
-    return path
+gz = write_gz  # the benchmark's writer: (byte, MB) parts are long runs
 
 
 def test_long_string_before_the_events(tmp_path):
