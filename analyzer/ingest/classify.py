@@ -53,6 +53,11 @@ def operator_category(name: object) -> str:
 __all__ = ["DEFAULT_COMM_PATTERN", "KernelClassifier"]  # communication: analyzer.ingest.catalog
 
 
+# A kernel name is matched over its first characters: its library and collective lead it, and a
+# user's pattern (analyzer.base.config.backtracking_risk) then costs at most quadratic in these.
+MATCHED_CHARS = 4096
+
+
 class KernelClassifier:
     def __init__(self, comm_pattern: str = DEFAULT_COMM_PATTERN):
         self._comm = re.compile(comm_pattern, re.IGNORECASE)
@@ -70,7 +75,7 @@ class KernelClassifier:
             return GpuKind.MEMORY
         if cat == "cuda_sync":
             return GpuKind.SYNC
-        if self._comm.search(name):
+        if self._comm.search(name, 0, MATCHED_CHARS):
             return GpuKind.COMM
         if name.startswith(("Memcpy", "Memset")):
             return GpuKind.MEMORY

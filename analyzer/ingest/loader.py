@@ -12,7 +12,7 @@ from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import MISSING, ColumnBuilder, parse_ranks, to_int
 from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
 from analyzer.ingest.schema import TraceFile
-from analyzer.ingest.stream import Decoding, decode_stream
+from analyzer.ingest.stream import Decoding, TooLong, decode_stream
 from analyzer.ingest.trace import RankTrace
 
 # rank-3, rank_3, rank3, worker3, worker_3, trainer-3, proc3 ... (the last match wins: dirs first)
@@ -37,6 +37,8 @@ def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
     chunks = iter_trace_chunks(path, max_inflate_bytes)
     try:
         meta, decoding = decode_stream(path, chunks, builder.add)
+    except TooLong:
+        raise  # refused as soon as seen: the rest of the file is not read
     except InputError:
         for _ in chunks:  # a damaged file (truncated gzip, bomb) is the problem to report, not
             pass          # the JSON error it causes further on

@@ -20,6 +20,7 @@ import msgspec
 from analyzer import __version__
 from analyzer.base.errors import InputError
 from analyzer.base.rowtable import RowTable
+from analyzer.base.sanitize import shown
 from analyzer.job.buckets import Bucket, BucketTable
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
@@ -464,7 +465,7 @@ def _iter_compact(doc: dict[str, Any]) -> Iterator[bytes]:
 def _encode(value: Any) -> bytes:
     try:
         return _ENCODER.encode(value)
-    except (TypeError, ValueError, msgspec.EncodeError):
+    except (TypeError, ValueError, msgspec.EncodeError):  # UnicodeEncodeError too: a file name's bytes
         return _ENCODER.encode(_clean(value))  # unusual keys or values: normalise, then encode
 
 
@@ -483,10 +484,12 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_numpy_scalar, order="sorted")
 
 
 def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return shown(value)  # a file name's undecodable bytes as \xff (UTF-8 holds no surrogate)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {shown(str(k)): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
