@@ -125,3 +125,49 @@ def test_parallel_loader_reads_the_same_allocator_columns():
     for name in ("ts", "delta", "allocated", "device_type", "device_id"):
         np.testing.assert_array_equal(getattr(one.memory, name), getattr(two.memory, name))
     assert [one.threads[t] for t in one.memory.thread] == [two.threads[t] for t in two.memory.thread]
+
+
+SYNTH = {
+    "ddp": dict(strategy="ddp"),
+    "fsdp2_per_layer": dict(strategy="fsdp2"),
+    "fsdp1_no_wrap": dict(strategy="fsdp1", fsdp_wrap="none"),
+}
+
+
+@pytest.fixture(scope="module")
+def synthetic_memory(tmp_path_factory):
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    out = {}
+    for name, knobs in SYNTH.items():
+        folder = write_job(JobSpec(name=name, world_size=2, gpus_per_node=2, profile_memory=True, **knobs),
+                           tmp_path_factory.mktemp(name))
+        out[name] = (folder, json.loads((folder / "truth.json").read_text()))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SYNTH))
+def test_generator_scenarios_every_figure_equals_the_truth(synthetic_memory, name):
+    folder, truth = synthetic_memory[name]
+    for rank_truth in truth["ranks"]:
+        memory = rank_memory(load_rank_trace(folder / f"rank-{rank_truth['rank']}.json.gz"))
+        assert memory["device"] == f"cuda:{rank_truth['rank'] % 2}" and not memory["relative"]
+        assert memory["device_bytes"] == truth["memory"]["gpu_mem_bytes"]
+        assert memory["events"] == rank_truth["memory"]["events"]
+        for got, want in zip(memory["steps"], rank_truth["memory"]["steps"], strict=True):
+            assert {key: got[key] for key in want} == want
+            assert got["headroom_bytes"] == truth["memory"]["gpu_mem_bytes"] - want["peak_reserved_bytes"]
+
+
+def test_generator_missing_wrap_policy_peak_holds_the_whole_gathered_model(synthetic_memory):
+    """Without a wrap policy the one FSDP unit is the model: its peak is the sharded state, the
+    saved activations and every parameter unsharded (Ψ bf16 bytes) at once; per layer the units
+    of a wrapped model hold at most two layers' parameters."""
+    _, truth = synthetic_memory["fsdp1_no_wrap"]
+    model, memory = truth["model"], truth["ranks"][0]["memory"]
+    activations = memory["activation_bytes_per_layer"] * model["n_layers"]
+    for step in memory["steps"]:
+        assert step["peak_allocated_bytes"] == memory["static_bytes"] + activations + model["param_bytes"]
+    _, wrapped = synthetic_memory["fsdp2_per_layer"]
+    for step in wrapped["ranks"][0]["memory"]["steps"]:
+        assert step["peak_allocated_bytes"] < memory["static_bytes"] + activations + model["param_bytes"] / 2

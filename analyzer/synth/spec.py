@@ -145,6 +145,8 @@ class JobSpec:
     kernel_comm_args: bool = True  # newer Kineto copies collective args onto the NCCL kernel
     emit_host_name: bool = True  # distributedInfo.host_name (not written by torch itself)
     record_shapes: bool = True
+    # the allocator's [memory] events (profile_memory=True; analyzer.synth.memory), truth per rank
+    profile_memory: bool = False
     torch_version: str = "2.13.0+cu128"
     nccl_version: str = "2.27.5"
 
@@ -229,7 +231,7 @@ _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "b
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
-                "step_annotation": "measure|forward"}  # knob: its default
+                "step_annotation": "measure|forward", "profile_memory": False}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
