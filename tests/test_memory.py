@@ -171,3 +171,56 @@ def test_generator_missing_wrap_policy_peak_holds_the_whole_gathered_model(synth
     _, wrapped = synthetic_memory["fsdp2_per_layer"]
     for step in wrapped["ranks"][0]["memory"]["steps"]:
         assert step["peak_allocated_bytes"] < memory["static_bytes"] + activations + model["param_bytes"] / 2
+
+
+# The rules whose fix changes memory (a strategy, the gathered units, the buckets).
+MEMORY_FIXES = ("fsdp-fullshard-cross-node", "fsdp-where-ddp-fits", "fsdp-missing-wrap-policy", "fsdp-no-prefetch",
+                "ddp-bucket-undersized", "ddp-bucket-oversized")
+FIT_KEYS = {"fits", "peak_bytes", "added_bytes", "device_bytes", "margin", "how"}
+
+
+def _memory_fix_samples() -> list[str]:
+    from rule_cases_lib import load_cases, sample_traces
+    cases, traces = load_cases(), sample_traces()
+    return sorted({t for name in MEMORY_FIXES for t in cases[name]["fires_on"] if t in traces})
+
+
+@pytest.mark.parametrize("trace", _memory_fix_samples())
+def test_every_memory_changing_fix_on_the_samples_says_whether_it_fits(trace):
+    from rule_cases_lib import diagnosed
+    result = diagnosed(trace)
+    for finding in result.findings:
+        memory = finding["evidence"].get("memory")
+        if finding["rule"] in MEMORY_FIXES:
+            assert memory is not None and FIT_KEYS <= set(memory), finding["rule"]
+        if memory is None:
+            continue
+        assert memory["fits"] in (True, False, None)
+        if memory["fits"] is None:
+            assert memory["why"]
+        elif memory["how"] in ("measured", "modelled"):  # the samples record no memory: modelled
+            assert memory["peak_bytes"] > 0 and memory["device_bytes"] > 0
+            assert memory["fits"] == (memory["peak_bytes"] <= (1 - memory["margin"]) * memory["device_bytes"])
+
+
+def test_a_fix_that_does_not_fit_says_so_from_the_measured_peak(tmp_path):
+    """FULL_SHARD across two nodes on 20 GB GPUs, memory recorded: HYBRID_SHARD adds 16Ψ/g −
+    16Ψ/N to the measured peak, past 90% of the device. The finding and the verdict say so."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    spec = json.loads((REPO / "sample_traces" / "synthetic" / "fsdp_fullshard_2node" / "truth.json").read_text())["spec"]
+    spec.update(profile_memory=True, gpu_mem_bytes=20_000_000_000)
+    out = write_job(JobSpec(**spec), tmp_path / "job")
+    truth = json.loads((out / "truth.json").read_text())
+    result = diagnose([str(p) for p in sorted(out.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    peak = max(s["peak_reserved_bytes"] for r in truth["ranks"] for s in r["memory"]["steps"])
+    assert result.memory["peak_reserved_bytes"] == peak
+    finding = next(f for f in result.findings if f["rule"] == "fsdp-fullshard-cross-node")
+    memory = finding["evidence"]["memory"]
+    psi = truth["model"]["params"]
+    assert memory["how"] == "measured" and memory["measured_peak_bytes"] == peak
+    assert memory["added_bytes"] == round(16 * psi / 8 - 16 * psi / 16)
+    assert memory["peak_bytes"] == round(peak + memory["added_bytes"]) and memory["fits"] is False
+    assert "does NOT fit" in finding["summary"]
+    assert "would not fit the GPU's memory" in result.verdict

@@ -98,3 +98,41 @@ def fit_text(memory: dict[str, Any]) -> str:
     verb = "fits" if memory["fits"] else "does NOT fit"
     return (f"it {verb}: {memory['how']} peak {fmt_bytes(memory['peak_bytes'])} of the {fmt_bytes(memory['device_bytes'])} "
             f"device (keeping {memory['margin']:.0%} free)")
+
+
+def fix_memory(facts: Any, added_bytes: float | None, modelled_peak_bytes: float | None = None,
+               source: str = "", frees_only: bool = False) -> dict[str, Any]:
+    """``evidence.memory`` of a rule's fix (``facts``: the rules' JobFacts): :func:`fit` on the
+    job's measured memory and the device's memory (the trace's, else the hardware profile's).
+    ``frees_only``: the fix can only lower the peak, so it fits whatever its size."""
+    device = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value
+    section = facts.result.memory
+    if frees_only and (added_bytes is None or added_bytes <= 0):
+        measured = measured_peak(section)
+        peak = None if measured is None or added_bytes is None else measured + added_bytes
+        return {"fits": True, "peak_bytes": None if peak is None else round(peak),
+                "added_bytes": None if added_bytes is None else round(added_bytes), "added_source": source,
+                "device_bytes": (section or {}).get("device_bytes") or device, "margin": None,
+                "how": "measured" if peak is not None else "by construction",
+                "why": "the fix only frees memory", "text": "it only frees memory"}
+    return fit(section, device, added_bytes, modelled_peak_bytes, source)
+
+
+def fits_verdict(finding: dict[str, Any]) -> bool | None:
+    """Whether a finding's fix fits (None: it changes no memory, or could not be checked)."""
+    memory = (finding.get("evidence") or {}).get("memory")
+    return memory.get("fits") if isinstance(memory, dict) else None
+
+
+def bucket_cap_memory(facts: Any, gradient_bytes: float) -> dict[str, Any]:
+    """``evidence.memory`` of a new ``bucket_cap_mb``: DDP's buckets hold every gradient once
+    whatever their size (their total is the gradient bytes), so the cap adds nothing; the
+    modelled peak is DDP's static state 16Ψ, Ψ from the bucketed gradient bytes."""
+    from analyzer.model import formulas as models
+    from analyzer.rank.comms import DTYPE_BYTES
+    dtypes = [c["dtype"] for c in facts.data_parallel_collectives if c["collective"] == "allreduce" and c["dtype"]]
+    elem = DTYPE_BYTES.get(dtypes[0]) if dtypes else None
+    psi = gradient_bytes / elem if elem and gradient_bytes else None
+    return fix_memory(facts, 0.0, models.ddp_memory_bytes(psi) if psi else None,
+                      "DDP's buckets hold each gradient once, whatever the cap: no bytes added"
+                      + (f"; modelled peak 16Ψ, Ψ = {psi:,.0f} from the bucketed gradients" if psi else ""))
