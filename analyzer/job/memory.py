@@ -7,9 +7,8 @@ step: what a change must fit beside (one definition, quoted by the text, HTML, g
 A fix that changes memory carries ``evidence.memory`` (:func:`fit`): the peak after the fix,
 from the measured peak (absolute figures: the allocator's totals) plus the bytes the fix adds,
 else from the models (docs/models.md §3: the static state of the new strategy), against the
-device's memory less a margin (docs/models.md "Memory"): 10% of the device beside a measured
-peak (NCCL's buffers and the CUDA context are outside the allocator), 20% beside a modelled
-one (workspaces, NCCL buffers, fragmentation, activations unknown).
+device's memory less a margin (docs/models.md §9, analyzer.model.formulas.fits_device): 10% of
+the device beside a measured peak, 20% beside a modelled one.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_bytes
+from analyzer.model.formulas import MEASURED_MARGIN, MODELLED_MARGIN, fits_device
 
-MEASURED_MARGIN = 0.10
-MODELLED_MARGIN = 0.20
 NOT_RECORDED = "no allocator events: profile with profile_memory=True"
 
 
@@ -86,7 +84,7 @@ def fit(section: dict[str, Any] | None, device_bytes: float | None, added_bytes:
     if not device:
         out.update(fits=None, why="the device's memory is unknown (no deviceProperties, no hardware profile)")
     else:
-        out["fits"] = bool(peak <= (1 - margin) * device)
+        out["fits"] = fits_device(max(peak, 0.0), device, margin)
         out["text"] = fit_text(out)
     return out
 
@@ -136,3 +134,26 @@ def bucket_cap_memory(facts: Any, gradient_bytes: float) -> dict[str, Any]:
     return fix_memory(facts, 0.0, models.ddp_memory_bytes(psi) if psi else None,
                       "DDP's buckets hold each gradient once, whatever the cap: no bytes added"
                       + (f"; modelled peak 16Ψ, Ψ = {psi:,.0f} from the bucketed gradients" if psi else ""))
+
+
+def recorded_ranks(section: dict[str, Any] | None, absolute: bool = False) -> list[dict[str, Any]]:
+    """The ranks with measured memory (``absolute``: only those whose figures are the
+    allocator's totals, comparable with the device), for the memory rules."""
+    if not section or not section.get("recorded"):
+        return []
+    return [m for m in section["ranks"] if m["steps"] and not (absolute and m["relative"])]
+
+
+def share_text(value: float | None, of: float | None) -> str:
+    """"22.0 of 80.0 GB (28%)": a peak against the device, as the memory findings say it."""
+    if not value or not of:
+        return fmt_bytes(value)
+    return f"{value / 1e9:,.1f} of {of / 1e9:,.1f} GB ({100 * value / of:.0f}%)"
+
+
+def not_checked(section: dict[str, Any] | None) -> str:
+    """Why a memory rule that needs allocator totals on a GPU could not look."""
+    if not section or not section.get("recorded"):
+        return NOT_RECORDED
+    return ("the allocator's figures are relative (host memory counted from the profiler's start, or Bytes "
+            "only): not comparable with a GPU's memory")

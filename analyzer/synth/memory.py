@@ -1,7 +1,7 @@
 """The caching allocator of a simulated rank (``JobSpec.profile_memory``): its ``[memory]``
 events and, from the same walk, the truth every measured figure is checked against.
 
-The model (docs/models.md "Memory"): the static state is held throughout (16Ψ bytes under DDP,
+The model (docs/models.md §9): the static state is held throughout (16Ψ bytes under DDP,
 16Ψ/g sharded over the shard group g under FSDP: bf16 parameters and gradients, fp32 AdamW
 master, m and v); the forward pass saves s·b·h·34 bytes of activations per transformer layer
 (Korthikanti et al. 2022, bf16 with FlashAttention: no 5·a·s/h term), spread over its forward
@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analyzer.model import formulas as models
+
 from .layout import model_params
 from .programs import Program
 from .spec import DTYPE_BYTES
 
 SEGMENT = 2 << 20  # the caching allocator's large-segment granularity
+MIB = 1 << 20
 FORWARD_ALLOCATING = ("aten::linear", "aten::gelu", "aten::layer_norm", "aten::scaled_dot_product_attention")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 _GATHER_KINDS = ("allgather",)
@@ -34,32 +37,55 @@ class AllocatorEvent:
     reserved: int
 
 
-def static_bytes(program: Program) -> int:
+def static_bytes(program: Program, rank: int) -> int:
     spec = program.spec
     psi = sum(p.numel for p in model_params(spec))
     shard = program.groups.of("shard", 0).size if spec.strategy != "ddp" else 1
-    return 16 * psi // shard
+    skew = int(spec.memory_skew_mb * MIB) if rank in spec.memory_skew_ranks else 0
+    return 16 * psi // shard + skew
 
 
 def activation_bytes_per_layer(program: Program) -> int:
-    spec = program.spec
-    return 34 * spec.seq_len * spec.micro_batch * spec.hidden
+    spec = program.spec  # FlashAttention kernels: no attention scores saved
+    return int(models.activation_bytes_per_layer(spec.seq_len, spec.micro_batch, spec.hidden,
+                                                 spec.hidden // spec.head_dim, flash=True))
 
 
 def allocator_events(program: Program, rank: int) -> list[AllocatorEvent]:
     """The rank's allocator events over its recorded steps, in time order."""
-    changes: list[tuple[int, int, int]] = []  # (ts, order: frees first, delta)
+    spec = program.spec
+    changes: list[tuple[int, int, int]] = []  # (ts, order: frees first, delta; 2: empty_cache)
+    first: list[tuple[int, int, int]] | None = None
     for _, rec in sorted(program.step_ranges.items()):
-        changes += _step_changes(program, rank, int(rec.start[rank]), int(rec.end[rank]))
+        start, end = int(rec.start[rank]), int(rec.end[rank])
+        step = _step_changes(program, rank, start, end)
+        if step and spec.memory_leak_mb:  # kept for good, as the step's first allocation
+            step.append((min(ts for ts, _, _ in step), 1, int(spec.memory_leak_mb * MIB)))
+        if step and spec.empty_cache:  # after the step's last free
+            step.append((max(ts for ts, _, _ in step), 2, 0))
+        changes += step
+        first = sorted(step) if first is None else first
     changes.sort(key=lambda c: (c[0], c[1]))
-    held = static_bytes(program)
-    reserved = _segments(held)
+    held = static_bytes(program, rank)
+    # Profiling starts after warm-up steps: the cache already holds the first step's peak.
+    reserved = _segments(_first_step_peak(held, first or []))
     out = []
-    for ts, _, delta in changes:
+    for ts, order, delta in changes:
+        if order == 2:  # empty_cache gives every free segment back to the driver (no event of its
+            reserved = _segments(held)  # own: the next event's reserved total shows the drop)
+            continue
         held += delta
         reserved = max(reserved, _segments(held))
         out.append(AllocatorEvent(ts, delta, held, reserved))
     return out
+
+
+def _first_step_peak(held: int, changes: list[tuple[int, int, int]]) -> int:
+    peak = held
+    for _, _, delta in changes:
+        held += delta
+        peak = max(peak, held)
+    return peak
 
 
 def _segments(nbytes: int) -> int:
@@ -117,8 +143,8 @@ def _gathers(program: Program, rank: int, inside: list, backward_from: int, end:
 def memory_truth(program: Program, rank: int) -> dict:
     """Per recorded step: allocated at its start, its peak and at its end, peak reserved."""
     events = allocator_events(program, rank)
-    held = static_bytes(program)
-    reserved = _segments(held)
+    held = static_bytes(program, rank)
+    reserved = events[0].reserved if events else _segments(held)
     steps = []
     k = 0
     for step, rec in sorted(program.step_ranges.items()):
@@ -133,5 +159,5 @@ def memory_truth(program: Program, rank: int) -> dict:
             k += 1
         steps.append({"step": step, "start_allocated_bytes": first, "peak_allocated_bytes": peak,
                       "end_allocated_bytes": held, "peak_reserved_bytes": peak_reserved})
-    return {"static_bytes": static_bytes(program), "activation_bytes_per_layer": activation_bytes_per_layer(program),
+    return {"static_bytes": static_bytes(program, rank), "activation_bytes_per_layer": activation_bytes_per_layer(program),
             "events": len(events), "steps": steps}

@@ -147,6 +147,10 @@ class JobSpec:
     record_shapes: bool = True
     # the allocator's [memory] events (profile_memory=True; analyzer.synth.memory), truth per rank
     profile_memory: bool = False
+    memory_leak_mb: float = 0.0  # MiB each step keeps for good (a leak: allocated grows step after step)
+    empty_cache: bool = False  # torch.cuda.empty_cache() at each step's end: segments freed, taken again
+    memory_skew_ranks: tuple = ()  # these ranks hold memory_skew_mb MiB more throughout (imbalance)
+    memory_skew_mb: float = 0.0
     torch_version: str = "2.13.0+cu128"
     nccl_version: str = "2.27.5"
 
@@ -231,7 +235,8 @@ _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "b
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
-                "step_annotation": "measure|forward", "profile_memory": False}  # knob: its default
+                "step_annotation": "measure|forward", "profile_memory": False, "memory_leak_mb": 0.0,
+                "empty_cache": False, "memory_skew_ranks": (), "memory_skew_mb": 0.0}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:
