@@ -224,3 +224,55 @@ def test_a_fix_that_does_not_fit_says_so_from_the_measured_peak(tmp_path):
     assert memory["peak_bytes"] == round(peak + memory["added_bytes"]) and memory["fits"] is False
     assert "does NOT fit" in finding["summary"]
     assert "would not fit the GPU's memory" in result.verdict
+
+
+@pytest.fixture(scope="module")
+def skewed_pair(tmp_path_factory):
+    """A 2-rank DDP job and the same job with rank 1 holding 16 GiB more, memory recorded."""
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    out = {}
+    for name, knobs in (("base", {}), ("skewed", dict(memory_skew_ranks=(1,), memory_skew_mb=16384))):
+        folder = write_job(JobSpec(name=name, world_size=2, gpus_per_node=2, profile_memory=True, **knobs),
+                           tmp_path_factory.mktemp(name))
+        (folder / "truth.json").rename(folder / "truth.txt")  # beside the traces, not read as one
+        out[name] = folder
+    return out
+
+
+def test_views_quote_the_one_peak(skewed_pair):
+    """The text section, memory_df(), the gate's metric and the JSON give the same peak: the
+    highest of any rank in any step."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.compare.metrics import run_metrics
+    from analyzer.base.units import fmt_bytes
+    result = diagnose([str(p) for p in sorted(skewed_pair["skewed"].glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    frame = result.memory_df()
+    assert len(frame) == 2 * 3 and set(frame["device"]) == {"cuda:0", "cuda:1"}
+    peak = int(frame["peak_allocated_bytes"].max())
+    assert result.memory["peak_allocated_bytes"] == peak
+    assert result.memory["peak_allocated_at"]["rank"] == 1
+    assert run_metrics(result)["peak_allocated_bytes"].typical == peak
+    from analyzer.reports import render
+    text = render(result, "text")
+    assert f"{fmt_bytes(peak)} allocated" in text
+    doc = json.loads(render(result, "json"))
+    assert doc["memory"]["ranks"][1]["steps"][0]["peak_allocated_bytes"] == peak
+    html = render(result, "html")
+    assert 'id="memory"' in html and fmt_bytes(peak) in html
+    assert {f["rule"] for f in result.findings} == {"memory-imbalance"}
+
+
+def test_gate_and_diff_compare_the_peaks(skewed_pair, tmp_path):
+    from analyzer.api import DiagnoseOptions, diagnose, diff, gate
+    base = diagnose([str(p) for p in sorted(skewed_pair["base"].glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    saved = tmp_path / "base.json"
+    base.save(saved)
+    report, _ = gate([str(skewed_pair["skewed"])], baseline=str(saved))
+    checks = {c.name: c for c in report.checks if c.kind == "baseline"}
+    assert checks["peak_reserved_bytes"].status == "fail" and checks["peak_allocated_bytes"].status == "fail"
+    assert checks["step_time_us"].status == "pass"
+    doc, _ = diff(str(saved), str(skewed_pair["skewed"]))
+    rows = {row["metric"]: row for row in doc["metrics"]}
+    assert rows["peak_allocated_bytes"]["verdict"] == "worse"
+    assert rows["peak_allocated_bytes"]["new"] - rows["peak_allocated_bytes"]["base"] == 16384 * 2**20

@@ -21,12 +21,23 @@ from analyzer.model.formulas import MEASURED_MARGIN, MODELLED_MARGIN, fits_devic
 NOT_RECORDED = "no allocator events: profile with profile_memory=True"
 
 
-def job_memory(ranks: list[Any]) -> dict[str, Any]:
-    """The section from the ranks' map summaries (``RankAnalysis.memory``)."""
+SERIES_RANKS = 8  # ranks whose typical step the report draws (the fullest first)
+
+
+def job_memory(ranks: list[Any], typical_step: int | None = None) -> dict[str, Any]:
+    """The section from the ranks' map summaries (``RankAnalysis.memory``). Each step's drawn
+    series is kept for the typical step (else the step of the highest peak) of the
+    ``SERIES_RANKS`` fullest ranks only: the section's size follows the ranks, not the events."""
     recorded = [dict(r.memory, rank=r.rank) for r in ranks if r.memory and r.memory.get("recorded")]
     if not recorded:
         return {"recorded": False, "why": NOT_RECORDED, "ranks": []}
     recorded.sort(key=lambda m: m["rank"])
+    drawn = _drawn_step(recorded, typical_step)
+    fullest = sorted(recorded, key=lambda m: (-max((s["peak_allocated_bytes"] or 0) for s in m["steps"] or [{
+        "peak_allocated_bytes": 0}]), m["rank"]))[:SERIES_RANKS]
+    keep = {m["rank"] for m in fullest}
+    for m in recorded:
+        m["steps"] = [_without_series(s) if s["step"] != drawn or m["rank"] not in keep else s for s in m["steps"]]
     out: dict[str, Any] = {"recorded": True, "ranks": recorded,
                            "relative": any(m["relative"] for m in recorded),
                            "ranks_recorded": len(recorded), "ranks_without": sorted(
@@ -37,7 +48,20 @@ def job_memory(ranks: list[Any]) -> dict[str, Any]:
         out[key.replace("_bytes", "_at")] = None if value is None else {"rank": rank, "step": step}
     sizes = [m["device_bytes"] for m in recorded if m.get("device_bytes")]
     out["device_bytes"] = min(sizes) if sizes else None
+    out["drawn_step"] = drawn
     return out
+
+
+def _drawn_step(recorded: list[dict[str, Any]], typical_step: int | None) -> int | None:
+    numbers = {s["step"] for m in recorded for s in m["steps"]}
+    if typical_step in numbers:
+        return typical_step
+    _, step, _ = _highest(recorded, "peak_allocated_bytes")
+    return step
+
+
+def _without_series(step: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in step.items() if k != "series"}
 
 
 def _highest(recorded: list[dict[str, Any]], key: str) -> tuple[int | None, int | None, int | None]:
