@@ -276,3 +276,19 @@ def test_gate_and_diff_compare_the_peaks(skewed_pair, tmp_path):
     rows = {row["metric"]: row for row in doc["metrics"]}
     assert rows["peak_allocated_bytes"]["verdict"] == "worse"
     assert rows["peak_allocated_bytes"]["new"] - rows["peak_allocated_bytes"]["base"] == 16384 * 2**20
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp2_per_layer"])
+def test_measured_against_the_models_equals_the_generator(synthetic_memory, name):
+    """Static state 16Ψ (DDP) / 16Ψ/N (FULL_SHARD) with Ψ from the measured gradient
+    collectives equals the allocated memory at the step's start; the activations of the
+    recorded attention shapes (L·34·s·b·h) equal the generator's."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    folder, truth = synthetic_memory[name]
+    result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    static, activations = result.memory["models"]["static"], result.memory["models"]["activations"]
+    memory = truth["ranks"][0]["memory"]
+    assert static["parameters"] == truth["model"]["params"]
+    assert static["modelled_bytes"] == static["measured_bytes"] == memory["static_bytes"]
+    assert activations["modelled_bytes"] == memory["activation_bytes_per_layer"] * truth["model"]["n_layers"]
+    assert activations["layers"] == truth["model"]["n_layers"] and activations["flash"]
