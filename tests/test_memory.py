@@ -113,7 +113,7 @@ def test_world_resnet50_per_step_with_todays_category_names(tmp_path):
 def test_no_allocator_events_says_how_to_record(tmp_path):
     path = REPO / "sample_traces" / "cpu_gloo" / "ddp" / "rank-0.pt.trace.json.gz"
     memory = rank_memory(load_rank_trace(path))
-    assert memory == {"recorded": False, "why": NOT_RECORDED}
+    assert memory == {"recorded": False, "why": NOT_RECORDED, "steps": []}
     assert "profile_memory=True" in NOT_RECORDED
 
 
@@ -292,3 +292,60 @@ def test_measured_against_the_models_equals_the_generator(synthetic_memory, name
     assert static["modelled_bytes"] == static["measured_bytes"] == memory["static_bytes"]
     assert activations["modelled_bytes"] == memory["activation_bytes_per_layer"] * truth["model"]["n_layers"]
     assert activations["layers"] == truth["model"]["n_layers"] and activations["flash"]
+
+
+def test_activation_checkpointing_detected_timed_and_its_fix_fits(tmp_path):
+    """The generator's checkpointed job re-runs each layer's forward in backward: detected, the
+    recompute time is what the step grows by (its forward GEMMs and attention: within 15%,
+    never more), and keeping the activations is predicted at no less than the peak the job
+    without checkpointing measures (within 5%)."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    runs = {}
+    for ck in (False, True):
+        out = write_job(JobSpec(name="ck", world_size=2, gpus_per_node=2, profile_memory=True,
+                                activation_checkpointing=ck), tmp_path / str(ck))
+        (out / "truth.json").rename(out / "truth.txt")
+        runs[ck] = diagnose([str(p) for p in sorted(out.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    plain, checkpointed = runs[False], runs[True]
+    assert plain.job["activation_checkpointing"]["detected"] is False
+    found = checkpointed.job["activation_checkpointing"]
+    assert found["detected"] and found["evidence"]["frames"] > 0
+    grown = checkpointed.model.step_time_us - plain.model.step_time_us
+    assert 0.85 * grown <= found["recompute_us"] <= grown
+    finding = next(f for f in checkpointed.findings if f["rule"] == "activation-checkpointing-room")
+    memory = finding["evidence"]["memory"]
+    assert memory["fits"] and memory["how"] == "measured"
+    assert plain.memory["peak_reserved_bytes"] <= memory["peak_bytes"] <= 1.05 * plain.memory["peak_reserved_bytes"]
+    assert finding["estimated_gain_us"] == pytest.approx(found["recompute_us"], abs=0.1)
+
+
+def test_real_cpu_checkpointing_is_detected(tmp_path):
+    """torch.utils.checkpoint on CPU, reentrant and not: each block's two linears re-run in
+    backward (8 a step for 4 blocks), and the reentrant one's CheckpointFunction frames."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import checkpoint
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.capture import profile_steps
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+                                 for _ in range(4))
+    found = {}
+    for mode in ("none", "reentrant", "non-reentrant"):
+        with profile_steps(tmp_path / mode, wait=0, warmup=1, active=2, profile_memory=True) as prof:
+            for _ in range(3):
+                x = torch.randn(8, 32, requires_grad=True)
+                for block in blocks:
+                    x = block(x) if mode == "none" else checkpoint(block, x, use_reentrant=mode == "reentrant")
+                x.sum().backward()
+                prof.step()
+        result = diagnose([str(p) for p in (tmp_path / mode).glob("*.json.gz")], DiagnoseOptions(workers=1))
+        found[mode] = result.job["activation_checkpointing"]
+    assert found["none"]["detected"] is False
+    for mode in ("reentrant", "non-reentrant"):
+        assert found[mode]["detected"] and found[mode]["recompute_us"] > 0
+        per_step = next(iter(found[mode]["evidence"]["per_step"].values()))
+        assert [s["ops"] for s in per_step.values()] == [8, 8]
+    assert found["reentrant"]["evidence"]["frames"] > 0 and found["non-reentrant"]["evidence"]["frames"] == 0

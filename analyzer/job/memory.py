@@ -181,3 +181,32 @@ def not_checked(section: dict[str, Any] | None) -> str:
         return NOT_RECORDED
     return ("the allocator's figures are relative (host memory counted from the profiler's start, or Bytes "
             "only): not comparable with a GPU's memory")
+
+
+def job_checkpointing(ranks: list[Any], typical_step: int | None) -> dict[str, Any]:
+    """``job.activation_checkpointing``: whether forward ops re-run inside backward (or
+    checkpoint frames) on any rank, and what recompute costs a step: the mean over ranks of the
+    typical step's (else every step's mean) GPU time of those ops (their host time on a
+    CPU-only trace, and ``basis`` says which)."""
+    found = [(r.rank, r.memory["recompute"]) for r in ranks if r.memory and r.memory.get("recompute")]
+    detected = [(rank, rec) for rank, rec in found if rec["forward_ops_in_backward"] or rec["frames"]]
+    if not detected:
+        return {"detected": False, "recompute_us": None,
+                "evidence": {"ranks_checked": len(found), "forward_ops_in_backward": 0, "frames": 0}}
+    gpu = any(s["gpu_us"] for _, rec in detected for s in rec["steps"].values())
+    key = "gpu_us" if gpu else "host_us"
+    per_rank = []
+    for _, rec in detected:
+        steps = rec["steps"]
+        chosen = [steps[str(typical_step)]] if str(typical_step) in steps else list(steps.values())
+        if chosen:
+            per_rank.append(sum(s[key] for s in chosen) / len(chosen))
+    return {"detected": True, "recompute_us": round(sum(per_rank) / len(per_rank), 3) if per_rank else None,
+            "basis": ("GPU time of the kernels of the forward ops re-run in backward (linear, attention, "
+                      "convolution; their elementwise neighbours are not counted)" if gpu else
+                      "host time in the forward ops re-run in backward (no GPU kernels linked)"),
+            "step": typical_step if any(str(typical_step) in rec["steps"] for _, rec in detected) else None,
+            "evidence": {"ranks": [rank for rank, _ in detected],
+                         "forward_ops_in_backward": sum(rec["forward_ops_in_backward"] for _, rec in detected),
+                         "frames": sum(rec["frames"] for _, rec in detected),
+                         "per_step": {str(rank): rec["steps"] for rank, rec in detected[:SERIES_RANKS]}}}

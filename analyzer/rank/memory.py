@@ -38,7 +38,7 @@ def rank_memory(trace: RankTrace, steps: tuple[int, ...] | None = None) -> dict[
     """The rank's ``memory`` summary (``recorded`` false with the reason when there is none)."""
     events = trace.memory
     if not len(events):
-        return {"recorded": False, "why": NOT_RECORDED}
+        return {"recorded": False, "why": NOT_RECORDED, "steps": []}
     device_type, device_id, others = _chosen_device(events)
     rows = np.flatnonzero((events.device_type == device_type) & (events.device_id == device_id))
     mine = events.take(rows)

@@ -26,6 +26,7 @@ SEGMENT = 2 << 20  # the caching allocator's large-segment granularity
 MIB = 1 << 20
 FORWARD_ALLOCATING = ("aten::linear", "aten::gelu", "aten::layer_norm", "aten::scaled_dot_product_attention")
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
+RECOMPUTE = BACKWARD_PREFIX + "CheckpointFunctionBackward"
 _GATHER_KINDS = ("allgather",)
 
 
@@ -98,14 +99,34 @@ def _step_changes(program: Program, rank: int, start: int, end: int) -> list[tup
     forward = sorted(int(rec.start[rank]) for rec in inside
                      if rec.thread == "main" and rec.name in FORWARD_ALLOCATING)
     backward = sorted(int(rec.end[rank]) for rec in inside
-                      if rec.name.startswith(BACKWARD_PREFIX) and rec.end is not None)
+                      if rec.name.startswith(BACKWARD_PREFIX) and rec.end is not None and rec.name != RECOMPUTE)
     if not forward or not backward:
         return []
-    total = activation_bytes_per_layer(program) * program.spec.n_layers
+    total = saved_bytes_per_layer(program) * program.spec.n_layers
     changes = [(ts, 1, part) for ts, part in zip(forward, _split(total, len(forward)))]
     changes += [(ts, 0, -part) for ts, part in zip(backward, _split(total, len(backward)))]
+    changes += _recomputed(program, rank, inside)
     return changes + _gathers(program, rank, inside, min(backward[0], _first_backward_gather(program, rank, inside)),
                               end)
+
+
+def saved_bytes_per_layer(program: Program) -> int:
+    """What forward keeps per layer: its activations, or under checkpointing its input only."""
+    spec = program.spec
+    if spec.activation_checkpointing:
+        return int(models.recompute_activation_bytes_per_layer(spec.seq_len, spec.micro_batch, spec.hidden))
+    return activation_bytes_per_layer(program)
+
+
+def _recomputed(program: Program, rank: int, inside: list) -> list[tuple[int, int, int]]:
+    """Checkpointing: each recompute re-materializes the layer's activations, held through its
+    backward until the next layer's recompute starts (or the last one's backward ends)."""
+    ranges = sorted((int(rec.start[rank]), int(rec.end[rank])) for rec in inside if rec.name == RECOMPUTE)
+    if not ranges:
+        return []
+    per_layer = activation_bytes_per_layer(program)
+    ends = [start for start, _ in ranges[1:]] + [max(int(rec.end[rank]) for rec in inside if rec.end is not None)]
+    return [c for (start, _), end in zip(ranges, ends) for c in ((start, 1, per_layer), (end, 0, -per_layer))]
 
 
 def _split(total: int, parts: int) -> list[int]:

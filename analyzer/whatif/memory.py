@@ -93,7 +93,7 @@ def _activations(result: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
     sbh = shape.dims["sq"] * shape.dims["bh"] * shape.dims["d"]  # s·(b·a)·d = s·b·h
     # the model with b·a as the batch and d as the width: s·b·h and a·s/h = s/d are the same
     per_layer = round(models.activation_bytes_per_layer(shape.dims["sq"], shape.dims["bh"], shape.dims["d"], 1, flash))
-    out.update(modelled_bytes=round(layers * per_layer), layers=layers, flash=flash,
+    out.update(modelled_bytes=round(layers * per_layer), layers=layers, flash=flash, sbh=sbh,
                modelled=(f"L·34·s·b·h = {layers}·34·{sbh:,} (FlashAttention: no scores saved)" if flash else
                          f"L·s·b·h·(34 + 5·a·s/h) = {layers}·{per_layer:,}") + " (docs/models.md §9, Korthikanti et al.)")
     if out.get("measured_bytes"):
