@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from analyzer.whatif.memory import memory_models
 from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.catalog import comm_pattern
@@ -169,6 +170,8 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
             result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
                                       + ", ".join(str(p) for p in skipped))
         analyze_job(result, options)
+        if result.memory and result.memory.get("recorded"):  # measured against the models (docs/models.md §9)
+            result.memory["models"] = memory_models(result)
         run_rules(result, config)
         if report:
             add_report_sections(result, options, html_step)

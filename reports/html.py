@@ -761,7 +761,75 @@ def _compute(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             "shapes_rank": compute.ranks[0].rank if compute.ranks else None, "source": compute.source}
 
 
+MEMORY_CHART = {"w": 720, "h": 150, "left": 64, "right": 12, "top": 10, "bottom": 22}
+PHASE_CLASSES = {"forward": "ph-fwd", "backward": "ph-bwd", "optimizer": "ph-opt"}
+
+
+def _memory(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    """The ``memory`` section drawn: allocated and reserved over the drawn step per rank (the
+    fullest ranks the job analysis kept a series of), phases shaded, the peak marked, the
+    device's limit drawn (absolute figures only); the table of every rank's figures."""
+    memory = doc.get("memory") or {}
+    if not memory.get("recorded"):
+        return unavailable(str(memory.get("why") or "no allocator events: profile with profile_memory=True"))
+    step = memory.get("drawn_step")
+    charts, rows = [], []
+    for m in memory["ranks"]:
+        s = next((s for s in m["steps"] if s["step"] == step), None)
+        if s is None:
+            continue
+        at = s.get("peak_at") or {}
+        rows.append({"rank": m["rank"], "device": m["device"], "peak": fmt_bytes(s["peak_allocated_bytes"]),
+                     "reserved": fmt_bytes(s["peak_reserved_bytes"]) if s.get("peak_reserved_bytes") is not None else "–",
+                     "start": fmt_bytes(s["start_allocated_bytes"]), "end": fmt_bytes(s["end_allocated_bytes"]),
+                     "headroom": fmt_bytes(s["headroom_bytes"]) if s.get("headroom_bytes") is not None else "–",
+                     "where": f"{at.get('phase')} +{fmt_us(at.get('offset_us'))}" if at else "–",
+                     "op": at.get("op") or at.get("fsdp_unit") or ""})
+        if s.get("series"):
+            charts.append(_memory_chart(m, s))
+    return {"available": True, "step": step, "relative": bool(memory.get("relative")),
+            "bases": sorted({m["basis"] for m in memory["ranks"] if m["relative"]}),
+            "peak": fmt_bytes(memory.get("peak_allocated_bytes")),
+            "peak_reserved": fmt_bytes(memory["peak_reserved_bytes"]) if memory.get("peak_reserved_bytes") else None,
+            "device": fmt_bytes(memory["device_bytes"]) if memory.get("device_bytes") else None,
+            "rows": rows, "charts": charts, "geometry": MEMORY_CHART}
+
+
+def _memory_chart(rank: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    g = MEMORY_CHART
+    series = step["series"]
+    xs, alloc, reserved = series["offset_us"], series["allocated_bytes"], series["reserved_bytes"]
+    device = None if rank["relative"] else rank.get("device_bytes")
+    top = max([v for v in alloc + (reserved or []) if v is not None] + [device or 0, 1])
+    span = max(xs[-1] if xs else 1.0, 1.0)
+    width, height = g["w"] - g["left"] - g["right"], g["h"] - g["top"] - g["bottom"]
+
+    def x(value: float) -> float:
+        return round(g["left"] + width * value / span, 1)
+
+    def y(value: float) -> float:
+        return round(g["top"] + height * (1 - value / top), 1)
+
+    def path(values: list[Any]) -> str:
+        return " ".join(f"{x(t)},{y(v)}" for t, v in zip(xs, values) if v is not None)
+    bands, begin = [], 0
+    phases = series["phase"]
+    for k in range(1, len(phases) + 1):  # contiguous runs of one phase, shaded
+        if k == len(phases) or phases[k] != phases[begin]:
+            if phases[begin] in PHASE_CLASSES:
+                bands.append({"x": x(xs[begin]), "w": max(round(x(xs[k - 1]) - x(xs[begin]), 1), 1.0),
+                              "cls": PHASE_CLASSES[phases[begin]], "label": phases[begin]})
+            begin = k
+    peak = max(range(len(alloc)), key=lambda k: (alloc[k] or 0, -k)) if alloc else None
+    return {"rank": rank["rank"], "device": rank["device"], "alloc": path(alloc),
+            "reserved": path(reserved) if reserved else None, "bands": bands,
+            "peak": None if peak is None else {"x": x(xs[peak]), "y": y(alloc[peak] or 0),
+                                                "tip": f"peak {fmt_bytes(alloc[peak])} at +{fmt_us(xs[peak])}"},
+            "limit": None if device is None else {"y": y(device), "label": f"device {fmt_bytes(device)}"},
+            "top": fmt_bytes(top), "span": fmt_us(span)}
+
+
 SECTIONS: tuple[tuple[str, Builder], ...] = (
-    ("compute", _compute), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("compute", _compute), ("memory", _memory), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

@@ -28,6 +28,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from analyzer.job.memory import fits_verdict
 from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
@@ -330,7 +331,8 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     step = model.step_time_us
     problems = [f for f in findings if not f["title"].startswith("rule ")]
     if problems:
-        top = problems[0]
+        # A fix that does not fit the GPU (evidence.memory) is never the one the verdict leads with.
+        top = next((f for f in problems if fits_verdict(f) is not False), problems[0])
         gain = top.get("estimated_gain_us")
         if gain and step:
             cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
@@ -339,6 +341,9 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
         else:
             cost = f" (no estimate of the gain; the {fmt_us(step)} typical step)" if step else ""
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
+        unfit = sum(fits_verdict(f) is False for f in problems)
+        if unfit:
+            more += f"; {unfit} fix(es) would not fit the GPU's memory (see evidence.memory)"
         return f"{len(problems)} problem(s) found: {top['title']}{cost}{_together(joint)}{more}."
     if findings:
         return "No problem found, but a rule failed (see findings)."

@@ -113,7 +113,7 @@ def test_world_resnet50_per_step_with_todays_category_names(tmp_path):
 def test_no_allocator_events_says_how_to_record(tmp_path):
     path = REPO / "sample_traces" / "cpu_gloo" / "ddp" / "rank-0.pt.trace.json.gz"
     memory = rank_memory(load_rank_trace(path))
-    assert memory == {"recorded": False, "why": NOT_RECORDED}
+    assert memory == {"recorded": False, "why": NOT_RECORDED, "steps": []}
     assert "profile_memory=True" in NOT_RECORDED
 
 
@@ -125,3 +125,227 @@ def test_parallel_loader_reads_the_same_allocator_columns():
     for name in ("ts", "delta", "allocated", "device_type", "device_id"):
         np.testing.assert_array_equal(getattr(one.memory, name), getattr(two.memory, name))
     assert [one.threads[t] for t in one.memory.thread] == [two.threads[t] for t in two.memory.thread]
+
+
+SYNTH = {
+    "ddp": dict(strategy="ddp"),
+    "fsdp2_per_layer": dict(strategy="fsdp2"),
+    "fsdp1_no_wrap": dict(strategy="fsdp1", fsdp_wrap="none"),
+}
+
+
+@pytest.fixture(scope="module")
+def synthetic_memory(tmp_path_factory):
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    out = {}
+    for name, knobs in SYNTH.items():
+        folder = write_job(JobSpec(name=name, world_size=2, gpus_per_node=2, profile_memory=True, **knobs),
+                           tmp_path_factory.mktemp(name))
+        out[name] = (folder, json.loads((folder / "truth.json").read_text()))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SYNTH))
+def test_generator_scenarios_every_figure_equals_the_truth(synthetic_memory, name):
+    folder, truth = synthetic_memory[name]
+    for rank_truth in truth["ranks"]:
+        memory = rank_memory(load_rank_trace(folder / f"rank-{rank_truth['rank']}.json.gz"))
+        assert memory["device"] == f"cuda:{rank_truth['rank'] % 2}" and not memory["relative"]
+        assert memory["device_bytes"] == truth["memory"]["gpu_mem_bytes"]
+        assert memory["events"] == rank_truth["memory"]["events"]
+        for got, want in zip(memory["steps"], rank_truth["memory"]["steps"], strict=True):
+            assert {key: got[key] for key in want} == want
+            assert got["headroom_bytes"] == truth["memory"]["gpu_mem_bytes"] - want["peak_reserved_bytes"]
+
+
+def test_generator_missing_wrap_policy_peak_holds_the_whole_gathered_model(synthetic_memory):
+    """Without a wrap policy the one FSDP unit is the model: its peak is the sharded state, the
+    saved activations and every parameter unsharded (Ψ bf16 bytes) at once; per layer the units
+    of a wrapped model hold at most two layers' parameters."""
+    _, truth = synthetic_memory["fsdp1_no_wrap"]
+    model, memory = truth["model"], truth["ranks"][0]["memory"]
+    activations = memory["activation_bytes_per_layer"] * model["n_layers"]
+    for step in memory["steps"]:
+        assert step["peak_allocated_bytes"] == memory["static_bytes"] + activations + model["param_bytes"]
+    _, wrapped = synthetic_memory["fsdp2_per_layer"]
+    for step in wrapped["ranks"][0]["memory"]["steps"]:
+        assert step["peak_allocated_bytes"] < memory["static_bytes"] + activations + model["param_bytes"] / 2
+
+
+# The rules whose fix changes memory (a strategy, the gathered units, the buckets).
+MEMORY_FIXES = ("fsdp-fullshard-cross-node", "fsdp-where-ddp-fits", "fsdp-missing-wrap-policy", "fsdp-no-prefetch",
+                "ddp-bucket-undersized", "ddp-bucket-oversized")
+FIT_KEYS = {"fits", "peak_bytes", "added_bytes", "device_bytes", "margin", "how"}
+
+
+def _memory_fix_samples() -> list[str]:
+    from rule_cases_lib import load_cases, sample_traces
+    cases, traces = load_cases(), sample_traces()
+    return sorted({t for name in MEMORY_FIXES for t in cases[name]["fires_on"] if t in traces})
+
+
+@pytest.mark.parametrize("trace", _memory_fix_samples())
+def test_every_memory_changing_fix_on_the_samples_says_whether_it_fits(trace):
+    from rule_cases_lib import diagnosed
+    result = diagnosed(trace)
+    for finding in result.findings:
+        memory = finding["evidence"].get("memory")
+        if finding["rule"] in MEMORY_FIXES:
+            assert memory is not None and FIT_KEYS <= set(memory), finding["rule"]
+        if memory is None:
+            continue
+        assert memory["fits"] in (True, False, None)
+        if memory["fits"] is None:
+            assert memory["why"]
+        elif memory["how"] in ("measured", "modelled"):  # the samples record no memory: modelled
+            assert memory["peak_bytes"] > 0 and memory["device_bytes"] > 0
+            assert memory["fits"] == (memory["peak_bytes"] <= (1 - memory["margin"]) * memory["device_bytes"])
+
+
+def test_a_fix_that_does_not_fit_says_so_from_the_measured_peak(tmp_path):
+    """FULL_SHARD across two nodes on 20 GB GPUs, memory recorded: HYBRID_SHARD adds 16Ψ/g −
+    16Ψ/N to the measured peak, past 90% of the device. The finding and the verdict say so."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    spec = json.loads((REPO / "sample_traces" / "synthetic" / "fsdp_fullshard_2node" / "truth.json").read_text())["spec"]
+    spec.update(profile_memory=True, gpu_mem_bytes=20_000_000_000)
+    out = write_job(JobSpec(**spec), tmp_path / "job")
+    truth = json.loads((out / "truth.json").read_text())
+    result = diagnose([str(p) for p in sorted(out.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    peak = max(s["peak_reserved_bytes"] for r in truth["ranks"] for s in r["memory"]["steps"])
+    assert result.memory["peak_reserved_bytes"] == peak
+    finding = next(f for f in result.findings if f["rule"] == "fsdp-fullshard-cross-node")
+    memory = finding["evidence"]["memory"]
+    psi = truth["model"]["params"]
+    assert memory["how"] == "measured" and memory["measured_peak_bytes"] == peak
+    assert memory["added_bytes"] == round(16 * psi / 8 - 16 * psi / 16)
+    assert memory["peak_bytes"] == round(peak + memory["added_bytes"]) and memory["fits"] is False
+    assert "does NOT fit" in finding["summary"]
+    assert "would not fit the GPU's memory" in result.verdict
+
+
+@pytest.fixture(scope="module")
+def skewed_pair(tmp_path_factory):
+    """A 2-rank DDP job and the same job with rank 1 holding 16 GiB more, memory recorded."""
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    out = {}
+    for name, knobs in (("base", {}), ("skewed", dict(memory_skew_ranks=(1,), memory_skew_mb=16384))):
+        folder = write_job(JobSpec(name=name, world_size=2, gpus_per_node=2, profile_memory=True, **knobs),
+                           tmp_path_factory.mktemp(name))
+        (folder / "truth.json").rename(folder / "truth.txt")  # beside the traces, not read as one
+        out[name] = folder
+    return out
+
+
+def test_views_quote_the_one_peak(skewed_pair):
+    """The text section, memory_df(), the gate's metric and the JSON give the same peak: the
+    highest of any rank in any step."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.compare.metrics import run_metrics
+    from analyzer.base.units import fmt_bytes
+    result = diagnose([str(p) for p in sorted(skewed_pair["skewed"].glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    frame = result.memory_df()
+    assert len(frame) == 2 * 3 and set(frame["device"]) == {"cuda:0", "cuda:1"}
+    peak = int(frame["peak_allocated_bytes"].max())
+    assert result.memory["peak_allocated_bytes"] == peak
+    assert result.memory["peak_allocated_at"]["rank"] == 1
+    assert run_metrics(result)["peak_allocated_bytes"].typical == peak
+    from analyzer.reports import render
+    text = render(result, "text")
+    assert f"{fmt_bytes(peak)} allocated" in text
+    doc = json.loads(render(result, "json"))
+    assert doc["memory"]["ranks"][1]["steps"][0]["peak_allocated_bytes"] == peak
+    html = render(result, "html")
+    assert 'id="memory"' in html and fmt_bytes(peak) in html
+    assert {f["rule"] for f in result.findings} == {"memory-imbalance"}
+
+
+def test_gate_and_diff_compare_the_peaks(skewed_pair, tmp_path):
+    from analyzer.api import DiagnoseOptions, diagnose, diff, gate
+    base = diagnose([str(p) for p in sorted(skewed_pair["base"].glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    saved = tmp_path / "base.json"
+    base.save(saved)
+    report, _ = gate([str(skewed_pair["skewed"])], baseline=str(saved))
+    checks = {c.name: c for c in report.checks if c.kind == "baseline"}
+    assert checks["peak_reserved_bytes"].status == "fail" and checks["peak_allocated_bytes"].status == "fail"
+    assert checks["step_time_us"].status == "pass"
+    doc, _ = diff(str(saved), str(skewed_pair["skewed"]))
+    rows = {row["metric"]: row for row in doc["metrics"]}
+    assert rows["peak_allocated_bytes"]["verdict"] == "worse"
+    assert rows["peak_allocated_bytes"]["new"] - rows["peak_allocated_bytes"]["base"] == 16384 * 2**20
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp2_per_layer"])
+def test_measured_against_the_models_equals_the_generator(synthetic_memory, name):
+    """Static state 16Ψ (DDP) / 16Ψ/N (FULL_SHARD) with Ψ from the measured gradient
+    collectives equals the allocated memory at the step's start; the activations of the
+    recorded attention shapes (L·34·s·b·h) equal the generator's."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    folder, truth = synthetic_memory[name]
+    result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    static, activations = result.memory["models"]["static"], result.memory["models"]["activations"]
+    memory = truth["ranks"][0]["memory"]
+    assert static["parameters"] == truth["model"]["params"]
+    assert static["modelled_bytes"] == static["measured_bytes"] == memory["static_bytes"]
+    assert activations["modelled_bytes"] == memory["activation_bytes_per_layer"] * truth["model"]["n_layers"]
+    assert activations["layers"] == truth["model"]["n_layers"] and activations["flash"]
+
+
+def test_activation_checkpointing_detected_timed_and_its_fix_fits(tmp_path):
+    """The generator's checkpointed job re-runs each layer's forward in backward: detected, the
+    recompute time is what the step grows by (its forward GEMMs and attention: within 15%,
+    never more), and keeping the activations is predicted at no less than the peak the job
+    without checkpointing measures (within 5%)."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth.job import write_job
+    from analyzer.synth.spec import JobSpec
+    runs = {}
+    for ck in (False, True):
+        out = write_job(JobSpec(name="ck", world_size=2, gpus_per_node=2, profile_memory=True,
+                                activation_checkpointing=ck), tmp_path / str(ck))
+        (out / "truth.json").rename(out / "truth.txt")
+        runs[ck] = diagnose([str(p) for p in sorted(out.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    plain, checkpointed = runs[False], runs[True]
+    assert plain.job["activation_checkpointing"]["detected"] is False
+    found = checkpointed.job["activation_checkpointing"]
+    assert found["detected"] and found["evidence"]["frames"] > 0
+    grown = checkpointed.model.step_time_us - plain.model.step_time_us
+    assert 0.85 * grown <= found["recompute_us"] <= grown
+    finding = next(f for f in checkpointed.findings if f["rule"] == "activation-checkpointing-room")
+    memory = finding["evidence"]["memory"]
+    assert memory["fits"] and memory["how"] == "measured"
+    assert plain.memory["peak_reserved_bytes"] <= memory["peak_bytes"] <= 1.05 * plain.memory["peak_reserved_bytes"]
+    assert finding["estimated_gain_us"] == pytest.approx(found["recompute_us"], abs=0.1)
+
+
+def test_real_cpu_checkpointing_is_detected(tmp_path):
+    """torch.utils.checkpoint on CPU, reentrant and not: each block's two linears re-run in
+    backward (8 a step for 4 blocks), and the reentrant one's CheckpointFunction frames."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import checkpoint
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.capture import profile_steps
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+                                 for _ in range(4))
+    found = {}
+    for mode in ("none", "reentrant", "non-reentrant"):
+        with profile_steps(tmp_path / mode, wait=0, warmup=1, active=2, profile_memory=True) as prof:
+            for _ in range(3):
+                x = torch.randn(8, 32, requires_grad=True)
+                for block in blocks:
+                    x = block(x) if mode == "none" else checkpoint(block, x, use_reentrant=mode == "reentrant")
+                x.sum().backward()
+                prof.step()
+        result = diagnose([str(p) for p in (tmp_path / mode).glob("*.json.gz")], DiagnoseOptions(workers=1))
+        found[mode] = result.job["activation_checkpointing"]
+    assert found["none"]["detected"] is False
+    for mode in ("reentrant", "non-reentrant"):
+        assert found[mode]["detected"] and found[mode]["recompute_us"] > 0
+        per_step = next(iter(found[mode]["evidence"]["per_step"].values()))
+        assert [s["ops"] for s in per_step.values()] == [8, 8]
+    assert found["reentrant"]["evidence"]["frames"] > 0 and found["non-reentrant"]["evidence"]["frames"] == 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import count
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -29,6 +29,7 @@ _DTYPES = (np.int64, np.int32, np.float64, np.float64, np.float64, np.int16, np.
 _NAME, _ARGS = attrgetter("name"), attrgetter("args")
 _ARG = {key: attrgetter(key) for key in ("alloc_bytes", "total_allocated", "total_reserved", "device_type",
                                          "device_id")}
+_TS = attrgetter("ts")
 
 
 @dataclass
@@ -79,15 +80,19 @@ class MemoryBuilder:
         if code is None:
             return
         rows = np.flatnonzero(codes == code)
-        events = [e for e in (events[i] for i in rows.tolist()) if e.args is not None]  # no args: nothing to read
-        ts = floats(list(map(attrgetter("ts"), events)))
-        keep = np.flatnonzero(np.isfinite(ts) & (np.abs(ts) < 2**52))
-        if not len(keep):
-            return
-        events = [events[i] for i in keep.tolist()] if len(keep) < len(events) else events
-        ts = ts[keep]
+        events = list(itemgetter(*rows.tolist())(events)) if len(rows) > 1 else [events[int(rows[0])]]
         args = list(map(_ARGS, events))
-        columns = [floats(list(map(_ARG[key], args))) for key in _ARG]
+        if None in args:  # no args: nothing to read
+            present = [i for i, a in enumerate(args) if a is not None]
+            events, args = [events[i] for i in present], [args[i] for i in present]
+        ts = floats(list(map(_TS, events)))
+        keep = np.isfinite(ts) & (np.abs(ts) < 2**52)
+        columns = [floats(list(map(_ARG[key], args))) for key in _ARG]  # C-level maps, one a field
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            events, ts, columns = [events[i] for i in idx.tolist()], ts[idx], [c[idx] for c in columns]
+        if not len(ts):
+            return
         for k, sizes in enumerate(columns[:3]):  # a size no device holds is no size: unknown, and counted
             wild = np.abs(sizes) > MAX_DEVICE_BYTES
             if k:  # a total held below zero is no total either

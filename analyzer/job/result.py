@@ -220,6 +220,12 @@ class Result:
         from analyzer.job import frames
         return frames.compute_df(self)
 
+    def memory_df(self) -> "pd.DataFrame":
+        """One row per rank × step of measured memory (allocator events): peak allocated and
+        reserved, start and end, cached at the peak, headroom, where the peak is."""
+        from analyzer.job import frames
+        return frames.memory_df(self)
+
     def collectives_df(self) -> "pd.DataFrame":
         from analyzer.job import frames
         return frames.collectives_df(self)

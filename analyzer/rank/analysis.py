@@ -26,6 +26,7 @@ from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.flops import compute_steps
 from analyzer.rank.memory import rank_memory
+from analyzer.rank.recompute import recompute
 from analyzer.rank.steps import step_figures
 from analyzer.rank.workload import workload_evidence
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
@@ -326,6 +327,7 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         compute_steps=compute_steps(trace, gpu, att.launch_ts, att.launch_thread, options.steps),
         memory=rank_memory(trace, options.steps),
     )
+    analysis.memory["recompute"] = recompute(trace, gpu, att.launch_ts, att.launch_thread)
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
                         "gloo:*): communication is unknown, not zero")

@@ -26,6 +26,9 @@ from analyzer.ingest.trace import Marker, RankTrace
 from analyzer.rank.timeline import PHASES, locate, step_windows
 
 NOT_RECORDED = "no allocator events: profile with profile_memory=True"
+# Points of a step's drawn series (the HTML's memory chart): the highest allocated of each of as
+# many equal slices of the step, so a rank of millions of events sends back a few hundred numbers.
+SERIES_POINTS = 96
 _DEVICE_NAMES = {0: "cpu", 1: "cuda"}
 # Ranges that tell nothing about where in the step the peak is (the step itself).
 _NOT_AN_OP = (Marker.STEP,)
@@ -35,7 +38,7 @@ def rank_memory(trace: RankTrace, steps: tuple[int, ...] | None = None) -> dict[
     """The rank's ``memory`` summary (``recorded`` false with the reason when there is none)."""
     events = trace.memory
     if not len(events):
-        return {"recorded": False, "why": NOT_RECORDED}
+        return {"recorded": False, "why": NOT_RECORDED, "steps": []}
     device_type, device_id, others = _chosen_device(events)
     rows = np.flatnonzero((events.device_type == device_type) & (events.device_id == device_id))
     mine = events.take(rows)
@@ -138,6 +141,7 @@ def _step(trace: RankTrace, events: MemoryEvents, allocated: np.ndarray, reserve
                      allocated_in_step_bytes=_int(np.nansum(np.where(deltas > 0, deltas, 0.0))))
         if reserved is not None:
             entry.update(_reserved(reserved, lo, hi, at))
+        entry["series"] = _series(trace, events, allocated, reserved, lo, hi, start, end)
     entry["headroom_bytes"] = _headroom(entry, device_bytes, relative)
     return entry
 
@@ -152,6 +156,25 @@ def _reserved(reserved: np.ndarray, lo: int, hi: int, at: int) -> dict[str, Any]
             "start_reserved_bytes": _int(before), "end_reserved_bytes": _int(window[-1]),
             "segment_grows": int((change > 0).sum()), "segment_releases": int((change < 0).sum()),
             "released_bytes": _int(-change[change < 0].sum())}
+
+
+def _series(trace: RankTrace, events: MemoryEvents, allocated: np.ndarray, reserved: np.ndarray | None,
+            lo: int, hi: int, start: int, end: int) -> dict[str, Any]:
+    """The step's allocated (and reserved) memory over its window: the event of highest
+    allocated in each of ``SERIES_POINTS`` equal slices, with its phase."""
+    ts = events.ts[lo:hi]
+    edges = np.linspace(start, end + 1, SERIES_POINTS + 1)
+    slot = np.clip(np.searchsorted(edges, ts, side="right") - 1, 0, SERIES_POINTS - 1)
+    values = allocated[lo:hi]
+    # the highest of each slice: sort by (slot, value) and keep each slot's last row
+    order = np.lexsort((values, slot))
+    last = order[np.r_[slot[order][1:] != slot[order][:-1], True]]
+    rows = lo + last
+    _, phase = locate(trace, events.ts[rows], events.thread[rows])
+    return {"offset_us": np.round((events.ts[rows] - start) / 1000.0, 3).tolist(),
+            "allocated_bytes": [_int(v) for v in allocated[rows]],
+            "reserved_bytes": None if reserved is None else [_int(v) for v in reserved[rows]],
+            "phase": [PHASES[int(p)] for p in phase]}
 
 
 def _headroom(entry: dict[str, Any], device_bytes: int | None, relative: bool) -> int | None:

@@ -162,6 +162,15 @@ class JobSpec:
     kernel_comm_args: bool = True  # newer Kineto copies collective args onto the NCCL kernel
     emit_host_name: bool = True  # distributedInfo.host_name (not written by torch itself)
     record_shapes: bool = True
+    # the allocator's [memory] events (profile_memory=True; analyzer.synth.memory), truth per rank
+    profile_memory: bool = False
+    memory_leak_mb: float = 0.0  # MiB each step keeps for good (a leak: allocated grows step after step)
+    empty_cache: bool = False  # torch.cuda.empty_cache() at each step's end: segments freed, taken again
+    memory_skew_ranks: tuple = ()  # these ranks hold memory_skew_mb MiB more throughout (imbalance)
+    memory_skew_mb: float = 0.0
+    # torch.utils.checkpoint on every layer: forward saves its input only (2·s·b·h), backward
+    # re-runs each layer's forward first (analyzer.synth.compute.layer_backward, .memory)
+    activation_checkpointing: bool = False
     torch_version: str = "2.13.0+cu128"
     nccl_version: str = "2.27.5"
 
@@ -253,7 +262,10 @@ _LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "b
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
                 "step_annotation": "measure|forward", "category_names": "today",
-                "tp_allreduce_impl": "nccl", "workload": "training", "forward_marker": "ddp"}  # knob: its default
+                "tp_allreduce_impl": "nccl", "workload": "training", "forward_marker": "ddp",
+                "profile_memory": False, "memory_leak_mb": 0.0,
+                "empty_cache": False, "memory_skew_ranks": (), "memory_skew_mb": 0.0,
+                "activation_checkpointing": False}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:

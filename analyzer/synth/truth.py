@@ -14,6 +14,7 @@ import numpy as np
 
 from .engine import LAUNCH_LATENCY_NS, GpuEvent
 from .layout import fsdp_units, model_params
+from .memory import memory_truth
 from .programs import DdpProgram, FsdpProgram, Program
 from .spec import DTYPE_BYTES, TORCH_DTYPE_NAME
 
@@ -175,6 +176,8 @@ class TruthBuilder:
                    "forward_start_us": self.first_start(r, sel & (self.phases == "forward")),
                    "time_breakdown": breakdowns.get(step)}
             out["steps"].append(row)
+        if self.spec.profile_memory:  # the allocator's figures per step (analyzer.synth.memory)
+            out["memory"] = memory_truth(self.p, r)
         return out
 
     def step_breakdowns(self, r: int) -> dict[int, dict]:
