@@ -14,6 +14,8 @@ from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
+from analyzer.whatif import replay as rp
+from analyzer.whatif.prediction import predicted
 
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
 
@@ -125,22 +127,33 @@ class StragglerRank(Rule):
             "persistent" if count >= t["consistency"] * len(steady) else "rotating"
         late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] for r in late}
         causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
+        counter = _counterfactuals(ctx.result, every, steady, caused, lateness, t, step_us)
+        if counter is not None and counter.order:
+            late = counter.order
+            late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] or steady for r in late}
+            causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
         worst = late[0]
         lead = causes[worst]
-        recovers = _recovers(waited, wait_us, lead["cause"], typical)
-        gain = sum(recovers.values())
+        gain = counter.together if counter is not None and counter.order else None
+        recovers = _recovers(waited, wait_us if gain is None else gain, lead["cause"], typical)
+        if gain is None:
+            gain = sum(recovers.values())
         skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
-        shares = ", ".join(f"rank {r} {fmt_us(caused[r])} ({100 * caused[r] / total:.0f}%)" for r in late)
+        if counter is not None:  # entry skew: its lateness costs nothing even with the named ranks fixed
+            floor = t["member_share"] * counter.recoverable
+            skewed = {r: v for r, v in skewed.items() if counter.beyond.get(r, 0.0) <= floor}
+        shares = ", ".join(f"rank {r} {fmt_us(caused.get(r, 0.0))} ({100 * caused.get(r, 0.0) / total:.0f}%)" for r in late)
         names = ", ".join(str(r) for r in late)
+        total = total or 1.0
         many = len(late) > 1
-        share = sum(caused[r] for r in late) / total
+        share = sum(caused.get(r, 0.0) for r in late) / total
         summary = (f"Rank{'s' if many else ''} {names} cause{'' if many else 's'} {100 * share:.0f}% of the waiting "
                    f"for late peers at the collectives ({fmt_us(total)} per step, mean over the ranks): {shares} "
                    f"(mean over the {len(steady)} steady step(s); {_pattern_text(pattern, top, count, len(steady))}); "
                    f"the other ranks wait {fmt_us(wait_us)} for {'them' if many else 'it'} ({where}, median rank "
                    f"not late: {100 * wait_us / step_us:.1f}% of the {fmt_us(step_us)} typical step)"
-                   f"{_held_text(wait_us, gain, recovers)}; cause: {lead['cause']} — {lead['text']}."
-                   f"{_skew_text(skewed)}")
+                   f"{_held_text(wait_us, gain, recovers) if counter is None else ''}; cause: {lead['cause']} — "
+                   f"{lead['text']}.{_counter_text(counter, step_us)}{_skew_text(skewed)}")
         model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
                  "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
                  "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
@@ -155,7 +168,7 @@ class StragglerRank(Rule):
             "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
             "causes": {str(r): c for r, c in causes.items()},
             "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
-            "caused_wait_share": {str(r): round(caused[r] / total, 3) for r in late},
+            "caused_wait_share": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
             "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "all_waiting_per_step_us": round(total, 1),
             "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
@@ -164,6 +177,12 @@ class StragglerRank(Rule):
             "step_time_us": round(step_us, 1),
             "wait_source": job.get("wait_source"),
         }
+        if counter is not None and counter.order:
+            evidence["per_rank"] = _per_rank(counter, causes, step_us)
+            evidence["recoverable_by_replay_us"] = round(counter.recoverable, 1)
+            evidence["next_after_named"] = {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}
+            evidence["prediction"] = predicted(step_us, counter.together, REPLAY_MODEL, {
+                "fixed": {str(r): causes[r]["cause"] for r in late}, "steps_replayed": steady})
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
@@ -293,7 +312,8 @@ def _steps_by_number(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
                 continue
             entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
             out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
-                                                            "entry_us": entry_us}
+                                                            "entry_us": entry_us,
+                                                            "compute_us": entry.get("compute_us", 0.0)}
     return out
 
 
@@ -403,3 +423,82 @@ def _snippet(ctx, rank: int, lead: dict[str, Any]) -> str | None:
     return {"compute": f"nvidia-smi -q -d CLOCK,PERFORMANCE   # on {node}",
             "host": f"py-spy dump --pid <rank {rank} PID>   # on {node}",
             "network": f"all_reduce_perf -b 8 -e 1G -f 2 -g 1   # nccl-tests, on {node}"}.get(lead["cause"])
+
+
+REPLAY_MODEL = ("replay of the measured job (docs/models.md §9): each named rank's own extra time (its host stall or "
+                "its slower compute against the median other rank) taken out of its chain and the job replayed, "
+                "every collective ending at its last member's arrival plus its transfer")
+# At most this many ranks are weighed by counterfactual (those causing most waiting, then the
+# latest to enter the step): the greedy replays each of them once per round.
+MAX_CANDIDATES = 8
+
+
+def _counterfactuals(result, every, steady, caused, lateness, t, step_us) -> rp.Counterfactuals | None:
+    """The greedy counterfactual over the candidate ranks (None: the job cannot be replayed)."""
+    chains = rp.chains(result)
+    if chains is None:
+        return None
+    waiting = [r for r in sorted(caused, key=lambda r: (-caused[r], r)) if caused[r] > 0.0][:MAX_CANDIDATES]
+    entering = _entry_skew(every, steady, waiting, caused, sum(caused.values()) or 1.0, t["wait_fraction"] * step_us, 1.0)
+    candidates = waiting + sorted(entering, key=lambda r: (-entering[r], r))[:MAX_CANDIDATES]
+    excess = chains.gap_excess()
+    fixes = {}
+    for rank in candidates:
+        steps = [n for n in steady if _caused_in_step(every[n]).get(rank, 0.0) > 0.0] or steady
+        cause = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
+        fix = _rank_fix(chains, every, rank, cause, excess)
+        if fix is not None:
+            fixes[rank] = fix
+    if not fixes:
+        return None
+    return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"])
+
+
+def _rank_fix(chains, every, rank: int, cause: str, excess) -> rp.Fix | None:
+    """The cuts that fix the rank's cause: its extra compute spread over its work, else (a host
+    stall, a queue, a late entry) its extra idle or entry in one stretch; None for a slow link
+    (its transfer is the set's, not a stretch of its own work)."""
+    if cause == "network":
+        return None
+    steps = sorted((n for n in every if isinstance(n, int)))
+    if cause == "compute":
+        budget = {n: max(0.0, _excess(every[n], rank, "compute_us")) for n in steps}
+        return rp.rank_fix(chains, rank, budget, True, excess)
+    budget = {n: max(0.0, _excess(every[n], rank, "idle_us"), _excess(every.get(n - 1), rank, "idle_us"),
+                     _excess(every[n], rank, "entry_us")) for n in steps}
+    return rp.rank_fix(chains, rank, budget, False, excess)
+
+
+def _per_rank(counter: rp.Counterfactuals, causes: dict[int, dict[str, Any]], step_us: float) -> list[dict[str, Any]]:
+    return [{"rank": r, "cause": causes[r]["cause"], "gain_alone_us": round(counter.alone[r], 1),
+             "predicted_step_alone_us": round(step_us - counter.alone[r], 1),
+             "gain_in_order_us": round(counter.in_order[r], 1)} for r in counter.order]
+
+
+def _counter_text(counter: rp.Counterfactuals | None, step_us: float) -> str:
+    """What fixing each named rank alone saves, which rank hides which, and what the set saves."""
+    if counter is None or not counter.order:
+        return ""
+    order = counter.order
+    hidden = [r for r in order[1:] if counter.in_order[r] > counter.alone[r] + 0.1 * counter.together]
+    parts = []
+    for r in order:
+        text = f"fixing rank {r} alone saves {fmt_us(counter.alone[r])} ({fmt_us(step_us - counter.alone[r])} a step)"
+        if r == order[0] and hidden:
+            text += f" because rank{'s' if len(hidden) > 1 else ''} {', '.join(map(str, hidden))} " \
+                    f"{'are' if len(hidden) > 1 else 'is'} next"
+        elif r in hidden:
+            text += f": rank {order[0]} hides it"
+        parts.append(text)
+    if len(order) > 1:
+        parts.append(f"fixing {'both' if len(order) == 2 else f'all {len(order)}'} saves "
+                     f"{fmt_us(counter.together)} ({fmt_us(step_us - counter.together)} a step)")
+    floor = 0.1 * counter.together
+    nxt = sorted((r for r, us in counter.beyond.items() if us > floor), key=lambda r: (-counter.beyond[r], r))
+    if nxt:
+        parts.append(f"then rank{'s' if len(nxt) > 1 else ''} {', '.join(map(str, nxt))} would set the pace (fixing "
+                     f"{'each' if len(nxt) > 1 else 'it'} too saves {', '.join(fmt_us(counter.beyond[r]) for r in nxt)} "
+                     "more)")
+    lead = f" Rank{'s' if len(order) > 1 else ''} {' and '.join(map(str, order))} set{'' if len(order) > 1 else 's'} " \
+           "the pace (replay of the measured job, mean over the steady steps): "
+    return lead + "; ".join(parts) + "."

@@ -54,6 +54,8 @@ class Chains:
     windows: dict[int, list[tuple[Any, int, float]]]
     window_end: dict[int, tuple[int, float]]
     steps: dict[Any, dict[int, float]]  # measured {step: {rank: step time µs}}
+    floors: list[tuple[int, Any, float]]  # (rank, step, its compute's own time after the window start)
+    floor_of: np.ndarray  # per row: the floor it cannot arrive before (-1: none)
 
     def gap_excess(self) -> np.ndarray:
         """Per row: its offset minus the median offset of the other members of its set (how much
@@ -99,11 +101,12 @@ def chains(result: Any) -> Chains | None:
     by_set = np.argsort(set_of, kind="stable")
     cuts = np.searchsorted(set_of[by_set], np.arange(n_sets + 1))
     members = [by_set[cuts[s]:cuts[s + 1]] for s in order.tolist()]
-    windows, window_end, steps = _windows(result, rank, set_of, end, offsets)
+    step = [view.step.at(i) for i in range(view.n)]
+    windows, window_end, steps, floors, floor_of = _windows(result, rank, set_of, end, offsets, arrival, step)
     if not windows:
         return None
-    step = [view.step.at(i) for i in range(view.n)]
-    return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end, steps)
+    return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end,
+                  steps, floors, floor_of)
 
 
 def _first_window_us(result: Any, offsets: dict[int, float]) -> float | None:
@@ -150,15 +153,20 @@ def anchor_times(rows: np.ndarray, set_of: np.ndarray, end: np.ndarray,
     return found, times - end[found]
 
 
-def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float]):
-    """Each rank's step windows anchored as its arrivals are, and the measured step times."""
+def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float],
+             arrival: np.ndarray, row_step: list[Any]):
+    """Each rank's step windows anchored as its arrivals are, the measured step times, and the
+    compute floors (``_floors``)."""
     origin = int(result.job.get("time_origin_ns") or 0)
     windows: dict[int, list[tuple[Any, int, float]]] = {}
     window_end: dict[int, tuple[int, float]] = {}
     steps: dict[Any, dict[int, float]] = {}
+    floors: list[tuple[int, Any, float]] = []
+    floor_of = np.full(len(rank), -1, dtype=np.int64)
+    by_rank = _rows_by_rank(rank)
     for analysis in result.ranks:
         entries = sorted((e for e in analysis.steps if e.get("window_ns")), key=lambda e: e["window_ns"][0])
-        rows = np.flatnonzero(rank == analysis.rank)
+        rows = by_rank.get(analysis.rank, np.zeros(0, dtype=np.int64))
         if not entries:
             continue
         shift = offsets.get(analysis.rank, 0.0)
@@ -170,7 +178,36 @@ def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray,
         window_end[analysis.rank] = (int(found[-1]), float(off[-1]))
         for e in entries:
             steps.setdefault(e["step"], {})[analysis.rank] = float(e["step_time_us"])
-    return windows, window_end, steps
+        _floors(analysis, entries, rows, arrival, row_step, (origin, shift), floors, floor_of)
+    return windows, window_end, steps, floors, floor_of
+
+
+def _rows_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, rank[by_rank][1:] != rank[by_rank][:-1], True])
+    return {int(rank[by_rank[lo]]): by_rank[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
+def _floors(analysis: Any, entries: list[dict[str, Any]], rows: np.ndarray, arrival: np.ndarray, row_step: list[Any],
+            clock: tuple[int, float], floors: list[tuple[int, Any, float]], floor_of: np.ndarray) -> None:
+    """The compute floor of each step: the last collective a rank launches after its backward
+    ends (the last bucket) cannot start before it, however early the collectives before it end.
+    Its time after the window start = the backward's end − the window start − the waiting
+    exposed in between (what the compute itself waited for): the compute stream's own pace,
+    which a rank whose collectives queued behind a late peer's shows nowhere else."""
+    origin, shift = clock
+    for e in entries:
+        backward = (e.get("phase_windows") or {}).get("backward") or {}
+        if backward.get("end_ns") is None:
+            continue
+        start_ns, end_ns = e["window_ns"][0], backward["end_ns"]
+        flat = analysis.exposed_intervals.get(str(e["step"])) or []
+        waited = sum(max(0, min(b, end_ns) - max(a, start_ns)) for a, b in zip(flat[::2], flat[1::2])) / 1000.0
+        after = (end_ns - origin) / 1000.0 - shift
+        mine = [row for row in rows.tolist() if row_step[row] == e["step"] and arrival[row] >= after]
+        if mine:  # the step's last collective: the one the backward's end makes ready
+            floor_of[max(mine, key=lambda row: arrival[row])] = len(floors)
+            floors.append((analysis.rank, e["step"], (end_ns - start_ns) / 1000.0 - waited))
 
 
 @dataclass(frozen=True)
@@ -179,24 +216,31 @@ class Replayed:
     steps: dict[Any, dict[int, float]]  # {step: {rank: step time µs}}
 
 
-def replay(chains: Chains, cut: np.ndarray | None = None,
-           window_cut: dict[tuple[int, Any], float] | None = None) -> Replayed:
-    """The job replayed with ``cut`` (per row, µs taken out of its offset: its own work before
-    it arrives) and ``window_cut`` ({(rank, step): µs taken out of the offset of that window's
-    start}). No cut: the measured job."""
-    offset = chains.offset if cut is None else chains.offset - cut
+def replay(chains: Chains, fix: "Fix | None" = None) -> Replayed:
+    """The job replayed with ``fix`` (its cuts: µs out of rows' offsets, window starts' and
+    compute floors'); none: the measured job. A row arrives at its anchor's replayed end + its
+    offset, and never before its compute floor (the window start's replayed time + the floor)."""
+    cut = np.zeros(len(chains.offset)) if fix is None else fix.cut
+    window_cut = {} if fix is None else fix.window_cut
+    floor_cut = {} if fix is None else fix.floor_cut
+    offset = chains.offset - cut
     end = chains.end.copy()
-    arrival = np.empty(len(offset))
-    anchor, transfer = chains.anchor, chains.transfer
+    anchor, transfer, floor_of = chains.anchor, chains.transfer, chains.floor_of
+    starts = {(r, step): (a, o) for r, windows in chains.windows.items() for step, a, o in windows}
+    floor_at = [(starts[(r, step)], own - window_cut.get((r, step), 0.0) - floor_cut.get((r, step), 0.0))
+                for r, step, own in chains.floors]
     for s, rows in zip(chains.order.tolist(), chains.members):
         latest = -np.inf
         for row in rows.tolist():
             a = anchor[row]
             t = offset[row] if a < 0 else end[a] + offset[row]
-            arrival[row] = t
+            f = floor_of[row]
+            if f >= 0:
+                (wa, wo), own = floor_at[f]
+                t = max(t, (wo if wa < 0 else end[wa] + wo) + own)
             latest = t if t > latest else latest
         end[s] = latest + transfer[s]
-    return Replayed(end, _step_times(chains, end, window_cut or {}))
+    return Replayed(end, _step_times(chains, end, window_cut))
 
 
 def _step_times(chains: Chains, end: np.ndarray, window_cut: dict[tuple[int, Any], float]) -> dict[Any, dict[int, float]]:
@@ -230,16 +274,21 @@ class Fix:
 
     cut: np.ndarray
     window_cut: dict[tuple[int, Any], float]
+    floor_cut: dict[tuple[int, Any], float]
 
     def __add__(self, other: "Fix") -> "Fix":
-        cuts = dict(self.window_cut)
-        for key, us in other.window_cut.items():
-            cuts[key] = cuts.get(key, 0.0) + us
-        return Fix(self.cut + other.cut, cuts)
+        return Fix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut))
+
+
+def _added(a: dict[Any, float], b: dict[Any, float]) -> dict[Any, float]:
+    out = dict(a)
+    for key, us in b.items():
+        out[key] = out.get(key, 0.0) + us
+    return out
 
 
 def no_fix(chains: Chains) -> Fix:
-    return Fix(np.zeros(len(chains.rank)), {})
+    return Fix(np.zeros(len(chains.rank)), {}, {})
 
 
 def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
@@ -250,7 +299,8 @@ def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
     them most (a host stall is one stretch of idle), or, ``spread`` (slower kernels: every
     stretch of its work is longer), out of each in turn from the largest. A window start in a
     cut offset moves by as much of the cut as its own offset exceeds the other ranks' (the extra
-    time lay before the step's first kernel)."""
+    time lay before the step's first kernel); its compute floor (``_floors``) shrinks by as much
+    of the step's budget as it exceeds the other ranks'."""
     excess = chains.gap_excess() if excess is None else excess
     cut = np.zeros(len(chains.rank))
     window_cut: dict[tuple[int, Any], float] = {}
@@ -269,7 +319,18 @@ def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
                 ahead = window_excess(chains, rank, step)
                 if ahead > 0.0:
                     window_cut[(rank, step)] = window_cut.get((rank, step), 0.0) + min(take, ahead)
-    return Fix(cut, window_cut)
+    floor_cut = {(rank, step): min(us, ahead) for step, us in budget.items()
+                 if (ahead := floor_excess(chains, rank, step)) > 0.0 and us > 0.0}
+    return Fix(cut, window_cut, floor_cut)
+
+
+def floor_excess(chains: Chains, rank: int, step: Any) -> float:
+    """How much longer the rank's compute floor of ``step`` is than the median other rank's: the
+    part of its own extra time that lies in its compute before the step's last buckets."""
+    own = {r: o for r, n, o in chains.floors if n == step}
+    if rank not in own or len(own) < 2:
+        return 0.0
+    return own[rank] - float(np.median([o for r, o in own.items() if r != rank]))
 
 
 def window_excess(chains: Chains, rank: int, step: Any) -> float:
@@ -282,4 +343,58 @@ def window_excess(chains: Chains, rank: int, step: Any) -> float:
 
 
 def replay_fix(chains: Chains, fix: Fix) -> Replayed:
-    return replay(chains, fix.cut, fix.window_cut)
+    return replay(chains, fix)
+
+
+@dataclass(frozen=True)
+class Counterfactuals:
+    """What fixing each candidate is worth (µs of the step: ``saving``): alone, in the greedy
+    order (each one's saving once those before it are fixed) and all of the named ones at once."""
+
+    order: list[int]  # the named ones, greedy order
+    alone: dict[int, float]  # every candidate
+    in_order: dict[int, float]  # the named ones
+    together: float  # the named ones fixed at once
+    recoverable: float  # every candidate fixed at once
+    beyond: dict[int, float]  # each candidate not named: its saving once the named ones are fixed
+
+
+def greedy(chains: Chains, fixes: dict[Any, Fix], steps: list[Any], share: float,
+           floor_share: float = 0.0) -> Counterfactuals:
+    """Fix the candidate whose fix saves most, replay, pick the next, until the named ones save
+    ``share`` of what fixing every candidate saves. When no one fix adds anything (equal ranks
+    hiding each other: fixing either alone saves nothing), the next named is the one whose fix
+    the rest of them can least do without. A candidate that would add no more than
+    ``floor_share`` of that saving is not named. At most two replays per candidate per round."""
+    base = replay(chains)
+    worth = lambda chosen: saving(base, replay_fix(chains, _sum(chains, [fixes[k] for k in chosen])), steps)  # noqa: E731
+    alone = {k: worth([k]) for k in fixes}
+    recoverable = worth(list(fixes))
+    floor = floor_share * recoverable
+    order: list[Any] = []
+    in_order: dict[Any, float] = {}
+    together = 0.0
+    while len(order) < len(fixes) and together < share * recoverable:
+        rest = [k for k in fixes if k not in order]
+        gains = {k: (alone[k] if not order else worth(order + [k])) - together for k in rest}
+        best = min(gains, key=lambda k: (-gains[k], k))
+        if gains[best] <= floor and len(rest) > 1:  # hidden by one another: who is needed most
+            everyone = worth(order + rest)
+            needed = {k: everyone - worth(order + [j for j in rest if j != k]) for k in rest}
+            best = min(needed, key=lambda k: (-needed[k], k))
+            if needed[best] <= floor:
+                break
+        elif gains[best] <= floor:
+            break
+        order.append(best)
+        in_order[best] = worth(order) - together
+        together += in_order[best]
+    beyond = {k: worth(order + [k]) - together for k in fixes if k not in order}
+    return Counterfactuals(order, alone, in_order, together, recoverable, beyond)
+
+
+def _sum(chains: Chains, fixes: list[Fix]) -> Fix:
+    out = no_fix(chains)
+    for fix in fixes:
+        out = out + fix
+    return out
