@@ -127,17 +127,16 @@ class StragglerRank(Rule):
             "persistent" if count >= t["consistency"] * len(steady) else "rotating"
         late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] for r in late}
         causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
-        counter = _counterfactuals(ctx.result, every, steady, caused, lateness, t, step_us)
+        counter, counter_causes = _counterfactuals(ctx.result, every, steady, caused, lateness, t, step_us)
         if counter is not None and counter.order:
             late = counter.order
             late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] or steady for r in late}
             causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
         worst = late[0]
         lead = causes[worst]
-        gain = counter.together if counter is not None and counter.order else None
-        recovers = _recovers(waited, wait_us if gain is None else gain, lead["cause"], typical)
-        if gain is None:
-            gain = sum(recovers.values())
+        replayed = counter.together if counter is not None and counter.order else None
+        recovers = _recovers(waited, wait_us if replayed is None else replayed, lead["cause"], typical)
+        gain = sum(recovers.values())  # what the typical step's leaves hold of it
         skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
         if counter is not None:  # entry skew: its lateness costs nothing even with the named ranks fixed
             floor = t["member_share"] * counter.recoverable
@@ -153,7 +152,7 @@ class StragglerRank(Rule):
                    f"the other ranks wait {fmt_us(wait_us)} for {'them' if many else 'it'} ({where}, median rank "
                    f"not late: {100 * wait_us / step_us:.1f}% of the {fmt_us(step_us)} typical step)"
                    f"{_held_text(wait_us, gain, recovers) if counter is None else ''}; cause: {lead['cause']} — "
-                   f"{lead['text']}.{_counter_text(counter, step_us)}{_skew_text(skewed)}")
+                   f"{lead['text']}.{_counter_text(counter, step_us, gain)}{_skew_text(skewed)}")
         model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
                  "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
                  "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
@@ -178,10 +177,12 @@ class StragglerRank(Rule):
             "wait_source": job.get("wait_source"),
         }
         if counter is not None and counter.order:
-            evidence["per_rank"] = _per_rank(counter, causes, step_us)
+            evidence["per_rank"] = _per_rank(counter, counter_causes, step_us)
             evidence["recoverable_by_replay_us"] = round(counter.recoverable, 1)
             evidence["next_after_named"] = {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}
-            evidence["prediction"] = predicted(step_us, counter.together, REPLAY_MODEL, {
+            if gain < counter.together - 0.05:  # e.g. a late entry: its delay lies before the step window
+                evidence["replay_gain_beyond_leaves_us"] = round(counter.together - gain, 1)
+            evidence["prediction"] = predicted(step_us, gain, REPLAY_MODEL, {
                 "fixed": {str(r): causes[r]["cause"] for r in late}, "steps_replayed": steady})
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
@@ -433,25 +434,27 @@ REPLAY_MODEL = ("replay of the measured job (docs/models.md §9): each named ran
 MAX_CANDIDATES = 8
 
 
-def _counterfactuals(result, every, steady, caused, lateness, t, step_us) -> rp.Counterfactuals | None:
-    """The greedy counterfactual over the candidate ranks (None: the job cannot be replayed)."""
+def _counterfactuals(result, every, steady, caused, lateness, t,
+                     step_us) -> tuple[rp.Counterfactuals | None, dict[int, str]]:
+    """The greedy counterfactual over the candidate ranks (None: the job cannot be replayed),
+    and each candidate's cause."""
     chains = rp.chains(result)
     if chains is None:
-        return None
+        return None, {}
     waiting = [r for r in sorted(caused, key=lambda r: (-caused[r], r)) if caused[r] > 0.0][:MAX_CANDIDATES]
     entering = _entry_skew(every, steady, waiting, caused, sum(caused.values()) or 1.0, t["wait_fraction"] * step_us, 1.0)
     candidates = waiting + sorted(entering, key=lambda r: (-entering[r], r))[:MAX_CANDIDATES]
     excess = chains.gap_excess()
-    fixes = {}
+    fixes, causes = {}, {}
     for rank in candidates:
         steps = [n for n in steady if _caused_in_step(every[n]).get(rank, 0.0) > 0.0] or steady
-        cause = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
-        fix = _rank_fix(chains, every, rank, cause, excess)
+        causes[rank] = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
+        fix = _rank_fix(chains, every, rank, causes[rank], excess)
         if fix is not None:
             fixes[rank] = fix
     if not fixes:
-        return None
-    return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"])
+        return None, causes
+    return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
 
 
 def _rank_fix(chains, every, rank: int, cause: str, excess) -> rp.Fix | None:
@@ -469,14 +472,20 @@ def _rank_fix(chains, every, rank: int, cause: str, excess) -> rp.Fix | None:
     return rp.rank_fix(chains, rank, budget, False, excess)
 
 
-def _per_rank(counter: rp.Counterfactuals, causes: dict[int, dict[str, Any]], step_us: float) -> list[dict[str, Any]]:
-    return [{"rank": r, "cause": causes[r]["cause"], "gain_alone_us": round(counter.alone[r], 1),
+def _per_rank(counter: rp.Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
+    """The named ranks in the greedy order, then every other rank weighed (``named`` false: its
+    fix alone, and ``gain_in_order_us`` what it would add after the named ones)."""
+    rest = sorted((r for r in counter.alone if r not in counter.in_order), key=lambda r: (-counter.alone[r], r))
+    return [{"rank": r, "cause": causes[r], "named": r in counter.in_order,
+             "gain_alone_us": round(counter.alone[r], 1),
              "predicted_step_alone_us": round(step_us - counter.alone[r], 1),
-             "gain_in_order_us": round(counter.in_order[r], 1)} for r in counter.order]
+             "gain_in_order_us": round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1)}
+            for r in counter.order + rest]
 
 
-def _counter_text(counter: rp.Counterfactuals | None, step_us: float) -> str:
-    """What fixing each named rank alone saves, which rank hides which, and what the set saves."""
+def _counter_text(counter: rp.Counterfactuals | None, step_us: float, gain: float) -> str:
+    """What fixing each named rank alone saves, which rank hides which, and what the set saves
+    (``gain``: the finding's, the replay's saving as far as the typical step's leaves hold it)."""
     if counter is None or not counter.order:
         return ""
     order = counter.order
@@ -492,7 +501,7 @@ def _counter_text(counter: rp.Counterfactuals | None, step_us: float) -> str:
         parts.append(text)
     if len(order) > 1:
         parts.append(f"fixing {'both' if len(order) == 2 else f'all {len(order)}'} saves "
-                     f"{fmt_us(counter.together)} ({fmt_us(step_us - counter.together)} a step)")
+                     f"{fmt_us(gain)} ({fmt_us(step_us - gain)} a step)")
     floor = 0.1 * counter.together
     nxt = sorted((r for r, us in counter.beyond.items() if us > floor), key=lambda r: (-counter.beyond[r], r))
     if nxt:

@@ -110,8 +110,9 @@ class JobSpec:
     host_stall_us: float = 0.0
     host_stall_kind: str = "input"  # input | sync
     host_stall_rotate: bool = False
-    # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
-    # every-th recorded step (from the first), on top of the above
+    # more data-loader stalls, each (rank, µs, every) or (rank, µs, every, first): that rank's
+    # host stalls that long in every every-th recorded step from the first-th (0: the first
+    # recorded step), on top of the above
     host_stalls: tuple = ()
     # how each batch reaches the GPU: "pinned" (a pinned-memory copy on the compute stream at the
     # step's start), "pageable_prefetch" (a prefetching thread copies the next step's batch,
@@ -168,8 +169,8 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
-        _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
-               "host_stalls: (rank in range, µs, every >= 1)")
+        _check(all(len(s) in (3, 4) and 0 <= int(s[0]) < self.world_size and int(s[2]) >= 1 for s in self.host_stalls),
+               "host_stalls: (rank in range, µs, every >= 1[, first])")
         _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
         _check(self.input_copy in ("pinned", "pageable_prefetch", "pinned_prefetch"),
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
@@ -183,8 +184,8 @@ class JobSpec:
         if self.host_stall_rotate and ranks:
             ranks = [ranks[step_index % len(ranks)]]
         stalls = [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
-        for rank, us, every in self.host_stalls:
-            if step_index % int(every) == 0:
+        for rank, us, every, *first in self.host_stalls:
+            if step_index % int(every) == (int(first[0]) if first else 0) % int(every):
                 stalls[int(rank)] += float(us)
         return stalls
 
