@@ -42,6 +42,13 @@ class StragglerRank(Rule):
         late rank in at least ``consistency`` of the steps, else ``rotating``; with one steady
         step it is ``one step`` (which of the two cannot be told). It needs every rank's trace
         (with a subset, the last rank given may not be the last member).
+        Who is named, and what fixing each is worth, comes from the replay of the measured job
+        (docs/models.md §9): the ranks causing waiting and the ranks entering late are each
+        fixed on the replay (their extra idle or compute taken out of their chain) and named
+        greedily, the fix that saves most first, until the named ones save ``wait_share`` of
+        what fixing all of them saves; a rank another one hides (it sets the pace once that one
+        is on time) is named with it. Entry skew is only a rank whose fix saves nothing with
+        the named ones fixed.
 
     Why it matters:
         Synchronous data parallelism runs at the pace of its slowest rank. Every other GPU waits
@@ -57,6 +64,10 @@ class StragglerRank(Rule):
         dependency), ``compute`` (its kernels take longer), ``entry-skew`` (it starts the step
         later than the others although its own step is normal: ranks enter the step out of
         step, as at a first all-to-all), ``network`` (its transfer is slower), ``unknown``.
+        ``late_ranks`` in the greedy order; ``per_rank``: each rank weighed (``named``), its
+        cause, what fixing it alone saves (``gain_alone_us``) and predicts
+        (``predicted_step_alone_us``), what it adds in the greedy order (``gain_in_order_us``);
+        the prediction: every named rank fixed, replayed.
 
     Fix:
         Follows the cause: the host's data loader or device sync, the dependency the launched
@@ -64,7 +75,7 @@ class StragglerRank(Rule):
         work before the step), the rank's links.
 
     References:
-        docs/models.md §2 (collectives end together; transfer time vs wait);
+        docs/models.md §2 (collectives end together; transfer time vs wait), §9 (the replay);
         NVIDIA nccl-tests doc/PERFORMANCE.md; Li et al., VLDB 2020.
     """
 
@@ -86,7 +97,7 @@ class StragglerRank(Rule):
                                     "own breakdown must reach to name the cause", 0.0, 1.0),
     }
     recovers = ("exposed_wait_us",)
-    references = ("docs/models.md §2", "NVIDIA nccl-tests doc/PERFORMANCE.md",
+    references = ("docs/models.md §2", "docs/models.md §9", "NVIDIA nccl-tests doc/PERFORMANCE.md",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
     def check(self, ctx):
