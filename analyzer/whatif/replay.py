@@ -27,7 +27,9 @@ re-simulated job gives when such a rank would have been next.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,7 @@ from analyzer.job import crossrank
 from analyzer.job.columns import CollectiveColumns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Chains:
     """The measured job as chains (µs, corrected clocks). Rows are the collective rows' indices."""
 
@@ -57,20 +59,42 @@ class Chains:
     floors: list[tuple[int, Any, float]]  # (rank, step, its compute's own time after the window start)
     floor_of: np.ndarray  # per row: the floor it cannot arrive before (-1: none)
 
+    @cached_property
+    def plain(self) -> tuple[list[int], list[int], list[float]]:
+        """(anchor, floor_of, transfer) as lists, for the replay's loop."""
+        return self.anchor.tolist(), self.floor_of.tolist(), self.transfer.tolist()
+
+    @cached_property
+    def plain_members(self) -> list[tuple[int, list[int]]]:
+        """(set, its rows) in the replay's order, as lists."""
+        return [(s, rows.tolist()) for s, rows in zip(self.order.tolist(), self.members)]
+
     def gap_excess(self) -> np.ndarray:
         """Per row: its offset minus the median offset of the other members of its set (how much
         more own work this rank did before it arrived than the others); 0 for a set of one or
-        a row not anchored."""
+        a row not anchored. The sets of one size at once, as the rows of one array."""
         out = np.zeros(len(self.rank))
-        for rows in self.members:
-            if len(rows) < 2:
-                continue
-            anchored = rows[self.anchor[rows] >= 0]
-            for row in anchored.tolist():
-                others = anchored[anchored != row]
-                if len(others):
-                    out[row] = self.offset[row] - float(np.median(self.offset[others]))
+        sizes = np.array([len(rows) for rows in self.members])
+        for size in np.unique(sizes[sizes > 1]).tolist():
+            rows = np.stack([self.members[k] for k in np.flatnonzero(sizes == size).tolist()])
+            values = self.offset[rows]
+            out[rows] = values - _others_median(values)
+        out[self.anchor < 0] = 0.0
         return out
+
+
+def _others_median(values: np.ndarray) -> np.ndarray:
+    """For each element of each row, the median of the row's other elements."""
+    m = values.shape[1]
+    order = np.argsort(values, axis=1, kind="stable")
+    ranked = np.take_along_axis(values, order, axis=1)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(m)[None, :].repeat(len(values), axis=0), axis=1)
+
+    def other(j: int) -> np.ndarray:  # the j-th smallest of the others: skip the element itself
+        return np.where(position > j, ranked[:, [j]], ranked[:, [min(j + 1, m - 1)]])
+    k = (m - 1) // 2
+    return other(k) if (m - 1) % 2 else (other(k - 1) + other(k)) / 2
 
 
 def chains(result: Any) -> Chains | None:
@@ -223,23 +247,26 @@ def replay(chains: Chains, fix: "Fix | None" = None) -> Replayed:
     cut = np.zeros(len(chains.offset)) if fix is None else fix.cut
     window_cut = {} if fix is None else fix.window_cut
     floor_cut = {} if fix is None else fix.floor_cut
-    offset = chains.offset - cut
-    end = chains.end.copy()
-    anchor, transfer, floor_of = chains.anchor, chains.transfer, chains.floor_of
+    # Python lists, not numpy scalars: the loop is the replay's whole cost (one pass over the rows)
+    offset = (chains.offset - cut).tolist()
+    end = chains.end.tolist()
+    anchor, floor_of, transfer = chains.plain
     starts = {(r, step): (a, o) for r, windows in chains.windows.items() for step, a, o in windows}
     floor_at = [(starts[(r, step)], own - window_cut.get((r, step), 0.0) - floor_cut.get((r, step), 0.0))
                 for r, step, own in chains.floors]
-    for s, rows in zip(chains.order.tolist(), chains.members):
-        latest = -np.inf
-        for row in rows.tolist():
+    for s, rows in chains.plain_members:
+        latest = -math.inf
+        for row in rows:
             a = anchor[row]
             t = offset[row] if a < 0 else end[a] + offset[row]
             f = floor_of[row]
             if f >= 0:
                 (wa, wo), own = floor_at[f]
-                t = max(t, (wo if wa < 0 else end[wa] + wo) + own)
+                floor = (wo if wa < 0 else end[wa] + wo) + own
+                t = floor if floor > t else t
             latest = t if t > latest else latest
         end[s] = latest + transfer[s]
+    end = np.asarray(end)
     return Replayed(end, _step_times(chains, end, window_cut))
 
 
