@@ -152,6 +152,12 @@ def _masked() -> list[Fix]:
         out.append(Fix("straggler-rank", "ddp_rotating_stall", {"host_stalls": _ROTATING[:k] + _ROTATING[k + 1:]},
                        predicted_key=f"alone:{stall[0]}", spec=rotating,
                        label=f"ranks 1, 4, 6 stall 25 ms in steps 1-3 of 4 (8 GPUs): rank {stall[0]} alone"))
+    # a slow link (rank 6's ring at 90 GB/s) beside a slow GPU: fixing the GPU alone leaves the
+    # slow transfers where they are (the replay keeps each collective's measured transfer)
+    linked = replace(dp8, name="u15", seed=115, gpus_per_node=4, nics_per_node=4, straggler_rank=3,
+                     straggler_slowdown=1.3, slow_link_rank=6, slow_link_gbps=90.0)
+    out.append(Fix("straggler-rank", "ddp_straggler", {"straggler_slowdown": 1.0}, predicted_key="alone:3", spec=linked,
+                   label="rank 3 computes 1.3x slower, rank 6's link at 90 GB/s (2x4 GPUs): rank 3 alone"))
     out.append(Fix("straggler-rank", "ddp_rotating_stall", {"host_stalls": ()}, spec=rotating,
                    label="ranks 1, 4, 6 stall 25 ms in steps 1-3 of 4 (8 GPUs): all three"))
     return out

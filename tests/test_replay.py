@@ -83,3 +83,19 @@ def test_two_slow_hosts_each_alone_and_together_match_the_resimulation(tmp_path)
     for fix, fixed in cases:
         predicted = step - saving(base, replay_fix(c, fix), steady)
         assert abs(predicted - _truth(fixed)) <= 0.05 * _truth(fixed), (predicted, _truth(fixed))
+
+
+def test_equal_stalls_hide_each_other_and_are_named_together(tmp_path):
+    """Ranks 2 and 5 stall 25 ms each every step: fixing either alone saves (next to) nothing,
+    so no single fix leads the greedy; the rule names both, and both fixed is what the generator
+    re-simulates without the stalls."""
+    spec = replace(GPT_1_5B, name="equal", seed=41, n_layers=2, steps=5, world_size=8,
+                   host_stalls=((2, 25000.0, 1), (5, 25000.0, 1)))
+    result = _diagnose_unseen(spec, tmp_path)
+    finding = next(f for f in result.findings if f["rule"] == "straggler-rank")
+    e = finding["evidence"]
+    assert sorted(e["late_ranks"]) == [2, 5]
+    alone = {p["rank"]: p["gain_alone_us"] for p in e["per_rank"] if p["named"]}
+    assert max(alone.values()) < 0.2 * e["prediction"]["gain_us"]
+    truth = _truth(replace(spec, host_stalls=()))
+    assert abs(e["prediction"]["predicted_step_time_us"] - truth) <= 0.1 * truth

@@ -11,6 +11,8 @@ _reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotation
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +175,7 @@ class Program:
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
-        transfer_us = ring_time_us(kind, size, n, group.link) * contention
+        transfer_us = ring_time_us(kind, size, n, self._link(group)) * contention
         c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
         call = CollectiveCall(kind, coll_name, dtype, in_n, out_n, size, role, int(round(transfer_us * 1e3)),
                               ready=ready, labels=self.labels[role], tag=tag)
@@ -185,6 +187,15 @@ class Program:
                 kernel = eng.collective(nccl_kernel_name(kind, dtype), stream, call, thread)
         eng.annotate_gpu(annotation, ann.ext, [kernel])
         return kernel
+
+    def _link(self, group: Any) -> Any:
+        """The group's link, at the slow link's pace when the group's ring runs through it (all
+        the groups of one role share one call: the slow rank's group sets it, as in one
+        data-parallel group)."""
+        spec = self.spec
+        if spec.slow_link_rank is None or spec.slow_link_gbps <= 0.0:
+            return group.link
+        return replace(group.link, beta_gbps=min(group.link.beta_gbps, spec.slow_link_gbps))
 
     def local_params(self) -> float:
         raise NotImplementedError

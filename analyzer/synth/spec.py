@@ -103,6 +103,10 @@ class JobSpec:
     # imbalance, host and noise
     straggler_rank: int | None = None
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    # a slow link: this rank's link runs at slow_link_gbps (one-way), and every ring through it
+    # (each collective of a group holding it) runs at that pace (0: no slow link)
+    slow_link_rank: int | None = None
+    slow_link_gbps: float = 0.0
     # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
     # step, in turn) in the data loader ("input") or in Python right after a blocking device
     # sync in mid-step ("sync": loss.item() after forward, then host work before backward)
@@ -169,6 +173,7 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
+        _check(self.slow_link_rank is None or 0 <= self.slow_link_rank < self.world_size, "slow_link_rank out of range")
         _check(all(len(s) in (3, 4) and 0 <= int(s[0]) < self.world_size and int(s[2]) >= 1 for s in self.host_stalls),
                "host_stalls: (rank in range, µs, every >= 1[, first])")
         _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
@@ -226,7 +231,7 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
+_LATER_KNOBS = {"slow_link_rank": None, "slow_link_gbps": 0.0, "tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
