@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -15,6 +14,8 @@ from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
 from analyzer.whatif import replay as rp
+from analyzer.whatif.replay import (caused_in_step as _caused_in_step, excess_over_others as _excess,
+                                    recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
 from analyzer.whatif.prediction import predicted
 
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX
@@ -146,6 +147,8 @@ class StragglerRank(Rule):
         worst = late[0]
         lead = causes[worst]
         replayed = counter.together if counter is not None and counter.order else None
+        if replayed is not None:  # the waiting for the ranks named now, as ``fix_ranks_doc`` counts it
+            waited = waited_for_ranks(every, steady, on, late)
         recovers = _recovers(waited, wait_us if replayed is None else replayed, lead["cause"], typical)
         gain = sum(recovers.values())  # what the typical step's leaves hold of it
         skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
@@ -193,23 +196,15 @@ class StragglerRank(Rule):
             evidence["next_after_named"] = {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}
             if gain < counter.together - 0.05:  # e.g. a late entry: its delay lies before the step window
                 evidence["replay_gain_beyond_leaves_us"] = round(counter.together - gain, 1)
+            # `tracecliff whatif --fix-ranks` replays the same fixes: it gives this figure where the
+            # typical step's leaves hold all of the replay's saving (else the evidence says how much more)
             evidence["prediction"] = predicted(step_us, gain, REPLAY_MODEL, {
-                "fixed": {str(r): causes[r]["cause"] for r in late}, "steps_replayed": steady})
+                "fixed": {str(r): counter_causes[r] for r in late}, "steps_replayed": steady},
+                whatif=_fix_command(late) if "replay_gain_beyond_leaves_us" not in evidence else None)
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
                             fix_text=_fix(ctx, worst, lead), fix_snippet=_snippet(ctx, worst, lead))]
-
-
-def _caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
-    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
-    out: dict[int, float] = {}
-    for tb in rows.values():
-        for peer, us in (tb.get("wait_by_peer") or {}).items():
-            if peer.isdigit():
-                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
-    return out
 
 
 def _mean_over_steps(by_step: dict[Any, dict[int, float]], steps: list[Any]) -> dict[int, float]:
@@ -259,27 +254,6 @@ def _skew_text(skewed: dict[int, float]) -> str:
             "costs the others: entry skew, not a straggler.")
 
 
-# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
-_OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
-             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
-
-
-def _recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
-    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
-    typical step's leaves, which are means over the ranks: the waiting for the late ranks
-    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
-    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
-    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
-    lies before its step window) and is not a gain."""
-    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
-    wait = min(wait_us, waited, room("exposed_wait_us"))
-    rest = _OWN_LEAF.get(cause, "exposed_wait_us")
-    if rest == "exposed_wait_us":
-        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
-    own = min(wait_us - wait, room(rest))
-    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
-
-
 def _held_text(wait_us: float, gain: float, recovers: dict[str, float]) -> str:
     """Says how much of the others' wait the typical step's leaves hold, when not all of it."""
     if gain >= wait_us - 0.05:
@@ -312,35 +286,11 @@ def _lateness(result: Any) -> dict[Any, dict[int, float]]:
     return out
 
 
-def _steps_by_number(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
-    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)}}."""
-    out: dict[Any, dict[int, dict[str, Any]]] = {}
-    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
-    origin = result.job.get("time_origin_ns") or 0
-    for rank in result.ranks:
-        for entry in rank.steps:
-            tb = entry.get("time_breakdown")
-            if not tb or "wait_by_peer" not in tb:
-                continue
-            entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
-            out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
-                                                            "entry_us": entry_us,
-                                                            "compute_us": entry.get("compute_us", 0.0)}
-    return out
-
-
 def _wait_for(rows: dict[int, dict[str, Any]], late: set[int]) -> float:
     """Exposed wait for the late ranks on the median rank that is not late (every rank when all
     were late): what the step would lose less if they arrived on time."""
     waiting = [tb for r, tb in rows.items() if r not in late] or list(rows.values())
     return median(sum(tb["wait_by_peer"].get(str(r), 0.0) for r in late) for tb in waiting) or 0.0
-
-
-def _excess(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
-    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
-    if not rows or rank not in rows:
-        return 0.0
-    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
 
 
 def _host_excess(rows: dict[int, dict[str, Any]] | None, rank: int, key: str = "idle_by_host") -> dict[str, float]:
@@ -460,7 +410,7 @@ def _counterfactuals(result, every, steady, caused, lateness, t,
     for rank in candidates:
         steps = [n for n in steady if _caused_in_step(every[n]).get(rank, 0.0) > 0.0] or steady
         causes[rank] = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
-        fix = _rank_fix(chains, every, rank, causes[rank], excess)
+        fix = rp.cause_fix(chains, every, rank, causes[rank], excess)
         if fix is not None:
             fixes[rank] = fix
     if not fixes:
@@ -468,30 +418,21 @@ def _counterfactuals(result, every, steady, caused, lateness, t,
     return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
 
 
-def _rank_fix(chains, every, rank: int, cause: str, excess) -> rp.Fix | None:
-    """The cuts that fix the rank's cause: its extra compute spread over its work, else (a host
-    stall, a queue, a late entry) its extra idle or entry in one stretch; None for a slow link
-    (its transfer is the set's, not a stretch of its own work)."""
-    if cause == "network":
-        return None
-    steps = sorted((n for n in every if isinstance(n, int)))
-    if cause == "compute":
-        budget = {n: max(0.0, _excess(every[n], rank, "compute_us")) for n in steps}
-        return rp.rank_fix(chains, rank, budget, True, excess)
-    budget = {n: max(0.0, _excess(every[n], rank, "idle_us"), _excess(every.get(n - 1), rank, "idle_us"),
-                     _excess(every[n], rank, "entry_us")) for n in steps}
-    return rp.rank_fix(chains, rank, budget, False, excess)
-
-
 def _per_rank(counter: rp.Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
     """The named ranks in the greedy order, then every other rank weighed (``named`` false: its
-    fix alone, and ``gain_in_order_us`` what it would add after the named ones)."""
+    fix alone, and ``gain_in_order_us`` what it would add after the named ones): the replay's
+    savings (mean over the steady steps), as ``tracecliff whatif --fix-ranks R`` gives them."""
     rest = sorted((r for r in counter.alone if r not in counter.in_order), key=lambda r: (-counter.alone[r], r))
     return [{"rank": r, "cause": causes[r], "named": r in counter.in_order,
              "gain_alone_us": round(counter.alone[r], 1),
              "predicted_step_alone_us": round(step_us - counter.alone[r], 1),
-             "gain_in_order_us": round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1)}
+             "gain_in_order_us": round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1),
+             "whatif": _fix_command([r])}
             for r in counter.order + rest]
+
+
+def _fix_command(ranks: list[int]) -> str:
+    return f"tracecliff whatif TRACES --fix-ranks {','.join(map(str, sorted(ranks)))}"
 
 
 def _counter_text(counter: rp.Counterfactuals | None, step_us: float, gain: float) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 
 from analyzer.job import crossrank
 from analyzer.job.columns import CollectiveColumns
+from analyzer.job.facts import median
 
 
 @dataclass(frozen=True, eq=False)
@@ -425,3 +426,140 @@ def _sum(chains: Chains, fixes: list[Fix]) -> Fix:
     for fix in fixes:
         out = out + fix
     return out
+
+
+# ---- fixing ranks by their cause: what straggler-rank names and `tracecliff whatif --fix-ranks` replays
+
+def step_breakdowns(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
+    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)
+    and compute time}} of the steps whose waiting by peer is measured."""
+    out: dict[Any, dict[int, dict[str, Any]]] = {}
+    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
+    origin = result.job.get("time_origin_ns") or 0
+    for rank in result.ranks:
+        for entry in rank.steps:
+            tb = entry.get("time_breakdown")
+            if not tb or "wait_by_peer" not in tb:
+                continue
+            entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
+            out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
+                                                            "entry_us": entry_us,
+                                                            "compute_us": entry.get("compute_us", 0.0)}
+    return out
+
+
+def excess_over_others(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
+    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
+    if not rows or rank not in rows:
+        return 0.0
+    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
+
+
+def cause_fix(chains: Chains, every: dict[Any, dict[int, dict[str, Any]]], rank: int, cause: str,
+              excess: np.ndarray | None = None) -> Fix | None:
+    """The cuts that fix the rank's cause (``every``: ``step_breakdowns``): its extra compute
+    spread over its work, else (a host stall, a queue, a late entry) its extra idle — in its
+    window or the one before: a stall before the step's first kernel lies there — or entry in
+    one stretch; None for a slow link (its transfer is the set's, not a stretch of its work)."""
+    if cause == "network":
+        return None
+    steps = sorted(n for n in every if isinstance(n, int))
+    if cause == "compute":
+        budget = {n: max(0.0, excess_over_others(every[n], rank, "compute_us")) for n in steps}
+        return rank_fix(chains, rank, budget, True, excess)
+    budget = {n: max(0.0, excess_over_others(every[n], rank, "idle_us"),
+                     excess_over_others(every.get(n - 1), rank, "idle_us"),
+                     excess_over_others(every[n], rank, "entry_us")) for n in steps}
+    return rank_fix(chains, rank, budget, False, excess)
+
+
+def replay_steps(result: Any, every: dict[Any, Any]) -> list[Any]:
+    """The steps a fix's saving is the mean over: the steady ones whose waiting is measured."""
+    return sorted(n for n in (result.attribution or {}).get("steady_steps") or [] if n in every)
+
+
+def fixed_ranks(result: Any, causes: dict[int, str]) -> float | None:
+    """What fixing these ranks' causes at once saves per step on the replay (µs; None: the job
+    cannot be replayed or no cause of theirs can be): the figure straggler-rank prints for
+    each rank alone (``per_rank[].gain_alone_us``) and for the ranks it names."""
+    chains_ = chains(result)
+    every = step_breakdowns(result)
+    steps = replay_steps(result, every)
+    if chains_ is None or not steps:
+        return None
+    excess = chains_.gap_excess()
+    fixes = [fix for rank, cause in sorted(causes.items()) if (fix := cause_fix(chains_, every, rank, cause, excess))]
+    if not fixes:
+        return None
+    return saving(replay(chains_), replay_fix(chains_, _sum(chains_, fixes)), steps)
+
+
+STRAGGLER_RULE = "straggler-rank"
+
+
+def fix_ranks_doc(result: Any, ranks: list[int], source: str = "--fix-ranks") -> dict[str, Any]:
+    """``tracecliff whatif --fix-ranks``: the typical step with these ranks' causes fixed, on the
+    replay: each rank's cause as straggler-rank's finding names it (its ``per_rank``), the same
+    computation as the finding's figures, so one rank gives its ``predicted_step_alone_us`` and
+    the ranks it names its prediction (where the typical step's leaves hold all of the saving:
+    the finding counts no more than they do, and says how much more the replay gives)."""
+    from analyzer.base.errors import InputError
+    finding = next((f for f in result.findings or [] if f.get("rule") == STRAGGLER_RULE), None)
+    weighed = {p["rank"]: p["cause"] for p in ((finding or {}).get("evidence") or {}).get("per_rank") or []}
+    if not weighed:
+        raise InputError(source, "no straggler-rank finding weighed any rank on the replay in this run")
+    unknown = [r for r in ranks if r not in weighed]
+    if unknown:
+        raise InputError(source, f"rank(s) {', '.join(map(str, unknown))} not weighed by straggler-rank "
+                                 f"(weighed: {', '.join(map(str, sorted(weighed)))})")
+    causes = {r: weighed[r] for r in ranks}
+    replayed = fixed_ranks(result, causes)
+    step = result.model.step_time_us
+    if replayed is None or step is None:
+        raise InputError(source, "the job cannot be replayed (no matched collectives or step windows)")
+    gain = replayed
+    return {"ranks": sorted(causes), "causes": {str(r): c for r, c in sorted(causes.items())},
+            "step_time_us": round(step, 1), "gain_us": round(gain, 1), "predicted_step_time_us": round(step - gain, 1),
+            "model": "replay of the measured job (docs/models.md §9)"}
+
+
+def caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
+    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
+    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
+    out: dict[int, float] = {}
+    for tb in rows.values():
+        for peer, us in (tb.get("wait_by_peer") or {}).items():
+            if peer.isdigit():
+                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
+    return out
+
+
+# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
+OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
+             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
+
+
+def recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
+    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
+    typical step's leaves, which are means over the ranks: the waiting for the late ranks
+    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
+    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
+    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
+    lies before its step window) and is not a gain."""
+    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
+    wait = min(wait_us, waited, room("exposed_wait_us"))
+    rest = OWN_LEAF.get(cause, "exposed_wait_us")
+    if rest == "exposed_wait_us":
+        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
+    own = min(wait_us - wait, room(rest))
+    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
+
+
+
+def waited_for_ranks(every: dict[Any, Any], steady: list[Any], on: Any, ranks: list[int]) -> float:
+    """The waiting the ranks cause (mean over the ranks, as the leaf): in the typical step
+    ``on``, else (None) the mean over the steady steps."""
+    if on is not None:
+        caused = caused_in_step(every[on])
+        return sum(caused.get(r, 0.0) for r in ranks)
+    return sum(caused_in_step(every[n]).get(r, 0.0) for n in steady for r in ranks) / len(steady) if steady else 0.0
