@@ -278,6 +278,16 @@ def config_schema() -> dict[str, Any]:
     return versioned_schema(table, "config", "[tool.tracecliff] configuration")
 
 
+def replay_fix_ranks(result: Result, ranks: str) -> dict[str, Any]:
+    """``tracecliff whatif --fix-ranks 0,6``: the replay with those ranks' causes fixed
+    (analyzer.whatif.replay.fix_ranks_doc); ``ranks``: comma-separated rank numbers."""
+    from analyzer.whatif.replay import fix_ranks_doc
+    parts = [p.strip() for p in ranks.split(",")]
+    if not parts or not all(p.isdigit() and len(p) <= 7 for p in parts):
+        raise InputError("--fix-ranks", f"expected comma-separated rank numbers, got {ranks!r}")
+    return fix_ranks_doc(result, sorted({int(p) for p in parts}))
+
+
 def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,
              config: dict[str, Any] | str | Path | None = None, progress: Progress | None = None,
              **keywords: Any) -> Result:

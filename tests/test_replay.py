@@ -5,6 +5,7 @@ the job with that fix (the prediction audit, tests/prediction_audit.py, checks t
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -83,3 +84,40 @@ def test_two_slow_hosts_each_alone_and_together_match_the_resimulation(tmp_path)
     for fix, fixed in cases:
         predicted = step - saving(base, replay_fix(c, fix), steady)
         assert abs(predicted - _truth(fixed)) <= 0.05 * _truth(fixed), (predicted, _truth(fixed))
+
+
+def test_equal_stalls_hide_each_other_and_are_named_together(tmp_path):
+    """Ranks 2 and 5 stall 25 ms each every step: fixing either alone saves (next to) nothing,
+    so no single fix leads the greedy; the rule names both, and both fixed is what the generator
+    re-simulates without the stalls."""
+    spec = replace(GPT_1_5B, name="equal", seed=41, n_layers=2, steps=5, world_size=8,
+                   host_stalls=((2, 25000.0, 1), (5, 25000.0, 1)))
+    result = _diagnose_unseen(spec, tmp_path)
+    finding = next(f for f in result.findings if f["rule"] == "straggler-rank")
+    e = finding["evidence"]
+    assert sorted(e["late_ranks"]) == [2, 5]
+    alone = {p["rank"]: p["gain_alone_us"] for p in e["per_rank"] if p["named"]}
+    assert max(alone.values()) < 0.2 * e["prediction"]["gain_us"]
+    truth = _truth(replace(spec, host_stalls=()))
+    assert abs(e["prediction"]["predicted_step_time_us"] - truth) <= 0.1 * truth
+
+
+def test_whatif_fix_ranks_prints_the_findings_figures(capsys):
+    """`tracecliff whatif TRACES --fix-ranks R[,R]` replays the fixes straggler-rank weighed: one
+    rank gives its per_rank figure, the named ranks the finding's prediction; a rank it did not
+    weigh, or no rank list, is a one-line usage error (exit 2)."""
+    from hang_dumps import run
+    folder = str(sample_traces()["synthetic/ddp_two_late_ranks"][0]).rsplit("/", 1)[0]
+    finding = next(f for f in diagnosed("synthetic/ddp_two_late_ranks").findings if f["rule"] == "straggler-rank")
+    code, out, err = run(capsys, "whatif", folder, "--fix-ranks", "3", "--format", "json")
+    alone = next(p for p in finding["evidence"]["per_rank"] if p["rank"] == 3)
+    assert code in (0, None) and not err
+    doc = json.loads(out)
+    assert doc["predicted_step_time_us"] == alone["predicted_step_alone_us"] and doc["causes"] == {"3": "host"}
+    code, out, err = run(capsys, "whatif", folder, "--fix-ranks", "1,3")
+    from analyzer.base.units import fmt_us
+    assert f"-> {fmt_us(finding['evidence']['prediction']['predicted_step_time_us'])} " in out
+    assert finding["evidence"]["prediction"]["whatif"] == "tracecliff whatif TRACES --fix-ranks 1,3"
+    for bad, message in (("9", "not weighed by straggler-rank"), ("one", "comma-separated rank numbers")):
+        code, out, err = run(capsys, "whatif", folder, "--fix-ranks", bad)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -11,6 +11,8 @@ _reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotation
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -206,7 +208,7 @@ class Program:
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
-        transfer_us = ring_time_us(kind, size, n, group.link) * contention
+        transfer_us = ring_time_us(kind, size, n, self._link(group)) * contention
         c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
         impl = self.spec.tp_allreduce_impl if kind == ALLREDUCE and "tp" in tag else "nccl"
         if impl != "nccl":
@@ -233,6 +235,15 @@ class Program:
         with self.eng.op(op, thread, args=shapes):
             self.eng.depend_on(COMPUTE_STREAM, thread)
             return self.eng.collective(kernel.format(dtype=types[call.dtype], n=n), stream, call, thread)
+
+    def _link(self, group: Any) -> Any:
+        """The group's link, at the slow link's pace when the group's ring runs through it (all
+        the groups of one role share one call: the slow rank's group sets it, as in one
+        data-parallel group)."""
+        spec = self.spec
+        if spec.slow_link_rank is None or spec.slow_link_gbps <= 0.0:
+            return group.link
+        return replace(group.link, beta_gbps=min(group.link.beta_gbps, spec.slow_link_gbps))
 
     def local_params(self) -> float:
         raise NotImplementedError

@@ -103,6 +103,10 @@ class JobSpec:
     # imbalance, host and noise
     straggler_rank: int | None = None
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    # a slow link: this rank's link runs at slow_link_gbps (one-way), and every ring through it
+    # (each collective of a group holding it) runs at that pace (0: no slow link)
+    slow_link_rank: int | None = None
+    slow_link_gbps: float = 0.0
     # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
     # step, in turn) in the data loader ("input") or in Python right after a blocking device
     # sync in mid-step ("sync": loss.item() after forward, then host work before backward) or in
@@ -112,8 +116,9 @@ class JobSpec:
     host_stall_us: float = 0.0
     host_stall_kind: str = "input"  # input | sync | alloc
     host_stall_rotate: bool = False
-    # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
-    # every-th recorded step (from the first), on top of the above
+    # more data-loader stalls, each (rank, µs, every) or (rank, µs, every, first): that rank's
+    # host stalls that long in every every-th recorded step from the first-th (0: the first
+    # recorded step), on top of the above
     host_stalls: tuple = ()
     # how each batch reaches the GPU: "pinned" (a pinned-memory copy on the compute stream at the
     # step's start), "pageable_prefetch" (a prefetching thread copies the next step's batch,
@@ -194,8 +199,9 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
-        _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
-               "host_stalls: (rank in range, µs, every >= 1)")
+        _check(self.slow_link_rank is None or 0 <= self.slow_link_rank < self.world_size, "slow_link_rank out of range")
+        _check(all(len(s) in (3, 4) and 0 <= int(s[0]) < self.world_size and int(s[2]) >= 1 for s in self.host_stalls),
+               "host_stalls: (rank in range, µs, every >= 1[, first])")
         _check(self.host_stall_kind in ("input", "sync", "alloc"), "host_stall_kind must be input, sync or alloc")
         _check(self.workload in ("training", "inference"), "workload must be training or inference")
         _check(self.forward_marker in ("ddp", "compiled", "none"), "forward_marker must be ddp, compiled or none")
@@ -215,8 +221,8 @@ class JobSpec:
         if self.host_stall_rotate and ranks:
             ranks = [ranks[step_index % len(ranks)]]
         stalls = [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
-        for rank, us, every in self.host_stalls:
-            if step_index % int(every) == 0:
+        for rank, us, every, *first in self.host_stalls:
+            if step_index % int(every) == (int(first[0]) if first else 0) % int(every):
                 stalls[int(rank)] += float(us)
         return stalls
 
@@ -257,7 +263,7 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
+_LATER_KNOBS = {"slow_link_rank": None, "slow_link_gbps": 0.0, "tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",

@@ -27,16 +27,19 @@ re-simulated job gives when such a rank would have been next.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from analyzer.job import crossrank
 from analyzer.job.columns import CollectiveColumns
+from analyzer.job.facts import median
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Chains:
     """The measured job as chains (µs, corrected clocks). Rows are the collective rows' indices."""
 
@@ -54,21 +57,45 @@ class Chains:
     windows: dict[int, list[tuple[Any, int, float]]]
     window_end: dict[int, tuple[int, float]]
     steps: dict[Any, dict[int, float]]  # measured {step: {rank: step time µs}}
+    floors: list[tuple[int, Any, float]]  # (rank, step, its compute's own time after the window start)
+    floor_of: np.ndarray  # per row: the floor it cannot arrive before (-1: none)
+
+    @cached_property
+    def plain(self) -> tuple[list[int], list[int], list[float]]:
+        """(anchor, floor_of, transfer) as lists, for the replay's loop."""
+        return self.anchor.tolist(), self.floor_of.tolist(), self.transfer.tolist()
+
+    @cached_property
+    def plain_members(self) -> list[tuple[int, list[int]]]:
+        """(set, its rows) in the replay's order, as lists."""
+        return [(s, rows.tolist()) for s, rows in zip(self.order.tolist(), self.members)]
 
     def gap_excess(self) -> np.ndarray:
         """Per row: its offset minus the median offset of the other members of its set (how much
         more own work this rank did before it arrived than the others); 0 for a set of one or
-        a row not anchored."""
+        a row not anchored. The sets of one size at once, as the rows of one array."""
         out = np.zeros(len(self.rank))
-        for rows in self.members:
-            if len(rows) < 2:
-                continue
-            anchored = rows[self.anchor[rows] >= 0]
-            for row in anchored.tolist():
-                others = anchored[anchored != row]
-                if len(others):
-                    out[row] = self.offset[row] - float(np.median(self.offset[others]))
+        sizes = np.array([len(rows) for rows in self.members])
+        for size in np.unique(sizes[sizes > 1]).tolist():
+            rows = np.stack([self.members[k] for k in np.flatnonzero(sizes == size).tolist()])
+            values = self.offset[rows]
+            out[rows] = values - _others_median(values)
+        out[self.anchor < 0] = 0.0
         return out
+
+
+def _others_median(values: np.ndarray) -> np.ndarray:
+    """For each element of each row, the median of the row's other elements."""
+    m = values.shape[1]
+    order = np.argsort(values, axis=1, kind="stable")
+    ranked = np.take_along_axis(values, order, axis=1)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(m)[None, :].repeat(len(values), axis=0), axis=1)
+
+    def other(j: int) -> np.ndarray:  # the j-th smallest of the others: skip the element itself
+        return np.where(position > j, ranked[:, [j]], ranked[:, [min(j + 1, m - 1)]])
+    k = (m - 1) // 2
+    return other(k) if (m - 1) % 2 else (other(k - 1) + other(k)) / 2
 
 
 def chains(result: Any) -> Chains | None:
@@ -99,11 +126,12 @@ def chains(result: Any) -> Chains | None:
     by_set = np.argsort(set_of, kind="stable")
     cuts = np.searchsorted(set_of[by_set], np.arange(n_sets + 1))
     members = [by_set[cuts[s]:cuts[s + 1]] for s in order.tolist()]
-    windows, window_end, steps = _windows(result, rank, set_of, end, offsets)
+    step = [view.step.at(i) for i in range(view.n)]
+    windows, window_end, steps, floors, floor_of = _windows(result, rank, set_of, end, offsets, arrival, step)
     if not windows:
         return None
-    step = [view.step.at(i) for i in range(view.n)]
-    return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end, steps)
+    return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end,
+                  steps, floors, floor_of)
 
 
 def _first_window_us(result: Any, offsets: dict[int, float]) -> float | None:
@@ -150,15 +178,20 @@ def anchor_times(rows: np.ndarray, set_of: np.ndarray, end: np.ndarray,
     return found, times - end[found]
 
 
-def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float]):
-    """Each rank's step windows anchored as its arrivals are, and the measured step times."""
+def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float],
+             arrival: np.ndarray, row_step: list[Any]):
+    """Each rank's step windows anchored as its arrivals are, the measured step times, and the
+    compute floors (``_floors``)."""
     origin = int(result.job.get("time_origin_ns") or 0)
     windows: dict[int, list[tuple[Any, int, float]]] = {}
     window_end: dict[int, tuple[int, float]] = {}
     steps: dict[Any, dict[int, float]] = {}
+    floors: list[tuple[int, Any, float]] = []
+    floor_of = np.full(len(rank), -1, dtype=np.int64)
+    by_rank = _rows_by_rank(rank)
     for analysis in result.ranks:
         entries = sorted((e for e in analysis.steps if e.get("window_ns")), key=lambda e: e["window_ns"][0])
-        rows = np.flatnonzero(rank == analysis.rank)
+        rows = by_rank.get(analysis.rank, np.zeros(0, dtype=np.int64))
         if not entries:
             continue
         shift = offsets.get(analysis.rank, 0.0)
@@ -170,7 +203,36 @@ def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray,
         window_end[analysis.rank] = (int(found[-1]), float(off[-1]))
         for e in entries:
             steps.setdefault(e["step"], {})[analysis.rank] = float(e["step_time_us"])
-    return windows, window_end, steps
+        _floors(analysis, entries, rows, arrival, row_step, (origin, shift), floors, floor_of)
+    return windows, window_end, steps, floors, floor_of
+
+
+def _rows_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, rank[by_rank][1:] != rank[by_rank][:-1], True])
+    return {int(rank[by_rank[lo]]): by_rank[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
+
+
+def _floors(analysis: Any, entries: list[dict[str, Any]], rows: np.ndarray, arrival: np.ndarray, row_step: list[Any],
+            clock: tuple[int, float], floors: list[tuple[int, Any, float]], floor_of: np.ndarray) -> None:
+    """The compute floor of each step: the last collective a rank launches after its backward
+    ends (the last bucket) cannot start before it, however early the collectives before it end.
+    Its time after the window start = the backward's end − the window start − the waiting
+    exposed in between (what the compute itself waited for): the compute stream's own pace,
+    which a rank whose collectives queued behind a late peer's shows nowhere else."""
+    origin, shift = clock
+    for e in entries:
+        backward = (e.get("phase_windows") or {}).get("backward") or {}
+        if backward.get("end_ns") is None:
+            continue
+        start_ns, end_ns = e["window_ns"][0], backward["end_ns"]
+        flat = analysis.exposed_intervals.get(str(e["step"])) or []
+        waited = sum(max(0, min(b, end_ns) - max(a, start_ns)) for a, b in zip(flat[::2], flat[1::2])) / 1000.0
+        after = (end_ns - origin) / 1000.0 - shift
+        mine = [row for row in rows.tolist() if row_step[row] == e["step"] and arrival[row] >= after]
+        if mine:  # the step's last collective: the one the backward's end makes ready
+            floor_of[max(mine, key=lambda row: arrival[row])] = len(floors)
+            floors.append((analysis.rank, e["step"], (end_ns - start_ns) / 1000.0 - waited))
 
 
 @dataclass(frozen=True)
@@ -179,24 +241,34 @@ class Replayed:
     steps: dict[Any, dict[int, float]]  # {step: {rank: step time µs}}
 
 
-def replay(chains: Chains, cut: np.ndarray | None = None,
-           window_cut: dict[tuple[int, Any], float] | None = None) -> Replayed:
-    """The job replayed with ``cut`` (per row, µs taken out of its offset: its own work before
-    it arrives) and ``window_cut`` ({(rank, step): µs taken out of the offset of that window's
-    start}). No cut: the measured job."""
-    offset = chains.offset if cut is None else chains.offset - cut
-    end = chains.end.copy()
-    arrival = np.empty(len(offset))
-    anchor, transfer = chains.anchor, chains.transfer
-    for s, rows in zip(chains.order.tolist(), chains.members):
-        latest = -np.inf
-        for row in rows.tolist():
+def replay(chains: Chains, fix: "Fix | None" = None) -> Replayed:
+    """The job replayed with ``fix`` (its cuts: µs out of rows' offsets, window starts' and
+    compute floors'); none: the measured job. A row arrives at its anchor's replayed end + its
+    offset, and never before its compute floor (the window start's replayed time + the floor)."""
+    cut = np.zeros(len(chains.offset)) if fix is None else fix.cut
+    window_cut = {} if fix is None else fix.window_cut
+    floor_cut = {} if fix is None else fix.floor_cut
+    # Python lists, not numpy scalars: the loop is the replay's whole cost (one pass over the rows)
+    offset = (chains.offset - cut).tolist()
+    end = chains.end.tolist()
+    anchor, floor_of, transfer = chains.plain
+    starts = {(r, step): (a, o) for r, windows in chains.windows.items() for step, a, o in windows}
+    floor_at = [(starts[(r, step)], own - window_cut.get((r, step), 0.0) - floor_cut.get((r, step), 0.0))
+                for r, step, own in chains.floors]
+    for s, rows in chains.plain_members:
+        latest = -math.inf
+        for row in rows:
             a = anchor[row]
             t = offset[row] if a < 0 else end[a] + offset[row]
-            arrival[row] = t
+            f = floor_of[row]
+            if f >= 0:
+                (wa, wo), own = floor_at[f]
+                floor = (wo if wa < 0 else end[wa] + wo) + own
+                t = floor if floor > t else t
             latest = t if t > latest else latest
         end[s] = latest + transfer[s]
-    return Replayed(end, _step_times(chains, end, window_cut or {}))
+    end = np.asarray(end)
+    return Replayed(end, _step_times(chains, end, window_cut))
 
 
 def _step_times(chains: Chains, end: np.ndarray, window_cut: dict[tuple[int, Any], float]) -> dict[Any, dict[int, float]]:
@@ -230,16 +302,21 @@ class Fix:
 
     cut: np.ndarray
     window_cut: dict[tuple[int, Any], float]
+    floor_cut: dict[tuple[int, Any], float]
 
     def __add__(self, other: "Fix") -> "Fix":
-        cuts = dict(self.window_cut)
-        for key, us in other.window_cut.items():
-            cuts[key] = cuts.get(key, 0.0) + us
-        return Fix(self.cut + other.cut, cuts)
+        return Fix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut))
+
+
+def _added(a: dict[Any, float], b: dict[Any, float]) -> dict[Any, float]:
+    out = dict(a)
+    for key, us in b.items():
+        out[key] = out.get(key, 0.0) + us
+    return out
 
 
 def no_fix(chains: Chains) -> Fix:
-    return Fix(np.zeros(len(chains.rank)), {})
+    return Fix(np.zeros(len(chains.rank)), {}, {})
 
 
 def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
@@ -250,7 +327,8 @@ def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
     them most (a host stall is one stretch of idle), or, ``spread`` (slower kernels: every
     stretch of its work is longer), out of each in turn from the largest. A window start in a
     cut offset moves by as much of the cut as its own offset exceeds the other ranks' (the extra
-    time lay before the step's first kernel)."""
+    time lay before the step's first kernel); its compute floor (``_floors``) shrinks by as much
+    of the step's budget as it exceeds the other ranks'."""
     excess = chains.gap_excess() if excess is None else excess
     cut = np.zeros(len(chains.rank))
     window_cut: dict[tuple[int, Any], float] = {}
@@ -269,7 +347,18 @@ def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
                 ahead = window_excess(chains, rank, step)
                 if ahead > 0.0:
                     window_cut[(rank, step)] = window_cut.get((rank, step), 0.0) + min(take, ahead)
-    return Fix(cut, window_cut)
+    floor_cut = {(rank, step): min(us, ahead) for step, us in budget.items()
+                 if (ahead := floor_excess(chains, rank, step)) > 0.0 and us > 0.0}
+    return Fix(cut, window_cut, floor_cut)
+
+
+def floor_excess(chains: Chains, rank: int, step: Any) -> float:
+    """How much longer the rank's compute floor of ``step`` is than the median other rank's: the
+    part of its own extra time that lies in its compute before the step's last buckets."""
+    own = {r: o for r, n, o in chains.floors if n == step}
+    if rank not in own or len(own) < 2:
+        return 0.0
+    return own[rank] - float(np.median([o for r, o in own.items() if r != rank]))
 
 
 def window_excess(chains: Chains, rank: int, step: Any) -> float:
@@ -282,4 +371,195 @@ def window_excess(chains: Chains, rank: int, step: Any) -> float:
 
 
 def replay_fix(chains: Chains, fix: Fix) -> Replayed:
-    return replay(chains, fix.cut, fix.window_cut)
+    return replay(chains, fix)
+
+
+@dataclass(frozen=True)
+class Counterfactuals:
+    """What fixing each candidate is worth (µs of the step: ``saving``): alone, in the greedy
+    order (each one's saving once those before it are fixed) and all of the named ones at once."""
+
+    order: list[int]  # the named ones, greedy order
+    alone: dict[int, float]  # every candidate
+    in_order: dict[int, float]  # the named ones
+    together: float  # the named ones fixed at once
+    recoverable: float  # every candidate fixed at once
+    beyond: dict[int, float]  # each candidate not named: its saving once the named ones are fixed
+
+
+def greedy(chains: Chains, fixes: dict[Any, Fix], steps: list[Any], share: float,
+           floor_share: float = 0.0) -> Counterfactuals:
+    """Fix the candidate whose fix saves most, replay, pick the next, until the named ones save
+    ``share`` of what fixing every candidate saves. When no one fix adds anything (equal ranks
+    hiding each other: fixing either alone saves nothing), the next named is the one whose fix
+    the rest of them can least do without. A candidate that would add no more than
+    ``floor_share`` of that saving is not named. At most two replays per candidate per round."""
+    base = replay(chains)
+    worth = lambda chosen: saving(base, replay_fix(chains, _sum(chains, [fixes[k] for k in chosen])), steps)  # noqa: E731
+    alone = {k: worth([k]) for k in fixes}
+    recoverable = worth(list(fixes))
+    floor = floor_share * recoverable
+    order: list[Any] = []
+    in_order: dict[Any, float] = {}
+    together = 0.0
+    while len(order) < len(fixes) and together < share * recoverable:
+        rest = [k for k in fixes if k not in order]
+        gains = {k: (alone[k] if not order else worth(order + [k])) - together for k in rest}
+        best = min(gains, key=lambda k: (-gains[k], k))
+        if gains[best] <= floor and len(rest) > 1:  # hidden by one another: who is needed most
+            everyone = worth(order + rest)
+            needed = {k: everyone - worth(order + [j for j in rest if j != k]) for k in rest}
+            best = min(needed, key=lambda k: (-needed[k], k))
+            if needed[best] <= floor:
+                break
+        elif gains[best] <= floor:
+            break
+        order.append(best)
+        in_order[best] = worth(order) - together
+        together += in_order[best]
+    beyond = {k: worth(order + [k]) - together for k in fixes if k not in order}
+    return Counterfactuals(order, alone, in_order, together, recoverable, beyond)
+
+
+def _sum(chains: Chains, fixes: list[Fix]) -> Fix:
+    out = no_fix(chains)
+    for fix in fixes:
+        out = out + fix
+    return out
+
+
+# ---- fixing ranks by their cause: what straggler-rank names and `tracecliff whatif --fix-ranks` replays
+
+def step_breakdowns(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
+    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)
+    and compute time}} of the steps whose waiting by peer is measured."""
+    out: dict[Any, dict[int, dict[str, Any]]] = {}
+    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
+    origin = result.job.get("time_origin_ns") or 0
+    for rank in result.ranks:
+        for entry in rank.steps:
+            tb = entry.get("time_breakdown")
+            if not tb or "wait_by_peer" not in tb:
+                continue
+            entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
+            out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
+                                                            "entry_us": entry_us,
+                                                            "compute_us": entry.get("compute_us", 0.0)}
+    return out
+
+
+def excess_over_others(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
+    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
+    if not rows or rank not in rows:
+        return 0.0
+    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
+
+
+def cause_fix(chains: Chains, every: dict[Any, dict[int, dict[str, Any]]], rank: int, cause: str,
+              excess: np.ndarray | None = None) -> Fix | None:
+    """The cuts that fix the rank's cause (``every``: ``step_breakdowns``): its extra compute
+    spread over its work, else (a host stall, a queue, a late entry) its extra idle — in its
+    window or the one before: a stall before the step's first kernel lies there — or entry in
+    one stretch; None for a slow link (its transfer is the set's, not a stretch of its work)."""
+    if cause == "network":
+        return None
+    steps = sorted(n for n in every if isinstance(n, int))
+    if cause == "compute":
+        budget = {n: max(0.0, excess_over_others(every[n], rank, "compute_us")) for n in steps}
+        return rank_fix(chains, rank, budget, True, excess)
+    budget = {n: max(0.0, excess_over_others(every[n], rank, "idle_us"),
+                     excess_over_others(every.get(n - 1), rank, "idle_us"),
+                     excess_over_others(every[n], rank, "entry_us")) for n in steps}
+    return rank_fix(chains, rank, budget, False, excess)
+
+
+def replay_steps(result: Any, every: dict[Any, Any]) -> list[Any]:
+    """The steps a fix's saving is the mean over: the steady ones whose waiting is measured."""
+    return sorted(n for n in (result.attribution or {}).get("steady_steps") or [] if n in every)
+
+
+def fixed_ranks(result: Any, causes: dict[int, str]) -> float | None:
+    """What fixing these ranks' causes at once saves per step on the replay (µs; None: the job
+    cannot be replayed or no cause of theirs can be): the figure straggler-rank prints for
+    each rank alone (``per_rank[].gain_alone_us``) and for the ranks it names."""
+    chains_ = chains(result)
+    every = step_breakdowns(result)
+    steps = replay_steps(result, every)
+    if chains_ is None or not steps:
+        return None
+    excess = chains_.gap_excess()
+    fixes = [fix for rank, cause in sorted(causes.items()) if (fix := cause_fix(chains_, every, rank, cause, excess))]
+    if not fixes:
+        return None
+    return saving(replay(chains_), replay_fix(chains_, _sum(chains_, fixes)), steps)
+
+
+STRAGGLER_RULE = "straggler-rank"
+
+
+def fix_ranks_doc(result: Any, ranks: list[int], source: str = "--fix-ranks") -> dict[str, Any]:
+    """``tracecliff whatif --fix-ranks``: the typical step with these ranks' causes fixed, on the
+    replay: each rank's cause as straggler-rank's finding names it (its ``per_rank``), the same
+    computation as the finding's figures, so one rank gives its ``predicted_step_alone_us`` and
+    the ranks it names its prediction (where the typical step's leaves hold all of the saving:
+    the finding counts no more than they do, and says how much more the replay gives)."""
+    from analyzer.base.errors import InputError
+    finding = next((f for f in result.findings or [] if f.get("rule") == STRAGGLER_RULE), None)
+    weighed = {p["rank"]: p["cause"] for p in ((finding or {}).get("evidence") or {}).get("per_rank") or []}
+    if not weighed:
+        raise InputError(source, "no straggler-rank finding weighed any rank on the replay in this run")
+    unknown = [r for r in ranks if r not in weighed]
+    if unknown:
+        raise InputError(source, f"rank(s) {', '.join(map(str, unknown))} not weighed by straggler-rank "
+                                 f"(weighed: {', '.join(map(str, sorted(weighed)))})")
+    causes = {r: weighed[r] for r in ranks}
+    replayed = fixed_ranks(result, causes)
+    step = result.model.step_time_us
+    if replayed is None or step is None:
+        raise InputError(source, "the job cannot be replayed (no matched collectives or step windows)")
+    gain = replayed
+    return {"ranks": sorted(causes), "causes": {str(r): c for r, c in sorted(causes.items())},
+            "step_time_us": round(step, 1), "gain_us": round(gain, 1), "predicted_step_time_us": round(step - gain, 1),
+            "model": "replay of the measured job (docs/models.md §9)"}
+
+
+def caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
+    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
+    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
+    out: dict[int, float] = {}
+    for tb in rows.values():
+        for peer, us in (tb.get("wait_by_peer") or {}).items():
+            if peer.isdigit():
+                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
+    return out
+
+
+# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
+OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
+             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
+
+
+def recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
+    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
+    typical step's leaves, which are means over the ranks: the waiting for the late ranks
+    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
+    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
+    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
+    lies before its step window) and is not a gain."""
+    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
+    wait = min(wait_us, waited, room("exposed_wait_us"))
+    rest = OWN_LEAF.get(cause, "exposed_wait_us")
+    if rest == "exposed_wait_us":
+        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
+    own = min(wait_us - wait, room(rest))
+    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
+
+
+
+def waited_for_ranks(every: dict[Any, Any], steady: list[Any], on: Any, ranks: list[int]) -> float:
+    """The waiting the ranks cause (mean over the ranks, as the leaf): in the typical step
+    ``on``, else (None) the mean over the steady steps."""
+    if on is not None:
+        caused = caused_in_step(every[on])
+        return sum(caused.get(r, 0.0) for r in ranks)
+    return sum(caused_in_step(every[n]).get(r, 0.0) for n in steady for r in ranks) / len(steady) if steady else 0.0
