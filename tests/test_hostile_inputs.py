@@ -351,3 +351,18 @@ def test_gpu_work_lasting_days_is_said(tmp_path):
     path = builder.write(tmp_path / "rank-0.json")
     warnings = diagnose([str(path)], DiagnoseOptions(workers=1)).warnings
     assert any("50 GPU event(s) last more than a day (the longest 167.8 h)" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 300, 4096])
+def test_head_finder_ignores_decoy_keys_at_any_split(piece):
+    """The incremental head scan finds the top-level "traceEvents" array whatever the chunking,
+    past decoys: the key inside a string, as a value, in a nested object, and far blanks."""
+    from analyzer.ingest.stream import read_head
+    decoys = (b'{"a": "x \\"traceEvents\\": [", "b": "traceEvents", "c": {"traceEvents": [1, 2]}, '
+              b'"d": ["traceEvents"], "e": "' + b"traceEvents" * 50 + b'", "traceEvents"' + b" " * 400
+              + b": \n [")
+    text = decoys + EVENTS + b"]}"
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
+    buf, at = read_head(iter(pieces), "t.json")
+    assert at == len(decoys), (at, len(decoys))
+    assert buf[:at] == decoys
