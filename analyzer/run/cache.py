@@ -92,12 +92,30 @@ def _claim(folder: Path) -> bool | None:
         if _read_small(folder / CACHEDIR_TAG, len(_TAG_TEXT)) == _TAG_TEXT:
             return True
         folder.mkdir(parents=True, exist_ok=True)
-        if any(os.scandir(folder)):
-            return None
-        _create_exclusive(folder / CACHEDIR_TAG, _TAG_TEXT, 0o644)
+        with os.scandir(folder) as listing:
+            others = [i.name for i in listing if not i.name.startswith(".tag.")]
+        if others:  # a concurrent run may just have tagged it: then it is the cache's after all
+            return True if others == [CACHEDIR_TAG] and _tag_settles(folder) else None
+        _publish_tag(folder)
         return True
+    except FileExistsError:
+        return True if _tag_settles(folder) else None
     except OSError:
         return False
+
+
+def _publish_tag(folder: Path) -> None:
+    """The tag appears whole or not at all (written aside, then hard-linked: fails if present)."""
+    tmp = folder / f".tag.{os.getpid()}.{os.urandom(4).hex()}"
+    _create_exclusive(tmp, _TAG_TEXT, 0o644)
+    try:
+        os.link(tmp, folder / CACHEDIR_TAG)
+    finally:
+        os.unlink(tmp)
+
+
+def _tag_settles(folder: Path) -> bool:
+    return _read_small(folder / CACHEDIR_TAG, len(_TAG_TEXT)) == _TAG_TEXT
 
 
 def _read_small(path: Path, limit: int) -> bytes | None:
