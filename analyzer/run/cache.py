@@ -105,11 +105,16 @@ def _claim(folder: Path) -> bool | None:
 
 
 def _publish_tag(folder: Path) -> None:
-    """The tag appears whole or not at all (written aside, then hard-linked: fails if present)."""
+    _publish(folder, CACHEDIR_TAG, _TAG_TEXT, 0o644)
+
+
+def _publish(folder: Path, name: str, raw: bytes, mode: int) -> None:
+    """``folder/name`` appears whole or not at all (written aside, then hard-linked: raises
+    FileExistsError when another run published it first)."""
     tmp = folder / f".tag.{os.getpid()}.{os.urandom(4).hex()}"
-    _create_exclusive(tmp, _TAG_TEXT, 0o644)
+    _create_exclusive(tmp, raw, mode)
     try:
-        os.link(tmp, folder / CACHEDIR_TAG)
+        os.link(tmp, folder / name)
     finally:
         os.unlink(tmp)
 
@@ -145,7 +150,7 @@ def cache_secret(root: Path) -> bytes | None:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             try:
-                _create_exclusive(path, os.urandom(32).hex().encode(), 0o600)
+                _publish(root, _KEY_FILE, os.urandom(32).hex().encode(), 0o600)
             except FileExistsError:
                 pass  # another run made it first: read theirs
             except OSError:
