@@ -95,7 +95,7 @@ def _claim(folder: Path) -> bool | None:
         with os.scandir(folder) as listing:
             others = [i.name for i in listing if not i.name.startswith(".tag.")]
         if others:  # a concurrent run may just have tagged it: then it is the cache's after all
-            return True if others == [CACHEDIR_TAG] and _tag_settles(folder) else None
+            return True if CACHEDIR_TAG in others and _tag_settles(folder) else None
         _publish_tag(folder)
         return True
     except FileExistsError:
