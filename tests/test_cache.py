@@ -344,3 +344,14 @@ def test_wrong_shape_timeline_is_recomputed(job, tmp_path):
         sealed(entry, json.dumps({"format": cache.CACHE_FORMAT, "timeline": {"stream": [1]}}).encode())
     assert cache.cached_timeline(timelines[0]) is None
     assert run(job, store) == fresh
+
+
+def test_runs_claiming_one_new_folder_at_once_share_it(tmp_path):
+    """Concurrent first runs on one new --cache-dir all take it (the tag appears whole, once),
+    none falls back to a subfolder."""
+    from concurrent.futures import ThreadPoolExecutor
+    store = tmp_path / "shared-new"
+    with ThreadPoolExecutor(8) as pool:
+        roots = set(pool.map(lambda _: cache.cache_root(store), range(16)))
+    assert roots == {store} and not (store / "tracecliff-cache").exists()
+    assert sorted(p.name for p in store.iterdir()) == [cache.CACHEDIR_TAG]

@@ -17,6 +17,7 @@ def annotate_command(paths, outdir, options, config, config_path) -> None:
     """Write each rank's trace at PATHS to OUTDIR with extra tracks (exposed communication,
     findings, steps, phases) for Perfetto UI and chrome://tracing."""
     from analyzer.api import annotate
+    from analyzer.base.sanitize import one_line
     for item in annotate(list(paths), outdir, options, config):
         counts = ", ".join(f"{n} {k}" for k, n in item["windows"].items())
-        click.echo(f"rank {item['rank']}: {item['output']} ({counts})")
+        click.echo(one_line(f"rank {item['rank']}: {item['output']} ({counts})"))  # a file name: shown, not obeyed

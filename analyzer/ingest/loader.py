@@ -63,6 +63,7 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
     if info is None:
         warnings.append("no distributedInfo in the trace: world size and process groups are unknown")
     gpu, kernel_args, launches, markers = builder.finish(warnings)
+    _long_gpu_work(gpu, warnings)
     world = _world_size(info, warnings)
     rank, source = _rank_of(path, info, world, warnings)
     return RankTrace(
@@ -90,6 +91,22 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         host_op_medians=builder.host_op_medians,
         memory=builder.memory.finish(warnings),
     )
+
+
+LONG_GPU_WORK_NS = 24 * 3600 * 10**9  # a profiler trace covers seconds to hours
+
+
+def _long_gpu_work(gpu: Any, warnings: list[str]) -> None:
+    """GPU work lasting over a day is kept (below MAX_DURATION_US it is not impossible) but said:
+    the step and utilisation figures (MFU) then follow it (issue 41: never in silence)."""
+    if not len(gpu.ts):
+        return
+    longest = int((gpu.end - gpu.ts).max())
+    count = int(((gpu.end - gpu.ts) > LONG_GPU_WORK_NS).sum())
+    if count:
+        warnings.append(f"{count} GPU event(s) last more than a day (the longest {longest / 3.6e12:.1f} h): a "
+                        "profiler trace covers seconds to hours, so the step and utilisation figures (MFU) "
+                        "follow implausible durations")
 
 
 def _rank_of(path: Path, info: Any, world: int | None, warnings: list[str]) -> tuple[int, str]:

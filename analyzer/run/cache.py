@@ -92,12 +92,35 @@ def _claim(folder: Path) -> bool | None:
         if _read_small(folder / CACHEDIR_TAG, len(_TAG_TEXT)) == _TAG_TEXT:
             return True
         folder.mkdir(parents=True, exist_ok=True)
-        if any(os.scandir(folder)):
-            return None
-        _create_exclusive(folder / CACHEDIR_TAG, _TAG_TEXT, 0o644)
+        with os.scandir(folder) as listing:
+            others = [i.name for i in listing if not i.name.startswith(".tag.")]
+        if others:  # a concurrent run may just have tagged it: then it is the cache's after all
+            return True if CACHEDIR_TAG in others and _tag_settles(folder) else None
+        _publish_tag(folder)
         return True
+    except FileExistsError:
+        return True if _tag_settles(folder) else None
     except OSError:
         return False
+
+
+def _publish_tag(folder: Path) -> None:
+    _publish(folder, CACHEDIR_TAG, _TAG_TEXT, 0o644)
+
+
+def _publish(folder: Path, name: str, raw: bytes, mode: int) -> None:
+    """``folder/name`` appears whole or not at all (written aside, then hard-linked: raises
+    FileExistsError when another run published it first)."""
+    tmp = folder / f".tag.{os.getpid()}.{os.urandom(4).hex()}"
+    _create_exclusive(tmp, raw, mode)
+    try:
+        os.link(tmp, folder / name)
+    finally:
+        os.unlink(tmp)
+
+
+def _tag_settles(folder: Path) -> bool:
+    return _read_small(folder / CACHEDIR_TAG, len(_TAG_TEXT)) == _TAG_TEXT
 
 
 def _read_small(path: Path, limit: int) -> bytes | None:
@@ -127,7 +150,7 @@ def cache_secret(root: Path) -> bytes | None:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             try:
-                _create_exclusive(path, os.urandom(32).hex().encode(), 0o600)
+                _publish(root, _KEY_FILE, os.urandom(32).hex().encode(), 0o600)
             except FileExistsError:
                 pass  # another run made it first: read theirs
             except OSError:
