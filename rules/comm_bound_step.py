@@ -145,7 +145,16 @@ class CommBoundStep(Rule):
         }
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
-                            fix_text="", fixes=list(FIXES))]
+                            fix_text="", fixes=self._fixes(best))]
+
+    @staticmethod
+    def _fixes(best: str | None) -> list[Fix]:
+        """The fixes, the what-if's best projection first (judged for this job by the projection
+        itself: a strategy change like HYBRID_SHARD from DDP is one), then the general ones."""
+        if best is None:
+            return list(FIXES)
+        general = [f for f in FIXES if not ("HYBRID_SHARD" in best and "HYBRID_SHARD" in f.text)]
+        return [Fix(f"{best}, the best fix the what-if projects for this job"), *general]
 
     @staticmethod
     def _prediction(ctx, kind: str) -> tuple[float | None, str | None, dict]:
