@@ -42,8 +42,8 @@ class CommBoundStep(Rule):
         all-gathers and reduce-scatters can overlap. When some ranks' traces are missing a kernel's
         duration is its transfer plus waiting for members not given, which that rank's kernels
         cannot tell apart: T_comm is then bounded by the link model (hardware profile or
-        ``--config``), the least it can be, and a finding states that bound. Where the bound fits
-        under compute but the kernels less the measured waits (the most it can be) would not, or
+        ``--gpu`` / ``--nics-per-node`` / ``--nic-gbps``), the least it can be, and a finding
+        states that bound. Where the bound fits under compute but the kernels less the measured waits (the most it can be) would not, or
         no link model bounds it, the rule could not check ("needs every member's trace").
 
     Why it matters:
