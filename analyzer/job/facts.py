@@ -175,9 +175,10 @@ class JobFacts:
         """(whether the transfer time of these collective rows is bounded, what bounds it or
         why nothing does) on a job whose traces are a subset: a kernel's duration is its
         transfer plus waiting for the members not given, and only the link model (hardware
-        profile or --gpu / --nics-per-node / --nic-gbps) bounds the transfer (``transfer_time``); nothing does where a row's
-        size, kind model or group link is unknown. (True, None) when every rank's trace is given
-        (the cross-rank matching measures it)."""
+        profile or --gpu / --nics-per-node / --nic-gbps) bounds the transfer
+        (``transfer_time``); nothing does where a row's size, kind model or group link is
+        unknown. (True, None) when every rank's trace is given (the cross-rank matching
+        measures it)."""
         if self._every_rank:
             return True, None
         sources = set()
