@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from analyzer.whatif.memory import memory_models
 from analyzer.base.errors import ConfigError, InputError
 from analyzer.base.gc_pause import paused_gc
 from analyzer.ingest.catalog import comm_pattern
@@ -169,6 +170,8 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
             result.warnings.insert(0, f"skipped {len(skipped)} JSON file(s) that are not traces: "
                                       + ", ".join(str(p) for p in skipped))
         analyze_job(result, options)
+        if result.memory and result.memory.get("recorded"):  # measured against the models (docs/models.md §9)
+            result.memory["models"] = memory_models(result)
         run_rules(result, config)
         if report:
             add_report_sections(result, options, html_step)
@@ -273,6 +276,16 @@ def config_schema() -> dict[str, Any]:
     table = msgspec.defstruct("TracecliffConfig", [("rules", rules, msgspec.field(default_factory=rules)),
                                                    ("gate", GateTable, msgspec.field(default_factory=GateTable))])
     return versioned_schema(table, "config", "[tool.tracecliff] configuration")
+
+
+def replay_fix_ranks(result: Result, ranks: str) -> dict[str, Any]:
+    """``tracecliff whatif --fix-ranks 0,6``: the replay with those ranks' causes fixed
+    (analyzer.whatif.replay.fix_ranks_doc); ``ranks``: comma-separated rank numbers."""
+    from analyzer.whatif.replay import fix_ranks_doc
+    parts = [p.strip() for p in ranks.split(",")]
+    if not parts or not all(p.isdigit() and len(p) <= 7 for p in parts):
+        raise InputError("--fix-ranks", f"expected comma-separated rank numbers, got {ranks!r}")
+    return fix_ranks_doc(result, sorted({int(p) for p in parts}))
 
 
 def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,

@@ -81,7 +81,12 @@ def profile_steps(
         record_shapes: record input shapes and dtypes of ops; tracecliff uses them (and the
             ``record_param_comms`` arguments they enable) to size collectives. Keep it on.
         with_stack: record Python stacks (large traces; off by default).
-        profile_memory: record tensor allocations (off by default).
+        profile_memory: record the allocator's events (off by default): one ``[memory]`` instant
+            event per allocation and free, with the device's ``Total Allocated`` / ``Total
+            Reserved`` after it. tracecliff then measures each rank's memory per step (peak
+            allocated and reserved, where the peak is, growth across steps, headroom to the
+            GPU) and checks that every fix that changes memory still fits: turn it on to ask
+            "will it fit?". It adds an event per allocation (a few % more trace).
         gzip: write ``.json.gz`` (typically 10-20x smaller) instead of ``.json``.
         activities: profiler activities; default CPU, plus CUDA when ``torch.cuda`` is
             available.

@@ -4,6 +4,7 @@ check shows what it was held to: an assertion its bound, a baseline comparison i
 
 from __future__ import annotations
 
+from analyzer.base.sanitize import markdown
 from analyzer.base.units import fmt_change_pct, fmt_unit
 from analyzer.compare.gate import Check, GateReport, _fmt
 from analyzer.reports.diff_text import table
@@ -65,18 +66,21 @@ def render_markdown(report: GateReport) -> str:
     """The GitHub job-summary section."""
     icon = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️", "improved": "🚀", "suspect": "❓"}
     lines = [f"### tracecliff gate: {'❌ FAIL' if report.failed else '✅ PASS'}", "",
-             _headline(report, "FAIL" if report.failed else "PASS").partition("(")[2].rstrip(")"), ""]
+             markdown(_headline(report, "FAIL" if report.failed else "PASS").partition("(")[2].rstrip(")")), ""]
     if report.checks:
         lines += ["| status | check | aggregate | actual | baseline (change) | bound / threshold | detail |",
                   "|---|---|---|---|---|---|---|"]
         for c in report.checks:
             base = f"{_fmt(c.base, c.name)} ({_change(c)})" if c.kind == "baseline" and c.base is not None else ""
             actual = _actual(c) if c.kind != "run" else ""
-            cells = [f"{icon[c.status]} {c.status}", f"`{c.kind}:{c.name}`" if c.kind == "run" else f"`{c.name}`",
-                     c.aggregate or "", actual, base, c.bound or "", _verdict(c)]
-            lines.append("| " + " | ".join(_md_cell(x) for x in cells) + " |")
+            name = f"{c.kind}:{c.name}" if c.kind == "run" else c.name
+            cells = [f"{icon[c.status]} {c.status}", c.aggregate or "", actual, base, c.bound or "", _verdict(c)]
+            # <code>, not a backtick span: inside a span no escape works, and a backtick in a
+            # name (a process group's) would close it
+            lines.append(f"| {_md_cell(cells[0])} | <code>{_md_cell(name)}</code> | "
+                         + " | ".join(_md_cell(x) for x in cells[1:]) + " |")
     return "\n".join(lines) + "\n\n"
 
 
 def _md_cell(text: str) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+    return markdown(str(text))

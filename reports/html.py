@@ -28,6 +28,7 @@ from analyzer.job.compute import shape_text
 from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.step_timeline import straggler_ranks, unavailable
+from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
@@ -69,7 +70,8 @@ class SummaryHtmlRenderer:
         doc, model = _document(result), result.model
         job = doc.get("job") or {}
         facts = (f"{len(doc.get('ranks') or [])} of {job.get('world_size') or len(doc.get('ranks') or [])} "
-                 f"rank(s), {job.get('strategy') or 'unknown strategy'}")
+                 f"rank(s), {job['workload'] + ', ' if job.get('workload') else ''}"
+                 f"{job.get('strategy') or 'unknown strategy'}")
         return _environment().get_template("summary.html.j2").render(
             summary=_guarded(_summary, doc, model), findings=_guarded(_findings, doc, model), facts=facts,
             warnings=len(doc.get("warnings") or []))
@@ -134,7 +136,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     gpu_seen = any(p["span_us"] > 0 for p in per_step)
     if per_step and not gpu_seen:
         headline.append({"label": "GPU time", "value": "–",
-                         "note": "not available: no GPU activity in the traces (CPU-only profile)"})
+                         "note": f"not available: no GPU activity in the traces ({_no_gpu_why(model)})"})
     if gpu_seen:
         typical = model.typical
         if typical is not None:  # the one definition of each figure (analyzer.job.model)
@@ -227,6 +229,7 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
                                           if hosts else "") if hosts else "unknown (no host names)"),
              ("GPU", _gpu_text(doc, job)),
+             ("workload", WORKLOAD_TEXT.get(job.get("workload"), "unknown (the trace cannot tell)")),
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),
@@ -243,7 +246,8 @@ def _gpu_text(doc, job) -> str:
     if not gpu and isinstance(hardware, dict):
         gpu = _sourced(hardware.get("gpu_name") or hardware.get("gpu"))
     if not gpu:
-        return "none seen (CPU-only trace)"
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc.get("ranks") or [])
+        return f"none seen ({'device-looking events under unknown categories not read' if unread else 'CPU-only trace'})"
     mem = job.get("gpu_mem_bytes")
     return f"{gpu}" + (f", {mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
 
@@ -308,12 +312,19 @@ def _leaf_notes(typical: Any) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- per-rank bars
+def _no_gpu_why(model: JobModel) -> str:
+    """Why a job has no GPU figures: a CPU-only profile, or device work under unknown categories."""
+    if model.unread_device_events:
+        return "device-looking events under unknown categories not read: see warnings"
+    return "CPU-only profile"
+
+
 def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
     if not any(_per_step(r)["span_us"] > 0 for r in ranks):
-        return unavailable("no GPU activity in the traces (CPU-only profile): nothing to break down")
+        return unavailable(f"no GPU activity in the traces ({_no_gpu_why(model)}): nothing to break down")
     stragglers = straggler_ranks(doc)
     if model.typical is not None and any(r.typical for r in model.ranks):
         return _leaf_bars(model, stragglers)
@@ -750,7 +761,75 @@ def _compute(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             "shapes_rank": compute.ranks[0].rank if compute.ranks else None, "source": compute.source}
 
 
+MEMORY_CHART = {"w": 720, "h": 150, "left": 64, "right": 12, "top": 10, "bottom": 22}
+PHASE_CLASSES = {"forward": "ph-fwd", "backward": "ph-bwd", "optimizer": "ph-opt"}
+
+
+def _memory(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    """The ``memory`` section drawn: allocated and reserved over the drawn step per rank (the
+    fullest ranks the job analysis kept a series of), phases shaded, the peak marked, the
+    device's limit drawn (absolute figures only); the table of every rank's figures."""
+    memory = doc.get("memory") or {}
+    if not memory.get("recorded"):
+        return unavailable(str(memory.get("why") or "no allocator events: profile with profile_memory=True"))
+    step = memory.get("drawn_step")
+    charts, rows = [], []
+    for m in memory["ranks"]:
+        s = next((s for s in m["steps"] if s["step"] == step), None)
+        if s is None:
+            continue
+        at = s.get("peak_at") or {}
+        rows.append({"rank": m["rank"], "device": m["device"], "peak": fmt_bytes(s["peak_allocated_bytes"]),
+                     "reserved": fmt_bytes(s["peak_reserved_bytes"]) if s.get("peak_reserved_bytes") is not None else "–",
+                     "start": fmt_bytes(s["start_allocated_bytes"]), "end": fmt_bytes(s["end_allocated_bytes"]),
+                     "headroom": fmt_bytes(s["headroom_bytes"]) if s.get("headroom_bytes") is not None else "–",
+                     "where": f"{at.get('phase')} +{fmt_us(at.get('offset_us'))}" if at else "–",
+                     "op": at.get("op") or at.get("fsdp_unit") or ""})
+        if s.get("series"):
+            charts.append(_memory_chart(m, s))
+    return {"available": True, "step": step, "relative": bool(memory.get("relative")),
+            "bases": sorted({m["basis"] for m in memory["ranks"] if m["relative"]}),
+            "peak": fmt_bytes(memory.get("peak_allocated_bytes")),
+            "peak_reserved": fmt_bytes(memory["peak_reserved_bytes"]) if memory.get("peak_reserved_bytes") else None,
+            "device": fmt_bytes(memory["device_bytes"]) if memory.get("device_bytes") else None,
+            "rows": rows, "charts": charts, "geometry": MEMORY_CHART}
+
+
+def _memory_chart(rank: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    g = MEMORY_CHART
+    series = step["series"]
+    xs, alloc, reserved = series["offset_us"], series["allocated_bytes"], series["reserved_bytes"]
+    device = None if rank["relative"] else rank.get("device_bytes")
+    top = max([v for v in alloc + (reserved or []) if v is not None] + [device or 0, 1])
+    span = max(xs[-1] if xs else 1.0, 1.0)
+    width, height = g["w"] - g["left"] - g["right"], g["h"] - g["top"] - g["bottom"]
+
+    def x(value: float) -> float:
+        return round(g["left"] + width * value / span, 1)
+
+    def y(value: float) -> float:
+        return round(g["top"] + height * (1 - value / top), 1)
+
+    def path(values: list[Any]) -> str:
+        return " ".join(f"{x(t)},{y(v)}" for t, v in zip(xs, values) if v is not None)
+    bands, begin = [], 0
+    phases = series["phase"]
+    for k in range(1, len(phases) + 1):  # contiguous runs of one phase, shaded
+        if k == len(phases) or phases[k] != phases[begin]:
+            if phases[begin] in PHASE_CLASSES:
+                bands.append({"x": x(xs[begin]), "w": max(round(x(xs[k - 1]) - x(xs[begin]), 1), 1.0),
+                              "cls": PHASE_CLASSES[phases[begin]], "label": phases[begin]})
+            begin = k
+    peak = max(range(len(alloc)), key=lambda k: (alloc[k] or 0, -k)) if alloc else None
+    return {"rank": rank["rank"], "device": rank["device"], "alloc": path(alloc),
+            "reserved": path(reserved) if reserved else None, "bands": bands,
+            "peak": None if peak is None else {"x": x(xs[peak]), "y": y(alloc[peak] or 0),
+                                                "tip": f"peak {fmt_bytes(alloc[peak])} at +{fmt_us(xs[peak])}"},
+            "limit": None if device is None else {"y": y(device), "label": f"device {fmt_bytes(device)}"},
+            "top": fmt_bytes(top), "span": fmt_us(span)}
+
+
 SECTIONS: tuple[tuple[str, Builder], ...] = (
-    ("compute", _compute), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("compute", _compute), ("memory", _memory), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

@@ -13,6 +13,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from analyzer.base.sanitize import terminal
+
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 SUITES = (("run", "tracecliff.gate.run"), ("assertion", "tracecliff.gate.assertions"),
           ("baseline", "tracecliff.gate.baseline"))
@@ -42,7 +44,8 @@ def render_junit(report: dict[str, Any]) -> str:
     text = ET.tostring(root, encoding="unicode")
     # ElementTree escapes markup but passes control characters through, which XML 1.0 forbids
     # even escaped: a trace string holding one would make the whole file unreadable.
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _XML_INVALID.sub("\ufffd", text) + "\n"
+    # Control characters and undecodable bytes are shown escaped (the one sanitiser of every sink).
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _XML_INVALID.sub("\ufffd", terminal(text)) + "\n"
 
 
 def _add_case(suite: ET.Element, suite_name: str, check: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ class TextRenderer:
         lines += _rule_statuses(doc)
         lines += _tree(model)
         lines += _compute(doc, model)
+        lines += _memory(doc)
         lines += _rank_table(doc, model)
         lines += _top_collectives(doc, model.digest)
         lines += _groups(doc, model)
@@ -81,6 +82,8 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     parts = [f"{job['ranks_given']} rank(s)"]
     if job.get("world_size"):
         parts[0] += f" of {job['world_size']}"
+    if job.get("workload"):
+        parts.append(str(job["workload"]))
     parts.append(f"strategy {job['strategy']}")
     if job.get("gpu"):
         parts.append(str(job["gpu"]))
@@ -163,6 +166,50 @@ def _compute(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines += _wrap("GEMMs by FLOPs per op: " + ", ".join(
             f"{bucket} {_rate(f.tflops_per_s)} TFLOP/s ({fmt_pct(f.pct_of_peak)})" for bucket, f in sizes), WIDTH,
             initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
+    return lines + [""]
+
+
+MEMORY_ROWS = 16  # ranks listed in the memory table (the fullest first)
+
+
+def _memory(doc: dict[str, Any]) -> list[str]:
+    """Measured memory (the ``memory`` section): each rank's figures in the drawn step."""
+    memory = doc.get("memory") or {}
+    if not memory.get("recorded"):
+        return []
+    step = memory.get("drawn_step")
+    relative = memory.get("relative")
+    typical = step is not None and step == (doc.get("attribution") or {}).get("step")
+    head = (f"Memory (allocator events; step {step}{' (typical)' if typical else ''}; peak of any rank in any step: "
+            f"{fmt_bytes(memory.get('peak_allocated_bytes'))} allocated"
+            + (f", {fmt_bytes(memory['peak_reserved_bytes'])} reserved" if memory.get("peak_reserved_bytes") else "")
+            + (f", of a {fmt_bytes(memory['device_bytes'])} GPU" if memory.get("device_bytes") and not relative else "")
+            + "):")
+    lines = _wrap(head)
+    if relative:
+        lines += _wrap("relative figures: " + "; ".join(sorted({m["basis"] for m in memory["ranks"] if m["relative"]})),
+                       initial_indent="  ", subsequent_indent="    ")
+    lines.append(f"  {'rank':>4} {'device':<7} {'peak alloc':>10} {'reserved':>10} {'start':>10} {'end':>10} "
+                 f"{'cached':>9} {'headroom':>10}  peak at")
+    rows = [(m, next((s for s in m["steps"] if s["step"] == step), None)) for m in memory["ranks"]]
+    rows = sorted((r for r in rows if r[1]), key=lambda r: (-(r[1]["peak_allocated_bytes"] or 0), r[0]["rank"]))
+    for m, s in rows[:MEMORY_ROWS]:
+        cached = (s.get("reserved_at_peak_bytes") or 0) - (s["peak_allocated_bytes"] or 0) \
+            if s.get("reserved_at_peak_bytes") is not None else None
+        at = s.get("peak_at") or {}
+        where = f"{at.get('phase')} +{fmt_us(at.get('offset_us'))}" if at else "–"
+        lines.append(f"  {m['rank']:>4} {m['device']:<7} {fmt_bytes(s['peak_allocated_bytes']):>10} "
+                     f"{fmt_bytes(s.get('peak_reserved_bytes')) if s.get('peak_reserved_bytes') is not None else '–':>10} "
+                     f"{fmt_bytes(s['start_allocated_bytes']):>10} {fmt_bytes(s['end_allocated_bytes']):>10} "
+                     f"{fmt_bytes(cached) if cached is not None else '–':>9} "
+                     f"{fmt_bytes(s['headroom_bytes']) if s.get('headroom_bytes') is not None else '–':>10}  {where}")
+    if len(rows) > MEMORY_ROWS:
+        lines.append(f"  ... {len(rows) - MEMORY_ROWS} more rank(s) in memory.ranks[] (JSON) and memory_df()")
+    at = (rows[0][1].get("peak_at") or {}) if rows else {}
+    if at.get("op") or at.get("fsdp_unit"):
+        lines += _wrap(f"rank {rows[0][0]['rank']}'s peak is inside {at.get('op') or ''}"
+                       + (f" (FSDP unit {at['fsdp_unit']})" if at.get("fsdp_unit") else ""),
+                       initial_indent="  ", subsequent_indent="    ")
     return lines + [""]
 
 
@@ -269,7 +316,9 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
     if not any(r.get("gpu_event_count") for r in doc["ranks"]):
-        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) (CPU-only): "
+        unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc["ranks"])
+        why = "device-looking events under unknown categories not read: see warnings" if unread else "CPU-only"
+        return [f"Per rank: no GPU activity in the traces of the {len(doc['ranks'])} rank(s) ({why}): "
                 "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]

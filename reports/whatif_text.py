@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.base.units import fmt_us
 from analyzer.reports.evidence import fmt_field, label, unit_of
 
 
@@ -39,3 +40,10 @@ def _value(key: str, value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{label(k)} {fmt_field(v, unit_of(k))}" for k, v in sorted(value.items()))
     return fmt_field(value, unit_of(key))
+
+
+def render_replay_text(doc: dict[str, Any]) -> str:
+    """``tracecliff whatif --fix-ranks``: the replayed typical step with those ranks fixed."""
+    fixed = ", ".join(f"rank {r} ({doc['causes'][str(r)]})" for r in doc["ranks"])
+    return (f"Replay with {fixed} fixed: typical step {fmt_us(doc['step_time_us'])} -> "
+            f"{fmt_us(doc['predicted_step_time_us'])} (saves {fmt_us(doc['gain_us'])}; {doc['model']})\n")

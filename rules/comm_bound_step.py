@@ -7,7 +7,8 @@ import statistics
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
-from analyzer.whatif.fsdp import layer_count
+from analyzer.whatif.fsdp import layer_count, parameter_count
+from analyzer.job.memory import bucket_cap_memory, fix_memory
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
@@ -143,6 +144,9 @@ class CommBoundStep(Rule):
             "collectives": rep["collectives"], "t_comm_basis": bound_by or "measured (every rank's trace given)",
             "prediction": prediction,
         }
+        memory = _fix_memory(facts, best, rep["kind"])
+        if memory is not None:  # the projected fix changes memory (HYBRID_SHARD, a bucket cap)
+            evidence["memory"] = memory
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text="", fixes=self._fixes(best))]
@@ -243,6 +247,29 @@ class CommBoundStep(Rule):
                          "t_window_us": window, "wait_us": 0.0, "min_bubble_us": bound.min_bubble_us,
                          "exposed_us": view.exposed_comm_us, "collectives": ", ".join(kinds)})
         return rows
+
+
+def _fix_memory(facts, best: str | None, kind: str) -> dict | None:
+    """``evidence.memory`` of the best projected fix where it changes memory: HYBRID_SHARD
+    (from DDP it only frees memory; from FULL_SHARD it holds 16Ψ/g instead of 16Ψ/N) or a
+    bucket cap; None for a fix that moves no memory (more NICs) or none."""
+    if best is None:
+        return None
+    if best.startswith("bucket_cap_mb") and kind == "ddp":
+        steps = ddp_steps(facts)
+        return bucket_cap_memory(facts, sum(representative(steps, facts.model).bucket_bytes)) if steps else None
+    if not best.startswith("HYBRID_SHARD"):
+        return None
+    g = facts.gpus_per_node
+    if facts.strategy == "ddp":
+        return fix_memory(facts, None, source="HYBRID_SHARD shards the 16Ψ DDP holds over each node", frees_only=True)
+    psi, _ = parameter_count(facts)
+    n = facts.world_size
+    if not (psi and g and n):
+        return fix_memory(facts, None, source="Ψ or the shard group unknown")
+    after = models.hsdp_memory_bytes(psi, g)
+    return fix_memory(facts, after - models.zero3_memory_bytes(psi, n), after,
+                      f"static state 16Ψ/g − 16Ψ/N (g = {g}, N = {n}; docs/models.md §3)")
 
 
 def _bucket_cap_mib(facts) -> float | None:

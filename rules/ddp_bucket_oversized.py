@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.prediction import what_if_or_own
@@ -118,6 +119,7 @@ class DdpBucketOversized(Rule):
             "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
             "predicted_step_time_us": round(step_us - gain, 1),
             "projection_source": projection_source,
+            "memory": bucket_cap_memory(ctx.facts, sum(rep.bucket_bytes)),
             "prediction": prediction,
             "step_time_us": round(step_us, 1),
             "link": rep.link.evidence(),

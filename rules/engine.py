@@ -28,10 +28,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from analyzer.job.memory import fits_verdict
 from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
+from analyzer.rank.workload import INFERENCE_NOTE
 from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
@@ -316,7 +318,12 @@ def verdict(findings: list[dict[str, Any]], model: JobModel, statuses: list[dict
     together recover (``joint``: the Result's ``recoverable``), or why the run looks healthy;
     then the rules that could not check. "No scaling problem found" only when the typical step's
     exposed communication and idle together are small (analyzer.job.model)."""
-    return _headline(findings, model, joint) + _unchecked(statuses or [])
+    return _workload(model) + _headline(findings, model, joint) + _unchecked(statuses or [])
+
+
+def _workload(model: JobModel) -> str:
+    """An inference job is named first: the reader must not take its findings for a training step's."""
+    return f"Inference ({INFERENCE_NOTE}): " if model.workload == "inference" else ""
 
 
 def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, Any] | None) -> str:
@@ -324,7 +331,8 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     step = model.step_time_us
     problems = [f for f in findings if not f["title"].startswith("rule ")]
     if problems:
-        top = problems[0]
+        # A fix that does not fit the GPU (evidence.memory) is never the one the verdict leads with.
+        top = next((f for f in problems if fits_verdict(f) is not False), problems[0])
         gain = top.get("estimated_gain_us")
         if gain and step:
             cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
@@ -333,6 +341,9 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
         else:
             cost = f" (no estimate of the gain; the {fmt_us(step)} typical step)" if step else ""
         more = f"; {len(problems) - 1} more finding(s) below" if len(problems) > 1 else ""
+        unfit = sum(fits_verdict(f) is False for f in problems)
+        if unfit:
+            more += f"; {unfit} fix(es) would not fit the GPU's memory (see evidence.memory)"
         return f"{len(problems)} problem(s) found: {top['title']}{cost}{_together(joint)}{more}."
     if findings:
         return "No problem found, but a rule failed (see findings)."
@@ -346,6 +357,9 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     if model.ranks and any(r.steps for r in model.ranks):
         return "No problem found, but no time breakdown could be made, so the step is not accounted for (see warnings)."
     # Not "no problem": with no GPU steps the step-time rules could not look (they say so below).
+    if not model.gpu_events and model.unread_device_events:
+        return (f"No GPU work could be read: {model.unread_device_events:,} event(s) under categories tracecliff does "
+                "not know look like device work (see warnings); only the structural checks could run.")
     if not model.gpu_events:
         return ("CPU-only traces (no GPU work recorded): only the structural checks could run, and none found a "
                 "problem.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from analyzer.job.memory import fit_text, fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
@@ -102,8 +103,10 @@ class FsdpFullShardCrossNode(Rule):
         memory = facts.job.get("gpu_mem_bytes") or facts.hardware.memory_bytes.value
         need = models.hsdp_memory_bytes(psi, g) if psi else None
         fits = need is not None and memory is not None and need <= ctx.thresholds["memory_fraction"] * memory
-        if need is not None and memory and not fits:
-            return []  # HYBRID_SHARD would not fit: nothing to suggest
+        fit = fix_memory(facts, need - models.zero3_memory_bytes(psi, link.n) if need else None, need,
+                         f"static state 16Ψ/g − 16Ψ/N (g = {g}, N = {link.n}; docs/models.md §3)")
+        if need is not None and memory and not fits and fit["how"] != "measured":
+            return []  # HYBRID_SHARD would not fit by the models: nothing to suggest
         gain, projection_source, prediction = what_if_or_own(
             facts.result, step_us, gain,
             "FSDP unit schedule (docs/models.md §5) on the median rank-step with the intra-node link and a replicate all-reduce",
@@ -112,6 +115,8 @@ class FsdpFullShardCrossNode(Rule):
         step_after = step_us - gain
         memory_text = (f"; HYBRID_SHARD needs 16Ψ/g = {fmt_bytes(need)} of {fmt_bytes(memory)} per GPU" if need and memory
                        else "; check that 16Ψ/g fits the GPU (Ψ unknown)")
+        if fit["how"] == "measured":
+            memory_text += f" ({fit_text(fit)})"
         summary = (f"FULL_SHARD all-gathers and reduce-scatters run in a {link.n}-rank group across "
                    f"{nodes} nodes with {fmt_us(exposed)} exposed per step ({100 * exposed / step_us:.0f}%); "
                    f"HYBRID_SHARD (shard over {g} GPUs per node) is projected to cut the typical step from "
@@ -133,6 +138,7 @@ class FsdpFullShardCrossNode(Rule):
             "parameters": psi, "parameters_source": psi_source,
             "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
             "collectives": "all-gather, reduce-scatter",
+            "memory": fit,
         }
         snippet = ("FullyShardedDataParallel(model, ..., sharding_strategy=ShardingStrategy.HYBRID_SHARD)  # FSDP1\n"
                    f"mesh = init_device_mesh(\"cuda\", ({nodes}, {g}), mesh_dim_names=(\"replicate\", \"shard\"))\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
@@ -104,6 +105,7 @@ class FsdpMissingWrapPolicy(Rule):
             "collectives": "forward all-gather",
             "step_time_us": None if step_us is None else round(step_us, 1),
             "prediction": prediction,
+            "memory": self._memory(facts, param_bytes or ag_bytes, layers),
         }
         strategy = facts.strategy
         snippet = ("for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)" if strategy == "fsdp2" else
@@ -114,6 +116,15 @@ class FsdpMissingWrapPolicy(Rule):
                             fix_text="Wrap each transformer block as its own FSDP unit so all-gathers "
                                      "overlap compute and only one block is unsharded at a time.",
                             fix_snippet=snippet)]
+
+    @staticmethod
+    def _memory(facts, gathered: float | None, layers: int | None) -> dict:
+        """Wrapping each block holds one block gathered and the prefetched next one instead of
+        the whole model: it frees (1 − 2/L) of the gathered parameters."""
+        saved = gathered * (1 - 2 / layers) if gathered and layers and layers > 2 else None
+        return fix_memory(facts, None if saved is None else -saved, source=(
+            f"gathered parameters: Ψ·bytes at once now, 2/L of them per block (L = {layers})" if saved else
+            "the gathered parameters shrink from the whole model to two blocks"), frees_only=True)
 
     @staticmethod
     def _prediction(ctx, layers: int | None, layers_source: str) -> tuple[float | None, dict]:

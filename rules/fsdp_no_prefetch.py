@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from analyzer.job.memory import fix_memory
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.fsdp import fsdp_steps, unit_links
+from analyzer.model import formulas as models
+from analyzer.whatif.fsdp import fsdp_steps, parameter_count, unit_links
 from analyzer.whatif.ddp import representative
 from analyzer.whatif.prediction import predicted
 
@@ -100,6 +102,7 @@ class FsdpNoPrefetch(Rule):
             "step_time_us": round(step_us, 1),
             "link": links["allgather"].evidence(),
             "collectives": "forward and backward all-gather",
+            "memory": self._memory(facts, rep, links["allgather"].n),
             "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the "
                                     "median rank-step: exposed communication without prefetch less with it", {
                 "link": {"value": links["allgather"].evidence(), "origin": "measured",
@@ -119,3 +122,13 @@ class FsdpNoPrefetch(Rule):
                             estimated_gain_us=gain, model=model,
                             fix_text="Turn on FSDP prefetching so the next unit's all-gather runs under "
                                      "the current unit's compute.", fix_snippet=snippet)]
+
+    @staticmethod
+    def _memory(facts, rep, n: int) -> dict:
+        """Prefetching gathers one more unit ahead: the largest forward all-gather's bytes more;
+        modelled, the sharded state 16Ψ/N and two units gathered."""
+        unit = max(rep.forward_ag_bytes) if rep.forward_ag_bytes else None
+        psi, _ = parameter_count(facts)
+        modelled = models.zero3_memory_bytes(psi, n) + 2 * unit if psi and unit else None
+        return fix_memory(facts, unit, modelled, "one more unit gathered ahead: the largest forward all-gather's bytes"
+                          + (f"; modelled peak 16Ψ/N + 2 units (N = {n}; docs/models.md §3)" if modelled else ""))

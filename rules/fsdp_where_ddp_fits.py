@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_params, fmt_pct, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
@@ -110,6 +111,7 @@ class FsdpWhereDdpFits(Rule):
             "projected_ddp_step_time_us": None if ddp_step is None else round(ddp_step, 1),
             "projected_shard_grad_op_step_time_us": None if sgo_step is None else round(sgo_step, 1),
             "collectives": "all-gather, reduce-scatter",
+            "memory": self._memory(facts, best or "DDP", psi, n),
             "prediction": (predicted(step_us, max(0.0, gain or 0.0), f"{best}: "
                                      + ("DDP bucket pipeline (docs/models.md §4) at the measured backward pace, 25 MiB "
                                         "buckets, plus the unsharded optimizer" if best == "DDP" else
@@ -131,6 +133,14 @@ class FsdpWhereDdpFits(Rule):
                                          "#     FSDP2 fully_shard(block, reshard_after_forward=False)"),
                             severity=None if gain is not None
                             and gain >= ctx.thresholds["min_gain_fraction"] * step_us else "info")]
+
+    @staticmethod
+    def _memory(facts, best: str, psi: float, n: int) -> dict:
+        """The fix's memory: DDP holds 16Ψ, SHARD_GRAD_OP 2Ψ + 14Ψ/N, against FULL_SHARD's 16Ψ/N."""
+        after = models.ddp_memory_bytes(psi) if best == "DDP" else models.zero2_memory_bytes(psi, n)
+        formula = "16Ψ" if best == "DDP" else "2Ψ + 14Ψ/N"
+        return fix_memory(facts, after - models.zero3_memory_bytes(psi, n), after,
+                          f"{best}: static state {formula} − 16Ψ/N (N = {n}; docs/models.md §3)")
 
     @staticmethod
     def _shard_grad_op_step(facts, step_us):

@@ -5,8 +5,7 @@ from __future__ import annotations
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import (HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES, HOST_OWN_WORK_FIX, HOST_OWN_WORK_REQUIRES,
-                                 HOST_OWN_WORK_SNIPPET, HOST_SNIPPET, idle_split_note, ranks_phrase)
+from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, host_fix_requires, idle_split_note, ranks_phrase
 
 
 @register
@@ -23,6 +22,7 @@ class GpuIdleHostBound(Rule):
         already launched and waiting behind a dependency is gpu-idle-queued's. The host part is
         split by what the host's CPU trace shows meanwhile: the data loader, a blocking device
         sync (``.item()``, ``.cpu()``, ``torch.cuda.synchronize``, a copy to pageable memory),
+        the device allocator (``cudaFree`` / ``hipFree`` / ``cudaMalloc`` ..., each free a sync),
         ordinary host ops running far past their usual length (CPU contention), FSDP's hooks,
         kernel launches, other work.
 
@@ -39,12 +39,17 @@ class GpuIdleHostBound(Rule):
 
     Fix:
         Follows the largest host leaf: a faster data loader for input, removing the sync for a
-        device sync (a faster data loader does not fix that), pinning threads and thread counts
+        device sync (a faster data loader does not fix that), the caching allocator for allocator
+        stalls (no PYTORCH_NO_CUDA_MEMORY_CACHING, no ``empty_cache`` in the loop,
+        ``expandable_segments``, buffers allocated once), pinning threads and thread counts
         for CPU contention, coarser FSDP units for FSDP overhead, ``torch.compile`` / CUDA
         graphs for launch-bound steps. The rest is the host's own work, placed by the phase of
         the work it launched next: in forward or backward, per-op host overhead (``torch.compile``,
         CUDA graphs, more GPU work per op); in the optimizer step, a fused or foreach optimizer;
-        outside them, profiling the host (logging, checkpointing, evaluation).
+        outside them, profiling the host (logging, checkpointing, evaluation). On an inference job
+        (no backward pass, no optimizer step: analyzer.rank.workload), the host's own work and
+        launch overhead get inference's fix instead: CUDA graphs, ``torch.compile``, larger
+        batches, fewer host syncs (never the training loop's logging or checkpointing).
 
     References:
         docs/models.md §6 (compute, MFU: idle time lowers MFU directly); HTA idle-time
@@ -90,14 +95,17 @@ class GpuIdleHostBound(Rule):
         rest = (f"; the other {fmt_us(queued)} of its {fmt_us(all_idle)} idle had work launched and waiting "
                 "(gpu-idle-queued)" if queued >= 0.05 * all_idle else "")
         note = idle_split_note(ctx)
+        calls = _allocator_evidence(hit, by_rank) if activity == "allocator" else {}
         summary = (f"The GPU is idle for lack of work {fmt_us(idle)} of its {fmt_us(own_step_us)} step {who} "
                    f"(median of those ranks, typical step {step}; up to {100 * max(shares[r] for r in hit):.0f}%)"
                    f"{rest}; meanwhile the host is in: {host_text or 'nothing the trace shows'}."
+                   + (f" {_allocator_text(hit[0], calls[str(hit[0])])}." if str(hit[0]) in calls else "")
                    + (f" Caveat: {note}." if note else ""))
         model = ("host-caused idle = the step window's time with no kernel, copy or collective on the GPU and the "
                  "work that ends each gap not launched yet (until its launch + the launch latency; waiting for "
                  "other ranks happens inside collectives and is not idle); split by the host's CPU ranges: data "
-                 "loader, blocking syncs (and the gap they drained), host ops inflated far past their usual length, "
+                 "loader, blocking syncs (and the gap they drained), the device allocator's calls (and the gap "
+                 "a free drained), host ops inflated far past their usual length, "
                  "FSDP hooks, short gaps before late launches, the rest; the gain is an upper bound (all of that "
                  "idle recovered)")
         evidence = {
@@ -111,13 +119,16 @@ class GpuIdleHostBound(Rule):
         if note:
             evidence["idle_split"] = note
         evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
-        fix, snippet = HOST_FIX[activity], HOST_SNIPPET[activity]
-        requires = HOST_FIX_REQUIRES.get(activity, ())
-        if activity == "unknown" and own:
-            lead = max(own, key=lambda k: (own[k], k))
+        if calls:
+            evidence["allocator_calls"] = calls
+        lead = max(own, key=lambda k: (own[k], k)) if activity == "unknown" and own else None
+        if lead:
             evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
-            fix, snippet = HOST_OWN_WORK_FIX[lead], HOST_OWN_WORK_SNIPPET[lead]
-            requires = HOST_OWN_WORK_REQUIRES.get(lead, ())
+        if ctx.model.workload:
+            evidence["workload"] = ctx.model.workload
+        graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
+        fix, snippet = host_fix(activity, lead, ctx.model.workload, graphed)
+        requires = host_fix_requires(activity, lead, ctx.model.workload)
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
@@ -141,6 +152,18 @@ def _inflated_evidence(ctx, hit, by_rank) -> dict:
         for name, figures in ((by_rank[r]["details"].get("inflated_ops")) or {}).items():
             ops.setdefault(name, figures)
     return {"inflated_host_ops": ops} if ops else {}
+
+
+def _allocator_evidence(hit, by_rank) -> dict[str, dict[str, dict[str, float]]]:
+    """Each firing rank's allocator calls in its typical step (name: calls, host µs in them)."""
+    return {str(r): by_rank[r]["details"]["allocator_calls"] for r in hit if by_rank[r]["details"].get("allocator_calls")}
+
+
+def _allocator_text(rank: int, calls: dict[str, dict[str, float]]) -> str:
+    """'Rank 0's allocator calls in that step: hipFree x1,298 (3.35 s of host time), ...'."""
+    parts = [f"{name} x{c['calls']:,} ({fmt_us(c['host_us'])})"
+             for name, c in sorted(calls.items(), key=lambda kv: (-kv[1]["host_us"], kv[0]))]
+    return f"Rank {rank}'s allocator calls in that step (host time in them): " + ", ".join(parts)
 
 
 def _own_work_by_phase(breakdowns) -> dict[str, float]:

@@ -4,6 +4,7 @@ cause."""
 
 # What the host was doing while its GPU idled, nothing launched (analyzer.rank.attribution).
 HOST_ACTIVITY = {"input": "the data loader", "device_sync": "a blocking device sync",
+                 "allocator": "the device allocator (cudaFree / hipFree / cudaMalloc ..., each free a device sync)",
                  "contention": "host ops running far beyond their usual length (CPU contention)",
                  "fsdp": "FSDP's own hooks", "launch": "launching kernels one by one",
                  "unknown": "Python or other host work"}
@@ -13,6 +14,11 @@ HOST_FIX = {
     "device_sync": ("remove the blocking sync from the step (.item(), .cpu(), print of a tensor, "
                     "torch.cuda.synchronize, a copy to pageable memory): keep values on the GPU or read them "
                     "every N steps, copy into pinned memory with non_blocking=True"),
+    "allocator": ("device memory is allocated and freed outside the caching allocator's pool, and every free "
+                  "waits for the device: keep the caching allocator on (unset PYTORCH_NO_CUDA_MEMORY_CACHING), "
+                  "take torch.cuda.empty_cache() out of the loop, set "
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where fragmentation makes it retry (free its "
+                  "cache and allocate again), and allocate buffers once, outside the step"),
     "contention": ("the host process is descheduled: ordinary host ops (kernel launches, allocations) run "
                    "20x and more their usual length. Pin each rank's threads to its own cores (numactl / taskset, "
                    "one NUMA node per GPU), set OMP_NUM_THREADS and torch.set_num_threads to the cores per rank, "
@@ -29,6 +35,8 @@ HOST_SNIPPET = {
               "           persistent_workers=True, prefetch_factor=4)"),
     "device_sync": "loss_sum += loss.detach()          # not loss.item() every step\n"
                    "if step % 100 == 0: print(loss_sum.item() / 100)",
+    "allocator": ("unset PYTORCH_NO_CUDA_MEMORY_CACHING   # the caching allocator reuses freed blocks\n"
+                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py   # and no empty_cache() per step"),
     "contention": ("OMP_NUM_THREADS=8 numactl --cpunodebind=<gpu's node> --membind=<node> python train.py\n"
                    "torch.set_num_threads(8)   # the cores of this rank, not the host's"),
     "fsdp": "fully_shard(model.layers[i:i + 4], reshard_after_forward=(i < last))   # fewer, larger units",
@@ -60,6 +68,36 @@ HOST_OWN_WORK_SNIPPET = {
     "other": "py-spy record -o host.svg --pid <PID>   # where the host spends the step",
 }
 
+# An inference job's own host work or launch overhead (no training loop: no optimizer, logging,
+# checkpointing or evaluation to blame): cut the host's work per generated token or request.
+INFERENCE_ACTIVITIES = ("unknown", "launch")
+INFERENCE_HOST_FIX = ("the host's work between kernels of the forward passes (Python, operator dispatch, the serving "
+                      "loop's scheduling) takes longer than the GPU work it launches: CUDA graphs (capture the decode "
+                      "step: torch.compile(mode=\"reduce-overhead\"), a serving engine's CUDA-graph mode rather than "
+                      "eager), torch.compile to fuse the small ops, larger batches (more sequences or requests per "
+                      "forward: more GPU work per launch), fewer host syncs (.item() / .tolist() / .cpu() per token)")
+INFERENCE_HOST_SNIPPET = 'model = torch.compile(model, mode="reduce-overhead")   # CUDA graphs for the decode step'
+# The same where the GPU work already runs as CUDA graphs: what is left is the host's work between
+# graph launches.
+INFERENCE_GRAPHED_FIX = ("the forward passes already run as CUDA graphs, and the host's work between graph launches "
+                         "(scheduling, input preparation, sampling, Python) takes longer than the GPU work of each: "
+                         "larger batches (more sequences or requests per graph launch), fewer host syncs "
+                         "(.item() / .tolist() / .cpu() per token), and the next step's scheduling overlapped with "
+                         "the GPU's work (asynchronous scheduling in the serving engine)")
+INFERENCE_GRAPHED_SNIPPET = "py-spy record -o host.svg --pid <PID>   # the host's work between graph launches"
+
+
+def host_fix(activity: str, own_phase: str | None, workload: str | None, graphed: bool = False) -> tuple[str, str]:
+    """The fix and snippet for the leading host leaf: on an inference job, its own advice for
+    the host's own work and launch overhead (without CUDA graphs where its work runs as graphs
+    already: ``graphed``); else the leaf's, the host's own work by its phase."""
+    if workload == "inference" and activity in INFERENCE_ACTIVITIES:
+        return (INFERENCE_GRAPHED_FIX, INFERENCE_GRAPHED_SNIPPET) if graphed else (INFERENCE_HOST_FIX,
+                                                                                  INFERENCE_HOST_SNIPPET)
+    if activity == "unknown" and own_phase:
+        return HOST_OWN_WORK_FIX[own_phase], HOST_OWN_WORK_SNIPPET[own_phase]
+    return HOST_FIX[activity], HOST_SNIPPET[activity]
+
 
 def idle_split_note(ctx) -> str | None:
     """Why the typical step's split of idle into host-caused and queued cannot be trusted."""
@@ -75,3 +113,13 @@ def ranks_phrase(hit: list[int], given: int) -> str:
 # FSDP, advice about the training step (backward, optimizer, checkpointing) only in training.
 HOST_FIX_REQUIRES = {"input": ("loader_bound",), "fsdp": ("fsdp",), "unknown": ("training",)}
 HOST_OWN_WORK_REQUIRES = {"backward": ("training",), "optimizer": ("training",), "other": ("training",)}
+
+
+def host_fix_requires(activity: str, own_phase: str | None, workload: str | None) -> tuple[str, ...]:
+    """What :func:`host_fix`'s advice needs of the job (its preconditions): an inference job's own
+    advice needs nothing more; else the leaf's, the host's own work by its phase."""
+    if workload == "inference" and activity in INFERENCE_ACTIVITIES:
+        return ()
+    if activity == "unknown" and own_phase:
+        return HOST_OWN_WORK_REQUIRES.get(own_phase, ())
+    return HOST_FIX_REQUIRES.get(activity, ())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -14,8 +13,12 @@ from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
+from analyzer.whatif import replay as rp
+from analyzer.whatif.replay import (caused_in_step as _caused_in_step, excess_over_others as _excess,
+                                    recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
+from analyzer.whatif.prediction import predicted
 
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
@@ -40,6 +43,13 @@ class StragglerRank(Rule):
         late rank in at least ``consistency`` of the steps, else ``rotating``; with one steady
         step it is ``one step`` (which of the two cannot be told). It needs every rank's trace
         (with a subset, the last rank given may not be the last member).
+        Who is named, and what fixing each is worth, comes from the replay of the measured job
+        (docs/models.md §9): the ranks causing waiting and the ranks entering late are each
+        fixed on the replay (their extra idle or compute taken out of their chain) and named
+        greedily, the fix that saves most first, until the named ones save ``wait_share`` of
+        what fixing all of them saves; a rank another one hides (it sets the pace once that one
+        is on time) is named with it. Entry skew is only a rank whose fix saves nothing with
+        the named ones fixed.
 
     Why it matters:
         Synchronous data parallelism runs at the pace of its slowest rank. Every other GPU waits
@@ -55,6 +65,10 @@ class StragglerRank(Rule):
         dependency), ``compute`` (its kernels take longer), ``entry-skew`` (it starts the step
         later than the others although its own step is normal: ranks enter the step out of
         step, as at a first all-to-all), ``network`` (its transfer is slower), ``unknown``.
+        ``late_ranks`` in the greedy order; ``per_rank``: each rank weighed (``named``), its
+        cause, what fixing it alone saves (``gain_alone_us``) and predicts
+        (``predicted_step_alone_us``), what it adds in the greedy order (``gain_in_order_us``);
+        the prediction: every named rank fixed, replayed.
 
     Fix:
         Follows the cause: the host's data loader or device sync, the dependency the launched
@@ -62,7 +76,7 @@ class StragglerRank(Rule):
         work before the step), the rank's links.
 
     References:
-        docs/models.md §2 (collectives end together; transfer time vs wait);
+        docs/models.md §2 (collectives end together; transfer time vs wait), §9 (the replay);
         NVIDIA nccl-tests doc/PERFORMANCE.md; Li et al., VLDB 2020.
     """
 
@@ -85,7 +99,7 @@ class StragglerRank(Rule):
                                     "own breakdown must reach to name the cause", 0.0, 1.0),
     }
     recovers = ("exposed_wait_us",)
-    references = ("docs/models.md §2", "NVIDIA nccl-tests doc/PERFORMANCE.md",
+    references = ("docs/models.md §2", "docs/models.md §9", "NVIDIA nccl-tests doc/PERFORMANCE.md",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
     def check(self, ctx):
@@ -126,22 +140,34 @@ class StragglerRank(Rule):
             "persistent" if count >= t["consistency"] * len(steady) else "rotating"
         late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] for r in late}
         causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
+        counter, counter_causes = _counterfactuals(ctx.result, every, steady, caused, lateness, t, step_us)
+        if counter is not None and counter.order:
+            late = counter.order
+            late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] or steady for r in late}
+            causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
         worst = late[0]
         lead = causes[worst]
-        recovers = _recovers(waited, wait_us, lead["cause"], typical)
-        gain = sum(recovers.values())
+        replayed = counter.together if counter is not None and counter.order else None
+        if replayed is not None:  # the waiting for the ranks named now, as ``fix_ranks_doc`` counts it
+            waited = waited_for_ranks(every, steady, on, late)
+        recovers = _recovers(waited, wait_us if replayed is None else replayed, lead["cause"], typical)
+        gain = sum(recovers.values())  # what the typical step's leaves hold of it
         skewed = _entry_skew(every, steady, late, caused, total, t["wait_fraction"] * step_us, t["member_share"])
-        shares = ", ".join(f"rank {r} {fmt_us(caused[r])} ({100 * caused[r] / total:.0f}%)" for r in late)
+        if counter is not None:  # entry skew: its lateness costs nothing even with the named ranks fixed
+            floor = t["member_share"] * counter.recoverable
+            skewed = {r: v for r, v in skewed.items() if counter.beyond.get(r, 0.0) <= floor}
+        shares = ", ".join(f"rank {r} {fmt_us(caused.get(r, 0.0))} ({100 * caused.get(r, 0.0) / total:.0f}%)" for r in late)
         names = ", ".join(str(r) for r in late)
+        total = total or 1.0
         many = len(late) > 1
-        share = sum(caused[r] for r in late) / total
+        share = sum(caused.get(r, 0.0) for r in late) / total
         summary = (f"Rank{'s' if many else ''} {names} cause{'' if many else 's'} {100 * share:.0f}% of the waiting "
                    f"for late peers at the collectives ({fmt_us(total)} per step, mean over the ranks): {shares} "
                    f"(mean over the {len(steady)} steady step(s); {_pattern_text(pattern, top, count, len(steady))}); "
                    f"the other ranks wait {fmt_us(wait_us)} for {'them' if many else 'it'} ({where}, median rank "
                    f"not late: {100 * wait_us / step_us:.1f}% of the {fmt_us(step_us)} typical step)"
-                   f"{_held_text(wait_us, gain, recovers)}; cause: {lead['cause']} — {lead['text']}."
-                   f"{_skew_text(skewed)}")
+                   f"{_held_text(wait_us, gain, recovers) if counter is None else ''}; cause: {lead['cause']} — "
+                   f"{lead['text']}.{_counter_text(counter, step_us, gain)}{_skew_text(skewed)}")
         model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
                  "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
                  "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
@@ -156,7 +182,7 @@ class StragglerRank(Rule):
             "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
             "causes": {str(r): c for r, c in causes.items()},
             "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
-            "caused_wait_share": {str(r): round(caused[r] / total, 3) for r in late},
+            "caused_wait_share": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
             "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "all_waiting_per_step_us": round(total, 1),
             "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
@@ -165,23 +191,23 @@ class StragglerRank(Rule):
             "step_time_us": round(step_us, 1),
             "wait_source": job.get("wait_source"),
         }
+        if counter is not None and counter.order:
+            evidence["per_rank"] = _per_rank(counter, counter_causes, step_us)
+            evidence["recoverable_by_replay_us"] = round(counter.recoverable, 1)
+            evidence["next_after_named"] = {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}
+            if gain < counter.together - 0.05:  # e.g. a late entry: its delay lies before the step window
+                evidence["replay_gain_beyond_leaves_us"] = round(counter.together - gain, 1)
+            # `tracecliff whatif --fix-ranks` replays the same fixes: it gives this figure where the
+            # typical step's leaves hold all of the replay's saving (else the evidence says how much more)
+            evidence["prediction"] = predicted(step_us, gain, REPLAY_MODEL, {
+                "fixed": {str(r): counter_causes[r] for r in late}, "steps_replayed": steady},
+                whatif=_fix_command(late) if "replay_gain_beyond_leaves_us" not in evidence else None)
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
                             fix_text="", fixes=[Fix(_fix(ctx, worst, lead), _snippet(ctx, worst, lead),
                                                     HOST_FIX_REQUIRES.get(lead.get("host_activity") or "unknown", ())
                                                     if lead["cause"] == "host" else ())])]
-
-
-def _caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
-    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
-    out: dict[int, float] = {}
-    for tb in rows.values():
-        for peer, us in (tb.get("wait_by_peer") or {}).items():
-            if peer.isdigit():
-                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
-    return out
 
 
 def _mean_over_steps(by_step: dict[Any, dict[int, float]], steps: list[Any]) -> dict[int, float]:
@@ -231,27 +257,6 @@ def _skew_text(skewed: dict[int, float]) -> str:
             "costs the others: entry skew, not a straggler.")
 
 
-# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
-_OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
-             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
-
-
-def _recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
-    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
-    typical step's leaves, which are means over the ranks: the waiting for the late ranks
-    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
-    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
-    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
-    lies before its step window) and is not a gain."""
-    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
-    wait = min(wait_us, waited, room("exposed_wait_us"))
-    rest = _OWN_LEAF.get(cause, "exposed_wait_us")
-    if rest == "exposed_wait_us":
-        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
-    own = min(wait_us - wait, room(rest))
-    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
-
-
 def _held_text(wait_us: float, gain: float, recovers: dict[str, float]) -> str:
     """Says how much of the others' wait the typical step's leaves hold, when not all of it."""
     if gain >= wait_us - 0.05:
@@ -284,34 +289,11 @@ def _lateness(result: Any) -> dict[Any, dict[int, float]]:
     return out
 
 
-def _steps_by_number(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
-    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)}}."""
-    out: dict[Any, dict[int, dict[str, Any]]] = {}
-    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
-    origin = result.job.get("time_origin_ns") or 0
-    for rank in result.ranks:
-        for entry in rank.steps:
-            tb = entry.get("time_breakdown")
-            if not tb or "wait_by_peer" not in tb:
-                continue
-            entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
-            out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
-                                                            "entry_us": entry_us}
-    return out
-
-
 def _wait_for(rows: dict[int, dict[str, Any]], late: set[int]) -> float:
     """Exposed wait for the late ranks on the median rank that is not late (every rank when all
     were late): what the step would lose less if they arrived on time."""
     waiting = [tb for r, tb in rows.items() if r not in late] or list(rows.values())
     return median(sum(tb["wait_by_peer"].get(str(r), 0.0) for r in late) for tb in waiting) or 0.0
-
-
-def _excess(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
-    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
-    if not rows or rank not in rows:
-        return 0.0
-    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
 
 
 def _host_excess(rows: dict[int, dict[str, Any]] | None, rank: int, key: str = "idle_by_host") -> dict[str, float]:
@@ -385,7 +367,8 @@ def _fix(ctx, rank: int, lead: dict[str, Any]) -> str:
     node = ctx.facts.node_of(rank)
     cause = lead["cause"]
     if cause == "host":
-        return f"Rank {rank} ({node}) is host-bound: {HOST_FIX.get(lead['host_activity'], HOST_FIX['unknown'])}."
+        activity = lead["host_activity"] if lead["host_activity"] in HOST_FIX else "unknown"
+        return f"Rank {rank} ({node}) is host-bound: {host_fix(activity, None, ctx.model.workload)[0]}."
     if cause == "queued":
         return f"Rank {rank} ({node}) waits behind a dependency: {dependency_fix(lead['waited_on'], {}, False)[0]}"
     if cause == "compute":
@@ -406,3 +389,81 @@ def _snippet(ctx, rank: int, lead: dict[str, Any]) -> str | None:
     return {"compute": f"nvidia-smi -q -d CLOCK,PERFORMANCE   # on {node}",
             "host": f"py-spy dump --pid <rank {rank} PID>   # on {node}",
             "network": f"all_reduce_perf -b 8 -e 1G -f 2 -g 1   # nccl-tests, on {node}"}.get(lead["cause"])
+
+
+REPLAY_MODEL = ("replay of the measured job (docs/models.md §9): each named rank's own extra time (its host stall or "
+                "its slower compute against the median other rank) taken out of its chain and the job replayed, "
+                "every collective ending at its last member's arrival plus its transfer")
+# At most this many ranks are weighed by counterfactual (those causing most waiting, then the
+# latest to enter the step): the greedy replays each of them once per round.
+MAX_CANDIDATES = 8
+
+
+def _counterfactuals(result, every, steady, caused, lateness, t,
+                     step_us) -> tuple[rp.Counterfactuals | None, dict[int, str]]:
+    """The greedy counterfactual over the candidate ranks (None: the job cannot be replayed),
+    and each candidate's cause."""
+    chains = rp.chains(result)
+    if chains is None:
+        return None, {}
+    waiting = [r for r in sorted(caused, key=lambda r: (-caused[r], r)) if caused[r] > 0.0][:MAX_CANDIDATES]
+    entering = _entry_skew(every, steady, waiting, caused, sum(caused.values()) or 1.0, t["wait_fraction"] * step_us, 1.0)
+    candidates = waiting + sorted(entering, key=lambda r: (-entering[r], r))[:MAX_CANDIDATES]
+    excess = chains.gap_excess()
+    fixes, causes = {}, {}
+    for rank in candidates:
+        steps = [n for n in steady if _caused_in_step(every[n]).get(rank, 0.0) > 0.0] or steady
+        causes[rank] = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
+        fix = rp.cause_fix(chains, every, rank, causes[rank], excess)
+        if fix is not None:
+            fixes[rank] = fix
+    if not fixes:
+        return None, causes
+    return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
+
+
+def _per_rank(counter: rp.Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
+    """The named ranks in the greedy order, then every other rank weighed (``named`` false: its
+    fix alone, and ``gain_in_order_us`` what it would add after the named ones): the replay's
+    savings (mean over the steady steps), as ``tracecliff whatif --fix-ranks R`` gives them."""
+    rest = sorted((r for r in counter.alone if r not in counter.in_order), key=lambda r: (-counter.alone[r], r))
+    return [{"rank": r, "cause": causes[r], "named": r in counter.in_order,
+             "gain_alone_us": round(counter.alone[r], 1),
+             "predicted_step_alone_us": round(step_us - counter.alone[r], 1),
+             "gain_in_order_us": round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1),
+             "whatif": _fix_command([r])}
+            for r in counter.order + rest]
+
+
+def _fix_command(ranks: list[int]) -> str:
+    return f"tracecliff whatif TRACES --fix-ranks {','.join(map(str, sorted(ranks)))}"
+
+
+def _counter_text(counter: rp.Counterfactuals | None, step_us: float, gain: float) -> str:
+    """What fixing each named rank alone saves, which rank hides which, and what the set saves
+    (``gain``: the finding's, the replay's saving as far as the typical step's leaves hold it)."""
+    if counter is None or not counter.order:
+        return ""
+    order = counter.order
+    hidden = [r for r in order[1:] if counter.in_order[r] > counter.alone[r] + 0.1 * counter.together]
+    parts = []
+    for r in order:
+        text = f"fixing rank {r} alone saves {fmt_us(counter.alone[r])} ({fmt_us(step_us - counter.alone[r])} a step)"
+        if r == order[0] and hidden:
+            text += f" because rank{'s' if len(hidden) > 1 else ''} {', '.join(map(str, hidden))} " \
+                    f"{'are' if len(hidden) > 1 else 'is'} next"
+        elif r in hidden:
+            text += f": rank {order[0]} hides it"
+        parts.append(text)
+    if len(order) > 1:
+        parts.append(f"fixing {'both' if len(order) == 2 else f'all {len(order)}'} saves "
+                     f"{fmt_us(gain)} ({fmt_us(step_us - gain)} a step)")
+    floor = 0.1 * counter.together
+    nxt = sorted((r for r, us in counter.beyond.items() if us > floor), key=lambda r: (-counter.beyond[r], r))
+    if nxt:
+        parts.append(f"then rank{'s' if len(nxt) > 1 else ''} {', '.join(map(str, nxt))} would set the pace (fixing "
+                     f"{'each' if len(nxt) > 1 else 'it'} too saves {', '.join(fmt_us(counter.beyond[r]) for r in nxt)} "
+                     "more)")
+    lead = f" Rank{'s' if len(order) > 1 else ''} {' and '.join(map(str, order))} set{'' if len(order) > 1 else 's'} " \
+           "the pace (replay of the measured job, mean over the steady steps): "
+    return lead + "; ".join(parts) + "."

@@ -104,7 +104,10 @@ def wrap_for_job(job: str, model: nn.Module) -> nn.Module:
     raise ValueError(f"unknown job {job!r}; choose from {', '.join(JOBS)}")
 
 
-def train_rank(rank: int, job: str, out_dir: str, port: int) -> None:
+def train_rank(rank: int, job: str, out_dir: str, port: int, profile_memory: bool = False,
+               before_step=None) -> None:
+    """``profile_memory`` and ``before_step`` (called at each step's start): for
+    scripts/record_memory_cpu_traces.py."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -119,8 +122,10 @@ def train_rank(rank: int, job: str, out_dir: str, port: int) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         data = torch.Generator().manual_seed(SEED + rank)  # a different shard of data per rank
         steps = sum(SCHEDULE.values())
-        with profile_steps(out_dir, **SCHEDULE) as prof:
+        with profile_steps(out_dir, profile_memory=profile_memory, **SCHEDULE) as prof:
             for _ in range(steps):
+                if before_step is not None:
+                    before_step()
                 tokens = torch.randint(VOCAB, (BATCH, SEQUENCE), generator=data)
                 logits = model(tokens[:, :-1])
                 loss = F.cross_entropy(logits, tokens[:, 1:].reshape(-1))
@@ -167,6 +172,9 @@ CPU activity only, `record_shapes=True`, one gzip file per rank, `rank-<r>.pt.tr
 each with `distributedInfo` (backend, rank, world_size, pg_count, pg_config).
 
 {job_lines}
+- `memory_ddp/`: the `ddp/` job with `profile_memory=True` and two planted allocations per step
+  (a 64 MiB buffer freed at once, 1 MiB kept for good), recorded by
+  `scripts/record_memory_cpu_traces.py`; the sizes in `truth.toml` (tests/test_memory.py)
 - `compute/`: a model whose FLOPs cover every op family tracecliff counts (causal SDPA, 4-D
   matmul, baddbmm, Conv1d, mv), recorded by `scripts/record_compute_cpu_traces.py`: see
   [COMPUTE.md](COMPUTE.md)

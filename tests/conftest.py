@@ -8,13 +8,27 @@ SAMPLES = REPO / "sample_traces"
 REAL_TRACES = Path(os.environ.get("TRACECLIFF_REAL_TRACES", REPO.parent / "shared" / "traces" / "real"))
 
 
+WORLD_TRACES = REAL_TRACES.parent / "world"
+
+
+def _shared(folder: Path, what: str) -> Path:
+    """A folder of ../shared: CI must have it; elsewhere its tests are skipped without it."""
+    if not folder.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} missing at {folder} (CI must provide ../shared)")
+        pytest.skip(f"{what} not found at {folder}")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def real_traces() -> Path:
-    if not REAL_TRACES.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"real traces missing at {REAL_TRACES} (CI must provide ../shared)")
-        pytest.skip(f"real traces not found at {REAL_TRACES}")
-    return REAL_TRACES
+    return _shared(REAL_TRACES, "real traces")
+
+
+@pytest.fixture(scope="session")
+def world_traces() -> Path:
+    """../shared/traces/world (traces other teams recorded)."""
+    return _shared(WORLD_TRACES, "world traces")
 
 
 @pytest.fixture()

@@ -51,7 +51,7 @@ NONNEG = (0, 2**63 - 1)
 @dataclass(frozen=True)
 class Case:
     name: str          # "<job>/<field>=<value>"
-    job: str           # "ddp", "fsdp", "gloo", "pp", "hang-json", "hang-pickle" or "result"
+    job: str           # "ddp", "fsdp", "gloo", "pp", "mem", "hang-json", "hang-pickle" or "result"
     says: str | None   # what a warning or error about the field contains (None: any value is fine)
     must_say: bool     # the value is beyond what the field can plausibly hold: it must be said
     path: Path         # the job's directory (rank 0 changed), or the result file
@@ -143,6 +143,10 @@ def _p2p_arg(kind, key):
     return change
 
 
+def _is_memory(e: dict) -> bool:
+    return e.get("name") == "[memory]" and isinstance(e.get("args"), dict)
+
+
 def _step_name(doc, value):
     _event(doc, _is_step)["name"] = f"ProfilerStep#{value}"
 
@@ -197,6 +201,16 @@ TRACE_FIELDS: dict[str, Field] = {
     "deviceProperties.name": Field(("ddp",), _set_path("deviceProperties", 0, "name"), (HUGE,), None, None),
     "baseTimeNanoseconds": Field(("gloo",), _set_path("baseTimeNanoseconds"), (HUGE, NEG_HUGE), None, None),
     "schemaVersion": Field(("ddp",), _set_path("schemaVersion"), (HUGE,), None, None),
+    # the caching allocator's events (profile_memory=True): sizes beyond any device, or a
+    # negative total, are read as unknown and counted in one warning (analyzer.ingest.memory)
+    "Bytes": Field(("mem",), _arg(_is_memory, "Bytes"), (HUGE, NEGATIVE, 1e300), "allocator ([memory])",
+                   (-2**40, 2**40)),
+    "Total Allocated": Field(("mem",), _arg(_is_memory, "Total Allocated"), (HUGE, NEGATIVE),
+                             "allocator ([memory])", (0, 2**40)),
+    "Total Reserved": Field(("mem",), _arg(_is_memory, "Total Reserved"), (HUGE, NEGATIVE),
+                            "allocator ([memory])", (0, 2**40)),
+    "Device Type": Field(("mem",), _arg(_is_memory, "Device Type"), (HUGE,), None, None),
+    "Device Id": Field(("mem",), _arg(_is_memory, "Device Id"), (HUGE,), None, None),
 }
 
 
@@ -268,6 +282,7 @@ JOBS = {
     "fsdp": (SAMPLES / "synthetic" / "fsdp2_per_layer_healthy", ("rank-0.json.gz", "rank-1.json.gz")),
     "gloo": (SAMPLES / "cpu_gloo" / "ddp", ("rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz")),
     "pp": (SAMPLES / "synthetic" / "pp_gpipe_4stage", ("rank-0.json.gz", "rank-1.json.gz")),
+    "mem": (SAMPLES / "cpu_gloo" / "memory_ddp", ("rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz")),
     "hang-json": (SAMPLES / "flight_recorder" / "skip_collective" / "json",
                   tuple(f"fr_rank_{r}.json" for r in range(4))),
     "hang-pickle": (SAMPLES / "flight_recorder" / "skip_collective" / "pickle", tuple(f"fr_rank_{r}" for r in range(4))),

@@ -121,7 +121,46 @@ def _unseen() -> list[Fix]:
             spec=replace(p["megatron_tp8_2node"], name="u10", gpus_per_node=2, layers=6)),
         Fix("ep-alltoall-exposed", "ep_deepep_exposed", {"ep_overlapped": True}, label="DeepEP in line, 6 MoE layers",
             spec=replace(p["ep_deepep_exposed"], name="u11", layers=6)),
-    ]
+    ] + _masked()
+
+
+# Masked causes (issue 38): each rank's fix alone (``alone:RANK``: its per_rank entry) and the
+# named ranks' fixes together (the finding's prediction), each re-simulated.
+_SLOW_HOSTS = ((0, 30000.0, 1), (6, 22000.0, 1))
+_ROTATING = ((1, 25000.0, 4, 0), (4, 25000.0, 4, 1), (6, 25000.0, 4, 2))
+
+
+def _masked() -> list[Fix]:
+    dp8 = replace(SCENARIOS["ddp_healthy_8r"], n_layers=2, steps=5)
+    hosts = replace(dp8, name="u12", seed=112, host_stalls=_SLOW_HOSTS)
+    mixed = replace(dp8, name="u13", seed=113, straggler_rank=2, straggler_slowdown=1.3, host_stalls=((5, 20000.0, 1),))
+    rotating = replace(dp8, name="u14", seed=114, steps=4, host_stalls=_ROTATING)  # one stall each, then none
+    out = []
+    for rank, left in ((0, _SLOW_HOSTS[1:]), (6, _SLOW_HOSTS[:1])):
+        out.append(Fix("straggler-rank", "ddp_two_hosts_stall", {"host_stalls": left}, predicted_key=f"alone:{rank}",
+                       spec=hosts, label=f"ranks 0, 6 stall 30, 22 ms (8 GPUs): rank {rank} alone"))
+    out.append(Fix("straggler-rank", "ddp_two_hosts_stall", {"host_stalls": ()}, spec=hosts,
+                   label="ranks 0, 6 stall 30, 22 ms (8 GPUs): both"))
+    mixed_label = "rank 2 computes 1.3x slower, rank 5 stalls 20 ms (8 GPUs)"
+    out += [Fix("straggler-rank", "ddp_straggler", {"host_stalls": ()}, predicted_key="alone:5", spec=mixed,
+                label=f"{mixed_label}: rank 5 alone"),
+            Fix("straggler-rank", "ddp_straggler", {"straggler_slowdown": 1.0}, predicted_key="alone:2", spec=mixed,
+                label=f"{mixed_label}: rank 2 alone"),
+            Fix("straggler-rank", "ddp_straggler", {"host_stalls": (), "straggler_slowdown": 1.0}, spec=mixed,
+                label=f"{mixed_label}: both")]
+    for k, stall in enumerate(_ROTATING):
+        out.append(Fix("straggler-rank", "ddp_rotating_stall", {"host_stalls": _ROTATING[:k] + _ROTATING[k + 1:]},
+                       predicted_key=f"alone:{stall[0]}", spec=rotating,
+                       label=f"ranks 1, 4, 6 stall 25 ms in steps 1-3 of 4 (8 GPUs): rank {stall[0]} alone"))
+    # a slow link (rank 6's ring at 90 GB/s) beside a slow GPU: fixing the GPU alone leaves the
+    # slow transfers where they are (the replay keeps each collective's measured transfer)
+    linked = replace(dp8, name="u15", seed=115, gpus_per_node=4, nics_per_node=4, straggler_rank=3,
+                     straggler_slowdown=1.3, slow_link_rank=6, slow_link_gbps=90.0)
+    out.append(Fix("straggler-rank", "ddp_straggler", {"straggler_slowdown": 1.0}, predicted_key="alone:3", spec=linked,
+                   label="rank 3 computes 1.3x slower, rank 6's link at 90 GB/s (2x4 GPUs): rank 3 alone"))
+    out.append(Fix("straggler-rank", "ddp_rotating_stall", {"host_stalls": ()}, spec=rotating,
+                   label="ranks 1, 4, 6 stall 25 ms in steps 1-3 of 4 (8 GPUs): all three"))
+    return out
 
 
 UNSEEN = _unseen()
@@ -153,6 +192,11 @@ def chosen_alternative(fix: Fix, finding: dict[str, Any]) -> dict[str, Any]:
 
 
 def predicted_step_us(fix: Fix, finding: dict[str, Any]) -> float:
+    """The finding's predicted step for the fix: its prediction, an alternative's, an evidence
+    key's, or (``alone:RANK``) what fixing that rank alone predicts (straggler-rank's per_rank)."""
+    if fix.predicted_key and fix.predicted_key.startswith("alone:"):
+        rank = int(fix.predicted_key.split(":", 1)[1])
+        return next(p["predicted_step_alone_us"] for p in finding["evidence"]["per_rank"] if p["rank"] == rank)
     if fix.alternative:
         return chosen_alternative(fix, finding)["projected_step_time_us"]
     if fix.predicted_key:

@@ -25,6 +25,16 @@ def job(tmp_path):
     return [two_step_ddp(rank=r).write(tmp_path / f"rank-{r}.json") for r in (0, 1)]
 
 
+def opened(entry):
+    """An entry's bytes behind its seal (the cache's own key)."""
+    return cache.unseal(cache.cache_secret(entry.parent.parent), entry.name, entry.read_bytes())
+
+
+def sealed(entry, raw):
+    """``raw`` written at ``entry`` as the cache itself would (validly sealed): damage behind the seal."""
+    entry.write_bytes(cache.seal(cache.cache_secret(entry.parent.parent), entry.name, raw))
+
+
 def entries(cache_dir, kind=cache.ENTRY_SUFFIX):
     """The rank entries (kind ".timeline.json": the report's step timelines)."""
     return sorted(p for p in cache_dir.rglob(f"*{kind}") if p.parent.name != "stat")
@@ -121,18 +131,18 @@ def test_damaged_entry_is_recomputed(job, tmp_path, damage):
     fresh = run(job, store)
     for entry in entries(store):
         if isinstance(damage, str):
-            entry.write_bytes(_columns_damaged(msgspec.msgpack.decode(entry.read_bytes()), damage))
+            sealed(entry, _columns_damaged(msgspec.msgpack.decode(opened(entry)), damage))
         else:
-            entry.write_bytes(damage)
+            sealed(entry, damage)
     assert run(job, store) == fresh
-    assert all(msgspec.msgpack.decode(e.read_bytes())["format"] == cache.CACHE_FORMAT for e in entries(store))
+    assert all(msgspec.msgpack.decode(opened(e))["format"] == cache.CACHE_FORMAT for e in entries(store))
 
 
 def test_entries_are_plain_data_not_pickle(job, tmp_path):
     store = tmp_path / "cache"
     run(job, store)
     for entry in entries(store):
-        raw = entry.read_bytes()
+        raw = opened(entry)
         assert not raw.startswith(b"\x80")  # pickle protocol header
         assert msgspec.msgpack.decode(raw)["rank"]["rank"] in (0, 1)  # no extension types
 
@@ -231,7 +241,7 @@ def test_damaged_digest_memo_is_ignored(job, tmp_path, monkeypatch):
     store, options = tmp_path / "cache", RankOptions()
     key = cache.cache_key(job[0], options, store)
     (memo,) = (store / "stat").glob("*.json")
-    doc = json.loads(memo.read_text())
+    doc = json.loads(memo.read_bytes()[32:])
     for damage in ("not json", json.dumps({**doc, "sha256": "../../etc"}), json.dumps({"stat": doc["stat"]})):
         memo.write_text(damage)
         assert cache.cache_key(job[0], options, store) == key
@@ -277,5 +287,60 @@ def test_a_pool_worker_stores_the_entry_one_process_stores(job, tmp_path):
     alone = cache.analyze_and_store(str(job[0]), options, str(one), key)
     summary = pickle.loads(pickle.dumps(cache.analyze_and_pack(str(job[0]), options, str(pooled), key)))
     assert isinstance(summary.collectives, RowTable) and len(summary.collectives)
-    assert [p.read_bytes() for p in entries(one)] == [p.read_bytes() for p in entries(pooled)]
+    assert [opened(p) for p in entries(one)] == [opened(p) for p in entries(pooled)]  # each cache its own key
     assert summary == alone
+
+
+def test_cache_owns_only_its_folder_and_names(job, tmp_path):
+    """Issue 41, 0: a --cache-dir holding the user's files gets a tagged folder of its own;
+    pruning to nothing deletes no file the cache did not name, and no link is followed."""
+    user = tmp_path / "cd2"
+    (user / "ci").mkdir(parents=True)
+    (user / "ci" / "settings.json").write_text("{}")
+    (user / "db").mkdir()
+    (user / "db" / "dump.json").write_text("{}")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "results.json").write_text("{}")
+    fresh = run(job, user)
+    root = cache.cache_root(user)
+    assert root == user / "tracecliff-cache" and (root / cache.CACHEDIR_TAG).read_bytes().startswith(b"Signature: 8a477f")
+    assert oct((root / "key").stat().st_mode & 0o777) == "0o600"
+    (root / "zz").symlink_to(victim)  # a planted link, named as no shard is
+    (root / "ab").symlink_to(victim)  # and one named as a shard
+    (root / "stat").mkdir(exist_ok=True)
+    (root / "stat" / "settings.json").write_text("{}")
+    stored = len(entries(user)) + len(entries(user, ".timeline.json"))
+    assert stored == 4 and cache.prune(user, max_bytes=0) == stored
+    for kept in (user / "ci" / "settings.json", user / "db" / "dump.json", victim / "results.json",
+                 root / "stat" / "settings.json"):
+        assert kept.exists(), kept
+    assert not entries(user) and run(job, user) == fresh
+
+
+def test_planted_memo_or_entry_is_not_trusted(job, tmp_path, monkeypatch):
+    """A digest memo or an entry written by anyone but this cache (no valid seal) is ignored:
+    a memo mapping a trace to another file's digest changes nothing."""
+    monkeypatch.setattr(cache, "RACY_SECONDS", -1.0)
+    store, options = tmp_path / "cache", RankOptions()
+    key = cache.cache_key(job[0], options, store)
+    (memo,) = (store / "stat").glob("*.json")
+    identity = json.loads(memo.read_bytes()[32:])["stat"]
+    other = cache.file_digest(job[1])
+    memo.write_bytes(json.dumps({"stat": identity, "sha256": other}).encode())  # unsealed plant
+    assert cache.cache_key(job[0], options, store) == key
+    memo.write_bytes(b"\0" * 32 + json.dumps({"stat": identity, "sha256": other}).encode())  # forged seal
+    assert cache.cache_key(job[0], options, store) == key
+
+
+def test_wrong_shape_timeline_is_recomputed(job, tmp_path):
+    """A step-timeline entry of valid JSON but another shape (even behind a valid seal) is
+    recomputed, never a KeyError in the report."""
+    store = tmp_path / "cache"
+    fresh = run(job, store)
+    timelines = entries(store, ".timeline.json")
+    assert timelines
+    for entry in timelines:
+        sealed(entry, json.dumps({"format": cache.CACHE_FORMAT, "timeline": {"stream": [1]}}).encode())
+    assert cache.cached_timeline(timelines[0]) is None
+    assert run(job, store) == fresh

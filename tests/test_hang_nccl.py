@@ -246,3 +246,38 @@ def _write(s: fr.Scenario, folder) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for rank in s.ranks:
         (folder / f"nccl_trace_rank_{rank}").write_bytes(fr.dump(s, rank, "pickle"))
+
+
+def test_proof_leads_and_a_collective_in_flight_elsewhere_is_not_blamed():
+    """Ranks 4-7: rank 5 never enters all_reduce #7; ranks 0-3 entered theirs 2 ms earlier and
+    were inside it when the dumps were taken: the verdict names rank 5, and the other group's
+    collective is 'in flight when dumped, not proven stuck', never the network."""
+    report = triage([str(NCCL / "nccl_two_groups_in_flight")])
+    assert report.verdict.startswith("rank 5 never entered all_reduce #7 of group dp_b")
+    assert "network" not in report.verdict
+    assert "all_reduce #7 of group dp_a (pg 1) was in flight when dumped, not proven stuck" in report.verdict
+    (flying,) = report.in_flight
+    assert flying["status"] == "in flight when dumped, not proven stuck" and flying["pending_at_least_s"] < 600
+
+
+def test_a_hang_that_follows_from_another_says_so():
+    """Rank 2 never enters DP #5; rank 0 waits inside it and so never enters TP #5, where rank 1
+    waits: the DP hang leads, the TP one is named as its possible consequence."""
+    report = triage([str(NCCL / "nccl_consequence")])
+    first, second = report.hangs
+    assert (first.group.name, first.ranks) == ("1", [2]) and (second.group.name, second.ranks) == ("2", [0])
+    assert second.detail["consequence_of"] == {"group": "1", "seq": 5, "op": "all_reduce", "kind": "missing-rank",
+                                               "blocked_ranks": [0]}
+    assert "all_reduce #5 of group 2 may be its consequence: rank(s) 0 wait in all_reduce #5 of group 1" in report.verdict
+
+
+def test_an_unproven_stuck_collective_ranks_after_a_proven_hang():
+    """With no timing to call it in flight (entered long before, no timeout recorded), a stuck
+    collective nobody proves stays a hang, but after the one the dumps prove."""
+    from analyzer.hang.analyze import Group, Hang, rank_hangs
+    g1, g2 = Group("1", "a", [0, 1], "pg_config"), Group("2", "b", [2, 3], "pg_config")
+    unproven = Hang(g1, 3, "stuck", "all_reduce", [0, 1], [], 10, {"pending": {"proven": False}})
+    missing = Hang(g2, 3, "missing-rank", "all_reduce", [3], [2], 20)
+    proven = Hang(g1, 3, "stuck", "all_reduce", [0, 1], [], 5, {"pending": {"proven": True}})
+    assert rank_hangs([unproven, missing]) == [missing, unproven]
+    assert rank_hangs([missing, proven]) == [proven, missing]

@@ -528,3 +528,17 @@ def test_flops_from_shapes_worked_examples():
     assert models.expected_compute_us(100.0, 8e12, 2e12) == 25.0
     with pytest.raises(ValueError):
         models.gemm_flops(1, -1, 2, 3)
+
+
+def test_activation_memory_7b_worked_example():
+    """docs/models.md §9: s = 2048, b = 1, h = 4096, a = 32, L = 32."""
+    assert m.activation_bytes_per_layer(2048, 1, 4096, 32, flash=False) == 8_388_608 * 114 == 956_301_312
+    assert m.activation_bytes_per_layer(2048, 1, 4096, 32) == 8_388_608 * 34 == 285_212_672
+    assert m.recompute_activation_bytes_per_layer(2048, 1, 4096) == 16_777_216
+    assert 32 * m.activation_bytes_per_layer(2048, 1, 4096, 32, flash=False) / 1e9 == pytest.approx(30.60, abs=0.005)
+    assert 32 * m.activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == pytest.approx(9.13, abs=0.005)
+    state = m.zero3_memory_bytes(7e9, 8)
+    assert state == pytest.approx(14e9)
+    assert m.fits_device(state + 32 * m.activation_bytes_per_layer(2048, 1, 4096, 32), 80e9, m.MODELLED_MARGIN)
+    assert not m.fits_device(m.ddp_memory_bytes(7e9), 80e9, m.MODELLED_MARGIN)
+    assert m.fits_device(72e9, 80e9, m.MEASURED_MARGIN) and not m.fits_device(72.1e9, 80e9, m.MEASURED_MARGIN)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.api import replay_fix_ranks
 from analyzer.whatif.prediction import WHATIF_OPTIONS, WhatIf
 from prediction_audit import (TOLERANCE, UNSEEN, audit, case_fixes, markdown, sample_audits, unseen_audits,
                               _diagnose_unseen)
@@ -81,20 +82,28 @@ def test_every_gain_on_a_generated_job_is_audited_or_says_why():
 
 
 def test_whatif_commands_reproduce_the_gains():
-    """A prediction's ``tracecliff whatif`` command, projected, gives the finding's gain."""
-    checked = 0
+    """A prediction's ``tracecliff whatif`` command, projected (or replayed), gives the finding's gain."""
+    checked = replays = 0
     for trace in (t for t in sample_traces() if t.startswith("synthetic/")):
         result = diagnosed(trace)
         for f in result.findings:
             prediction = f["evidence"]["prediction"]
             command = prediction.get("whatif")
+            for entry in f["evidence"].get("per_rank") or []:  # the replay (docs/models.md §9): the very figure
+                alone = replay_fix_ranks(result, entry["whatif"].split("--fix-ranks ", 1)[1])
+                assert alone["predicted_step_time_us"] == entry["predicted_step_alone_us"], (trace, entry)
+                replays += 1
             if not command:
+                continue
+            if "--fix-ranks" in command:
+                replayed = replay_fix_ranks(result, command.split("--fix-ranks ", 1)[1])
+                assert replayed["gain_us"] == f["estimated_gain_us"], (trace, command)
                 continue
             changes = _parse(command)
             fix = WhatIf(result).fix(**changes)
             assert fix is not None and fix.gain_us == pytest.approx(f["estimated_gain_us"], abs=0.15), (trace, command)
             checked += 1
-    assert checked >= 6
+    assert checked >= 6 and replays >= 10
 
 
 def _parse(command: str) -> dict:

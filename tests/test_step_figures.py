@@ -202,7 +202,7 @@ class PlainTimeline:
             return iv.total(iv.clip(ranges, start, end)) if end > start else 0
 
         found = {"input": within(host_set) - within(iv.subtract(host_set, self.input)),
-                 "device_sync": within(synced), "contention": 0, "fsdp": 0, "launch": within(launched)}
+                 "device_sync": within(synced), "allocator": 0, "contention": 0, "fsdp": 0, "launch": within(launched)}
         waits = {cause: within(_set(parts)) for cause, parts in queued.items()}
         idle_ns = (end - start) - iv.total(iv.clip(self.busy, start, end))
         found["unknown"] = idle_ns - sum(found.values()) - sum(waits.values())

@@ -430,3 +430,26 @@ def _overlap_ns(a, b):
         else:
             j += 1
     return total
+
+
+def test_a_slow_link_sets_the_pace_of_every_ring_through_it():
+    """slow_link_rank / slow_link_gbps: each all-reduce of the world group (the ring through that
+    rank) is the ring model at the slow link's bandwidth."""
+    spec = replace(TINY, world_size=8, noise=0.0, slow_link_rank=3, slow_link_gbps=20.0)
+    rows = collective_rows(simulate(spec).truth)
+    link, n = group_link(spec, list(range(8))), 8
+    assert rows and link.beta_gbps > 20.0
+    for row in rows:
+        hops = 2 * (n - 1) if row["name"] == "allreduce" else n - 1
+        model = hops * link.alpha_us + hops / n * row["bytes"] / (20.0 * 1e3)
+        assert row["transfer_us"] == pytest.approx(model, abs=1e-3)
+
+
+def test_host_stalls_may_start_at_a_later_step():
+    """(rank, µs, every, first): stalls in steps first, first + every, ... of the recorded ones."""
+    spec = replace(TINY, world_size=8, steps=6, host_stalls=((1, 900.0, 3, 0), (4, 500.0, 3, 1), (6, 700.0, 4, 2)))
+    assert [spec.stall_us(k)[1] for k in range(6)] == [900.0, 0.0, 0.0, 900.0, 0.0, 0.0]
+    assert [spec.stall_us(k)[4] for k in range(6)] == [0.0, 500.0, 0.0, 0.0, 500.0, 0.0]
+    assert [spec.stall_us(k)[6] for k in range(6)] == [0.0, 0.0, 700.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="host_stalls"):
+        replace(TINY, host_stalls=((1, 900.0),))

@@ -37,6 +37,9 @@ SEVERITIES = ("error", "warning", "info")  # worst first: the one list of findin
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KB; its parse must not follow a hostile file
+
+
 def load_config(path: str | Path | None = None) -> dict[str, Any]:
     """The ``[tool.tracecliff]`` table of ``path`` (``--config FILE``; it must exist), else of
     ``./pyproject.toml`` when there is one, else ``{}``. The table's ``source`` is not added:
@@ -51,7 +54,11 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
         if not file.is_file():
             raise ConfigError(f"{file}: configuration file not found")
     try:
+        if file.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{file}: larger than {MAX_CONFIG_BYTES:,} bytes: not a configuration file")
         document = tomllib.loads(file.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid TOML: a value nested deeper than any configuration") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
@@ -277,7 +284,62 @@ def check_patterns(patterns: Any) -> tuple[str, ...]:
             re.compile(pattern)
         except re.error as exc:
             raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+        problem = backtracking_risk(pattern)
+        if problem:
+            raise ValueError(f"regular expression {pattern[:80]!r} {problem}: its matching time could follow "
+                             "a kernel name's length exponentially; write it without") from None
     return tuple(patterns)
+
+
+MAX_PATTERN_CHARS = 500
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why ``pattern`` could backtrack catastrophically on a hostile kernel name (None: it
+    cannot). Python's engine backtracks, so a user's pattern is held to a shape whose cost is
+    at most quadratic in the name (searched over its first 4 KB, analyzer.ingest.classify): no
+    backreference, no quantifier inside a repeated group or a repeated alternation, at most one
+    unbounded quantifier."""
+    import importlib
+    try:  # the pattern's parse tree: re._parser from Python 3.11, sre_parse before
+        sre_parse: Any = importlib.import_module("re._parser")
+    except ImportError:  # pragma: no cover - Python 3.10
+        sre_parse = importlib.import_module("sre_parse")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"is longer than {MAX_PATTERN_CHARS} characters"
+    unbounded = 0
+
+    def walk(items: Any, repeated: bool) -> str | None:
+        nonlocal unbounded
+        for op, arg in items:
+            name = str(op)
+            if name in ("GROUPREF", "GROUPREF_EXISTS"):
+                return "uses a backreference"
+            if name.endswith("REPEAT"):
+                low, high, sub = arg
+                wide = high > 1
+                if wide and repeated:
+                    return "nests a quantifier inside a repeated group"
+                if high > 64:
+                    unbounded += 1
+                if unbounded > 1:
+                    return "has more than one unbounded quantifier"
+                found = walk(sub, repeated or wide)
+            elif name == "SUBPATTERN":
+                found = walk(arg[-1], repeated)
+            elif name == "BRANCH":
+                if repeated:
+                    return "repeats an alternation"
+                found = next((f for f in (walk(b, repeated) for b in arg[1]) if f), None)
+            elif name in ("ASSERT", "ASSERT_NOT", "ATOMIC_GROUP"):
+                found = walk(arg[-1], repeated)
+            else:
+                found = None
+            if found:
+                return found
+        return None
+
+    return walk(sre_parse.parse(pattern), False)
 
 
 def parse_steps(text: Any) -> tuple[int, ...] | None:
@@ -300,6 +362,12 @@ def parse_steps(text: Any) -> tuple[int, ...] | None:
             raise ValueError(f"expected step numbers like 3,5-7, got {text!r}")
         bounds = [(s, s) for s in items]
     shown = str(text)[:80]
+    if not bounds:  # ",", " , ": a selection of nothing by its own syntax (issue 41)
+        raise ValueError(f"{shown!r} names no step (expected step numbers like 3,5-7)")
+    reversed_range = next(((lo, hi) for lo, hi in bounds if lo > hi), None)
+    if reversed_range:
+        raise ValueError(f"{shown!r}: the range {reversed_range[0]}-{reversed_range[1]} is empty (its first step "
+                         "is after its last; write it low-high)")
     if any(not 0 <= n <= MAX_STEP for pair in bounds for n in pair):
         raise ValueError(f"step numbers are 0 to {MAX_STEP:,}, got {shown!r}")
     if sum(max(0, hi - lo + 1) for lo, hi in bounds) > MAX_STEPS_SELECTED:

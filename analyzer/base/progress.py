@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from analyzer.base.sanitize import one_line
+
 
 def progress_enabled(stream=None) -> bool:
     """``stream`` None: the current ``sys.stderr`` (looked up now, not at import: it may have
@@ -30,6 +32,7 @@ class ProgressBar:
         width = 30
         filled = int(width * done / max(total, 1))
         name = os.path.basename(item)[-30:]
+        name = one_line(name)  # a file name: shown, never obeyed by the terminal
         self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {name:<30}")
         if done >= total:
             self.stream.write("\r" + " " * (width + 80) + "\r")

@@ -16,6 +16,7 @@ import click
 
 from analyzer import __version__
 from analyzer.base.errors import TracecliffError
+from analyzer.base.sanitize import one_line
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT = 0, 1, 2
 
@@ -84,20 +85,20 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.UsageError as exc:
-        click.echo(f"tracecliff: {exc.format_message()}", err=True)
+        click.echo(f"tracecliff: {one_line(exc.format_message())}", err=True)
         code = EXIT_INPUT
     except click.Abort:
         click.echo("tracecliff: aborted", err=True)
         code = EXIT_INPUT
     except TracecliffError as exc:
-        click.echo(f"tracecliff: {exc}", err=True)
+        click.echo(f"tracecliff: {one_line(str(exc))}", err=True)
         code = EXIT_INPUT
     except BrokenPipeError:
         code = EXIT_OK
     except Exception as exc:  # a bug: still one line, with a way to see more
         if os.environ.get("TRACECLIFF_DEBUG"):
             traceback.print_exc()
-        click.echo(f"tracecliff: internal error: {type(exc).__name__}: {exc} "
+        click.echo(f"tracecliff: internal error: {type(exc).__name__}: {one_line(str(exc))} "
                    "(set TRACECLIFF_DEBUG=1 for the traceback)", err=True)
         code = EXIT_INPUT
     sys.exit(code if isinstance(code, int) else EXIT_OK)

@@ -99,8 +99,9 @@ def config_option(command):
 
 
 def output_option(command):
-    return click.option("-o", "--output", type=click.Path(dir_okay=False),
-                        help="Write to FILE (atomically) instead of stdout.")(command)
+    return click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True),
+                        callback=lambda ctx, param, value: None if value == "-" else value,  # "-": stdout
+                        help="Write to FILE (atomically) instead of stdout ('-': stdout).")(command)
 
 
 def html_options(command):
@@ -123,8 +124,12 @@ def html_options(command):
 def emit(text: str | Iterable[str], output: str | None, inputs: list[Any]) -> None:
     """``text`` (or its pieces) to ``output`` (atomically, never over an input) or to stdout."""
     from analyzer.base.output import write_atomic
+    from analyzer.base.sanitize import terminal, terminal_bytes
+    # Every piece through the one sanitiser: trace strings never drive a terminal (issue 41).
+    pieces = (terminal(piece) if isinstance(piece, str) else terminal_bytes(bytes(piece))
+              for piece in ([text] if isinstance(text, (str, bytes)) else text))
     if output:
-        write_atomic(output, text, [str(i) for i in inputs])
+        write_atomic(output, pieces, [str(i) for i in inputs])
         return
-    for piece in [text] if isinstance(text, str) else text:
+    for piece in pieces:
         click.echo(piece, nl=False)

@@ -27,12 +27,16 @@ from analyzer.whatif.projection import STRATEGY_CHOICES
 @click.option("--strong-scaling", is_flag=True,
               help="Keep the global batch: each GPU's work scales by measured / projected GPUs, its compute at the "
                    "efficiency the job measures per GEMM size (default: weak scaling, compute as measured).")
+@click.option("--fix-ranks", type=click.STRING, metavar="R[,R...]",
+              help="Replay the measured job with these ranks' causes fixed (as straggler-rank names them): the "
+                   "figures its finding prints (each rank alone, and the ranks it names together).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @output_option
 @trace_options
 @config_option
 def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_node, target_nic_gbps,
-                   strategy, bucket_mb, fsdp_units, strong_scaling, fmt, output, options, config, config_path) -> None:
+                   strategy, bucket_mb, fsdp_units, strong_scaling, fix_ranks, fmt, output, options, config,
+                   config_path) -> None:
     """Project step time, exposed communication, scaling efficiency and MFU of the job in the
     traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
     from analyzer.api import load_run
@@ -40,6 +44,12 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     from analyzer.reports.whatif_text import render_text
     from analyzer.whatif.projection import Scenario, project
     result = load_run(list(paths), options, config, report=False)  # no report sections: only the projection
+    if fix_ranks is not None:
+        from analyzer.api import replay_fix_ranks
+        from analyzer.reports.whatif_text import render_replay_text
+        doc = replay_fix_ranks(result, fix_ranks)
+        emit(dumps(doc) if fmt == "json" else render_replay_text(doc), output, [i["path"] for i in result.inputs])
+        return
     scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
                         nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
                         bucket_mb=bucket_mb, fsdp_units=fsdp_units, model_params=options.model_params,

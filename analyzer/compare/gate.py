@@ -47,7 +47,7 @@ import msgspec
 from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, closest, config_error, validate
 from analyzer.base.units import fmt_unit
 from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES,
-                                      NOISE_MIN_CHANGES, Metric, has_gpu_activity, implausible, metric_spec,
+                                      NOISE_MIN_CHANGES, Metric, has_gpu_activity, implausible, no_gpu_reason, metric_spec,
                                       requested_steps_missing, run_metrics, selected_nothing, spread, steps_text,
                                       unavailable_reason, unmeasured_metrics)
 
@@ -372,7 +372,7 @@ def _measured_check(run: Any, steps: Any, who: str) -> Check:
     if steps and selected_nothing(run, steps):
         status, message = "fail", f"no step measured in {who}: --steps selected nothing"
     elif not has_gpu_activity(run):
-        status, message = "fail", f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+        status, message = "fail", no_gpu_reason(run, who)
     elif typical is not None:
         status, message = "pass", (f"typical step {typical.step} of {len(typical.steady_steps)} steady step(s), "
                                    f"{typical.ranks} rank(s)")

@@ -15,6 +15,8 @@ steady ones; warm-up, drain and outlier steps are never a sample), which the oth
 | ``mfu`` | the typical step's model-parameter MFU (``doc["mfu"]``, needs the flags) | per step | higher |
 | ``shapes_mfu`` | the typical step's MFU from recorded shapes (``mfu.from_shapes``) | FLOPs at peak / step time | higher |
 | ``gemm_tflops`` | the typical step's GEMM TFLOP/s (recorded shapes), over its ranks | the rank-step's GEMMs | higher |
+| ``peak_allocated_bytes`` | the highest peak allocated memory of any rank in any step (``memory``; allocator events) | the rank-step's peak | lower |
+| ``peak_reserved_bytes`` | the same, reserved by the caching allocator | the rank-step's peak | lower |
 | ``busbw_gbps:<group>`` | the typical step's bus bytes / transfer time of the group's measured collectives (analyzer.job.busbw) | the same per rank-step | higher |
 
 A run without a step breakdown (no ProfilerStep markers) has no ``step_time_us``; its shares are
@@ -64,6 +66,7 @@ STEP_TIME_FLOOR_US = 10.0
 BUSBW_FLOOR_GBPS = 0.5
 MFU_FLOOR = 0.005
 GEMM_TFLOPS_FLOOR = 1.0  # TFLOP/s: below what a rerun of the same GEMMs reproduces
+MEMORY_FLOOR_BYTES = 64 * 2**20  # the allocator rounds to 2 MiB segments; workspaces vary by tens of MiB
 
 BASE_METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("step_time_us", "µs", "lower", "training step time", "relative", STEP_TIME_FLOOR_US),
@@ -74,6 +77,10 @@ BASE_METRICS: dict[str, MetricSpec] = {m.name: m for m in (
     MetricSpec("shapes_mfu", "fraction", "higher", "MFU of the FLOPs the recorded shapes count", "relative", MFU_FLOOR),
     MetricSpec("gemm_tflops", "TFLOP/s", "higher", "achieved GEMM throughput (recorded shapes)", "relative",
                GEMM_TFLOPS_FLOOR),
+    MetricSpec("peak_allocated_bytes", "B", "lower", "peak allocated GPU memory (allocator events)", "relative",
+               MEMORY_FLOOR_BYTES),
+    MetricSpec("peak_reserved_bytes", "B", "lower", "peak memory reserved by the caching allocator", "relative",
+               MEMORY_FLOOR_BYTES),
 )}
 
 
@@ -164,7 +171,28 @@ def run_metrics(run: Any) -> dict[str, Metric]:
         out["mfu"] = mfu
     out.update(_compute_metrics(run, steady))
     out.update(_busbw(run))
+    out.update(_memory(run.memory, {(s.rank, s.step) for s in steady}))
     return dict(sorted(out.items()))
+
+
+def _memory(section: Any, steady: set[tuple[int, int]]) -> dict[str, Metric]:
+    """``peak_allocated_bytes`` / ``peak_reserved_bytes``: the ``memory`` section's job figure
+    (the highest of any rank in any step: the one every view quotes), with a sample per rank
+    and steady step (every measured step when the run has no steady ones)."""
+    if not isinstance(section, dict) or not section.get("recorded"):
+        return {}
+    out = {}
+    relative = " (relative: above what was held when the profiler started)" if section.get("relative") else ""
+    for name in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        figure = _num(section.get(name))
+        if figure is None:
+            continue
+        pairs = [(m["rank"], s["step"], s.get(name)) for m in section.get("ranks") or [] for s in m.get("steps") or []
+                 if _num(s.get(name)) is not None]
+        kept = [p for p in pairs if (p[0], p[1]) in steady] or pairs
+        out[name] = Metric(name, figure, tuple(Sample(r, st, float(v)) for r, st, v in kept),
+                           f"highest of any rank in any step{relative}")
+    return out
 
 
 def _whole_trace(model: Any) -> dict[str, Metric]:
@@ -331,6 +359,15 @@ def has_gpu_activity(run: Any) -> bool:
     return any(r.gpu_event_count for r in run.ranks) or any(s.busy_us > 0 for s in run.model.rank_steps())
 
 
+def no_gpu_reason(run: Any, who: str) -> str:
+    """Why ``run`` (no GPU activity read) has no GPU steps: a CPU-only profile, or device work
+    under categories tracecliff does not know (never called CPU-only)."""
+    if run.model.unread_device_events:
+        return (f"no GPU steps in {who} (no GPU activity read: events under unknown categories look like device "
+                "work, see its warnings)")
+    return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+
+
 def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the run") -> str:
     """Why a known metric has no value in ``run`` (for the gate's message); ``steps``: the
     ProfilerStep numbers the run was asked for (``--steps``), ``who``: how to name the run."""
@@ -338,7 +375,7 @@ def unavailable_reason(run: Any, name: str, steps: Any = None, who: str = "the r
     if steps and selected_nothing(run, steps):
         return f"{steps_text(missing)} not in the traces (--steps selected nothing)"
     if not has_gpu_activity(run):
-        return f"no GPU steps in {who} (no GPU activity in its traces: a CPU-only profile?)"
+        return no_gpu_reason(run, who)
     if name == "mfu":
         return "model-parameter MFU unknown for this run (needs --model-params and --tokens-per-step)"
     if name in ("shapes_mfu", "gemm_tflops"):

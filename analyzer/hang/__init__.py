@@ -192,14 +192,23 @@ def verdict(job: Job, hangs: list[Hang], in_flight: list[dict[str, Any]] | None 
         return (f"no hang found: every collective of the {groups} process group(s) matches across "
                 f"{len(job.dumps)} rank dump(s), and none is left pending" + (f" ({flying})" if flying else ""))
     head = _sentence(job, hangs[0])
-    more = f" (+{len(hangs) - 1} more hang(s) in other groups)" if len(hangs) > 1 else ""
+    more = f" (+{len(hangs) - 1} more hang(s) in other groups{_consequences(hangs[1:])})" if len(hangs) > 1 else ""
     past = f"; {history['statement']}" if history and history.get("statement") else ""
     return head + past + more + (f"; {flying}" if flying else "")
 
 
+def _consequences(hangs: list[Hang]) -> str:
+    """The hangs that may follow from another one (``detail.consequence_of``), said."""
+    said = [f"{h.op} #{h.seq} of group {h.group.name} may be its consequence: rank(s) "
+            f"{_list(h.detail['consequence_of']['blocked_ranks'])} wait in {h.detail['consequence_of']['op']} "
+            f"#{h.detail['consequence_of']['seq']} of group {h.detail['consequence_of']['group']}"
+            for h in hangs if h.detail.get("consequence_of")]
+    return ": " + "; ".join(said) if said else ""
+
+
 def _in_flight_text(in_flight: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{op_text(f['op'], f.get('coalesced_ops'))} #{f['seq']} of {group_label(f['group'])} was in "
-                     "flight at the dump, not hung" for f in in_flight)
+    return "; ".join(f"{op_text(f['op'], f.get('coalesced_ops'))} #{f['seq']} of {group_label(f['group'])} was "
+                     f"{f.get('status') or 'in flight at the dump, not hung'}" for f in in_flight)
 
 
 def op_text(op: str, parts: list[str] | None = None) -> str:

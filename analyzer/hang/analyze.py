@@ -395,14 +395,27 @@ def find_hangs(job: Job) -> tuple[list[Hang], list[dict[str, Any]]]:
             hangs.append(hang)
         else:
             flying.append(in_flight)
+    for hang in hangs:
+        _mark_consequence(hang, hangs)
     return rank_hangs(hangs), flying
+
+
+def _mark_consequence(hang: Hang, hangs: list[Hang]) -> None:
+    """A hang whose culprits wait in another group's hang may follow from it: say which."""
+    for other in hangs:
+        blocked = sorted(set(hang.ranks) & set(other.waiting_ranks)) if other is not hang else []
+        if blocked:
+            hang.detail["consequence_of"] = {"group": other.group.name, "seq": other.seq, "op": other.op,
+                                             "kind": other.kind, "blocked_ranks": blocked}
+            return
 
 
 def rank_hangs(hangs: list[Hang]) -> list[Hang]:
     """Root causes first: a hang whose culprits are themselves waiting in another hang is a
-    consequence of that one; then the one waiting longest."""
+    consequence of that one; then the hangs the dumps prove (``proven_hang``) before the ones
+    they do not; then the one waiting longest."""
     waiting = {r for h in hangs for r in h.waiting_ranks}
-    return sorted(hangs, key=lambda h: (bool(set(h.ranks) & waiting), h.waiting_since_ns or 0,
+    return sorted(hangs, key=lambda h: (bool(set(h.ranks) & waiting), not proven_hang(h), h.waiting_since_ns or 0,
                                         KIND_ORDER.index(h.kind), _group_order(h.group.name)))
 
 
@@ -555,12 +568,18 @@ def _pending(job: Job, c: Pending, hangs: list[Hang]) -> tuple[Hang | None, dict
                          if root_timeout else "")
                       + (f", under its own {timeout_s:g} s timeout" if timeout_s else " (no timeout recorded)")
                       + ": still running when the job hung elsewhere, not a hang")
-            first = next(iter(c.ops.values()))
-            return None, {"group": c.group.to_dict(), "seq": c.seq, "op": first.name, **first.parts(),
-                          "ranks": sorted(c.ops), "pending": pending, "since_ns": since,
-                          "pending_at_least_s": round(at_least, 3), "pending_estimate_s": round(estimate, 3),
-                          "timeout_s": timeout_s, "reason": reason,
-                          "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())}}
+            return None, _in_flight(c, at_least, estimate, timeout_s, reason, "in flight at the dump, not hung")
+    proven = [h for h in hangs if h.group.name != c.group.name and proven_hang(h)]
+    if proven and (timeout_s is None or longest < timeout_s):
+        # Proof elsewhere, none here: this one had not run out its timeout, and the job may as
+        # well have hung where the proof is while it was running.
+        root = proven[0]
+        reason = (f"every member entered it and it had been pending at least {longest:.3f} s"
+                  + (f", under its {timeout_s:g} s timeout," if timeout_s else " (no timeout recorded)")
+                  + f" when the dumps were taken, while {root.op} #{root.seq} of group {root.group.name} is proven hung "
+                  f"({root.kind}: rank(s) {_list(root.ranks)}): in flight when dumped, not proven stuck"
+                  + _consequence_text(c.ops, hangs))
+        return None, _in_flight(c, at_least, longest, timeout_s, reason, "in flight when dumped, not proven stuck")
     limit = f"its {timeout_s:g} s timeout" if timeout_s is not None else "its timeout (not recorded: format 1.x)"
     if all(c.ops[r].backend in HOST_BLOCKING for r in pending):
         trigger = ("gloo writes no dump on its own: if they were taken while the job hung, this is where it waits; "
@@ -571,6 +590,33 @@ def _pending(job: Job, c: Pending, hangs: list[Hang]) -> tuple[Hang | None, dict
     info.update(proven=False, why=f"pending at least {longest:.3f} s of {limit}: the dumps do not record when they "
                                   f"were written; {trigger}")
     return _stuck(job, c, info), {}
+
+
+def _in_flight(c: Pending, at_least: float, estimate: float, timeout_s: float | None, reason: str,
+               status: str) -> dict[str, Any]:
+    """A pending collective that is not a hang, as ``HangReport.in_flight`` lists it."""
+    first = next(iter(c.ops.values()))
+    return {"group": c.group.to_dict(), "seq": c.seq, "op": first.name, **first.parts(),
+            "ranks": sorted(c.ops), "pending": c.pending, "since_ns": min(c.ops[r].created_ns for r in c.pending),
+            "pending_at_least_s": round(at_least, 3), "pending_estimate_s": round(estimate, 3),
+            "timeout_s": timeout_s, "reason": reason, "status": status,
+            "evidence": {str(r): p.to_dict() for r, p in sorted(c.progress.items())}}
+
+
+def proven_hang(h: Hang) -> bool:
+    """Whether the dumps prove the hang: a rank that never entered, entered a different op,
+    wrote no dump, an unmatched p2p op, or a collective past its timeout / timed out."""
+    return h.kind != "stuck" or bool((h.detail.get("pending") or {}).get("proven"))
+
+
+def _consequence_text(members: dict[int, Any], hangs: list[Hang]) -> str:
+    """Says which of the members are blocked in another group's hang (this one may follow from it)."""
+    for h in hangs:
+        blocked = sorted(set(members) & set(h.waiting_ranks + h.ranks))
+        if blocked:
+            return (f"; rank(s) {_list(blocked)} also wait in {h.op} #{h.seq} of group {h.group.name}: "
+                    "this may be a consequence of that hang")
+    return ""
 
 
 def _timeout_s(job: Job, hang: Hang) -> float | None:

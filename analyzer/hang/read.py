@@ -224,7 +224,7 @@ def rank_of(path: Path) -> int:
 
 
 def read_dump(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> RankDump:
-    raw = read_trace_bytes(path, max_inflate_bytes)
+    raw = read_trace_bytes(path, max_inflate_bytes, limit=MAX_DUMP_BYTES)
     is_pickle = raw[:1] == PICKLE_PROTO
     doc = _unpickle(path, raw) if is_pickle else _decode_json(path, raw)
     dump = _parse(path, rank_of(path), doc)
@@ -240,19 +240,70 @@ def _unpickle(path: Path, raw: bytes) -> Any:
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError,
             RecursionError, OverflowError) as exc:
         raise InputError(path, f"damaged pickle ({type(exc).__name__}: {exc})") from None
-    _check_plain(path, doc)
+    _check_plain(path, doc, len(raw))
     return doc
 
 
-def _check_plain(path: Path, doc: Any) -> None:
+# Objects a dump may expand to (each shared reference counted as its own copy, as the reader
+# walks them) per byte of the file: a plain pickle spends a byte or more on every object it
+# holds; shared references (pickle's memo: two bytes each) are the only way past this.
+EXPANSION_PER_BYTE = 4
+MAX_DUMP_BYTES = 256 << 20  # a dump's JSON text or pickle, inflated: real ones are MBs
+
+
+def _check_plain(path: Path, doc: Any, size: int) -> None:
     """Every object in the document is a plain container or scalar (exact types: with every
-    global refused, nothing else can come out of the unpickler; this says so for certain)."""
+    global refused, nothing else can come out of the unpickler; this says so for certain), no
+    container holds itself (a cycle), and the document expanded (a shared object counted at
+    each reference) stays within EXPANSION_PER_BYTE objects per byte of the file: the reading
+    that follows costs what the file's size allows, never what its references multiply. Each
+    container is walked once (its expanded size remembered), so this check is linear too."""
+    if not _shares_containers(path, doc):
+        return  # a tree: as many objects as the file holds
+    budget = EXPANSION_PER_BYTE * size + 100_000
+    sizes: dict[int, int] = {}  # id -> expanded size of a container fully walked
+    active: set[int] = set()  # the containers on the path being walked
+    stack: list[tuple[Any, dict[int, Any] | None]] = [(doc, None)]
+    while stack:
+        item, inner = stack.pop()
+        if type(item) in _SCALARS:
+            continue
+        key = id(item)
+        if inner is not None:  # its children walked: its size, each shared one times its references
+            active.discard(key)
+            children = _children(path, item)
+            counts: dict[int, int] = {}
+            for child in children:
+                if type(child) not in _SCALARS:
+                    counts[id(child)] = counts.get(id(child), 0) + 1
+            total = 1 + len(children) - sum(counts.values()) + sum(n * sizes[i] for i, n in counts.items())
+            if total > budget:
+                raise InputError(path, f"pickle expands to more than {budget:,} objects through shared references "
+                                       f"(the file is {size:,} bytes): refused")
+            sizes[key] = total
+        elif key in active:
+            raise InputError(path, "pickle holds a container inside itself (a cycle), not plain data")
+        elif key not in sizes:
+            active.add(key)
+            # each distinct container child once (a list of a million references to one: one walk)
+            inner = {id(c): c for c in _children(path, item) if type(c) not in _SCALARS and id(c) not in sizes}
+            stack.append((item, inner))
+            stack.extend((child, None) for child in inner.values())
+
+
+def _shares_containers(path: Path, doc: Any) -> bool:
+    """Whether a container is reached twice (shared or in a cycle); one fast walk, each
+    container once, that also refuses anything but plain data."""
+    seen: set[int] = set()
     stack = [doc]
     while stack:
         item = stack.pop()
         kind = type(item)
         if kind in _SCALARS:
             continue
+        if id(item) in seen:
+            return True
+        seen.add(id(item))
         if kind is dict:
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -260,6 +311,16 @@ def _check_plain(path: Path, doc: Any) -> None:
             stack.extend(item)
         else:
             raise InputError(path, f"pickle holds a {kind.__name__}, not plain data")
+    return False
+
+
+def _children(path: Path, item: Any):
+    kind = type(item)
+    if kind is dict:
+        return [*item.keys(), *item.values()]
+    if kind in _SEQUENCES:
+        return item
+    raise InputError(path, f"pickle holds a {kind.__name__}, not plain data")
 
 
 def _decode_json(path: Path, raw: bytes) -> Any:

@@ -24,12 +24,17 @@ from analyzer.ingest.classify import (
     FLOW_CATS,
     GPU_ACTIVITY_CATS,
     HOST_OP_CATS,
+    IGNORED_CATS,
     LAUNCH_CATS,
+    LEGACY_CATS,
+    OPERATOR_CAT,
     KernelClassifier,
+    operator_category,
     marker_kind,
     step_number,
 )
 from analyzer.ingest.hostops import HostOpDurations
+from analyzer.ingest.memory import MEMORY_CAT, MemoryBuilder
 from analyzer.ingest.p2p import P2P_ARG_NAMES
 from analyzer.ingest.schema import Event, EventArgs
 from analyzer.ingest.shapes import ShapeOps, ShapeOpsBuilder
@@ -57,21 +62,90 @@ def _take(items: Sequence[Any], index: np.ndarray) -> list[Any]:
     return list(itemgetter(*index.tolist())(items))
 
 
-def split_by_category(events: list[Event], counts: dict[str, int] | None = None) -> dict[str, list[Event]]:
-    """Events of the categories tracecliff reads, grouped by category (one C-level pass);
-    ``counts``: the number of flow events (``FLOW_CATS``), added to ``counts["flow"]``.
+def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
+                      unread: dict[str, int] | None = None,
+                      others: list[Event] | None = None) -> dict[str, list[Event]]:
+    """Events of the categories tracecliff reads, grouped by category (one C-level pass), the old
+    Kineto names (``LEGACY_CATS``, "Operator") under today's; ``counts``: the number of flow
+    events (``FLOW_CATS``), added to ``counts["flow"]``; ``unread``: the events of unknown
+    categories that look like device work (:func:`_device_like`), counted by category;
+    ``others``: given, the events of every category not read nor counted as flows are appended
+    to it (the allocator's ``[memory]`` events are among them: analyzer.ingest.memory).
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
     warning, so no separate pass over 'ph' is needed."""
     cat_codes, cat_values = factorize(map(_get["cat"], events))
-    groups = {}
-    for code, value in enumerate(cat_values):
-        if value in GPU_ACTIVITY_CATS or value in LAUNCH_CATS or value in CPU_OP_CATS:
-            groups[value] = _take(events, np.flatnonzero(cat_codes == code))
-        elif counts is not None and value in FLOW_CATS:
+    groups: dict[str, list[Event]] = {}
+    unknown = []
+    for code, value in enumerate(cat_values):  # once per distinct category: a dict lookup each
+        cat = LEGACY_CATS.get(value, value) if isinstance(value, str) else value
+        if cat in READ_CATS:
+            _add_group(groups, cat, _take(events, np.flatnonzero(cat_codes == code)))
+        elif cat == OPERATOR_CAT:
+            _split_operators(groups, _take(events, np.flatnonzero(cat_codes == code)))
+        elif counts is not None and cat in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
+        else:
+            if others is not None:
+                others += _take(events, np.flatnonzero(cat_codes == code))
+            if isinstance(cat, str) and cat not in IGNORED_CATS:
+                unknown.append(code)
+    if unread is not None and unknown:
+        _count_unread(events, cat_codes, cat_values, unknown, unread)
     return groups
+
+
+READ_CATS = GPU_ACTIVITY_CATS | LAUNCH_CATS | CPU_OP_CATS
+_DEVICE_SAMPLE = 32  # events of an unknown category looked at: its first few tell what it holds
+_UNKNOWN_EXAMINED = 64  # unknown categories looked at, the largest first: the cost follows the size only
+
+
+def _count_unread(events: list[Event], cat_codes: np.ndarray, cat_values: list[Any], unknown: list[int],
+                  unread: dict[str, int]) -> None:
+    """Add to ``unread`` the events of the unknown categories (codes ``unknown``) whose first
+    events look like device work (:func:`_device_like`); in one pass over the codes, however
+    many categories a trace invents."""
+    sizes = np.bincount(cat_codes, minlength=len(cat_values))
+    chosen = sorted(unknown, key=lambda code: (-int(sizes[code]), code))[:_UNKNOWN_EXAMINED]
+    rows = np.flatnonzero(np.isin(cat_codes, chosen))
+    rows = rows[np.argsort(cat_codes[rows], kind="stable")]  # each category's rows together, in order
+    begins = np.searchsorted(cat_codes[rows], sorted(chosen))
+    for code, begin in zip(sorted(chosen), begins.tolist()):
+        if _device_like(_take(events, rows[begin:begin + min(_DEVICE_SAMPLE, int(sizes[code]))])):
+            unread[cat_values[code]] = unread.get(cat_values[code], 0) + int(sizes[code])
+
+
+def _add_group(groups: dict[str, list[Event]], cat: str, events: list[Event]) -> None:
+    if cat in groups:  # an old and a new name in one trace (merged traces)
+        groups[cat] = groups[cat] + events
+    else:
+        groups[cat] = events
+
+
+def _split_operators(groups: dict[str, list[Event]], events: list[Event]) -> None:
+    """Old "Operator" events as today's ``cpu_op`` and ``user_annotation`` (``operator_category``,
+    judged once per distinct name), each in the trace's order."""
+    codes, names = factorize(map(_get["name"], events))
+    annotation = np.array([operator_category(n) == ANNOTATION_CAT for n in names], dtype=bool)[codes] if names \
+        else np.zeros(0, dtype=bool)
+    for cat, rows in ((ANNOTATION_CAT, np.flatnonzero(annotation)), ("cpu_op", np.flatnonzero(~annotation))):
+        if len(rows):
+            _add_group(groups, cat, _take(events, rows))
+
+
+def _device_like(events: list[Event]) -> bool:
+    """Whether events look like device work: on a GPU stream (a ``stream`` arg, a "stream N"
+    row), correlated to a runtime launch, or named as CUDA kernels are (``void f<T>(...)``)."""
+    for event in events:
+        args = event.args
+        if args is not None and (args.stream is not None or args.correlation is not None):
+            return True
+        if isinstance(event.tid, str) and event.tid.startswith("stream"):
+            return True
+        if isinstance(event.name, str) and event.name.startswith("void "):
+            return True
+    return False
 
 
 def times_ns(events: list[Event]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -260,6 +334,7 @@ class ColumnBuilder:
         # flows nor runtime calls beyond the launches was filtered (analyzer.rank.attribution).
         self.counts = {"flow": 0, "runtime": 0}
         self.invalid = {"GPU": 0, "CUDA runtime": 0, "CPU op": 0}
+        self.unread: dict[str, int] = {}  # device-looking events of unknown categories, by category
         self.rejected = Rejected()
         self._gpu: list[tuple[np.ndarray, ...]] = []
         self._launches: list[tuple[np.ndarray, ...]] = []
@@ -270,10 +345,13 @@ class ColumnBuilder:
         self.shapes = ShapeOpsBuilder()  # the CPU ops whose shapes tell their FLOPs
         self.host_ops = HostOpDurations(Interner())  # for the inflated host ops (analyzer.ingest.hostops)
         self.host_op_medians: dict[str, float] = {}
+        self.memory = MemoryBuilder()  # the allocator's [memory] events (analyzer.ingest.memory)
 
     def add(self, events: list[Event]) -> None:
         self.event_count += len(events)
-        groups = split_by_category(events, self.counts)
+        others: list[Event] = []
+        groups = split_by_category(events, self.counts, self.unread, others)
+        self.memory.add(others + groups.get(MEMORY_CAT, []), _floats, lambda rows: thread_ids(rows, self.threads))
         self._add_gpu(groups)
         self._add_launches(_joined(groups, LAUNCH_CATS))
         # Runtime calls join the CPU ops for the markers: a cudaStreamSynchronize is a host range.
@@ -373,7 +451,8 @@ class ColumnBuilder:
                 "marker_args": self._marker_args.export(), "gpu_rows": self._gpu_rows,
                 "marker_rows": self._marker_rows, "invalid": self.invalid, "rejected": dict(self.rejected),
                 "event_count": self.event_count, "shapes": self.shapes.export(), "counts": self.counts,
-                "host_ops": self.host_ops.export()}
+                "unread": self.unread,
+                "host_ops": self.host_ops.export(), "memory": self.memory.export()}
 
     def merge(self, part: dict[str, Any]) -> None:
         """Append another builder's batches (its :meth:`export`) as if they had been added here:
@@ -397,7 +476,10 @@ class ColumnBuilder:
         self.shapes.merge(part["shapes"], threads)
         for what, seen in part["counts"].items():
             self.counts[what] += seen
+        for cat, seen in part["unread"].items():
+            self.unread[cat] = self.unread.get(cat, 0) + seen
         self.host_ops.merge(part["host_ops"], threads)
+        self.memory.merge(part["memory"], threads)
 
     def finish_shapes(self) -> ShapeOps:
         return self.shapes.finish()
@@ -408,8 +490,20 @@ class ColumnBuilder:
                 warnings.append(f"{bad} {what} event(s) with missing, non-numeric, NaN/Infinity, negative or out-of-range "
                                 "ts/dur were ignored")
         warnings += self.rejected.warnings("event(s)")
+        warnings += self.unread_warnings()
         gpu, kernel_args = self._finish_gpu(warnings)
         return gpu, kernel_args, self._finish_launches(arrays.unique(gpu.correlation)), self._finish_markers(warnings)
+
+    def unread_warnings(self) -> list[str]:
+        """One warning naming the unknown categories whose events look like device work."""
+        if not self.unread:
+            return []
+        largest = sorted(self.unread.items(), key=lambda item: (-item[1], item[0]))
+        named = ", ".join(f"{_shown(cat)} ({seen:,})" for cat, seen in largest[:6])
+        more = f" and {len(largest) - 6:,} more" if len(largest) > 6 else ""
+        return [f"{sum(self.unread.values()):,} event(s) under categories tracecliff does not know look like device "
+                f"work (a GPU stream, a launch correlation or a kernel's name): {named}{more}; not read, so the GPU "
+                "figures leave them out"]
 
     def _finish_gpu(self, warnings: list[str]) -> tuple[GpuEvents, CommArgs]:
         columns, kept = _unique_rows(self._gpu, (np.int64, np.int64, np.int64, np.int8, np.int32, np.int64),
@@ -485,7 +579,12 @@ def _first_of_duplicates(columns: list[np.ndarray]) -> np.ndarray:
 
 
 def _tid_stream(event: Event) -> int | None:
-    return event.tid if isinstance(event.tid, int) else None
+    """The stream of GPU work written without a ``stream`` arg: its row, an int or "stream N"
+    (Kineto's row name; PyTorch 1.9's kernels carry only it)."""
+    tid = event.tid
+    if isinstance(tid, str) and tid.startswith("stream ") and tid[7:].isdigit() and len(tid) < 20:
+        return int(tid[7:])
+    return tid if isinstance(tid, int) else None
 
 
 def _marker_kind(name: Any) -> int:

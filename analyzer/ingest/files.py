@@ -66,24 +66,39 @@ SNIFF_BYTES = 1 << 20
 
 
 def looks_like_trace(path: Path) -> bool:
-    """Does the start of the file look like a Chrome/Kineto trace? (``traceEvents`` in the
-    first MiB, or a bare JSON array of events). Unreadable or damaged files count as traces,
-    so that reading them reports the problem instead of silently skipping them."""
+    """Does the file look like a Chrome/Kineto trace? (an object whose ``traceEvents`` array
+    opens, however long the metadata before it, or a bare JSON array). Streamed to the array
+    (at most the reader's own limit on the text before it), never parsed. Unreadable, damaged
+    or over-long files count as traces, so that reading them reports the problem instead of
+    silently leaving a rank out."""
+    from analyzer.ingest.stream import HEAD_LIMIT, ArrayFinder
+
+    finder, buf = ArrayFinder(), b""
     try:
-        head = b""
         for chunk in iter_trace_chunks(path, chunk_bytes=SNIFF_BYTES):
-            head += chunk
-            if len(head) >= SNIFF_BYTES:
-                break
+            buf += chunk
+            found = finder.feed(buf)
+            if found is not None:
+                return found >= 0 or b'"traceEvents"' in buf
+            if len(buf) > HEAD_LIMIT:
+                return True
     except InputError:
         return True
-    text = head[:SNIFF_BYTES]
-    return b'"traceEvents"' in text or text.lstrip()[:1] == b"["
+    return b'"traceEvents"' in buf or buf.lstrip()[:1] == b"["
 
 
-def read_trace_bytes(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES) -> bytes:
-    """Return the JSON text of ``path``, inflating gzip whatever the file name says."""
-    return b"".join(iter_trace_chunks(path, max_inflate_bytes))
+def read_trace_bytes(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES,
+                     limit: int | None = None) -> bytes:
+    """Return the JSON text of ``path``, inflating gzip whatever the file name says. ``limit``:
+    a file whose text is longer is refused as soon as it passes it (a reader that needs the
+    whole text: memory follows the limit, not what a small .gz inflates to)."""
+    parts, size = [], 0
+    for chunk in iter_trace_chunks(path, max_inflate_bytes):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise InputError(path, f"longer than {limit:,} bytes (inflated): no file of this kind is")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def iter_trace_chunks(path: Path, max_inflate_bytes: int = DEFAULT_MAX_INFLATE_BYTES,

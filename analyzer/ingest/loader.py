@@ -12,7 +12,7 @@ from analyzer.ingest.classify import DEFAULT_COMM_PATTERN, KernelClassifier
 from analyzer.ingest.columns import MISSING, ColumnBuilder, parse_ranks, to_int
 from analyzer.ingest.files import DEFAULT_MAX_INFLATE_BYTES, iter_trace_chunks
 from analyzer.ingest.schema import TraceFile
-from analyzer.ingest.stream import Decoding, decode_stream
+from analyzer.ingest.stream import Decoding, TooLong, decode_stream
 from analyzer.ingest.trace import RankTrace
 
 # rank-3, rank_3, rank3, worker3, worker_3, trainer-3, proc3 ... (the last match wins: dirs first)
@@ -37,6 +37,8 @@ def load_rank_trace(path: Path, comm_pattern: str = DEFAULT_COMM_PATTERN,
     chunks = iter_trace_chunks(path, max_inflate_bytes)
     try:
         meta, decoding = decode_stream(path, chunks, builder.add)
+    except TooLong:
+        raise  # refused as soon as seen: the rest of the file is not read
     except InputError:
         for _ in chunks:  # a damaged file (truncated gzip, bomb) is the problem to report, not
             pass          # the JSON error it causes further on
@@ -84,7 +86,9 @@ def rank_trace_of(path: Path, meta: TraceFile, builder: ColumnBuilder, decoding:
         shape_ops=builder.finish_shapes(),
         flow_events=builder.counts["flow"],
         runtime_calls=builder.counts["runtime"],
+        unread_device_events=sum(builder.unread.values()),
         host_op_medians=builder.host_op_medians,
+        memory=builder.memory.finish(warnings),
     )
 
 
@@ -93,12 +97,14 @@ def _rank_of(path: Path, info: Any, world: int | None, warnings: list[str]) -> t
     (negative, not below the world size, or beyond any) is said and not used."""
     if info is not None and info.rank is not None:
         rank = to_int(info.rank, None)  # type: ignore[arg-type]
-        limit = world or MAX_WORLD
+        default = None if world else _default_group_size(info)
+        limit = world or default or MAX_WORLD
         if rank is not None and 0 <= rank < limit:
             return rank, "distributedInfo"
         shown = info.rank if rank is None else rank
-        warnings.append(f"distributedInfo.rank {str(shown)[:40]!s} is not a rank of "
-                        f"{'this job (world size ' + str(world) + ')' if world else 'any job'}: ignored, "
+        job = (f"this job (world size {world})" if world else
+               f"this job (its default group, distributedInfo.pg_config, holds {default})" if default else "any job")
+        warnings.append(f"distributedInfo.rank {str(shown)[:40]!s} is not a rank of {job}: ignored, "
                         "the rank comes from the file name")
     from_name = rank_from_name(path)
     if from_name is not None:
@@ -107,6 +113,16 @@ def _rank_of(path: Path, info: Any, world: int | None, warnings: list[str]) -> t
         warnings.append(f"the file name's rank number {_RANK_IN_NAME.findall(path.name)[-1][:40]} is beyond any job: "
                         "ignored")
     return -1, "unknown"  # resolved by the job loader (rank 0 when it is the only file)
+
+
+def _default_group_size(info: Any) -> int | None:
+    """The size of the default process group (every rank of the job) in ``pg_config``, where
+    the trace gives no world size; None when it declares none or a size no job has."""
+    for pg in info.pg_config or ():
+        if pg.pg_desc == "default_pg" or str(pg.pg_name) == "0":
+            size = to_int(pg.pg_size, None)  # type: ignore[arg-type]
+            return size if size is not None and 0 < size <= MAX_WORLD else None
+    return None
 
 
 def _host_of(doc: TraceFile) -> str | None:

@@ -32,6 +32,7 @@ from analyzer.ingest.stream import (
     EVENTS_DECODER,
     MAX_EVENT_BYTES,
     Decoding,
+    TooLong,
     advance,
     decode_final,
     events_slice,
@@ -58,6 +59,8 @@ def load_rank_trace_parallel(path: Path, comm_pattern: str = DEFAULT_COMM_PATTER
     """:func:`analyzer.ingest.loader.load_rank_trace` on two cores (same result)."""
     try:
         loaded = _load_two_way(path, comm_pattern, max_inflate_bytes, chunk_bytes)
+    except TooLong:
+        raise  # refused as soon as seen, by either loader: not read twice
     except (InputError, msgspec.MsgspecError, OSError, EOFError, RuntimeError):
         loaded = None  # the sequential loader reports the problem with all its care
     return loaded if loaded is not None else load_rank_trace(path, comm_pattern, max_inflate_bytes)
@@ -118,7 +121,7 @@ def _load_two_way(path: Path, comm_pattern: str, max_inflate_bytes: int, chunk_b
     builder = ColumnBuilder(KernelClassifier(comm_pattern))
     state = Decoding(path)
     chunks = iter_trace_chunks(path, max_inflate_bytes, chunk_bytes)
-    buf, array_at = read_head(chunks)
+    buf, array_at = read_head(chunks, path)
     if array_at is None or array_at < 0:
         return None
     head = bytes(buf[:array_at])

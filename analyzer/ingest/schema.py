@@ -44,6 +44,13 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
     # Scalars and int lists of the same ops as text ("True", "[2, 2]"; torch >= 2.1): an
     # attention's is_causal, a convolution's stride (analyzer.ingest.shapes)
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
+    # The allocator's ``[memory]`` instant events (profile_memory=True; analyzer.ingest.memory):
+    # the change, and the device's totals after it (2021-era traces: ``Bytes`` only)
+    alloc_bytes: Num = msgspec.field(default=None, name="Bytes")
+    total_allocated: Num = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Num = msgspec.field(default=None, name="Total Reserved")
+    device_type: IntLike = msgspec.field(default=None, name="Device Type")
+    device_id: IntLike = msgspec.field(default=None, name="Device Id")
 
 
 class Event(msgspec.Struct, gc=False):

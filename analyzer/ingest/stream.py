@@ -10,6 +10,12 @@ finds the true last boundary and tells a bad cut from bad data. Whatever follows
 (the final events, the closing ``]`` and any later keys) is decoded together with the text
 before the array, which also yields the metadata (``distributedInfo``, ``deviceProperties``...).
 Peak memory is a few chunks plus the columns, whatever the file size.
+
+Bounds (issue 41: the cost follows the file's size, never its values): the text before the
+array (HEAD_LIMIT), one event or a run of text with no event boundary (MAX_EVENT_BYTES) and the
+text after the array (TAIL_LIMIT) are each refused past their limit, as soon as the limit is
+crossed, naming the file and, when the run is one string, the field holding it; each byte is
+scanned a bounded number of times, so time stays linear whatever the layout.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ from analyzer.base.errors import InputError
 from analyzer.ingest.schema import TRACE_DECODER, Event, TraceFile
 
 EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-HEAD_LIMIT = 64 << 20  # the array must open within this many bytes, else one whole-file decode
-MAX_EVENT_BYTES = 256 << 20  # no real event is this long: past it, unbalanced text is an error
+HEAD_LIMIT = 64 << 20  # the array must open within this many bytes (metadata before the events)
+TAIL_LIMIT = 64 << 20  # what follows the events array (metadata after the events)
+# No real event, nor any one string in a trace, is this long (Kineto's longest: a few KB of
+# shapes); past it, text with no event boundary is refused (and costs at most 8 chunk joins).
+MAX_EVENT_BYTES = 32 << 20
 # A "}" then a comma then "{": how events are separated. A nested object inside an event is
 # mostly followed by another key (`}, "key"`), so this rarely cuts inside an event (a bare `},`
 # did in ~5 % of cuts on FSDP2 traces, each costing an exact scan of the buffer).
@@ -44,6 +53,11 @@ _HUGE_NUMBER = re.compile(rb"(?<=[:\[,])([ \t\r\n]*)(-?(?:\d{309,}(?:\.\d*)?(?:[
                           rb"|\d+(?:\.\d*)?[eE]\+?0*[1-9]\d{2,}))(?=[ \t\r\n]*[,\]}])")
 
 OnEvents = Callable[[list], None]
+
+
+class TooLong(InputError):
+    """A run of text past its limit (HEAD_LIMIT, MAX_EVENT_BYTES, TAIL_LIMIT): refused at once,
+    by every loader (the two-process one does not retry it in one)."""
 
 
 class Decoding:
@@ -65,6 +79,9 @@ class Decoding:
         while True:
             try:
                 return decoder.decode(data)
+            except RecursionError:
+                raise InputError(self.path, "invalid JSON: nested deeper than any trace (a value inside "
+                                            "thousands of brackets)") from None
             except msgspec.DecodeError as exc:
                 data = bytes(data)  # a view of a buffer (decode_cut) is fixed in a copy
                 message = str(exc)
@@ -132,9 +149,9 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
     metadata (``traceEvents`` emptied) and the decoding record (for warnings)."""
     state = Decoding(path)
     chunks = iter(chunks)
-    buf, array_at = read_head(chunks)
-    if array_at is None or array_at < 0:  # no array start found early: one whole decode
-        return decode_final(state, b"".join((buf, *chunks)), b"", 0, on_events), state
+    buf, array_at = read_head(chunks, path)
+    if array_at is None:  # the whole text (at most HEAD_LIMIT) holds no array start
+        return decode_final(state, buf, b"", 0, on_events), state
     head = buf[:array_at]  # up to and including the array's "["
     store = bracketed(memoryview(buf)[array_at:])
     offset = array_at  # file offset of the text's first byte (store[1])
@@ -142,10 +159,56 @@ def decode_stream(path, chunks: Iterator[bytes], on_events: OnEvents) -> tuple[T
         consumed = _decode_batches(state, store, offset, on_events)
         offset += consumed
         chunk = next(chunks, None)
-        if chunk is None:
+        if chunk is None or state.array_closed:
             break
         store = bracketed(memoryview(store)[1 + consumed:], chunk)
-    return decode_final(state, head + memoryview(store)[1 + consumed:], head, offset, on_events), state
+    tail = memoryview(store)[1 + consumed:]
+    if chunk is not None:  # the array closed: the rest is metadata, gathered up to its limit
+        tail = read_tail(path, tail, chunk, chunks)
+    return decode_final(state, head + tail, head, offset, on_events), state
+
+
+def read_tail(path, tail, chunk: bytes, chunks: Iterator[bytes]) -> bytes:
+    """The text after the events array: its pieces gathered (one join), refused past TAIL_LIMIT."""
+    parts, size = [bytes(tail), chunk], len(tail) + len(chunk)
+    for chunk in chunks:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > TAIL_LIMIT:
+            raise TooLong(path, too_long(b"".join(parts), 0, TAIL_LIMIT, "the text after the traceEvents array"))
+    return b"".join(parts)
+
+
+def too_long(buf, start: int, limit: int, what: str, where: str = "") -> str:
+    """Why a run of text past ``limit`` is refused: the field whose string value it is (when it
+    is one; ``where``: the event holding it), else ``what``."""
+    field = open_string_field(buf, start)
+    if field is not None:
+        return (f"the value of {field}{' in ' + where if where else ''} is a string longer than "
+                f"{limit:,} bytes (no trace holds one)")
+    return f"{what} is longer than {limit:,} bytes (no trace holds that much)"
+
+
+def open_string_field(buf, start: int) -> str | None:
+    """The key (quoted, at most 80 characters) whose string value is still open at the end of
+    ``buf`` (scanned from ``start``, outside strings), or None when the end is not in a string."""
+    view = bytes(memoryview(buf)[start:])
+    # Without a backslash every quote counts (C speed); else the exact scanner.
+    in_string = view.count(b'"') % 2 == 1 if b"\\" not in view else scan_state(view, 0, len(view))[1]
+    if not in_string:
+        return None
+    opener = len(view)
+    while True:  # the string's own bytes hold no unescaped quote: the last one opens it
+        opener = view.rfind(b'"', 0, opener)
+        before = opener
+        while before > 0 and view[before - 1] == 92:  # each backslash is counted once
+            before -= 1
+        if opener < 0 or (opener - before) % 2 == 0:
+            break
+    key = re.search(rb'"((?:[^"\\]|\\.){1,80})"[ \t\r\n]*:[ \t\r\n]*\Z', view[max(0, opener - 400):max(opener, 0)])
+    if key is None:
+        return "an array element"
+    return '"' + key.group(1).decode("utf-8", "replace").encode("unicode_escape").decode("ascii") + '"'
 
 
 def bracketed(*parts) -> bytearray:
@@ -168,17 +231,91 @@ def advance(buf: bytes, consumed: int, chunk: bytes) -> bytes:
     return b"".join((memoryview(buf)[consumed:], chunk))
 
 
-def read_head(chunks: Iterator[bytes]) -> tuple[bytes, int | None]:
-    """Read chunks until the traceEvents array opens (or HEAD_LIMIT bytes): (text read so far,
-    :func:`events_array_start` of it)."""
+def read_head(chunks: Iterator[bytes], path=None) -> tuple[bytes, int | None]:
+    """Read chunks until the traceEvents array opens: (text read so far, offset just after the
+    array's ``[``; None: the text ended without one, and is whole). Past HEAD_LIMIT bytes, or a
+    document that cannot hold the array (not an object or array, ``traceEvents`` not a list),
+    it is refused, naming the field whose string is that long."""
     buf = b""
-    array_at = None
+    finder = ArrayFinder()
     for chunk in chunks:
         buf = advance(buf, 0, chunk)
-        array_at = events_array_start(buf)
-        if array_at is not None or len(buf) > HEAD_LIMIT:
-            break
-    return buf, array_at
+        array_at = finder.feed(buf)
+        if array_at is not None and array_at >= 0:
+            return buf, array_at
+        if array_at == -1 and len(buf) >= 4096:
+            raise InputError(path, "not a Kineto trace: the JSON text is not an object with a traceEvents list, "
+                                   "nor an array of events")
+        if len(buf) > HEAD_LIMIT:
+            raise TooLong(path, too_long(buf, 0, HEAD_LIMIT, "the text before the traceEvents array"))
+    return buf, None
+
+
+_WAIT = -2
+
+
+class ArrayFinder:
+    """Finds the ``[`` opening the traceEvents array in a growing buffer, scanning each byte
+    once (the state carried between calls): a head with a key named ``traceEvents`` in
+    millions of strings costs one scan, not one per occurrence."""
+
+    _MARGIN = 256  # bytes left unscanned at the buffer's end: a key and its ":" arrive whole
+    _BLOCK = 64 << 10  # scanned per step around a key (a trace's key is in its first KB)
+
+    def __init__(self) -> None:
+        self.first: int | None = None  # the document's first non-blank byte
+        self.scanned = 0  # bytes scanned so far, and the state after them
+        self.state = (False, False, 0)
+
+    def feed(self, buf: bytes) -> int | None:
+        """:func:`events_array_start` of ``buf``, which extends the previous call's buffer."""
+        if self.first is None:
+            self.first = next((i for i, c in enumerate(buf[:4096]) if c not in _WS), None)
+            if self.first is None:
+                return None if len(buf) < 4096 else -1
+            if buf[self.first] == ord("["):
+                return self.first + 1
+            if buf[self.first] != ord("{"):
+                return -1
+            self.scanned = self.first
+        stop = len(buf) - self._MARGIN
+        while self.scanned < stop:
+            # Only text before a "traceEvents" is scanned (a head without one costs a find).
+            at = buf.find(_KEY, self.scanned, stop + len(_KEY) - 1)
+            if not 0 <= at < stop:
+                return None
+            if at - self.scanned > self._BLOCK:  # the state up to the block holding it
+                self.state = _scan_from(buf, self.scanned, at, self.state)
+                self.scanned = at
+            lo, hi = self.scanned, min(stop, self.scanned + self._BLOCK)
+            found = self._key_in(buf, lo, hi)
+            if found == _WAIT:
+                return None  # the key's value lies past the buffer: this block again, with more
+            if found is not None:
+                return found
+            self.scanned = hi
+        return None
+
+    def _key_in(self, buf: bytes, lo: int, hi: int) -> int | None:
+        """The array's start when a top-level ``"traceEvents":`` key begins in ``buf[lo:hi]``;
+        -1 when its value is not a list. Carries the scan state past ``hi``."""
+        in_string, escaped, depth = self.state
+        block = np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=lo)
+        depths, _, parity, end_string, end_escaped, end_depth = _scan_arrays(block, in_string, escaped, depth)
+        at = buf.find(_KEY, lo, hi + len(_KEY) - 1)
+        while 0 <= at < hi:
+            i = at - lo
+            before_depth, before_string = (depth, in_string) if i == 0 else (int(depths[i - 1]), bool(parity[i - 1]))
+            if before_depth == 1 and not before_string:
+                colon = _skip_blanks(buf, at + len(_KEY))
+                value = _skip_blanks(buf, colon + 1)
+                if value >= len(buf):
+                    return _WAIT
+                if buf[colon] == ord(":"):  # a key, not a value that happens to read "traceEvents"
+                    return value + 1 if buf[value] == ord("[") else -1
+            at = buf.find(_KEY, at + 1, hi + len(_KEY) - 1)
+        self.state = (end_string, end_escaped, end_depth)
+        return None
 
 
 def _decode_batches(state: Decoding, store: bytearray, offset: int, on_events: OnEvents) -> int:
@@ -255,8 +392,11 @@ def _decode_exact(state: Decoding, store: bytearray, offset: int, error, brace: 
             return decode_cut(state, store, after.end()), after.end()
         except msgspec.MsgspecError as exc:
             error = exc
-    elif len(buf) <= MAX_EVENT_BYTES and (exact is None or exact > brace):
-        return None, 0  # the event goes on past the buffer: wait for more text
+    elif exact is None or exact > brace:
+        if len(buf) <= MAX_EVENT_BYTES:
+            return None, 0  # the event goes on past the buffer: wait for more text
+        where = f"$.traceEvents[{state.events_seen}]"
+        raise TooLong(state.path, too_long(buf, 0, MAX_EVENT_BYTES, f"{where} (text with no event boundary)", where))
     if error is None:
         raise InputError(state.path, f"invalid JSON: no complete event in the {len(buf):,} bytes after byte "
                                      f"{offset:,} of the JSON text")
@@ -286,28 +426,8 @@ def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_even
 
 def events_array_start(buf: bytes) -> int | None:
     """Offset just after the ``[`` that opens the traceEvents array (or a bare top-level array);
-    None: not in ``buf`` yet; -1: this document cannot be streamed (decode it whole)."""
-    first = next((i for i, c in enumerate(buf[:4096]) if c not in _WS), None)
-    if first is None:
-        return None if len(buf) < 4096 else -1
-    if buf[first] == ord("["):
-        return first + 1
-    if buf[first] != ord("{"):
-        return -1
-    at = buf.find(_KEY, first)
-    while at >= 0:
-        depth, in_string = scan_state(buf, first, at)
-        if depth == 1 and not in_string:
-            colon = _skip_blanks(buf, at + len(_KEY))
-            if colon == len(buf):
-                return None
-            if buf[colon] == ord(":"):  # a key, not a value that happens to read "traceEvents"
-                value = _skip_blanks(buf, colon + 1)
-                if value == len(buf):
-                    return None
-                return value + 1 if buf[value] == ord("[") else -1  # not a list: decode whole
-        at = buf.find(_KEY, at + 1)
-    return None
+    None: not in ``buf`` yet; -1: this document cannot hold one."""
+    return ArrayFinder().feed(buf + b" " * ArrayFinder._MARGIN)
 
 
 def _skip_blanks(buf, at: int) -> int:
@@ -321,6 +441,12 @@ def _skip_blanks(buf, at: int) -> int:
 def _scan_block(block: np.ndarray, in_string: bool, escaped: bool, depth: int):
     """Per-byte (outside-string structural depth after the byte, is-closing) for one block,
     and the state carried into the next block."""
+    depths, closes, _, in_string, escaped, depth = _scan_arrays(block, in_string, escaped, depth)
+    return depths, closes, in_string, escaped, depth
+
+
+def _scan_arrays(block: np.ndarray, in_string: bool, escaped: bool, depth: int):
+    """:func:`_scan_block`, with the per-byte inside-a-string parity (after the byte) too."""
     backslash = block == 92
     index = np.arange(len(block), dtype=np.int64)
     # Backslashes right before each byte: a quote after an odd run is escaped.
@@ -336,17 +462,36 @@ def _scan_block(block: np.ndarray, in_string: bool, escaped: bool, depth: int):
     depths = depth + np.cumsum(opens.astype(np.int64) - closes.astype(np.int64))
     trailing = len(block) - 1 - last_plain[-1] if len(block) else 0
     carried_escape = bool(trailing % 2) if len(block) else escaped
-    return depths, closes, bool(string_parity[-1]) if len(block) else in_string, carried_escape, \
+    return depths, closes, string_parity, bool(string_parity[-1]) if len(block) else in_string, carried_escape, \
         int(depths[-1]) if len(block) else depth
 
 
 def scan_state(buf, start: int, stop: int) -> tuple[int, bool]:
     """(bracket depth, inside a string) at ``stop``, scanning from ``start`` (outside strings)."""
-    in_string, escaped, depth = False, False, 0
-    for lo in range(start, stop, _SCAN_BLOCK):
-        block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
-        _, _, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
+    in_string, _, depth = _scan_from(buf, start, stop, (False, False, 0))
     return depth, in_string
+
+
+def _scan_from(buf, start: int, stop: int, state: tuple[bool, bool, int]) -> tuple[bool, bool, int]:
+    """The scan state (inside a string, after a backslash, depth) at ``stop`` from ``state`` at ``start``."""
+    in_string, escaped, depth = state
+    for lo in range(start, stop, _SCAN_BLOCK):
+        count = min(_SCAN_BLOCK, stop - lo)
+        if _plain(buf, lo, count, escaped):
+            continue
+        block = np.frombuffer(buf, dtype=np.uint8, count=count, offset=lo)
+        _, _, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
+    return in_string, escaped, depth
+
+
+def _plain(buf, lo: int, count: int, escaped: bool) -> bool:
+    """Does ``buf[lo:lo+count]`` hold no quote, bracket or backslash (nor follow a backslash)?
+    Then the scan state passes it unchanged: a long run of blanks or of one string's letters
+    costs six memchr, not the vectorised scan."""
+    if escaped:
+        return False
+    block = memoryview(buf)[lo:lo + count].tobytes() if not isinstance(buf, bytes) else buf[lo:lo + count]
+    return not any(c in block for c in (b'"', b"\\", b"{", b"}", b"[", b"]"))
 
 
 def last_element_end(buf, stop: int) -> tuple[int | None, bool]:
@@ -354,6 +499,8 @@ def last_element_end(buf, stop: int) -> tuple[int | None, bool]:
     the enclosing array closes in it); the buffer starts at an element boundary."""
     in_string, escaped, depth, last = False, False, 0, None
     for lo in range(0, stop, _SCAN_BLOCK):
+        if _plain(buf, lo, min(_SCAN_BLOCK, stop - lo), escaped):
+            continue  # no element ends in it, the state passes unchanged
         block = np.frombuffer(buf, dtype=np.uint8, count=min(_SCAN_BLOCK, stop - lo), offset=lo)
         depths, closes, in_string, escaped, depth = _scan_block(block, in_string, escaped, depth)
         below = np.flatnonzero(depths < 0)  # the enclosing array closed: nothing after counts

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from analyzer.ingest.memory import MemoryEvents
 from analyzer.ingest.shapes import ShapeOps, empty_shape_ops
 
 
@@ -40,6 +41,7 @@ class Marker(IntEnum):
     FRAMEWORK = 9  # parallelism markers: Megatron's TP autograd functions, pipeline schedules, MoE dispatch
     HOST_INFLATED = 10  # an ordinary host op far past its usual length (analyzer.ingest.hostops)
     ANNOTATION = 11  # any other user annotation (record_function): steps where no ProfilerStep is
+    HOST_ALLOC = 12  # the host in the device allocator: cudaFree / hipFree / cudaMalloc ..., empty_cache
 
 
 @dataclass
@@ -229,4 +231,7 @@ class RankTrace:
     shape_ops: ShapeOps = field(default_factory=empty_shape_ops)
     flow_events: int = 0  # launch -> GPU work arrows ("ac2g"): none in a filtered trace
     runtime_calls: int = 0  # CUDA/HIP runtime and driver calls, the launches among them
+    # Events of unknown categories that look like device work (not read): no "CPU-only" while any
+    unread_device_events: int = 0
     host_op_medians: dict[str, float] = field(default_factory=dict)  # µs, of the HOST_INFLATED ops' names
+    memory: MemoryEvents = field(default_factory=MemoryEvents.empty)  # the allocator's events (profile_memory)

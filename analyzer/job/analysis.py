@@ -24,6 +24,7 @@ from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import hardware_link
 from analyzer.job.parallelism import role_key
 from analyzer.job.compute import analyze_compute
+from analyzer.job.memory import job_checkpointing, job_memory
 from analyzer.job.mfu import compute_mfu, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
@@ -46,6 +47,9 @@ def analyze_job(result: Any, options: Any) -> None:
     result.collective_summary = commfit.summarize(result.collectives, view)
     attribute_job(result)
     result.job_model = None  # the typical step is chosen: the compute figures and busbw read it
+    if any(r.memory is not None for r in result.ranks) or result.memory is None:  # a saved result keeps its own
+        result.memory = job_memory(result.ranks, (result.attribution or {}).get("step"))
+        result.job["activation_checkpointing"] = job_checkpointing(result.ranks, (result.attribution or {}).get("step"))
     write_group_busbw(result)
     from_shapes = analyze_compute(result, hardware)
     n_gpus = world or result.job.get("ranks_given")

@@ -299,7 +299,7 @@ def _step_figures(entry: dict[str, Any], split: _Split, index: np.ndarray) -> _S
     figures = {"step": entry["step"], "step_time_us": entry["step_time_us"]}
     figures.update({k: tb[k] for k in LEAVES})
     idle = {k: tb[k] for k in (*IDLE_FIGURES, "idle_queued_by", "idle_queued_ops", "idle_unknown_by_phase",
-                               "idle_split_note", "inflated_ops") if k in tb}
+                               "idle_split_note", "inflated_ops", "allocator_calls") if k in tb}
     return _Step(figures, split, index, dict(tb["wait_by_peer"]), dict(tb.get("idle_by_host") or {}), idle)
 
 

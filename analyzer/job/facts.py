@@ -363,26 +363,21 @@ class JobFacts:
         sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
         return any(size >= 2 for size in sizes.values())
 
+    def _no_gpu_steps(self) -> str:
+        if self.model.gpu_events:
+            return "no GPU steps in the traces"
+        if self.model.unread_device_events:
+            return "no GPU work read (events under unknown categories look like device work: see warnings)"
+        return "no GPU work in the traces (CPU-only): no GPU timeline to measure"
+
     # ---------------------------------------------------------------- the job's kind
     @cached_property
     def kind(self) -> str:
-        """``training`` or ``inference``: a job whose GPU work shows neither a backward pass nor
-        an optimizer step (nor gradient collectives) is inference (prefill / decode, serving).
-        Traces with no GPU work read say nothing either way: training, the tool's subject."""
-        return "inference" if self.model.gpu_events and not self.training_evidence else "training"
-
-    @cached_property
-    def training_evidence(self) -> str | None:
-        """What shows the job trains, in words; None when nothing does."""
-        for r in self.result.ranks:
-            phases, markers = r.phases or {}, r.markers_seen or {}
-            if phases.get("backward"):
-                return f"backward work on rank {r.rank}"
-            if phases.get("optimizer") or markers.get("optimizer"):
-                return f"an optimizer step on rank {r.rank}"
-        if any("backward" in s.windows or "optimizer" in s.windows for s in self.steps):
-            return "a backward or optimizer phase in the steps"
-        return "gradient collectives in backward" if self.gradient_collectives else None
+        """``training`` or ``inference``: the job model's workload (analyzer.rank.workload: inference
+        only where every rank's host side is in the trace and none shows a backward pass, an
+        optimizer step or their kernels). A job that cannot tell is taken as training, the tool's
+        subject: absence of evidence counts only where the evidence could have been recorded."""
+        return "inference" if self.model.workload == "inference" else "training"
 
     # ---------------------------------------------------------------- what a fix needs
     def fix_precondition(self, name: str) -> str | None:
@@ -421,8 +416,7 @@ class JobFacts:
         (no GPU steps, ranks missing), ``not_applicable`` when the job cannot have it."""
         checks = {
             "gpu_steps": (lambda: any(s.windows for s in self.steps),
-                          "no GPU work in the traces (CPU-only): no GPU timeline to measure" if not self.model.gpu_events
-                          else "no GPU steps in the traces"),
+                          self._no_gpu_steps()),
             "ddp": (lambda: self.strategy in ("ddp", "unknown") and bool(self.result.buckets),
                     "not a DDP job with gradient all-reduces"),
             "fsdp": (lambda: self.strategy.startswith("fsdp") and bool(self.result.fsdp_units), self._no_fsdp_units()),

@@ -36,8 +36,28 @@ GROUP_COLUMNS = ("name", "description", "size", "ranks", "nodes", "cross_node", 
                  "alpha_us", "beta_gbps", "s_star_bytes", "busbw_gbps", "busbw_basis", "fit_source", "fit")
 COMPUTE_COLUMNS = ("rank", "step", "role", "op", "family", "dtype", "shape", "bucket", "count", "flops_each", "flops",
                    "timed_count", "gpu_us", "tflops_per_s", "pct_of_peak", "note")
+MEMORY_COLUMNS = ("rank", "device", "relative", "device_bytes", "step", "events", "start_allocated_bytes",
+                  "peak_allocated_bytes", "end_allocated_bytes", "peak_reserved_bytes", "reserved_at_peak_bytes",
+                  "cached_at_peak_bytes", "headroom_bytes", "allocations", "frees", "segment_grows",
+                  "segment_releases", "peak_phase", "peak_offset_us", "peak_op", "peak_fsdp_unit")
 FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_gain_us", "ranks", "steps",
                    "model", "fix_text", "fix_snippet", "references")
+
+
+def memory_df(result: "Result") -> "pd.DataFrame":
+    """One row per rank and step of measured memory (the ``memory`` section; none when the
+    traces hold no allocator events)."""
+    rows = []
+    for m in (result.memory or {}).get("ranks") or []:
+        for s in m["steps"]:
+            at = s.get("peak_at") or {}
+            reserved = s.get("reserved_at_peak_bytes")
+            rows.append({"rank": m["rank"], "device": m["device"], "relative": m["relative"],
+                         "device_bytes": m.get("device_bytes"), **s,
+                         "cached_at_peak_bytes": None if reserved is None else reserved - s["peak_allocated_bytes"],
+                         "peak_phase": at.get("phase"), "peak_offset_us": at.get("offset_us"),
+                         "peak_op": at.get("op"), "peak_fsdp_unit": at.get("fsdp_unit")})
+    return _frame(rows, MEMORY_COLUMNS)
 
 
 def ranks_df(result: "Result") -> "pd.DataFrame":

@@ -298,6 +298,7 @@ class JobModel:
         self.ranks_given: int = len(result.ranks)
         self.strategy: str = str(job.get("strategy") or "unknown")
         self.dp_strategy: str = str(job.get("dp_strategy") or job.get("strategy") or "unknown")
+        self.workload: str | None = job.get("workload")  # training | inference | None (analyzer.rank.workload)
         self.parallelism: Mapping[str, int | None] = {
             dim: (entry or {}).get("size") for dim, entry in (job.get("parallelism") or {}).items()}
 
@@ -357,6 +358,12 @@ class JobModel:
     def gpu_events(self) -> int:
         """GPU activities recorded over all the ranks given (0: CPU-only traces)."""
         return sum(int(r.gpu_event_count or 0) for r in self._result.ranks)
+
+    @property
+    def unread_device_events(self) -> int:
+        """Events of unknown categories that look like device work, over all the ranks given:
+        with GPU work unread, a trace without GPU events is not called CPU-only."""
+        return sum(int((r.markers_seen or {}).get("unread_device_events", 0)) for r in self._result.ranks)
 
     @property
     def step_source(self) -> str | None:

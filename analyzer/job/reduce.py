@@ -20,6 +20,7 @@ from analyzer.job.buckets import backward_starts, gradient_buckets
 from analyzer.job.result import Result
 from analyzer.rank.analysis import RankAnalysis
 from analyzer.rank.comms import fsdp_units
+from analyzer.rank.workload import job_workload
 
 
 def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
@@ -167,9 +168,34 @@ def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
     world = next((r.world_size for r in ranks if r.world_size), None)
     if world and len(ranks) < world:
         warnings.append(f"{len(ranks)} of {world} ranks given: cross-rank figures cover only these ranks")
+    warnings.extend(_disagreements(ranks))
     for r in ranks:
         warnings.extend(f"rank {r.rank} ({r.path}): {w}" for w in r.warnings)
     return warnings
+
+
+def _disagreements(ranks: list[RankAnalysis]) -> list[str]:
+    """One warning per fact the ranks of one job should share but do not (issue 41): the GPU
+    model and the NCCL version. The job's figures then use the first rank's."""
+    facts = {"GPU": lambda r: (r.devices[0].get("name") if r.devices else None),
+             "NCCL version": lambda r: r.nccl_version}
+    warnings = []
+    for what, read in facts.items():
+        seen: dict[str, list[int]] = {}
+        for r in ranks:
+            value = read(r)
+            if value:
+                seen.setdefault(str(value)[:80], []).append(r.rank)
+        if len(seen) > 1:
+            listed = "; ".join(f"{value!r} on rank(s) {_ranks_text(members)}" for value, members in seen.items())
+            warnings.append(f"the ranks disagree on the {what} ({listed}): traces of different machines or "
+                            "jobs? the job's figures use rank " + str(ranks[0].rank) + "'s")
+    return warnings
+
+
+def _ranks_text(members: list[int]) -> str:
+    shown = ", ".join(map(str, members[:8]))
+    return shown + (f" and {len(members) - 8} more" if len(members) > 8 else "")
 
 
 def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
@@ -192,6 +218,7 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
     return {
         "strategy": strategy,  # replaced by the combination's name (analyzer.job.parallelism)
         "dp_strategy": strategy,
+        "workload": job_workload([r.markers_seen for r in ranks]),  # training | inference | None
         "world_size": next((r.world_size for r in ranks if r.world_size), None),
         "ranks_given": len(ranks),
         "hosts": hosts,

@@ -20,6 +20,7 @@ import msgspec
 from analyzer import __version__
 from analyzer.base.errors import InputError
 from analyzer.base.rowtable import RowTable
+from analyzer.base.sanitize import shown
 from analyzer.job.buckets import Bucket, BucketTable
 from analyzer.job.large import LARGE_SCHEMA_VERSION, RowsSource, RowsWritten, is_large, rows_section, \
     saved_form, shown_rows
@@ -121,6 +122,9 @@ class Result:
     timeline: dict[str, Any] | None = None
     scaling: dict[str, Any] | None = None
     hta: dict[str, Any] | None = None
+    # measured memory per rank and step from the allocator's events, and the job's figures
+    # (analyzer.job.memory; ``recorded`` false with the reason when the trace has none)
+    memory: dict[str, Any] | None = None
     # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
     # built on first use, never serialized: the rows above are the contract)
     collective_columns: Any = field(default=None, repr=False, compare=False)
@@ -216,6 +220,12 @@ class Result:
         from analyzer.job import frames
         return frames.compute_df(self)
 
+    def memory_df(self) -> "pd.DataFrame":
+        """One row per rank × step of measured memory (allocator events): peak allocated and
+        reserved, start and end, cached at the peak, headroom, where the peak is."""
+        from analyzer.job import frames
+        return frames.memory_df(self)
+
     def collectives_df(self) -> "pd.DataFrame":
         from analyzer.job import frames
         return frames.collectives_df(self)
@@ -295,7 +305,7 @@ def _view(name: str) -> Callable[[Result], str]:
 
 
 _SECTIONS = ("topology", "hardware", "groups", "stragglers", "collective_summary", "mfu", "attribution", "rules", "verdict",
-             "recoverable", "timeline", "scaling", "hta")
+             "recoverable", "timeline", "scaling", "hta", "memory")
 
 
 def result_to_dict(result: Result, plain: bool = True, rows: RowsWritten | None = None) -> dict[str, Any]:
@@ -461,7 +471,7 @@ def _iter_compact(doc: dict[str, Any]) -> Iterator[bytes]:
 def _encode(value: Any) -> bytes:
     try:
         return _ENCODER.encode(value)
-    except (TypeError, ValueError, msgspec.EncodeError):
+    except (TypeError, ValueError, msgspec.EncodeError):  # UnicodeEncodeError too: a file name's bytes
         return _ENCODER.encode(_clean(value))  # unusual keys or values: normalise, then encode
 
 
@@ -480,10 +490,12 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_numpy_scalar, order="sorted")
 
 
 def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return shown(value)  # a file name's undecodable bytes as \xff (UTF-8 holds no surrogate)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {shown(str(k)): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):

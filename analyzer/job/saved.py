@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import msgspec
 
 from analyzer.base.errors import InputError
-from analyzer.job.large import LARGE_SCHEMA_VERSION, RETIRED_SCHEMA_VERSIONS
+from analyzer.job.large import JSON_ROWS, LARGE_SCHEMA_VERSION, RETIRED_SCHEMA_VERSIONS
 from analyzer.job.result import SCHEMA_VERSIONS
 
 
@@ -30,11 +31,13 @@ def read_result_file(path: Path) -> dict[str, Any] | None:
     contain that key)."""
     from analyzer.ingest.files import read_trace_bytes
     head = _head(path, 1 << 20)
-    if b'"traceEvents"' in head:
-        return None
+    if b'"traceEvents"' in head or _first_key(head) not in RESULT_KEYS:
+        return None  # a trace (or a bare array, or not JSON): the trace reader streams it
     data = read_trace_bytes(path)
     try:
         doc = json.loads(data)
+    except RecursionError:
+        raise InputError(path, "not a tracecliff result: JSON nested deeper than any result") from None
     except (ValueError, UnicodeDecodeError):
         if _looks_like_result(head):
             raise InputError(path, "not valid JSON: a truncated or damaged tracecliff result") from None
@@ -60,6 +63,11 @@ def check_document(doc: dict[str, Any], source: Any, data: bytes | None = None) 
         raise InputError(source, f"schema_version {json.dumps(version)} is not one this tracecliff reads "
                                  f"(it reads {' and '.join(map(str, SCHEMA_VERSIONS))}); re-run `tracecliff diagnose` "
                                  "on the traces")
+    rows = doc.get("collectives")
+    if isinstance(rows, list) and len(rows) > JSON_ROWS:  # each version's own limit (issue 41)
+        raise InputError(source, f"not a valid tracecliff result: collectives holds {len(rows):,} rows, and a "
+                                 f"schema_version {version} result holds at most {JSON_ROWS:,} (the rest go to its "
+                                 "rows file)")
     try:
         if data is not None:
             msgspec.json.decode(data, type=AnyResultDocument)
@@ -100,6 +108,20 @@ def _where(exc: msgspec.ValidationError) -> str:
     where = where.rstrip("`").removeprefix("$").lstrip(".")
     problem = problem[:1].lower() + problem[1:]
     return f"{where}: {problem}" if where else problem
+
+
+# Every key a result's document opens with: sorted (the tool's writer: "attribution" first) or
+# in the order Result.to_dict() makes them ("schema_version" first). A trace opens with none.
+RESULT_KEYS = frozenset(("schema_version", "tool", "inputs", "job", "ranks", "findings", "warnings",
+                         "attribution", "buckets", "collective_summary", "collective_digest",
+                         "collective_rows", "collectives"))
+_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*"([a-z_]{1,40})"[ \t\r\n]*:')
+
+
+def _first_key(head: bytes) -> str | None:
+    """The document's first key, when it opens as an object (never a whole parse)."""
+    match = _FIRST_KEY.match(head)
+    return match.group(1).decode() if match else None
 
 
 def _looks_like_result(head: bytes) -> bool:

@@ -52,6 +52,7 @@ class Job(msgspec.Struct):
     world_size: int | None
     strategy: str  # the combination, e.g. "ddp", "fsdp2+tp", "megatron tp", "expert parallel"
     dp_strategy: str | None = None  # the data-parallel part: ddp, fsdp1, fsdp2, fsdp, unknown
+    workload: str | None = None  # training | inference | None: cannot tell (analyzer.rank.workload)
     parallelism: dict[str, Parallelism] = {}
     process_groups: list[JobProcessGroup] = []
     group_roles: dict[str, str] = {}
@@ -432,6 +433,39 @@ class Recoverable(msgspec.Struct):
     findings: list[RecoveredBy]
 
 
+class MemoryStep(msgspec.Struct):
+    """One step's measured memory on a rank (analyzer.rank.memory), bytes."""
+
+    step: int
+    events: int
+    peak_allocated_bytes: int | None
+    start_allocated_bytes: int | None
+    end_allocated_bytes: int | None
+    peak_at: dict[str, Any] | None
+    headroom_bytes: int | None
+    peak_reserved_bytes: int | None = None
+
+
+class MemoryRank(msgspec.Struct):
+    rank: int
+    recorded: bool
+    device: str
+    relative: bool
+    device_bytes: int | None
+    steps: list[MemoryStep]
+
+
+class Memory(msgspec.Struct):
+    """Measured memory from the allocator's events (analyzer.job.memory)."""
+
+    recorded: bool
+    ranks: list[MemoryRank]
+    why: str | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_bytes: int | None = None
+
+
 class Section(msgspec.Struct):
     """A report section (step timeline, scaling curve, HTA deep dive): its data when
     ``available``, else ``why`` it is not."""
@@ -463,6 +497,7 @@ class _Document(msgspec.Struct, tag_field="schema_version"):
     timeline: Section | None = None
     scaling: Section | None = None
     hta: Section | None = None
+    memory: Memory | None = None
 
 
 class ResultDocument(_Document, tag=SCHEMA_VERSION, kw_only=True):

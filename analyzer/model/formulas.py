@@ -35,6 +35,8 @@ __all__ = [
     "hsdp_volume_bytes", "dp_volume_bytes",
     "ddp_memory_bytes", "zero1_memory_bytes", "zero2_memory_bytes", "zero3_memory_bytes",
     "hsdp_memory_bytes", "static_memory_bytes", "canonical_strategy",
+    "activation_bytes_per_layer", "recompute_activation_bytes_per_layer", "fits_device",
+    "MEASURED_MARGIN", "MODELLED_MARGIN",
     "BucketPipeline", "ddp_bucket_pipeline", "ddp_bucket_pipeline_of_times", "ddp_exposed_tails",
     "assign_buckets", "bucket_ready_times",
     "ddp_pipeline_for_cap", "OverlapBound", "critical_overlap", "BucketCapChoice",
@@ -423,6 +425,29 @@ def hsdp_memory_bytes(psi: float, g: int) -> float:
     """HYBRID_SHARD static memory per GPU: ``16Ψ/g`` bytes; set by the shard group g, not by
     the total GPU count. §3."""
     return zero3_memory_bytes(psi, g)
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, flash: bool = True) -> float:
+    """Activations one transformer layer saves for backward, bf16/fp16: ``s·b·h·(34 + 5·a·s/h)``
+    bytes; FlashAttention stores no attention scores (the ``5·a·s/h`` term): ``34·s·b·h``.
+    §9; Korthikanti et al. 2022."""
+    sbh = _count("s", s) * _count("b", b) * _count("h", h)
+    return sbh * 34 if flash else sbh * (34 + 5 * _count("a", a) * s / h)
+
+
+def recompute_activation_bytes_per_layer(s: int, b: int, h: int) -> float:
+    """Under full recompute a layer keeps only its input: ``2·s·b·h`` bytes. §9."""
+    return 2 * _count("s", s) * _count("b", b) * _count("h", h)
+
+
+# Kept free beside a peak (§9): workspaces, NCCL's buffers, the CUDA context, fragmentation.
+MEASURED_MARGIN = 0.10  # the allocator's reserved total already holds workspaces and fragmentation
+MODELLED_MARGIN = 0.20  # the models hold none of them
+
+
+def fits_device(peak_bytes: float, device_bytes: float, margin: float) -> bool:
+    """``peak ≤ (1 − margin)·device``. §9."""
+    return _nonneg("peak_bytes", peak_bytes) <= (1 - margin) * _nonneg("device_bytes", device_bytes)
 
 
 def static_memory_bytes(strategy: str, psi: float, n: int,

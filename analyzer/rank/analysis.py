@@ -17,7 +17,7 @@ import numpy as np
 from analyzer.base import arrays
 from analyzer.base.gc_pause import paused_gc
 from analyzer.base.rowtable import RowTable
-from analyzer.rank.comms import collectives_for_rank
+from analyzer.rank.comms import collectives_for_rank, kernels_of_launching_ops
 from analyzer.ingest.catalog import DEFAULT_COMM_PATTERN
 from analyzer.ingest.classify import FRAMEWORK_MARKERS, framework_marker
 from analyzer.ingest.loader import load_rank_trace
@@ -25,7 +25,10 @@ from analyzer.ingest.parallel import load_rank_trace_parallel
 from analyzer.rank.attribution import RankTimeline, idle_split_note, step_window
 from analyzer.rank.checks import partial_result_warnings
 from analyzer.rank.flops import compute_steps
+from analyzer.rank.memory import rank_memory
+from analyzer.rank.recompute import recompute
 from analyzer.rank.steps import step_figures
+from analyzer.rank.workload import workload_evidence
 from analyzer.rank.timeline import (NO_STEP, PHASES, Attribution, attribute, breakdown, exposed_by_phase,
                                     step_source, step_windows)
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
@@ -69,6 +72,9 @@ class RankAnalysis:
     # The kernels of every step, for the report's step timeline (RankOptions.keep_kernels): this
     # run's alone, never cached (analyzer.run.cache) nor written to the result.
     kernels: RankKernels | None = field(default=None, repr=False, compare=False)
+    # Measured memory per step from the allocator's events (analyzer.rank.memory), for the job's
+    # ``memory`` section (analyzer.job.memory), which is what the result writes and reads back.
+    memory: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -267,6 +273,7 @@ def _load_key(path: str, options: RankOptions) -> tuple | None:
 
 def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None = None) -> RankAnalysis:
     att = attribute(trace)
+    kernels_of_launching_ops(trace, att)  # before any figure: they are communication
     warnings = list(trace.warnings)
     gpu, keep = trace.gpu, None
     recorded_gpu = len(gpu) > 0
@@ -286,6 +293,9 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
     origin = origin_ns if origin_ns is not None else (first_gpu or 0)
     if len(gpu) == 0 and recorded_gpu:  # --steps selected none of the steps holding GPU work
         warnings.append("no GPU activity in the selected step(s): GPU metrics are zero")
+    elif len(gpu) == 0 and trace.unread_device_events:  # named by the ingest's warning
+        warnings.append("no GPU activity read, though events under unknown categories look like device work: "
+                        "GPU metrics are zero, not measured")
     elif len(gpu) == 0:
         warnings.append("no GPU activity in this trace (CPU-only profile?): GPU metrics are zero "
                         "and communication is reported from CPU-side ops only")
@@ -315,11 +325,14 @@ def analyze_rank(trace: RankTrace, options: RankOptions, origin_ns: int | None =
         timeline=_timeline(trace, att, origin) if options.keep_timeline else None,
         kernels=kept_kernels(gpu, att, trace.strings) if options.keep_kernels else None,
         compute_steps=compute_steps(trace, gpu, att.launch_ts, att.launch_thread, options.steps),
+        memory=rank_memory(trace, options.steps),
     )
+    analysis.memory["recompute"] = recompute(trace, gpu, att.launch_ts, att.launch_thread)
     if len(gpu) == 0 and not analysis.collectives:
         warnings.append("no collective found in the CPU-side ops either (record_param_comms, c10d::*, "
                         "gloo:*): communication is unknown, not zero")
-    analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives)
+    analysis.warnings += partial_result_warnings(gpu, att, steps, analysis.collectives,
+                                                 "step" if note else "ProfilerStep")
     return analysis
 
 
@@ -400,12 +413,15 @@ def _markers_seen(trace: RankTrace) -> dict[str, int]:
         "profiler_steps": int((trace.markers.kind == Marker.STEP).sum()),
         "optimizer": int((trace.markers.kind == Marker.OPTIMIZER).sum()),
     }
+    seen.update(workload_evidence(trace))  # training or inference (analyzer.rank.workload)
     for family, _ in FRAMEWORK_MARKERS:  # parallelism evidence (analyzer.job.parallelism)
         seen[family] = 0
     for name, n in names:
         family = framework_marker(name)
         if family:
             seen[family] += n
+    if trace.unread_device_events:  # only where there are some: other results stay as they were
+        seen["unread_device_events"] = trace.unread_device_events
     return seen
 
 

@@ -18,7 +18,10 @@ waited behind a dependency). The host part is split by what the CPU trace shows 
 ``input`` (inside ``enumerate(DataLoader)…``), ``device_sync`` (inside a blocking call:
 ``cudaStreamSynchronize`` / ``cudaEventSynchronize`` / ``aten::item``, a copy to pageable memory
 (``cudaMemcpyAsync`` of a "Memcpy DtoH (Device -> Pageable)"), or a gap that began while the host
-was blocked in one: the sync drained the queue), ``contention`` (inside host ops running far
+was blocked in one: the sync drained the queue), ``allocator`` (inside the device allocator's own
+calls: ``cudaFree`` / ``hipFree`` / ``cudaMalloc`` / ``cudaHostAlloc`` …, ``empty_cache``, or a gap
+that began in one: each free synchronizes the device, which drains the queue as a sync does;
+analyzer.ingest.classify.HOST_ALLOC_NAMES), ``contention`` (inside host ops running far
 beyond their usual length: the process was descheduled), ``fsdp`` (inside FSDP's own hooks),
 ``launch`` (a short gap before work launched only after the GPU went idle: launch overhead),
 ``unknown``; the unknown part is split again by the phase of the work whose launch ended it
@@ -45,7 +48,7 @@ from analyzer.rank.timeline import OTHER, PHASES, ns_to_us
 
 LEAVES = ("compute_only_us", "exposed_comm_us", "other_gpu_us", "idle_us")
 # The host part of idle, by what the host was doing (in priority order; unknown: the rest).
-IDLE_CAUSES = ("input", "device_sync", "contention", "fsdp", "launch", "unknown")
+IDLE_CAUSES = ("input", "device_sync", "allocator", "contention", "fsdp", "launch", "unknown")
 # The queued part, by what the launched work waited on (in priority order).
 QUEUED_CAUSES = ("graph", "collective", "copy", "event")
 # A gap up to this long before work launched after the GPU went idle is the host's launch
@@ -80,6 +83,9 @@ class RankTimeline:
         m = trace.markers
         self.input = _marker_union(m, Marker.HOST_INPUT)
         self.sync = _blocking_calls(trace, gpu, m)
+        self.alloc = _marker_union(m, Marker.HOST_ALLOC)
+        alloc = m.kind == Marker.HOST_ALLOC
+        self._alloc_calls = (m.ts[alloc], m.end[alloc], m.name[alloc])
         self.contention = _marker_union(m, Marker.HOST_INFLATED)
         self.fsdp = _fsdp_hooks(trace)
         inflated = m.kind == Marker.HOST_INFLATED
@@ -138,6 +144,7 @@ class RankTimeline:
         copies = iv.covered_length(self.waited_copies, starts, ends_at_least).tolist()
         ops = self._queued_ops(starts, ends_at_least)
         inflated = self._inflated_ops(starts, ends_at_least) if len(self._inflated[0]) else [{}] * len(starts)
+        allocs = self._allocator_calls(starts, ends_at_least) if len(self._alloc_calls[0]) else [{}] * len(starts)
         window, exposed_starts, exposed_ends = iv.clip_each(self.exposed, starts, ends_at_least)
         flat = np.stack([exposed_starts, exposed_ends], axis=1).ravel().tolist()
         cuts = (2 * np.searchsorted(window, np.arange(len(starts) + 1))).tolist()
@@ -166,6 +173,7 @@ class RankTimeline:
                 "idle_unlinked_us": ns_to_us(unlinked[k]),
                 "queued_copies_us": ns_to_us(copies[k]),
                 **({"inflated_ops": inflated[k]} if inflated[k] else {}),
+                **({"allocator_calls": allocs[k]} if allocs[k] else {}),
             }, flat[cuts[k]:cuts[k + 1]]))
         return out
 
@@ -184,6 +192,25 @@ class RankTimeline:
                 out[k][label] = {"longest_us": ns_to_us(ns), "usual_us": self._usual.get(label)}
         return out
 
+    def _allocator_calls(self, starts: np.ndarray, ends: np.ndarray) -> list[dict[str, dict[str, float]]]:
+        """Per window, the allocator's calls that start in it by name: how many and the host time
+        in them (µs, the calls' own lengths: a free waits for the device first), the
+        ``QUEUED_OPS_SHOWN`` longest in total."""
+        ts, end, name = self._alloc_calls
+        out: list[dict[str, dict[str, float]]] = [{} for _ in range(len(starts))]
+        order = np.argsort(starts, kind="stable")  # the windows by start (they do not overlap)
+        at = np.searchsorted(starts[order], ts, side="right") - 1
+        window = order[np.maximum(at, 0)]
+        inside = (at >= 0) & (ts < ends[window])
+        for k in arrays.unique(window[inside]).tolist():
+            rows = inside & (window == k)
+            names, index = np.unique(name[rows], return_inverse=True)
+            calls = np.bincount(index)
+            ns = np.bincount(index, weights=(end[rows] - ts[rows]).astype(np.float64))
+            ranked = sorted(zip(names.tolist(), calls.tolist(), ns.tolist()), key=lambda c: (-c[2], self.strings[c[0]]))
+            out[k] = {self.strings[n]: {"calls": c, "host_us": ns_to_us(t)} for n, c, t in ranked[:QUEUED_OPS_SHOWN]}
+        return out
+
     def host_before(self, cpu_starts: np.ndarray, first_gpus: np.ndarray) -> list[dict[str, float]]:
         """For each step: µs the host spent in the data loader / blocking syncs between its CPU
         start and its first GPU activity (none when that comes first): a stall that delays the
@@ -196,23 +223,23 @@ class RankTimeline:
     def _host_causes(self, starts: np.ndarray, ends: np.ndarray) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
         """Nanoseconds of host idle per cause in each window, in priority order: the data
         loader's; then what blocking calls cover, and all of a stretch that began while the host
-        was blocked in one (the sync drained the queue); then what inflated host ops cover, then
+        was blocked in one (the sync drained the queue); then the same of the allocator's calls
+        (a free synchronizes the device); then what inflated host ops cover, then
         FSDP's hooks; then the rest of a short idle gap ended by work launched after it began
         (unknown, what is left, is the caller's). And what is left in the gaps, by the phase of the
         work that ended each (the caller adds the idle outside every gap to ``other``)."""
         rest = iv.subtract(self.host, self.input)
-        blocked = iv.covered_length(self.sync, rest[0] - 1, rest[0]) > 0  # host blocked as the GPU drained
-        synced = iv.union(np.concatenate([rest[0][blocked], self.sync[0]]),
-                          np.concatenate([rest[1][blocked], self.sync[1]]))
-        sync = iv.intersect(rest, synced)
+        sync = _in_or_after(rest, self.sync)
         rest = iv.subtract(rest, sync)
+        alloc = _in_or_after(rest, self.alloc)
+        rest = iv.subtract(rest, alloc)
         contention = iv.intersect(rest, self.contention)
         rest = iv.subtract(rest, contention)
         fsdp = iv.intersect(rest, self.fsdp)
         rest = iv.subtract(rest, fsdp)
         host = iv.covered_length(self.host, starts, ends)
         out = {"input": host - iv.covered_length(iv.subtract(self.host, self.input), starts, ends)}
-        for name, part in (("device_sync", sync), ("contention", contention), ("fsdp", fsdp)):
+        for name, part in (("device_sync", sync), ("allocator", alloc), ("contention", contention), ("fsdp", fsdp)):
             out[name] = iv.covered_length(part, starts, ends)
         launch = self._launch_gaps(rest, starts, ends)
         out["launch"] = launch.sum(axis=0)
@@ -314,6 +341,14 @@ def _blocking_calls(trace: RankTrace, gpu: GpuEvents, m) -> iv.IntervalSet:
     hit = idx[(table[idx] == corr) & (corr >= 0)]
     launches = trace.launches
     return iv.union(np.concatenate([sync[0], launches.ts[hit]]), np.concatenate([sync[1], launches.end[hit]]))
+
+
+def _in_or_after(rest: iv.IntervalSet, calls: iv.IntervalSet) -> iv.IntervalSet:
+    """The part of ``rest`` inside ``calls``, and all of each stretch of it that began while the
+    host was in one (the call drained the GPU's queue: the idle after it is the call's)."""
+    blocked = iv.covered_length(calls, rest[0] - 1, rest[0]) > 0
+    cover = iv.union(np.concatenate([rest[0][blocked], calls[0]]), np.concatenate([rest[1][blocked], calls[1]]))
+    return iv.intersect(rest, cover)
 
 
 def _per_window(window: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -12,13 +12,14 @@ from analyzer.ingest.trace import GpuEvents, GpuKind
 
 
 def partial_result_warnings(gpu: GpuEvents, att: Attribution, steps: list[dict[str, Any]],
-                            collectives: RowTable | list[dict[str, Any]]) -> list[str]:
+                            collectives: RowTable | list[dict[str, Any]], step_name: str = "ProfilerStep") -> list[str]:
+    """``step_name``: what the steps are (ProfilerStep, or "step" where they were found otherwise)."""
     warnings = []
     outside = att.step == NO_STEP
     if steps and outside.any():
         busy = iv.total(iv.union(gpu.ts[outside], gpu.end[outside])) / 1000.0
         warnings.append(f"{int(outside.sum())} GPU event(s) ({busy:,.1f} µs busy) ran outside every "
-                        "ProfilerStep: counted in the whole-trace figures, in no step's")
+                        f"{step_name}: counted in the whole-trace figures, in no step's")
     linked = att.launch_thread >= 0
     comm = gpu.kind == GpuKind.COMM
     unlinked_comm = int((comm & ~linked).sum())

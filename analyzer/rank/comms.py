@@ -22,7 +22,7 @@ from analyzer.base import intervals as iv
 from analyzer.base.limits import MAX_DEVICE_BYTES
 from analyzer.base.units import fmt_bytes
 from analyzer.ingest.catalog import USER_LIBRARY, CommKernel, lookup
-from analyzer.ingest.classify import fsdp_module_of
+from analyzer.ingest.classify import fsdp_module_of, launching_comm_op
 from analyzer.ingest.columns import _take, factorize
 from analyzer.rank import p2p
 from analyzer.rank.timeline import NO_STEP, PHASES, Attribution, compute_union, innermost_marker, locate
@@ -100,7 +100,16 @@ def collective_from_kernel_name(name: str) -> str | None:
 
 def dtype_from_kernel_name(name: str) -> str | None:
     match = _NAME_DTYPE.search(name)
-    return canonical_dtype(match.group(1)) if match else None
+    if match:
+        return canonical_dtype(match.group(1))
+    # A template's first argument: symm_mem's multimem_all_reduce_kernel<c10::BFloat16, ...>,
+    # vLLM's cross_device_reduce_1stage<__nv_bfloat16, 8>.
+    match = _TEMPLATE_DTYPE.search(name)
+    return canonical_dtype(_CUDA_TYPES.get(match.group(1), match.group(1))) if match else None
+
+
+_TEMPLATE_DTYPE = re.compile(r"<\s*(c10::BFloat16|c10::Half|__nv_bfloat16|__half|half|float|double)\s*[,>]")
+_CUDA_TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
 
 
 def message_bytes(collective: str | None, in_nelems: int | None, out_nelems: int | None,
@@ -349,13 +358,14 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
         meta = sources.meta(k)
         name = rank.strings[sources.name[k]]
         kernel = lookup(name)
-        group = groups.of(meta, kernel is not None and kernel.library in NCCL_NAMED)
+        op_name = rank.strings[sources.op_name[k]] if sources.op_name[k] >= 0 else None
+        group = groups.of(meta, _in_c10d_group(kernel, op_name))
+        library = _launching_library(op_name) or _library(kernel, amd)
         combos.rows.append(_row(rank.rank, meta, group, step=None, phase="", stream=None, start_us=0.0, dur_us=0.0,
-                                exposed_us=None, launch_us=None, kernel=name, library=_library(kernel, amd),
+                                exposed_us=None, launch_us=None, kernel=name, library=library,
                                 module=None, on_gpu=True))
         if meta["collective"] in p2p.P2P_KINDS:
             combos.p2p = True
-            op_name = rank.strings[sources.op_name[k]] if sources.op_name[k] >= 0 else None
             _set_peers(combos.rows[-1], rank.rank, meta, op_name, sources.args(k)[2])
         combos.metas.append(meta)
         combos.kernels.append(kernel)
@@ -367,6 +377,36 @@ def _combinations(rank: RankTrace, sources: _Sources) -> _Combination:
     combos.seq_from, combos.comms_id_from = np.array(seq_from, dtype=np.int8), np.array(comms_id_from, dtype=np.int8)
     combos.sourced = np.array(sourced, dtype=bool)
     return combos
+
+
+def _launching_library(op_name: str | None) -> str | None:
+    """The library of a kernel a launching comm op (``launching_comm_op``) started: symm_mem's
+    ops', else a custom all-reduce's (vLLM, SGLang, TensorRT-LLM); None for c10d's ops."""
+    if not op_name or not launching_comm_op(op_name):
+        return None
+    return "symm_mem" if op_name.startswith("symm_mem::") else "custom_allreduce"
+
+
+def kernels_of_launching_ops(rank: RankTrace, att: Attribution) -> None:
+    """Kernels a launching comm op started that the catalog does not name (a new symmetric-memory
+    or custom all-reduce kernel) are communication: their kind set in ``rank.gpu.kind``, once
+    (nothing is done when the trace holds no such op)."""
+    m = rank.markers
+    ops = arrays.unique(m.name[m.kind == Marker.COMM_OP]).tolist()
+    launching = [n for n in ops if launching_comm_op(rank.strings[n])]
+    if not launching:
+        return
+    compute = np.flatnonzero(rank.gpu.kind == GpuKind.COMPUTE)
+    row = innermost_marker(m, Marker.COMM_OP, att.launch_ts[compute], att.launch_thread[compute])
+    hit = (row >= 0) & np.isin(m.name[np.maximum(row, 0)], launching)
+    rank.gpu.kind[compute[hit]] = GpuKind.COMM
+
+
+def _in_c10d_group(kernel: CommKernel | None, op_name: str | None) -> bool:
+    """Whether a kernel runs in one of the trace's c10d process groups: NCCL's (and its forks'),
+    and those a symmetric-memory op launched (it names a c10d group); others (DeepEP's, a custom
+    all-reduce's) use communicators of their own."""
+    return kernel is not None and (kernel.library in NCCL_NAMED or bool(op_name and op_name.startswith("symm_mem::")))
 
 
 def _set_peers(row: dict[str, Any], rank: int, meta: dict[str, Any], op_name: str | None,
@@ -508,6 +548,10 @@ def _module_markers(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> np.n
 
 # Libraries whose kernel names follow NCCL's <Kernel|Func>_<Collective>_... convention.
 NCCL_NAMED = ("nccl", "rccl", "msccl")
+_CUSTOM_AR_RANKS = re.compile(r"cross_device_reduce_[12]stage<[^,<>]+,\s*(\d{1,4})\s*>")
+# Libraries whose kernel names name the collective (symm_mem's multimem_all_reduce_kernel,
+# multimem_all_gather_kernel...).
+NAMED_KERNELS = (*NCCL_NAMED, "symm_mem")
 
 
 def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
@@ -529,8 +573,12 @@ def _merge_sources(kernel_args, params_args, op_args, op_name, kernel_name,
         collective = canonical_collective(op_name.split(":", 1)[-1])
     if collective is None and kernel is not None:
         collective = kernel.collective
-    if collective is None and kernel is not None and kernel.library in NCCL_NAMED and not kernel.generic:
+    if collective is None and kernel is not None and kernel.library in NAMED_KERNELS and not kernel.generic:
         collective = collective_from_kernel_name(kernel_name)
+    if meta.get("group_size") is None and kernel is not None and kernel.library == "custom_allreduce":
+        ranks = _CUSTOM_AR_RANKS.search(kernel_name)  # vLLM's <T, ngpus>: the group's size
+        if ranks:
+            meta["group_size"] = int(ranks.group(1))
     dtype = canonical_dtype(meta.get("dtype"))
     if size_source is None and op_args and op_name and "input_dims" in op_args:
         in_n, out_n, op_dtype = sizes_from_input_dims(op_name, op_args["input_dims"], op_args.get("input_types"))

@@ -17,6 +17,7 @@ from analyzer.base import arrays
 from analyzer.base import intervals as iv
 from analyzer.ingest.classify import step_number
 from analyzer.ingest.trace import GpuEvents, GpuKind, Marker, RankTrace
+from analyzer.rank.workload import forward_only
 
 PHASES = ("forward", "backward", "optimizer", "other")
 FORWARD, BACKWARD, OPTIMIZER, OTHER = range(4)
@@ -89,7 +90,7 @@ def exposed_by_phase(gpu: GpuEvents, phase: np.ndarray) -> dict[str, float]:
 
 def attribute(rank: RankTrace) -> Attribution:
     launch_ts, launch_thread = _link_launches(rank)
-    step, phase = locate(rank, launch_ts, launch_thread)
+    step, phase = locate(rank, launch_ts, launch_thread, rank.gpu.kind != GpuKind.MEMORY)
     linked = launch_thread >= 0
     if len(linked) and not linked.all():
         _fill_unlinked_by_stream(rank.gpu, step, linked)
@@ -97,10 +98,12 @@ def attribute(rank: RankTrace) -> Attribution:
     return Attribution(launch_ts, launch_thread, step, phase)
 
 
-def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown."""
+def locate(rank: RankTrace, ts: np.ndarray, thread: np.ndarray,
+           model_work: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Step and phase of CPU points (launch calls, collective ops); thread -1 = unknown;
+    ``model_work``: which points launch the model's own work (not copies; default: all)."""
     step = _steps(rank, ts, thread)
-    return step, _phases(rank, ts, thread, step)
+    return step, _phases(rank, ts, thread, step, model_work)
 
 
 def _link_launches(rank: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +131,8 @@ class StepSource:
     starts: np.ndarray  # int64 ns
     ends: np.ndarray  # int64 ns, inclusive
     threads: frozenset[int]  # the threads that run the steps (not autograd's)
-    how: str  # "ProfilerStep" | "annotation" | "whole trace"
-    name: str | None = None  # the annotation's
+    how: str  # "ProfilerStep" | "annotation" | "optimizer" | "whole trace"
+    name: str | None = None  # the annotation's or the optimizer marker's
 
     @property
     def note(self) -> str | None:
@@ -137,6 +140,9 @@ class StepSource:
         if self.how == "annotation":
             return (f"no ProfilerStep#N markers: the {len(self.numbers)} repeats of the annotation {self.name!r} "
                     "are the steps (each from one's start to the next's)")
+        if self.how == "optimizer":
+            return (f"no ProfilerStep#N markers: the {len(self.numbers)} iterations between the {len(self.numbers) + 1} "
+                    f"repeats of the optimizer's {self.name!r} are the steps (each from one's start to the next's)")
         if self.how == "whole trace":
             return "no ProfilerStep#N markers nor a repeating annotation: the whole trace is analysed as one step (0)"
         return None
@@ -150,7 +156,8 @@ def step_windows(rank: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def step_source(rank: RankTrace) -> StepSource:
     """The rank's steps: ProfilerStep ranges, else (GPU work without them) the repeats of one
-    annotation, else the whole trace."""
+    annotation that repeats at most once an iteration (as often as the optimizer, or once
+    more), else the iterations between the optimizer's repeats, else the whole trace."""
     m = rank.markers
     rows = np.flatnonzero(m.kind == Marker.STEP)
     numbers = np.array([step_number(rank.strings[m.name[r]]) for r in rows], dtype=object)
@@ -162,7 +169,12 @@ def step_source(rank: RankTrace) -> StepSource:
     threads = frozenset(arrays.unique(m.thread[m.kind == Marker.STEP]).tolist())
     if len(rows) or not len(rank.gpu):
         return StepSource(numbers[order], starts[order], ends[order], threads, "ProfilerStep")
-    return _repeating_annotation(rank) or _whole_trace(rank)
+    annotation, optimizer = _repeating_annotation(rank), _optimizer_iterations(rank)
+    # An annotation repeating more often than the optimizer marks something inside the iteration
+    # (a layer, a micro-batch): the optimizer's repeats are then the iterations.
+    if optimizer is not None and (annotation is None or len(annotation.numbers) > len(optimizer.numbers) + 2):
+        return optimizer
+    return annotation or _whole_trace(rank)
 
 
 def _repeating_annotation(rank: RankTrace) -> StepSource | None:
@@ -173,17 +185,12 @@ def _repeating_annotation(rank: RankTrace) -> StepSource | None:
     launches = np.sort(rank.launches.ts)
     candidates = np.flatnonzero(np.isin(m.kind, (Marker.ANNOTATION, Marker.FORWARD)))
     best = None
-    for name in arrays.unique(m.name[candidates]).tolist():
-        for thread in arrays.unique(m.thread[candidates][m.name[candidates] == name]).tolist():
-            rows = candidates[(m.name[candidates] == name) & (m.thread[candidates] == thread)]
-            rows = rows[np.argsort(m.ts[rows], kind="stable")]
-            if len(rows) < 2 or (m.ts[rows][1:] < m.end[rows][:-1]).any():
-                continue
-            inside = int((np.searchsorted(launches, m.end[rows], side="right")
-                          - np.searchsorted(launches, m.ts[rows], side="left")).sum())
-            key = (inside, len(rows), -int(m.ts[rows][0]), rank.strings[name])
-            if inside >= len(rows) and (best is None or key > best[0]):
-                best = (key, name, thread, rows)
+    for name, thread, rows in _repeats(m, candidates):
+        inside = int((np.searchsorted(launches, m.end[rows], side="right")
+                      - np.searchsorted(launches, m.ts[rows], side="left")).sum())
+        key = (inside, len(rows), -int(m.ts[rows][0]), rank.strings[name])
+        if inside >= len(rows) and (best is None or key > best[0]):
+            best = (key, name, thread, rows)
     if best is None:
         return None
     _, name, thread, rows = best
@@ -191,6 +198,41 @@ def _repeating_annotation(rank: RankTrace) -> StepSource | None:
     ends = np.append(starts[1:] - 1, _extent(rank)[1])
     return StepSource(np.arange(len(rows), dtype=np.int64), starts, ends, frozenset({thread}), "annotation",
                       rank.strings[name])
+
+
+def _repeats(m, candidates: np.ndarray):
+    """(name, thread, rows by start) of each marker name among ``candidates`` that repeats on a
+    thread at least twice, never overlapping itself there."""
+    for name in arrays.unique(m.name[candidates]).tolist():
+        for thread in arrays.unique(m.thread[candidates][m.name[candidates] == name]).tolist():
+            rows = candidates[(m.name[candidates] == name) & (m.thread[candidates] == thread)]
+            rows = rows[np.argsort(m.ts[rows], kind="stable")]
+            if len(rows) >= 2 and not (m.ts[rows][1:] < m.end[rows][:-1]).any():
+                yield name, thread, rows
+
+
+def _optimizer_iterations(rank: RankTrace) -> StepSource | None:
+    """The iterations between the repeats of an optimizer marker (``Optimizer.step#...`` first,
+    then ``Optimizer.zero_grad#...`` or another optimizer range), on one thread, never overlapping
+    itself, with GPU work launched in between: n repeats give n - 1 iterations, each from one
+    repeat's start to the next's (the work before the first and after the last is in no step)."""
+    m = rank.markers
+    launches = np.sort(rank.launches.ts)
+    candidates = np.flatnonzero(m.kind == Marker.OPTIMIZER)
+    best = None
+    for name, thread, rows in _repeats(m, candidates):
+        starts = m.ts[rows]
+        inside = int((np.searchsorted(launches, starts[1:]) - np.searchsorted(launches, starts[:-1])).sum())
+        key = (rank.strings[name].startswith("Optimizer.step#"), len(rows), -int(starts[0]), rank.strings[name])
+        if inside >= len(rows) - 1 and (best is None or key > best[0]):
+            best = (key, name, thread, starts)
+    if best is None:
+        return None
+    _, name, thread, starts = best
+    # Each window ends where the next begins (inclusive ends: a launch at that instant belongs to
+    # the later window, the one starting at or before it last), so its length is the repeats' gap.
+    return StepSource(np.arange(len(starts) - 1, dtype=np.int64), starts[:-1], starts[1:], frozenset({thread}),
+                      "optimizer", rank.strings[name])
 
 
 def _whole_trace(rank: RankTrace) -> StepSource:
@@ -240,7 +282,7 @@ def _fill_unlinked_by_stream(gpu: GpuEvents, values: np.ndarray, linked: np.ndar
 
 
 def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
-            step: np.ndarray) -> np.ndarray:
+            step: np.ndarray, model_work: np.ndarray | None = None) -> np.ndarray:
     phase = np.full(len(launch_ts), OTHER, dtype=np.int8)
     linked = launch_thread >= 0
     if not linked.any():
@@ -259,6 +301,8 @@ def _phases(rank: RankTrace, launch_ts: np.ndarray, launch_thread: np.ndarray,
         phase[on_bwd] = BACKWARD
         decided |= on_bwd
     _forward_before_backward(phase, decided, linked, launch_ts, step)
+    if forward_only(rank):  # forward passes only (inference, a forward-only or compiled trace)
+        phase[linked & ~decided & (step != NO_STEP) & (True if model_work is None else model_work)] = FORWARD
     return phase
 
 

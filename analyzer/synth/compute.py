@@ -238,21 +238,21 @@ class Compute:
         with self.eng.op(op, thread):
             self.elementwise(kernel, nbytes, thread)
 
-    def layer_forward(self, after_sublayer: SublayerHook = _nothing) -> None:
+    def layer_forward(self, after_sublayer: SublayerHook = _nothing, thread: str = "main") -> None:
         s = self.spec
         t, d, f = s.tokens_per_rank, s.hidden, s.ffn
-        self.layer_norm()
-        self.linear(d, 3 * d)
-        self.attention()
-        self.linear(d, d)
-        after_sublayer("main")
-        self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d)
-        self.layer_norm()
-        self.linear(d, f)
-        self.simple("aten::gelu", GELU_FWD, 4.0 * t * f)
-        self.linear(f, d)
-        after_sublayer("main")
-        self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d)
+        self.layer_norm(thread)
+        self.linear(d, 3 * d, thread)
+        self.attention(thread)
+        self.linear(d, d, thread)
+        after_sublayer(thread)
+        self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d, thread)
+        self.layer_norm(thread)
+        self.linear(d, f, thread)
+        self.simple("aten::gelu", GELU_FWD, 4.0 * t * f, thread)
+        self.linear(f, d, thread)
+        after_sublayer(thread)
+        self.simple("aten::add", ELEMENTWISE_ADD, 6.0 * t * d, thread)
 
     def embed_forward(self) -> None:
         s = self.spec
@@ -334,6 +334,9 @@ class Compute:
         s = self.spec
         t, d, f = s.tokens_per_rank, s.hidden, s.ffn
         by = _by_module(layer_params(s, i))
+        if s.activation_checkpointing:  # reentrant torch.utils.checkpoint: the layer's forward again
+            with self.node("CheckpointFunctionBackward"):
+                self.layer_forward(thread="autograd")
         self.elementwise_backward("AddBackward0", None, 0)
         self.linear_backward(f, d, by["mlp.fc2"], on_grads)
         self.elementwise_backward("GeluBackward0", GELU_BWD, 6.0 * t * f)

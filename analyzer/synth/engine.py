@@ -18,6 +18,7 @@ LAUNCH_LATENCY_NS = 2_500  # runtime call start -> earliest kernel start
 STREAM_GAP_US = 1.2  # a queued kernel starts ~1 µs after the previous one on its stream ends
 CUDA_LAUNCH_KERNEL, CUDA_LAUNCH_KERNEL_EXC, CUDA_MEMCPY_ASYNC, CUDA_MEMSET_ASYNC = 211, 430, 41, 51
 CUDA_EVENT_RECORD, CUDA_STREAM_WAIT_EVENT, CUDA_STREAM_SYNCHRONIZE = 135, 147, 131
+CUDA_FREE = 22  # cudaFree_v3020
 
 
 @dataclass
@@ -278,6 +279,15 @@ class Engine:
         """cudaStreamSynchronize: the CPU blocks until the stream is idle."""
         call = self._runtime("cudaStreamSynchronize", thread, CUDA_STREAM_SYNCHRONIZE, False, 2.0)
         done = np.maximum(call.start + call.dur, self.stream_tail(stream) + 3_000)
+        call.dur = done - call.start
+        self.cpu[thread] = done
+
+    def device_free(self, free_us, thread: str = "main") -> None:
+        """cudaFree with the caching allocator off: the call first waits for the whole device
+        (every stream) to drain, an implicit device sync, then frees for ``free_us`` (per rank)."""
+        call = self._runtime("cudaFree", thread, CUDA_FREE, False, 2.0)
+        drained = np.max(list(self.tail.values()), axis=0) if self.tail else call.start
+        done = np.maximum(call.start + call.dur, drained + 3_000) + np.rint(np.asarray(free_us) * 1e3).astype(np.int64)
         call.dur = done - call.start
         self.cpu[thread] = done
 

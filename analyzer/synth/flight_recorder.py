@@ -274,6 +274,54 @@ def in_flight() -> Scenario:
                      "in_flight": [{"group": "1", "seq": 9, "op": "all_reduce", "ranks": [0, 1]}]})
 
 
+def two_groups_in_flight() -> Scenario:
+    """Data-parallel subgroups [0-3] and [4-7] (8 ranks). Rank 5 never enters all_reduce #7 of
+    its group (4, 6, 7 wait inside it, from 2 ms after ranks 0-3 entered theirs); ranks 0-3 are
+    inside their #7, started everywhere, pending 2 ms longer than the others' (far under the
+    timeout) when the dumps were taken: in flight, not proven stuck, listed after the culprit."""
+    world = list(range(8))
+    groups = {"0": ("default_pg", world), "1": ("dp_a", [0, 1, 2, 3]), "2": ("dp_b", [4, 5, 6, 7])}
+    ranks = {}
+    for r in world:
+        name, pg = ("1", 1) if r < 4 else ("2", 2)
+        ops = [Op(name, groups[name][0], pg, "all_reduce", k, _step(k)) for k in range(1, 7)]
+        if r != 5:
+            delay = 0 if r < 4 else 2 * MS
+            ops.append(Op(name, groups[name][0], pg, "all_reduce", 7, _step(7) + delay, state="started"))
+        ranks[r] = Rank(ops, {0: (0, -1, -1), pg: (7, 7, 6) if r != 5 else (6, 6, 6)})
+    return Scenario("rank 5 never enters all_reduce #7 of dp_b; dp_a's #7 (ranks 0-3), entered 2 ms before, is "
+                    "still in flight when the dumps are taken", "2.10", groups, ranks,
+                    {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "2", "seq": 7, "op": "all_reduce",
+                                           "ranks": [5], "waiting_ranks": [4, 6, 7]}],
+                     "in_flight": [{"group": "1", "seq": 7, "op": "all_reduce", "ranks": [0, 1, 2, 3]}]})
+
+
+def consequence() -> Scenario:
+    """DP group [0, 2] and TP group [0, 1] (4 ranks): rank 2 never enters DP all_reduce #5, so
+    rank 0, inside it, never enters TP all_reduce #5, where rank 1 waits: the TP hang follows
+    from the DP one (its culprit waits there)."""
+    world = list(range(4))
+    groups = {"0": ("default_pg", world), "1": ("dp", [0, 2]), "2": ("tp", [0, 1])}
+    ranks = {r: Rank([], {0: (0, -1, -1)}) for r in world}
+    for r in (0, 2):
+        ranks[r].ops += [Op("1", "dp", 1, "all_reduce", k, _step(k)) for k in range(1, 5)]
+        ranks[r].status[1] = (4, 4, 4)
+    ranks[0].ops.append(Op("1", "dp", 1, "all_reduce", 5, _step(5), state="started"))
+    ranks[0].status[1] = (5, 5, 4)
+    for r in (0, 1):
+        ranks[r].ops += [Op("2", "tp", 2, "all_reduce", k, _step(k) + 10 * MS) for k in range(1, 5)]
+        ranks[r].status[2] = (4, 4, 4)
+    ranks[1].ops.append(Op("2", "tp", 2, "all_reduce", 5, _step(5) + 10 * MS, state="started"))
+    ranks[1].status[2] = (5, 5, 4)
+    ranks[3] = Rank([], {0: (0, -1, -1)})
+    return Scenario("rank 2 never enters DP all_reduce #5; rank 0, inside it, never enters TP all_reduce #5 where "
+                    "rank 1 waits: a consequence", "2.10", groups, ranks,
+                    {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "1", "seq": 5, "op": "all_reduce",
+                                           "ranks": [2], "waiting_ranks": [0]},
+                                          {"kind": "missing-rank", "group": "2", "seq": 5, "op": "all_reduce",
+                                           "ranks": [0], "waiting_ranks": [1]}], "in_flight": []})
+
+
 def coalesced_p2p() -> Scenario:
     """DP #3 is a coalescing block of three all-reduces (one entry each, then the "coalesced"
     marker with the events), the same on every rank; then pipeline sends in group 3 ([0, 1]):
@@ -311,5 +359,6 @@ def silent_highest() -> Scenario:
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "nccl_missing_rank": missing_rank, "nccl_desync": desync, "nccl_stuck": stuck,
     "nccl_stuck_kernel": stuck_kernel, "nccl_in_flight": in_flight, "nccl_coalesced_p2p": coalesced_p2p,
-    "nccl_silent_highest": silent_highest,
+    "nccl_silent_highest": silent_highest, "nccl_two_groups_in_flight": two_groups_in_flight,
+    "nccl_consequence": consequence,
 }

@@ -12,6 +12,7 @@ import math
 
 from .engine import CollectiveCall, GpuEvent
 from .layout import ProcessGroup
+from .memory import allocator_events
 from .programs import Program
 from .spec import TORCH_DTYPE_NAME
 
@@ -51,6 +52,10 @@ class RankRenderer:
     def trace(self) -> dict:
         spec = self.spec
         events = self.cpu_events() + self.gpu_events() + self.metadata_events()
+        if spec.profile_memory:
+            events += self.memory_events()
+        if spec.category_names == "legacy":
+            events = [_legacy(e) for e in events]
         host = spec.host_name(self.r)
         dist = {
             "backend": "nccl", "rank": self.r, "world_size": spec.world_size,
@@ -129,7 +134,8 @@ class RankRenderer:
         args["blocks per SM"] = round(blocks, 6)
         args["warps per SM"] = round(warps, 6)
         args["est. achieved occupancy %"] = int(min(100, 100 * warps / 64))
-        if ev.comm is not None and self.spec.kernel_comm_args:
+        # Kineto copies record_param_comms' args onto the kernel: none for a custom all-reduce's
+        if ev.comm is not None and self.spec.kernel_comm_args and "library" not in ev.comm.tag:
             comm = self.comm_args(ev.comm, cpu_side=False)
             args.update({k: comm[k] for k in KINETO_KERNEL_COMM_KEYS if k in comm})
         return args
@@ -155,6 +161,14 @@ class RankRenderer:
             if stride > 0:
                 args["Global rank stride"] = stride
         return args
+
+    def memory_events(self) -> list[dict]:
+        """The allocator's instant events, as torch 2.13 writes them (analyzer.synth.memory)."""
+        return [{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": self.pid,
+                 "tid": self.pid, "ts": us(ev.ts_ns),
+                 "args": {"Total Reserved": ev.reserved, "Total Allocated": ev.allocated, "Bytes": ev.delta,
+                          "Device Id": self.device, "Device Type": 1, "Addr": 0x7F0000000000 + k * 512}}
+                for k, ev in enumerate(allocator_events(self.p, self.r))]
 
     # ---- metadata ---------------------------------------------------------------------------
     def metadata_events(self) -> list[dict]:
@@ -187,6 +201,17 @@ class RankRenderer:
 
 def render_rank(program: Program, rank: int) -> dict:
     return RankRenderer(program, rank).trace()
+
+
+# PyTorch <= 1.9's category names (category_names="legacy"): CPU ops and record_function
+# ranges were both "Operator" (GPU annotations keep theirs: tracecliff reads none).
+LEGACY_NAMES = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset", "cuda_runtime": "Runtime",
+                "cpu_op": "Operator", "user_annotation": "Operator", "ac2g": "async"}
+
+
+def _legacy(event: dict) -> dict:
+    cat = event.get("cat")
+    return {**event, "cat": LEGACY_NAMES[cat]} if cat in LEGACY_NAMES else event
 
 
 def _by_time(rows: list[tuple[int, dict]]) -> list[dict]:

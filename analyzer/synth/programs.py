@@ -10,7 +10,9 @@ _reduce_scatter_base_, record_param_comms "Collective name", "nccl:*" annotation
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +33,19 @@ COLLECTIVE_OPS = {  # kind -> (c10d op, record_param_comms "Collective name", nc
     REDUCE_SCATTER: ("c10d::_reduce_scatter_base_", "_reduce_scatter_base", "nccl:_reduce_scatter_base"),
     ALLTOALL: ("c10d::alltoall_base_", "all_to_all", "nccl:all_to_all"),
 }
+# tp_allreduce_impl -> (the launching op, its kernel, the library tracecliff names it by, the
+# kernel's element type by dtype)
+CUSTOM_ALLREDUCE = {
+    "symm_mem": ("symm_mem::multimem_all_reduce_",
+                 "void c10d::symmetric_memory::multimem_all_reduce_kernel<{dtype}, 16, {n}>({dtype}*, unsigned long, "
+                 "unsigned long, unsigned int**, unsigned long, unsigned long)", "symm_mem",
+                 {"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp32": "float"}),
+    "custom_ar": ("vllm::all_reduce",
+                  "void vllm::cross_device_reduce_1stage<{dtype}, {n}>(vllm::RankData*, vllm::RankSignals, "
+                  "vllm::Signal*, {dtype}*, int, int)", "custom_allreduce",
+                  {"bf16": "__nv_bfloat16", "fp16": "half", "fp32": "float"}),
+}
+RECORDED_TYPE = {"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp32": "float"}  # record_shapes' Input type
 DATALOADER = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 ACCUMULATE_GRAD = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 SPLIT_COPY = (
@@ -98,8 +113,10 @@ class Program:
         with eng.annotation(f"ProfilerStep#{step}") as rec:
             rec.recorded = self.spec.step_marker == "profiler"
             self.step_ranges[step] = rec
-            with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
-                pass
+            training = self.spec.workload == "training"
+            if training:
+                with eng.annotation("Optimizer.zero_grad#AdamW.zero_grad"):
+                    pass
             stall = self.spec.stall_us(step - self.spec.first_step)
             if self.spec.host_stall_kind == "input" and (self.spec.host_stall_ranks or self.spec.host_stalls):
                 self.host_stall(stall)
@@ -113,19 +130,37 @@ class Program:
                     self.forward()
             else:
                 self.forward()
-            compute.loss_forward()
+            if training:
+                compute.loss_forward()
             if self.spec.host_stall_kind == "sync" and any(stall):
                 compute.loss_item()  # the host blocks until forward is done...
                 self.host_stall(stall, "log_metrics")  # ...then works
-            eng.phase = "backward"
-            self.run_backward()
-            eng.phase = "optimizer"
-            with eng.annotation("Optimizer.step#AdamW.step") as opt:
-                kernels = compute.optimizer_step(self.local_params())
-            eng.annotate_gpu(opt.name, opt.ext, kernels)
+            if self.spec.host_stall_kind == "alloc" and any(stall):
+                eng.device_free(stall)  # waits for the device to drain, then frees
+            if training:
+                self.train_after_forward()
             eng.phase = "other"
             compute.loss_item()
         eng.advance("main", STEP_GAP_US)
+
+    def train_after_forward(self) -> None:
+        """The backward pass and the optimizer step."""
+        eng = self.eng
+        eng.phase = "backward"
+        self.run_backward()
+        eng.phase = "optimizer"
+        with eng.annotation("Optimizer.step#AdamW.step") as opt:
+            kernels = self.compute.optimizer_step(self.local_params())
+        eng.annotate_gpu(opt.name, opt.ext, kernels)
+
+    def forward_range(self):
+        """The range the trace shows around DDP's forward (JobSpec.forward_marker), or None."""
+        eng, marker = self.eng, self.spec.forward_marker
+        if marker == "ddp":
+            return eng.annotation("DistributedDataParallel.forward")
+        if marker == "compiled":  # dynamo's region, AOTAutograd's forward inside it
+            return _nested(eng.op("Torch-Compiled Region: 0/0"), eng.op("CompiledFunction"))
+        return None
 
     def prefetch_input(self) -> None:
         """The compute stream waits for this step's batch (prefetched during the previous step;
@@ -173,11 +208,16 @@ class Program:
                        REDUCE_SCATTER: (nelems, nelems // n)}[kind]
         size = nelems * DTYPE_BYTES[dtype]
         contention = 1 + self.spec.noise * abs(self.eng.rng.standard_normal())  # never faster than the model
-        transfer_us = ring_time_us(kind, size, n, group.link) * contention
+        transfer_us = ring_time_us(kind, size, n, self._link(group)) * contention
         c10d_op, coll_name, annotation = COLLECTIVE_OPS[kind]
+        impl = self.spec.tp_allreduce_impl if kind == ALLREDUCE and "tp" in tag else "nccl"
+        if impl != "nccl":
+            tag = {**tag, "library": CUSTOM_ALLREDUCE[impl][2]}
         call = CollectiveCall(kind, coll_name, dtype, in_n, out_n, size, role, int(round(transfer_us * 1e3)),
                               ready=ready, labels=self.labels[role], tag=tag)
         eng = self.eng
+        if impl != "nccl":
+            return self.custom_allreduce(impl, call, n, stream, thread)
         with eng.op(c10d_op, thread), eng.op("record_param_comms", thread) as rpc:
             rpc.comm = call
             eng.depend_on(COMPUTE_STREAM, thread)  # ProcessGroupNCCL syncStream; `ready` holds its time
@@ -185,6 +225,25 @@ class Program:
                 kernel = eng.collective(nccl_kernel_name(kind, dtype), stream, call, thread)
         eng.annotate_gpu(annotation, ann.ext, [kernel])
         return kernel
+
+    def custom_allreduce(self, impl: str, call: CollectiveCall, n: int, stream: int, thread: str) -> GpuEvent:
+        """An all-reduce outside c10d's backends (tp_allreduce_impl): the op that launches it
+        names it (with its recorded shapes when record_shapes is on), no record_param_comms."""
+        op, kernel, _, types = CUSTOM_ALLREDUCE[impl]
+        shapes = {"Input Dims": [[call.in_nelems]], "Input type": [RECORDED_TYPE[call.dtype]]} \
+            if self.spec.record_shapes else {}
+        with self.eng.op(op, thread, args=shapes):
+            self.eng.depend_on(COMPUTE_STREAM, thread)
+            return self.eng.collective(kernel.format(dtype=types[call.dtype], n=n), stream, call, thread)
+
+    def _link(self, group: Any) -> Any:
+        """The group's link, at the slow link's pace when the group's ring runs through it (all
+        the groups of one role share one call: the slow rank's group sets it, as in one
+        data-parallel group)."""
+        spec = self.spec
+        if spec.slow_link_rank is None or spec.slow_link_gbps <= 0.0:
+            return group.link
+        return replace(group.link, beta_gbps=min(group.link.beta_gbps, spec.slow_link_gbps))
 
     def local_params(self) -> float:
         raise NotImplementedError
@@ -212,13 +271,17 @@ class DdpProgram(Program):
         eng, compute = self.eng, self.compute
         first = len(eng.gpu)
         self.embedding_alltoall("main")
-        with eng.annotation("DistributedDataParallel.forward") as ann:
+        around = self.forward_range()
+        with around or nullcontext() as ann:
+            if self.spec.forward_marker == "ddp":
+                ann.recorded = self.spec.step_marker != "optimizer"
             compute.embed_forward()
             for _ in range(self.spec.n_layers):
                 compute.layer_forward(self.tp_allreduce)
                 self.blocking_collective(ALLREDUCE, self.spec.forward_allreduce_mb, "main", {"tp": "forward"})
             compute.head_forward()
-        eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
+        if around is not None:
+            eng.annotate_gpu(ann.name, ann.ext, [e for e in eng.gpu[first:] if e.stream == COMPUTE_STREAM])
 
     def backward(self) -> None:
         compute = self.compute
@@ -468,3 +531,10 @@ def _ignore(params: list[Param], thread: str) -> None:
 
 def build_program(spec: JobSpec) -> Program:
     return (DdpProgram if spec.strategy == "ddp" else FsdpProgram)(spec).run()
+
+
+@contextmanager
+def _nested(outer, inner):
+    """Two ranges, one inside the other; yields the outer one."""
+    with outer as rec, inner:
+        yield rec

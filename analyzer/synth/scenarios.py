@@ -80,3 +80,23 @@ SCENARIOS: dict[str, JobSpec] = {
              host_contention_us=3000.0, host_contention_every=15),
     ]
 }
+
+# Jobs beyond training steps and their host leaves (issue 37 items 3, 7, 8), generated on demand
+# by the tests rather than committed (the samples' size budget): the same DDP job stalled in the
+# device allocator (a cudaFree with the caching allocator off, after forward, on rank 3); eager
+# decode steps of a small model, forward passes only and no range around them (host-bound: each
+# step's kernels are shorter than the host's op overhead); the same forward passes compiled
+# ("Torch-Compiled Region" > "CompiledFunction") on two ranks with a tensor-parallel all-reduce
+# per sublayer; and a compiled training job (its backward an autograd node per op, as eager).
+WORKLOAD_SCENARIOS: dict[str, JobSpec] = {
+    spec.name: spec
+    for spec in [
+        replace(SCENARIOS["ddp_host_sync_stall"], name="ddp_allocator_stall", seed=31, host_stall_kind="alloc"),
+        _job(GPT_SMALL, "inference_eager_decode", 32, n_layers=2, steps=4, world_size=1, gpus_per_node=1,
+             micro_batch=1, seq_len=16, workload="inference", forward_marker="none"),
+        _job(GPT_SMALL, "inference_compiled_tp", 33, n_layers=2, steps=3, world_size=2, gpus_per_node=2,
+             micro_batch=4, seq_len=512, workload="inference", forward_marker="compiled", tp_allreduce_mb=4.0),
+        _job(GPT_SMALL, "ddp_compiled_training", 34, n_layers=2, steps=3, world_size=2, gpus_per_node=2,
+             forward_marker="compiled"),
+    ]
+}

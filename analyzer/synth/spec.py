@@ -103,15 +103,22 @@ class JobSpec:
     # imbalance, host and noise
     straggler_rank: int | None = None
     straggler_slowdown: float = 1.0  # 1.3: that rank's compute kernels take 30% longer
+    # a slow link: this rank's link runs at slow_link_gbps (one-way), and every ring through it
+    # (each collective of a group holding it) runs at that pace (0: no slow link)
+    slow_link_rank: int | None = None
+    slow_link_gbps: float = 0.0
     # host stalls: these ranks' hosts stall host_stall_us each step (rotating: one of them per
     # step, in turn) in the data loader ("input") or in Python right after a blocking device
-    # sync in mid-step ("sync": loss.item() after forward, then host work before backward)
+    # sync in mid-step ("sync": loss.item() after forward, then host work before backward) or in
+    # the device allocator ("alloc": after forward, a cudaFree with the caching allocator off,
+    # which waits for the device to drain, then frees for host_stall_us)
     host_stall_ranks: tuple = ()
     host_stall_us: float = 0.0
-    host_stall_kind: str = "input"  # input | sync
+    host_stall_kind: str = "input"  # input | sync | alloc
     host_stall_rotate: bool = False
-    # more data-loader stalls, each (rank, µs, every): that rank's host stalls that long in every
-    # every-th recorded step (from the first), on top of the above
+    # more data-loader stalls, each (rank, µs, every) or (rank, µs, every, first): that rank's
+    # host stalls that long in every every-th recorded step from the first-th (0: the first
+    # recorded step), on top of the above
     host_stalls: tuple = ()
     # how each batch reaches the GPU: "pinned" (a pinned-memory copy on the compute stream at the
     # step's start), "pageable_prefetch" (a prefetching thread copies the next step's batch,
@@ -133,8 +140,23 @@ class JobSpec:
     # how the trace marks the steps: "profiler" (ProfilerStep#N, the profiler's schedule),
     # "annotation" (no ProfilerStep: a benchmark's own record_function around each forward,
     # named step_annotation) or "none" (no step marker at all)
-    step_marker: str = "profiler"
+    step_marker: str = "profiler"  # or "optimizer": neither ProfilerStep nor a forward range, the optimizer's alone
     step_annotation: str = "measure|forward"
+    # what the job runs: "training" (zero_grad, forward, loss, backward, optimizer step) or
+    # "inference" (forward passes only, then the output's .item(): no backward, no optimizer)
+    workload: str = "training"
+    # the range the trace shows around DDP's forward: "ddp" (DistributedDataParallel.forward),
+    # "compiled" (torch.compile: "Torch-Compiled Region: 0/0" > "CompiledFunction") or "none"
+    # (eager, no range: the phases come from the job's structure alone)
+    forward_marker: str = "ddp"
+    # the category names Kineto writes: "today" or "legacy" (PyTorch <= 1.9: Kernel, Memcpy,
+    # Memset, Runtime, Operator for CPU ops and record_function ranges alike, async flows)
+    category_names: str = "today"
+    # how the tensor-parallel / forward all-reduces run: "nccl", "symm_mem" (PyTorch's symmetric
+    # memory: symm_mem::multimem_all_reduce_ launching multimem_all_reduce_kernel, no
+    # record_param_comms) or "custom_ar" (vLLM's custom all-reduce: vllm::all_reduce launching
+    # cross_device_reduce_1stage); the time model is the same
+    tp_allreduce_impl: str = "nccl"
     emit_pg_config: bool = True  # distributedInfo.pg_config (older torch writes none)
     launch_overhead_us: float = 4.0  # CPU cost of one cudaLaunchKernel
     cpu_op_overhead_us: float = 6.0  # CPU cost of entering one aten op / annotation
@@ -145,6 +167,15 @@ class JobSpec:
     kernel_comm_args: bool = True  # newer Kineto copies collective args onto the NCCL kernel
     emit_host_name: bool = True  # distributedInfo.host_name (not written by torch itself)
     record_shapes: bool = True
+    # the allocator's [memory] events (profile_memory=True; analyzer.synth.memory), truth per rank
+    profile_memory: bool = False
+    memory_leak_mb: float = 0.0  # MiB each step keeps for good (a leak: allocated grows step after step)
+    empty_cache: bool = False  # torch.cuda.empty_cache() at each step's end: segments freed, taken again
+    memory_skew_ranks: tuple = ()  # these ranks hold memory_skew_mb MiB more throughout (imbalance)
+    memory_skew_mb: float = 0.0
+    # torch.utils.checkpoint on every layer: forward saves its input only (2·s·b·h), backward
+    # re-runs each layer's forward first (analyzer.synth.compute.layer_backward, .memory)
+    activation_checkpointing: bool = False
     torch_version: str = "2.13.0+cu128"
     nccl_version: str = "2.27.5"
 
@@ -168,14 +199,21 @@ class JobSpec:
             "straggler_rank out of range",
         )
         _check(all(0 <= r < self.world_size for r in self.host_stall_ranks), "host_stall_ranks out of range")
-        _check(all(0 <= int(r) < self.world_size and int(n) >= 1 for r, _, n in self.host_stalls),
-               "host_stalls: (rank in range, µs, every >= 1)")
-        _check(self.host_stall_kind in ("input", "sync"), "host_stall_kind must be input or sync")
+        _check(self.slow_link_rank is None or 0 <= self.slow_link_rank < self.world_size, "slow_link_rank out of range")
+        _check(all(len(s) in (3, 4) and 0 <= int(s[0]) < self.world_size and int(s[2]) >= 1 for s in self.host_stalls),
+               "host_stalls: (rank in range, µs, every >= 1[, first])")
+        _check(self.host_stall_kind in ("input", "sync", "alloc"), "host_stall_kind must be input, sync or alloc")
+        _check(self.workload in ("training", "inference"), "workload must be training or inference")
+        _check(self.forward_marker in ("ddp", "compiled", "none"), "forward_marker must be ddp, compiled or none")
         _check(self.input_copy in ("pinned", "pageable_prefetch", "pinned_prefetch"),
                "input_copy must be pinned, pageable_prefetch or pinned_prefetch")
         _check(self.loss_copy in ("item", "pageable"), "loss_copy must be item or pageable")
         _check(self.host_contention_every >= 1, "host_contention_every >= 1")
-        _check(self.step_marker in ("profiler", "annotation", "none"), "step_marker must be profiler, annotation or none")
+        _check(self.step_marker in ("profiler", "annotation", "none", "optimizer"),
+               "step_marker must be profiler, annotation, none or optimizer")
+        _check(self.category_names in ("today", "legacy"), "category_names must be today or legacy")
+        _check(self.tp_allreduce_impl in ("nccl", "symm_mem", "custom_ar"),
+               "tp_allreduce_impl must be nccl, symm_mem or custom_ar")
 
     def stall_us(self, step_index: int) -> list[float]:
         """Per rank, the host stall of the step_index-th recorded step (µs)."""
@@ -183,8 +221,8 @@ class JobSpec:
         if self.host_stall_rotate and ranks:
             ranks = [ranks[step_index % len(ranks)]]
         stalls = [self.host_stall_us if r in ranks else 0.0 for r in range(self.world_size)]
-        for rank, us, every in self.host_stalls:
-            if step_index % int(every) == 0:
+        for rank, us, every, *first in self.host_stalls:
+            if step_index % int(every) == (int(first[0]) if first else 0) % int(every):
                 stalls[int(rank)] += float(us)
         return stalls
 
@@ -225,11 +263,15 @@ class JobSpec:
         return {k: v for k, v in asdict(self).items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
-_LATER_KNOBS = {"tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
+_LATER_KNOBS = {"slow_link_rank": None, "slow_link_gbps": 0.0, "tp_allreduce_mb": 0.0, "gemm_half_flops": 0.0, "gemm_dtype": "bf16", "misaligned_gemm_efficiency": 0.0,
                 "input_copy": "pinned", "input_mb": 64.0, "host_copy_gbps": 3.0,
                 "pcie_gbps": 20.0, "loss_copy": "item", "host_contention_us": 0.0,
                 "host_contention_every": 50, "host_stalls": (), "step_marker": "profiler",
-                "step_annotation": "measure|forward"}  # knob: its default
+                "step_annotation": "measure|forward", "category_names": "today",
+                "tp_allreduce_impl": "nccl", "workload": "training", "forward_marker": "ddp",
+                "profile_memory": False, "memory_leak_mb": 0.0,
+                "empty_cache": False, "memory_skew_ranks": (), "memory_skew_mb": 0.0,
+                "activation_checkpointing": False}  # knob: its default
 
 
 def _check(ok: bool, message: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .engine import LAUNCH_LATENCY_NS, GpuEvent
 from .layout import fsdp_units, model_params
+from .memory import memory_truth
 from .programs import DdpProgram, FsdpProgram, Program
 from .spec import DTYPE_BYTES, TORCH_DTYPE_NAME
 
@@ -175,6 +176,8 @@ class TruthBuilder:
                    "forward_start_us": self.first_start(r, sel & (self.phases == "forward")),
                    "time_breakdown": breakdowns.get(step)}
             out["steps"].append(row)
+        if self.spec.profile_memory:  # the allocator's figures per step (analyzer.synth.memory)
+            out["memory"] = memory_truth(self.p, r)
         return out
 
     def step_breakdowns(self, r: int) -> dict[int, dict]:
@@ -235,7 +238,31 @@ class TruthBuilder:
                       "idle_queued_us": _us(length(all_queued)), "idle_queued_copy_us": _us(length(queued["memory"])),
                       "idle_queued_in_sync_us": _us(intersection_length(all_queued, sync)),
                       "idle_contention_us": _us(length(left))}
+            if self.spec.host_stall_kind == "alloc":  # only then: the committed samples' truth stays as it was
+                out[n]["idle_allocator_us"] = self._allocator_idle(r, host_idle, (loader, synced))
+            if (self.spec.workload, self.spec.forward_marker) != ("training", "ddp"):
+                out[n]["compute_by_phase_us"] = self._compute_by_phase(r, n)
         return out
+
+    def _allocator_idle(self, r: int, host_idle, taken) -> float:
+        """The host idle the data loader and the syncs leave that lies in a cudaFree or began in
+        one (the free waited for the device to drain: the gap after it is the free's)."""
+        frees = [c for c in self.p.eng.runtime if c.name == "cudaFree"]
+        calls = merge(np.array([c.start[r] for c in frees], np.int64),
+                      np.array([c.start[r] + c.dur[r] for c in frees], np.int64))
+        left = host_idle
+        for part in taken:
+            left = _minus(left, part)
+        began = np.array([covered(calls, g - 1, g) > 0 for g in left[0]], dtype=bool)
+        cover = merge(np.concatenate([left[0][began], calls[0]]), np.concatenate([left[1][began], calls[1]]))
+        return _us(intersection_length(left, cover))
+
+    def _compute_by_phase(self, r: int, step: int) -> dict[str, float]:
+        """The union of the step's compute kernels by the phase the program launched them in."""
+        sel = (self.steps == step) & (self.kinds == "compute")
+        return {phase: _us(length(merge(self.starts[sel & (self.phases == phase), r],
+                                        self.ends[sel & (self.phases == phase), r])))
+                for phase in ("forward", "backward", "optimizer", "other") if (sel & (self.phases == phase)).any()}
 
     def _queued_idle(self, r: int, busy) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
                                                   tuple[np.ndarray, np.ndarray]]:

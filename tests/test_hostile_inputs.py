@@ -1,0 +1,340 @@
+"""Issue 41: input built by an attacker. Each case runs the command line in a subprocess under
+an address-space limit (RLIMIT_AS) and asserts its exit code, one line on stderr naming the file
+(never a traceback or an internal error), its wall time and its peak memory (the child's own
+rusage, from os.wait4).
+
+Figures on this machine (2 cores shared with 5 other sessions), before -> after; after from
+`python bench/bench_hostile.py --sizes 100,400` (4 GB limit; wall, peak RSS):
+- a long string as the first key before traceEvents: at 1 GB, exit 0 after 9-12 s at 3.1 GB
+  (the head read to 64 MB, then the whole file decoded) -> refused at 64 MB naming "x":
+  100 MB 3.4 s 203 MB, 400 MB 3.6 s 207 MB.
+- one kernel named by a long string: 200 MB 72-81 s (a re-join and re-scan per chunk) ->
+  refused at 32 MB naming "name" in $.traceEvents[100]: 100 MB 5.1 s 277 MB, 400 MB 4.4 s 281 MB.
+- a long string after the events array: 1 GB 142 s and 2.2 GB -> refused at 64 MB:
+  100 MB 3.4 s 321 MB, 400 MB 3.6 s 325 MB.
+- whitespace inside the array: 10 GB 53 s -> refused at 32 MB: 100 MB 5.2 s, 400 MB 5.4 s, 281 MB.
+- 2,000,000 references to one Flight Recorder entry (3.8 MB pickle): 1:46 and 3.35 GB -> 2.2 s 62 MB.
+- 200,000 levels of nesting: "internal error: RecursionError" -> one line naming the file.
+The limits asserted below are looser than these (the machine is shared), and the sizes are a few
+times each limit: enough to show the cost no longer follows the value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from builders import two_step_ddp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bench_hostile import EVENTS, MB, write_gz  # noqa: E402  (the benchmark for size: bench/)
+
+LIMIT_AS = 3 << 30  # the address space each case runs in (Python + numpy + msgspec: ~1 GB of it mapped)
+
+
+def _limit() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_AS, LIMIT_AS))
+
+
+def run_cli(*args, cwd=None) -> tuple[int, str, str, float, float]:
+    """(exit code, stdout, stderr, wall s, peak RSS MB) of ``python -m analyzer ARGS``: the
+    child's own rusage (os.wait4), its output through files (no pipe to drain while waiting)."""
+    env = {**os.environ, "TRACECLIFF_CACHE_DIR": str(Path(cwd or ".") / "cache")}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-m", "analyzer", *map(str, args)], stdout=out, stderr=err,
+                                 preexec_fn=_limit, cwd=cwd, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.monotonic() - start
+        out.seek(0)
+        err.seek(0)
+        return (child.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+                wall, usage.ru_maxrss / 1024)
+
+
+def refused(path, *args, needle: str, seconds: float, megabytes: float, command="diagnose") -> str:
+    code, out, err, wall, peak = run_cli(command, "--no-cache", *args, path)
+    assert code == 2, (code, err[-2000:])
+    assert err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err, err[-2000:]
+    assert str(path) in err and needle in err, err
+    assert wall < seconds, (wall, err)
+    assert peak < megabytes, (peak, err)
+    return err
+
+
+gz = write_gz  # the benchmark's writer: (byte, MB) parts are long runs
+
+
+def test_long_string_before_the_events(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"x": "', (b"A", 200), b'", "traceEvents": [' + EVENTS + b"]}")
+    refused(path, needle='the value of "x" is a string longer than', seconds=20, megabytes=700)
+
+
+def test_long_event_name(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b', {"ph": "X", "name": "', (b"A", 100),
+              b'", "ts": 1, "dur": 1, "pid": 0, "tid": 7}]}')
+    refused(path, needle='the value of "name" in $.traceEvents[100] is a string longer than', seconds=20,
+            megabytes=700)
+
+
+def test_long_string_after_the_events(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b'], "x": "', (b"A", 200), b'"}')
+    refused(path, needle='the value of "x" is a string longer than', seconds=20, megabytes=700)
+
+
+def test_whitespace_inside_the_array(tmp_path):
+    path = gz(tmp_path / "rank-0.json.gz", b'{"traceEvents": [' + EVENTS + b",", (b" ", 100), b"{}]}")
+    refused(path, needle="(text with no event boundary) is longer than", seconds=20, megabytes=700)
+
+
+@pytest.mark.parametrize("layout", ["distributedInfo", "bare", "after"])
+def test_deep_nesting(tmp_path, layout):
+    deep = b"[" * 200_000 + b"]" * 200_000
+    event = b'{"ph": "X", "name": "k", "cat": "kernel", "ts": 1, "dur": 1, "pid": 0, "tid": 1}'
+    text = {"distributedInfo": b'{"distributedInfo": {"a": ' + deep + b'}, "traceEvents": [' + event + b"]}",
+            "bare": deep,
+            "after": b'{"traceEvents": [' + event + b'], "distributedInfo": {"a": ' + deep + b"}}"}[layout]
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(text)
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", path)
+    assert code == 2 and err.count("\n") == 1 and str(path) in err and "internal error" not in err, err
+    assert wall < 20 and peak < 700, (wall, peak)
+
+
+def test_bare_array_is_streamed_not_parsed_whole(tmp_path):
+    """A bare-array trace is never json.loads-ed to see whether it is a saved result: its memory
+    follows the columns, as the object form's does."""
+    events = [{"ph": "X", "cat": "kernel", "name": f"k{i % 50}", "pid": 0, "tid": 7, "ts": 1000 + 10 * i, "dur": 5,
+               "args": {"device": 0, "stream": 7}} for i in range(60_000)]
+    bare, wrapped = tmp_path / "bare" / "rank-0.json", tmp_path / "object" / "rank-0.json"
+    for path, doc in ((bare, events), (wrapped, {"traceEvents": events})):
+        path.parent.mkdir()
+        path.write_text(json.dumps(doc))
+    peaks = []
+    for path in (bare, wrapped):
+        code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", path)
+        assert code == 0, err
+        assert json.loads(out)["ranks"][0]["event_count"] == 60_000
+        peaks.append(peak)
+    size = bare.stat().st_size / MB  # ~8 MB
+    assert peaks[0] < peaks[1] + size, (peaks, size)  # was ~6x the file for the bare array
+
+
+def test_long_metadata_rank_is_not_dropped_from_a_directory(tmp_path):
+    """A rank whose metadata before traceEvents passes 1 MiB is still a trace of the job."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        doc = json.loads(two_step_ddp(rank=rank).write(tmp_path / f"src-{rank}.json").read_text())
+        if rank == 1:
+            doc = {"distributedInfo": {**doc.get("distributedInfo", {}),
+                                       "pg_config": [{"pg_name": "x", "pg_desc": "big", "ranks": list(range(300_000))}]},
+                   **{k: v for k, v in doc.items() if k != "distributedInfo"}}
+        (job / f"rank-{rank}.json").write_text(json.dumps(doc))
+    assert (job / "rank-1.json").read_bytes().index(b'"traceEvents"') > 1 << 20
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", job)
+    assert code in (0, 1), err
+    assert sorted(r["rank"] for r in json.loads(out)["ranks"]) == [0, 1], err
+
+
+HOSTILE = "\x1b]0;owned\x07\x1b]52;c;ZWNobyBoaQ==\x07\x1b[31m\u202e"  # window title, clipboard, colour, bidi
+MARKDOWN_HOSTILE = "pg` [click](https://example.com) ![x](https://example.com/p.png) <b>"
+
+
+def hostile_job(tmp_path, name="job"):
+    job = tmp_path / name
+    job.mkdir()
+    for rank in (0, 1):
+        builder = two_step_ddp(rank=rank)
+        builder.doc["deviceProperties"][0]["name"] = "H100" + HOSTILE
+        info = builder.doc["distributedInfo"]
+        info["nccl_version"] = "2.21" + HOSTILE
+        info["host_name"] = "host" + HOSTILE
+        for group in info.get("pg_config") or []:
+            group["pg_desc"] = MARKDOWN_HOSTILE + HOSTILE
+        builder.write(job / f"rank-{rank}{HOSTILE[:6]}.json")
+    return job
+
+
+def assert_inert(text: str) -> None:
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, repr(text[:400])
+
+
+def test_control_sequences_are_shown_not_obeyed(tmp_path):
+    """Issue 41, 5: trace strings and file names reach stdout and stderr escaped (\\x1b)."""
+    job = hostile_job(tmp_path)
+    for args in (("diagnose", "--no-cache", job), ("gate", "--no-cache", "--preset", "strict", job),
+                 ("diagnose", "--no-cache", job / "missing.json")):
+        code, out, err, wall, peak = run_cli(*args, cwd=tmp_path)
+        assert "internal error" not in err and "Traceback" not in err, err
+        assert_inert(out)
+        assert_inert(err)
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", job, cwd=tmp_path)
+    assert code == 0 and "\\x1b]0;owned\\x07" in out, out  # shown, as its escape
+
+
+def test_summary_and_junit_hold_no_markup_from_the_trace(tmp_path, monkeypatch):
+    """Issue 41, 6: the GitHub summary escapes Markdown (backticks included) and controls; JUnit
+    shows controls escaped."""
+    from analyzer.base.sanitize import markdown
+    cell = markdown(MARKDOWN_HOSTILE + HOSTILE)
+    assert_inert(cell)
+    assert "](" not in cell and "<b>" not in cell and "`" not in cell.replace("\\`", ""), cell
+    job = hostile_job(tmp_path)
+    summary, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err, wall, peak = run_cli("gate", "--no-cache", "--preset", "strict", "--github-summary", "--junit", junit, job, cwd=tmp_path)
+    assert code in (0, 1), err
+    for text in (summary.read_text(), junit.read_text(), out, err):
+        assert_inert(text)
+    assert "](http" not in summary.read_text()
+
+
+def test_file_name_that_is_not_utf8(tmp_path):
+    """Issue 41, 7: JSON and HTML hold a file name's undecodable bytes as \\xff, losslessly shown."""
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(Path(os.fsdecode(bytes(job) + b"/rank-0\xff\xfe.json")))
+    html = tmp_path / "report.html"
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", "--html", html, job)
+    assert code == 0, err
+    assert [r["path"].rsplit("/", 1)[-1] for r in json.loads(out)["ranks"]] == ["rank-0\\xff\\xfe.json"]
+    assert "rank-0\\xff\\xfe.json" in html.read_text(encoding="utf-8")
+
+
+def test_dash_output_is_stdout(tmp_path):
+    """Issue 41, 13: ``-o -`` writes to stdout, never a file named ``-``."""
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    code, out, err, wall, peak = run_cli("diagnose", "--no-cache", "--format", "json", "-o", "-", job, cwd=tmp_path)
+    assert code == 0 and json.loads(out)["ranks"] and not (tmp_path / "-").exists(), err
+
+
+@pytest.mark.parametrize("command, steps", [("diagnose", "7-5"), ("diagnose", ","), ("diff", "7-5"),
+                                            ("annotate", ","), ("gate", "9-3,4")])
+def test_steps_that_select_nothing_by_their_syntax(tmp_path, capsys, command, steps):
+    """Issue 41, 8: an empty or reversed --steps is one line, exit 2, in every command."""
+    from analyzer.cli.main import main
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        two_step_ddp(rank=rank).write(job / f"rank-{rank}.json")
+    extra = {"diff": [job], "annotate": ["-o", tmp_path / "out"], "gate": ["--preset", "strict"]}.get(command, [])
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--no-cache", "--steps", steps, *map(str, extra), str(job)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and repr(steps) in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def _fr_entry() -> dict:
+    return {"record_id": 0, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 1,
+            "p2p_seq_id": 0, "op_id": 1, "profiling_name": "nccl:all_reduce", "time_created_ns": 1,
+            "input_sizes": [[4]], "output_sizes": [[4]], "state": "completed", "retired": True, "frames": [],
+            "is_p2p": False, "timeout_ms": 600000}
+
+
+@pytest.mark.parametrize("case, needle", [("cycle", "a cycle"), ("fan", "through shared references"),
+                                          ("shared", "through shared references"), ("zeros", "longer than")])
+def test_flight_recorder_dumps_cost_their_size(tmp_path, case, needle):
+    """Issue 41, 9-10: a dump's cost follows its bytes. A self-holding list (looped for ever), 7.8 KB
+    of [x]*1000 four levels deep (~16 h before), 2,000,000 references to one entry (4 MB: 1:46 and
+    3.35 GB before) and a .gz of zeros inflating past the dump limit (7.2 GB RSS before) are one
+    line each, in seconds."""
+    import pickle
+    path = tmp_path / f"fr_rank_0{'.gz' if case == 'zeros' else ''}"
+    if case == "cycle":
+        loop: list = []
+        loop.append(loop)
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": loop}))
+    elif case == "fan":
+        fan: list = [1]
+        for _ in range(4):
+            fan = [fan] * 1000
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": fan}))
+    elif case == "shared":
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": [_fr_entry()] * 2_000_000}))
+    else:
+        gz(path, b"\x80\x04", (b"\0", 300))
+    code, out, err, wall, peak = run_cli("hang", path)
+    assert code == 2 and err.count("\n") == 1 and str(path) in err and needle in err, err
+    assert wall < 20 and peak < 700, (wall, peak)
+
+
+def test_large_plain_dump_is_still_read(tmp_path):
+    """The bound is on references, not on size: 30,000 distinct entries (no sharing) pass it, in the time of one walk."""
+    import pickle
+    from analyzer.hang.read import _check_plain
+    doc = {"version": "2.10", "entries": [dict(_fr_entry(), record_id=i) for i in range(30_000)]}
+    raw = pickle.dumps(doc)
+    loaded = pickle.loads(raw)
+    _check_plain(tmp_path / "fr_rank_0", loaded, len(raw))  # no error
+    shared = {"version": "2.10", "entries": [loaded["entries"][0]] * 2}  # sharing that stays small: read too
+    _check_plain(tmp_path / "fr_rank_0", shared, len(pickle.dumps(shared)))
+
+
+def test_config_depth_and_catastrophic_regex(tmp_path, capsys):
+    """Issue 41, 12: a deeply nested TOML value and a catastrophic [communication] kernels regex
+    are one-line configuration errors (a RecursionError, a 60 s hang before)."""
+    from analyzer.cli.main import main
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    deep = tmp_path / "deep.toml"
+    deep.write_text("[tool.tracecliff.communication]\nkernels = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    evil = tmp_path / "evil.toml"
+    evil.write_text('[tool.tracecliff.communication]\nkernels = ["(a+)+$"]\n')
+    for config, needle in ((deep, "nested deeper"), (evil, "nests a quantifier")):
+        start = time.monotonic()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["diagnose", "--no-cache", "--config", str(config), str(job)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and str(config) in err and needle in err, err
+        assert time.monotonic() - start < 10
+
+
+def test_a_result_past_its_versions_row_limit_is_refused(tmp_path, capsys):
+    """Issue 41, 13: a schema_version 1 result holds at most 10,000 collective rows (192,000 were
+    accepted before: 855 MB for gate)."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.cli.main import main
+    from analyzer.job.large import JSON_ROWS
+    from analyzer.job.result import dumps
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    doc = json.loads(dumps(diagnose([str(job)], DiagnoseOptions(workers=1)).to_dict()))
+    assert doc["collectives"]
+    doc["collectives"] = doc["collectives"][:1] * (JSON_ROWS + 1)
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["gate", "--preset", "strict", str(saved)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and str(saved) in err and "at most 10,000" in err, err
+
+
+def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
+    """Issue 41, 13: ranks of other GPUs or NCCL versions are not merged in silence."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in (0, 1):
+        builder = two_step_ddp(rank=rank)
+        if rank == 1:
+            builder.doc["deviceProperties"][0]["name"] = "AMD Instinct MI300X"
+            builder.doc["distributedInfo"]["nccl_version"] = "2.18.1"
+        builder.write(job / f"rank-{rank}.json")
+    warnings = diagnose([str(job)], DiagnoseOptions(workers=1)).warnings
+    assert any("disagree on the GPU" in w and "MI300X" in w and "rank(s) 1" in w for w in warnings), warnings
+    assert any("disagree on the NCCL version" in w and "2.18.1" in w for w in warnings), warnings
