@@ -12,6 +12,7 @@ from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
+from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
 from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.gpu_idle_queued import WAITED_ON
@@ -237,22 +238,8 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         fix = (f.get("fix") or {}).get("text")
         if fix:
             lines += _wrap(f"fix: {fix}", **wrap)
-        lines += [line for text in _withheld(f) for line in _wrap(text, **wrap)]
+        lines += [line for text in withheld_fixes(f) for line in _wrap(text, **wrap)]
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
-
-
-# A fix withheld for these reasons is one the evidence rules out (not another strategy's alternative).
-_EVIDENCE_PRECONDITIONS = frozenset({"training", "gradients_wide", "loader_bound"})
-
-
-def _withheld(f: dict[str, Any]) -> list[str]:
-    """The fixes of the job's own strategy the evidence rules out, with why (rules.engine)."""
-    out = []
-    for entry in (f.get("evidence") or {}).get("fix_preconditions") or []:
-        failed = entry.get("failed") or {} if isinstance(entry, dict) else {}
-        if failed and set(failed) <= _EVIDENCE_PRECONDITIONS:
-            out.append(f"not suggested: {entry.get('fix')} ({'; '.join(map(str, failed.values()))})")
-    return out
 
 
 def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) -> list[str]:

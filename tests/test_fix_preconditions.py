@@ -19,6 +19,9 @@ import pytest
 
 from analyzer.api import DiagnoseOptions, diagnose, load_run
 from analyzer.job.facts import FIX_PRECONDITIONS, JobFacts
+from analyzer.reports.evidence import withheld_fixes
+from analyzer.reports.html import HtmlRenderer
+from analyzer.reports.text import TextRenderer
 from analyzer.rules.engine import all_rules
 from analyzer.synth import SCENARIOS, write_job
 from builders import TraceBuilder
@@ -126,6 +129,12 @@ def test_no_bf16_hook_when_the_gradients_already_travel_in_bf16(comm_bound):
     withheld = [f for f in finding["evidence"]["fix_preconditions"] if "gradients_wide" in f["failed"]]
     assert withheld and all("already travel in bf16" in f["failed"]["gradients_wide"] for f in withheld)
     assert {f["rule"] for f in result.findings}.isdisjoint({"fp32-gradient-comm"})  # TC103 agrees
+    # the text and the HTML say which fix the evidence rules out, and why, in the same words
+    (line,) = withheld_fixes(finding)
+    assert line == ("not suggested: reduce the bytes per step: bf16 gradients (a DDP comm hook) (the gradient "
+                    "collectives already travel in bf16 (320))")
+    assert line in " ".join(TextRenderer().render(result).split())
+    assert line in HtmlRenderer().render(result)
 
 
 def test_the_bf16_hook_where_the_gradients_travel_in_fp32(comm_bound):
