@@ -155,3 +155,19 @@ def _cell(value: Any, unit: str | None) -> str:
 
 def _natural(text: str) -> tuple[int, Any]:
     return (0, int(text)) if text.isdigit() else (1, text)
+
+
+# A fix withheld for these reasons is one the evidence rules out (not another strategy's alternative).
+_EVIDENCE_PRECONDITIONS = frozenset({"training", "gradients_wide", "loader_bound"})
+
+
+def withheld_fixes(finding: dict[str, Any]) -> list[str]:
+    """"not suggested: FIX (why)" for each fix of the job's own strategy that the evidence rules
+    out (rules.engine records each fix's preconditions in ``evidence.fix_preconditions``)."""
+    out = []
+    evidence = finding.get("evidence") if isinstance(finding.get("evidence"), dict) else {}
+    for entry in evidence.get("fix_preconditions") or []:
+        failed = (entry.get("failed") or {}) if isinstance(entry, dict) else {}
+        if failed and isinstance(failed, dict) and set(failed) <= _EVIDENCE_PRECONDITIONS:
+            out.append(f"not suggested: {entry.get('fix')} ({'; '.join(map(str, failed.values()))})")
+    return out

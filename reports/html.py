@@ -489,7 +489,7 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         "prediction": prediction_view((f.get("evidence") or {}).get("prediction")
                                       if isinstance(f.get("evidence"), dict) else None, step_time),
         "recovers": " and ".join(leaf_names(f.get("recovers"))) if gain else "",
-        "fix_text": fix_text, "fix_snippet": fix_snippet, "gain_us": gain,
+        "fix_text": fix_text, "fix_snippet": fix_snippet, "withheld": structured.withheld_fixes(f), "gain_us": gain,
         "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
         "references": [fmt_value(r) for r in f.get("references") or []] if isinstance(f.get("references"), list)
         else ([str(f["references"])] if f.get("references") else []),

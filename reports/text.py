@@ -12,6 +12,7 @@ from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import JobModel, leaf_names
 from analyzer.job.result import result_to_dict
+from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
 from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.gpu_idle_queued import WAITED_ON
@@ -237,6 +238,7 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         fix = (f.get("fix") or {}).get("text")
         if fix:
             lines += _wrap(f"fix: {fix}", **wrap)
+        lines += [line for text in withheld_fixes(f) for line in _wrap(text, **wrap)]
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
 
 

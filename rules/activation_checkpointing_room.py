@@ -47,6 +47,7 @@ class ActivationCheckpointingRoom(Rule):
                                    0.0, 1.0),
     }
     recovers = ("compute_only_us",)
+    fix_requires = ("training",)  # activation checkpointing trades backward recompute for memory
     references = ("docs/models.md §9", "Korthikanti et al., Reducing Activation Recomputation, 2022",
                   "Chen et al., Training Deep Nets with Sublinear Memory Cost, 2016")
 

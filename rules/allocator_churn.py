@@ -48,6 +48,7 @@ class AllocatorChurn(Rule):
                                     "again", 0.0, 1.0),
     }
     recovers = ("idle_us",)
+    fix_requires = ()  # the caching allocator's settings apply to training and inference alike
     references = ("docs/models.md §9", "PyTorch CUDA semantics: memory management (empty_cache, expandable_segments)",
                   "torch.cuda.memory_stats (num_alloc_retries, segment counts)")
 

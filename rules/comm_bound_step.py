@@ -43,8 +43,8 @@ class CommBoundStep(Rule):
         all-gathers and reduce-scatters can overlap. When some ranks' traces are missing a kernel's
         duration is its transfer plus waiting for members not given, which that rank's kernels
         cannot tell apart: T_comm is then bounded by the link model (hardware profile or
-        ``--config``), the least it can be, and a finding states that bound. Where the bound fits
-        under compute but the kernels less the measured waits (the most it can be) would not, or
+        ``--gpu`` / ``--nics-per-node`` / ``--nic-gbps``), the least it can be, and a finding
+        states that bound. Where the bound fits under compute but the kernels less the measured waits (the most it can be) would not, or
         no link model bounds it, the rule could not check ("needs every member's trace").
 
     Why it matters:
@@ -149,7 +149,16 @@ class CommBoundStep(Rule):
             evidence["memory"] = memory
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
-                            fix_text="", fixes=list(FIXES))]
+                            fix_text="", fixes=self._fixes(best))]
+
+    @staticmethod
+    def _fixes(best: str | None) -> list[Fix]:
+        """The fixes, the what-if's best projection first (judged for this job by the projection
+        itself: a strategy change like HYBRID_SHARD from DDP is one), then the general ones."""
+        if best is None:
+            return list(FIXES)
+        general = [f for f in FIXES if not ("HYBRID_SHARD" in best and "HYBRID_SHARD" in f.text)]
+        return [Fix(f"{best}, the best fix the what-if projects for this job"), *general]
 
     @staticmethod
     def _prediction(ctx, kind: str) -> tuple[float | None, str | None, dict]:

@@ -72,8 +72,8 @@ class FsdpFullShardCrossNode(Rule):
         group = group_of_kind(facts, rep.rank, rep.step, "allgather")
         link = facts.link(group)
         if link is None and facts.members_missing:
-            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --config) for the "
-                               "all-gather group")
+            raise NotEvaluated(f"{facts.members_missing}: no link model (hardware profile or --gpu, "
+                               "--nics-per-node, --nic-gbps) for the all-gather group")
         if link is None or not link.cross_node:
             return []
         exposed = median(self._exposed_per_step(facts).values()) or 0.0

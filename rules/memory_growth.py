@@ -48,6 +48,7 @@ class MemoryGrowth(Rule):
                                          "the growth is noise", 0.0, 1.0),
     }
     recovers = ("idle_us",)
+    fix_requires = ("training",)  # accumulating loss.item() and per-step tensors of a training loop
     references = ("docs/models.md §9", "PyTorch FAQ: accumulating history across the training loop")
 
     def check(self, ctx):

@@ -46,6 +46,7 @@ class MemoryImbalance(Rule):
                                          "matter", 0.0, 1.0),
     }
     recovers = ("idle_us",)
+    fix_requires = ()  # balancing what each rank holds applies to training and inference alike
     references = ("docs/models.md §9", "Narayanan et al., Megatron-LM, SC 2021")
 
     def check(self, ctx):

@@ -50,6 +50,7 @@ class MemoryNearOom(Rule):
                                      "from which the cache counts as fragmented", 0.0, 1.0),
     }
     recovers = ("idle_us",)
+    fix_requires = ()  # its fix follows the measured fragmentation (no job premise)
     references = ("docs/models.md §9", "PyTorch CUDA semantics: memory management (expandable_segments)",
                   "Rajbhandari et al., ZeRO, SC 2020")
 

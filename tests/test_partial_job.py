@@ -142,7 +142,7 @@ def test_without_a_link_model_the_transfer_rules_could_not_check(jobs, tmp_path)
     rule = status(result, "comm-bound-step")
     assert rule["status"] == "not_evaluated"
     assert rule["reason"].startswith("needs every member's trace (1 of 8 given): nothing bounds the transfer")
-    assert rule["reason"].endswith("(no link model (hardware profile or --config) for its group)")
+    assert rule["reason"].endswith("(no link model (hardware profile or --gpu, --nics-per-node, --nic-gbps) for its group)")
     assert "comm-bound-step" in result.verdict.split("could not check:")[1]
     assert not [f for f in result.findings if f["rule"] in ("comm-bound-step", "ddp-bucket-oversized",
                                                             "ddp-bucket-undersized")]

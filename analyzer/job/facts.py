@@ -175,9 +175,10 @@ class JobFacts:
         """(whether the transfer time of these collective rows is bounded, what bounds it or
         why nothing does) on a job whose traces are a subset: a kernel's duration is its
         transfer plus waiting for the members not given, and only the link model (hardware
-        profile or --config) bounds the transfer (``transfer_time``); nothing does where a row's
-        size, kind model or group link is unknown. (True, None) when every rank's trace is given
-        (the cross-rank matching measures it)."""
+        profile or --gpu / --nics-per-node / --nic-gbps) bounds the transfer
+        (``transfer_time``); nothing does where a row's size, kind model or group link is
+        unknown. (True, None) when every rank's trace is given (the cross-rank matching
+        measures it)."""
         if self._every_rank:
             return True, None
         sources = set()
@@ -188,7 +189,7 @@ class JobFacts:
             if row["collective"] not in models.COLLECTIVE_KINDS:
                 return False, f"no α-β model of a {row['collective']} collective"
             if link is None:
-                return False, "no link model (hardware profile or --config) for its group"
+                return False, "no link model (hardware profile or --gpu, --nics-per-node, --nic-gbps) for its group"
             sources.add(link.source)
         return True, (f"transfer bounded by the link model ({'; '.join(sorted(sources))}), the rest of each "
                       f"kernel being waiting or contention (the other members' traces are missing: "
@@ -480,7 +481,8 @@ def _needs_wide_gradients(facts: JobFacts) -> str | None:
     dtypes = facts.gradient_dtypes
     if not dtypes:
         return "no gradient collective's dtype is recorded" if facts.gradient_collectives else "no gradient collectives"
-    if all(d.lower() in LOW_PRECISION_DTYPES or d.lower().startswith(("f8", "fp8", "float8")) for d in dtypes):
+    if all(d.lower() in LOW_PRECISION_DTYPES or d.lower().startswith(("f8", "fp8", "float8"))
+           for d in dtypes):
         return "the gradient collectives already travel in " + ", ".join(f"{d} ({n})" for d, n in dtypes.items())
     return None
 

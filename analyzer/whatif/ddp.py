@@ -231,7 +231,8 @@ def why_no_ddp_steps(facts, need_link: bool = True) -> str:
         return "gradient all-reduce sizes are unknown (no collective args or Input Dims)"
     if need_link and ddp_steps(facts, need_link=False):
         if facts.members_missing:  # no fit from kernels that wait for members not given
-            return f"{facts.members_missing}: no link model (hardware profile or --config) for the all-reduce group"
+            return (f"{facts.members_missing}: no link model (hardware profile or --gpu, --nics-per-node, "
+                    "--nic-gbps) for the all-reduce group")
         return "the all-reduce group's link (α/β) is unknown: no fit and no hardware profile"
     return "no step has both a backward window and gradient all-reduces of known size"
 
