@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -397,6 +398,7 @@ REPLAY_MODEL = ("replay of the measured job (docs/models.md §9): each named ran
 # At most this many ranks are weighed by counterfactual (those causing most waiting, then the
 # latest to enter the step): the greedy replays each of them once per round.
 MAX_CANDIDATES = 8
+REPLAY_ROW_BUDGET = 5_000_000  # collective rows replayed over all the greedy's replays, about
 
 
 def _counterfactuals(result, every, steady, caused, lateness, t,
@@ -409,6 +411,10 @@ def _counterfactuals(result, every, steady, caused, lateness, t,
     waiting = [r for r in sorted(caused, key=lambda r: (-caused[r], r)) if caused[r] > 0.0][:MAX_CANDIDATES]
     entering = _entry_skew(every, steady, waiting, caused, sum(caused.values()) or 1.0, t["wait_fraction"] * step_us, 1.0)
     candidates = waiting + sorted(entering, key=lambda r: (-entering[r], r))[:MAX_CANDIDATES]
+    # The greedy replays each candidate about once per round: keep rows x candidates² bounded (a
+    # million-row job weighs the two causing most waiting), whatever the job's values.
+    keep = max(2, int(math.sqrt(REPLAY_ROW_BUDGET / max(1, len(chains.rank)))))
+    candidates = candidates[:keep]
     excess = chains.gap_excess()
     fixes, causes = {}, {}
     for rank in candidates:

@@ -121,3 +121,15 @@ def test_whatif_fix_ranks_prints_the_findings_figures(capsys):
     for bad, message in (("9", "not weighed by straggler-rank"), ("one", "comma-separated rank numbers")):
         code, out, err = run(capsys, "whatif", folder, "--fix-ranks", bad)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_saved_result_replays_as_its_traces_do():
+    """The replay reads only what a saved result keeps (rows, step windows and breakdowns, phase
+    windows): `whatif --fix-ranks` on result.json gives the traces' figures."""
+    from analyzer.job.result import Result
+    from analyzer.whatif.replay import fix_ranks_doc
+    for trace in ("synthetic/ddp_two_late_ranks", "synthetic/ddp_host_sync_stall", "synthetic/ddp_straggler"):
+        result = diagnosed(trace)
+        ranks = next(f for f in result.findings if f["rule"] == "straggler-rank")["evidence"]["late_ranks"]
+        saved = Result.from_dict(json.loads(json.dumps(result.to_dict())))
+        assert fix_ranks_doc(saved, ranks) == fix_ranks_doc(result, ranks), trace

@@ -127,7 +127,9 @@ def chains(result: Any) -> Chains | None:
     cuts = np.searchsorted(set_of[by_set], np.arange(n_sets + 1))
     members = [by_set[cuts[s]:cuts[s + 1]] for s in order.tolist()]
     step = [view.step.at(i) for i in range(view.n)]
-    windows, window_end, steps, floors, floor_of = _windows(result, rank, set_of, end, offsets, arrival, step)
+    exposed = np.nan_to_num(view.nullable("exposed_us"))
+    windows, window_end, steps, floors, floor_of = _windows(result, rank, set_of, end, offsets,
+                                                            (arrival, dur, exposed), step)
     if not windows:
         return None
     return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end,
@@ -179,7 +181,7 @@ def anchor_times(rows: np.ndarray, set_of: np.ndarray, end: np.ndarray,
 
 
 def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray, offsets: dict[int, float],
-             arrival: np.ndarray, row_step: list[Any]):
+             times_of_rows: tuple[np.ndarray, np.ndarray, np.ndarray], row_step: list[Any]):
     """Each rank's step windows anchored as its arrivals are, the measured step times, and the
     compute floors (``_floors``)."""
     origin = int(result.job.get("time_origin_ns") or 0)
@@ -203,7 +205,7 @@ def _windows(result: Any, rank: np.ndarray, set_of: np.ndarray, end: np.ndarray,
         window_end[analysis.rank] = (int(found[-1]), float(off[-1]))
         for e in entries:
             steps.setdefault(e["step"], {})[analysis.rank] = float(e["step_time_us"])
-        _floors(analysis, entries, rows, arrival, row_step, (origin, shift), floors, floor_of)
+        _floors(analysis, entries, rows, times_of_rows, row_step, (origin, shift), floors, floor_of)
     return windows, window_end, steps, floors, floor_of
 
 
@@ -213,23 +215,27 @@ def _rows_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
     return {int(rank[by_rank[lo]]): by_rank[lo:hi] for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())}
 
 
-def _floors(analysis: Any, entries: list[dict[str, Any]], rows: np.ndarray, arrival: np.ndarray, row_step: list[Any],
-            clock: tuple[int, float], floors: list[tuple[int, Any, float]], floor_of: np.ndarray) -> None:
+def _floors(analysis: Any, entries: list[dict[str, Any]], rows: np.ndarray, times: tuple[np.ndarray, np.ndarray, np.ndarray],
+            row_step: list[Any], clock: tuple[int, float], floors: list[tuple[int, Any, float]],
+            floor_of: np.ndarray) -> None:
     """The compute floor of each step: the last collective a rank launches after its backward
     ends (the last bucket) cannot start before it, however early the collectives before it end.
     Its time after the window start = the backward's end − the window start − the waiting
     exposed in between (what the compute itself waited for): the compute stream's own pace,
     which a rank whose collectives queued behind a late peer's shows nowhere else."""
     origin, shift = clock
+    arrival, dur, exposed = times
     for e in entries:
         backward = (e.get("phase_windows") or {}).get("backward") or {}
         if backward.get("end_ns") is None:
             continue
         start_ns, end_ns = e["window_ns"][0], backward["end_ns"]
-        flat = analysis.exposed_intervals.get(str(e["step"])) or []
-        waited = sum(max(0, min(b, end_ns) - max(a, start_ns)) for a, b in zip(flat[::2], flat[1::2])) / 1000.0
         after = (end_ns - origin) / 1000.0 - shift
-        mine = [row for row in rows.tolist() if row_step[row] == e["step"] and arrival[row] >= after]
+        step_rows = [row for row in rows.tolist() if row_step[row] == e["step"]]
+        # the exposed time of its collectives that ended before the backward did (the rows'
+        # own figure: a saved result replays as the traces do)
+        waited = sum(float(exposed[row]) for row in step_rows if arrival[row] + dur[row] <= after)
+        mine = [row for row in step_rows if arrival[row] >= after]
         if mine:  # the step's last collective: the one the backward's end makes ready
             floor_of[max(mine, key=lambda row: arrival[row])] = len(floors)
             floors.append((analysis.rank, e["step"], (end_ns - start_ns) / 1000.0 - waited))
