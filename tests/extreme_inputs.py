@@ -94,6 +94,10 @@ def _is_launch(e: dict) -> bool:
     return e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
 
 
+def _is_memory(e: dict) -> bool:
+    return e.get("name") == "[memory]"
+
+
 def _is_step(e: dict) -> bool:
     return str(e.get("name", "")).startswith("ProfilerStep#")
 
@@ -197,6 +201,13 @@ TRACE_FIELDS: dict[str, Field] = {
     "deviceProperties.name": Field(("ddp",), _set_path("deviceProperties", 0, "name"), (HUGE,), None, None),
     "baseTimeNanoseconds": Field(("gloo",), _set_path("baseTimeNanoseconds"), (HUGE, NEG_HUGE), None, None),
     "schemaVersion": Field(("ddp",), _set_path("schemaVersion"), (HUGE,), None, None),
+    # the allocator's events (profile_memory=True): a size past any device is unknown, and said
+    "Bytes": Field(("memory",), _arg(_is_memory, "Bytes"), FEW, "[memory]", (-2**40, 2**40)),
+    "Total Allocated": Field(("memory",), _arg(_is_memory, "Total Allocated"), FEW, "[memory]", (-2**40, 2**40)),
+    "Total Reserved": Field(("memory",), _arg(_is_memory, "Total Reserved"), (HUGE, 1e300), "[memory]",
+                            (-2**40, 2**40)),
+    "Device Type": Field(("memory",), _arg(_is_memory, "Device Type"), (HUGE, NEGATIVE), None, None),
+    "Device Id": Field(("memory",), _arg(_is_memory, "Device Id"), (HUGE, NEGATIVE), None, None),
 }
 
 
@@ -267,6 +278,7 @@ JOBS = {
     "ddp": (SAMPLES / "synthetic" / "ddp_bucket_oversized", ("rank-0.json.gz", "rank-1.json.gz")),
     "fsdp": (SAMPLES / "synthetic" / "fsdp2_per_layer_healthy", ("rank-0.json.gz", "rank-1.json.gz")),
     "gloo": (SAMPLES / "cpu_gloo" / "ddp", ("rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz")),
+    "memory": (SAMPLES / "cpu_gloo" / "memory_ddp", ("rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz")),
     "pp": (SAMPLES / "synthetic" / "pp_gpipe_4stage", ("rank-0.json.gz", "rank-1.json.gz")),
     "hang-json": (SAMPLES / "flight_recorder" / "skip_collective" / "json",
                   tuple(f"fr_rank_{r}.json" for r in range(4))),
