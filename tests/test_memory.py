@@ -89,6 +89,8 @@ def test_world_resnet50_bytes_only_relative_peak_by_hand():
     assert memory["trace_peak_allocated_bytes"] == 2_791_636_480
     assert memory["device_bytes"] == 34_084_028_416  # deviceProperties[0].totalGlobalMem
     assert memory["other_devices"] == [{"device": "cpu", "events": 4618}]
+    # With the 2021 names read (issue 37) the steps are found in the file as it is: the same figure.
+    assert all(step["peak_allocated_bytes"] == 2_791_636_480 for step in memory["steps"])
 
 
 def test_world_resnet50_per_step_with_todays_category_names(tmp_path):
