@@ -89,6 +89,8 @@ def test_world_resnet50_bytes_only_relative_peak_by_hand():
     assert memory["trace_peak_allocated_bytes"] == 2_791_636_480
     assert memory["device_bytes"] == 34_084_028_416  # deviceProperties[0].totalGlobalMem
     assert memory["other_devices"] == [{"device": "cpu", "events": 4618}]
+    # With the 2021 names read (issue 37) the steps are found in the file as it is: the same figure.
+    assert all(step["peak_allocated_bytes"] == 2_791_636_480 for step in memory["steps"])
 
 
 def test_world_resnet50_per_step_with_todays_category_names(tmp_path):
@@ -349,3 +351,45 @@ def test_real_cpu_checkpointing_is_detected(tmp_path):
         per_step = next(iter(found[mode]["evidence"]["per_step"].values()))
         assert [s["ops"] for s in per_step.values()] == [8, 8]
     assert found["reentrant"]["evidence"]["frames"] > 0 and found["non-reentrant"]["evidence"]["frames"] == 0
+
+
+def test_json_without_allocator_events_says_how_to_record():
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.reports import render
+    doc = json.loads(render(diagnose([str(p) for p in sorted((REPO / "sample_traces" / "cpu_gloo" / "ddp").glob("*.gz"))],
+                                     DiagnoseOptions(workers=1)), "json"))
+    assert doc["memory"] == {"recorded": False, "why": NOT_RECORDED, "ranks": []}
+    assert doc["job"]["activation_checkpointing"]["detected"] is False
+
+
+def test_hostile_allocator_values_are_unknown_never_a_traceback(tmp_path):
+    """Text, booleans, NaN-like strings, sizes beyond any device and events without args: read
+    as unknown (a Bytes-only running sum where totals are missing), one warning, no crash."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100}]
+    values = [{"Bytes": 100, "Total Allocated": 100}, {"Bytes": "lots", "Total Allocated": True},
+              {"Bytes": 2**70, "Total Allocated": 10**30}, {"Bytes": -50}, None, {"Bytes": 7, "Device Type": "gpu"}]
+    for k, args in enumerate(values):
+        event = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10 + k}
+        if args is not None:
+            event["args"] = args
+        events.append(event)
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = load_rank_trace(path)
+    assert any("beyond any device's memory" in w for w in trace.warnings)
+    memory = rank_memory(trace)
+    assert memory["recorded"] and memory["relative"]  # totals missing on some events: the running sum
+    assert memory["steps"][0]["peak_allocated_bytes"] == 100  # 100, unknown, unknown, −50 (, 7 on another device)
+
+
+def test_a_saved_result_gives_the_same_memory_and_report(synthetic_memory, tmp_path):
+    from analyzer.api import DiagnoseOptions, diagnose, load_result
+    from analyzer.reports import render
+    folder, _ = synthetic_memory["fsdp1_no_wrap"]
+    result = diagnose([str(p) for p in sorted(folder.glob("rank-*.json.gz"))], DiagnoseOptions(workers=1))
+    saved = tmp_path / "result.json"
+    result.save(saved)
+    again = load_result(saved)
+    assert again.memory == json.loads(json.dumps(result.memory))
+    assert again.job["activation_checkpointing"] == result.job["activation_checkpointing"]
+    assert render(again, "text") == render(result, "text")

@@ -178,7 +178,7 @@ def run_metrics(run: Any) -> dict[str, Metric]:
 def _memory(section: Any, steady: set[tuple[int, int]]) -> dict[str, Metric]:
     """``peak_allocated_bytes`` / ``peak_reserved_bytes``: the ``memory`` section's job figure
     (the highest of any rank in any step: the one every view quotes), with a sample per rank
-    and steady step (every measured step when the run has no steady ones)."""
+    and steady step (none in a run without a step breakdown: its noise is then unknown)."""
     if not isinstance(section, dict) or not section.get("recorded"):
         return {}
     out = {}
@@ -189,7 +189,7 @@ def _memory(section: Any, steady: set[tuple[int, int]]) -> dict[str, Metric]:
             continue
         pairs = [(m["rank"], s["step"], s.get(name)) for m in section.get("ranks") or [] for s in m.get("steps") or []
                  if _num(s.get(name)) is not None]
-        kept = [p for p in pairs if (p[0], p[1]) in steady] or pairs
+        kept = [p for p in pairs if (p[0], p[1]) in steady]  # warm-up, drain and outliers are never a sample
         out[name] = Metric(name, figure, tuple(Sample(r, st, float(v)) for r, st, v in kept),
                            f"highest of any rank in any step{relative}")
     return out

@@ -93,12 +93,13 @@ class MemoryBuilder:
             events, ts, columns = [events[i] for i in idx.tolist()], ts[idx], [c[idx] for c in columns]
         if not len(ts):
             return
-        for k, sizes in enumerate(columns[:3]):  # a size no device holds is no size: unknown, and counted
-            wild = np.abs(sizes) > MAX_DEVICE_BYTES
+        for k in range(3):  # a size no device holds is no size: unknown, and counted
+            wild = np.abs(columns[k]) > MAX_DEVICE_BYTES
             if k:  # a total held below zero is no total either
-                wild |= sizes < 0
-            self.rejected += int(wild.sum())
-            sizes[wild] = np.nan
+                wild |= columns[k] < 0
+            if wild.any():
+                self.rejected += int(wild.sum())
+                columns[k] = np.where(wild, np.nan, columns[k])
         whole = np.floor(ts)
         ns = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(np.int64)
         kinds = [np.where(np.isfinite(c) & (np.abs(c) < 2**15), c, -1).astype(dtype)

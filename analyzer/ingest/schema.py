@@ -14,6 +14,7 @@ import msgspec
 
 Num = Union[int, float, str, None]
 IntLike = Union[int, float, str, None]
+AnyNum = Union[bool, int, float, str, None]
 
 
 class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
@@ -46,11 +47,12 @@ class EventArgs(msgspec.Struct, gc=False, omit_defaults=True):
     concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
     # The allocator's ``[memory]`` instant events (profile_memory=True; analyzer.ingest.memory):
     # the change, and the device's totals after it (2021-era traces: ``Bytes`` only)
-    alloc_bytes: Num = msgspec.field(default=None, name="Bytes")
-    total_allocated: Num = msgspec.field(default=None, name="Total Allocated")
-    total_reserved: Num = msgspec.field(default=None, name="Total Reserved")
-    device_type: IntLike = msgspec.field(default=None, name="Device Type")
-    device_id: IntLike = msgspec.field(default=None, name="Device Id")
+    # (booleans accepted and read as unknown: one odd value must not reject the trace)
+    alloc_bytes: AnyNum = msgspec.field(default=None, name="Bytes")
+    total_allocated: AnyNum = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: AnyNum = msgspec.field(default=None, name="Total Reserved")
+    device_type: AnyNum = msgspec.field(default=None, name="Device Type")
+    device_id: AnyNum = msgspec.field(default=None, name="Device Id")
 
 
 class Event(msgspec.Struct, gc=False):

@@ -48,8 +48,9 @@ def analyze_job(result: Any, options: Any) -> None:
     attribute_job(result)
     result.job_model = None  # the typical step is chosen: the compute figures and busbw read it
     if any(r.memory is not None for r in result.ranks) or result.memory is None:  # a saved result keeps its own
-        result.memory = job_memory(result.ranks, (result.attribution or {}).get("step"))
-        result.job["activation_checkpointing"] = job_checkpointing(result.ranks, (result.attribution or {}).get("step"))
+        typical_step = (result.attribution or {}).get("step")
+        result.memory = job_memory(result.ranks, typical_step)
+        result.job["activation_checkpointing"] = job_checkpointing(result.ranks, typical_step)
     write_group_busbw(result)
     from_shapes = analyze_compute(result, hardware)
     n_gpus = world or result.job.get("ranks_given")

@@ -160,16 +160,16 @@ def _reserved(reserved: np.ndarray, lo: int, hi: int, at: int) -> dict[str, Any]
 
 def _series(trace: RankTrace, events: MemoryEvents, allocated: np.ndarray, reserved: np.ndarray | None,
             lo: int, hi: int, start: int, end: int) -> dict[str, Any]:
-    """The step's allocated (and reserved) memory over its window: the event of highest
-    allocated in each of ``SERIES_POINTS`` equal slices, with its phase."""
-    ts = events.ts[lo:hi]
-    edges = np.linspace(start, end + 1, SERIES_POINTS + 1)
-    slot = np.clip(np.searchsorted(edges, ts, side="right") - 1, 0, SERIES_POINTS - 1)
+    """The step's allocated (and reserved) memory over its events: the event of highest
+    allocated in each of ``SERIES_POINTS`` slices of equal event counts (allocations bunch where
+    the host launches a pass: slices of equal time would merge them), with its phase."""
+    count = hi - lo
+    slot = np.arange(count) * SERIES_POINTS // max(count, 1)
     values = allocated[lo:hi]
-    # the highest of each slice: sort by (slot, value) and keep each slot's last row
-    order = np.lexsort((values, slot))
-    last = order[np.r_[slot[order][1:] != slot[order][:-1], True]]
-    rows = lo + last
+    # the highest of each slice (the first of equals): sort by (slot, −value) and keep each slot's first row
+    order = np.lexsort((-values, slot))
+    first = order[np.r_[True, slot[order][1:] != slot[order][:-1]]]
+    rows = lo + np.sort(first)
     _, phase = locate(trace, events.ts[rows], events.thread[rows])
     return {"offset_us": np.round((events.ts[rows] - start) / 1000.0, 3).tolist(),
             "allocated_bytes": [_int(v) for v in allocated[rows]],

@@ -165,7 +165,7 @@ class RankRenderer:
     def memory_events(self) -> list[dict]:
         """The allocator's instant events, as torch 2.13 writes them (analyzer.synth.memory)."""
         return [{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": self.pid,
-                 "tid": self.pid, "ts": us(ev.ts_ns),
+                 "tid": self.tids[ev.thread], "ts": us(ev.ts_ns),
                  "args": {"Total Reserved": ev.reserved, "Total Allocated": ev.allocated, "Bytes": ev.delta,
                           "Device Id": self.device, "Device Type": 1, "Addr": 0x7F0000000000 + k * 512}}
                 for k, ev in enumerate(allocator_events(self.p, self.r))]

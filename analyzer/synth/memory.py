@@ -36,6 +36,10 @@ class AllocatorEvent:
     delta: int
     allocated: int
     reserved: int
+    thread: str  # main | autograd: the thread whose op allocates or frees
+
+
+Change = tuple[int, int, int, str]  # (ts, order, delta, thread)
 
 
 def static_bytes(program: Program, rank: int) -> int:
@@ -55,15 +59,15 @@ def activation_bytes_per_layer(program: Program) -> int:
 def allocator_events(program: Program, rank: int) -> list[AllocatorEvent]:
     """The rank's allocator events over its recorded steps, in time order."""
     spec = program.spec
-    changes: list[tuple[int, int, int]] = []  # (ts, order: frees first, delta; 2: empty_cache)
+    changes: list[Change] = []  # (ts, order: frees first, delta; 2: empty_cache, thread)
     first: list[tuple[int, int, int]] | None = None
     for _, rec in sorted(program.step_ranges.items()):
         start, end = int(rec.start[rank]), int(rec.end[rank])
         step = _step_changes(program, rank, start, end)
         if step and spec.memory_leak_mb:  # kept for good, as the step's first allocation
-            step.append((min(ts for ts, _, _ in step), 1, int(spec.memory_leak_mb * MIB)))
+            step.append((min(c[0] for c in step), 1, int(spec.memory_leak_mb * MIB), "main"))
         if step and spec.empty_cache:  # after the step's last free
-            step.append((max(ts for ts, _, _ in step), 2, 0))
+            step.append((max(c[0] for c in step), 2, 0, "main"))
         changes += step
         first = sorted(step) if first is None else first
     changes.sort(key=lambda c: (c[0], c[1]))
@@ -71,19 +75,19 @@ def allocator_events(program: Program, rank: int) -> list[AllocatorEvent]:
     # Profiling starts after warm-up steps: the cache already holds the first step's peak.
     reserved = _segments(_first_step_peak(held, first or []))
     out = []
-    for ts, order, delta in changes:
+    for ts, order, delta, thread in changes:
         if order == 2:  # empty_cache gives every free segment back to the driver (no event of its
             reserved = _segments(held)  # own: the next event's reserved total shows the drop)
             continue
         held += delta
         reserved = max(reserved, _segments(held))
-        out.append(AllocatorEvent(ts, delta, held, reserved))
+        out.append(AllocatorEvent(ts, delta, held, reserved, thread))
     return out
 
 
-def _first_step_peak(held: int, changes: list[tuple[int, int, int]]) -> int:
+def _first_step_peak(held: int, changes: list[Change]) -> int:
     peak = held
-    for _, _, delta in changes:
+    for _, _, delta, _ in changes:
         held += delta
         peak = max(peak, held)
     return peak
@@ -93,7 +97,7 @@ def _segments(nbytes: int) -> int:
     return -(-nbytes // SEGMENT) * SEGMENT
 
 
-def _step_changes(program: Program, rank: int, start: int, end: int) -> list[tuple[int, int, int]]:
+def _step_changes(program: Program, rank: int, start: int, end: int) -> list[Change]:
     inside = [rec for rec in program.eng.cpu_ranges
               if rec.recorded and start <= int(rec.start[rank]) <= end]
     forward = sorted(int(rec.start[rank]) for rec in inside
@@ -103,8 +107,8 @@ def _step_changes(program: Program, rank: int, start: int, end: int) -> list[tup
     if not forward or not backward:
         return []
     total = saved_bytes_per_layer(program) * program.spec.n_layers
-    changes = [(ts, 1, part) for ts, part in zip(forward, _split(total, len(forward)))]
-    changes += [(ts, 0, -part) for ts, part in zip(backward, _split(total, len(backward)))]
+    changes = [(ts, 1, part, "main") for ts, part in zip(forward, _split(total, len(forward)))]
+    changes += [(ts, 0, -part, "autograd") for ts, part in zip(backward, _split(total, len(backward)))]
     changes += _recomputed(program, rank, inside)
     return changes + _gathers(program, rank, inside, min(backward[0], _first_backward_gather(program, rank, inside)),
                               end)
@@ -118,7 +122,7 @@ def saved_bytes_per_layer(program: Program) -> int:
     return activation_bytes_per_layer(program)
 
 
-def _recomputed(program: Program, rank: int, inside: list) -> list[tuple[int, int, int]]:
+def _recomputed(program: Program, rank: int, inside: list) -> list[Change]:
     """Checkpointing: each recompute re-materializes the layer's activations, held through its
     backward until the next layer's recompute starts (or the last one's backward ends)."""
     ranges = sorted((int(rec.start[rank]), int(rec.end[rank])) for rec in inside if rec.name == RECOMPUTE)
@@ -126,7 +130,8 @@ def _recomputed(program: Program, rank: int, inside: list) -> list[tuple[int, in
         return []
     per_layer = activation_bytes_per_layer(program)
     ends = [start for start, _ in ranges[1:]] + [max(int(rec.end[rank]) for rec in inside if rec.end is not None)]
-    return [c for (start, _), end in zip(ranges, ends) for c in ((start, 1, per_layer), (end, 0, -per_layer))]
+    return [c for (start, _), end in zip(ranges, ends)
+            for c in ((start, 1, per_layer, "autograd"), (end, 0, -per_layer, "autograd"))]
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -149,15 +154,15 @@ def _first_backward_gather(program: Program, rank: int, inside: list) -> int:
     return min([first] + later)
 
 
-def _gathers(program: Program, rank: int, inside: list, backward_from: int, end: int) -> list[tuple[int, int, int]]:
+def _gathers(program: Program, rank: int, inside: list, backward_from: int, end: int) -> list[Change]:
     """Each pass's gathered units: held until the gather two later in the pass, or its end."""
-    changes = []
+    changes: list[Change] = []
     calls = _gather_calls(program, rank, inside)
-    for in_pass, until in (([c for c in calls if c[0] < backward_from], backward_from),
-                           ([c for c in calls if c[0] >= backward_from], end)):
+    for in_pass, until, thread in (([c for c in calls if c[0] < backward_from], backward_from, "main"),
+                                   ([c for c in calls if c[0] >= backward_from], end, "autograd")):
         for k, (ts, nbytes) in enumerate(in_pass):
             freed = in_pass[k + 2][0] if k + 2 < len(in_pass) else until
-            changes += [(ts, 1, nbytes), (freed, 0, -nbytes)]
+            changes += [(ts, 1, nbytes, thread), (freed, 0, -nbytes, thread)]
     return changes
 
 
