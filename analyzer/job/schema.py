@@ -48,11 +48,21 @@ class JobProcessGroup(msgspec.Struct):
     collectives: dict[str, int] = {}
 
 
+class ActivationCheckpointing(msgspec.Struct):
+    """``job.activation_checkpointing`` (analyzer.job.memory.job_checkpointing)."""
+    detected: bool
+    recompute_us: float | None = None  # a step's recompute (µs), the mean over the ranks it was detected on
+    basis: str | None = None  # what recompute_us measures (GPU time of the re-run ops' kernels, or host time)
+    step: int | None = None
+    evidence: dict[str, Any] = {}
+
+
 class Job(msgspec.Struct):
     world_size: int | None
     strategy: str  # the combination, e.g. "ddp", "fsdp2+tp", "megatron tp", "expert parallel"
     dp_strategy: str | None = None  # the data-parallel part: ddp, fsdp1, fsdp2, fsdp, unknown
     workload: str | None = None  # training | inference | None: cannot tell (analyzer.rank.workload)
+    activation_checkpointing: ActivationCheckpointing | None = None
     parallelism: dict[str, Parallelism] = {}
     process_groups: list[JobProcessGroup] = []
     group_roles: dict[str, str] = {}

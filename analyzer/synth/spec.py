@@ -174,7 +174,7 @@ class JobSpec:
     memory_skew_ranks: tuple = ()  # these ranks hold memory_skew_mb MiB more throughout (imbalance)
     memory_skew_mb: float = 0.0
     # torch.utils.checkpoint on every layer: forward saves its input only (2·s·b·h), backward
-    # re-runs each layer's forward first (analyzer.synth.compute.layer_backward, .memory)
+    # re-runs each layer's forward first (analyzer.synth.compute.Compute.layer_backward, .memory)
     activation_checkpointing: bool = False
     torch_version: str = "2.13.0+cu128"
     nccl_version: str = "2.27.5"
