@@ -37,7 +37,6 @@ class ActivationCheckpointingRoom(Rule):
     """
 
     name = "activation-checkpointing-room"
-    fix_requires = ("training",)  # fewer checkpoints trade memory for the recompute of a training step
     code = "TC605"
     title = "Activation checkpointing only where memory needs it"
     failure_title = "Activation checkpointing recomputes forward with memory to spare"

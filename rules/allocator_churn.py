@@ -38,7 +38,6 @@ class AllocatorChurn(Rule):
     """
 
     name = "allocator-churn"
-    fix_requires = ()  # the caching allocator applies to training and inference alike
     code = "TC603"
     title = "The allocator keeps its cache"
     failure_title = "The allocator frees and re-takes device memory every step"

@@ -37,7 +37,6 @@ class MemoryGrowth(Rule):
     """
 
     name = "memory-growth"
-    fix_requires = ()  # keeping no tensor across steps applies to training and inference alike
     code = "TC602"
     title = "Memory returns to its level every step"
     failure_title = "Allocated memory grows step after step (a leak)"

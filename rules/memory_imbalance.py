@@ -35,7 +35,6 @@ class MemoryImbalance(Rule):
     """
 
     name = "memory-imbalance"
-    fix_requires = ()  # balancing what each rank holds applies to training and inference alike
     code = "TC604"
     title = "Memory is balanced across ranks"
     failure_title = "Some ranks use much more memory than others"

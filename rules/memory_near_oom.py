@@ -38,7 +38,6 @@ class MemoryNearOom(Rule):
     """
 
     name = "memory-near-oom"
-    fix_requires = ()  # expandable segments / smaller peaks apply to training and inference alike
     code = "TC601"
     title = "GPU memory has room"
     failure_title = "GPU memory is near its limit or fragmented"
