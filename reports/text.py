@@ -130,6 +130,8 @@ def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
             text += (f"; MFU {fmt_pct(100 * compute.mfu)} of the step, compute-only MFU "
                      f"{fmt_pct(100 * (compute.compute_mfu or 0))} (at the {compute.dtype or '?'} peak, "
                      f"{fmt_tflops(compute.peak_tflops)})")
+            if compute.unknown_gpu_us:  # those ops did work the FLOPs above leave out
+                text += f", a lower bound: ops with {fmt_us(compute.unknown_gpu_us)} of GPU time give no FLOPs"
         elif not compute.timed:
             text += "; no GPU kernels linked to the ops: no throughput or MFU"
         gemm = compute.families["gemm"]
