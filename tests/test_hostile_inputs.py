@@ -341,6 +341,48 @@ def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
     assert any("disagree on the NCCL version" in w and "2.18.1" in w for w in warnings), warnings
 
 
+def _diagnose_cli(capsys, path) -> tuple[int, str]:
+    from analyzer.cli.main import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diagnose", "--no-cache", "--format", "json", "--output", str(path.parent / "out.json"), str(path)])
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_ranks_of_two_generated_jobs_are_refused(tmp_path, capsys):
+    """Issue 41, 13: two HSDP jobs of the same world size (FSDP1's groups, FSDP2's DeviceMesh)
+    mixed in one directory were merged. torch's group "1" holds ranks 0, 1 in the first job and
+    0, 2 in the second: one line naming both files, exit 2. Each job alone still loads."""
+    from analyzer.synth import JobSpec, write_job
+    small = dict(world_size=4, gpus_per_node=2, sharding="hybrid_shard", steps=2, n_layers=2, hidden=512, seq_len=256)
+    for strategy in ("fsdp1", "fsdp2"):
+        write_job(JobSpec(name=strategy, strategy=strategy, **small), tmp_path / strategy)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rank in range(4):
+        name = f"rank-{rank}.json.gz"
+        (mixed / name).write_bytes((tmp_path / ("fsdp1" if rank < 2 else "fsdp2") / name).read_bytes())
+    code, err = _diagnose_cli(capsys, mixed)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "traces from different jobs: process group '1'" in err, err
+    assert str(mixed / "rank-0.json.gz") in err and str(mixed / "rank-2.json.gz") in err, err
+    for strategy in ("fsdp1", "fsdp2"):
+        code, err = _diagnose_cli(capsys, tmp_path / strategy)
+        assert code in (0, 1) and "different jobs" not in err, err
+
+
+def test_ranks_with_different_backends_are_refused(tmp_path, capsys):
+    """Issue 41, 13: every rank of a job initialises one default group, so one backend."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank, backend in ((0, "nccl"), (1, "gloo")):
+        builder = two_step_ddp(rank=rank)
+        builder.doc["distributedInfo"]["backend"] = backend
+        builder.write(job / f"rank-{rank}.json")
+    code, err = _diagnose_cli(capsys, job)
+    assert code == 2 and err.count("\n") == 1 and "the default group's backend differs" in err, err
+    assert str(job / "rank-0.json") in err and str(job / "rank-1.json") in err and "'gloo'" in err, err
+
+
 def test_gpu_work_lasting_days_is_said(tmp_path):
     """Issue 41, 13: 50 kernels of 6.99 days (below the week that makes a duration impossible)
     turned MFU into "0.0%" in silence; now a warning names them."""

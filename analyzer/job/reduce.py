@@ -45,7 +45,43 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
         if sizes and r.rank >= sizes[0]:
             raise InputError(r.path, f"rank {r.rank} (from the {r.rank_source}) is not a rank of this job "
                                      f"(world size {sizes[0]})")
+    _same_backend(results)
+    _same_groups(results)
     return sorted(results, key=lambda r: r.rank)
+
+
+def _same_backend(results: list[RankAnalysis]) -> None:
+    """The default group's backend (distributedInfo.backend) is one per job: every rank
+    initialises the same default group, whatever its host clock or GPU."""
+    first: dict[str, str] = {}
+    for r in results:
+        if r.backend:
+            first.setdefault(str(r.backend).strip().lower()[:40], r.path)
+    if len(first) > 1:
+        detail = ", ".join(f"{path}={backend!r}" for backend, path in first.items())
+        raise InputError(results[0].path, f"traces from different jobs: the default group's backend differs ({detail})")
+
+
+def _same_groups(results: list[RankAnalysis]) -> None:
+    """Torch names each process group once per job (its creation number or hash), and each
+    rank lists the groups it belongs to (distributedInfo.pg_config). So one name holding two
+    member lists that share a rank cannot be one job. Two disjoint lists under one name are
+    allowed: a recorder naming groups by role (every TP group "tp") still partitions the ranks.
+    Linear in the listed members: each (name, rank) pair remembers the one list that holds it."""
+    owner: dict[tuple[str, int], tuple[tuple[int, ...], str]] = {}
+    checked: set[tuple[str, tuple[int, ...]]] = set()  # a list seen once is not walked again
+    for r in results:
+        for group in r.process_groups:
+            name, ranks = group.get("name"), group.get("ranks")
+            if name is None or not ranks or (name, members := tuple(sorted(ranks))) in checked:
+                continue
+            checked.add((name, members))
+            for member in members:
+                held = owner.setdefault((name, member), (members, r.path))
+                if held[0] != members:
+                    raise InputError(r.path, f"traces from different jobs: process group {name[:40]!r} holds "
+                                             f"ranks {_ranks_text(list(members))} here but "
+                                             f"{_ranks_text(list(held[0]))} in {held[1]}")
 
 
 def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
