@@ -383,6 +383,40 @@ def test_ranks_with_different_backends_are_refused(tmp_path, capsys):
     assert str(job / "rank-0.json") in err and str(job / "rank-1.json") in err and "'gloo'" in err, err
 
 
+def test_ranks_on_different_gpus_use_their_own(tmp_path):
+    """Issue 41, 13: one job's ranks 0-1 on H100s and 2-3 on A100s (the generator's same job on
+    each GPU, mixed). Each rank's MFU from its shapes is held to its own GPU's peak (the one it
+    has in its own GPU's job), the model-parameter MFU's N × peak is the sum of the GPUs' peaks,
+    and the header names the mix, not the first rank's GPU."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth import JobSpec, write_job
+    from analyzer.synth.spec import GPUS
+    from analyzer.reports.text import TextRenderer
+    small = dict(world_size=4, gpus_per_node=2, steps=2, n_layers=2, hidden=512, seq_len=256)
+    options = DiagnoseOptions(workers=1, model_params=1e8, tokens_per_step=4096)
+    alone = {}
+    for gpu in ("H100", "A100"):
+        write_job(JobSpec(name=gpu, gpu=gpu, **small), tmp_path / gpu)
+        alone[gpu] = diagnose([str(tmp_path / gpu)], options).to_dict()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rank in range(4):
+        name = f"rank-{rank}.json.gz"
+        (mixed / name).write_bytes((tmp_path / ("H100" if rank < 2 else "A100") / name).read_bytes())
+    result = diagnose([str(mixed)], options)
+    doc = result.to_dict()
+    h100, a100 = GPUS["H100"], GPUS["A100"]
+    assert doc["job"]["gpu"] == f"mixed: 2\u00d7 {a100.name}, 2\u00d7 {h100.name}"
+    assert doc["job"]["gpu_mem_bytes"] == min(h100.total_mem_bytes, a100.total_mem_bytes)
+    assert "mixed: 2\u00d7" in TextRenderer().render(result)
+    for rank in doc["ranks"]:
+        gpu = "H100" if rank["rank"] < 2 else "A100"
+        own = next(r for r in alone[gpu]["ranks"] if r["rank"] == rank["rank"])
+        assert rank["compute"]["peak_tflops"] == GPUS[gpu].peak_bf16_tflops == own["compute"]["peak_tflops"]
+        assert rank["compute"]["mfu"] == own["compute"]["mfu"]
+    assert doc["mfu"]["peak_tflops"]["value"] == (2 * h100.peak_bf16_tflops + 2 * a100.peak_bf16_tflops) / 4
+
+
 def test_gpu_work_lasting_days_is_said(tmp_path):
     """Issue 41, 13: 50 kernels of 6.99 days (below the week that makes a duration impossible)
     turned MFU into "0.0%" in silence; now a warning names them."""

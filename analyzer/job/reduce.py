@@ -3,6 +3,7 @@ clock, DDP buckets, FSDP units, warnings)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from itertools import repeat
 from operator import is_not
@@ -212,7 +213,8 @@ def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
 
 def _disagreements(ranks: list[RankAnalysis]) -> list[str]:
     """One warning per fact the ranks of one job should share but do not (issue 41): the GPU
-    model and the NCCL version. The job's figures then use the first rank's."""
+    model (each rank's figures then use its own: analyzer.model.hardware.for_device) and the
+    NCCL version (the job's figures then use the first rank's)."""
     facts = {"GPU": lambda r: (r.devices[0].get("name") if r.devices else None),
              "NCCL version": lambda r: r.nccl_version}
     warnings = []
@@ -224,9 +226,25 @@ def _disagreements(ranks: list[RankAnalysis]) -> list[str]:
                 seen.setdefault(str(value)[:80], []).append(r.rank)
         if len(seen) > 1:
             listed = "; ".join(f"{value!r} on rank(s) {_ranks_text(members)}" for value, members in seen.items())
+            uses = ("each rank's hardware figures (MFU's peak, its memory) use its own GPU" if what == "GPU" else
+                    "the job's figures use rank " + str(ranks[0].rank) + "'s")
             warnings.append(f"the ranks disagree on the {what} ({listed}): traces of different machines or "
-                            "jobs? the job's figures use rank " + str(ranks[0].rank) + "'s")
+                            f"jobs? {uses}")
     return warnings
+
+
+def _job_gpu(ranks: list[RankAnalysis], devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """``gpu`` and ``gpu_mem_bytes``: the one GPU of the job; where ranks run on different GPUs
+    (each rank's first device) ``"mixed: 4× A, 4× B"`` (ranks per GPU, most first) and the
+    smallest device memory, the one every rank's work must fit in."""
+    own = [(r.devices[0].get("name"), r.devices[0].get("total_mem_bytes")) for r in ranks if r.devices]
+    names = Counter(str(name)[:80] for name, _ in own if name)
+    if len(names) < 2:
+        return {"gpu": devices[0]["name"] if devices else None,
+                "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None}
+    listed = ", ".join(f"{count}\u00d7 {name}" for name, count in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])))
+    memories = [memory for _, memory in own if memory]
+    return {"gpu": "mixed: " + listed, "gpu_mem_bytes": min(memories) if memories else None}
 
 
 def _ranks_text(members: list[int]) -> str:
@@ -258,8 +276,7 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
         "world_size": next((r.world_size for r in ranks if r.world_size), None),
         "ranks_given": len(ranks),
         "hosts": hosts,
-        "gpu": devices[0]["name"] if devices else None,
-        "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None,
+        **_job_gpu(ranks, devices),
         "devices_per_node": len(devices) or None,
         "nccl_version": next((r.nccl_version for r in ranks if r.nccl_version), None),
         "backend": next((r.backend for r in ranks if r.backend), None),
