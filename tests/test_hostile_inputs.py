@@ -323,6 +323,33 @@ def test_a_result_past_its_versions_row_limit_is_refused(tmp_path, capsys):
         main(["gate", "--preset", "strict", str(saved)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and str(saved) in err and "at most 10,000" in err, err
+    assert "collectives holds 10,001 rows" in err, err
+
+
+def test_a_result_past_its_row_limit_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """Issue 41, 13: the rows are counted before the document is parsed into dicts (192,000 rows
+    took 855 MB to refuse): the reader refuses without ever calling the whole parse."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.base.errors import InputError
+    from analyzer.job import saved as saved_module
+    from analyzer.job.large import JSON_ROWS
+    from analyzer.job.result import dumps
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    doc = json.loads(dumps(diagnose([str(job)], DiagnoseOptions(workers=1)).to_dict()))
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    assert saved_module.read_result_file(path) is not None  # within the limit: read
+    doc["collectives"] = doc["collectives"][:1] * (JSON_ROWS + 1)
+    path.write_text(json.dumps(doc))
+
+    def whole_parse(*_args, **_kwargs):
+        raise AssertionError("parsed whole")
+    monkeypatch.setattr(saved_module.json, "loads", whole_parse)
+    with pytest.raises(InputError, match="collectives holds 10,001 rows") as refusal:
+        saved_module.read_result_file(path)
+    assert refusal.value.path == str(path)
 
 
 def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
