@@ -249,7 +249,8 @@ def _gpu_text(doc, job) -> str:
         unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc.get("ranks") or [])
         return f"none seen ({'device-looking events under unknown categories not read' if unread else 'CPU-only trace'})"
     mem = job.get("gpu_mem_bytes")
-    return f"{gpu}" + (f", {mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
+    smallest = "smallest " if str(gpu).startswith("mixed:") else ""  # the job's gpu_mem_bytes then
+    return f"{gpu}" + (f", {smallest}{mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
 
 
 def _sourced(value: Any) -> Any:

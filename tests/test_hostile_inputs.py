@@ -323,6 +323,33 @@ def test_a_result_past_its_versions_row_limit_is_refused(tmp_path, capsys):
         main(["gate", "--preset", "strict", str(saved)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and str(saved) in err and "at most 10,000" in err, err
+    assert "collectives holds 10,001 rows" in err, err
+
+
+def test_a_result_past_its_row_limit_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    """Issue 41, 13: the rows are counted before the document is parsed into dicts (192,000 rows
+    took 855 MB to refuse): the reader refuses without ever calling the whole parse."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.base.errors import InputError
+    from analyzer.job import saved as saved_module
+    from analyzer.job.large import JSON_ROWS
+    from analyzer.job.result import dumps
+    job = tmp_path / "job"
+    job.mkdir()
+    two_step_ddp(rank=0).write(job / "rank-0.json")
+    doc = json.loads(dumps(diagnose([str(job)], DiagnoseOptions(workers=1)).to_dict()))
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(doc))
+    assert saved_module.read_result_file(path) is not None  # within the limit: read
+    doc["collectives"] = doc["collectives"][:1] * (JSON_ROWS + 1)
+    path.write_text(json.dumps(doc))
+
+    def whole_parse(*_args, **_kwargs):
+        raise AssertionError("parsed whole")
+    monkeypatch.setattr(saved_module.json, "loads", whole_parse)
+    with pytest.raises(InputError, match="collectives holds 10,001 rows") as refusal:
+        saved_module.read_result_file(path)
+    assert refusal.value.path == str(path)
 
 
 def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
@@ -339,6 +366,82 @@ def test_ranks_that_disagree_on_gpu_or_nccl_are_said(tmp_path):
     warnings = diagnose([str(job)], DiagnoseOptions(workers=1)).warnings
     assert any("disagree on the GPU" in w and "MI300X" in w and "rank(s) 1" in w for w in warnings), warnings
     assert any("disagree on the NCCL version" in w and "2.18.1" in w for w in warnings), warnings
+
+
+def _diagnose_cli(capsys, path) -> tuple[int, str]:
+    from analyzer.cli.main import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["diagnose", "--no-cache", "--format", "json", "--output", str(path.parent / "out.json"), str(path)])
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def test_ranks_of_two_generated_jobs_are_refused(tmp_path, capsys):
+    """Issue 41, 13: two HSDP jobs of the same world size (FSDP1's groups, FSDP2's DeviceMesh)
+    mixed in one directory were merged. torch's group "1" holds ranks 0, 1 in the first job and
+    0, 2 in the second: one line naming both files, exit 2. Each job alone still loads."""
+    from analyzer.synth import JobSpec, write_job
+    small = dict(world_size=4, gpus_per_node=2, sharding="hybrid_shard", steps=2, n_layers=2, hidden=512, seq_len=256)
+    for strategy in ("fsdp1", "fsdp2"):
+        write_job(JobSpec(name=strategy, strategy=strategy, **small), tmp_path / strategy)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rank in range(4):
+        name = f"rank-{rank}.json.gz"
+        (mixed / name).write_bytes((tmp_path / ("fsdp1" if rank < 2 else "fsdp2") / name).read_bytes())
+    code, err = _diagnose_cli(capsys, mixed)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "traces from different jobs: process group '1'" in err, err
+    assert str(mixed / "rank-0.json.gz") in err and str(mixed / "rank-2.json.gz") in err, err
+    for strategy in ("fsdp1", "fsdp2"):
+        code, err = _diagnose_cli(capsys, tmp_path / strategy)
+        assert code in (0, 1) and "different jobs" not in err, err
+
+
+def test_ranks_with_different_backends_are_refused(tmp_path, capsys):
+    """Issue 41, 13: every rank of a job initialises one default group, so one backend."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank, backend in ((0, "nccl"), (1, "gloo")):
+        builder = two_step_ddp(rank=rank)
+        builder.doc["distributedInfo"]["backend"] = backend
+        builder.write(job / f"rank-{rank}.json")
+    code, err = _diagnose_cli(capsys, job)
+    assert code == 2 and err.count("\n") == 1 and "the default group's backend differs" in err, err
+    assert str(job / "rank-0.json") in err and str(job / "rank-1.json") in err and "'gloo'" in err, err
+
+
+def test_ranks_on_different_gpus_use_their_own(tmp_path):
+    """Issue 41, 13: one job's ranks 0-1 on H100s and 2-3 on A100s (the generator's same job on
+    each GPU, mixed). Each rank's MFU from its shapes is held to its own GPU's peak (the one it
+    has in its own GPU's job), the model-parameter MFU's N × peak is the sum of the GPUs' peaks,
+    and the header names the mix, not the first rank's GPU."""
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth import JobSpec, write_job
+    from analyzer.synth.spec import GPUS
+    from analyzer.reports.text import TextRenderer
+    small = dict(world_size=4, gpus_per_node=2, steps=2, n_layers=2, hidden=512, seq_len=256)
+    options = DiagnoseOptions(workers=1, model_params=1e8, tokens_per_step=4096)
+    alone = {}
+    for gpu in ("H100", "A100"):
+        write_job(JobSpec(name=gpu, gpu=gpu, **small), tmp_path / gpu)
+        alone[gpu] = diagnose([str(tmp_path / gpu)], options).to_dict()
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rank in range(4):
+        name = f"rank-{rank}.json.gz"
+        (mixed / name).write_bytes((tmp_path / ("H100" if rank < 2 else "A100") / name).read_bytes())
+    result = diagnose([str(mixed)], options)
+    doc = result.to_dict()
+    h100, a100 = GPUS["H100"], GPUS["A100"]
+    assert doc["job"]["gpu"] == f"mixed: 2\u00d7 {a100.name}, 2\u00d7 {h100.name}"
+    assert doc["job"]["gpu_mem_bytes"] == min(h100.total_mem_bytes, a100.total_mem_bytes)
+    assert "mixed: 2\u00d7" in TextRenderer().render(result)
+    for rank in doc["ranks"]:
+        gpu = "H100" if rank["rank"] < 2 else "A100"
+        own = next(r for r in alone[gpu]["ranks"] if r["rank"] == rank["rank"])
+        assert rank["compute"]["peak_tflops"] == GPUS[gpu].peak_bf16_tflops == own["compute"]["peak_tflops"]
+        assert rank["compute"]["mfu"] == own["compute"]["mfu"]
+    assert doc["mfu"]["peak_tflops"]["value"] == (2 * h100.peak_bf16_tflops + 2 * a100.peak_bf16_tflops) / 4
 
 
 def test_gpu_work_lasting_days_is_said(tmp_path):

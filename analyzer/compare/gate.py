@@ -627,7 +627,10 @@ def run_shape(run: Any) -> dict[str, Any]:
     hardware = run.model.hardware
     gpu = hardware.gpu_name.value or run.job.get("gpu")  # the trace's device, or --gpu's name
     # the profile id tells two spellings of one GPU apart from two GPUs (the trace's device name, --gpu h100)
-    return {"gpu": gpu, "profile": hardware.gpu_profile.value or gpu, "world_size": run.model.world_size,
+    profile = hardware.gpu_profile.value or gpu
+    if str(run.job.get("gpu") or "").startswith("mixed:") and hardware.gpu_name.origin != "user":
+        gpu = profile = run.job["gpu"]  # ranks on different GPUs: the mix is the shape, not one of them
+    return {"gpu": gpu, "profile": profile, "world_size": run.model.world_size,
             "nodes": node_count(run)[0]}
 
 

@@ -25,7 +25,7 @@ from analyzer.model.link import hardware_link
 from analyzer.job.parallelism import role_key
 from analyzer.job.compute import analyze_compute
 from analyzer.job.memory import job_checkpointing, job_memory
-from analyzer.job.mfu import compute_mfu, job_step_times
+from analyzer.job.mfu import compute_mfu, job_peak, job_step_times
 from analyzer.job.topology import Topology, build_topology
 
 
@@ -56,7 +56,7 @@ def analyze_job(result: Any, options: Any) -> None:
     n_gpus = world or result.job.get("ranks_given")
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                              getattr(options, "tokens_per_step", None), n_gpus,
-                             hardware.peak_tflops.to_dict(), from_shapes)
+                             job_peak(result.ranks, hardware), from_shapes)
     if result.job_model is not None:  # the typical step and each rank's facts stand (80,000 rank-steps
         result.job_model.forget("compute")  # at 1,024 ranks); the compute figures read the new sections
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from analyzer.model import formulas as models
-from analyzer.model.hardware import HardwareAssumptions
+from analyzer.model.hardware import HardwareAssumptions, for_device
 
 FAMILIES = ("gemm", "attention", "conv", "other")
 TOP_SHAPES = 24  # the shapes ``ranks[].compute`` lists (most GPU time first)
@@ -225,9 +225,10 @@ def shape_rows(result: Any) -> list[dict[str, Any]]:
     """Every distinct (op, shape, dtype) of every rank and step with its throughput and share
     of peak (the rows of ``Result.compute_df()``)."""
     model = result.model
-    peaks = _Peaks(model.hardware)
+    own = rank_hardware(result.ranks, model.hardware)
     rows = []
     for rank in result.ranks:
+        peaks = _Peaks(own[rank.rank])
         for key, entry in ((rank.compute_steps or {}).get("steps") or {}).items():
             step = int(key) if key != "none" else None
             for row in entry.get("shapes") or []:
@@ -244,14 +245,30 @@ def analyze_compute(result: Any, hardware: HardwareAssumptions) -> dict[str, Any
     (the ``mfu`` section's ``from_shapes``). Runs after the typical step is chosen."""
     model = result.model
     typical = model.typical
+    own = rank_hardware(result.ranks, hardware)
     for rank in result.ranks:
         facts = model.rank(rank.rank)
         step = facts.step(typical.step) if facts is not None and typical is not None else None
         leaves = facts.typical if facts is not None else None
         rank.compute = rank_compute(rank.compute_steps, typical.step if typical else None,
                                     leaves.step_time_us if leaves is not None else None,
-                                    step.compute_us if step is not None and step.compute_us else None, hardware)
+                                    step.compute_us if step is not None and step.compute_us else None,
+                                    own[rank.rank])
     return job_compute(result.ranks, typical.step if typical else None, model.step_time_us)
+
+
+def rank_hardware(ranks: list[Any], hardware: HardwareAssumptions) -> dict[int, HardwareAssumptions]:
+    """Each rank's hardware: the job's, with the rank's own GPU (its first device) where the
+    ranks' GPUs differ, so its FLOPs are held to its own peak."""
+    by_device: dict[tuple[Any, Any], HardwareAssumptions] = {}
+    own = {}
+    for r in ranks:
+        device = r.devices[0] if r.devices else {}
+        key = (device.get("name"), device.get("total_mem_bytes"))
+        if key not in by_device:
+            by_device[key] = for_device(hardware, *key)
+        own[r.rank] = by_device[key]
+    return own
 
 
 def job_compute(ranks: list[Any], typical_step: Any, step_time_us: float | None) -> dict[str, Any] | None:

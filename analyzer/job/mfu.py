@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.job.compute import rank_hardware
 from analyzer.model import formulas as models
 
 
@@ -27,6 +28,20 @@ def job_step_times(ranks: list[Any]) -> dict[int, float]:
             if s.get("step_time_us"):
                 times.setdefault(s["step"], []).append(float(s["step_time_us"]))
     return {step: float(np.mean(v)) for step, v in sorted(times.items())}
+
+
+def job_peak(ranks: list[Any], hardware: Any) -> dict[str, Any]:
+    """The bf16 peak of the model-parameter MFU's denominator (N × peak): the job's GPU's; ranks
+    on different GPUs: the mean of their own peaks, so that N × peak is the sum of the GPUs' peaks."""
+    peaks = [h.peak_tflops for h in rank_hardware(ranks, hardware).values()]
+    if len({p.value for p in peaks}) <= 1:
+        return hardware.peak_tflops.to_dict()
+    if any(p.value is None for p in peaks):
+        return {"value": None, "origin": "unknown", "source": "the ranks run on different GPUs and one has no "
+                "bf16 peak in the hardware profiles"}
+    mean = float(np.mean([p.value for p in peaks]))
+    return {"value": round(mean, 3), "origin": "profile",
+            "source": f"mean of the {len(peaks)} ranks' own GPUs' bf16 peaks (the ranks' GPUs differ)"}
 
 
 MODEL_PARAMS_LABEL = "model-parameter MFU: 6Ψ per token (--model-params) × tokens per step (--tokens-per-step)"

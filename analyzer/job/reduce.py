@@ -3,6 +3,7 @@ clock, DDP buckets, FSDP units, warnings)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from itertools import repeat
 from operator import is_not
@@ -45,7 +46,43 @@ def resolve_ranks(results: list[RankAnalysis]) -> list[RankAnalysis]:
         if sizes and r.rank >= sizes[0]:
             raise InputError(r.path, f"rank {r.rank} (from the {r.rank_source}) is not a rank of this job "
                                      f"(world size {sizes[0]})")
+    _same_backend(results)
+    _same_groups(results)
     return sorted(results, key=lambda r: r.rank)
+
+
+def _same_backend(results: list[RankAnalysis]) -> None:
+    """The default group's backend (distributedInfo.backend) is one per job: every rank
+    initialises the same default group, whatever its host clock or GPU."""
+    first: dict[str, str] = {}
+    for r in results:
+        if r.backend:
+            first.setdefault(str(r.backend).strip().lower()[:40], r.path)
+    if len(first) > 1:
+        detail = ", ".join(f"{path}={backend!r}" for backend, path in first.items())
+        raise InputError(results[0].path, f"traces from different jobs: the default group's backend differs ({detail})")
+
+
+def _same_groups(results: list[RankAnalysis]) -> None:
+    """Torch names each process group once per job (its creation number or hash), and each
+    rank lists the groups it belongs to (distributedInfo.pg_config). So one name holding two
+    member lists that share a rank cannot be one job. Two disjoint lists under one name are
+    allowed: a recorder naming groups by role (every TP group "tp") still partitions the ranks.
+    Linear in the listed members: each (name, rank) pair remembers the one list that holds it."""
+    owner: dict[tuple[str, int], tuple[tuple[int, ...], str]] = {}
+    checked: set[tuple[str, tuple[int, ...]]] = set()  # a list seen once is not walked again
+    for r in results:
+        for group in r.process_groups:
+            name, ranks = group.get("name"), group.get("ranks")
+            if name is None or not ranks or (name, members := tuple(sorted(ranks))) in checked:
+                continue
+            checked.add((name, members))
+            for member in members:
+                held = owner.setdefault((name, member), (members, r.path))
+                if held[0] != members:
+                    raise InputError(r.path, f"traces from different jobs: process group {name[:40]!r} holds "
+                                             f"ranks {_ranks_text(list(members))} here but "
+                                             f"{_ranks_text(list(held[0]))} in {held[1]}")
 
 
 def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
@@ -176,7 +213,8 @@ def _job_warnings(ranks: list[RankAnalysis]) -> list[str]:
 
 def _disagreements(ranks: list[RankAnalysis]) -> list[str]:
     """One warning per fact the ranks of one job should share but do not (issue 41): the GPU
-    model and the NCCL version. The job's figures then use the first rank's."""
+    model (each rank's figures then use its own: analyzer.model.hardware.for_device) and the
+    NCCL version (the job's figures then use the first rank's)."""
     facts = {"GPU": lambda r: (r.devices[0].get("name") if r.devices else None),
              "NCCL version": lambda r: r.nccl_version}
     warnings = []
@@ -188,9 +226,25 @@ def _disagreements(ranks: list[RankAnalysis]) -> list[str]:
                 seen.setdefault(str(value)[:80], []).append(r.rank)
         if len(seen) > 1:
             listed = "; ".join(f"{value!r} on rank(s) {_ranks_text(members)}" for value, members in seen.items())
+            uses = ("each rank's hardware figures (MFU's peak, its memory) use its own GPU" if what == "GPU" else
+                    "the job's figures use rank " + str(ranks[0].rank) + "'s")
             warnings.append(f"the ranks disagree on the {what} ({listed}): traces of different machines or "
-                            "jobs? the job's figures use rank " + str(ranks[0].rank) + "'s")
+                            f"jobs? {uses}")
     return warnings
+
+
+def _job_gpu(ranks: list[RankAnalysis], devices: list[dict[str, Any]]) -> dict[str, Any]:
+    """``gpu`` and ``gpu_mem_bytes``: the one GPU of the job; where ranks run on different GPUs
+    (each rank's first device) ``"mixed: 4× A, 4× B"`` (ranks per GPU, most first) and the
+    smallest device memory, the one every rank's work must fit in."""
+    own = [(r.devices[0].get("name"), r.devices[0].get("total_mem_bytes")) for r in ranks if r.devices]
+    names = Counter(str(name)[:80] for name, _ in own if name)
+    if len(names) < 2:
+        return {"gpu": devices[0]["name"] if devices else None,
+                "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None}
+    listed = ", ".join(f"{count}\u00d7 {name}" for name, count in sorted(names.items(), key=lambda kv: (-kv[1], kv[0])))
+    memories = [memory for _, memory in own if memory]
+    return {"gpu": "mixed: " + listed, "gpu_mem_bytes": min(memories) if memories else None}
 
 
 def _ranks_text(members: list[int]) -> str:
@@ -222,8 +276,7 @@ def job_facts(ranks: list[RankAnalysis], options: Any, origin_ns: int,
         "world_size": next((r.world_size for r in ranks if r.world_size), None),
         "ranks_given": len(ranks),
         "hosts": hosts,
-        "gpu": devices[0]["name"] if devices else None,
-        "gpu_mem_bytes": devices[0]["total_mem_bytes"] if devices else None,
+        **_job_gpu(ranks, devices),
         "devices_per_node": len(devices) or None,
         "nccl_version": next((r.nccl_version for r in ranks if r.nccl_version), None),
         "backend": next((r.backend for r in ranks if r.backend), None),

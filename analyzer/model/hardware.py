@@ -20,7 +20,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any
 
@@ -29,7 +29,7 @@ from analyzer import data as data_files
 __all__ = [
     "ORIGINS", "GpuProfile", "NicProfile", "Profiles", "Sourced", "HardwareAssumptions",
     "OVERRIDE_KEYS", "PEAK_FIELDS", "load_profiles", "match_gpu", "gpu_profile", "nic_profile",
-    "resolve_hardware",
+    "resolve_hardware", "for_device",
 ]
 
 ORIGINS = ("measured", "profile", "user", "default", "unknown")
@@ -410,3 +410,22 @@ def resolve_hardware(device_names: Sequence[str] = (),
         if key in user:
             result[key] = Sourced(user[key], "user", "override")
     return HardwareAssumptions(**result)
+
+
+#: The fields a GPU decides (its profile's, and its own memory); the rest is the job's network.
+_DEVICE_FIELDS = ("gpu_name", "gpu_profile", "memory_bytes", "peak_tflops", "peak_fp32_tflops",
+                  "peak_tf32_tflops", "peak_fp8_tflops", "hbm_gbps", "intra_node_link", "intra_node_gbps",
+                  "intra_node_alpha_us")
+
+
+def for_device(hardware: HardwareAssumptions, device_name: str | None,
+               total_mem: int | None) -> HardwareAssumptions:
+    """The job's hardware with one rank's own GPU (issue 41: ranks of a job on different GPUs):
+    that device's profile fields and memory where its name is not the job's, unless ``--gpu``
+    chose one GPU for every rank; a field the user overrode stays the user's."""
+    if hardware.gpu_name.origin == "user" or not device_name or device_name == hardware.gpu_name.value:
+        return hardware
+    own = resolve_hardware([device_name], [total_mem], gpus_per_node=hardware.gpus_per_node.value)
+    fields_of_device = {name: getattr(own, name) for name in _DEVICE_FIELDS}
+    fields_of_device.update({name: getattr(hardware, name) for name in hardware.names_by_origin("user")})
+    return replace(hardware, **fields_of_device)
