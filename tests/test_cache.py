@@ -307,7 +307,9 @@ def test_cache_owns_only_its_folder_and_names(job, tmp_path):
     assert root == user / "tracecliff-cache" and (root / cache.CACHEDIR_TAG).read_bytes().startswith(b"Signature: 8a477f")
     assert oct((root / "key").stat().st_mode & 0o777) == "0o600"
     (root / "zz").symlink_to(victim)  # a planted link, named as no shard is
-    (root / "ab").symlink_to(victim)  # and one named as a shard
+    # and one named as a shard (a shard name this run's entries do not use: theirs follow their content)
+    shard = next(name for name in (f"{i:02x}" for i in range(256)) if not (root / name).exists())
+    (root / shard).symlink_to(victim)
     (root / "stat").mkdir(exist_ok=True)
     (root / "stat" / "settings.json").write_text("{}")
     stored = len(entries(user)) + len(entries(user, ".timeline.json"))
