@@ -5,7 +5,7 @@ from __future__ import annotations
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, host_fix_requires, idle_split_note, ranks_phrase
+from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, idle_split_note, ranks_phrase
 
 
 @register
@@ -127,8 +127,7 @@ class GpuIdleHostBound(Rule):
         if ctx.model.workload:
             evidence["workload"] = ctx.model.workload
         graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
-        fix, snippet = host_fix(activity, lead, ctx.model.workload, graphed)
-        requires = host_fix_requires(activity, lead, ctx.model.workload)
+        fix, snippet, requires = host_fix(activity, lead, ctx.model.workload, graphed)
         # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
                             model=model, fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]

@@ -87,16 +87,19 @@ INFERENCE_GRAPHED_FIX = ("the forward passes already run as CUDA graphs, and the
 INFERENCE_GRAPHED_SNIPPET = "py-spy record -o host.svg --pid <PID>   # the host's work between graph launches"
 
 
-def host_fix(activity: str, own_phase: str | None, workload: str | None, graphed: bool = False) -> tuple[str, str]:
-    """The fix and snippet for the leading host leaf: on an inference job, its own advice for
-    the host's own work and launch overhead (without CUDA graphs where its work runs as graphs
-    already: ``graphed``); else the leaf's, the host's own work by its phase."""
+def host_fix(activity: str, own_phase: str | None, workload: str | None,
+             graphed: bool = False) -> tuple[str, str, tuple[str, ...]]:
+    """The fix, snippet and preconditions (analyzer.job.facts.FIX_PRECONDITIONS) for the leading
+    host leaf: on an inference job, its own advice for the host's own work and launch overhead
+    (without CUDA graphs where its work runs as graphs already: ``graphed``), which needs nothing
+    more; else the leaf's, the host's own work by its phase."""
     if workload == "inference" and activity in INFERENCE_ACTIVITIES:
-        return (INFERENCE_GRAPHED_FIX, INFERENCE_GRAPHED_SNIPPET) if graphed else (INFERENCE_HOST_FIX,
-                                                                                  INFERENCE_HOST_SNIPPET)
+        return (INFERENCE_GRAPHED_FIX, INFERENCE_GRAPHED_SNIPPET, ()) if graphed else (
+            INFERENCE_HOST_FIX, INFERENCE_HOST_SNIPPET, ())
     if activity == "unknown" and own_phase:
-        return HOST_OWN_WORK_FIX[own_phase], HOST_OWN_WORK_SNIPPET[own_phase]
-    return HOST_FIX[activity], HOST_SNIPPET[activity]
+        return (HOST_OWN_WORK_FIX[own_phase], HOST_OWN_WORK_SNIPPET[own_phase],
+                HOST_OWN_WORK_REQUIRES.get(own_phase, ()))
+    return HOST_FIX[activity], HOST_SNIPPET[activity], HOST_FIX_REQUIRES.get(activity, ())
 
 
 def idle_split_note(ctx) -> str | None:
@@ -114,12 +117,3 @@ def ranks_phrase(hit: list[int], given: int) -> str:
 HOST_FIX_REQUIRES = {"input": ("loader_bound",), "fsdp": ("fsdp",), "unknown": ("training",)}
 HOST_OWN_WORK_REQUIRES = {"backward": ("training",), "optimizer": ("training",), "other": ("training",)}
 
-
-def host_fix_requires(activity: str, own_phase: str | None, workload: str | None) -> tuple[str, ...]:
-    """What :func:`host_fix`'s advice needs of the job (its preconditions): an inference job's own
-    advice needs nothing more; else the leaf's, the host's own work by its phase."""
-    if workload == "inference" and activity in INFERENCE_ACTIVITIES:
-        return ()
-    if activity == "unknown" and own_phase:
-        return HOST_OWN_WORK_REQUIRES.get(own_phase, ())
-    return HOST_FIX_REQUIRES.get(activity, ())

@@ -19,7 +19,7 @@ from analyzer.whatif.replay import (caused_in_step as _caused_in_step, excess_ov
                                     recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
 from analyzer.whatif.prediction import predicted
 
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, HOST_FIX_REQUIRES, host_fix
+from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
@@ -207,8 +207,7 @@ class StragglerRank(Rule):
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
                             fix_text="", fixes=[Fix(_fix(ctx, worst, lead), _snippet(ctx, worst, lead),
-                                                    HOST_FIX_REQUIRES.get(lead.get("host_activity") or "unknown", ())
-                                                    if lead["cause"] == "host" else ())])]
+                                                    _host_fix(ctx, lead)[2] if lead["cause"] == "host" else ())])]
 
 
 def _mean_over_steps(by_step: dict[Any, dict[int, float]], steps: list[Any]) -> dict[int, float]:
@@ -364,12 +363,17 @@ def _cause(every, rank: int, late_steps: list[Any], lateness, share: float) -> d
                                                "do not explain its lateness"}
 
 
+def _host_fix(ctx, lead: dict[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+    """rules.host's fix for a host-bound rank's leading activity (its text and preconditions)."""
+    activity = lead.get("host_activity") if lead.get("host_activity") in HOST_FIX else "unknown"
+    return host_fix(activity, None, ctx.model.workload)
+
+
 def _fix(ctx, rank: int, lead: dict[str, Any]) -> str:
     node = ctx.facts.node_of(rank)
     cause = lead["cause"]
     if cause == "host":
-        activity = lead["host_activity"] if lead["host_activity"] in HOST_FIX else "unknown"
-        return f"Rank {rank} ({node}) is host-bound: {host_fix(activity, None, ctx.model.workload)[0]}."
+        return f"Rank {rank} ({node}) is host-bound: {_host_fix(ctx, lead)[0]}."
     if cause == "queued":
         return f"Rank {rank} ({node}) waits behind a dependency: {dependency_fix(lead['waited_on'], {}, False)[0]}"
     if cause == "compute":
