@@ -69,8 +69,8 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
     Kineto names (``LEGACY_CATS``, "Operator") under today's; ``counts``: the number of flow
     events (``FLOW_CATS``), added to ``counts["flow"]``; ``unread``: the events of unknown
     categories that look like device work (:func:`_device_like`), counted by category;
-    ``others``: given, the events of every category not read nor counted as flows are appended
-    to it (the allocator's ``[memory]`` events are among them: analyzer.ingest.memory).
+    ``others``: given, the events of every category not read, not counted as flows and not
+    known to hold nothing (``IGNORED_CATS``) are appended to it (the allocator's ``[memory]`` events are among them: analyzer.ingest.memory).
 
     Kineto writes these categories as complete ('X') events; an event of them without a
     duration (a B/E pair or an instant from another generator) is dropped later with a
@@ -86,10 +86,10 @@ def split_by_category(events: list[Event], counts: dict[str, int] | None = None,
             _split_operators(groups, _take(events, np.flatnonzero(cat_codes == code)))
         elif counts is not None and cat in FLOW_CATS:
             counts["flow"] = counts.get("flow", 0) + int(np.count_nonzero(cat_codes == code))
-        else:
+        elif cat not in IGNORED_CATS:  # python_function & co. hold no allocator event: not copied
             if others is not None:
                 others += _take(events, np.flatnonzero(cat_codes == code))
-            if isinstance(cat, str) and cat not in IGNORED_CATS:
+            if isinstance(cat, str):
                 unknown.append(code)
     if unread is not None and unknown:
         _count_unread(events, cat_codes, cat_values, unknown, unread)
