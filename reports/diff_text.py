@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
+from analyzer.base.units import fmt_change, fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}
 
@@ -21,7 +21,7 @@ class DiffTextRenderer:
         lines += _section("Metrics (each run's typical step: the verdict's figures)",
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
-                            pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
+                            fmt_change(m.get("delta_pp"), m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
         lines += [f" {m['metric']}: {m['note']}" for m in doc["metrics"] if m.get("note")]
         per = {c["per"] for c in doc["collectives"]}
         lines += _section(f"Collectives per {' and '.join(sorted(per)) or 'rank-step'} (count, bytes, time, exposed)",

@@ -28,7 +28,10 @@ _FIGURE_UNIT = re.compile(r"(?<=\d) (?=(?:µs|ms|s|MB|KB|GB|TB|GB/s|TFLOP/s|[kMG
 
 
 def _wrap(text: str, width: int = WIDTH, **options: Any) -> list[str]:
-    """``textwrap.wrap`` that never breaks a line between a figure and its unit."""
+    """``textwrap.wrap`` that never breaks a line between a figure and its unit, nor inside a
+    word (a file path stays whole, on a line of its own when longer than the page)."""
+    options.setdefault("break_long_words", False)
+    options.setdefault("break_on_hyphens", False)
     if _GLUE in text:  # the trace itself holds the character: wrap as it is
         return textwrap.wrap(text, width, **options)
     glued = _FIGURE_UNIT.sub(_GLUE, text)

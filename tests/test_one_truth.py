@@ -387,3 +387,109 @@ def test_the_straggler_figures_are_the_breakdowns():
         assert "mean over the ranks and the " in summary  # the steady-step mean, labelled
     dlrm = next(f for f in diagnosed("real/param_dlrm_ddp_8rank").findings if f["rule"] == "straggler-rank")
     assert "ranks 6, 2, 0 cause none of it directly" in " ".join(dlrm["summary"].split())
+
+
+def _gate_against(new_job: str, base_job: str, preset: str | None = "recommended"):
+    from analyzer.compare.gate import parse_gate_config, registered_rule_names
+    config = parse_gate_config({}, preset, None, registered_rule_names(), "test")
+    return evaluate(diagnosed(new_job), config, diagnosed(base_job), "base.json", run_label="new/")
+
+
+def test_a_share_changes_in_points_in_the_gate_and_the_diff_alike():
+    """ddp_healthy_8r → ddp_straggler: the gate said exposed +17.93 pp, the diff "+1643.2%", and
+    idle 0.15% → 0.11% (0.04 points) "-29.3% better". A share's change is in points of the step
+    in both; under a tenth of a point it is "same"."""
+    from analyzer.reports.diff_text import DiffTextRenderer
+    from analyzer.reports.gate_text import render_text
+    base, new = diagnosed("synthetic/ddp_healthy_8r"), diagnosed("synthetic/ddp_straggler")
+    diff = diff_runs(base, new)
+    metrics = {m["metric"]: m for m in diff["metrics"]}
+    exposed, idle = metrics["exposed_comm_pct"], metrics["idle_pct"]
+    assert exposed["delta_pp"] == pytest.approx(exposed["new"] - exposed["base"])
+    assert idle["verdict"] == "same" and abs(idle["delta_pp"]) < 0.1
+    assert "delta_pp" not in metrics["step_time_us"]
+    checks = {c.name: c for c in _gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r").checks
+              if c.kind == "baseline"}
+    assert checks["exposed_comm_pct"].change_pp == pytest.approx(exposed["delta_pp"])
+    printed = f"+{exposed['delta_pp']:.2f} pp"
+    diff_text = DiffTextRenderer().render(diff)
+    gate_text = render_text(_gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r"))
+    for view, section in ((diff_text, "Metrics ("), (gate_text, "Baseline ")):
+        row = next(line for line in view.split(section, 1)[1].splitlines() if " exposed_comm_pct " in line)
+        assert printed in row, row
+    for line in (line for line in diff_text.splitlines() + gate_text.splitlines() if "_pct " in line):
+        assert not re.search(r"_pct\s.*\d%\s+[+-]\d[\d.]*%", line), line  # never a share's relative change
+
+
+def test_mfu_is_a_percentage_in_every_view():
+    """The gate printed shapes_mfu 0.4899 where diagnose says "MFU 49.0%": one convention, a
+    percentage (the JSON keeps the fraction the metric is defined by)."""
+    from analyzer.base.units import fmt_unit
+    from analyzer.reports.gate_text import render_text
+    text = render_text(_gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r"))
+    row = next(line for line in text.splitlines() if " shapes_mfu " in line)
+    mfu = diagnosed("synthetic/ddp_straggler").model.compute.mfu
+    assert fmt_unit(mfu, "fraction") in row and f"{100 * mfu:.2f}%" in row
+    assert f"MFU {100 * mfu:.1f}% of the step" in " ".join(TextRenderer().render(diagnosed("synthetic/ddp_straggler")).split())
+
+
+def test_a_failing_gate_fits_100_columns_says_a_shared_note_once_and_says_why():
+    """Gate lines ran to 301 characters (a finding's whole summary in a cell), the same noise
+    note on every row, and a failing gate did not say which findings came with the regression.
+    Every line fits 100 columns; the unknown noise is said once; the failure names the findings
+    that appeared or grew since the baseline and the `tracecliff diff` command to see them."""
+    from analyzer.reports.gate_text import render_text
+    report = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r")
+    text = render_text(report)
+    assert report.failed
+    words = [line for line in text.splitlines() if not line.startswith(("warning:", "  /"))]
+    assert max(map(len, words)) <= 100, max(words, key=len)
+    flat = " ".join(text.split())
+    assert flat.count("noise unknown:") == 1
+    assert "Why it failed: " in flat
+    grown = report.findings_since
+    assert [f["rule"] for f in grown if f["change"] == "appeared"] == ["straggler-rank"]
+    assert "appeared since the baseline: straggler-rank (1 finding(s), estimated gain" in flat
+    assert "see them: tracecliff diff base.json new/" in flat
+    # against itself nothing appeared or grew, and the gate passes
+    same = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_straggler")
+    assert not same.failed and same.findings_since == []
+
+
+def test_a_persisting_finding_that_grew_is_named():
+    """A finding in both runs whose count or estimated gain grew is what a failing gate names."""
+    from analyzer.compare.diff import grown_findings
+    base, new = diagnosed("synthetic/ddp_straggler"), diagnosed("synthetic/ddp_straggler")
+    assert grown_findings(base, new) == []
+    bigger = [dict(f, estimated_gain_us=2 * f["estimated_gain_us"]) for f in new.findings]
+
+    class Run:
+        findings = bigger
+    grown = grown_findings(base, Run())
+    assert [(f["rule"], f["change"]) for f in grown] == [("straggler-rank", "grew")]
+
+
+def test_a_bundled_sample_does_not_warn_about_its_own_truth_json(tmp_path):
+    """Every bundled synthetic sample warned "skipped 1 JSON file(s) that are not traces:
+    .../truth.json": the generator's file beside its traces is left out without a word; any
+    other JSON file that is no trace is still named."""
+    from analyzer.ingest.files import discover_trace_files
+    job = "synthetic/ddp_straggler"
+    assert not any("truth.json" in w for w in diagnosed(job).warnings)
+    (tmp_path / "rank-0.json").write_text('{"traceEvents": []}')
+    (tmp_path / "truth.json").write_text('{"step_time_us": 1}')
+    (tmp_path / "config.json").write_text('{"lr": 1}')
+    skipped: list = []
+    assert [p.name for p in discover_trace_files([str(tmp_path)], skipped)] == ["rank-0.json"]
+    assert [p.name for p in skipped] == ["config.json"]
+
+
+def test_gate_without_a_configuration_does_not_speak_of_a_file(tmp_path, monkeypatch):
+    """`tracecliff gate DIR` in a directory without pyproject.toml said "no [tool.tracecliff.gate]
+    assertions in pyproject.toml [tool.tracecliff]": there is no such file."""
+    from analyzer.base.config import config_source
+    monkeypatch.chdir(tmp_path)
+    assert "no pyproject.toml in the current directory" in config_source(None)
+    (tmp_path / "pyproject.toml").write_text("")
+    assert config_source(None) == "pyproject.toml [tool.tracecliff]"
+    assert config_source("ci/perf.toml") == "ci/perf.toml"
