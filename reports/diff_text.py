@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from analyzer.reports.text import _wrap as wrap
 from analyzer.base.units import fmt_change, fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}
@@ -122,12 +123,16 @@ def scope_label(part: dict[str, Any]) -> str:
 
 
 def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
-    rows = []
+    """Each rule's change by its title, then its summary in full, wrapped (never cut mid-sentence)."""
+    rows, summaries = [], []
     for status in ("appeared", "resolved", "persisting"):
         for f in findings[status]:
             count = f"{f.get('base_count', '')}→{f['count']}" if status == "persisting" else str(f["count"])
-            rows.append([status, f["rule"], f["severity"] or "", count, (f.get("summary") or "")[:80]])
-    return _section("Findings", ["status", "rule", "severity", "count", "summary"], rows)
+            rows.append([status, f["rule"], f["severity"] or "", count, f.get("title") or ""])
+            if f.get("summary"):
+                summaries += wrap(f"{f['rule']} ({'base' if status == 'resolved' else 'new'}): {f['summary']}",
+                                  initial_indent=" ", subsequent_indent="   ")
+    return _section("Findings", ["status", "rule", "severity", "count", "title"], rows) + summaries
 
 
 def _predictions(section: dict[str, Any] | None) -> list[str]:

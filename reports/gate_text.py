@@ -4,15 +4,11 @@ check shows what it was held to: an assertion its bound, a baseline comparison i
 
 from __future__ import annotations
 
-import textwrap
-
 from analyzer.base.sanitize import markdown
 from analyzer.base.units import fmt_change, fmt_us
 from analyzer.compare.gate import Check, GateReport, _fmt
 from analyzer.reports.diff_text import table
-
-
-WIDTH = 100  # the terminal the text fits, as diagnose's (reports.text)
+from analyzer.reports.text import WIDTH, _wrap as wrap
 
 
 def render_text(report: GateReport) -> str:
@@ -40,8 +36,7 @@ def render_text(report: GateReport) -> str:
 
 
 def _wrap(text: str, indent: str, first: str = "") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent, break_on_hyphens=False,
-                         break_long_words=False)
+    return wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent)
 
 
 def _rows(header: list[str], rows: list[tuple[list[str], str]], detail: str = "detail") -> list[str]:

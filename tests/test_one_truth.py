@@ -17,7 +17,7 @@ from analyzer.compare.metrics import run_metrics
 from analyzer.job.model import LEAVES
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
-from rule_cases_lib import diagnosed, sample_traces
+from rule_cases_lib import SAMPLES as SAMPLES_DIR, diagnosed, sample_traces
 
 JOBS = sorted(sample_traces())
 # "<duration> step" where a view quotes a step time, and what may stand before it to say which
@@ -493,3 +493,74 @@ def test_gate_without_a_configuration_does_not_speak_of_a_file(tmp_path, monkeyp
     (tmp_path / "pyproject.toml").write_text("")
     assert config_source(None) == "pyproject.toml [tool.tracecliff]"
     assert config_source("ci/perf.toml") == "ci/perf.toml"
+
+
+def _cli(args, capsys):
+    from analyzer.cli.main import main
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_whatif_says_speed_up_at_one_size_dedupes_its_sources_and_has_html(capsys, tmp_path):
+    """ddp_bucket_oversized --bucket-mb 25 (8 → 8 GPUs) printed "scaling efficiency 1.11" for a
+    change of no scale, 23 assumption lines with the profile's datasheet sentence three times,
+    and had no HTML view."""
+    job = sample_traces()["synthetic/ddp_bucket_oversized"]
+    code, out, _ = _cli(["whatif", *job, "--bucket-mb", "25", "--workers", "1"], capsys)
+    assert code == 0 and "scaling efficiency" not in out and "speed-up (same GPUs)" in out
+    section = out.split("Assumptions", 1)[1].split("\nnote:", 1)[0]
+    sources = re.findall(r"\((\w+: .+?)\)$", section, flags=re.M)
+    assert sources and len(sources) == len(set(sources))
+    assert " ".join(section.split()).count("NVIDIA H100 datasheet: NVLink 900 GB/s") == 1
+    code, out, _ = _cli(["whatif", *job, "--gpus", "16", "--nodes", "4", "--workers", "1"], capsys)
+    assert code == 0 and "scaling efficiency" in out
+    page = tmp_path / "w.html"
+    code, _, _ = _cli(["whatif", *job, "--bucket-mb", "25", "--format", "html", "-o", page, "--workers", "1"], capsys)
+    html = page.read_text()
+    assert code == 0 and html.startswith("<!DOCTYPE html>") and "speed-up (same GPUs)" in html
+    assert html.count("NVIDIA H100 datasheet: NVLink 900 GB/s") == 1 and "<script" not in html
+
+
+def test_hang_durations_are_human_and_identical_stacks_are_printed_once(capsys):
+    """subgroups_skip said "causing 4,221,654 µs of waiting"; nccl_stuck printed the same five
+    frames four times, once per rank: a duration in human units, a stack once with its ranks."""
+    root = SAMPLES_DIR / "flight_recorder"
+    code, out, _ = _cli(["hang", root / "subgroups_skip"], capsys)
+    assert "4.22 s of waiting on the others" in out and not re.search(r"\d,\d{3},\d{3} µs", out)
+    code, out, _ = _cli(["hang", root / "nccl" / "nccl_stuck"], capsys)
+    assert out.count("at train_step (/job/train.py:88)") == 1 and "ranks 0, 1, 2, 3: last completed" in out
+    code, out, _ = _cli(["hang", root / "nccl" / "nccl_stuck", "--format", "html"], capsys)
+    assert re.findall(r"<h4>(.*?)</h4>", out) == ["ranks 0, 1, 2, 3"]
+
+
+def test_rules_list_what_each_detects_and_timeline_step_is_not_steps(capsys):
+    """`tracecliff rules` listed each rule by its passing phrase ("No rank holds the others
+    back"), and diagnose had both --step (the HTML timeline's) and --steps (the steps analysed):
+    the list says what each rule detects, the timeline's option is --timeline-step (--step kept,
+    hidden, as its alias)."""
+    from analyzer.rules.engine import all_rules
+    code, out, _ = _cli(["rules"], capsys)
+    flat = " ".join(out.split())
+    for rule in all_rules().values():
+        assert " ".join(rule.failure_title.split()) in flat
+        assert rule.title not in out, rule.title
+    assert max(map(len, out.splitlines())) <= 100
+    code, out, _ = _cli(["diagnose", "--help"], capsys)
+    assert "--timeline-step" in out and "--step " not in out and "--steps" in out
+
+
+def test_the_diff_never_cuts_a_summary(capsys):
+    """The diff's findings table cut each summary at 80 characters, mid-sentence: the table
+    names the rule's title, and the whole summary follows, wrapped."""
+    from analyzer.reports.diff_text import DiffTextRenderer
+    new = diagnosed("synthetic/ddp_straggler")
+    text = DiffTextRenderer().render(diff_runs(diagnosed("synthetic/ddp_healthy_8r"), new))
+    finding = next(f for f in new.findings if f["rule"] == "straggler-rank")
+    assert " ".join(finding["summary"].split()) in " ".join(text.split())
+    assert finding["title"] in text
