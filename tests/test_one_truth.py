@@ -564,3 +564,77 @@ def test_the_diff_never_cuts_a_summary(capsys):
     finding = next(f for f in new.findings if f["rule"] == "straggler-rank")
     assert " ".join(finding["summary"].split()) in " ".join(text.split())
     assert finding["title"] in text
+
+
+def _undeclared(data, where: str) -> list[str]:
+    """The evidence keys that are fields (not data: a rank, a collective, an op's name) and that
+    analyzer.rules.evidence_fields does not declare."""
+    from analyzer.rules.evidence_fields import field
+    missing = []
+    for key, value in (data.items() if isinstance(data, dict) else ()):
+        declared = field(key)
+        if declared is None:
+            missing.append(f"{where}{key}")
+            continue
+        if declared.columns or declared.inner:
+            continue
+        if declared.keys is not None and isinstance(value, dict):  # keyed by data: its values are records
+            for inner in value.values():
+                missing += _undeclared(inner, f"{where}{key}.*.")
+        elif isinstance(value, dict):
+            missing += _undeclared(value, f"{where}{key}.")
+        elif isinstance(value, list):
+            for item in value:
+                missing += _undeclared(item, f"{where}{key}[].")
+    return missing
+
+
+def _world_jobs():
+    from conftest import WORLD_TRACES
+    return sorted(str(p) for p in WORLD_TRACES.iterdir() if p.is_dir()) if WORLD_TRACES.is_dir() else []
+
+
+@pytest.mark.parametrize("job", JOBS + _world_jobs())
+def test_every_evidence_field_has_a_declared_label_and_unit(job):
+    """The HTML evidence showed raw names ("t comm", "s star", "exposed tail us by rank step")
+    with units guessed from them: every field of every finding's evidence on the sample, real
+    and world jobs is declared (analyzer.rules.evidence_fields), so each view labels it and
+    gives its unit from the declaration."""
+    if job.startswith("/"):
+        from analyzer.api import DiagnoseOptions, diagnose
+        result = diagnose([job], DiagnoseOptions(workers=1))
+    else:
+        result = diagnosed(job)
+    for f in result.findings:
+        evidence = {k: v for k, v in (f.get("evidence") or {}).items() if k != "prediction"}
+        assert _undeclared(evidence, "") == [], (job, f["rule"])
+
+
+def test_the_html_evidence_is_labelled_tables_with_declared_units():
+    """ddp_bucket_oversized's card: the rank/step table printed ranks and steps as µs ("0.0 µs |
+    5.0 µs | 23.5 ms") without headings, and the bucket caps (MB) as µs; straggler-rank's per-step
+    tables had no headings."""
+    def card(job, rule):
+        return next(c for c in build_view(diagnosed(job))["findings"]["cards"] if c["rule"] == rule)
+
+    def row(c, key):
+        return next(r for r in c["evidence"] if r["key"] == key)
+    oversized = card("synthetic/ddp_bucket_oversized", "ddp-bucket-oversized")
+    tail = row(oversized, "exposed tail per rank and step")["table"]
+    assert tail["head"] == ["rank", "step", "exposed tail"]
+    rank, step, us = tail["rows"][0]
+    assert re.fullmatch(r"\d+", rank) and re.fullmatch(r"\d+", step) and us.endswith((" ms", " µs"))
+    caps = row(oversized, "modelled tail by bucket cap")["table"]
+    assert caps["head"] == ["bucket cap", "modelled tail"] and caps["rows"][0][0] == "1.00 MB"
+    assert row(oversized, "communication time")["value"].endswith(" ms")
+    assert row(oversized, "suggested bucket_cap_mb")["value"] == "100.00 MB"
+    straggler = card("synthetic/ddp_straggler", "straggler-rank")
+    by_step = row(straggler, "waiting caused per steady step")["table"]
+    assert by_step["head"][0] == "step" and by_step["head"][1:] == [f"rank {r}" for r in (2, 3, 5)]
+    assert by_step["rows"][0][0] == "step 5"
+    for job in ("synthetic/ddp_bucket_oversized", "synthetic/ddp_straggler", "real/param_dlrm_ddp_8rank"):
+        for c in build_view(diagnosed(job))["findings"]["cards"]:
+            for r in c["evidence"]:
+                assert "_" not in r["key"] or r["key"].startswith("suggested bucket_cap"), (job, r["key"])
+                if r.get("table"):
+                    assert all(r["table"]["head"][1:]), (job, r["key"], r["table"]["head"])
