@@ -638,3 +638,10 @@ def test_the_html_evidence_is_labelled_tables_with_declared_units():
                 assert "_" not in r["key"] or r["key"].startswith("suggested bucket_cap"), (job, r["key"])
                 if r.get("table"):
                     assert all(r["table"]["head"][1:]), (job, r["key"], r["table"]["head"])
+
+
+def test_the_html_collectives_say_which_steps_they_total():
+    """The collectives' totals cover every step; the time breakdown leaves the drain out: the
+    section says so, naming the steps."""
+    view = build_view(diagnosed("synthetic/ddp_straggler"))["collectives"]
+    assert view["steps_note"] == "every step of the trace, step 7 drain included (the time breakdown leaves it out)"
