@@ -542,13 +542,17 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
         g["open"] = g in ranked[:OPEN_GROUPS]
-    # the totals cover every step of the trace: say which steps the time breakdown leaves out
-    excluded = ", ".join(f"step {e.step} {e.role}" for e in model.typical.excluded) if model.typical else ""
-    steps_note = ("every step of the trace" + (f", {excluded} included (the time breakdown leaves "
-                                               f"{'them' if ',' in excluded else 'it'} out)" if excluded else ""))
     return {"available": True, "groups": groups, "fits_available": bool(fits), "open_count": OPEN_GROUPS,
-            "steps_note": steps_note,
             "why_no_fits": "" if fits else "α/β fits per group are not in this document (job analyses did not run)"}
+
+
+def _collective_steps(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    """The collectives' totals cover every step of the trace: which steps the time breakdown
+    leaves out, said beside them."""
+    excluded = ", ".join(f"step {e.step} {e.role}" for e in model.typical.excluded) if model.typical else ""
+    them = "them" if "," in excluded else "it"
+    return {"available": True, "note": "every step of the trace" + (
+        f", {excluded} included (the time breakdown leaves {them} out)" if excluded else "")}
 
 
 def _natural(name: str) -> tuple[int, Any]:
@@ -837,5 +841,6 @@ def _memory_chart(rank: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
 
 SECTIONS: tuple[tuple[str, Builder], ...] = (
     ("compute", _compute), ("memory", _memory), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("collective_steps", _collective_steps),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

@@ -388,7 +388,7 @@ def _steps_label(rows: list[dict[str, Any]], excluded: dict[int, str]) -> str:
     return f", every step of the trace ({names} included, which the breakdown leaves out)"
 
 
-def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict[int, str]) -> list[str]:
+def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict[int, str] | None = None) -> list[str]:
     """The most exposed GPU collectives and the host-side ones, from the digest of every row
     (analyzer.job.digest: a saved large result has only its most exposed rows in the document)."""
     top = digest["top_exposed"]
@@ -399,7 +399,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded)}:",
+    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))

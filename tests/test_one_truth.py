@@ -643,5 +643,5 @@ def test_the_html_evidence_is_labelled_tables_with_declared_units():
 def test_the_html_collectives_say_which_steps_they_total():
     """The collectives' totals cover every step; the time breakdown leaves the drain out: the
     section says so, naming the steps."""
-    view = build_view(diagnosed("synthetic/ddp_straggler"))["collectives"]
-    assert view["steps_note"] == "every step of the trace, step 7 drain included (the time breakdown leaves it out)"
+    view = build_view(diagnosed("synthetic/ddp_straggler"))["collective_steps"]
+    assert view["note"] == "every step of the trace, step 7 drain included (the time breakdown leaves it out)"
