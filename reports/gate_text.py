@@ -142,7 +142,23 @@ def render_markdown(report: GateReport) -> str:
             # name (a process group's) would close it
             lines.append(f"| {_md_cell(cells[0])} | <code>{_md_cell(name)}</code> | "
                          + " | ".join(_md_cell(x) for x in cells[1:]) + " |")
+    why = _why(report)
+    if why:  # the same reasons as the text view, as a list under the table
+        lines += ["", f"**{markdown(why[1].strip())}**"] + [f"- {markdown(line.strip())}" for line in
+                                                           _joined(why[2:])]
     return "\n".join(lines) + "\n\n"
+
+
+def _joined(lines: list[str]) -> list[str]:
+    """The text view's wrapped lines back as one line per item (an item's lines after its first
+    are indented)."""
+    items: list[str] = []
+    for line in lines:
+        if line.startswith("   ") and items:
+            items[-1] += " " + line.strip()
+        else:
+            items.append(line.strip())
+    return items
 
 
 def _md_cell(text: str) -> str:

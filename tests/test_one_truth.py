@@ -451,6 +451,9 @@ def test_a_failing_gate_fits_100_columns_says_a_shared_note_once_and_says_why():
     assert [f["rule"] for f in grown if f["change"] == "appeared"] == ["straggler-rank"]
     assert "appeared since the baseline: straggler-rank (1 finding(s), estimated gain" in flat
     assert "see them: tracecliff diff base.json new/" in flat
+    from analyzer.reports.gate_text import render_markdown
+    summary = render_markdown(report)
+    assert "**Why it failed: " in summary and "straggler\\-rank" in summary and "tracecliff diff" in summary
     # against itself nothing appeared or grew, and the gate passes
     same = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_straggler")
     assert not same.failed and same.findings_since == []
