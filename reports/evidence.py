@@ -1,8 +1,8 @@
 """Structured data (a finding's evidence, the what-if's assumptions) as rows a page shows: a
 value with its unit, a list, or a table with its column headings; never raw JSON, never
 ``null``. An evidence field's label and unit are the ones it is declared with
-(analyzer.rules.evidence_fields); a key no declaration names keeps its own words and the unit
-its name states (``_us`` µs, ``_bytes`` bytes...), inherited by the entries of a mapping."""
+(analyzer.rules.evidence_fields), never guessed from its name; a key no declaration names is data
+(a rank, a collective, an op): its own words, in the unit of the field it is in."""
 
 from __future__ import annotations
 
@@ -21,32 +21,13 @@ _NAMED_KEYS = ("rank", "step")
 
 
 def unit_of(key: Any, inherited: str | None = None) -> str | None:
-    """The unit of a key: its declaration's, else the unit its name states (None: a plain
-    number), else the enclosing key's."""
+    """The unit of a key: its declaration's (None: a plain number or text), else the enclosing
+    field's (a key that is data: a rank, a collective, an op). Never guessed from a key's name:
+    tests/test_one_truth.py checks that every field the rules, the what-if and the hardware
+    section write is declared."""
     declared = field(key)
     if declared is not None:
         return declared.unit if declared.unit != "text" else None
-    return _named_unit(key, inherited)
-
-
-def _named_unit(key: Any, inherited: str | None) -> str | None:
-    k = str(key).lower()
-    if k.endswith(("_us", "_us_median")) or "_us_" in k:
-        return "us"
-    if k.endswith("_ns"):
-        return "ns"
-    if k.endswith("_bytes") or k in ("bytes", "size_bytes"):
-        return "bytes"
-    if k.endswith("_gbps") or "_gbps_" in k:
-        return "gbps"
-    if k.endswith("_pct"):
-        return "pct"
-    if "share" in k or "fraction" in k:
-        return "share"
-    if k.endswith("_mb"):
-        return "mb"
-    if "lateness" in k or k.startswith("wait") or k.endswith("_wait"):
-        return "us"
     return inherited
 
 
@@ -59,8 +40,6 @@ def fmt_field(value: Any, unit: str | None) -> str:
     if isinstance(value, (int, float)):
         if unit == "us":
             return fmt_us(value)
-        if unit == "ns":
-            return fmt_us(value / 1000.0)
         if unit == "bytes":
             return fmt_bytes(value)
         if unit == "gbps":
@@ -79,16 +58,14 @@ def fmt_field(value: Any, unit: str | None) -> str:
 
 
 def label(key: Any) -> str:
-    """A key as a heading: its declared label, else its words without the unit suffix the
-    value now carries."""
+    """A key as a heading: its declared label, else its own words (a key that is data)."""
     declared = field(key)
-    if declared is not None:
-        return declared.label
-    text = str(key)
-    for suffix in ("_us", "_ns", "_bytes", "_gbps", "_pct"):
-        if text.endswith(suffix) and len(text) > len(suffix):
-            text = text[: -len(suffix)]
-    return text.replace("_", " ")
+    return declared.label if declared is not None else _words(key)
+
+
+def _words(key: Any) -> str:
+    """A key that is data (a phase, an op, a host activity), as words."""
+    return str(key).replace("_", " ")
 
 
 def _data_key(key: Any, kind: str | None) -> str:
@@ -156,7 +133,7 @@ def _table_of_columns(value: list[list[Any]], columns: tuple[tuple[str, str | No
 def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: str | None = None) -> dict[str, Any]:
     """{label: {column: value}}: one row per label, its column headings the fields' labels."""
     columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order)
-    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit)) for c in columns]
+    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit), _keyed(c)) for c in columns]
             for k, cells in sorted(value.items(), key=_by_key)[:ROWS_MAX]]
     return {"head": [kind or ""] + [label(c) for c in columns], "rows": body}
 
@@ -169,7 +146,7 @@ def _column_order(column: str) -> tuple[int, int, str]:
 
 def _table_of_records(value: list[dict[Any, Any]], unit: str | None) -> dict[str, Any]:
     columns = sorted({str(c) for record in value for c in record}, key=_column_order)
-    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit)) for c in columns] for record in value[:ROWS_MAX]]
+    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit), _keyed(c)) for c in columns] for record in value[:ROWS_MAX]]
     return {"head": [label(c) for c in columns], "rows": body}
 
 
@@ -191,13 +168,22 @@ def _table_of_pairs(value: list[list[Any]], unit: str | None, declared: Field | 
 _ABSENT = object()
 
 
-def _cell(value: Any, unit: str | None) -> str:
+def _keyed(column: str) -> bool:
+    """Whether field ``column`` is a mapping keyed by data (its keys name no field)."""
+    declared = field(column)
+    return declared is not None and declared.keys is not None
+
+
+def _cell(value: Any, unit: str | None, keyed: bool = False) -> str:
+    """One cell; a mapping as ``key: value`` entries, its keys data (``keyed``: a "compute" part
+    of a lateness is the field's unit, not the "compute" field's) or fields."""
     if value is _ABSENT:
         return MISSING
     if isinstance(value, (dict, list)) and not value:
         return "none"
     if isinstance(value, dict):
-        return "; ".join(f"{label(k)}: {fmt_field(v, unit_of(k, unit)) if not isinstance(v, (dict, list)) else '…'}"
+        return "; ".join(f"{_words(k) if keyed else label(k)}: "
+                         f"{fmt_field(v, unit if keyed else unit_of(k, unit)) if not isinstance(v, (dict, list)) else '…'}"
                          for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))[:8])
     if isinstance(value, list):
         return ", ".join(fmt_field(v, unit) if not isinstance(v, (dict, list)) else "…" for v in value[:8])

@@ -115,8 +115,8 @@ class Fp32GradientComm(Rule):
         if gain is not None and step_us:
             return predicted(step_us, gain, (f"{'FSDP unit schedule (docs/models.md §5)' if fsdp else 'DDP bucket pipeline (docs/models.md §4)'}"
                                              f" with the gradient bytes halved: {model}"),
-                             {"gradient_bytes": {"value": 0.5, "origin": "assumed",
-                                                 "source": "bf16 instead of fp32 in the same buckets / units"}})
+                             {"gradient_bytes_scale": {"value": 0.5, "origin": "assumed",
+                                                       "source": "bf16 instead of fp32 in the same buckets / units"}})
         if not step_us:
             return not_predicted("no GPU step times: the exposed communication bf16 would save is not measured")
         if per_step is None:

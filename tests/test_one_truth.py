@@ -579,11 +579,14 @@ def _undeclared(data, where: str) -> list[str]:
         if declared is None:
             missing.append(f"{where}{key}")
             continue
-        if declared.columns or declared.inner:
+        if declared.columns:
             continue
         if declared.keys is not None and isinstance(value, dict):  # keyed by data: its values are records
-            for inner in value.values():
-                missing += _undeclared(inner, f"{where}{key}.*.")
+            for inner in value.values():  # (or, with ``inner``, mappings keyed by data again)
+                for record in (inner.values() if declared.inner and isinstance(inner, dict) else [inner]):
+                    missing += _undeclared(record, f"{where}{key}.*.")
+        elif declared.inner:
+            continue
         elif isinstance(value, dict):
             missing += _undeclared(value, f"{where}{key}.")
         elif isinstance(value, list):
@@ -648,3 +651,75 @@ def test_the_html_collectives_say_which_steps_they_total():
     section says so, naming the steps."""
     view = build_view(diagnosed("synthetic/ddp_straggler"))["collective_steps"]
     assert view["note"] == "every step of the trace, step 7 drain included (the time breakdown leaves it out)"
+
+
+def _assumptions_undeclared(assumptions, where: str) -> list[str]:
+    """A prediction's or a what-if's assumptions ({key: {value, origin, source}}): each key and the
+    fields of a value that is a mapping (a link's α and β) declared."""
+    out = []
+    for key, item in (assumptions or {}).items():
+        value = item.get("value") if isinstance(item, dict) and "value" in item else item
+        out += _undeclared({key: value}, where)
+    return out
+
+
+def _every_rule_fired():
+    """Each rule's own cases (tests/rule_cases: the traces it fires on, the generated job of a
+    rule no sample shows): every rule fires at least once."""
+    import tempfile
+    from pathlib import Path
+
+    from analyzer.api import DiagnoseOptions, diagnose
+    from analyzer.synth import JobSpec, write_job
+    from rule_cases_lib import load_cases
+    traces = sample_traces()
+    for case in load_cases().values():
+        yield from (diagnosed(t) for t in case["fires_on"] if t in traces)
+        if "generated" in case:
+            spec = case["generated"]
+            with tempfile.TemporaryDirectory() as tmp:
+                out = write_job(JobSpec(name=spec["name"], **spec["spec"]), Path(tmp) / spec["name"])
+                yield diagnose(sorted(str(p) for p in out.glob("rank-*.json.gz")), DiagnoseOptions(workers=1))
+
+
+def test_every_field_any_rule_writes_is_declared():
+    """The views render a field's label and unit from its declaration only (no guess from a key's
+    name: "gradient_bytes" 0.5, a factor, printed "0 B"): every rule fired on its cases writes
+    only declared evidence fields and prediction assumptions, and so do the what-if's
+    assumptions and the hardware section; a new field without a declaration fails here."""
+    from analyzer.base.errors import ConfigError
+    from analyzer.job.result import result_to_dict
+    from analyzer.rules.engine import all_rules
+    from analyzer.rules.evidence_fields import field
+    from analyzer.whatif.projection import Scenario, project
+    fired, missing = set(), set()
+    for result in _every_rule_fired():
+        for f in result.findings:
+            fired.add(f["rule"])
+            evidence = dict(f.get("evidence") or {})
+            prediction = evidence.pop("prediction", None) or {}
+            missing |= {f"{f['rule']}: {k}" for k in _undeclared(evidence, "")}
+            missing |= {f"{f['rule']}: prediction.{k}" for k in
+                        _assumptions_undeclared(prediction.get("assumptions"), "")}
+    assert fired == set(all_rules())
+    for job in ("synthetic/ddp_comm_bound", "synthetic/fsdp1_no_wrap", "cpu_gloo/memory_ddp"):
+        result = diagnosed(job)
+        missing |= {f"hardware: {k}" for k in (result_to_dict(result).get("hardware") or {}) if field(k) is None}
+        for scenario in (Scenario(), Scenario(gpus=16), Scenario(strategy="fsdp-full", fsdp_units=4),
+                         Scenario(bucket_mb=50), Scenario(gpus=16, strong_scaling=True)):
+            try:
+                doc = project(result, scenario).to_dict()
+            except ConfigError:  # a scenario that job does not take (--bucket-mb on FSDP)
+                continue
+            missing |= {f"whatif: {k}" for k in _assumptions_undeclared(doc["assumptions"], "")}
+    assert sorted(missing) == []
+
+
+def test_a_data_key_named_like_a_field_keeps_its_fields_unit():
+    """straggler-rank's lateness against the median rank is keyed by part ("compute", "idle"...):
+    its "compute" part is µs like the others, not the what-if's "compute" (text)."""
+    card = next(c for c in build_view(diagnosed("synthetic/ddp_straggler"))["findings"]["cards"]
+                if c["rule"] == "straggler-rank")
+    causes = next(r for r in card["evidence"] if r["key"] == "cause per late rank")["table"]
+    cell = causes["rows"][0][causes["head"].index("against the median rank")]
+    assert re.search(r"compute: [\d.,]+ ms", cell), cell
