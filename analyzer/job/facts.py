@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from functools import cached_property
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -171,7 +172,7 @@ class JobFacts:
             return None
         return f"needs every member's trace ({len(self.result.ranks)} of {self.world_size} given)"
 
-    def transfer_bound(self, rows: list[dict[str, Any]]) -> tuple[bool, str | None]:
+    def transfer_bound(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, str | None]:
         """(whether the transfer time of these collective rows is bounded, what bounds it or
         why nothing does) on a job whose traces are a subset: a kernel's duration is its
         transfer plus waiting for the members not given, and only the link model (hardware
@@ -214,10 +215,11 @@ class JobFacts:
         chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
         return RowSubset(self._table, chosen)
 
-    def rows_of_kinds(self, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
-        """The rows of these collective kinds, in row order (chosen from the kinds' column)."""
+    def rows_of_kinds(self, kinds: tuple[str, ...]) -> RowSubset:
+        """The rows of these collective kinds, in row order (chosen from the kinds' column; the
+        dicts made as they are read)."""
         view = CollectiveColumns.of(self.result)
-        return self._table.dicts(np.flatnonzero(view.kind.isin(kinds)))
+        return RowSubset(self._table, np.flatnonzero(view.kind.isin(kinds)))
 
     def all_gather_dtypes(self) -> list[Any]:
         """The ``dtype`` of every all-gather row, in row order (read from its column)."""
