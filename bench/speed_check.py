@@ -32,6 +32,7 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+import analyzer.cli  # noqa: E402,F401  (first: the command's settings for numpy, made before numpy is imported)
 from bench_ingest import SOURCE  # noqa: E402
 from bench_scale import make_job  # noqa: E402
 from bench_shapes import BLANKS, heavy_source  # noqa: E402

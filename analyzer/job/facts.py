@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import RowSubset, RowTable
 from analyzer.job.buckets import BucketTable
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
@@ -80,7 +81,7 @@ class JobFacts:
         pair, keys = self._step_pairs
         view = CollectiveColumns.of(self.result)
         rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
-        pairs, first = np.unique(pair[rows], return_index=True)
+        pairs, first = unique_ints(pair[rows], return_index=True)
         groups = self._table.values("group")
         return {keys[p]: groups[row] for p, row in zip(pairs.tolist(), rows[first].tolist())}
 
@@ -362,7 +363,7 @@ class JobFacts:
         if not len(index):
             return False
         rows = index[view.kind.isin(("allreduce", "reduce_scatter"))[index] & view.phase.isin(("backward",))[index]]
-        sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
+        sizes = {code: self.group_size(view.group.names[code]) for code in unique_ints(view.group.codes[rows]).tolist()}
         return any(size >= 2 for size in sizes.values())
 
     def _no_gpu_steps(self) -> str:
