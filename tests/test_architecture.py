@@ -1,6 +1,9 @@
 """The layers show in the folders and data flows one way: no module imports a layer above its
-own, there is no import cycle, and Click is imported only under analyzer/cli/. Imports are read
-from the source (every ``import``, also inside functions), so a lazy import cannot hide a cycle."""
+own, there is no import cycle (``if TYPE_CHECKING:`` imports included: a circle of types is a
+circle the next reader has to untangle), no class name is defined in two modules, the views
+import no analysis, the rules import no facts from the what-if models, and Click is imported
+only under analyzer/cli/. Imports are read from the source (every ``import``, also inside
+functions), so a lazy import cannot hide a cycle."""
 
 from __future__ import annotations
 
@@ -40,9 +43,12 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+def imports_of(module: str, path: Path, known: set[str], typing_too: bool = False) -> set[str]:
+    """The package modules ``module`` imports; ``typing_too``: with those imported for
+    annotations only (under ``if TYPE_CHECKING:``)."""
     out = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in (ast.walk(tree) if typing_too else _runtime_nodes(tree)):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -62,9 +68,9 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return out - {module}
 
 
-def graph() -> dict[str, set[str]]:
+def graph(typing_too: bool = False) -> dict[str, set[str]]:
     mods = modules()
-    return {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+    return {m: imports_of(m, p, set(mods), typing_too) for m, p in mods.items()}
 
 
 def test_every_module_is_in_a_layer():
@@ -74,7 +80,7 @@ def test_every_module_is_in_a_layer():
 
 def test_no_layer_imports_one_above_it():
     bad = []
-    for module, deps in graph().items():
+    for module, deps in graph(typing_too=True).items():
         if module == "analyzer":
             continue
         own = LAYERS.index(layer_of(module))
@@ -83,7 +89,7 @@ def test_no_layer_imports_one_above_it():
 
 
 def test_no_import_cycles():
-    g = graph()
+    g = graph(typing_too=True)
     state: dict[str, int] = {}
     cycles = []
 
@@ -100,6 +106,77 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+def classes_by_name() -> dict[str, list[str]]:
+    """Every class name defined at a module's top level (also under an ``if``/``try``), with
+    the modules that define it."""
+    found: dict[str, list[str]] = {}
+    for module, path in sorted(modules().items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        pending = list(tree.body)
+        while pending:
+            node = pending.pop()
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(module)
+            elif isinstance(node, (ast.If, ast.Try)):
+                pending += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+    return found
+
+
+def test_no_class_name_defined_in_two_modules():
+    """A name means one thing: ``Bucket`` is the job's bucket, not also the schema's document
+    or the generator's layout (those are ``BucketDoc``, ``LayoutBucket``)."""
+    twice = {name: where for name, where in classes_by_name().items() if len(set(where)) > 1}
+    assert not twice, f"class names defined in more than one module: {twice}"
+
+
+# What a view may import: the base helpers, the other views, and the types it renders (the
+# Result and its model, the saved document's schema).
+VIEW_MAY_IMPORT = ("analyzer.base", "analyzer.reports", "analyzer.job.result", "analyzer.job.model",
+                   "analyzer.job.schema")
+# What the views still import from the analyses, each for a word list or a constant it shares
+# with them (the labels the findings use) or, for html.py, the formulas of its α-β scatter and
+# worked examples. A ratchet: an import not listed here fails, and an entry nothing uses any
+# more fails too, so the list only shrinks.
+VIEW_IMPORTS_LEFT = {
+    "analyzer.reports.gate_text": {"analyzer.compare.gate"},  # the GateReport it renders, and its number format
+    "analyzer.reports.hang_text": {"analyzer.hang"},  # the hang report's own label helpers
+    "analyzer.reports.hang_html": {"analyzer.hang"},
+    "analyzer.reports.text": {"analyzer.job.attribution", "analyzer.job.digest", "analyzer.rules.engine",
+                              "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
+    "analyzer.reports.html": {"analyzer.base.config", "analyzer.job.attribution", "analyzer.job.compute",
+                              "analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
+                              "analyzer.rank.workload", "analyzer.rules.engine", "analyzer.rules.gpu_idle_queued",
+                              "analyzer.rules.host"},
+}
+
+
+def test_views_import_no_analysis():
+    g = graph(typing_too=True)
+    analysis = {module: ["not a module any more"] for module in VIEW_IMPORTS_LEFT if module not in g}
+    for module, deps in g.items():
+        if layer_of(module) != "reports":
+            continue
+        other = {d for d in deps if not any(d == a or d.startswith(a + ".") for a in VIEW_MAY_IMPORT)
+                 or d in VIEW_IMPORTS_LEFT.get(module, ())}
+        if other != VIEW_IMPORTS_LEFT.get(module, set()):
+            analysis[module] = sorted(other ^ VIEW_IMPORTS_LEFT.get(module, set()))
+    assert not analysis, ("views importing analysis modules not listed in VIEW_IMPORTS_LEFT (or listed "
+                          f"and no longer imported: remove them from the list): {analysis}")
+
+
+# The gain engines: the what-if projection (``WhatIf``, ``what_if_or_own``) and the replay of
+# the measured job, which the rules run for a fix's gain and the straggler's counterfactuals.
+# A fact a rule reads (the measured DDP and FSDP steps, the typical step, the links) lives in
+# ``analyzer.job``; the rules import nothing else from ``analyzer.whatif``.
+GAIN_ENGINES = {"analyzer.whatif.prediction", "analyzer.whatif.projection", "analyzer.whatif.replay"}
+
+
+def test_rules_import_no_facts_from_whatif():
+    bad = sorted(f"{module} -> {d}" for module, deps in graph(typing_too=True).items() if layer_of(module) == "rules"
+                 for d in deps if layer_of(d) == "whatif" and d not in GAIN_ENGINES)
+    assert not bad, "rules import their facts from analyzer.whatif (they belong in analyzer.job):\n" + "\n".join(bad)
 
 
 def test_click_only_under_cli():
@@ -132,6 +209,36 @@ def test_the_checks_catch_a_planted_violation(tmp_path, monkeypatch):
     g = graph()
     assert g["analyzer.base.a"] == {"analyzer.job.b"} and g["analyzer.job.b"] == {"analyzer.base.a"}
     for check in (test_no_layer_imports_one_above_it, test_no_import_cycles, test_click_only_under_cli):
+        try:
+            check()
+        except AssertionError:
+            continue
+        raise AssertionError(f"{check.__name__} missed the planted violation")
+
+
+def test_the_new_checks_catch_planted_violations(tmp_path, monkeypatch):
+    """A cycle made only of TYPE_CHECKING imports, a class defined twice, a view importing an
+    analysis and a rule importing a whatif fact module are each reported."""
+    fake, rules, views = tmp_path / "analyzer", tmp_path / "rules", tmp_path / "reports"
+    for sub in ("job", "whatif"):
+        (fake / sub).mkdir(parents=True)
+        (fake / sub / "__init__.py").write_text("")
+    for folder in (rules, views):
+        folder.mkdir()
+        (folder / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from analyzer.job.{} import X\n"
+    (fake / "job" / "a.py").write_text(typing_only.format("b") + "class Bucket:\n    pass\n")
+    (fake / "job" / "b.py").write_text(typing_only.format("a") + "class Bucket:\n    pass\n")
+    (fake / "whatif" / "ddp.py").write_text("")
+    (rules / "r.py").write_text("from analyzer.whatif.ddp import ddp_steps\n")
+    (views / "v.py").write_text("from analyzer.job.a import Bucket\n")
+    monkeypatch.setitem(ROOTS, "analyzer", fake)
+    monkeypatch.setitem(ROOTS, "analyzer.rules", rules)
+    monkeypatch.setitem(ROOTS, "analyzer.reports", views)
+    assert graph()["analyzer.job.a"] == set() and graph(typing_too=True)["analyzer.job.a"] == {"analyzer.job.b"}
+    for check in (test_no_import_cycles, test_no_class_name_defined_in_two_modules, test_views_import_no_analysis,
+                  test_rules_import_no_facts_from_whatif):
         try:
             check()
         except AssertionError:

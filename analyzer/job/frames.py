@@ -7,9 +7,9 @@ contract, documented in docs/api.md. pandas is imported only when a table is bui
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from analyzer.job.model import LEAVES
+from analyzer.job.model import LEAVES, JobSections
 from analyzer.rank.analysis import RANK_METRICS, rank_entry
 from analyzer.rank.attribution import IDLE_CAUSES
 from analyzer.rank.timeline import PHASES
@@ -17,7 +17,19 @@ from analyzer.rank.timeline import PHASES
 if TYPE_CHECKING:
     import pandas as pd
 
-    from analyzer.job.result import Result
+
+class TableSections(JobSections, Protocol):
+    """What the tables read of a ``analyzer.job.result.Result`` (typed by shape: result.py
+    imports this module for its ``*_df()`` methods, never the other way round)."""
+
+    @property
+    def memory(self) -> dict[str, Any] | None: ...
+    @property
+    def rows_source(self) -> Any: ...
+    @property
+    def collectives(self) -> Any: ...
+    @property
+    def findings(self) -> list[dict[str, Any]]: ...
 
 RANK_COLUMNS = ("rank", "host", "path", "world_size", "backend", "n_steps", "step_time_us", *RANK_METRICS,
                 "gpu_event_count")
@@ -44,7 +56,7 @@ FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_ga
                    "model", "fix_text", "fix_snippet", "references")
 
 
-def memory_df(result: "Result") -> "pd.DataFrame":
+def memory_df(result: TableSections) -> "pd.DataFrame":
     """One row per rank and step of measured memory (the ``memory`` section; none when the
     traces hold no allocator events)."""
     rows = []
@@ -60,7 +72,7 @@ def memory_df(result: "Result") -> "pd.DataFrame":
     return _frame(rows, MEMORY_COLUMNS)
 
 
-def ranks_df(result: "Result") -> "pd.DataFrame":
+def ranks_df(result: TableSections) -> "pd.DataFrame":
     rows = []
     for r in result.ranks:
         entry = rank_entry(r)
@@ -68,7 +80,7 @@ def ranks_df(result: "Result") -> "pd.DataFrame":
     return _frame(rows, RANK_COLUMNS)
 
 
-def steps_df(result: "Result") -> "pd.DataFrame":
+def steps_df(result: TableSections) -> "pd.DataFrame":
     rows = []
     for r in result.ranks:
         for step in r.steps:
@@ -78,7 +90,7 @@ def steps_df(result: "Result") -> "pd.DataFrame":
     return _frame(rows, STEP_COLUMNS)
 
 
-def breakdown_df(result: "Result") -> "pd.DataFrame":
+def breakdown_df(result: TableSections) -> "pd.DataFrame":
     """One row per rank and step: its role (typical, steady, warm-up, drain, outlier,
     unmeasured), its time and the five leaves that add up to it (analyzer.job.model), the idle by
     what the host was doing and the queued rest (together: the idle leaf), the exposed
@@ -103,7 +115,7 @@ def breakdown_df(result: "Result") -> "pd.DataFrame":
     return _frame(rows, BREAKDOWN_COLUMNS)
 
 
-def collectives_df(result: "Result") -> "pd.DataFrame":
+def collectives_df(result: TableSections) -> "pd.DataFrame":
     if result.rows_source is not None:  # a saved large result: from its rows file, by column
         return result.rows_source.frame(COLLECTIVE_COLUMNS)
     rows = []
@@ -117,7 +129,7 @@ def collectives_df(result: "Result") -> "pd.DataFrame":
     return _frame(rows, COLLECTIVE_COLUMNS)
 
 
-def compute_df(result: "Result") -> "pd.DataFrame":
+def compute_df(result: TableSections) -> "pd.DataFrame":
     """One row per rank × step × distinct (op, shape, dtype) whose FLOPs the recorded shapes
     give: its count, FLOPs, the GPU time of its instances that launched kernels, TFLOP/s and % of
     the peak of its dtype (analyzer.job.compute)."""
@@ -125,11 +137,11 @@ def compute_df(result: "Result") -> "pd.DataFrame":
     return _frame(shape_rows(result), COMPUTE_COLUMNS)
 
 
-def groups_df(result: "Result") -> "pd.DataFrame":
+def groups_df(result: TableSections) -> "pd.DataFrame":
     return _frame(result.groups or [], GROUP_COLUMNS)
 
 
-def findings_df(result: "Result") -> "pd.DataFrame":
+def findings_df(result: TableSections) -> "pd.DataFrame":
     rows = [{**f, "fix_text": (f.get("fix") or {}).get("text"), "fix_snippet": (f.get("fix") or {}).get("snippet")}
             for f in result.findings]
     return _frame(rows, FINDING_COLUMNS)

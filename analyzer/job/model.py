@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
 from analyzer.job.columns import CollectiveColumns
@@ -33,8 +33,31 @@ from analyzer.job.topology import Topology, build_topology
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
-if TYPE_CHECKING:
-    from analyzer.job.result import Result
+
+
+class JobSections(Protocol):
+    """What the model reads of a ``analyzer.job.result.Result``: its sections. Typed by shape,
+    not by importing the Result, which builds its model lazily (``Result.model``): result.py
+    imports this module, never the other way round, so the two form no import circle."""
+
+    @property
+    def job(self) -> dict[str, Any]: ...
+    @property
+    def ranks(self) -> Any: ...
+    @property
+    def attribution(self) -> dict[str, Any] | None: ...
+    @property
+    def mfu(self) -> dict[str, Any] | None: ...
+    @property
+    def stragglers(self) -> dict[str, Any] | None: ...
+    @property
+    def topology(self) -> dict[str, Any] | None: ...
+    @property
+    def hardware(self) -> dict[str, Any] | None: ...
+    @property
+    def groups(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def model(self) -> JobModel: ...
 
 # The five leaves of a step; they add up to its time (analyzer.job.attribution).
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
@@ -291,7 +314,7 @@ class JobModel:
     """The typed facts of one diagnosed job (see the module docstring). Build it with
     ``JobModel.of(result)``: once per Result, after the job analyses."""
 
-    def __init__(self, result: Result):
+    def __init__(self, result: JobSections):
         self._result = result
         job = result.job
         self.world_size: int = int(job.get("world_size") or len(result.ranks) or 1)
@@ -328,7 +351,7 @@ class JobModel:
             self.__dict__.pop(name, None)
 
     @classmethod
-    def of(cls, result: Result) -> JobModel:
+    def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
 
