@@ -267,9 +267,52 @@ class RankFacts:
     comm_us: float
     overlap_us: float
     exposed_comm_us: float
+    busy_us: float = 0.0  # whole trace, as the four above
+    compute_us: float = 0.0
 
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
+
+
+@dataclass(frozen=True)
+class WholeTrace:
+    """The job's figures when it has no typical step (no step breakdown): each rank's whole GPU
+    span, mean over the ranks with GPU activity; the shares are the figures' ratios, as the
+    typical step's (mean exposed / mean span = Σ exposed / Σ span). The one fallback every
+    view and the gate quote (``JobModel.whole_trace``)."""
+
+    ranks: int
+    span_us: float
+    exposed_us: float
+    busy_us: float
+    comm_us: float
+    overlap_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return max(self.span_us - self.busy_us, 0.0)
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.exposed_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.idle_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """Communication hidden under compute over the whole trace (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
+    @classmethod
+    def of(cls, ranks: tuple[RankFacts, ...]) -> WholeTrace | None:
+        active = [r for r in ranks if r.span_us > 0]
+        if not active:
+            return None
+        n = len(active)
+        return cls(n, *(sum(getattr(r, key) for r in active) / n
+                        for key in ("span_us", "exposed_comm_us", "busy_us", "comm_us", "overlap_us")))
 
 
 @dataclass(frozen=True)
@@ -354,6 +397,11 @@ class JobModel:
     def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
+
+    @cached_property
+    def whole_trace(self) -> WholeTrace | None:
+        """The figures without a typical step (``WholeTrace``); None: no rank has GPU activity."""
+        return WholeTrace.of(self.ranks)
 
     # ---------------------------------------------------------------- the typical step's figures
     @property
@@ -533,7 +581,8 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
     return RankFacts(rank.rank, rank.host, rank.path, steps, Leaves.of(tb) if tb else None,
                      Details.of(tb.get("details")) if tb else None, float(metrics.get("span_us") or 0.0),
                      float(metrics.get("comm_us") or 0.0), float(metrics.get("overlap_us") or 0.0),
-                     float(metrics.get("exposed_comm_us") or 0.0))
+                     float(metrics.get("exposed_comm_us") or 0.0), float(metrics.get("busy_us") or 0.0),
+                     float(metrics.get("compute_us") or 0.0))
 
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
