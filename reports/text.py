@@ -10,7 +10,7 @@ from typing import Any
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
-from analyzer.job.model import JobModel, leaf_names
+from analyzer.job.model import JobModel, group_label, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
@@ -433,7 +433,7 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
     groups = doc.get("groups") or []
     if not groups:
         return []
-    names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
+    names = [group_label(g) or f"? ({','.join(g.get('kinds') or [])})" for g in groups]
     name_w, role_w = 20, 12
     lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile; busbw: below):",
              f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "

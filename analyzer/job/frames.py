@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from analyzer.job.model import LEAVES, JobSections
+from analyzer.job.model import LEAVES, JobSections, group_label
 from analyzer.rank.analysis import RANK_METRICS, rank_entry
 from analyzer.rank.attribution import IDLE_CAUSES
 from analyzer.rank.timeline import PHASES
@@ -40,11 +40,11 @@ PHASE_COLUMNS = tuple(f"exposed_{phase}_us" for phase in PHASES)
 STEP_COLUMNS = ("rank", "step", *STEP_METRICS, *PHASE_COLUMNS)
 BREAKDOWN_COLUMNS = ("rank", "step", "role", "step_time_us", *LEAVES, *(f"idle_{c}_us" for c in IDLE_CAUSES),
                      "idle_queued_us", *PHASE_COLUMNS, "waited_for")
-COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_size", "group_description", "seq",
+COLLECTIVE_COLUMNS = ("rank", "step", "phase", "collective", "group", "group_name", "group_size", "group_description", "seq",
                       "comms_id", "dtype", "bytes", "in_nelems", "out_nelems", "size_source", "launch_us",
                       "start_us", "dur_us", "exposed_us", "wait_us", "algbw_gbps", "busbw_gbps", "bound",
                       "on_gpu", "stream", "module", "kernel")
-GROUP_COLUMNS = ("name", "description", "size", "ranks", "nodes", "cross_node", "kinds", "collectives",
+GROUP_COLUMNS = ("group", "name", "description", "size", "ranks", "nodes", "cross_node", "kinds", "collectives",
                  "alpha_us", "beta_gbps", "s_star_bytes", "busbw_gbps", "busbw_basis", "fit_source", "fit")
 COMPUTE_COLUMNS = ("rank", "step", "role", "op", "family", "dtype", "shape", "bucket", "count", "flops_each", "flops",
                    "timed_count", "gpu_us", "tflops_per_s", "pct_of_peak", "note")
@@ -52,6 +52,15 @@ MEMORY_COLUMNS = ("rank", "device", "relative", "device_bytes", "step", "events"
                   "peak_allocated_bytes", "end_allocated_bytes", "peak_reserved_bytes", "reserved_at_peak_bytes",
                   "cached_at_peak_bytes", "headroom_bytes", "allocations", "frees", "segment_grows",
                   "segment_releases", "peak_phase", "peak_offset_us", "peak_op", "peak_fsdp_unit")
+# Columns of whole numbers (ranks, steps, counts, sizes in bytes): pandas' nullable ``Int64``
+# in every table, so a rank stays an integer where some rows have none (numpy would make the
+# column float64, or object when the table is empty).
+INTEGER_COLUMNS = frozenset({
+    "rank", "step", "waited_for", "world_size", "n_steps", "gpu_event_count", "group_size", "seq", "bytes",
+    "in_nelems", "out_nelems", "size", "nodes", "collectives", "count", "timed_count", "device_bytes", "events",
+    "start_allocated_bytes", "peak_allocated_bytes", "end_allocated_bytes", "peak_reserved_bytes",
+    "reserved_at_peak_bytes", "cached_at_peak_bytes", "headroom_bytes", "allocations", "frees", "segment_grows",
+    "segment_releases"})
 FINDING_COLUMNS = ("rule", "code", "severity", "title", "summary", "estimated_gain_us", "ranks", "steps",
                    "model", "fix_text", "fix_snippet", "references")
 
@@ -116,14 +125,21 @@ def breakdown_df(result: TableSections) -> "pd.DataFrame":
 
 
 def collectives_df(result: TableSections) -> "pd.DataFrame":
+    """One row per collective on a rank; ``group`` is the group as every view names it
+    (analyzer.job.model.group_label: its description, else its name), ``group_name`` the
+    process group's own name."""
     if result.rows_source is not None:  # a saved large result: from its rows file, by column
-        return result.rows_source.frame(COLLECTIVE_COLUMNS)
+        df = result.rows_source.frame(COLLECTIVE_COLUMNS)  # its ``group``: the group's name
+        named = df["group_description"].where(df["group_description"].notna() & (df["group_description"] != ""))
+        df["group_name"] = df["group"]
+        df["group"] = named.fillna(df["group_name"]).where(df["group_name"].notna() | named.notna(), None)
+        return _typed(df)
     rows = []
     for c in result.collectives:
         group = c.get("group")
         # a row's group is {name, size, description, ranks}; the member list stays in groups_df
         if isinstance(group, dict):
-            c = {**c, "group": group.get("name"), "group_size": group.get("size"),
+            c = {**c, "group": group_label(group), "group_name": group.get("name"), "group_size": group.get("size"),
                  "group_description": group.get("description")}
         rows.append(c)
     return _frame(rows, COLLECTIVE_COLUMNS)
@@ -138,7 +154,8 @@ def compute_df(result: TableSections) -> "pd.DataFrame":
 
 
 def groups_df(result: TableSections) -> "pd.DataFrame":
-    return _frame(result.groups or [], GROUP_COLUMNS)
+    """One row per process group; ``group`` is its name as every view writes it."""
+    return _frame(({**g, "group": group_label(g)} for g in result.groups or []), GROUP_COLUMNS)
 
 
 def findings_df(result: TableSections) -> "pd.DataFrame":
@@ -150,4 +167,17 @@ def findings_df(result: TableSections) -> "pd.DataFrame":
 def _frame(rows: Iterable[dict[str, Any]], columns: tuple[str, ...]) -> "pd.DataFrame":
     """Exactly ``columns``, in that order (a key a row lacks is None), even with no rows."""
     import pandas as pd
-    return pd.DataFrame([{col: row.get(col) for col in columns} for row in rows], columns=list(columns))
+    return _typed(pd.DataFrame([{col: row.get(col) for col in columns} for row in rows], columns=list(columns)))
+
+
+def _typed(df: "pd.DataFrame") -> "pd.DataFrame":
+    """The integer columns as ``Int64`` (those whose values are all whole numbers or missing)."""
+    import pandas as pd
+    for col in INTEGER_COLUMNS.intersection(df.columns):
+        kind = pd.api.types.infer_dtype(df[col], skipna=True)
+        if kind in ("floating", "mixed-integer-float"):  # a None made numpy's column float
+            values = pd.to_numeric(df[col].dropna())
+            kind = "integer" if bool((values % 1 == 0).all()) else kind
+        if kind in ("integer", "empty"):
+            df[col] = df[col].astype("Int64")
+    return df

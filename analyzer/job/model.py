@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import Any, Iterator, Mapping, Protocol
 
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
-from analyzer.job.columns import CollectiveColumns
+from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
@@ -546,15 +546,6 @@ class JobModel:
 def leaf_names(leaves: Any) -> list[str]:
     """The names of the leaves a finding recovers (``recovers``'s keys), in the step's order."""
     return [LEAF_NAMES[leaf] for leaf in LEAVES if leaf in (leaves or {})]
-
-
-def group_label(group: Mapping[str, Any] | None) -> str | None:
-    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
-    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
 
 
 def _typical(section: Mapping[str, Any] | None) -> TypicalStep | None:
