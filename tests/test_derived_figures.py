@@ -58,3 +58,25 @@ def test_text_html_and_gate_quote_the_one_whole_trace_share(untyped):
 def test_no_gpu_activity_has_no_whole_trace_figures():
     assert WholeTrace.of(()) is None
     assert diagnosed("cpu_gloo/ddp").model.whole_trace is None
+
+
+@pytest.mark.parametrize("job", ["synthetic/ddp_bucket_oversized", "synthetic/fsdp2_tp_2d", "cpu_gloo/compute"])
+def test_the_model_read_during_the_analysis_is_the_finished_jobs(job):
+    """The job analysis builds the model once, with no reset: every figure it cached while the
+    sections were being written equals a model built afresh from the finished result."""
+    from analyzer.job.model import JobModel
+
+    result = diagnosed(job)
+    fresh = JobModel(result)
+    used = result.model
+    assert used.typical == fresh.typical and used.ranks == fresh.ranks
+    assert used.group_busbw == fresh.group_busbw and used.compute == fresh.compute
+    assert used.groups == fresh.groups and used.whole_trace == fresh.whole_trace
+
+
+def test_the_job_analysis_runs_once_on_a_fresh_result(untyped):
+    from analyzer.job.analysis import analyze_job
+
+    untyped.model  # a model read before the analysis would hold figures of an unanalysed job
+    with pytest.raises(ValueError, match="runs once"):
+        analyze_job(untyped, None)

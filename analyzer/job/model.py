@@ -387,12 +387,6 @@ class JobModel:
     def lateness(self) -> tuple[RankLateness, ...]:
         return _lateness(self._result.stragglers)
 
-    def forget(self, *names: str) -> None:
-        """Read these figures again from the Result on their next use (the job analysis sets a
-        section some of them read after they were first read)."""
-        for name in names:
-            self.__dict__.pop(name, None)
-
     @classmethod
     def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
