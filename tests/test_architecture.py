@@ -145,7 +145,7 @@ VIEW_IMPORTS_LEFT = {
     "analyzer.reports.hang_html": {"analyzer.hang"},
     "analyzer.reports.text": {"analyzer.job.attribution", "analyzer.job.digest", "analyzer.rules.engine",
                               "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
-    "analyzer.reports.html": {"analyzer.base.config", "analyzer.job.attribution", "analyzer.job.compute",
+    "analyzer.reports.html": {"analyzer.job.attribution", "analyzer.job.compute",
                               "analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
                               "analyzer.rank.workload", "analyzer.rules.engine", "analyzer.rules.gpu_idle_queued",
                               "analyzer.rules.host"},
@@ -244,3 +244,64 @@ def test_the_new_checks_catch_planted_violations(tmp_path, monkeypatch):
         except AssertionError:
             continue
         raise AssertionError(f"{check.__name__} missed the planted violation")
+
+
+# ---------------------------------------------------------------- docs/architecture.md
+DOC = REPO / "docs" / "architecture.md"
+BEGIN, END = "<!-- modules: begin (generated: python tests/test_architecture.py) -->", "<!-- modules: end -->"
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("analyzer.") if module != "analyzer" else "analyzer"
+
+
+def _summary(path: Path) -> str:
+    """The first sentence of a module's docstring, on one line (``|`` escaped for the table)."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    text = " ".join(doc.split()) or ("(the package)" if path.name == "__init__.py" else "(no docstring)")
+    cut = next((i + 1 for i, c in enumerate(text) if c == "." and (i + 1 == len(text) or text[i + 1] == " ")), len(text))
+    text = text[:cut]
+    return (text if len(text) <= 160 else text[:157].rstrip() + "…").replace("|", "\\|")
+
+
+def module_table() -> str:
+    """Every module of the package by layer, what it holds and the modules it imports (every
+    import, those for annotations only and inside functions included), from the code."""
+    mods, g = modules(), graph(typing_too=True)
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    lines = []
+    for layer in sorted({layer_of(m) or "" for m in mods}, key=lambda x: order.get(x, -1)):
+        members = sorted(m for m in mods if (layer_of(m) or "") == layer)
+        lines += ["", f"### {layer or 'analyzer'}", "", "| module | holds | imports |", "|---|---|---|"]
+        for m in members:
+            deps = ", ".join(f"`{_short(d)}`" for d in sorted(g[m])) or "–"
+            lines.append(f"| `{_short(m)}` | {_summary(mods[m])} | {deps} |")
+    return "\n".join([BEGIN, *lines, "", END])
+
+
+def _doc_block() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    start, end = text.find(BEGIN), text.find(END)
+    assert start >= 0 and end > start, f"{DOC} lacks its generated module list (markers {BEGIN!r} … {END!r})"
+    return text[start:end + len(END)]
+
+
+def test_the_architecture_doc_lists_every_module_and_import():
+    """docs/architecture.md's module list is the code's: every module and every import arrow.
+    After adding a module or an import: ``python tests/test_architecture.py`` rewrites it."""
+    block = _doc_block()
+    missing = sorted(_short(m) for m in modules() if f"| `{_short(m)}` |" not in block)
+    assert not missing, f"modules missing from docs/architecture.md: {missing} (run python tests/test_architecture.py)"
+    assert block == module_table(), ("docs/architecture.md's module list differs from the code's imports: "
+                                     "run python tests/test_architecture.py to rewrite it")
+
+
+if __name__ == "__main__":
+    text = DOC.read_text(encoding="utf-8")
+    start, end = text.find(BEGIN), text.find(END)
+    new = module_table()
+    text = text[:start] + new + text[end + len(END):] if start >= 0 and end > start else text.rstrip("\n") + "\n\n" + new + "\n"
+    tmp = DOC.with_suffix(".md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(DOC)  # atomically: a reader never sees half a doc
+    print(f"wrote {DOC}")

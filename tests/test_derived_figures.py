@@ -77,6 +77,6 @@ def test_the_model_read_during_the_analysis_is_the_finished_jobs(job):
 def test_the_job_analysis_runs_once_on_a_fresh_result(untyped):
     from analyzer.job.analysis import analyze_job
 
-    untyped.model  # a model read before the analysis would hold figures of an unanalysed job
+    assert untyped.model.typical is None  # a model read before the analysis: figures of an unanalysed job
     with pytest.raises(ValueError, match="runs once"):
         analyze_job(untyped, None)
