@@ -124,11 +124,24 @@ def classes_by_name() -> dict[str, list[str]]:
     return found
 
 
+# Left for now, each with why: a ratchet (an entry no longer defined twice fails too).
+DEFINED_TWICE_FOR_NOW = {
+    # rules.engine.Fix (a finding's fix) and whatif.replay.Fix (a counterfactual's cuts): the
+    # replay's is being reworked on the replay-engine branch (issue 38), whose new code names
+    # it; it becomes ``ReplayFix`` once that lands rather than collide with it.
+    "Fix": {"analyzer.rules.engine", "analyzer.whatif.replay"},
+}
+
+
 def test_no_class_name_defined_in_two_modules():
     """A name means one thing: ``Bucket`` is the job's bucket, not also the schema's document
     or the generator's layout (those are ``BucketDoc``, ``LayoutBucket``)."""
-    twice = {name: where for name, where in classes_by_name().items() if len(set(where)) > 1}
+    found = classes_by_name()
+    twice = {name: sorted(set(where)) for name, where in found.items()
+             if len(set(where)) > 1 and set(where) != DEFINED_TWICE_FOR_NOW.get(name)}
+    stale = sorted(name for name, where in DEFINED_TWICE_FOR_NOW.items() if set(found.get(name, ())) != where)
     assert not twice, f"class names defined in more than one module: {twice}"
+    assert not stale, f"no longer defined twice as DEFINED_TWICE_FOR_NOW says (remove them): {stale}"
 
 
 # What a view may import: the base helpers, the other views, and the types it renders (the
@@ -170,7 +183,8 @@ def test_views_import_no_analysis():
 # the measured job, which the rules run for a fix's gain and the straggler's counterfactuals.
 # A fact a rule reads (the measured DDP and FSDP steps, the typical step, the links) lives in
 # ``analyzer.job``; the rules import nothing else from ``analyzer.whatif``.
-GAIN_ENGINES = {"analyzer.whatif.prediction", "analyzer.whatif.projection", "analyzer.whatif.replay"}
+GAIN_ENGINES = {"analyzer.whatif.prediction", "analyzer.whatif.projection", "analyzer.whatif.replay",
+                "analyzer.whatif.counterfactual"}  # the last: the replay's fixes (issue 38's branch)
 
 
 def test_rules_import_no_facts_from_whatif():
