@@ -329,7 +329,9 @@ def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:
     rank of ``run`` does not hold (every rank: the traces do not have it)."""
     if not steps:
         return {}
-    held = {r.rank: {s.step for s in r.steps} for r in run.model.ranks}
+    # the ranks' own steps, not the job model: diagnose asks before the job analysis, and the
+    # model is built once, after it
+    held = {r.rank: {s.get("step") for s in r.steps} for r in run.ranks}
     missing = {int(step): sorted(rank for rank, have in held.items() if step not in have) for step in steps}
     return {step: ranks for step, ranks in missing.items() if ranks}
 
@@ -337,7 +339,7 @@ def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:
 def selected_nothing(run: Any, steps: Any) -> bool:
     """Whether ``--steps`` selected no step at all: none of the requested steps is in any rank."""
     missing = requested_steps_missing(run, steps)
-    ranks = len(run.model.ranks)
+    ranks = len(run.ranks)
     return bool(steps) and len(missing) == len(set(steps)) and all(len(r) == ranks for r in missing.values())
 
 

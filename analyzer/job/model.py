@@ -30,6 +30,7 @@ from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
 from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
+from analyzer.job.typical import DRAIN, OUTLIER, STEADY, TYPICAL, UNMEASURED, WARM_UP  # noqa: F401  (re-exported)
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
@@ -66,8 +67,8 @@ LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for
 # The leaves where the GPU does no useful work: what findings can give back.
 LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
 
-# A step's role in the job (analyzer.job.attribution.steady_steps).
-TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED = "typical", "steady", "warm-up", "drain", "outlier", "unmeasured"
+# A step's role in the job: TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED (chosen in
+# analyzer.job.typical, imported above).
 STEP_ROLES = (TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED)
 # A rank last at this share of the matched collectives or more is consistently last.
 CONSISTENTLY_LAST = 0.5
