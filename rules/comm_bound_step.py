@@ -6,8 +6,8 @@ import statistics
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
-from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
-from analyzer.whatif.fsdp import layer_count, parameter_count
+from analyzer.job.ddp import backward_transfer_us, ddp_steps, representative
+from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
 from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns

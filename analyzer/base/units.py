@@ -8,16 +8,9 @@ import json
 import math
 from typing import Any
 
+from analyzer.base.numbers import is_finite_number as _number
+
 MISSING = "–"
-
-
-def _number(value: Any) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond every float: no quantity a trace can have
-        return False
 
 
 def fmt_us(value: Any) -> str:
