@@ -10,7 +10,7 @@ import pytest
 from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.base.rowtable import Numbers
 from analyzer.job.facts import JobFacts
-from analyzer.whatif import ddp
+from analyzer.job import ddp
 from conftest import SAMPLES
 
 JOBS = ["ddp_bucket_oversized", "ddp_straggler", "ddp_2node_16r_healthy"]
