@@ -4,6 +4,7 @@
     python bench/bench_targets.py                # full size (HTA takes minutes)
     python bench/bench_targets.py --repeat 3 --no-hta
     python bench/bench_targets.py --no-reduce
+    python bench/bench_targets.py --stages    # each shape's CPU by stage, in-process (the profile)
 
 Shapes (files made once under --dir, never in the repository):
 - light: bench_shapes.py's 8 x 50 MB few-collectives job (the real HTA DDP rank, tiled);
@@ -35,6 +36,48 @@ sys.path.insert(0, str(HERE.parent))
 from bench_ingest import BARE_DECODE, HTA_LOAD, SOURCE  # noqa: E402  (the floor and HTA's load)
 from bench_scale import make_job  # noqa: E402
 from bench_shapes import BLANKS, HTA_JOB, diagnose, heavy_source, large_rank, timed  # noqa: E402
+
+# One shape's `diagnose --format json` by stage, in a fresh process with one worker (so that
+# process_time is all of it), CPU seconds: imports, the per-rank map (decode, columns, per-rank
+# analysis), combine, job analysis, rules, the report sections (step timeline, scaling what-if)
+# and the JSON; the bare decode of the same files first, in the same process, for the ratio.
+STAGES = """
+import sys, time
+import analyzer.cli
+from pathlib import Path
+t0 = time.process_time()
+from analyzer.api import DiagnoseOptions, add_report_sections, analyze_files, check_selection
+from analyzer.base.gc_pause import paused_gc
+from analyzer.ingest.files import discover_trace_files, read_trace_bytes
+from analyzer.ingest.schema import TRACE_DECODER
+from analyzer.job.analysis import analyze_job
+from analyzer.job.reduce import build_result
+from analyzer.rules.engine import run_rules
+marks = [("imports", time.process_time())]
+files = discover_trace_files([sys.argv[1]])
+for f in files:
+    TRACE_DECODER.decode(read_trace_bytes(f))
+floor = time.process_time() - marks[-1][1]
+marks.append(("floor", time.process_time()))
+options = DiagnoseOptions(workers=1)
+ranks = analyze_files(files, options, keep_kernels=True)
+marks.append(("map", time.process_time()))
+with paused_gc():
+    result = build_result(ranks, options)
+    marks.append(("combine", time.process_time()))
+    analyze_job(result, options)
+    marks.append(("job analysis", time.process_time()))
+    run_rules(result, None)
+    marks.append(("rules", time.process_time()))
+    add_report_sections(result, options)
+    marks.append(("report sections", time.process_time()))
+    for _ in result.json_chunks():
+        pass
+    marks.append(("JSON", time.process_time()))
+times = {name: b - a for (_, a), (name, b) in zip([("start", t0)] + marks, marks)}
+times.pop("floor")
+print(" ".join(f"{name.replace(' ', '_')}={value:.3f}" for name, value in times.items()), f"floor={floor:.3f}")
+"""
 
 TARGETS = {"light": 0.9, "one rank": 1.2, "heavy": 1.5}  # CPU against the floor (issue 42)
 HTA_TARGET = 10.0
@@ -77,11 +120,28 @@ def reduce_figures(ranks: int, collectives: int) -> dict[str, float]:
     return {"wall_s": float(total[1]), "cpu_s": float(total[2]), "peak_mb": float(peak[1].replace(",", ""))}
 
 
+def stages(jobs: dict[str, tuple[list[Path], str]], repeat: int) -> None:
+    """Each shape's CPU by stage (STAGES), the run with the least total of ``repeat``."""
+    print(f"\nCPU by stage, in-process, one worker (best of {repeat}); the map includes decode, columns, analysis")
+    for shape, (_, target) in jobs.items():
+        runs = []
+        for _ in range(repeat):
+            out = subprocess.run([sys.executable, "-c", STAGES, target], check=True, capture_output=True, text=True,
+                                 cwd=HERE.parent).stdout.split()
+            runs.append({k: float(v) for k, v in (item.split("=") for item in out)})
+        row = min(runs, key=lambda r: sum(r.values()) - r["floor"])
+        total = sum(row.values()) - row["floor"] - row["imports"]
+        print(f"  {shape:<9} " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in row.items() if k != "floor")
+              + f"; total after imports {total:.2f} s against the bare decode's {row['floor']:.2f} s"
+              f" ({total / row['floor']:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3, help="median of N for tracecliff and the floor")
     parser.add_argument("--no-hta", action="store_true")
     parser.add_argument("--no-reduce", action="store_true")
+    parser.add_argument("--stages", action="store_true", help="only each shape's CPU by stage, in-process")
     parser.add_argument("--rank-mb", type=float, default=50.0, help="each job rank's JSON size")
     parser.add_argument("--one-mb", type=float, default=118.0, help="the one rank's JSON size")
     parser.add_argument("--ranks", type=int, default=1024, help="the reduce's ranks")
@@ -93,6 +153,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     jobs = shapes(work, args.rank_mb, args.one_mb)
     timed(diagnose(jobs["light"][1], workers="1"))  # warm-up: the bytecode cache
+    if args.stages:
+        stages(jobs, args.repeat)
+        return
     with open("/proc/loadavg") as handle:
         print(f"{os.cpu_count()} CPUs, load average {handle.read().split()[0]}; median of {args.repeat}")
     rows: dict[str, dict[str, dict[str, float]]] = {}
