@@ -21,12 +21,10 @@ from markupsafe import Markup
 
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
-from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
+from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
 from analyzer.base.numbers import finite
-from analyzer.job.attribution import wait_words
-from analyzer.job.compute import shape_text
 from analyzer.job.digest import SIZE_EDGES
-from analyzer.job.model import JobModel, leaf_names
+from analyzer.job.model import JobModel, leaf_names, wait_words
 from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.reports import evidence as structured

@@ -8,9 +8,8 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
-from analyzer.job.model import JobModel, group_label, leaf_names
+from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view

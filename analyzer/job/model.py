@@ -66,6 +66,18 @@ LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for
               "exposed_transfer_us": "exposed transfer", "other_gpu_us": "other GPU work", "idle_us": "GPU idle"}
 # The leaves where the GPU does no useful work: what findings can give back.
 LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
+# The ``wait_by_peer`` key of waiting estimated from the α-β model (analyzer.job.attribution).
+ESTIMATED_PEER = "estimated (α-β)"
+
+
+def wait_words(source: str | None) -> str:
+    """What the waiting leaf holds, in words, by the typical step's ``wait_source``: with
+    members' traces missing, the time beyond the link model's transfer is waiting or contention
+    (a link slower than the model's), not only late peers."""
+    text = str(source or "")
+    if text.startswith("estimated") and "ranks' traces given" in text:
+        return "waiting or contention beyond the link model's transfer"
+    return "waiting for late peers"
 
 # A step's role in the job: TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED (chosen in
 # analyzer.job.typical, imported above).
