@@ -526,6 +526,15 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             "why_no_fits": "" if fits else "α/β fits per group are not in this document (job analyses did not run)"}
 
 
+def _collective_steps(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
+    """The collectives' totals cover every step of the trace: which steps the time breakdown
+    leaves out, said beside them."""
+    excluded = ", ".join(f"step {e.step} {e.role}" for e in model.typical.excluded) if model.typical else ""
+    them = "them" if "," in excluded else "it"
+    return {"available": True, "note": "every step of the trace" + (
+        f", {excluded} included (the time breakdown leaves {them} out)" if excluded else "")}
+
+
 def _natural(name: str) -> tuple[int, Any]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
@@ -812,5 +821,6 @@ def _memory_chart(rank: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
 
 SECTIONS: tuple[tuple[str, Builder], ...] = (
     ("compute", _compute), ("memory", _memory), ("bars", _rank_bars), ("timeline", _timeline), ("findings", _findings), ("collectives", _collectives),
+    ("collective_steps", _collective_steps),
     ("scaling", _scaling), ("appendix", _appendix), ("deep_dive", _deep_dive),
 )

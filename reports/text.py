@@ -27,7 +27,10 @@ _FIGURE_UNIT = re.compile(r"(?<=\d) (?=(?:µs|ms|s|MB|KB|GB|TB|GB/s|TFLOP/s|[kMG
 
 
 def _wrap(text: str, width: int = WIDTH, **options: Any) -> list[str]:
-    """``textwrap.wrap`` that never breaks a line between a figure and its unit."""
+    """``textwrap.wrap`` that never breaks a line between a figure and its unit, nor inside a
+    word (a file path stays whole, on a line of its own when longer than the page)."""
+    options.setdefault("break_long_words", False)
+    options.setdefault("break_on_hyphens", False)
     if _GLUE in text:  # the trace itself holds the character: wrap as it is
         return textwrap.wrap(text, width, **options)
     glued = _FIGURE_UNIT.sub(_GLUE, text)
@@ -57,7 +60,8 @@ class TextRenderer:
         lines += _compute(doc, model)
         lines += _memory(doc)
         lines += _rank_table(doc, model)
-        lines += _top_collectives(doc, model.digest)
+        excluded = {e.step: e.role for e in model.typical.excluded} if model.typical else {}
+        lines += _top_collectives(doc, model.digest, excluded)
         lines += _groups(doc, model)
         lines += _stragglers(doc)
         lines += _warnings(doc)
@@ -352,8 +356,8 @@ def _tree(model: JobModel) -> list[str]:
             ("└─ ", "GPU idle", leaves.idle_us, "")]
     for prefix, name, value, note in rows:
         lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
-        if name == "transfer":
-            lines += [f"  │        {text}" for text in splits]
+        if name == "exposed communication":  # the splits divide all of it, waiting and transfer alike
+            lines += [f"  │     {text}" for text in splits]
     wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
     own = sorted(((k, v) for k, v in d.idle_unknown_by_phase.items() if v), key=lambda kv: (-kv[1], kv[0]))
     where = f" (in {', '.join(f'{k} {fmt_us(v)}' for k, v in own)})" if own else ""
@@ -375,7 +379,17 @@ def _tree(model: JobModel) -> list[str]:
     return lines + [""]
 
 
-def _top_collectives(doc: dict[str, Any], digest: dict[str, Any]) -> list[str]:
+def _steps_label(rows: list[dict[str, Any]], excluded: dict[int, str]) -> str:
+    """The list ranks every step of the trace: where it shows a step the breakdown above leaves
+    out (warm-up, drain, outlier), it says so, so the two are not read as the same steps."""
+    shown = sorted({c["step"] for c in rows if c.get("step") in excluded})
+    if not shown:
+        return ""
+    names = ", ".join(f"step {step} {excluded[step]}" for step in shown)
+    return f", every step of the trace ({names} included, which the breakdown leaves out)"
+
+
+def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict[int, str] | None = None) -> list[str]:
     """The most exposed GPU collectives and the host-side ones, from the digest of every row
     (analyzer.job.digest: a saved large result has only its most exposed rows in the document)."""
     top = digest["top_exposed"]
@@ -386,7 +400,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any]) -> list[str]:
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time:",
+    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))

@@ -39,6 +39,7 @@ Exit codes: 0 pass (warnings allowed), 1 an error-level assertion or a baseline 
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal, Union
 
@@ -126,6 +127,20 @@ class GateThreshold:
     spread_of: str | None  # "baseline" | "new run": whose σ it is (the larger known)
 
     @property
+    def short(self) -> str:
+        """The threshold and the term that set it, for a table cell ("2.00 pp floor"): the
+        noise's basis and the unknown noise are said once, under the table (``note``)."""
+        return f"{_change_text(self.value, self.unit)} {self.basis}"
+
+    @property
+    def note(self) -> str:
+        """What the noise term rests on: unknown (too few steady steps), or σ from which run."""
+        if self.sigma is None:
+            return f"noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
+        return (f"noise: σ {self.sigma:.3g} from the {self.spread_of}'s {self.changes} step-to-step change(s) "
+                f"over {self.steps} steady steps")
+
+    @property
     def text(self) -> str:
         amount = _change_text(self.value, self.unit)
         unknown = (f"; noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
@@ -161,6 +176,10 @@ class GateReport:
     # What diagnose says of the inputs (a field it could not use, ranks missing...): a gate
     # never passes in silence over a run it read only in part.
     warnings: list[str] = field(default_factory=list)
+    # Against a baseline: the findings that appeared or grew since it (analyzer.compare.diff.
+    # grown_findings), and the command that shows the whole difference.
+    findings_since: list[dict[str, Any]] | None = None
+    diff_command: str | None = None
 
     @property
     def failed(self) -> list[Check]:
@@ -176,7 +195,8 @@ class GateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
+                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings,
+                "findings_since_baseline": self.findings_since, "diff_command": self.diff_command}
 
 
 # ---------------------------------------------------------------- configuration
@@ -327,9 +347,10 @@ def registered_rule_names() -> list[str]:
 
 
 def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label: str | None = None,
-             steps: Any = None) -> GateReport:
+             steps: Any = None, run_label: str | None = None) -> GateReport:
     """Check a run (a Result) against ``config`` and ``baseline`` (a Result); ``steps``: the
-    ProfilerStep numbers the run was asked for (``--steps``), which must all be in it."""
+    ProfilerStep numbers the run was asked for (``--steps``), which must all be in it;
+    ``run_label``: the run's paths as given, for the ``tracecliff diff`` command it prints."""
     who = "the new run" if baseline is not None else "the run"
     metrics = run_metrics(run)
     checks = run_checks(run, steps, who)
@@ -340,7 +361,12 @@ def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label:
         checks.extend(compared)
     warnings = list(run.warnings or [])
     warnings += [f"baseline: {w}" for w in (baseline.warnings if baseline is not None else [])]
-    return GateReport(checks, baseline_label, warnings)
+    if baseline is None:
+        return GateReport(checks, baseline_label, warnings)
+    from analyzer.compare.diff import grown_findings
+    command = shlex.join(["tracecliff", "diff", baseline_label or "BASELINE", *(shlex.split(run_label) if run_label
+                                                                                  else ["RUN"])])
+    return GateReport(checks, baseline_label, warnings, grown_findings(baseline, run), command)
 
 
 def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:
@@ -435,7 +461,8 @@ def _check_rule(run: Any, assertion: Assertion) -> Check:
         floor = SEVERITY_ORDER[assertion.severity]  # this severity or worse
         hits = [f for f in hits if SEVERITY_ORDER.get(f.get("severity"), len(SEVERITIES)) <= floor]
     failed = len(hits) > (assertion.max or 0)
-    summary = "; ".join(str(f.get("summary") or f.get("title") or "") for f in hits[:3])
+    # the findings' titles: their full sentences are diagnose's (a gate row must stay readable)
+    summary = "; ".join(dict.fromkeys(str(f.get("title") or f.get("summary") or "") for f in hits))
     message = f"{len(hits)} finding(s)" + (f": {summary}" if summary else "")
     if status.get("status") == "not_applicable":
         message += f" (not applicable: {status.get('reason')})"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Mapping, Protocol
 
+from analyzer.base.units import fmt_us
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
 from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
 from analyzer.job.compute import JobCompute
@@ -529,7 +530,7 @@ class JobModel:
             share = late.times_last / matched if matched else 0.0
             if share >= CONSISTENTLY_LAST:
                 out[late.rank] = (f"last to arrive at {100 * share:.0f}% of matched collectives, causing "
-                                  f"{late.wait_caused_us:,.0f} µs of waiting on the others in all")
+                                  f"{fmt_us(late.wait_caused_us)} of waiting on the others in all")
         return dict(sorted(out.items()))
 
     def caused_waiting_us(self, rank: int) -> float:
