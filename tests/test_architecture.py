@@ -145,7 +145,8 @@ def test_no_class_name_defined_in_two_modules():
 
 
 # What a view may import: the base helpers, the other views, and the types it renders (the
-# Result and its model, the saved document's schema, the declared fields of a finding's evidence).
+# Result and its model, the saved document's schema, the declared label and unit of every
+# evidence field: the evidence's type, which the renderer reads rather than guess from a key).
 VIEW_MAY_IMPORT = ("analyzer.base", "analyzer.reports", "analyzer.job.result", "analyzer.job.model",
                    "analyzer.job.schema", "analyzer.rules.evidence_fields")
 # What the views still import from the analyses, each for a word list or a constant it shares
@@ -156,9 +157,10 @@ VIEW_IMPORTS_LEFT = {
     "analyzer.reports.gate_text": {"analyzer.compare.gate"},  # the GateReport it renders, and its number format
     "analyzer.reports.hang_text": {"analyzer.hang"},  # the hang report's own label helpers
     "analyzer.reports.hang_html": {"analyzer.hang"},
-    "analyzer.reports.text": {"analyzer.job.digest", "analyzer.rules.engine", "analyzer.rules.gpu_idle_queued",
-                              "analyzer.rules.host"},
-    "analyzer.reports.html": {"analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
+    "analyzer.reports.text": {"analyzer.job.attribution", "analyzer.job.digest", "analyzer.rules.engine",
+                              "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
+    "analyzer.reports.html": {"analyzer.job.attribution", "analyzer.job.compute",
+                              "analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
                               "analyzer.rank.workload", "analyzer.rules.engine", "analyzer.rules.gpu_idle_queued",
                               "analyzer.rules.host"},
 }
