@@ -26,7 +26,6 @@ from analyzer.base.numbers import finite
 from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names, wait_words
 from analyzer.job.step_timeline import straggler_ranks, unavailable
-from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
@@ -149,7 +148,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         "available": True,
         "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc, model),
         "verdict_from_rules": bool(_verdict_text(doc.get("verdict"))),
-        "facts": _facts(doc, job, ranks, step_numbers),
+        "facts": _facts(doc, job, ranks, step_numbers, model),
         "headline": headline,
         "hardware": _hardware_rows(doc.get("hardware")),
         "warnings": [str(w) for w in doc.get("warnings") or []][:50],
@@ -202,7 +201,7 @@ def _fallback_verdict(doc: dict[str, Any], model: JobModel) -> str:
     return "No diagnosis rules ran on this report; no GPU activity in the traces."
 
 
-def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
+def _facts(doc, job, ranks, step_numbers, model: JobModel) -> list[dict[str, str]]:
     hosts = job.get("hosts") or (doc.get("topology") or {}).get("hosts") or []
     world = job.get("world_size")
     given = job.get("ranks_given", len(ranks))
@@ -210,7 +209,7 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
                                           if hosts else "") if hosts else "unknown (no host names)"),
              ("GPU", _gpu_text(doc, job)),
-             ("workload", WORKLOAD_TEXT.get(job.get("workload"), "unknown (the trace cannot tell)")),
+             ("workload", model.workload_text),
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),

@@ -8,7 +8,6 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.digest import TOP_ROWS
 from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.evidence import withheld_fixes
@@ -400,7 +399,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
+    lines = [f"Top {len(rows)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))

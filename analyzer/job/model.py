@@ -32,6 +32,7 @@ from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
 from analyzer.job.typical import DRAIN, OUTLIER, STEADY, TYPICAL, UNMEASURED, WARM_UP  # noqa: F401  (re-exported)
+from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
@@ -405,6 +406,11 @@ class JobModel:
     def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
+
+    @property
+    def workload_text(self) -> str:
+        """The workload in words, with what tells it (analyzer.rank.workload)."""
+        return WORKLOAD_TEXT.get(self.workload or "", "unknown (the trace cannot tell)")
 
     @cached_property
     def whole_trace(self) -> WholeTrace | None:
