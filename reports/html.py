@@ -29,8 +29,7 @@ from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
-from analyzer.job.result import _clean, result_to_dict
-from analyzer.rules.engine import STATUS_WORDS
+from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 

@@ -9,10 +9,9 @@ from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
-from analyzer.job.result import result_to_dict
+from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
-from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 

@@ -55,12 +55,6 @@ MIN_GAIN_FRACTION = Threshold(0.02, "smallest modelled saving, as a fraction of 
                               "worth a finding", 0.0, 1.0)
 
 
-# How a rule ended, in words (the views say it so): it found a problem; it checked and found
-# nothing; its subject is absent from the job; the traces cannot show it; it was switched off.
-STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not applicable",
-                "not_evaluated": "could not check", "disabled": "disabled"}
-
-
 @dataclass(frozen=True)
 class Fix:
     """One fix a finding suggests, and what must be true of the job for it to apply: the names

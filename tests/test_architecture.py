@@ -157,9 +157,9 @@ VIEW_IMPORTS_LEFT = {
     "analyzer.reports.gate_text": {"analyzer.compare.gate"},  # the GateReport it renders, and its number format
     "analyzer.reports.hang_text": {"analyzer.hang"},  # the hang report's own label helpers
     "analyzer.reports.hang_html": {"analyzer.hang"},
-    "analyzer.reports.text": {"analyzer.rules.engine", "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
+    "analyzer.reports.text": {"analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
     "analyzer.reports.html": {"analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
-                              "analyzer.rules.engine", "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
+                              "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
 }
 
 

@@ -35,6 +35,11 @@ SCHEMA_VERSION = 1  # a result with every collective row in its JSON
 SCHEMA_VERSIONS = (SCHEMA_VERSION, LARGE_SCHEMA_VERSION)  # the ones this tracecliff reads
 _R = TypeVar("_R", bound="Result")
 Severity = Literal["error", "warning", "info"]
+# How a rule ended (``Result.rules[].status``), in words (the views say it so): it found a
+# problem; it checked and found nothing; its subject is absent from the job; the traces cannot
+# show it; it was switched off.
+STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not applicable",
+                "not_evaluated": "could not check", "disabled": "disabled"}
 
 
 class _ReadsLikeADict:
