@@ -25,11 +25,10 @@ from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflo
 from analyzer.base.numbers import finite
 from analyzer.job.digest import SIZE_EDGES
 from analyzer.job.model import JobModel, leaf_names, wait_words
-from analyzer.job.step_timeline import straggler_ranks, unavailable
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
-from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict
+from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict, straggler_ranks, unavailable
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 

@@ -158,7 +158,7 @@ VIEW_IMPORTS_LEFT = {
     "analyzer.reports.hang_text": {"analyzer.hang"},  # the hang report's own label helpers
     "analyzer.reports.hang_html": {"analyzer.hang"},
     "analyzer.reports.text": {"analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
-    "analyzer.reports.html": {"analyzer.job.digest", "analyzer.job.step_timeline", "analyzer.model.formulas",
+    "analyzer.reports.html": {"analyzer.job.digest", "analyzer.model.formulas",
                               "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
 }
 

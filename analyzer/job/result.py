@@ -506,3 +506,29 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         return _clean(value.item())  # numpy scalar
     return value
+
+
+# ---------------------------------------------------------------- read by the report sections and views
+def unavailable(why: str) -> dict[str, Any]:
+    """A report section (``timeline``, a view's) that could not be drawn, and why."""
+    return {"available": False, "why": why}
+
+
+STRAGGLER_RULE = "straggler-rank"
+
+
+def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
+    """rank -> why it is called a straggler: the ranks a straggler-rank finding names, and only
+    those (the report says only what the analysis concluded: a rank that is merely last at some
+    collectives of a healthy job is no straggler)."""
+    found: dict[int, str] = {}
+    for finding in doc.get("findings") or []:
+        if not isinstance(finding, dict) or finding.get("rule") != STRAGGLER_RULE:
+            continue
+        causes = (finding.get("evidence") or {}).get("causes") or {}
+        for rank in finding.get("ranks") or []:
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                cause = (causes.get(str(rank)) or {}).get("cause") if isinstance(causes, dict) else None
+                found.setdefault(rank, f"{finding.get('code') or STRAGGLER_RULE}: late at the collectives"
+                                 + (f" (cause: {cause})" if cause else ""))
+    return dict(sorted(found.items()))
