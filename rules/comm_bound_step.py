@@ -194,7 +194,7 @@ class CommBoundStep(Rule):
         gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
         model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
         return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
-                                      changes=fix.changes)
+                                      step_after_us=fix.step_after(step_us), changes=fix.changes)
 
     @staticmethod
     def _comm_rows(facts, kind: str) -> list[dict]:

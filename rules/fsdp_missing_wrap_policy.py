@@ -155,7 +155,7 @@ class FsdpMissingWrapPolicy(Rule):
         if fix is not None:
             model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},
-                                          fix.command, changes=fix.changes)
+                                          fix.command, step_after_us=fix.step_after(step_us), changes=fix.changes)
         gain = _schedule_gain(ctx.facts, layers, strategy)
         if gain is None:
             return None, not_predicted("the all-gather's link (α/β) or the unit sizes are unknown: "

@@ -17,6 +17,7 @@ from typing import Any
 
 from analyzer.base.errors import TracecliffError
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
+from analyzer.base.errors import ConfigError
 
 NO_MODEL = "no model for this fix"
 # The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
@@ -80,6 +81,11 @@ class Projected:
     @property
     def command(self) -> str:
         return whatif_command(self.changes)
+
+    def step_after(self, step_us: float) -> float:
+        """The typical step with this fix: ``step_us`` + the projected change (a slower step
+        where the model projects one): the projected step ``tracecliff whatif`` prints."""
+        return step_us + self.change_us
 
     def assumptions(self) -> dict[str, Any]:
         """The assumptions of the projection this fix rests on: the options it sets, then the
@@ -149,7 +155,7 @@ def alternative(label: str, step_us: float, fix: Projected | None, reason: str |
     if fix is None:
         return {"fix": label, "projected_step_time_us": None, "gain_us": None, "whatif": None,
                 "why_no_gain": reason or "the what-if projection cannot make this change on this trace"}
-    return {"fix": label, "projected_step_time_us": round(step_us - fix.gain_us, 1), "gain_us": round(fix.gain_us, 1),
+    return {"fix": label, "projected_step_time_us": round(fix.step_after(step_us), 1), "gain_us": round(fix.gain_us, 1),
             "whatif": fix.command, "changes": dict(fix.changes)}
 
 
@@ -161,11 +167,47 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
                    own_assumptions: dict[str, Any] | None = None, **changes: Any) -> tuple[float, str, dict[str, Any]]:
     """(gain µs, where from, prediction) of a fix the what-if projection expresses as ``changes``:
     its projection when it can project the trace (the gain ``tracecliff whatif`` reproduces),
-    else the rule's own estimate ``own_gain_us`` from ``own_model``. The first two are what
-    ``analyzer.whatif.projection.projected_gain`` returns."""
+    else the rule's own estimate ``own_gain_us`` from ``own_model``."""
     fix = WhatIf.of(result).fix(**changes)
     if fix is None:
         return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
     return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
                                                  {**(own_assumptions or {}), **fix.assumptions()}, fix.command,
-                                                 changes=fix.changes)
+                                                 step_after_us=fix.step_after(step_us), changes=fix.changes)
+
+
+TYPICAL_STEP = "the report's typical step (diagnose's step_time_us)"
+
+
+def whatif_doc(result: Any, scenario: Scenario) -> dict[str, Any]:
+    """``tracecliff whatif``'s document: the projection of ``scenario``, its step times on the
+    report's scale, the one computation a finding's prediction makes (``WhatIf.fix``): the
+    measured step is the report's typical step and the projected one that step + the change
+    the model projects against its own projection of the job as measured (``scenario`` less
+    its target fields), so the command a finding prints gives the finding's predicted step. The
+    model's own figures stay, labelled ``model_step_time_us``."""
+    measured = Measured.of(result)
+    projection = project(result, scenario, measured)
+    base_scenario = Scenario(model_params=scenario.model_params, tokens_per_step=scenario.tokens_per_step,
+                             trace_nics_per_node=scenario.trace_nics_per_node)
+    base = projection if scenario == base_scenario else project(result, base_scenario, measured)
+    doc = projection.to_dict()
+    typical = result.model.step_time_us
+    m, p = doc["measured"], doc["projected"]
+    if typical is None or p.get("step_time_us") is None or base.projected.get("step_time_us") is None:
+        raise ConfigError("no typical step to project from (no GPU step times)")
+    m["model_step_time_us"], p["model_step_time_us"] = m["step_time_us"], p["step_time_us"]
+    change = float(p["step_time_us"]) - float(base.projected["step_time_us"])
+    m["step_time_us"], p["step_time_us"] = round(typical, 1), round(typical + change, 1)
+    m["step_time_source"] = TYPICAL_STEP
+    p["step_time_source"] = ("the typical step + the projected change (this projection less the projection of "
+                             "the job as measured)")
+    p["scaling_efficiency"] = round(typical / (typical + change), 4) if typical + change > 0 else None
+    doc["notes"].insert(0, f"step time: measured = the report's typical step; projected = it {change:+,.1f} µs, the "
+                           f"change the model projects (its own steps: {m['model_step_time_us']:,.1f} µs as measured, "
+                           f"{base.projected['step_time_us']:,.1f} µs projected as measured, "
+                           f"{p['model_step_time_us']:,.1f} µs projected)")
+    for side, model_step in ((m, m["model_step_time_us"]), (p, p["model_step_time_us"])):
+        if side.get("mfu") is not None and model_step and side["step_time_us"]:  # MFU ∝ 1 / step time
+            side["mfu"] = round(side["mfu"] * model_step / side["step_time_us"], 6)
+    return doc

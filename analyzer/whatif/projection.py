@@ -54,7 +54,7 @@ from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif import compute as compute_scaling
 from analyzer.whatif.ddp import bucket_ready_array, gradient_pieces, interpolate_ready, rebucket
-from analyzer.base.errors import ConfigError, TracecliffError
+from analyzer.base.errors import ConfigError
 from analyzer.base.limits import MAX_FSDP_UNITS
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
@@ -1337,28 +1337,3 @@ def _groups_note(target: Config) -> list[str]:
         out.append(f"projected {role} group: {size} ranks on {nodes} node(s), "
                    + (f"α {link.alpha_us:.2f} µs, β {link.beta_gbps:.1f} GB/s" if link else "link unknown"))
     return out
-
-
-def projected_change_us(result: Any, **changes: Any) -> float | None:
-    """The step-time change (µs, negative = faster) this model projects for ``changes`` (Scenario
-    fields), against its own projection of the configuration as measured, so that the model's
-    residual on this job cancels. None when it cannot project this trace. The rules take their
-    estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
-    try:
-        measured = Measured.of(result)
-        base = project(result, Scenario(), measured).projected.get("step_time_us")
-        changed = project(result, Scenario(**changes), measured).projected.get("step_time_us")
-    except (TracecliffError, ValueError):
-        return None
-    if base is None or changed is None:
-        return None
-    return float(changed) - float(base)
-
-
-def projected_gain(result: Any, fallback_us: float, **changes: Any) -> tuple[float, str]:
-    """(estimated gain µs, where from) of a finding's fix: this model's projection when it can
-    project the trace, else the rule's own estimate ``fallback_us``, and the evidence says which."""
-    change = projected_change_us(result, **changes)
-    if change is None:
-        return fallback_us, "the rule's own schedule (the what-if model cannot project this trace)"
-    return max(0.0, -change), "the what-if model (tracecliff whatif), measured configuration as reference"
