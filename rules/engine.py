@@ -33,6 +33,7 @@ from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
+from analyzer.whatif.prediction import joint_replay
 from analyzer.rank.workload import INFERENCE_NOTE
 from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
 
@@ -282,7 +283,9 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     result.rules = statuses
     typical = facts.model.typical
     problems = [f for f in findings if not f["title"].startswith("rule ")]
-    result.recoverable = recoverable(typical, problems).to_dict() if typical and problems else None
+    # the joint estimate: every finding's fix at once on the replay of the measured job
+    joint = joint_replay(result, problems) if typical and problems else None
+    result.recoverable = recoverable(typical, problems, joint).to_dict() if typical and problems else None
     result.verdict = verdict(findings, facts.model, statuses, result.recoverable)
     return findings
 
@@ -372,6 +375,8 @@ def _together(joint: dict[str, Any] | None) -> str:
         return ""
     shared = leaf_names({leaf: 0 for f in joint["findings"] for leaf in f["shared_us"]})
     text = f"; together the findings recover about {fmt_us(joint['joint_us'])}"
+    if joint.get("replayed_us") is not None:
+        text += " (all fixes together, replayed)"
     if shared:
         text += (f", not the {fmt_us(joint['sum_us'])} their gains add up to: they claim the same "
                  + " and ".join(shared))

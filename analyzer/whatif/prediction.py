@@ -18,6 +18,7 @@ from typing import Any
 from analyzer.base.errors import TracecliffError
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
 from analyzer.base.errors import ConfigError
+from analyzer.whatif.counterfactual import replayed_change
 
 NO_MODEL = "no model for this fix"
 # The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
@@ -73,6 +74,8 @@ class Projected:
     changes: dict[str, Any]
     change_us: float
     projection: Projection
+    engine: str | None = None  # the replay's counterfactual that turned the projection into the change
+    replay_fix: Any = None  # that counterfactual (analyzer.whatif.replay.Fix), for the joint estimate
 
     @property
     def gain_us(self) -> float:
@@ -81,6 +84,11 @@ class Projected:
     @property
     def command(self) -> str:
         return whatif_command(self.changes)
+
+    @property
+    def model(self) -> str:
+        """The prediction's model: the projection, and the replay that turned it into the step."""
+        return WHATIF_MODEL + (f"; the step from the {self.engine}" if self.engine else "")
 
     def step_after(self, step_us: float) -> float:
         """The typical step with this fix: ``step_us`` + the projected change (a slower step
@@ -103,6 +111,7 @@ class WhatIf:
         self.result = result
         self._measured = Measured.of(result)
         self._base: Projection | None | bool = False  # not yet projected
+        self._fixes: dict[tuple, Projected | None] = {}
 
     @classmethod
     def of(cls, result: Any) -> WhatIf:
@@ -137,11 +146,19 @@ class WhatIf:
         base_step = None if base is None else base.projected.get("step_time_us")
         if base_step is None:
             return None
-        projection = self._project(Scenario(**changes))
+        key = tuple(sorted(changes.items()))
+        if key not in self._fixes:
+            self._fixes[key] = self._fix(changes, float(base_step))
+        return self._fixes[key]
+
+    def _fix(self, changes: dict[str, Any], base_step: float) -> Projected | None:
+        scenario = Scenario(**changes)
+        projection = self._project(scenario)
         step = None if projection is None else projection.projected.get("step_time_us")
         if step is None:
             return None
-        return Projected(dict(changes), float(step) - float(base_step), projection)  # type: ignore[arg-type]
+        change, engine, fix = replayed_change(self.result, scenario, float(step) - base_step)
+        return Projected(dict(changes), change, projection, engine, fix)  # type: ignore[arg-type]
 
     def _project(self, scenario: Scenario) -> Projection | None:
         try:
@@ -171,7 +188,7 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
     fix = WhatIf.of(result).fix(**changes)
     if fix is None:
         return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
-    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
+    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, fix.model,
                                                  {**(own_assumptions or {}), **fix.assumptions()}, fix.command,
                                                  step_after_us=fix.step_after(step_us), changes=fix.changes)
 
@@ -197,17 +214,53 @@ def whatif_doc(result: Any, scenario: Scenario) -> dict[str, Any]:
     if typical is None or p.get("step_time_us") is None or base.projected.get("step_time_us") is None:
         raise ConfigError("no typical step to project from (no GPU step times)")
     m["model_step_time_us"], p["model_step_time_us"] = m["step_time_us"], p["step_time_us"]
-    change = float(p["step_time_us"]) - float(base.projected["step_time_us"])
+    change, engine, _ = replayed_change(result, scenario, float(p["step_time_us"]) - float(base.projected["step_time_us"]))
     m["step_time_us"], p["step_time_us"] = round(typical, 1), round(typical + change, 1)
     m["step_time_source"] = TYPICAL_STEP
-    p["step_time_source"] = ("the typical step + the projected change (this projection less the projection of "
-                             "the job as measured)")
+    p["step_time_source"] = ("the typical step + the change: " + engine if engine else
+                             "the typical step + the projected change (this projection less the projection of the job "
+                             "as measured)")
     p["scaling_efficiency"] = round(typical / (typical + change), 4) if typical + change > 0 else None
-    doc["notes"].insert(0, f"step time: measured = the report's typical step; projected = it {change:+,.1f} µs, the "
-                           f"change the model projects (its own steps: {m['model_step_time_us']:,.1f} µs as measured, "
+    doc["notes"].insert(0, f"step time: measured = the report's typical step; projected = it {change:+,.1f} µs, "
+                           f"{'by the ' + engine + ' from' if engine else 'the change'} the projection (its own steps: "
+                           f"{m['model_step_time_us']:,.1f} µs as measured, "
                            f"{base.projected['step_time_us']:,.1f} µs projected as measured, "
                            f"{p['model_step_time_us']:,.1f} µs projected)")
     for side, model_step in ((m, m["model_step_time_us"]), (p, p["model_step_time_us"])):
         if side.get("mfu") is not None and model_step and side["step_time_us"]:  # MFU ∝ 1 / step time
             side["mfu"] = round(side["mfu"] * model_step / side["step_time_us"], 6)
     return doc
+
+
+def joint_replay(result: Any, findings: list[dict[str, Any]]) -> tuple[float, tuple[str, ...]] | None:
+    """(what the findings' fixes save applied at once on the replay, the rules whose fix it
+    applies): a finding's fix as its prediction states it, in plain data: the what-if fields it
+    projects (``changes``: ``WhatIf.fix``'s counterfactual) or the ranks it fixes by cause
+    (``assumptions.fixed``: straggler-rank, gpu-idle-host-bound). None: the job cannot be
+    replayed or no finding's fix is a counterfactual of it."""
+    from analyzer.whatif.counterfactual import Replayer, union
+    replayer = Replayer.of(result)
+    if not replayer.ok or replayer.chains is None:
+        return None
+    fixes, rules = [], []
+    for f in findings:
+        if not f.get("estimated_gain_us"):
+            continue
+        found = _finding_fixes(result, replayer, (f.get("evidence") or {}).get("prediction") or {})
+        if found:
+            fixes += found
+            rules.append(str(f["rule"]))
+    if not fixes:
+        return None
+    return replayer.saving(union(replayer.chains, fixes)), tuple(rules)
+
+
+def _finding_fixes(result: Any, replayer: Any, prediction: dict[str, Any]) -> list[Any]:
+    changes = prediction.get("changes")
+    if isinstance(changes, dict) and changes:
+        fix = WhatIf.of(result).fix(**changes)
+        return [fix.replay_fix] if fix is not None and fix.replay_fix is not None else []
+    fixed = (prediction.get("assumptions") or {}).get("fixed")
+    if isinstance(fixed, dict):
+        return [fix for rank, cause in sorted(fixed.items()) if (fix := replayer.cause_fix(int(rank), str(cause)))]
+    return []

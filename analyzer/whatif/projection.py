@@ -1337,3 +1337,16 @@ def _groups_note(target: Config) -> list[str]:
         out.append(f"projected {role} group: {size} ranks on {nodes} node(s), "
                    + (f"α {link.alpha_us:.2f} µs, β {link.beta_gbps:.1f} GB/s" if link else "link unknown"))
     return out
+
+
+def link_ratios(result: Any, scenario: Scenario) -> np.ndarray:
+    """Per collective row (the Result's columns' order): its transfer on ``scenario``'s links over
+    its measured one, T_model(target) / T_model(measured) by α-β (``Durations.ratio``, models.md
+    §2); 1 where it cannot be modelled (its size, kind or link unknown): the slow-link input the
+    replay's link counterfactual applies (analyzer.whatif.counterfactual)."""
+    base, assumptions = measured_config(result, scenario, [])
+    durations = Durations(result, base, target_config(base, scenario, assumptions))
+    columns = CollectiveColumns.of(result)
+    rows = _Transfers.of_columns(columns, np.arange(columns.n))
+    ratios = np.array([np.nan if r is None else r for r in map(durations.ratio, rows.representatives)], dtype=float)
+    return np.nan_to_num(ratios[rows.key_index], nan=1.0)
