@@ -5,10 +5,8 @@ from __future__ import annotations
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.job.model import split_gain
-from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, idle_split_note, ranks_phrase
-from analyzer.whatif.counterfactual import Replayer, union
-from analyzer.whatif.prediction import predicted
+from analyzer.rules.host import (HOST_ACTIVITY, HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
+                                 replayed_rank_fixes)
 
 
 @register
@@ -140,30 +138,6 @@ class GpuIdleHostBound(Rule):
                             model=model, recovers=recovers,
                             fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
 
-
-REPLAY_GAIN = ("the gain instead: the firing ranks' extra idle against the median other rank taken out of their "
-               "chains and the job replayed (docs/models.md §9), as far as the typical step's idle and waiting hold it")
-
-
-def replayed_rank_fixes(ctx, causes: dict[int, str], ranks: int):
-    """(gain, recovers, prediction) of fixing these ranks' causes on the replay of the measured
-    job, the saving split over the typical step's idle then waiting (each at most what that
-    leaf holds); None where the job cannot be replayed or every rank fires (no rank to measure
-    the extra idle against: the rule's own upper bound stands)."""
-    replayer = Replayer.of(ctx.result)
-    if not replayer.ok or len(causes) >= ranks or replayer.chains is None:
-        return None
-    fixes = [f for r, cause in sorted(causes.items()) if (f := replayer.cause_fix(r, cause)) is not None]
-    if not fixes:
-        return None
-    saved = replayer.saving(union(replayer.chains, fixes))
-    recovers = split_gain(max(0.0, saved), ("idle_us", "exposed_wait_us"), ctx.model.typical)
-    gain = sum(recovers.values())
-    prediction = predicted(ctx.model.step_time_us, gain, f"replay of the measured job (docs/models.md §9): {REPLAY_GAIN}",
-                           {"fixed": {str(r): c for r, c in sorted(causes.items())}, "steps_replayed": replayer.steps})
-    if saved > gain + 0.05:
-        prediction["replay_gain_beyond_leaves_us"] = round(saved - gain, 1)
-    return gain, recovers, prediction
 
 
 # Where the fix for the host's activity does not apply to this job (an inference job's own work)

@@ -125,6 +125,22 @@ def replayed_change(result: Any, scenario: Scenario, projected_change_us: float)
     return -replayer.saving(fix), engine, fix
 
 
+EXPOSED_CUT = "exposed_cut_us"  # a prediction's assumption: the model's cut of the exposed communication
+
+
+def replayed_exposed(result: Any, us: float) -> tuple[float, dict[str, Any]] | None:
+    """(the step's saving, the assumption to quote) of a rule's own model that shortens the exposed
+    communication by ``us`` per step (FSDP prefetch), turned into a gain by the replay (None: the
+    job cannot be replayed): the model is the counterfactual's input, the replay the figure."""
+    replayer = Replayer.of(result)
+    if not replayer.ok or us <= 0.0:
+        return None
+    return replayer.saving(replayer.exposed_fix(us)), {
+        EXPOSED_CUT: {"value": round(us, 1), "origin": "derived",
+                      "source": "the rule's model of the exposed communication the fix removes, per step: the "
+                                "counterfactual's input, taken out of the exposed transfers and replayed"}}
+
+
 def _transfer_fix(chains: rp.Chains, cut: np.ndarray) -> rp.Fix:
     return rp.Fix(np.zeros(len(chains.rank)), {}, {}, cut)
 

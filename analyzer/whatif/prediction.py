@@ -18,7 +18,7 @@ from typing import Any
 from analyzer.base.errors import TracecliffError
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
 from analyzer.base.errors import ConfigError
-from analyzer.whatif.counterfactual import replayed_change
+from analyzer.whatif.counterfactual import EXPOSED_CUT, replayed_change
 
 NO_MODEL = "no model for this fix"
 # The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
@@ -260,7 +260,11 @@ def _finding_fixes(result: Any, replayer: Any, prediction: dict[str, Any]) -> li
     if isinstance(changes, dict) and changes:
         fix = WhatIf.of(result).fix(**changes)
         return [fix.replay_fix] if fix is not None and fix.replay_fix is not None else []
-    fixed = (prediction.get("assumptions") or {}).get("fixed")
+    assumptions = prediction.get("assumptions") or {}
+    cut = (assumptions.get(EXPOSED_CUT) or {}).get("value")
+    if isinstance(cut, (int, float)) and cut > 0:
+        return [replayer.exposed_fix(float(cut))]
+    fixed = assumptions.get("fixed")
     if isinstance(fixed, dict):
         return [fix for rank, cause in sorted(fixed.items()) if (fix := replayer.cause_fix(int(rank), str(cause)))]
     return []
