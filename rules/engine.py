@@ -369,6 +369,10 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     return "No GPU steps in the traces: only structural checks ran, and none found a problem."
 
 
+JOINT_REPLAYED = " (all fixes together, replayed)"
+JOINT_PART_REPLAYED = " (the fixes the replay expresses replayed together, the others' gains added)"
+
+
 def _together(joint: dict[str, Any] | None) -> str:
     """What several findings recover together, counted once where they claim the same time."""
     if not joint or len(joint["findings"]) < 2:
@@ -376,7 +380,7 @@ def _together(joint: dict[str, Any] | None) -> str:
     shared = leaf_names({leaf: 0 for f in joint["findings"] for leaf in f["shared_us"]})
     text = f"; together the findings recover about {fmt_us(joint['joint_us'])}"
     if joint.get("replayed_us") is not None:
-        text += " (all fixes together, replayed)"
+        text += JOINT_REPLAYED if joint.get("replayed_all") else JOINT_PART_REPLAYED
     if shared:
         text += (f", not the {fmt_us(joint['sum_us'])} their gains add up to: they claim the same "
                  + " and ".join(shared))

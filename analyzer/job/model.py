@@ -604,10 +604,15 @@ class Recoverable:
         return self.lost_us + self.compute_us
 
     @property
+    def replayed_all(self) -> bool:
+        """Whether the replay applied every finding's fix that has a gain."""
+        return self.replayed_us is not None and set(self.replayed) >= {c.rule for c in self.claims if c.gain_us > 0}
+
+    @property
     def source(self) -> str:
         if self.replayed_us is None:
             return "the findings' gains over the typical step's leaves, each leaf counted once (the job cannot be replayed)"
-        if set(self.replayed) >= {c.rule for c in self.claims if c.gain_us > 0}:
+        if self.replayed_all:
             return "all fixes together, replayed (as far as the typical step's leaves hold it)"
         return ("all fixes together, replayed where the replay expresses the fix ("
                 + ", ".join(self.replayed) + "), the others' gains counted over the typical step's leaves "
@@ -622,7 +627,7 @@ class Recoverable:
         return {"step_time_us": round(self.step_time_us, 3), "sum_us": round(self.sum_us, 1),
                 "joint_us": round(self.joint_us, 1), "source": self.source,
                 "replayed_us": None if self.replayed_us is None else round(self.replayed_us, 1),
-                "replayed_rules": list(self.replayed), "lost_us": round(self.lost_us, 1),
+                "replayed_rules": list(self.replayed), "replayed_all": self.replayed_all, "lost_us": round(self.lost_us, 1),
                 "compute_us": round(self.compute_us, 1), "lost_bound_us": round(self.lost_bound_us, 3),
                 "findings": [{"rule": c.rule, "gain_us": round(c.gain_us, 1),
                               "counted_us": {k: round(v, 1) for k, v in sorted(c.counted_us.items())},

@@ -444,6 +444,7 @@ class Recoverable(msgspec.Struct):
     source: str | None = None  # how the joint estimate was made (a result saved before: the leaf count)
     replayed_us: float | None = None
     replayed_rules: list[str] = []
+    replayed_all: bool = False
 
 
 class MemoryStep(msgspec.Struct):

@@ -44,7 +44,9 @@ class Replayer:
         every = rp.step_breakdowns(result)
         self.every = every
         self.steps = rp.replay_steps(result, every)
-        self.ok = self.chains is not None and bool(self.steps)
+        # every rank's chain, or the replay misses the ranks not given (one of them may set the pace)
+        world = int(result.job.get("world_size") or 0)
+        self.ok = self.chains is not None and bool(self.steps) and len(result.ranks) >= max(2, world)
         self.base = rp.replay(self.chains) if self.ok else None
         self._excess: np.ndarray | None = None
 
