@@ -239,13 +239,14 @@ def joint_replay(result: Any, findings: list[dict[str, Any]]) -> tuple[float, tu
     (``assumptions.fixed``: straggler-rank, gpu-idle-host-bound). None: the job cannot be
     replayed or no finding's fix is a counterfactual of it."""
     from analyzer.whatif.counterfactual import Replayer, union
+    gained = [f for f in findings if f.get("estimated_gain_us") and _is_counterfactual(f)]
+    if not gained:  # no chains to build: nothing to replay (the heavy job's one own-model finding)
+        return None
     replayer = Replayer.of(result)
     if not replayer.ok or replayer.chains is None:
         return None
     fixes, rules = [], []
-    for f in findings:
-        if not f.get("estimated_gain_us"):
-            continue
+    for f in gained:
         found = _finding_fixes(result, replayer, (f.get("evidence") or {}).get("prediction") or {})
         if found:
             fixes += found
@@ -253,6 +254,13 @@ def joint_replay(result: Any, findings: list[dict[str, Any]]) -> tuple[float, tu
     if not fixes:
         return None
     return replayer.saving(union(replayer.chains, fixes)), tuple(rules)
+
+
+def _is_counterfactual(finding: dict[str, Any]) -> bool:
+    """Whether the finding's prediction states its fix as one the replay can apply."""
+    prediction = (finding.get("evidence") or {}).get("prediction") or {}
+    assumptions = prediction.get("assumptions") or {}
+    return bool(prediction.get("changes")) or EXPOSED_CUT in assumptions or isinstance(assumptions.get("fixed"), dict)
 
 
 def _finding_fixes(result: Any, replayer: Any, prediction: dict[str, Any]) -> list[Any]:
