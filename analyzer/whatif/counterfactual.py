@@ -119,6 +119,9 @@ def replayed_change(result: Any, scenario: Scenario, projected_change_us: float)
     changes the step by ``projected_change_us``: the replay's saving of its counterfactual, the
     projection's change where there is none (slower, or the job cannot be replayed). The one
     figure a finding predicts and ``tracecliff whatif`` prints."""
+    changed = {f for f in TARGET_FIELDS if getattr(scenario, f) not in (None, False)}
+    if projected_change_us >= 0.0 and not (changed and changed <= LINK_FIELDS):
+        return projected_change_us, None, None  # slower: nothing to take out (no chains to build)
     replayer = Replayer.of(result)
     found = replayer.scenario(scenario, projected_change_us)
     if found is None:

@@ -196,18 +196,20 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
 TYPICAL_STEP = "the report's typical step (diagnose's step_time_us)"
 
 
-def whatif_doc(result: Any, scenario: Scenario) -> dict[str, Any]:
+def whatif_doc(result: Any, scenario: Scenario, projection: Projection | None = None,
+               base: Projection | None = None) -> dict[str, Any]:
     """``tracecliff whatif``'s document: the projection of ``scenario``, its step times on the
     report's scale, the one computation a finding's prediction makes (``WhatIf.fix``): the
     measured step is the report's typical step and the projected one that step + the change
     the model projects against its own projection of the job as measured (``scenario`` less
     its target fields), so the command a finding prints gives the finding's predicted step. The
-    model's own figures stay, labelled ``model_step_time_us``."""
+    model's own figures stay, labelled ``model_step_time_us``. ``projection`` / ``base``: those
+    two projections when made already (the report's scaling curve)."""
     measured = Measured.of(result)
-    projection = project(result, scenario, measured)
+    projection = projection or project(result, scenario, measured)
     base_scenario = Scenario(model_params=scenario.model_params, tokens_per_step=scenario.tokens_per_step,
                              trace_nics_per_node=scenario.trace_nics_per_node)
-    base = projection if scenario == base_scenario else project(result, base_scenario, measured)
+    base = base or (projection if scenario == base_scenario else project(result, base_scenario, measured))
     doc = projection.to_dict()
     typical = result.model.step_time_us
     m, p = doc["measured"], doc["projected"]
