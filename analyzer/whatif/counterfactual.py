@@ -79,18 +79,17 @@ class Replayer:
         assert chains is not None
         exposed = np.zeros(len(chains.rank)) if chains.exposed is None else chains.exposed
         own = np.minimum(exposed, chains.transfer[chains.set_of])
+        weight = _set_medians(chains, own)
         cut = np.zeros(len(chains.transfer))
-        by_step: dict[Any, list[tuple[int, float]]] = {}
+        by_step: dict[Any, list[int]] = {}
         for s, rows in zip(chains.order.tolist(), chains.members):
             step = chains.step[int(rows[0])]
             if step is not None:
-                by_step.setdefault(step, []).append((s, float(np.median(own[rows]))))
+                by_step.setdefault(step, []).append(s)
         for sets in by_step.values():
-            total = sum(w for _, w in sets)
+            total = float(weight[sets].sum())
             if total > 0.0:
-                share = min(1.0, us / total)
-                for s, w in sets:
-                    cut[s] = w * share
+                cut[sets] = weight[sets] * min(1.0, us / total)
         return _transfer_fix(chains, cut)
 
     def cause_fix(self, rank: int, cause: str) -> rp.Fix | None:
@@ -144,6 +143,18 @@ def replayed_exposed(result: Any, us: float) -> tuple[float, dict[str, Any]] | N
         EXPOSED_CUT: {"value": round(us, 1), "origin": "derived",
                       "source": "the rule's model of the exposed communication the fix removes, per step: the "
                                 "counterfactual's input, taken out of the exposed transfers and replayed"}}
+
+
+def _set_medians(chains: rp.Chains, values: np.ndarray) -> np.ndarray:
+    """Per set, the median of its members' ``values``: the sets of one size at once."""
+    out = np.zeros(len(chains.transfer))
+    sizes = np.array([len(rows) for rows in chains.members])
+    order = chains.order
+    for size in np.unique(sizes).tolist():
+        picked = np.flatnonzero(sizes == size)
+        rows = np.stack([chains.members[k] for k in picked.tolist()])
+        out[order[picked]] = np.median(values[rows], axis=1)
+    return out
 
 
 def _transfer_fix(chains: rp.Chains, cut: np.ndarray) -> rp.Fix:

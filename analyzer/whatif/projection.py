@@ -311,14 +311,21 @@ class _Transfers:
         """``of`` the rows at ``index`` of ``columns``, their ratio keys told apart by column:
         the group's name (once per group object), the kind, the bytes, on GPU."""
         rows = _rows_at(columns.rows, index)
-        names = categorical([None if (name := (group or _NO_GROUP).get("name")) is None else str(name)
-                             for group in columns.group.names], len(columns.group.names)).codes
-        size = np.unique(columns.size[index], return_inverse=True)[1].reshape(-1)  # bytes: ints or None (NaN)
-        _, _, keys = distinct_rows([names[columns.group.codes[index]], columns.kind.codes[index], size,
-                                    columns.on_gpu[index].astype(np.int64)])
-        first = np.unique(keys, return_index=True)[1]
+        keys, first = ratio_keys(columns, index)
         duration = columns.dur[index]
-        return cls(duration, duration - _waits(rows), keys.astype(np.intp), tuple(rows[i] for i in first.tolist()))
+        return cls(duration, duration - _waits(rows), keys, tuple(rows[i] for i in first.tolist()))
+
+
+def ratio_keys(columns: CollectiveColumns, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's ratio key among the distinct ones, the first row of each key) of the rows at
+    ``index``: told apart by column (the group's name, once per group object; the kind, the
+    bytes, on GPU), as ``Durations.ratio`` depends on them."""
+    names = categorical([None if (name := (group or _NO_GROUP).get("name")) is None else str(name)
+                         for group in columns.group.names], len(columns.group.names)).codes
+    size = np.unique(columns.size[index], return_inverse=True)[1].reshape(-1)  # bytes: ints or None (NaN)
+    _, _, keys = distinct_rows([names[columns.group.codes[index]], columns.kind.codes[index], size,
+                                columns.on_gpu[index].astype(np.int64)])
+    return keys.astype(np.intp), np.unique(keys, return_index=True)[1]
 
 
 def _waits(rows: list[dict[str, Any]]) -> np.ndarray:
@@ -1347,6 +1354,7 @@ def link_ratios(result: Any, scenario: Scenario) -> np.ndarray:
     base, assumptions = measured_config(result, scenario, [])
     durations = Durations(result, base, target_config(base, scenario, assumptions))
     columns = CollectiveColumns.of(result)
-    rows = _Transfers.of_columns(columns, np.arange(columns.n))
-    ratios = np.array([np.nan if r is None else r for r in map(durations.ratio, rows.representatives)], dtype=float)
-    return np.nan_to_num(ratios[rows.key_index], nan=1.0)
+    keys, first = ratio_keys(columns, np.arange(columns.n))  # one row dict per distinct key, not per row
+    ratios = np.array([np.nan if r is None else r for r in map(durations.ratio, _rows_at(columns.rows, first))],
+                      dtype=float)
+    return np.nan_to_num(ratios[keys], nan=1.0)
