@@ -10,6 +10,8 @@ against its schema first).
 
 from __future__ import annotations
 
+import shlex
+
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -348,4 +350,5 @@ def gate(paths: list[str] | str, config: dict[str, Any] | str | Path | None = No
     run = load_run(paths, options, config, report=False, empty_selection=True)
     base_run = load_run([baseline], options, config, report=False, empty_selection=True) if baseline else None
     inputs = [i["path"] for i in run.inputs if i.get("path")]
-    return evaluate(run, gate_config, base_run, baseline, options.steps), inputs
+    label = shlex.join([paths] if isinstance(paths, str) else paths)
+    return evaluate(run, gate_config, base_run, baseline, options.steps, label), inputs

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from analyzer.base.units import fmt_flops, fmt_tflops
+from analyzer.base.units import fmt_change, fmt_flops, fmt_tflops
 from analyzer.reports.diff_text import SCOPE, fmt, pct, scope_label, signed
 from analyzer.job.result import _clean
 from analyzer.reports.templating import environment, stylesheet
@@ -39,5 +39,5 @@ def _decomposition_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=1)
 def _environment():
-    return environment({"fmt": fmt, "pct": pct, "signed": signed, "scope_label": scope_label, "flops": fmt_flops,
+    return environment({"fmt": fmt, "pct": pct, "change": lambda pct_, pp: fmt_change(pp, pct_), "signed": signed, "scope_label": scope_label, "flops": fmt_flops,
                         "tflops": fmt_tflops})

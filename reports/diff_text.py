@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.base.units import fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
+from analyzer.reports.text import _wrap as wrap
+from analyzer.base.units import fmt_change, fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}
 
@@ -21,7 +22,7 @@ class DiffTextRenderer:
         lines += _section("Metrics (each run's typical step: the verdict's figures)",
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
-                            pct(m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
+                            fmt_change(m.get("delta_pp"), m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
         lines += [f" {m['metric']}: {m['note']}" for m in doc["metrics"] if m.get("note")]
         per = {c["per"] for c in doc["collectives"]}
         lines += _section(f"Collectives per {' and '.join(sorted(per)) or 'rank-step'} (count, bytes, time, exposed)",
@@ -122,12 +123,16 @@ def scope_label(part: dict[str, Any]) -> str:
 
 
 def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
-    rows = []
+    """Each rule's change by its title, then its summary in full, wrapped (never cut mid-sentence)."""
+    rows, summaries = [], []
     for status in ("appeared", "resolved", "persisting"):
         for f in findings[status]:
             count = f"{f.get('base_count', '')}→{f['count']}" if status == "persisting" else str(f["count"])
-            rows.append([status, f["rule"], f["severity"] or "", count, (f.get("summary") or "")[:80]])
-    return _section("Findings", ["status", "rule", "severity", "count", "summary"], rows)
+            rows.append([status, f["rule"], f["severity"] or "", count, f.get("title") or ""])
+            if f.get("summary"):
+                summaries += wrap(f"{f['rule']} ({'base' if status == 'resolved' else 'new'}): {f['summary']}",
+                                  initial_indent=" ", subsequent_indent="   ")
+    return _section("Findings", ["status", "rule", "severity", "count", "title"], rows) + summaries
 
 
 def _predictions(section: dict[str, Any] | None) -> list[str]:

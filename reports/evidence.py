@@ -1,23 +1,35 @@
 """Structured data (a finding's evidence, the what-if's assumptions) as rows a page shows: a
-value with its unit, a list, or a small table; never raw JSON, never ``null``. The unit comes
-from the key's name (``_us`` µs, ``_bytes`` bytes, ``_gbps`` GB/s, ``_pct`` %, a share or
-fraction as %, ``wait``/``lateness`` µs), inherited by the entries of a table keyed by rank,
-step or label."""
+value with its unit, a list, or a table with its column headings; never raw JSON, never
+``null``. An evidence field's label and unit are the ones it is declared with
+(analyzer.rules.evidence_fields); a key no declaration names keeps its own words and the unit
+its name states (``_us`` µs, ``_bytes`` bytes...), inherited by the entries of a mapping."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from analyzer.base.units import MISSING, fmt_bytes, fmt_gbps, fmt_num, fmt_pct, fmt_us
+from analyzer.base.units import MISSING, fmt_bytes, fmt_gbps, fmt_num, fmt_pct, fmt_tflops, fmt_us
+from analyzer.rules.evidence_fields import FIELDS, Field, field
 
 ROWS_MAX = 24  # rows of one table, lists of items
 DEPTH_MAX = 3
 NOT_KNOWN = "not known"  # a value the analysis could not give (None in the document)
+# Data keys shown with what they are ("rank 5", "step 7"); other keys (a collective, a phase,
+# an op) are their own name.
+_NAMED_KEYS = ("rank", "step")
 
 
 def unit_of(key: Any, inherited: str | None = None) -> str | None:
-    """The unit a key's name states (None: a plain number), else the enclosing key's."""
+    """The unit of a key: its declaration's, else the unit its name states (None: a plain
+    number), else the enclosing key's."""
+    declared = field(key)
+    if declared is not None:
+        return declared.unit if declared.unit != "text" else None
+    return _named_unit(key, inherited)
+
+
+def _named_unit(key: Any, inherited: str | None) -> str | None:
     k = str(key).lower()
     if k.endswith(("_us", "_us_median")) or "_us_" in k:
         return "us"
@@ -59,13 +71,19 @@ def fmt_field(value: Any, unit: str | None) -> str:
             return fmt_pct(100.0 * value)
         if unit == "mb":
             return f"{fmt_num(value)} MB"
+        if unit == "tflops":
+            return fmt_tflops(value)
         return fmt_num(value)
     text = str(value)
     return text if len(text) <= 400 else text[:399] + "…"
 
 
 def label(key: Any) -> str:
-    """A key as a heading: words, without the unit suffix the value now carries."""
+    """A key as a heading: its declared label, else its words without the unit suffix the
+    value now carries."""
+    declared = field(key)
+    if declared is not None:
+        return declared.label
     text = str(key)
     for suffix in ("_us", "_ns", "_bytes", "_gbps", "_pct"):
         if text.endswith(suffix) and len(text) > len(suffix):
@@ -73,12 +91,17 @@ def label(key: Any) -> str:
     return text.replace("_", " ")
 
 
+def _data_key(key: Any, kind: str | None) -> str:
+    """A key that is data (a rank, a step, a collective's name), as a row or column heading."""
+    return f"{kind} {key}" if kind in _NAMED_KEYS else str(key)
+
+
 def rows(data: Any, unit: str | None = None, depth: int = 0) -> list[dict[str, Any]]:
     """``data`` (a dict, list or value) as rows, each ``{key, value, items, table, rows}`` with
     one of the last four set: a value, a list of items, a table ``{head, rows}``, rows within."""
     if isinstance(data, dict):
-        items = sorted(data.items(), key=lambda kv: str(kv[0]))
-        out = [_row(label(k), v, unit_of(k, unit), depth) for k, v in items[:ROWS_MAX]]
+        items = sorted(data.items(), key=lambda kv: (label(kv[0]), str(kv[0])))  # as the reader finds them
+        out = [_row(label(k), v, unit_of(k, unit), depth, field(k)) for k, v in items[:ROWS_MAX]]
         if len(items) > ROWS_MAX:
             out.append({"key": "…", "value": f"{len(items) - ROWS_MAX} more"})
     elif isinstance(data, list):
@@ -88,21 +111,27 @@ def rows(data: Any, unit: str | None = None, depth: int = 0) -> list[dict[str, A
     return [{"value": None, "entries": None, "table": None, "nested": None, **row} for row in out]
 
 
-def _row(key: str, value: Any, unit: str | None, depth: int) -> dict[str, Any]:
+def _row(key: str, value: Any, unit: str | None, depth: int, declared: Field | None = None) -> dict[str, Any]:
+    kind = declared.keys if declared is not None else None
     if isinstance(value, dict) and value:
         if depth >= DEPTH_MAX:
             return {"key": key, "value": f"{len(value)} entries"}
         if all(isinstance(v, dict) for v in value.values()):
-            return {"key": key, "table": _table_of_dicts(value, unit)}
+            return {"key": key, "table": _table_of_dicts(value, unit, kind)}
         if not any(isinstance(v, (dict, list)) for v in value.values()):
+            if kind is not None:  # keyed by data: the key, then its value in the field's unit
+                return {"key": key, "table": {"head": [kind, declared.label if declared else ""], "rows": [
+                    [_data_key(k, kind), fmt_field(v, unit)] for k, v in sorted(value.items(), key=_by_key)[:ROWS_MAX]]}}
             return {"key": key, "entries": [f"{label(k)}: {fmt_field(v, unit_of(k, unit))}"
                                           for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))][:ROWS_MAX]}
         return {"key": key, "nested": rows(value, unit, depth + 1)}
     if isinstance(value, list) and value:
+        if declared is not None and declared.columns and all(isinstance(v, list) for v in value):
+            return {"key": key, "table": _table_of_columns(value, declared.columns)}
         if all(isinstance(v, dict) for v in value):
             return {"key": key, "table": _table_of_records(value, unit)}
         if all(isinstance(v, list) and v and not isinstance(v[0], (dict, list)) for v in value):
-            return {"key": key, "table": _table_of_pairs(value, unit)}
+            return {"key": key, "table": _table_of_pairs(value, unit, declared)}
         if not any(isinstance(v, (dict, list)) for v in value):
             return {"key": key, "entries": [fmt_field(v, unit) for v in value[:ROWS_MAX]]
                     + ([f"… {len(value) - ROWS_MAX} more"] if len(value) > ROWS_MAX else [])}
@@ -112,28 +141,48 @@ def _row(key: str, value: Any, unit: str | None, depth: int) -> dict[str, Any]:
     return {"key": key, "value": fmt_field(value, unit)}
 
 
-def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None) -> dict[str, Any]:
-    """{label: {column: value}}: one row per label."""
-    columns = sorted({str(c) for cells in value.values() for c in cells})
-    body = [[str(k)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit)) for c in columns]
-            for k, cells in sorted(value.items(), key=lambda kv: str(kv[0]))[:ROWS_MAX]]
-    return {"head": [""] + [label(c) for c in columns], "rows": body}
+def _by_key(kv: tuple[Any, Any]) -> tuple[int, Any]:
+    return _natural(str(kv[0]))
+
+
+def _table_of_columns(value: list[list[Any]], columns: tuple[tuple[str, str | None], ...]) -> dict[str, Any]:
+    """Rows as lists, each position as its declaration says (a bucket cap in MB, then µs)."""
+    body = [[_cell(v[i] if i < len(v) else _ABSENT, unit) for i, (_, unit) in enumerate(columns)]
+            for v in value[:ROWS_MAX]]
+    more = [[f"… {len(value) - ROWS_MAX} more"] + [""] * (len(columns) - 1)] if len(value) > ROWS_MAX else []
+    return {"head": [heading for heading, _ in columns], "rows": body + more}
+
+
+def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: str | None = None) -> dict[str, Any]:
+    """{label: {column: value}}: one row per label, its column headings the fields' labels."""
+    columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order)
+    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit)) for c in columns]
+            for k, cells in sorted(value.items(), key=_by_key)[:ROWS_MAX]]
+    return {"head": [kind or ""] + [label(c) for c in columns], "rows": body}
+
+
+def _column_order(column: str) -> tuple[int, int, str]:
+    """A table's columns: rank and step first, then as the fields are declared."""
+    known = list(FIELDS)
+    return (column not in _NAMED_KEYS, known.index(column) if column in FIELDS else len(known), column)
 
 
 def _table_of_records(value: list[dict[Any, Any]], unit: str | None) -> dict[str, Any]:
-    columns = sorted({str(c) for record in value for c in record})
+    columns = sorted({str(c) for record in value for c in record}, key=_column_order)
     body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit)) for c in columns] for record in value[:ROWS_MAX]]
     return {"head": [label(c) for c in columns], "rows": body}
 
 
-def _table_of_pairs(value: list[list[Any]], unit: str | None) -> dict[str, Any]:
-    """[[key, value], ...] (e.g. [step, {rank: µs}]): the key, then the value's cells."""
+def _table_of_pairs(value: list[list[Any]], unit: str | None, declared: Field | None = None) -> dict[str, Any]:
+    """[[key, value], ...] (e.g. [step, {rank: µs}]): the key, then the value's cells, headed by
+    what the keys are where the field declares it."""
+    kind, inner = (declared.keys, declared.inner) if declared is not None else (None, None)
     dicts = [v for v in value if len(v) == 2 and isinstance(v[1], dict)]
     if len(dicts) == len(value):
         columns = sorted({str(c) for _, cells in dicts for c in cells}, key=_natural)
-        body = [[fmt_field(k, None)] + [_cell(cells.get(c, _ABSENT), unit) for c in columns]
+        body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit) for c in columns]
                 for k, cells in dicts[:ROWS_MAX]]
-        return {"head": [""] + columns, "rows": body}
+        return {"head": [kind or ""] + [_data_key(c, inner) for c in columns], "rows": body}
     width = max(len(v) for v in value)
     body = [[_cell(v[i] if i < len(v) else _ABSENT, unit) for i in range(width)] for v in value[:ROWS_MAX]]
     return {"head": [""] * width, "rows": body}
@@ -145,6 +194,8 @@ _ABSENT = object()
 def _cell(value: Any, unit: str | None) -> str:
     if value is _ABSENT:
         return MISSING
+    if isinstance(value, (dict, list)) and not value:
+        return "none"
     if isinstance(value, dict):
         return "; ".join(f"{label(k)}: {fmt_field(v, unit_of(k, unit)) if not isinstance(v, (dict, list)) else '…'}"
                          for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))[:8])

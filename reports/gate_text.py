@@ -5,9 +5,10 @@ check shows what it was held to: an assertion its bound, a baseline comparison i
 from __future__ import annotations
 
 from analyzer.base.sanitize import markdown
-from analyzer.base.units import fmt_change_pct, fmt_unit
+from analyzer.base.units import fmt_change, fmt_us
 from analyzer.compare.gate import Check, GateReport, _fmt
 from analyzer.reports.diff_text import table
+from analyzer.reports.text import WIDTH, _wrap as wrap
 
 
 def render_text(report: GateReport) -> str:
@@ -15,24 +16,88 @@ def render_text(report: GateReport) -> str:
     run = [c for c in report.checks if c.kind == "run"]
     if run:
         lines += ["", "Run:"]
-        lines += table(["status", "check", "detail"], [[c.status.upper(), c.name, c.message] for c in run])
+        lines += _rows(["status", "check"], [([c.status.upper(), c.name], c.message) for c in run])
     assertions = [c for c in report.checks if c.kind == "assertion"]
     if assertions:
         lines += ["", "Assertions:"]
-        lines += table(["status", "level", "assertion", "aggregate", "actual", "bound", "detail"],
-                       [[c.status.upper(), c.level, c.name, c.aggregate or "", _actual(c), c.bound, c.message]
+        lines += _rows(["status", "level", "assertion", "aggregate", "actual", "bound"],
+                       [([c.status.upper(), c.level, c.name, c.aggregate or "", _actual(c), c.bound], c.message)
                         for c in assertions])
     compared = [c for c in report.checks if c.kind == "baseline"]
     if compared:
         lines += ["", f"Baseline {report.baseline or ''}:".replace(" :", ":")]
-        lines += table(["status", "metric", "aggregate", "baseline", "new", "change", "threshold", "verdict"],
-                       [[c.status.upper(), c.name, c.aggregate or "", _fmt(c.base, c.name),
-                         _fmt(c.actual, c.name), _change(c), c.bound or "-", _verdict(c)] for c in compared])
+        lines += _baseline_rows(compared)
     if not any(c.kind != "run" for c in report.checks):
         lines.append("no assertion applied and no baseline given")
+    lines += _why(report)
     if report.warnings:
-        lines += [""] + [f"warning: {w}" for w in report.warnings]
+        lines += [""] + [line for w in report.warnings for line in _wrap(f"warning: {w}", "  ")]
     return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, indent: str, first: str = "") -> list[str]:
+    return wrap(text, WIDTH, initial_indent=first, subsequent_indent=indent)
+
+
+def _rows(header: list[str], rows: list[tuple[list[str], str]], detail: str = "detail") -> list[str]:
+    """A table whose last column (a sentence) stays on its row where the row fits the page, and
+    goes under its row, wrapped, where it does not: never a 300-character line."""
+    lines = table(header + [detail], [cells + [text] for cells, text in rows])
+    start = len(lines[0]) - len(detail)  # where the last column begins, on every row
+    out = [lines[0] if any(len(line) <= WIDTH and text for line, (_, text) in zip(lines[1:], rows))
+           else lines[0][:start].rstrip()]
+    for line, (_, text) in zip(lines[1:], rows):
+        if len(line) <= WIDTH:
+            out.append(line)
+            continue
+        out.append(line[:start].rstrip())
+        out += _wrap(text, "      ", "      ")
+    return out
+
+
+def _baseline_rows(compared: list[Check]) -> list[str]:
+    """The comparisons: each threshold with the term that set it (limit, floor, noise); what
+    every row shares (the aggregate, the unknown noise, what the terms are) said once below."""
+    aggregates = {c.aggregate for c in compared}
+    shared_aggregate = len(aggregates) == 1
+    header = ["status", "metric"] + ([] if shared_aggregate else ["aggregate"]) + ["baseline", "new", "change",
+                                                                                    "threshold"]
+    notes = {c.threshold.note for c in compared if c.threshold is not None and c.threshold.sigma is None}
+    rows = []
+    for c in compared:
+        cells = [c.status.upper(), c.name] + ([] if shared_aggregate else [c.aggregate or ""])
+        cells += [_fmt(c.base, c.name), _fmt(c.actual, c.name), _change(c),
+                  f"≤ {c.threshold.short}" if c.threshold else "-"]
+        # a row's own note: a measured noise (its σ), or why it was not compared
+        detail = c.message if c.threshold is None else c.threshold.note if c.threshold.sigma is not None else ""
+        rows.append((cells, detail))
+    lines = _rows(header, rows, "note")
+    aggregate = f"each run's {next(iter(aggregates))} figure; " if shared_aggregate and None not in aggregates else ""
+    lines += _wrap(f" ({aggregate}change: a share's in points of the step, any other metric's in % of the baseline; "
+                   "threshold: the largest of the limit (max_regression_pct of the baseline's figure), the floor "
+                   "(max_regression_pp for a share, the metric's own for the others) and the runs' noise"
+                   + "".join(f"; {note}" for note in sorted(notes)) + ")", "  ")
+    return lines
+
+
+def _why(report: GateReport) -> list[str]:
+    """A failing gate against a baseline says why: the findings that appeared or grew since it,
+    and the command that shows the whole difference."""
+    if not report.failed or report.findings_since is None:
+        return []
+    failed = ", ".join(c.name for c in report.failed)
+    lines = ["", f"Why it failed: {failed}."]
+    if report.findings_since:
+        for f in report.findings_since:
+            gain = f", estimated gain {fmt_us(f['gain_us'])} per step" if f.get("gain_us") is not None else ""
+            count = f"{f['base_count']} → {f['count']}" if f["change"] == "grew" else str(f["count"])
+            lines += _wrap(f" {f['change']} since the baseline: {f['rule']} ({count} finding(s){gain}): "
+                           f"{f.get('title') or ''}", "   ")
+    else:
+        lines.append(" no finding appeared or grew since the baseline")
+    if report.diff_command:
+        lines += _wrap(f" see them: {report.diff_command}", "   ")
+    return lines
 
 
 def _headline(report: GateReport, status: str) -> str:
@@ -50,9 +115,7 @@ def _actual(check: Check) -> str:
 
 def _change(check: Check) -> str:
     """A share's change in points of the step, every other metric's in % of the baseline."""
-    if check.change_pp is not None:
-        return ("+" if check.change_pp >= 0 else "") + fmt_unit(check.change_pp, "pp")
-    return fmt_change_pct(check.change_pct)
+    return fmt_change(check.change_pp, check.change_pct)
 
 
 def _verdict(check: Check) -> str:
@@ -79,7 +142,23 @@ def render_markdown(report: GateReport) -> str:
             # name (a process group's) would close it
             lines.append(f"| {_md_cell(cells[0])} | <code>{_md_cell(name)}</code> | "
                          + " | ".join(_md_cell(x) for x in cells[1:]) + " |")
+    why = _why(report)
+    if why:  # the same reasons as the text view, as a list under the table
+        lines += ["", f"**{markdown(why[1].strip())}**"] + [f"- {markdown(line.strip())}" for line in
+                                                           _joined(why[2:])]
     return "\n".join(lines) + "\n\n"
+
+
+def _joined(lines: list[str]) -> list[str]:
+    """The text view's wrapped lines back as one line per item (an item's lines after its first
+    are indented)."""
+    items: list[str] = []
+    for line in lines:
+        if line.startswith("   ") and items:
+            items[-1] += " " + line.strip()
+        else:
+            items.append(line.strip())
+    return items
 
 
 def _md_cell(text: str) -> str:

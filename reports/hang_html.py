@@ -9,10 +9,11 @@ from typing import Any
 from analyzer.hang import call_text, clock, evidence_lines, group_label
 from analyzer.reports.diff_html import _environment
 from analyzer.reports.templating import stylesheet
-from analyzer.reports.hang_text import COMPLETION, STACK_DEPTH
+from analyzer.reports.hang_text import COMPLETION, STACK_DEPTH, same_culprits
 
 
 def render_html(doc: dict[str, Any]) -> str:
     return _environment().get_template("hang.html.j2").render(
         doc=doc, css=stylesheet(), clock=clock, group_label=group_label, call_text=call_text,
-        evidence_lines=evidence_lines, completion=COMPLETION, depth=STACK_DEPTH)
+        evidence_lines=evidence_lines, completion=COMPLETION, depth=STACK_DEPTH,
+        same_culprits=same_culprits)

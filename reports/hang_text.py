@@ -3,6 +3,7 @@ culprits, waiting ranks and stack, the per-rank table, notes and warnings."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from analyzer.hang import call_text, clock, evidence_lines, group_label
@@ -50,16 +51,26 @@ def _hang(h: dict[str, Any]) -> list[str]:
     if pending.get("why"):
         lines.append(f"  {'proven stuck' if pending.get('proven') else 'not proven stuck'}: {pending['why']}")
     lines += [f"  #{h['seq']} on {line}" for line in evidence_lines(detail.get("evidence") or {})]
-    for rank, info in detail.get("culprits", {}).items():
-        lines += _culprit(rank, info)
+    for ranks, info in same_culprits(detail.get("culprits", {})):
+        lines += _culprit(ranks, info)
     return lines
 
 
-def _culprit(rank: str, info: dict[str, Any]) -> list[str]:
+def same_culprits(culprits: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The culprits that tell the same (the same last and newest entries, the same stack: every
+    rank of a stuck collective) once, with their ranks listed, in the order of their first rank."""
+    grouped: dict[str, tuple[list[int], dict[str, Any]]] = {}
+    for rank, info in culprits.items():
+        key = json.dumps(info, sort_keys=True, default=str)
+        grouped.setdefault(key, ([], info))[0].append(int(rank))
+    return [(("ranks " if len(ranks) > 1 else "rank ") + _ranks_text(ranks), info) for ranks, info in grouped.values()]
+
+
+def _culprit(who: str, info: dict[str, Any]) -> list[str]:
     if not info.get("dump"):
-        return [f"  rank {rank}: no dump"]
+        return [f"  {who}: no dump"]
     done, newest = info.get("last_completed"), info.get("newest_entry_any_group")
-    lines = [f"  rank {rank}: last completed {_entry_text(done)}; newest entry {_entry_text(newest)}"]
+    lines = [f"  {who}: last completed {_entry_text(done)}; newest entry {_entry_text(newest)}"]
     frames = (newest or {}).get("frames", [])
     lines += [f"      at {f['name']} ({f['filename']}:{f['line']})" for f in frames[:STACK_DEPTH]]
     if len(frames) > STACK_DEPTH:

@@ -10,7 +10,7 @@ from typing import Any
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
 from analyzer.job.attribution import ESTIMATED_PEER
 from analyzer.job.digest import TOP_ROWS
-from analyzer.job.model import JobModel, leaf_names
+from analyzer.job.model import JobModel, group_label, leaf_names
 from analyzer.job.result import result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
@@ -28,7 +28,10 @@ _FIGURE_UNIT = re.compile(r"(?<=\d) (?=(?:µs|ms|s|MB|KB|GB|TB|GB/s|TFLOP/s|[kMG
 
 
 def _wrap(text: str, width: int = WIDTH, **options: Any) -> list[str]:
-    """``textwrap.wrap`` that never breaks a line between a figure and its unit."""
+    """``textwrap.wrap`` that never breaks a line between a figure and its unit, nor inside a
+    word (a file path stays whole, on a line of its own when longer than the page)."""
+    options.setdefault("break_long_words", False)
+    options.setdefault("break_on_hyphens", False)
     if _GLUE in text:  # the trace itself holds the character: wrap as it is
         return textwrap.wrap(text, width, **options)
     glued = _FIGURE_UNIT.sub(_GLUE, text)
@@ -58,7 +61,8 @@ class TextRenderer:
         lines += _compute(doc, model)
         lines += _memory(doc)
         lines += _rank_table(doc, model)
-        lines += _top_collectives(doc, model.digest)
+        excluded = {e.step: e.role for e in model.typical.excluded} if model.typical else {}
+        lines += _top_collectives(doc, model.digest, excluded)
         lines += _groups(doc, model)
         lines += _stragglers(doc)
         lines += _warnings(doc)
@@ -79,7 +83,6 @@ def _fitted(lines: list[str]) -> list[str]:
 
 def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     job = doc["job"]
-    ranks = doc["ranks"]
     parts = [f"{job['ranks_given']} rank(s)"]
     if job.get("world_size"):
         parts[0] += f" of {job['world_size']}"
@@ -107,13 +110,16 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
             lines += _wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
                                    break_on_hyphens=False)
         return lines + headline + [""]
-    comm = sum(r["comm_us"] for r in ranks)
-    exposed = sum(r["exposed_comm_us"] for r in ranks)
-    span = sum(r["span_us"] for r in ranks)
-    if span:
-        lines.append(f"exposed communication: {exposed / max(len(ranks), 1):,.0f} µs per rank "
-                     f"({100 * exposed / span:.1f}% of GPU span), overlap {100 * (comm - exposed) / comm if comm else 0:.1f}%")
+    whole = model.whole_trace  # no typical step: the whole trace, labelled as such
+    if whole is not None:
+        lines.append(f"whole trace (no typical step), mean over {whole.ranks} rank(s): exposed communication "
+                     f"{fmt_us(whole.exposed_us)} ({_pct_share(whole.exposed_share)} of the GPU span "
+                     f"{fmt_us(whole.span_us)}), overlap {_pct_share(whole.overlap_share)}")
     return lines + headline + [""]
+
+
+def _pct_share(share: float | None) -> str:
+    return fmt_pct(None if share is None else 100 * share)
 
 
 def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
@@ -351,8 +357,8 @@ def _tree(model: JobModel) -> list[str]:
             ("└─ ", "GPU idle", leaves.idle_us, "")]
     for prefix, name, value, note in rows:
         lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
-        if name == "transfer":
-            lines += [f"  │        {text}" for text in splits]
+        if name == "exposed communication":  # the splits divide all of it, waiting and transfer alike
+            lines += [f"  │     {text}" for text in splits]
     wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
     own = sorted(((k, v) for k, v in d.idle_unknown_by_phase.items() if v), key=lambda kv: (-kv[1], kv[0]))
     where = f" (in {', '.join(f'{k} {fmt_us(v)}' for k, v in own)})" if own else ""
@@ -374,7 +380,17 @@ def _tree(model: JobModel) -> list[str]:
     return lines + [""]
 
 
-def _top_collectives(doc: dict[str, Any], digest: dict[str, Any]) -> list[str]:
+def _steps_label(rows: list[dict[str, Any]], excluded: dict[int, str]) -> str:
+    """The list ranks every step of the trace: where it shows a step the breakdown above leaves
+    out (warm-up, drain, outlier), it says so, so the two are not read as the same steps."""
+    shown = sorted({c["step"] for c in rows if c.get("step") in excluded})
+    if not shown:
+        return ""
+    names = ", ".join(f"step {step} {excluded[step]}" for step in shown)
+    return f", every step of the trace ({names} included, which the breakdown leaves out)"
+
+
+def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict[int, str] | None = None) -> list[str]:
     """The most exposed GPU collectives and the host-side ones, from the digest of every row
     (analyzer.job.digest: a saved large result has only its most exposed rows in the document)."""
     top = digest["top_exposed"]
@@ -385,7 +401,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any]) -> list[str]:
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time:",
+    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))
@@ -431,7 +447,7 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
     groups = doc.get("groups") or []
     if not groups:
         return []
-    names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
+    names = [group_label(g) or f"? ({','.join(g.get('kinds') or [])})" for g in groups]
     name_w, role_w = 20, 12
     lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile; busbw: below):",
              f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
@@ -446,16 +462,16 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
         if len(name) > name_w or len(role) > role_w:  # never cut: the long name on a line of its own
             lines.append(f"{name} ({role})" if len(role) > role_w else name)
             shown, role = "", ("" if len(role) > role_w else role)
-        lines.append(f"{shown:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
-                     f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
+        lines.append(f"{shown:<{name_w}} {role:<{role_w}} {_formatted(g.get('size'), '{:d}'):>5} {nodes:>6} "
+                     f"{_formatted(g.get('alpha_us'), '{:.2f}'):>8} {_formatted(g.get('beta_gbps'), '{:.1f}'):>8} "
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
-                     f"{_num(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
+                     f"{_formatted(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
     for label, basis in notes.items():
         lines += _wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
     return lines + [""]
 
 
-def _num(value: Any, fmt: str, missing: str = "?") -> str:
+def _formatted(value: Any, fmt: str, missing: str = "?") -> str:
     return missing if value is None else fmt.format(value)
 
 

@@ -6,8 +6,8 @@ import statistics
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
-from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
-from analyzer.whatif.fsdp import layer_count, parameter_count
+from analyzer.job.ddp import backward_transfer_us, ddp_steps, representative
+from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
 from analyzer.whatif.prediction import WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
@@ -117,9 +117,9 @@ class CommBoundStep(Rule):
             return []
         rep = min(rows, key=lambda r: (abs(r["min_bubble_us"] - bubble), r["rank"], str(r["step"])))
         window = "T_bwd" if rep["kind"] == "ddp" else "T_fwd+bwd"
-        summary = (f"Communication takes {rep['t_comm_us']:,.0f} µs per step but the {window} window is "
-                   f"{rep['t_window_us']:,.0f} µs (first-bucket wait {rep['wait_us']:,.0f} µs): at least "
-                   f"{bubble:,.0f} µs cannot be hidden, and {exposed:,.0f} µs ({100 * exposed / step_us:.0f}% "
+        summary = (f"Communication takes {fmt_us(rep['t_comm_us'])} per step but the {window} window is "
+                   f"{fmt_us(rep['t_window_us'])} (first-bucket wait {fmt_us(rep['wait_us'])}): at least "
+                   f"{fmt_us(bubble)} cannot be hidden, and {fmt_us(exposed)} ({100 * exposed / step_us:.0f}% "
                    f"of the step) is exposed.")
         model = (f"critical overlap: T_comm ≤ {window} − T_first_wait ⇔ {rep['t_comm_us']:,.0f} µs ≤ "
                  f"{rep['t_window_us']:,.0f} − {rep['wait_us']:,.0f} µs: false; bubble ≥ T_comm + T_first_wait "

@@ -338,7 +338,9 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
         top = next((f for f in problems if fits_verdict(f) is not False), problems[0])
         gain = top.get("estimated_gain_us")
         if gain and step:
-            cost = f" (about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
+            # the gain, named as such: not the exposed time the title speaks of (a finding's fix
+            # may recover less than its leaf holds)
+            cost = f" (its estimated gain is about {fmt_us(gain)} of the {fmt_us(step)} typical step)"
         elif gain is not None and step:  # estimated, and nothing to gain at this scale
             cost = f" (its estimated gain is {fmt_us(gain)} of the {fmt_us(step)} typical step)"
         else:

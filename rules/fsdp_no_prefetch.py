@@ -6,8 +6,8 @@ from analyzer.job.memory import fix_memory
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
-from analyzer.whatif.fsdp import fsdp_steps, parameter_count, unit_links
-from analyzer.whatif.ddp import representative
+from analyzer.job.fsdp import fsdp_steps, parameter_count, unit_links
+from analyzer.job.ddp import representative
 from analyzer.whatif.counterfactual import replayed_exposed
 from analyzer.whatif.prediction import predicted
 
@@ -113,7 +113,7 @@ class FsdpNoPrefetch(Rule):
             "collectives": "forward and backward all-gather",
             "memory": self._memory(facts, rep, links["allgather"].n),
             "modelled_gain_us": round(modelled, 1),
-            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the "
+            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.job.fsdp) on the "
                                     "median rank-step: exposed communication without prefetch less with it"
                                     + (f"; {REPLAYED}" if replay_input else ""), {**replay_input,
                 "link": {"value": links["allgather"].evidence(), "origin": "measured",

@@ -157,18 +157,12 @@ class StragglerRank(Rule):
         if counter is not None:  # entry skew: its lateness costs nothing even with the named ranks fixed
             floor = t["member_share"] * counter.recoverable
             skewed = {r: v for r, v in skewed.items() if counter.beyond.get(r, 0.0) <= floor}
-        shares = ", ".join(f"rank {r} {fmt_us(caused.get(r, 0.0))} ({100 * caused.get(r, 0.0) / total:.0f}%)" for r in late)
-        names = ", ".join(str(r) for r in late)
-        total = total or 1.0
-        many = len(late) > 1
-        share = sum(caused.get(r, 0.0) for r in late) / total
-        summary = (f"Rank{'s' if many else ''} {names} cause{'' if many else 's'} {100 * share:.0f}% of the waiting "
-                   f"for late peers at the collectives ({fmt_us(total)} per step, mean over the ranks): {shares} "
-                   f"(mean over the {len(steady)} steady step(s); {_pattern_text(pattern, top, count, len(steady))}); "
-                   f"the other ranks wait {fmt_us(wait_us)} for {'them' if many else 'it'} ({where}, median rank "
-                   f"not late: {100 * wait_us / step_us:.1f}% of the {fmt_us(step_us)} typical step)"
+        summary = (f"{_caused_text(late, caused, total, len(steady))} "
+                   f"({_pattern_text(pattern, top, count, len(steady))}); "
+                   f"{_waited_text(late, waited, where, step_us)}"
                    f"{_held_text(wait_us, gain, recovers) if counter is None else ''}; cause: {lead['cause']} — "
                    f"{lead['text']}.{_counter_text(counter, step_us, gain)}{_skew_text(skewed)}")
+        total = total or 1.0
         model = ("the last arrival at a collective is its shortest kernel (its members end together); each other "
                  "member's kernel until then is its wait, the exposed part of it the step's waiting for late "
                  "peers, attributed to the rank waited for; caused waiting = a rank's share of that, mean over "
@@ -184,7 +178,7 @@ class StragglerRank(Rule):
             "causes": {str(r): c for r, c in causes.items()},
             "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
             "caused_wait_share": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
-            "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "all_waiting_per_step_us": round(total, 1),
+            "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "caused_wait_in_step_us": round(waited, 1), "all_waiting_per_step_us": round(total, 1),
             "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
                                  for n in steady],
@@ -208,6 +202,35 @@ class StragglerRank(Rule):
                             recovers=recovers,
                             fix_text="", fixes=[Fix(_fix(ctx, worst, lead), _snippet(ctx, worst, lead),
                                                     _host_fix(ctx, lead)[2] if lead["cause"] == "host" else ())])]
+
+
+def _caused_text(late: list[int], caused: dict[int, float], total: float, steady: int) -> str:
+    """Who causes how much of the waiting (mean over the ranks and the steady steps). A rank the
+    replay names that is never the last arrival causes none of it directly: said so, never
+    listed as causing "0.0 µs (0%)"."""
+    causing = [r for r in late if caused.get(r, 0.0) > 0.0]
+    masked = [r for r in late if r not in causing]
+    many = len(causing) > 1
+    share = sum(caused[r] for r in causing) / (total or 1.0)
+    shares = ", ".join(f"rank {r} {fmt_us(caused[r])} ({100 * caused[r] / (total or 1.0):.0f}%)" for r in causing)
+    text = (f"Rank{'s' if many else ''} {', '.join(map(str, causing))} cause{'' if many else 's'} "
+            f"{100 * share:.0f}% of the waiting for late peers at the collectives ({fmt_us(total)} per step, mean "
+            f"over the ranks and the {steady} steady step(s)): {shares}")
+    if masked:
+        few = len(masked) > 1
+        text += (f"; rank{'s' if few else ''} {', '.join(map(str, masked))} cause{'' if few else 's'} none of it "
+                 f"directly (a later rank arrives after {'them' if few else 'it'}) but the replay below finds "
+                 f"{'them' if few else 'it'} setting the pace once that rank is on time")
+    return text
+
+
+def _waited_text(late: list[int], waited: float, where: str, step_us: float) -> str:
+    """The waiting the late ranks cause in the step the figures quote: the breakdown's waiting
+    for late peers keyed by them (mean over the ranks), not all the waiting the others do."""
+    many = len(late) > 1
+    return (f"in {where} the others' waiting for {'them' if many else 'it'} is {fmt_us(waited)} (mean over the ranks, "
+            f"as the breakdown's waiting for late peers: {100 * waited / step_us:.1f}% of the {fmt_us(step_us)} "
+            "typical step)")
 
 
 def _mean_over_steps(by_step: dict[Any, dict[int, float]], steps: list[Any]) -> dict[int, float]:

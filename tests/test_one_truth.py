@@ -17,7 +17,7 @@ from analyzer.compare.metrics import run_metrics
 from analyzer.job.model import LEAVES
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
-from rule_cases_lib import diagnosed, sample_traces
+from rule_cases_lib import SAMPLES as SAMPLES_DIR, diagnosed, sample_traces
 
 JOBS = sorted(sample_traces())
 # "<duration> step" where a view quotes a step time, and what may stand before it to say which
@@ -202,7 +202,7 @@ def test_the_verdicts_recoverable_time_is_within_what_the_step_loses(job):
     result = diagnosed(job)
     typical = result.model.typical
     verdict = " ".join((result.verdict or "").split())
-    single = re.search(r"\(about (\S+ (?:µs|ms|s)) of the (\S+ \S+) typical step\)", verdict)
+    single = re.search(r"\(its estimated gain is about (\S+ (?:µs|ms|s)) of the (\S+ \S+) typical step\)", verdict)
     if typical is None or single is None:
         return
     lost = typical.leaves.lost_us
@@ -292,3 +292,359 @@ def test_straggler_marks_only_where_a_straggler_finding_names_the_rank(job):
         assert set(bars["stragglers"]) == named, job
     lanes = {g["rank"] for g in view["timeline"].get("groups", []) if g["role"] == "straggler"}
     assert lanes <= named and len(lanes) <= 1, job
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_the_verdict_names_the_gain_as_the_gain(job):
+    """ddp_bucket_oversized: "a large all-reduce is exposed after backward (about 18.1 ms of the
+    163.9 ms typical step)" read as 18.1 ms exposed, where 23.5 ms is exposed and 18.1 ms is the
+    predicted gain. A duration the verdict quotes of the typical step says which figure it is."""
+    result = diagnosed(job)
+    verdict = " ".join((result.verdict or "").split())
+    for quoted in re.finditer(r"\((?P<before>[^()]*?)(?P<figure>\S+ (?:µs|ms|s)) of the \S+ \S+ typical step\)", verdict):
+        assert quoted["before"].startswith(("its estimated gain is", "no estimate")), (job, quoted.group(0))
+    top = next((f for f in result.findings if f.get("estimated_gain_us")), None)
+    if top is not None and result.model.step_time_us:
+        assert f"its estimated gain is about {fmt_us(top['estimated_gain_us'])}" in verdict or \
+            "together the findings recover" in verdict or top is not result.findings[0], (job, verdict)
+
+
+def _tree_rows(text: str) -> dict[str, float]:
+    """The time tree's rows as {name: µs}, and each split line of the exposed communication."""
+    rows: dict[str, float] = {}
+    for line in text.split("Where the time of step", 1)[1].split("\n\n", 1)[0].splitlines()[1:]:
+        row = re.match(r"\s+[│ ]*[├└]─ (?P<name>.+?)\s{2,}(?P<value>\d[\d,.]* (?:µs|ms|s))", line)
+        if row:
+            rows[row["name"]] = _printed_us(row["value"])
+            continue
+        split = re.match(r"\s+│\s+(?P<title>by \w+): (?P<cells>.+)", line)
+        if split:
+            cells = re.findall(r"(\d[\d,.]* (?:µs|ms|s))", split["cells"])
+            rows[split["title"]] = sum(_printed_us(c) for c in cells)
+    return rows
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_a_split_is_drawn_under_what_it_splits(job):
+    """The tree drew "by collective / by phase / by group" under "transfer" (4.40 ms on
+    ddp_straggler) although they split all the exposed communication (34.2 ms): each split is
+    drawn right under "exposed communication", and no child is larger than its parent."""
+    result = diagnosed(job)
+    if result.model.typical is None:
+        return
+    text = TextRenderer().render(result)
+    rows = _tree_rows(text)
+    exposed = rows["exposed communication"]
+    lines = text.split("Where the time of step", 1)[1].splitlines()
+    at = next(i for i, line in enumerate(lines) if "├─ exposed communication" in line)
+    splits = [t for t in ("by collective", "by phase", "by group") if t in rows]
+    assert [line.split(":")[0].strip(" │") for line in lines[at + 1:at + 1 + len(splits)]] == splits, job
+    for title in splits:
+        assert rows[title] <= exposed * 1.005 + 0.1, (job, title, rows[title], exposed)
+    assert rows["waiting for late peers"] + rows["transfer"] <= exposed * 1.005 + 0.1
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_the_top_collectives_say_which_steps_they_rank(job):
+    """ddp_straggler: the breakdown leaves out the drain step 7 and "Top 5 collectives by exposed
+    time" listed only step 7's: a list showing a step the breakdown leaves out says so."""
+    result = diagnosed(job)
+    typical = result.model.typical
+    text = " ".join(TextRenderer().render(result).split())
+    top = result.model.digest["top_exposed"]
+    if typical is None or not top["shown"]:
+        return
+    excluded = {e.step: e.role for e in typical.excluded}
+    shown = sorted({c["step"] for c in top["rows"] if c.get("step") in excluded})
+    heading = re.search(r"Top \d+ collectives by exposed time(?P<label>[^:]*):", text)
+    assert heading, job
+    for step in shown:
+        assert f"step {step} {excluded[step]} included, which the breakdown leaves out" in heading["label"], job
+    if not shown:
+        assert heading["label"] == "", job
+
+
+def test_the_straggler_figures_are_the_breakdowns():
+    """ddp_straggler's card gave 31.6 ms (caused, mean over the steady steps), 34.0 ms (the median
+    rank not late, typical step) and the tree 29.8 ms (typical step, mean over the ranks) for the
+    one waiting; DLRM's "the others wait 5.99 ms for it" was all their waiting, not the 4.40 ms
+    rank 7 causes, and it named ranks 6, 2, 0 at "0.0 µs (0%)". The figure the others wait for
+    the late ranks in the typical step is the tree's waiting keyed by them (mean over the ranks);
+    the steady-step mean is labelled as such; no named rank is said to cause 0."""
+    for job, rank, caused in (("synthetic/ddp_straggler", 5, "29.8 ms"), ("real/param_dlrm_ddp_8rank", 7, "4.40 ms")):
+        result = diagnosed(job)
+        finding = next(f for f in result.findings if f["rule"] == "straggler-rank")
+        summary = " ".join(finding["summary"].split())
+        typical = result.model.typical
+        keyed = sum(v for peer, v in typical.details.wait_by_peer.items() if peer in {str(r) for r in finding["ranks"]})
+        assert fmt_us(keyed) == caused
+        assert f"in typical step {typical.step} the others' waiting for " in summary
+        assert re.search(rf"waiting for (?:it|them) is {re.escape(caused)} \(mean over the ranks", summary), summary
+        assert finding["evidence"]["caused_wait_in_step_us"] == pytest.approx(keyed, abs=0.1)
+        text = " ".join(TextRenderer().render(result).split())
+        assert f"for rank {rank} {caused}" in text  # the tree's figure, the same
+        assert "0.0 µs (0%)" not in summary and " (0%)" not in summary
+        assert "mean over the ranks and the " in summary  # the steady-step mean, labelled
+    dlrm = next(f for f in diagnosed("real/param_dlrm_ddp_8rank").findings if f["rule"] == "straggler-rank")
+    assert "ranks 6, 2, 0 cause none of it directly" in " ".join(dlrm["summary"].split())
+
+
+def _gate_against(new_job: str, base_job: str, preset: str | None = "recommended"):
+    from analyzer.compare.gate import parse_gate_config, registered_rule_names
+    config = parse_gate_config({}, preset, None, registered_rule_names(), "test")
+    return evaluate(diagnosed(new_job), config, diagnosed(base_job), "base.json", run_label="new/")
+
+
+def test_a_share_changes_in_points_in_the_gate_and_the_diff_alike():
+    """ddp_healthy_8r → ddp_straggler: the gate said exposed +17.93 pp, the diff "+1643.2%", and
+    idle 0.15% → 0.11% (0.04 points) "-29.3% better". A share's change is in points of the step
+    in both; under a tenth of a point it is "same"."""
+    from analyzer.reports.diff_text import DiffTextRenderer
+    from analyzer.reports.gate_text import render_text
+    base, new = diagnosed("synthetic/ddp_healthy_8r"), diagnosed("synthetic/ddp_straggler")
+    diff = diff_runs(base, new)
+    metrics = {m["metric"]: m for m in diff["metrics"]}
+    exposed, idle = metrics["exposed_comm_pct"], metrics["idle_pct"]
+    assert exposed["delta_pp"] == pytest.approx(exposed["new"] - exposed["base"])
+    assert idle["verdict"] == "same" and abs(idle["delta_pp"]) < 0.1
+    assert "delta_pp" not in metrics["step_time_us"]
+    checks = {c.name: c for c in _gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r").checks
+              if c.kind == "baseline"}
+    assert checks["exposed_comm_pct"].change_pp == pytest.approx(exposed["delta_pp"])
+    printed = f"+{exposed['delta_pp']:.2f} pp"
+    diff_text = DiffTextRenderer().render(diff)
+    gate_text = render_text(_gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r"))
+    for view, section in ((diff_text, "Metrics ("), (gate_text, "Baseline ")):
+        row = next(line for line in view.split(section, 1)[1].splitlines() if " exposed_comm_pct " in line)
+        assert printed in row, row
+    for line in (line for line in diff_text.splitlines() + gate_text.splitlines() if "_pct " in line):
+        assert not re.search(r"_pct\s.*\d%\s+[+-]\d[\d.]*%", line), line  # never a share's relative change
+
+
+def test_mfu_is_a_percentage_in_every_view():
+    """The gate printed shapes_mfu 0.4899 where diagnose says "MFU 49.0%": one convention, a
+    percentage (the JSON keeps the fraction the metric is defined by)."""
+    from analyzer.base.units import fmt_unit
+    from analyzer.reports.gate_text import render_text
+    text = render_text(_gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r"))
+    row = next(line for line in text.splitlines() if " shapes_mfu " in line)
+    mfu = diagnosed("synthetic/ddp_straggler").model.compute.mfu
+    assert fmt_unit(mfu, "fraction") in row and f"{100 * mfu:.2f}%" in row
+    assert f"MFU {100 * mfu:.1f}% of the step" in " ".join(TextRenderer().render(diagnosed("synthetic/ddp_straggler")).split())
+
+
+def test_a_failing_gate_fits_100_columns_says_a_shared_note_once_and_says_why():
+    """Gate lines ran to 301 characters (a finding's whole summary in a cell), the same noise
+    note on every row, and a failing gate did not say which findings came with the regression.
+    Every line fits 100 columns; the unknown noise is said once; the failure names the findings
+    that appeared or grew since the baseline and the `tracecliff diff` command to see them."""
+    from analyzer.reports.gate_text import render_text
+    report = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r")
+    text = render_text(report)
+    assert report.failed
+    words = [line for line in text.splitlines() if not line.startswith(("warning:", "  /"))]
+    assert max(map(len, words)) <= 100, max(words, key=len)
+    flat = " ".join(text.split())
+    assert flat.count("noise unknown:") == 1
+    assert "Why it failed: " in flat
+    grown = report.findings_since
+    assert [f["rule"] for f in grown if f["change"] == "appeared"] == ["straggler-rank"]
+    assert "appeared since the baseline: straggler-rank (1 finding(s), estimated gain" in flat
+    assert "see them: tracecliff diff base.json new/" in flat
+    from analyzer.reports.gate_text import render_markdown
+    summary = render_markdown(report)
+    assert "**Why it failed: " in summary and "straggler\\-rank" in summary and "tracecliff diff" in summary
+    # against itself nothing appeared or grew, and the gate passes
+    same = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_straggler")
+    assert not same.failed and same.findings_since == []
+
+
+def test_a_persisting_finding_that_grew_is_named():
+    """A finding in both runs whose count or estimated gain grew is what a failing gate names."""
+    from analyzer.compare.diff import grown_findings
+    base, new = diagnosed("synthetic/ddp_straggler"), diagnosed("synthetic/ddp_straggler")
+    assert grown_findings(base, new) == []
+    bigger = [dict(f, estimated_gain_us=2 * f["estimated_gain_us"]) for f in new.findings]
+
+    class Run:
+        findings = bigger
+    grown = grown_findings(base, Run())
+    assert [(f["rule"], f["change"]) for f in grown] == [("straggler-rank", "grew")]
+
+
+def test_a_bundled_sample_does_not_warn_about_its_own_truth_json(tmp_path):
+    """Every bundled synthetic sample warned "skipped 1 JSON file(s) that are not traces:
+    .../truth.json": the generator's file beside its traces is left out without a word; any
+    other JSON file that is no trace is still named."""
+    from analyzer.ingest.files import discover_trace_files
+    job = "synthetic/ddp_straggler"
+    assert not any("truth.json" in w for w in diagnosed(job).warnings)
+    (tmp_path / "rank-0.json").write_text('{"traceEvents": []}')
+    (tmp_path / "truth.json").write_text('{"step_time_us": 1}')
+    (tmp_path / "config.json").write_text('{"lr": 1}')
+    skipped: list = []
+    assert [p.name for p in discover_trace_files([str(tmp_path)], skipped)] == ["rank-0.json"]
+    assert [p.name for p in skipped] == ["config.json"]
+
+
+def test_gate_without_a_configuration_does_not_speak_of_a_file(tmp_path, monkeypatch):
+    """`tracecliff gate DIR` in a directory without pyproject.toml said "no [tool.tracecliff.gate]
+    assertions in pyproject.toml [tool.tracecliff]": there is no such file."""
+    from analyzer.base.config import config_source
+    monkeypatch.chdir(tmp_path)
+    assert "no pyproject.toml in the current directory" in config_source(None)
+    (tmp_path / "pyproject.toml").write_text("")
+    assert config_source(None) == "pyproject.toml [tool.tracecliff]"
+    assert config_source("ci/perf.toml") == "ci/perf.toml"
+
+
+def _cli(args, capsys):
+    from analyzer.cli.main import main
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_whatif_says_speed_up_at_one_size_dedupes_its_sources_and_has_html(capsys, tmp_path):
+    """ddp_bucket_oversized --bucket-mb 25 (8 → 8 GPUs) printed "scaling efficiency 1.11" for a
+    change of no scale, 23 assumption lines with the profile's datasheet sentence three times,
+    and had no HTML view."""
+    job = sample_traces()["synthetic/ddp_bucket_oversized"]
+    code, out, _ = _cli(["whatif", *job, "--bucket-mb", "25", "--workers", "1"], capsys)
+    assert code == 0 and "scaling efficiency" not in out and "speed-up (same GPUs)" in out
+    section = out.split("Assumptions", 1)[1].split("\nnote:", 1)[0]
+    sources = re.findall(r"\((\w+: .+?)\)$", section, flags=re.M)
+    assert sources and len(sources) == len(set(sources))
+    assert " ".join(section.split()).count("NVIDIA H100 datasheet: NVLink 900 GB/s") == 1
+    code, out, _ = _cli(["whatif", *job, "--gpus", "16", "--nodes", "4", "--workers", "1"], capsys)
+    assert code == 0 and "scaling efficiency" in out
+    page = tmp_path / "w.html"
+    code, _, _ = _cli(["whatif", *job, "--bucket-mb", "25", "--format", "html", "-o", page, "--workers", "1"], capsys)
+    html = page.read_text()
+    assert code == 0 and html.startswith("<!DOCTYPE html>") and "speed-up (same GPUs)" in html
+    assert html.count("NVIDIA H100 datasheet: NVLink 900 GB/s") == 1 and "<script" not in html
+
+
+def test_hang_durations_are_human_and_identical_stacks_are_printed_once(capsys):
+    """subgroups_skip said "causing 4,221,654 µs of waiting"; nccl_stuck printed the same five
+    frames four times, once per rank: a duration in human units, a stack once with its ranks."""
+    root = SAMPLES_DIR / "flight_recorder"
+    code, out, _ = _cli(["hang", root / "subgroups_skip"], capsys)
+    assert "4.22 s of waiting on the others" in out and not re.search(r"\d,\d{3},\d{3} µs", out)
+    code, out, _ = _cli(["hang", root / "nccl" / "nccl_stuck"], capsys)
+    assert out.count("at train_step (/job/train.py:88)") == 1 and "ranks 0, 1, 2, 3: last completed" in out
+    code, out, _ = _cli(["hang", root / "nccl" / "nccl_stuck", "--format", "html"], capsys)
+    assert re.findall(r"<h4>(.*?)</h4>", out) == ["ranks 0, 1, 2, 3"]
+
+
+def test_rules_list_what_each_detects_and_timeline_step_is_not_steps(capsys):
+    """`tracecliff rules` listed each rule by its passing phrase ("No rank holds the others
+    back"), and diagnose had both --step (the HTML timeline's) and --steps (the steps analysed):
+    the list says what each rule detects, the timeline's option is --timeline-step (--step kept,
+    hidden, as its alias)."""
+    from analyzer.rules.engine import all_rules
+    code, out, _ = _cli(["rules"], capsys)
+    flat = " ".join(out.split())
+    for rule in all_rules().values():
+        assert " ".join(rule.failure_title.split()) in flat
+        assert rule.title not in out, rule.title
+    assert max(map(len, out.splitlines())) <= 100
+    code, out, _ = _cli(["diagnose", "--help"], capsys)
+    assert "--timeline-step" in out and "--step " not in out and "--steps" in out
+
+
+def test_the_diff_never_cuts_a_summary(capsys):
+    """The diff's findings table cut each summary at 80 characters, mid-sentence: the table
+    names the rule's title, and the whole summary follows, wrapped."""
+    from analyzer.reports.diff_text import DiffTextRenderer
+    new = diagnosed("synthetic/ddp_straggler")
+    text = DiffTextRenderer().render(diff_runs(diagnosed("synthetic/ddp_healthy_8r"), new))
+    finding = next(f for f in new.findings if f["rule"] == "straggler-rank")
+    assert " ".join(finding["summary"].split()) in " ".join(text.split())
+    assert finding["title"] in text
+
+
+def _undeclared(data, where: str) -> list[str]:
+    """The evidence keys that are fields (not data: a rank, a collective, an op's name) and that
+    analyzer.rules.evidence_fields does not declare."""
+    from analyzer.rules.evidence_fields import field
+    missing = []
+    for key, value in (data.items() if isinstance(data, dict) else ()):
+        declared = field(key)
+        if declared is None:
+            missing.append(f"{where}{key}")
+            continue
+        if declared.columns or declared.inner:
+            continue
+        if declared.keys is not None and isinstance(value, dict):  # keyed by data: its values are records
+            for inner in value.values():
+                missing += _undeclared(inner, f"{where}{key}.*.")
+        elif isinstance(value, dict):
+            missing += _undeclared(value, f"{where}{key}.")
+        elif isinstance(value, list):
+            for item in value:
+                missing += _undeclared(item, f"{where}{key}[].")
+    return missing
+
+
+def _world_jobs():
+    from conftest import WORLD_TRACES
+    return sorted(str(p) for p in WORLD_TRACES.iterdir() if p.is_dir()) if WORLD_TRACES.is_dir() else []
+
+
+@pytest.mark.parametrize("job", JOBS + _world_jobs())
+def test_every_evidence_field_has_a_declared_label_and_unit(job):
+    """The HTML evidence showed raw names ("t comm", "s star", "exposed tail us by rank step")
+    with units guessed from them: every field of every finding's evidence on the sample, real
+    and world jobs is declared (analyzer.rules.evidence_fields), so each view labels it and
+    gives its unit from the declaration."""
+    if job.startswith("/"):
+        from analyzer.api import DiagnoseOptions, diagnose
+        result = diagnose([job], DiagnoseOptions(workers=1))
+    else:
+        result = diagnosed(job)
+    for f in result.findings:
+        evidence = {k: v for k, v in (f.get("evidence") or {}).items() if k != "prediction"}
+        assert _undeclared(evidence, "") == [], (job, f["rule"])
+
+
+def test_the_html_evidence_is_labelled_tables_with_declared_units():
+    """ddp_bucket_oversized's card: the rank/step table printed ranks and steps as µs ("0.0 µs |
+    5.0 µs | 23.5 ms") without headings, and the bucket caps (MB) as µs; straggler-rank's per-step
+    tables had no headings."""
+    def card(job, rule):
+        return next(c for c in build_view(diagnosed(job))["findings"]["cards"] if c["rule"] == rule)
+
+    def row(c, key):
+        return next(r for r in c["evidence"] if r["key"] == key)
+    oversized = card("synthetic/ddp_bucket_oversized", "ddp-bucket-oversized")
+    tail = row(oversized, "exposed tail per rank and step")["table"]
+    assert tail["head"] == ["rank", "step", "exposed tail"]
+    rank, step, us = tail["rows"][0]
+    assert re.fullmatch(r"\d+", rank) and re.fullmatch(r"\d+", step) and us.endswith((" ms", " µs"))
+    caps = row(oversized, "modelled tail by bucket cap")["table"]
+    assert caps["head"] == ["bucket cap", "modelled tail"] and caps["rows"][0][0] == "1.00 MB"
+    assert row(oversized, "communication time")["value"].endswith(" ms")
+    assert row(oversized, "suggested bucket_cap_mb")["value"] == "100.00 MB"
+    straggler = card("synthetic/ddp_straggler", "straggler-rank")
+    by_step = row(straggler, "waiting caused per steady step")["table"]
+    assert by_step["head"][0] == "step" and by_step["head"][1:] == [f"rank {r}" for r in (2, 3, 5)]
+    assert by_step["rows"][0][0] == "step 5"
+    for job in ("synthetic/ddp_bucket_oversized", "synthetic/ddp_straggler", "real/param_dlrm_ddp_8rank"):
+        for c in build_view(diagnosed(job))["findings"]["cards"]:
+            for r in c["evidence"]:
+                assert "_" not in r["key"] or r["key"].startswith("suggested bucket_cap"), (job, r["key"])
+                if r.get("table"):
+                    assert all(r["table"]["head"][1:]), (job, r["key"], r["table"]["head"])
+
+
+def test_the_html_collectives_say_which_steps_they_total():
+    """The collectives' totals cover every step; the time breakdown leaves the drain out: the
+    section says so, naming the steps."""
+    view = build_view(diagnosed("synthetic/ddp_straggler"))["collective_steps"]
+    assert view["note"] == "every step of the trace, step 7 drain included (the time breakdown leaves it out)"

@@ -70,8 +70,13 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def config_source(path: str | Path | None = None) -> str:
-    """How to name the configuration in messages."""
-    return str(path) if path is not None else "pyproject.toml [tool.tracecliff]"
+    """How to name the configuration in messages: the file given, ./pyproject.toml where there
+    is one, else that there is none (a message must not speak of a file that is not there)."""
+    if path is not None:
+        return str(path)
+    if Path("pyproject.toml").is_file():
+        return "pyproject.toml [tool.tracecliff]"
+    return "the configuration (no --config given and no pyproject.toml in the current directory)"
 
 
 # The tables of ``[tool.tracecliff]``; any other name under it is an error (most often a typo of

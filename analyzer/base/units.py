@@ -8,16 +8,9 @@ import json
 import math
 from typing import Any
 
+from analyzer.base.numbers import is_finite_number as _number
+
 MISSING = "–"
-
-
-def _number(value: Any) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond every float: no quantity a trace can have
-        return False
 
 
 def fmt_us(value: Any) -> str:
@@ -99,6 +92,14 @@ def fmt_change_pct(value: Any) -> str:
     return f"{value:+.2f}%"
 
 
+def fmt_change(change_pp: Any, change_pct: Any) -> str:
+    """A metric's change as every view prints it: a share's in percentage points of the step
+    ("+17.93 pp": 1.09% → 19.02% is not "+1643%"), any other metric's relative to the baseline."""
+    if change_pp is not None:
+        return ("+" if change_pp >= 0 else "") + fmt_unit(change_pp, "pp")
+    return fmt_change_pct(change_pct)
+
+
 def fmt_num(value: Any, digits: int = 2) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
@@ -121,8 +122,8 @@ def fmt_unit(value: Any, unit: str) -> str:
         return f"{value:.2f} pp"
     if unit == "GB/s":
         return fmt_gbps(value, 3)
-    if unit == "fraction":
-        return f"{value:.4f}"
+    if unit == "fraction":  # MFU: a percentage, as every view says it (the JSON keeps the fraction)
+        return f"{100 * value:.2f}%"
     if unit == "n":
         return f"{value:.3g}"
     if unit == "TFLOP/s":

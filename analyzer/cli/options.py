@@ -105,15 +105,23 @@ def output_option(command):
 
 
 def html_options(command):
-    """--html, --step, --hta, --timestamp; the command receives them as one ``html`` dict."""
+    """--html, --timeline-step, --hta, --timestamp; the command receives them as one ``html``
+    dict. ``--step`` is kept as a hidden alias of --timeline-step: next to ``--steps`` (the
+    steps analysed) it read as the same option."""
     @functools.wraps(command)
-    def wrapper(*args, html_file, step, hta, timestamp, **kwargs):
+    def wrapper(*args, html_file, step, step_alias, hta, timestamp, **kwargs):
+        if step is not None and step_alias is not None and step != step_alias:
+            raise click.UsageError("--step is --timeline-step: give one of them")
+        step = step if step is not None else step_alias
         return command(*args, html={"file": html_file, "step": step, "hta": hta, "timestamp": timestamp},
                        **kwargs)
     return _stack([
         click.option("--html", "html_file", type=click.Path(dir_okay=False),
                      help="Also write the self-contained HTML report to FILE (next to the chosen --format)."),
-        click.option("--step", type=int, help="ProfilerStep shown in the HTML timeline (default: the median step)."),
+        click.option("--timeline-step", "step", type=int,
+                     help="ProfilerStep the HTML timeline draws (default: the typical step); --steps selects "
+                          "the steps analysed."),
+        click.option("--step", "step_alias", type=int, hidden=True),
         click.option("--hta", is_flag=True,
                      help="HTML: add HTA's idle-time and kernel-type breakdowns (needs the optional hta extra)."),
         click.option("--timestamp", is_flag=True,

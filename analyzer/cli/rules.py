@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import click
@@ -26,16 +27,22 @@ def _rules():
 @click.command("rules")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def rules_command(fmt: str) -> None:
-    """List the diagnosis rules: name, code, default severity, what each checks."""
+    """List the diagnosis rules: code, name, default severity, what each detects."""
     rules = sorted(_rules().values(), key=lambda r: r.code)
     if fmt == "json":
         from analyzer.job.result import dumps
         click.echo(dumps({"rules": [_rule_dict(r) for r in rules]}), nl=False)
         return
     width = max(len(r.name) for r in rules)
-    click.echo(f"{'code':<6} {'name':<{width}}  {'severity':<8} title")
+    # what each detects, in the words a finding opens with (its title is the passing phrase,
+    # "No rank holds the others back", which named nothing)
+    click.echo(f"{'code':<6} {'name':<{width}}  {'severity':<8} detects")
+    indent = " " * (6 + 1 + width + 2 + 8 + 1)
     for r in rules:
-        click.echo(f"{r.code:<6} {r.name:<{width}}  {r.severity:<8} {r.title}")
+        lines = textwrap.wrap(r.failure_title, 100 - len(indent), break_long_words=False, break_on_hyphens=False) or [""]
+        click.echo(f"{r.code:<6} {r.name:<{width}}  {r.severity:<8} {lines[0]}")
+        for line in lines[1:]:  # fits 100 columns, the rest of the phrase under it
+            click.echo(indent + line)
     click.echo("\n`tracecliff explain NAME` prints a rule's documentation and thresholds.")
 
 

@@ -30,7 +30,7 @@ from analyzer.whatif.projection import STRATEGY_CHOICES
 @click.option("--fix-ranks", type=click.STRING, metavar="R[,R...]",
               help="Replay the measured job with these ranks' causes fixed (as straggler-rank names them): the "
                    "figures its finding prints (each rank alone, and the ranks it names together).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text", show_default=True)
 @output_option
 @trace_options
 @config_option
@@ -40,7 +40,6 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     """Project step time, exposed communication, scaling efficiency and MFU of the job in the
     traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
     from analyzer.api import load_run
-    from analyzer.job.result import dumps
     from analyzer.reports.whatif_text import render_text
     from analyzer.whatif.prediction import whatif_doc
     from analyzer.whatif.projection import Scenario
@@ -49,7 +48,7 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
         from analyzer.api import replay_fix_ranks
         from analyzer.reports.whatif_text import render_replay_text
         doc = replay_fix_ranks(result, fix_ranks)
-        emit(dumps(doc) if fmt == "json" else render_replay_text(doc), output, [i["path"] for i in result.inputs])
+        emit(_rendered(doc, fmt, render_replay_text), output, [i["path"] for i in result.inputs])
         return
     scenario = Scenario(gpus=gpus, nodes=nodes, gpus_per_node=target_gpus_per_node,
                         nics_per_node=target_nics_per_node, nic_gbps=target_nic_gbps, strategy=strategy,
@@ -57,4 +56,15 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
                         tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node,
                         strong_scaling=strong_scaling)
     doc = whatif_doc(result, scenario)
-    emit(dumps(doc) if fmt == "json" else render_text(doc), output, [i["path"] for i in result.inputs])
+    emit(_rendered(doc, fmt, render_text), output, [i["path"] for i in result.inputs])
+
+
+def _rendered(doc, fmt: str, text) -> str:
+    """The document as JSON, the text view (``text``) or the HTML page (reports/whatif_html.py)."""
+    if fmt == "json":
+        from analyzer.job.result import dumps
+        return dumps(doc)
+    if fmt == "html":
+        from analyzer.reports.whatif_html import render_html
+        return render_html(doc)
+    return text(doc)

@@ -21,9 +21,11 @@ from analyzer.compare.predictions import prediction_checks
 from analyzer.job.compute import FAMILIES, bucket_floor
 from analyzer.job.model import LEAF_NAMES
 from analyzer.model import formulas as models
+from analyzer.base.numbers import finite
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
 SAME_PCT = 1.0  # |change| below 1% of the base is "same" (run-to-run noise)
+SAME_PP = 0.1  # a share's |change| below a tenth of a point: "same" (the views print shares to 0.1%)
 
 
 def diff_runs(base: Any, new: Any, base_label: str = "base", new_label: str = "new") -> dict[str, Any]:
@@ -65,7 +67,7 @@ def run_facts(run: Any, label: str) -> dict[str, Any]:
         "nodes_source": source,
         "step": model.typical.step if model.typical else None,
         "step_time_us": model.step_time_us,  # the typical step's (the verdict's)
-        "tokens_per_step": _num(mfu.get("tokens_per_step")),
+        "tokens_per_step": finite(mfu.get("tokens_per_step")),
         # each GPU's work per step, from the recorded shapes (None: no op gave FLOPs)
         "flops_per_step": model.compute.flops_per_step if model.compute is not None else None,
     }
@@ -130,7 +132,7 @@ def metric_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
         b = before[name].typical if name in before else None
         a = after[name].typical if name in after else None
         row = {"metric": name, "unit": spec.unit, "better": spec.better, "aggregate": DEFAULT_AGGREGATE,
-               "base": b, "new": a, **_change(b, a, spec.better)}
+               "base": b, "new": a, **_change(b, a, spec.better, share=spec.compare == "share")}
         why = {side: reasons[name] for side, reasons in unmeasured.items() if name in reasons}
         if why:
             same = len(why) == 2 and why["base"] == why["new"]
@@ -140,16 +142,18 @@ def metric_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _change(base: float | None, new: float | None, better: str = "lower") -> dict[str, Any]:
+def _change(base: float | None, new: float | None, better: str = "lower", share: bool = False) -> dict[str, Any]:
+    """The change of a figure. A share of the step (%) changes in percentage points, as the gate
+    says it (``delta_pp``): idle 0.07% → 0.10% is 0.03 points, "same", not "+43.5% worse"."""
     if base is None or new is None:
         return {"delta": None, "delta_pct": None, "verdict": "new" if base is None else "gone"}
     delta = new - base
     pct = 100.0 * delta / abs(base) if base else (0.0 if delta == 0 else None)
-    if delta == 0 or (pct is not None and abs(pct) < SAME_PCT):
+    if delta == 0 or (abs(delta) < SAME_PP if share else pct is not None and abs(pct) < SAME_PCT):
         verdict = "same"
     else:
         verdict = "worse" if (delta > 0) == (better == "lower") else "better"
-    return {"delta": delta, "delta_pct": pct, "verdict": verdict}
+    return {"delta": delta, "delta_pct": pct, "verdict": verdict, **({"delta_pp": delta} if share else {})}
 
 
 def rank_deltas(base: Any, new: Any) -> list[dict[str, Any]]:
@@ -217,15 +221,38 @@ def finding_changes(base: Any, new: Any) -> dict[str, list[dict[str, Any]]]:
         order = {"error": 0, "warning": 1, "info": 2}
         worst = min((f.get("severity") for f in found), key=lambda s: order.get(s, 3))
         out = {"rule": rule, "severity": worst, "count": len(found), "title": found[0].get("title"),
-               "summary": found[0].get("summary")}
+               "summary": found[0].get("summary"), "gain_us": _gain(found)}
         if other is not None:
             out["base_count"] = len(other)
+            out["base_gain_us"] = _gain(other)
         return out
     return {
         "appeared": [entry(r, after[r]) for r in sorted(set(after) - set(before))],
         "resolved": [entry(r, before[r]) for r in sorted(set(before) - set(after))],
         "persisting": [entry(r, after[r], before[r]) for r in sorted(set(after) & set(before))],
     }
+
+
+def _gain(found: list[dict[str, Any]]) -> float | None:
+    """The findings' estimated gain per step together (None: none of them has one)."""
+    gains = [f["estimated_gain_us"] for f in found if isinstance(f.get("estimated_gain_us"), (int, float))]
+    return sum(gains) if gains else None
+
+
+GREW_PCT = 5.0  # a persisting finding's gain "grew" past this % of the base's (the gate's default limit)
+
+
+def grown_findings(base: Any, new: Any) -> list[dict[str, Any]]:
+    """The findings of ``new`` that appeared since ``base``, or persist with more findings or an
+    estimated gain more than GREW_PCT larger: what a failing gate names as its cause."""
+    changes = finding_changes(base, new)
+    out = [{**f, "change": "appeared"} for f in changes["appeared"]]
+    for f in changes["persisting"]:
+        gain, before = f["gain_us"], f["base_gain_us"]
+        if f["count"] > f["base_count"] or (gain is not None and (
+                before is None or gain > before * (1.0 + GREW_PCT / 100.0))):
+            out.append({**f, "change": "grew"})
+    return out
 
 
 # ---------------------------------------------------------------- step-time decomposition
@@ -449,7 +476,3 @@ def _size_pairs(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[d
     return out
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)

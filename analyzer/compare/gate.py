@@ -39,6 +39,7 @@ Exit codes: 0 pass (warnings allowed), 1 an error-level assertion or a baseline 
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal, Union
 
@@ -106,7 +107,7 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
-class Threshold:
+class GateThreshold:
     """How large a worse-direction change of one metric must be to count as a regression: the
     largest of three terms, in percentage points of the step (a share) or in % of the baseline
     figure (every other metric), and which of them it was."""
@@ -124,6 +125,20 @@ class Threshold:
     changes: int  # the step-to-step changes of the figure ``sigma`` was taken from
     steps: int  # the steady steps of that run (unknown noise: of the run with more)
     spread_of: str | None  # "baseline" | "new run": whose σ it is (the larger known)
+
+    @property
+    def short(self) -> str:
+        """The threshold and the term that set it, for a table cell ("2.00 pp floor"): the
+        noise's basis and the unknown noise are said once, under the table (``note``)."""
+        return f"{_change_text(self.value, self.unit)} {self.basis}"
+
+    @property
+    def note(self) -> str:
+        """What the noise term rests on: unknown (too few steady steps), or σ from which run."""
+        if self.sigma is None:
+            return f"noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
+        return (f"noise: σ {self.sigma:.3g} from the {self.spread_of}'s {self.changes} step-to-step change(s) "
+                f"over {self.steps} steady steps")
 
     @property
     def text(self) -> str:
@@ -151,7 +166,7 @@ class Check:
     base: float | None = None
     change_pct: float | None = None  # relative change, % of the baseline figure
     change_pp: float | None = None  # a share's change, percentage points of the step
-    threshold: Threshold | None = None
+    threshold: GateThreshold | None = None
 
 
 @dataclass
@@ -161,6 +176,10 @@ class GateReport:
     # What diagnose says of the inputs (a field it could not use, ranks missing...): a gate
     # never passes in silence over a run it read only in part.
     warnings: list[str] = field(default_factory=list)
+    # Against a baseline: the findings that appeared or grew since it (analyzer.compare.diff.
+    # grown_findings), and the command that shows the whole difference.
+    findings_since: list[dict[str, Any]] | None = None
+    diff_command: str | None = None
 
     @property
     def failed(self) -> list[Check]:
@@ -176,7 +195,8 @@ class GateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings}
+                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings,
+                "findings_since_baseline": self.findings_since, "diff_command": self.diff_command}
 
 
 # ---------------------------------------------------------------- configuration
@@ -327,9 +347,10 @@ def registered_rule_names() -> list[str]:
 
 
 def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label: str | None = None,
-             steps: Any = None) -> GateReport:
+             steps: Any = None, run_label: str | None = None) -> GateReport:
     """Check a run (a Result) against ``config`` and ``baseline`` (a Result); ``steps``: the
-    ProfilerStep numbers the run was asked for (``--steps``), which must all be in it."""
+    ProfilerStep numbers the run was asked for (``--steps``), which must all be in it;
+    ``run_label``: the run's paths as given, for the ``tracecliff diff`` command it prints."""
     who = "the new run" if baseline is not None else "the run"
     metrics = run_metrics(run)
     checks = run_checks(run, steps, who)
@@ -340,7 +361,12 @@ def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label:
         checks.extend(compared)
     warnings = list(run.warnings or [])
     warnings += [f"baseline: {w}" for w in (baseline.warnings if baseline is not None else [])]
-    return GateReport(checks, baseline_label, warnings)
+    if baseline is None:
+        return GateReport(checks, baseline_label, warnings)
+    from analyzer.compare.diff import grown_findings
+    command = shlex.join(["tracecliff", "diff", baseline_label or "BASELINE", *(shlex.split(run_label) if run_label
+                                                                                  else ["RUN"])])
+    return GateReport(checks, baseline_label, warnings, grown_findings(baseline, run), command)
 
 
 def run_checks(run: Any, steps: Any, who: str = "the run") -> list[Check]:
@@ -435,7 +461,8 @@ def _check_rule(run: Any, assertion: Assertion) -> Check:
         floor = SEVERITY_ORDER[assertion.severity]  # this severity or worse
         hits = [f for f in hits if SEVERITY_ORDER.get(f.get("severity"), len(SEVERITIES)) <= floor]
     failed = len(hits) > (assertion.max or 0)
-    summary = "; ".join(str(f.get("summary") or f.get("title") or "") for f in hits[:3])
+    # the findings' titles: their full sentences are diagnose's (a gate row must stay readable)
+    summary = "; ".join(dict.fromkeys(str(f.get("title") or f.get("summary") or "") for f in hits))
     message = f"{len(hits)} finding(s)" + (f": {summary}" if summary else "")
     if status.get("status") == "not_applicable":
         message += f" (not applicable: {status.get('reason')})"
@@ -468,7 +495,7 @@ def regression_pct(base: float, new: float, better: str) -> float:
     return 100.0 * worse / abs(base)
 
 
-def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> Threshold:
+def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> GateThreshold:
     """The smallest worse-direction change of metric ``name`` that counts (see ``Threshold``):
     the configured relative limit (``max_regression_pct``, per metric or for all), the metric's
     floor (a share's ``max_regression_pp``; a fixed one for the others) and the noise term,
@@ -493,7 +520,7 @@ def threshold(name: str, base: Metric, new: Metric, base_value: float, config: G
         unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, noise * scale
     terms = {"limit": limit, "floor": floor, "noise": noise}
     basis = max(terms, key=lambda k: terms[k])  # on a tie, the first: limit, floor, noise
-    return Threshold(terms[basis], unit, basis, limit, floor, noise, chosen.sigma, chosen.changes, chosen.steps,
+    return GateThreshold(terms[basis], unit, basis, limit, floor, noise, chosen.sigma, chosen.changes, chosen.steps,
                      spread_of)
 
 

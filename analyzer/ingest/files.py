@@ -25,6 +25,11 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 _GZIP_ERRORS = tuple({zlib.error, _zlib.error, OSError, EOFError})
 
 
+# JSON files that sit beside traces by design and are never one (analyzer.synth writes the
+# job's truth.json with its ranks): left out of a directory without a warning, when not a trace.
+COMPANION_FILES = frozenset({"truth.json"})
+
+
 def is_trace_name(name: str) -> bool:
     return name.endswith(TRACE_SUFFIXES)
 
@@ -32,8 +37,8 @@ def is_trace_name(name: str) -> bool:
 def discover_trace_files(paths: list[str] | tuple[str, ...], skipped: list[Path] | None = None) -> list[Path]:
     """Expand files, directories (every ``*.json``/``*.json.gz`` inside that looks like a trace)
     and globs, sorted. Files named on purpose (directly or by a glob) are always taken: a bad
-    one is an error. In a directory, JSON files that are not traces (a truth.json, a saved
-    result, a config) are left out and listed in ``skipped``."""
+    one is an error. In a directory, JSON files that are not traces (a saved result, a config)
+    are left out and listed in ``skipped``; a generator's ``truth.json`` is left out unlisted."""
     if not paths:
         raise InputError("<arguments>", "no trace path given")
     found: list[Path] = []
@@ -42,8 +47,8 @@ def discover_trace_files(paths: list[str] | tuple[str, ...], skipped: list[Path]
         if path.is_dir():
             named = sorted(p for p in path.iterdir() if p.is_file() and is_trace_name(p.name))
             inside = [p for p in named if looks_like_trace(p)]
-            if skipped is not None:
-                skipped.extend(p for p in named if p not in inside)
+            if skipped is not None:  # a generator's truth.json beside its traces is no trace by name: not warned of
+                skipped.extend(p for p in named if p not in inside and p.name not in COMPANION_FILES)
             if not inside:
                 raise InputError(path, "directory holds no trace files (*.json, *.json.gz with traceEvents)")
             found.extend(inside)

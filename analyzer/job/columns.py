@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 from itertools import repeat
 from operator import is_not
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -364,3 +364,12 @@ def sequential_sums(values: np.ndarray, segment: np.ndarray, segments: int) -> l
         live = np.flatnonzero(counts > k)
         totals[live] += ordered[starts[live] + k]
     return [total if count else 0 for total, count in zip(totals.tolist(), counts.tolist())]
+
+
+def group_label(group: Mapping[str, Any] | None) -> str | None:
+    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
+    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
+    if not group:
+        return None
+    label = group.get("description") or group.get("name")
+    return str(label) if label not in (None, "") else None

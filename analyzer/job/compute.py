@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from analyzer.model import formulas as models
 from analyzer.model.hardware import HardwareAssumptions, for_device
+from analyzer.job.typical import median_step
 
 FAMILIES = ("gemm", "attention", "conv", "other")
 TOP_SHAPES = 24  # the shapes ``ranks[].compute`` lists (most GPU time first)
@@ -80,8 +81,8 @@ def step_of(compute_steps: Mapping[str, Any] | None, typical_step: Any) -> tuple
     if typical_step is not None:
         return (str(typical_step) if str(typical_step) in steps else None), "typical step"
     numbered = sorted(int(k) for k in steps if k != "none")
-    if numbered:
-        return str(numbered[(len(numbered) - 1) // 2]), "median recorded ProfilerStep (no typical step)"
+    if numbered:  # no step times (CPU-only ProfilerSteps): the middle step by its number
+        return str(median_step({n: float(n) for n in numbered})), "median recorded ProfilerStep (no typical step)"
     return ("none" if "none" in steps else None), "the whole trace (no ProfilerStep markers)"
 
 

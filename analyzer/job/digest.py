@@ -25,7 +25,7 @@ import numpy as np
 
 from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
-from analyzer.job.columns import CollectiveColumns, categorical, table_categorical
+from analyzer.job.columns import CollectiveColumns, categorical, group_label, table_categorical
 from analyzer.job.commfit import BOUNDS, hops
 from analyzer.model import formulas as models
 
@@ -114,14 +114,6 @@ def _bound_names(view: CollectiveColumns) -> tuple[np.ndarray, list[Any]]:
         return codes, list(BOUNDS)
     found = table_categorical(view.rows, "bound")
     return found.codes, found.names
-
-
-def group_label(group: Any) -> str | None:
-    """analyzer.job.model.group_label of a row's ``group``."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
 
 
 # ---------------------------------------------------------------- the HTML report's tables

@@ -24,17 +24,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
+from analyzer.base.units import fmt_us
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
-from analyzer.job.columns import CollectiveColumns
+from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
+from analyzer.job.typical import DRAIN, OUTLIER, STEADY, TYPICAL, UNMEASURED, WARM_UP  # noqa: F401  (re-exported)
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
-if TYPE_CHECKING:
-    from analyzer.job.result import Result
+
+
+class JobSections(Protocol):
+    """What the model reads of a ``analyzer.job.result.Result``: its sections. Typed by shape,
+    not by importing the Result, which builds its model lazily (``Result.model``): result.py
+    imports this module, never the other way round, so the two form no import circle."""
+
+    @property
+    def job(self) -> dict[str, Any]: ...
+    @property
+    def ranks(self) -> Any: ...
+    @property
+    def attribution(self) -> dict[str, Any] | None: ...
+    @property
+    def mfu(self) -> dict[str, Any] | None: ...
+    @property
+    def stragglers(self) -> dict[str, Any] | None: ...
+    @property
+    def topology(self) -> dict[str, Any] | None: ...
+    @property
+    def hardware(self) -> dict[str, Any] | None: ...
+    @property
+    def groups(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def model(self) -> JobModel: ...
 
 # The five leaves of a step; they add up to its time (analyzer.job.attribution).
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
@@ -43,8 +68,8 @@ LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for
 # The leaves where the GPU does no useful work: what findings can give back.
 LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
 
-# A step's role in the job (analyzer.job.attribution.steady_steps).
-TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED = "typical", "steady", "warm-up", "drain", "outlier", "unmeasured"
+# A step's role in the job: TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED (chosen in
+# analyzer.job.typical, imported above).
 STEP_ROLES = (TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED)
 # A rank last at this share of the matched collectives or more is consistently last.
 CONSISTENTLY_LAST = 0.5
@@ -244,9 +269,52 @@ class RankFacts:
     comm_us: float
     overlap_us: float
     exposed_comm_us: float
+    busy_us: float = 0.0  # whole trace, as the four above
+    compute_us: float = 0.0
 
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
+
+
+@dataclass(frozen=True)
+class WholeTrace:
+    """The job's figures when it has no typical step (no step breakdown): each rank's whole GPU
+    span, mean over the ranks with GPU activity; the shares are the figures' ratios, as the
+    typical step's (mean exposed / mean span = Σ exposed / Σ span). The one fallback every
+    view and the gate quote (``JobModel.whole_trace``)."""
+
+    ranks: int
+    span_us: float
+    exposed_us: float
+    busy_us: float
+    comm_us: float
+    overlap_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return max(self.span_us - self.busy_us, 0.0)
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.exposed_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.idle_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """Communication hidden under compute over the whole trace (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
+    @classmethod
+    def of(cls, ranks: tuple[RankFacts, ...]) -> WholeTrace | None:
+        active = [r for r in ranks if r.span_us > 0]
+        if not active:
+            return None
+        n = len(active)
+        return cls(n, *(sum(getattr(r, key) for r in active) / n
+                        for key in ("span_us", "exposed_comm_us", "busy_us", "comm_us", "overlap_us")))
 
 
 @dataclass(frozen=True)
@@ -291,7 +359,7 @@ class JobModel:
     """The typed facts of one diagnosed job (see the module docstring). Build it with
     ``JobModel.of(result)``: once per Result, after the job analyses."""
 
-    def __init__(self, result: Result):
+    def __init__(self, result: JobSections):
         self._result = result
         job = result.job
         self.world_size: int = int(job.get("world_size") or len(result.ranks) or 1)
@@ -321,16 +389,15 @@ class JobModel:
     def lateness(self) -> tuple[RankLateness, ...]:
         return _lateness(self._result.stragglers)
 
-    def forget(self, *names: str) -> None:
-        """Read these figures again from the Result on their next use (the job analysis sets a
-        section some of them read after they were first read)."""
-        for name in names:
-            self.__dict__.pop(name, None)
-
     @classmethod
-    def of(cls, result: Result) -> JobModel:
+    def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
+
+    @cached_property
+    def whole_trace(self) -> WholeTrace | None:
+        """The figures without a typical step (``WholeTrace``); None: no rank has GPU activity."""
+        return WholeTrace.of(self.ranks)
 
     # ---------------------------------------------------------------- the typical step's figures
     @property
@@ -451,7 +518,7 @@ class JobModel:
             share = late.times_last / matched if matched else 0.0
             if share >= CONSISTENTLY_LAST:
                 out[late.rank] = (f"last to arrive at {100 * share:.0f}% of matched collectives, causing "
-                                  f"{late.wait_caused_us:,.0f} µs of waiting on the others in all")
+                                  f"{fmt_us(late.wait_caused_us)} of waiting on the others in all")
         return dict(sorted(out.items()))
 
     def caused_waiting_us(self, rank: int) -> float:
@@ -475,15 +542,6 @@ class JobModel:
 def leaf_names(leaves: Any) -> list[str]:
     """The names of the leaves a finding recovers (``recovers``'s keys), in the step's order."""
     return [LEAF_NAMES[leaf] for leaf in LEAVES if leaf in (leaves or {})]
-
-
-def group_label(group: Mapping[str, Any] | None) -> str | None:
-    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
-    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
 
 
 def _typical(section: Mapping[str, Any] | None) -> TypicalStep | None:
@@ -510,7 +568,8 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
     return RankFacts(rank.rank, rank.host, rank.path, steps, Leaves.of(tb) if tb else None,
                      Details.of(tb.get("details")) if tb else None, float(metrics.get("span_us") or 0.0),
                      float(metrics.get("comm_us") or 0.0), float(metrics.get("overlap_us") or 0.0),
-                     float(metrics.get("exposed_comm_us") or 0.0))
+                     float(metrics.get("exposed_comm_us") or 0.0), float(metrics.get("busy_us") or 0.0),
+                     float(metrics.get("compute_us") or 0.0))
 
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:

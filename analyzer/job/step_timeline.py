@@ -24,6 +24,7 @@ import numpy as np
 from analyzer.base import intervals as iv
 from analyzer.base.errors import TracecliffError
 from analyzer.rank.analysis import RankOptions, kernels_timeline, step_timeline_file
+from analyzer.job.typical import median_step
 
 PLOT_WIDTH_PX = 1000
 MAX_MARKS_PER_LANE = 800
@@ -125,9 +126,8 @@ def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None,
     if not times:
         return None, "no ProfilerStep markers: the whole trace is shown"
     default, why = typical.get("step"), "the typical step, the one the report's figures quote"
-    if default not in times:  # no step breakdown: the median step, said as such
-        by_time = sorted(times, key=lambda n: (mean(times[n]), n))
-        default = by_time[(len(by_time) - 1) // 2]
+    if default not in times:  # no step breakdown: the median step (analyzer.job.typical), said as such
+        default = median_step({n: mean(times[n]) for n in times})
         why = f"median step by step time (mean over ranks) of {len(times)} step(s); no typical step was chosen"
     if step is None:
         return default, why
