@@ -145,9 +145,10 @@ def test_no_class_name_defined_in_two_modules():
 
 
 # What a view may import: the base helpers, the other views, and the types it renders (the
-# Result and its model, the saved document's schema).
+# Result and its model, the saved document's schema, the declared label and unit of every
+# evidence field: the evidence's type, which the renderer reads rather than guess from a key).
 VIEW_MAY_IMPORT = ("analyzer.base", "analyzer.reports", "analyzer.job.result", "analyzer.job.model",
-                   "analyzer.job.schema")
+                   "analyzer.job.schema", "analyzer.rules.evidence_fields")
 # What the views still import from the analyses, each for a word list or a constant it shares
 # with them (the labels the findings use) or, for html.py, the formulas of its α-β scatter and
 # worked examples. A ratchet: an import not listed here fails, and an entry nothing uses any
