@@ -5,8 +5,10 @@ makes it, and, where the finding weighs several fixes, each alternative with its
 or, when a finding has no gain, why.
 
 A prediction from the what-if projection is the change it projects for the fix against its own
-projection of the job as measured (so that the model's residual on this job cancels), applied to
-the typical step: ``tracecliff whatif TRACES <options>`` minus ``tracecliff whatif TRACES``.
+projection of the job as measured (so that the model's residual on this job cancels), turned into
+the step's change by the replay of the measured job (analyzer.whatif.counterfactual) and applied to
+the typical step: the projected step ``tracecliff whatif TRACES <options>`` prints (``whatif_doc``).
+The verdict's joint estimate replays every finding's fix at once (``joint_replay``).
 ``tracecliff diff BEFORE AFTER`` puts each prediction of BEFORE beside the change measured.
 """
 
