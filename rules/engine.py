@@ -284,8 +284,14 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     typical = facts.model.typical
     problems = [f for f in findings if not f["title"].startswith("rule ")]
     # the joint estimate: every finding's fix at once on the replay of the measured job
-    joint = joint_replay(result, problems) if typical and problems else None
+    joint, failed = None, None
+    try:
+        joint = joint_replay(result, problems) if typical and problems else None
+    except Exception as exc:  # a broken replay must not hide the findings: the leaf count stands, and says why
+        failed = f"{type(exc).__name__}: {exc}"
     result.recoverable = recoverable(typical, problems, joint).to_dict() if typical and problems else None
+    if failed and result.recoverable:
+        result.recoverable["source"] += f"; the replay failed ({failed}): please report it"
     result.verdict = verdict(findings, facts.model, statuses, result.recoverable)
     return findings
 

@@ -40,13 +40,14 @@ class Replayer:
 
     def __init__(self, result: Any):
         self.result = result
-        self.chains = rp.chains(result)
+        self.rows = result.collectives  # the rows it was made from (``of`` remakes it when they change)
+        # every rank's chain, or the replay misses the ranks not given (one of them may set the pace)
+        complete = len(result.ranks) >= max(2, int(result.job.get("world_size") or 0))
+        self.chains = rp.chains(result) if complete else None
         every = rp.step_breakdowns(result)
         self.every = every
         self.steps = rp.replay_steps(result, every)
-        # every rank's chain, or the replay misses the ranks not given (one of them may set the pace)
-        world = int(result.job.get("world_size") or 0)
-        self.ok = self.chains is not None and bool(self.steps) and len(result.ranks) >= max(2, world)
+        self.ok = self.chains is not None and bool(self.steps)
         self.base = rp.replay(self.chains) if self.ok else None
         self._excess: np.ndarray | None = None
 
@@ -56,7 +57,6 @@ class Replayer:
         held = getattr(result, "_replayer", None)
         if held is None or held.rows is not result.collectives:
             held = cls(result)
-            held.rows = result.collectives
             result._replayer = held
         return held
 
