@@ -226,10 +226,11 @@ def whatif_doc(result: Any, scenario: Scenario, projection: Projection | None = 
                              "as measured)")
     p["scaling_efficiency"] = round(typical / (typical + change), 4) if typical + change > 0 else None
     doc["notes"].insert(0, f"step time: measured = the report's typical step; projected = it {change:+,.1f} µs, "
-                           f"{'by the ' + engine + ' from' if engine else 'the change'} the projection (its own steps: "
+                           f"{'by the ' + engine if engine else 'the change the projection makes'} (the projection's own steps: "
                            f"{m['model_step_time_us']:,.1f} µs as measured, "
                            f"{base.projected['step_time_us']:,.1f} µs projected as measured, "
-                           f"{p['model_step_time_us']:,.1f} µs projected)")
+                           f"{p['model_step_time_us']:,.1f} µs projected); exposed comm and compute are the "
+                           "projection's means over every rank-step")
     for side, model_step in ((m, m["model_step_time_us"]), (p, p["model_step_time_us"])):
         if side.get("mfu") is not None and model_step and side["step_time_us"]:  # MFU ∝ 1 / step time
             side["mfu"] = round(side["mfu"] * model_step / side["step_time_us"], 6)
