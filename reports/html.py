@@ -444,6 +444,7 @@ def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, A
               + " and ".join(leaf_names(f["shared_us"])) + " already counted"
               for f in joint["findings"] if f.get("shared_us")]
     return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
+            "source": joint.get("source"),
             "pct": 100 * joint["joint_us"] / step_time if step_time else None, "shared": shared}
 
 

@@ -261,7 +261,7 @@ def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) 
     if view["assumptions"]:
         lines += _wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
     if view["whatif"]:
-        lines += _wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
+        lines += _wrap(f"reproduce: {view['whatif']} (prints this predicted step)", **wrap)
     for a in view["alternatives"]:
         outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
         lines += _wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
