@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import Coded, Numbers
 from analyzer.job import commfit
 from analyzer.job import crossrank
@@ -118,7 +119,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
         cols = commfit.GroupColumns([], view, index, measured[index])
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
-        given = len(np.unique(view.rank[index]))  # members whose traces hold the group's rows
+        given = len(unique_ints(view.rank[index]))  # members whose traces hold the group's rows
         if n and given < n:
             # A member's trace is missing: a kernel's duration is its transfer plus the wait for
             # members not seen, which cannot be told apart; a fit on them learns the waiting.

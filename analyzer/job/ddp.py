@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from analyzer.base.rowtable import Numbers
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.model import RankStep
@@ -243,8 +244,24 @@ def link_origin(link: Link) -> str:
     return "measured" if link.source.startswith("fitted") else "profile"
 
 
+def _bucket_floats(columns: list[Any]) -> tuple[np.ndarray, ...] | None:
+    """(sizes, starts, ends as float64, the running count of buckets whose size or start is
+    None, from 0) of the buckets' number columns of bytes, start and duration: the floats
+    ``float()`` of each value gives (the same rounding) and ``start + dur`` in float64, as the
+    per-bucket loop added them. None when a column is not numbers, or a duration is None."""
+    if not all(isinstance(col, Numbers) for col in columns) or columns[2].none is not None:
+        return None  # (a None duration: the per-bucket loop's float(None) says so)
+    sizes, starts, durations = (col.floats() for col in columns)
+    missing = np.zeros(len(sizes), dtype=bool)
+    for col in columns[:2]:
+        if col.none is not None:
+            missing |= col.none
+    return sizes, starts, starts + durations, np.r_[0, np.cumsum(missing)]
+
+
 def _all_ddp_steps(facts) -> list[DdpStep]:
     out = []
+    floats = None
     keys = ("bytes", "start_us", "dur_us", "launch_us")
     fields = attrgetter(*keys)  # a Bucket's (facts.bucket_fields), read here without a call per step
     table = facts.result.buckets
@@ -253,11 +270,22 @@ def _all_ddp_steps(facts) -> list[DdpStep]:
     ordered = sorted(by_step.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
     if isinstance(table, BucketTable):  # by column: the fields in this order, each step a slice
         order = np.concatenate([index for _, index in ordered]) if ordered else np.zeros(0, dtype=np.int64)
-        columns = [table.column(key).take(order).values() for key in (*keys, "dtype")]
+        taken = [table.column(key).take(order) for key in (*keys, "dtype")]
+        columns = [col.values() for col in taken]
         bounds = np.cumsum([0] + [len(index) for _, index in ordered]).tolist()
+        floats = _bucket_floats(taken[:3])
     for k, ((rank, step), buckets) in enumerate(ordered):
         view: RankStep | None = facts.step_view(rank, step)
         if view is None or "backward" not in view.windows:
+            continue
+        if floats is not None:  # the step's floats as slices of the columns' (no float() per bucket)
+            lo, hi = bounds[k], bounds[k + 1]
+            if floats[3][hi] != floats[3][lo]:  # a size or start is None
+                continue
+            link = facts.link(facts.backward_allreduce_groups.get((rank, step), {}))
+            start, end, _ = view.windows["backward"]
+            out.append(DdpStep(rank, step, start, end, *(tuple(f[lo:hi].tolist()) for f in floats[:3]),
+                               link, columns[4][lo], tuple(columns[3][lo:hi])))
             continue
         if isinstance(table, BucketTable):
             lo, hi = bounds[k], bounds[k + 1]
