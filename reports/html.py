@@ -21,19 +21,14 @@ from markupsafe import Markup
 
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
-from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
+from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
 from analyzer.base.numbers import finite
-from analyzer.job.attribution import wait_words
-from analyzer.job.compute import shape_text
 from analyzer.job.digest import SIZE_EDGES
-from analyzer.job.model import JobModel, leaf_names
-from analyzer.job.step_timeline import straggler_ranks, unavailable
-from analyzer.rank.workload import WORKLOAD_TEXT
+from analyzer.job.model import JobModel, leaf_names, wait_words
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
-from analyzer.job.result import _clean, result_to_dict
-from analyzer.rules.engine import STATUS_WORDS
+from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict, straggler_ranks, unavailable
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
@@ -151,7 +146,7 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         "available": True,
         "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc, model),
         "verdict_from_rules": bool(_verdict_text(doc.get("verdict"))),
-        "facts": _facts(doc, job, ranks, step_numbers),
+        "facts": _facts(doc, job, ranks, step_numbers, model),
         "headline": headline,
         "hardware": _hardware_rows(doc.get("hardware")),
         "warnings": [str(w) for w in doc.get("warnings") or []][:50],
@@ -204,7 +199,7 @@ def _fallback_verdict(doc: dict[str, Any], model: JobModel) -> str:
     return "No diagnosis rules ran on this report; no GPU activity in the traces."
 
 
-def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
+def _facts(doc, job, ranks, step_numbers, model: JobModel) -> list[dict[str, str]]:
     hosts = job.get("hosts") or (doc.get("topology") or {}).get("hosts") or []
     world = job.get("world_size")
     given = job.get("ranks_given", len(ranks))
@@ -212,7 +207,7 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
                                           if hosts else "") if hosts else "unknown (no host names)"),
              ("GPU", _gpu_text(doc, job)),
-             ("workload", WORKLOAD_TEXT.get(job.get("workload"), "unknown (the trace cannot tell)")),
+             ("workload", model.workload_text),
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),
@@ -449,6 +444,7 @@ def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, A
               + " and ".join(leaf_names(f["shared_us"])) + " already counted"
               for f in joint["findings"] if f.get("shared_us")]
     return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
+            "source": joint.get("source"),
             "pct": 100 * joint["joint_us"] / step_time if step_time else None, "shared": shared}
 
 

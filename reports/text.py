@@ -8,13 +8,10 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.attribution import ESTIMATED_PEER
-from analyzer.job.digest import TOP_ROWS
-from analyzer.job.model import JobModel, group_label, leaf_names
-from analyzer.job.result import result_to_dict
+from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
+from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
-from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
@@ -264,7 +261,7 @@ def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) 
     if view["assumptions"]:
         lines += _wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
     if view["whatif"]:
-        lines += _wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
+        lines += _wrap(f"reproduce: {view['whatif']} (prints this predicted step)", **wrap)
     for a in view["alternatives"]:
         outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
         lines += _wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
@@ -401,7 +398,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
+    lines = [f"Top {len(rows)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))

@@ -10,7 +10,7 @@ from analyzer.model import formulas as models
 from analyzer.job.ddp import backward_transfer_us, ddp_steps, representative
 from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
-from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
+from analyzer.whatif.prediction import WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
@@ -193,9 +193,9 @@ class CommBoundStep(Rule):
                                        "one NIC per GPU already, or a schedule it cannot project): cut the "
                                        "bytes or add compute per step", alternatives)
         gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
-        model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
+        model = f"{fix.model}, the best of {len(found)} fix(es): {label}"
         return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
-                                      changes=fix.changes)
+                                      step_after_us=fix.step_after(step_us), changes=fix.changes)
 
     @staticmethod
     def _comm_rows(facts, kind: str) -> Iterator[dict]:

@@ -11,7 +11,7 @@ from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
 from analyzer.job.ddp import representative
-from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, not_predicted, predicted
+from analyzer.whatif.prediction import WhatIf, not_predicted, predicted
 from analyzer.whatif.projection import measured_strategy
 
 
@@ -153,9 +153,9 @@ class FsdpMissingWrapPolicy(Rule):
         }
         fix = WhatIf.of(ctx.result).fix(fsdp_units=layers, strategy=strategy)
         if fix is not None:
-            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
+            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {fix.model}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},
-                                          fix.command, changes=fix.changes)
+                                          fix.command, step_after_us=fix.step_after(step_us), changes=fix.changes)
         gain = _schedule_gain(ctx.facts, layers, strategy)
         if gain is None:
             return None, not_predicted("the all-gather's link (α/β) or the unit sizes are unknown: "

@@ -80,3 +80,18 @@ def test_the_job_analysis_runs_once_on_a_fresh_result(untyped):
     assert untyped.model.typical is None  # a model read before the analysis: figures of an unanalysed job
     with pytest.raises(ValueError, match="runs once"):
         analyze_job(untyped, None)
+
+
+def test_one_median_rule_picks_every_step_the_figures_are_of():
+    """analyzer.job.typical: the typical step is the steady step closest to the median time
+    (ties: the lower step), and so is every fallback without a typical step."""
+    from analyzer.job.compute import step_of
+    from analyzer.job.typical import choose_typical, median_step
+
+    times = {1: 30.0, 2: 12.0, 3: 11.0, 4: 10.5, 5: 11.5, 6: 40.0}  # 1: warm-up, 6: drain
+    typical, kept, excluded = choose_typical(times)
+    assert kept == [2, 3, 4, 5] and [e["step"] for e in excluded] == [1, 6]
+    assert typical == 3  # median 11.25: 11.0 and 11.5 are as close, the lower step wins
+    assert median_step({7: 2.0, 8: 1.0}) == 7  # a tie goes to the lower step, not the shorter one
+    # CPU-only ProfilerSteps with FLOPs but no step time: the middle step by its number
+    assert step_of({"steps": {"2": {}, "3": {}, "4": {}, "5": {}}}, None)[0] == "3"

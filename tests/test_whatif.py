@@ -135,8 +135,12 @@ def test_fsdp_units_on_the_command_line(tmp_path_factory, capsys):
         main(["whatif", *files, "--fsdp-units", "2", "--strategy", "fsdp-full", "--format", "json"])
     assert code.value.code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["projected"]["step_time_us"] == pytest.approx(
+    assert doc["projected"]["model_step_time_us"] == pytest.approx(
         project(result, Scenario(fsdp_units=2, strategy="fsdp-full")).projected["step_time_us"], abs=0.01)
+    # the step on the report's scale: the typical step + the change against the model as measured
+    change = doc["projected"]["model_step_time_us"] - project(result).projected["step_time_us"]
+    assert doc["measured"]["step_time_us"] == round(result.model.step_time_us, 1)
+    assert doc["projected"]["step_time_us"] == pytest.approx(result.model.step_time_us + change, abs=0.06)
     with pytest.raises(SystemExit) as code:
         main(["whatif", *files, "--fsdp-units", "2", "--strategy", "ddp"])
     assert code.value.code == 2 and "--fsdp-units applies to FSDP" in capsys.readouterr().err

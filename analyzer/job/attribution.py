@@ -32,7 +32,7 @@ from analyzer.base import intervals as iv
 from analyzer.base.rowtable import Numbers
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.facts import POINT_TO_POINT, JobFacts
-from analyzer.job.model import LEAVES, Leaves, group_label
+from analyzer.job.model import ESTIMATED_PEER, LEAVES, Leaves, group_label
 from analyzer.job.typical import choose_typical
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
@@ -75,9 +75,6 @@ def attribute_job(result: Any) -> None:
             tb["wait_by_peer"] = _wait_by_peer(split, rows)
             per_rank[rank.rank][entry["step"]] = _step_figures(entry, split, rows.index)
     result.attribution = _job_section(result, per_rank, source, view)
-
-
-ESTIMATED_PEER = "estimated (α-β)"  # wait_by_peer key of waiting estimated from the α-β model
 
 
 def _estimate_waits(result: Any) -> bool:
@@ -244,16 +241,6 @@ def _exposed_set(flat: list[int], origin_ns: int) -> iv.IntervalSet:
         return iv.EMPTY
     array = np.asarray(flat, dtype=np.int64).reshape(-1, 2) - origin_ns
     return array[:, 0], array[:, 1]
-
-
-def wait_words(source: str | None) -> str:
-    """What the waiting leaf holds, in words, by its ``wait_source``: with members' traces
-    missing, the time beyond the link model's transfer is waiting or contention (a link slower
-    than the model's), not only late peers."""
-    text = str(source or "")
-    if text.startswith("estimated") and "ranks' traces given" in text:
-        return "waiting or contention beyond the link model's transfer"
-    return "waiting for late peers"
 
 
 def _wait_source(result: Any, estimated: bool) -> str:

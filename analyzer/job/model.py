@@ -32,6 +32,7 @@ from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
 from analyzer.job.typical import DRAIN, OUTLIER, STEADY, TYPICAL, UNMEASURED, WARM_UP  # noqa: F401  (re-exported)
+from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
@@ -67,6 +68,18 @@ LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for
               "exposed_transfer_us": "exposed transfer", "other_gpu_us": "other GPU work", "idle_us": "GPU idle"}
 # The leaves where the GPU does no useful work: what findings can give back.
 LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
+# The ``wait_by_peer`` key of waiting estimated from the α-β model (analyzer.job.attribution).
+ESTIMATED_PEER = "estimated (α-β)"
+
+
+def wait_words(source: str | None) -> str:
+    """What the waiting leaf holds, in words, by the typical step's ``wait_source``: with
+    members' traces missing, the time beyond the link model's transfer is waiting or contention
+    (a link slower than the model's), not only late peers."""
+    text = str(source or "")
+    if text.startswith("estimated") and "ranks' traces given" in text:
+        return "waiting or contention beyond the link model's transfer"
+    return "waiting for late peers"
 
 # A step's role in the job: TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED (chosen in
 # analyzer.job.typical, imported above).
@@ -394,6 +407,11 @@ class JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
 
+    @property
+    def workload_text(self) -> str:
+        """The workload in words, with what tells it (analyzer.rank.workload)."""
+        return WORKLOAD_TEXT.get(self.workload or "", "unknown (the trace cannot tell)")
+
     @cached_property
     def whole_trace(self) -> WholeTrace | None:
         """The figures without a typical step (``WholeTrace``); None: no rank has GPU activity."""
@@ -615,11 +633,19 @@ class Recoverable:
     split over the leaves it recovers (``Finding.recovers``), a leaf's time counted once however
     many findings claim it (in gain order), and the lost time never beyond what the typical step
     loses (exposed communication + idle, ``lost_bound_us``); compute a finding would save
-    (a slow rank's kernels) is counted apart, against the compute-only leaf."""
+    (a slow rank's kernels) is counted apart, against the compute-only leaf.
+
+    ``replayed_us``: what every finding's fix applied at once saves on the replay of the
+    measured job (analyzer.whatif.counterfactual; the findings in ``replayed``) plus what the
+    leaves count of the findings the replay cannot express; the joint estimate is that, as far
+    as the typical step's leaves hold it (the leaf count above). None: the job cannot be
+    replayed, and the joint estimate is the leaf count."""
 
     step_time_us: float
     claims: tuple[Claim, ...]
     lost_bound_us: float
+    replayed_us: float | None = None
+    replayed: tuple[str, ...] = ()
 
     @property
     def sum_us(self) -> float:
@@ -630,17 +656,44 @@ class Recoverable:
         return sum(v for c in self.claims for leaf, v in c.counted_us.items() if leaf in leaves)
 
     @property
-    def lost_us(self) -> float:
-        """Exposed communication and idle the findings together recover (≤ ``lost_bound_us``)."""
+    def _leaf_lost_us(self) -> float:
         return min(self.counted(LOST_LEAVES), self.lost_bound_us)
 
     @property
+    def _scale(self) -> float:
+        """The replayed joint estimate over the leaf count (1 without a replay, never above 1)."""
+        leaf = self._leaf_lost_us + self.counted(("compute_only_us", "other_gpu_us"))
+        if self.replayed_us is None or leaf <= 0.0:
+            return 1.0
+        return max(0.0, min(1.0, self.replayed_us / leaf))
+
+    @property
+    def lost_us(self) -> float:
+        """Exposed communication and idle the findings together recover (≤ ``lost_bound_us``)."""
+        return self._leaf_lost_us * self._scale
+
+    @property
     def compute_us(self) -> float:
-        return self.counted(("compute_only_us", "other_gpu_us"))
+        return self.counted(("compute_only_us", "other_gpu_us")) * self._scale
 
     @property
     def joint_us(self) -> float:
         return self.lost_us + self.compute_us
+
+    @property
+    def replayed_all(self) -> bool:
+        """Whether the replay applied every finding's fix that has a gain."""
+        return self.replayed_us is not None and set(self.replayed) >= {c.rule for c in self.claims if c.gain_us > 0}
+
+    @property
+    def source(self) -> str:
+        if self.replayed_us is None:
+            return "the findings' gains over the typical step's leaves, each leaf counted once (the job cannot be replayed)"
+        if self.replayed_all:
+            return "all fixes together, replayed (as far as the typical step's leaves hold it)"
+        return ("all fixes together, replayed where the replay expresses the fix ("
+                + ", ".join(self.replayed) + "), the others' gains counted over the typical step's leaves "
+                "(as far as the leaves hold it)")
 
     @property
     def shared(self) -> list[tuple[str, str, float]]:
@@ -649,7 +702,9 @@ class Recoverable:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_us": round(self.step_time_us, 3), "sum_us": round(self.sum_us, 1),
-                "joint_us": round(self.joint_us, 1), "lost_us": round(self.lost_us, 1),
+                "joint_us": round(self.joint_us, 1), "source": self.source,
+                "replayed_us": None if self.replayed_us is None else round(self.replayed_us, 1),
+                "replayed_rules": list(self.replayed), "replayed_all": self.replayed_all, "lost_us": round(self.lost_us, 1),
                 "compute_us": round(self.compute_us, 1), "lost_bound_us": round(self.lost_bound_us, 3),
                 "findings": [{"rule": c.rule, "gain_us": round(c.gain_us, 1),
                               "counted_us": {k: round(v, 1) for k, v in sorted(c.counted_us.items())},
@@ -682,9 +737,12 @@ def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | s
     return out
 
 
-def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]]) -> Recoverable:
+def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]],
+                replay: tuple[float, tuple[str, ...]] | None = None) -> Recoverable:
     """The joint estimate of ``findings`` (in the order given: largest gain first) on the
-    typical step: each takes what is left of the leaves it recovers."""
+    typical step: each takes what is left of the leaves it recovers; ``replay``: (what the
+    fixes of the findings it names save replayed at once, those findings' rules), to which the
+    others' counted leaves are added (``Recoverable.replayed_us``)."""
     left = {leaf: typical.leaves.leaf(leaf) for leaf in LEAVES}
     claims = []
     for f in findings:
@@ -697,4 +755,8 @@ def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]]) -> Reco
             left[leaf] = left.get(leaf, 0.0) - take
             counted[leaf], shared[leaf] = take, float(want) - take
         claims.append(Claim(str(f.get("rule")), float(gain), counted, shared))
-    return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us)
+    if replay is None:
+        return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us)
+    together, rules = replay
+    rest = sum(sum(c.counted_us.values()) for c in claims if c.rule not in rules)
+    return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us, together + rest, rules)

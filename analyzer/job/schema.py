@@ -441,6 +441,10 @@ class RecoverableDoc(msgspec.Struct):
     compute_us: float
     lost_bound_us: float
     findings: list[RecoveredBy]
+    source: str | None = None  # how the joint estimate was made (a result saved before: the leaf count)
+    replayed_us: float | None = None
+    replayed_rules: list[str] = []
+    replayed_all: bool = False
 
 
 class MemoryStep(msgspec.Struct):
