@@ -21,10 +21,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 # This checkout's analyzer, not an installed one (the script's folder is bench/).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import analyzer.cli  # noqa: E402,F401  (first: the command's settings for numpy, made before numpy is imported)
+import numpy as np  # noqa: E402
 
 from analyzer.api import DiagnoseOptions
 from analyzer.base.rowtable import Numbers, RowTable

@@ -15,29 +15,23 @@ import base64
 import hashlib
 import math
 from functools import lru_cache
-from statistics import median
 from typing import Any, Callable
 
 from markupsafe import Markup
 
 from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
-from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value
-from analyzer.job.attribution import wait_words
-from analyzer.job.compute import shape_text
+from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
+from analyzer.base.numbers import finite
 from analyzer.job.digest import SIZE_EDGES
-from analyzer.job.model import JobModel, leaf_names
-from analyzer.job.step_timeline import straggler_ranks, unavailable
-from analyzer.rank.workload import WORKLOAD_TEXT
+from analyzer.job.model import JobModel, leaf_names, wait_words
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
-from analyzer.job.result import _clean, result_to_dict
-from analyzer.rules.engine import STATUS_WORDS
+from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict, straggler_ranks, unavailable
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
-METRIC_KEYS = ("span_us", "busy_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "idle_us")
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
 # The typical step's leaves (analyzer.job.attribution): they add up to the step time.
@@ -114,27 +108,13 @@ def _guarded(builder: Builder, doc: dict[str, Any], model: JobModel) -> dict[str
         return unavailable(f"could not read this section's data ({type(exc).__name__}: {exc})")
 
 
-def _per_step(rank: dict[str, Any]) -> dict[str, float]:
-    """Mean per-step metrics of a rank (whole-trace figures when it has no steps)."""
-    steps = [s for s in rank.get("steps") or [] if isinstance(s, dict)]
-    if steps:
-        out = {k: sum(float(s.get(k) or 0.0) for s in steps) / len(steps) for k in METRIC_KEYS}
-        times = [s["step_time_us"] for s in steps if isinstance(s.get("step_time_us"), (int, float))]
-        out["step_time_us"] = sum(times) / len(times) if times else out["span_us"]
-    else:
-        out = {k: float(rank.get(k) or 0.0) for k in METRIC_KEYS}
-        out["step_time_us"] = out["span_us"]
-    return out
-
-
 def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     job, ranks = doc.get("job") or {}, doc.get("ranks") or []
-    per_step = [_per_step(r) for r in ranks]
     step_numbers = sorted({s.get("step") for r in ranks for s in r.get("steps") or [] if isinstance(s, dict)},
                           key=lambda n: (n is None, n))
     headline = []
-    gpu_seen = any(p["span_us"] > 0 for p in per_step)
-    if per_step and not gpu_seen:
+    gpu_seen = model.whole_trace is not None  # a rank with GPU activity
+    if ranks and not gpu_seen:
         headline.append({"label": "GPU time", "value": "–",
                          "note": f"not available: no GPU activity in the traces ({_no_gpu_why(model)})"})
     if gpu_seen:
@@ -145,16 +125,12 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             label, step_note = "step time", f"typical step {typical.step}, mean over ranks"
             overlap_note = f"communication hidden under compute in typical step {typical.step}"
             exposed_split, idle_split = _leaf_notes(typical)
-        else:  # no step breakdown: whole-trace figures, labelled as such
-            step_time = median(p["step_time_us"] for p in per_step)
-            exposed = median(p["exposed_comm_us"] for p in per_step)
-            idle = median(p["step_time_us"] - p["busy_us"] for p in per_step)
-            exposed_share = exposed / step_time if step_time else None
-            idle_share = idle / step_time if step_time else None
-            comm = sum(float(r.get("comm_us") or 0) for r in ranks)
-            overlap = sum(float(r.get("overlap_us") or 0) for r in ranks) / comm if comm else None
-            label = "step time" if any(r.get("steps") for r in ranks) else "GPU span (no steps)"
-            step_note = "no step breakdown: median over ranks of the mean step (whole windows)"
+        elif model.whole_trace is not None:  # no typical step: the whole trace, labelled as such
+            whole = model.whole_trace
+            step_time, exposed, idle = whole.span_us, whole.exposed_us, whole.idle_us
+            exposed_share, idle_share, overlap = whole.exposed_share, whole.idle_share, whole.overlap_share
+            label = "GPU span (no typical step)"
+            step_note = f"whole trace, mean over {whole.ranks} rank(s)"
             overlap_note = "communication hidden under compute, whole trace"
             exposed_split = idle_split = ""
         headline += [
@@ -168,9 +144,9 @@ def _summary(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     headline += _mfu_cards(doc.get("mfu"), model)
     return {
         "available": True,
-        "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc),
+        "verdict": _verdict_text(doc.get("verdict")) or _fallback_verdict(doc, model),
         "verdict_from_rules": bool(_verdict_text(doc.get("verdict"))),
-        "facts": _facts(doc, job, ranks, step_numbers),
+        "facts": _facts(doc, job, ranks, step_numbers, model),
         "headline": headline,
         "hardware": _hardware_rows(doc.get("hardware")),
         "warnings": [str(w) for w in doc.get("warnings") or []][:50],
@@ -209,19 +185,21 @@ def _verdict_text(verdict: Any) -> str | None:
     return None
 
 
-def _fallback_verdict(doc: dict[str, Any]) -> str:
-    ranks = doc.get("ranks") or []
-    if not ranks:
+def _fallback_verdict(doc: dict[str, Any], model: JobModel) -> str:
+    if not doc.get("ranks"):
         return "No ranks analysed."
-    per_step = [_per_step(r) for r in ranks]
-    step = median(p["step_time_us"] for p in per_step)
-    exposed = median(p["exposed_comm_us"] for p in per_step)
-    share = 100 * exposed / step if step else 0.0
-    return (f"No diagnosis rules ran on this report; measured: {share:.0f}% of each step is exposed "
-            f"communication ({fmt_us(exposed)} of {fmt_us(step)}).")
+    typical, whole = model.typical, model.whole_trace
+    if typical is not None:
+        return (f"No diagnosis rules ran on this report; measured: {_pct_of(typical.exposed_share)} of the typical "
+                f"step is exposed communication ({fmt_us(typical.leaves.exposed_us)} of {fmt_us(typical.step_time_us)}).")
+    if whole is not None:
+        return (f"No diagnosis rules ran on this report; measured: {_pct_of(whole.exposed_share)} of the GPU span "
+                f"is exposed communication ({fmt_us(whole.exposed_us)} of {fmt_us(whole.span_us)}, whole trace, "
+                "mean over ranks).")
+    return "No diagnosis rules ran on this report; no GPU activity in the traces."
 
 
-def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
+def _facts(doc, job, ranks, step_numbers, model: JobModel) -> list[dict[str, str]]:
     hosts = job.get("hosts") or (doc.get("topology") or {}).get("hosts") or []
     world = job.get("world_size")
     given = job.get("ranks_given", len(ranks))
@@ -229,7 +207,7 @@ def _facts(doc, job, ranks, step_numbers) -> list[dict[str, str]]:
              ("nodes", str(len(hosts)) + (" (" + ", ".join(map(str, hosts[:8])) + (" …" if len(hosts) > 8 else "") + ")"
                                           if hosts else "") if hosts else "unknown (no host names)"),
              ("GPU", _gpu_text(doc, job)),
-             ("workload", WORKLOAD_TEXT.get(job.get("workload"), "unknown (the trace cannot tell)")),
+             ("workload", model.workload_text),
              ("strategy detected", str(job.get("strategy") or "unknown")),
              ("steps", (f"{len(step_numbers)} (" + _number_list(step_numbers) + ")") if step_numbers else "none marked"),
              ("backend", str(job.get("backend") or "unknown")),
@@ -324,25 +302,24 @@ def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     ranks = doc.get("ranks") or []
     if not ranks:
         return unavailable("no ranks in the document")
-    if not any(_per_step(r)["span_us"] > 0 for r in ranks):
+    if model.whole_trace is None:
         return unavailable(f"no GPU activity in the traces ({_no_gpu_why(model)}): nothing to break down")
     stragglers = straggler_ranks(doc)
     if model.typical is not None and any(r.typical for r in model.ranks):
         return _leaf_bars(model, stragglers)
     rows = []
-    for r in ranks:
-        p = _per_step(r)
+    for r in model.ranks:  # no typical step: each rank's whole trace (the model's WholeTrace figures)
         parts = {
-            "compute_only": max(p["compute_us"] - p["overlap_us"], 0.0),
-            "overlapped": p["overlap_us"],
-            "exposed": p["exposed_comm_us"],
-            "other": max(p["busy_us"] - p["compute_us"] - p["exposed_comm_us"], 0.0),
-            "idle": max(p["step_time_us"] - p["busy_us"], 0.0),
+            "compute_only": max(r.compute_us - r.overlap_us, 0.0),
+            "overlapped": r.overlap_us,
+            "exposed": r.exposed_comm_us,
+            "other": max(r.busy_us - r.compute_us - r.exposed_comm_us, 0.0),
+            "idle": max(r.span_us - r.busy_us, 0.0),
         }
-        rows.append({"rank": r.get("rank"), "host": r.get("host"), "parts": parts, "total": sum(parts.values()),
-                     "straggler": stragglers.get(r.get("rank"))})
+        rows.append({"rank": r.rank, "host": r.host, "parts": parts, "total": sum(parts.values()),
+                     "straggler": stragglers.get(r.rank)})
     return {"available": True, **_bar_geometry(rows),
-            "per": "mean per step" if any(r.get("steps") for r in ranks) else "whole trace (no steps marked)",
+            "per": "whole trace (no typical step)",
             "stragglers": stragglers, "legend": [{"key": k, "label": v} for k, v in BAR_SEGMENTS]}
 
 
@@ -467,6 +444,7 @@ def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, A
               + " and ".join(leaf_names(f["shared_us"])) + " already counted"
               for f in joint["findings"] if f.get("shared_us")]
     return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
+            "source": joint.get("source"),
             "pct": 100 * joint["joint_us"] / step_time if step_time else None, "shared": shared}
 
 
@@ -575,8 +553,8 @@ def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None, facts: Any = 
 
 
 def _num(value: Any) -> float | None:
-    value = _sourced(value)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    """A figure the document may give as a ``Sourced`` record (value and source): its value."""
+    return finite(_sourced(value))
 
 
 def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,3 +1,5 @@
+"""The JSON view: the Result's document as ``diagnose --format json`` writes it."""
+
 from __future__ import annotations
 
 from typing import Any

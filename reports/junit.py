@@ -69,9 +69,9 @@ def _describe(check: dict[str, Any]) -> str:
     if check.get("aggregate"):
         parts.append(f"aggregate {check['aggregate']}")
     if check["kind"] != "run":
-        parts.append(f"actual {_num(check.get('actual'))}")
+        parts.append(f"actual {_figure(check.get('actual'))}")
     if check["kind"] == "baseline":
-        parts.append(f"baseline {_num(check.get('base'))}")
+        parts.append(f"baseline {_figure(check.get('base'))}")
         if check.get("change_pp") is not None:
             parts.append(f"change {check['change_pp']:+.4g} pp")
         elif check.get("change_pct") is not None:
@@ -82,5 +82,5 @@ def _describe(check: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _num(value: Any) -> str:
+def _figure(value: Any) -> str:
     return "n/a" if value is None else f"{value:.6g}"

@@ -8,6 +8,7 @@ from typing import Any
 
 from analyzer.base.units import fmt_us
 from analyzer.reports.evidence import fmt_field, label, unit_of
+from analyzer.base.numbers import is_finite_number as _number
 
 
 def prediction_view(prediction: Any, step_us: float | None) -> dict[str, Any] | None:
@@ -49,5 +50,3 @@ def assumption_entries(assumptions: Any) -> list[str]:
     return out
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)

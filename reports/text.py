@@ -8,13 +8,10 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.attribution import ESTIMATED_PEER
-from analyzer.job.digest import TOP_ROWS
-from analyzer.job.model import JobModel, leaf_names
-from analyzer.job.result import result_to_dict
+from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
+from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
-from analyzer.rules.engine import STATUS_WORDS
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
@@ -83,7 +80,6 @@ def _fitted(lines: list[str]) -> list[str]:
 
 def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
     job = doc["job"]
-    ranks = doc["ranks"]
     parts = [f"{job['ranks_given']} rank(s)"]
     if job.get("world_size"):
         parts[0] += f" of {job['world_size']}"
@@ -111,13 +107,16 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
             lines += _wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
                                    break_on_hyphens=False)
         return lines + headline + [""]
-    comm = sum(r["comm_us"] for r in ranks)
-    exposed = sum(r["exposed_comm_us"] for r in ranks)
-    span = sum(r["span_us"] for r in ranks)
-    if span:
-        lines.append(f"exposed communication: {exposed / max(len(ranks), 1):,.0f} µs per rank "
-                     f"({100 * exposed / span:.1f}% of GPU span), overlap {100 * (comm - exposed) / comm if comm else 0:.1f}%")
+    whole = model.whole_trace  # no typical step: the whole trace, labelled as such
+    if whole is not None:
+        lines.append(f"whole trace (no typical step), mean over {whole.ranks} rank(s): exposed communication "
+                     f"{fmt_us(whole.exposed_us)} ({_pct_share(whole.exposed_share)} of the GPU span "
+                     f"{fmt_us(whole.span_us)}), overlap {_pct_share(whole.overlap_share)}")
     return lines + headline + [""]
+
+
+def _pct_share(share: float | None) -> str:
+    return fmt_pct(None if share is None else 100 * share)
 
 
 def _compute_headline(doc: dict[str, Any], model: JobModel) -> list[str]:
@@ -262,7 +261,7 @@ def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) 
     if view["assumptions"]:
         lines += _wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
     if view["whatif"]:
-        lines += _wrap(f"reproduce: {view['whatif']} (minus the projection as measured)", **wrap)
+        lines += _wrap(f"reproduce: {view['whatif']} (prints this predicted step)", **wrap)
     for a in view["alternatives"]:
         outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
         lines += _wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
@@ -399,7 +398,7 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
             return host_side
         return ["No exposed communication." if top["gpu"] else "No communication kernels.", ""]
-    lines = [f"Top {min(TOP_ROWS, shown)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
+    lines = [f"Top {len(rows)} collectives by exposed time{_steps_label(rows, excluded or {})}:",
              f"{'rank':>5} {'step':>5} {'phase':<9} {'collective':<14} {'size':>10} {'dur µs':>10} {'exposed µs':>11}  group"]
     for c in rows:
         size = fmt_bytes(c.get("bytes"))
@@ -445,7 +444,7 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
     groups = doc.get("groups") or []
     if not groups:
         return []
-    names = [str(g.get("description") or g.get("name") or f"? ({','.join(g.get('kinds') or [])})") for g in groups]
+    names = [group_label(g) or f"? ({','.join(g.get('kinds') or [])})" for g in groups]
     name_w, role_w = 20, 12
     lines = ["Process groups (α/β: fit of the lower envelope, else hardware profile; busbw: below):",
              f"{'group':<{name_w}} {'role':<{role_w}} {'size':>5} {'nodes':>6} {'α µs':>8} {'β GB/s':>8} {'S*':>10} "
@@ -460,16 +459,16 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
         if len(name) > name_w or len(role) > role_w:  # never cut: the long name on a line of its own
             lines.append(f"{name} ({role})" if len(role) > role_w else name)
             shown, role = "", ("" if len(role) > role_w else role)
-        lines.append(f"{shown:<{name_w}} {role:<{role_w}} {_num(g.get('size'), '{:d}'):>5} {nodes:>6} "
-                     f"{_num(g.get('alpha_us'), '{:.2f}'):>8} {_num(g.get('beta_gbps'), '{:.1f}'):>8} "
+        lines.append(f"{shown:<{name_w}} {role:<{role_w}} {_formatted(g.get('size'), '{:d}'):>5} {nodes:>6} "
+                     f"{_formatted(g.get('alpha_us'), '{:.2f}'):>8} {_formatted(g.get('beta_gbps'), '{:.1f}'):>8} "
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
-                     f"{_num(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
+                     f"{_formatted(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
     for label, basis in notes.items():
         lines += _wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
     return lines + [""]
 
 
-def _num(value: Any, fmt: str, missing: str = "?") -> str:
+def _formatted(value: Any, fmt: str, missing: str = "?") -> str:
     return missing if value is None else fmt.format(value)
 
 

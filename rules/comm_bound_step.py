@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
-from analyzer.whatif.ddp import backward_transfer_us, ddp_steps, representative
-from analyzer.whatif.fsdp import layer_count, parameter_count
+from analyzer.job.ddp import backward_transfer_us, ddp_steps, representative
+from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
-from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, alternative, not_predicted, predicted
+from analyzer.whatif.prediction import WhatIf, alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
@@ -192,19 +193,20 @@ class CommBoundStep(Rule):
                                        "one NIC per GPU already, or a schedule it cannot project): cut the "
                                        "bytes or add compute per step", alternatives)
         gain, label, fix = max(found, key=lambda f: (f[0], f[1]))
-        model = f"{WHATIF_MODEL}, the best of {len(found)} fix(es): {label}"
+        model = f"{fix.model}, the best of {len(found)} fix(es): {label}"
         return gain, label, predicted(step_us, gain, model, fix.assumptions(), fix.command, alternatives,
-                                      changes=fix.changes)
+                                      step_after_us=fix.step_after(step_us), changes=fix.changes)
 
     @staticmethod
-    def _comm_rows(facts, kind: str) -> list[dict]:
+    def _comm_rows(facts, kind: str) -> Iterator[dict]:
         """The collective rows T_comm sums: the backward all-reduces (DDP) or every GPU
-        collective but point-to-point (the window)."""
+        collective but point-to-point (the window). Made as they are read: transfer_bound
+        reads none when every rank's trace is given (a dict per row was 2 million at 1,024 ranks)."""
         if kind == "ddp":
-            return [c for c in facts.data_parallel_of("allreduce", "backward") if c.get("on_gpu")]
+            return (c for c in facts.data_parallel_of("allreduce", "backward") if c.get("on_gpu"))
         view = CollectiveColumns.of(facts.result)
         kinds = tuple(k for k in view.kind.names if k not in POINT_TO_POINT)
-        return [c for c in facts.rows_of_kinds(kinds) if c.get("on_gpu")]
+        return (c for c in facts.rows_of_kinds(kinds) if c.get("on_gpu"))
 
     @classmethod
     def _fires_unbounded(cls, facts, ddp: bool, step_us: float, t) -> bool:

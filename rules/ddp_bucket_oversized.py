@@ -8,7 +8,7 @@ from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.prediction import what_if_or_own
-from analyzer.whatif.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
+from analyzer.job.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
                                  why_no_ddp_steps)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 

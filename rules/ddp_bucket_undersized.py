@@ -8,7 +8,7 @@ from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.whatif.prediction import what_if_or_own
-from analyzer.whatif.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
+from analyzer.job.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 

@@ -33,6 +33,7 @@ from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
+from analyzer.whatif.prediction import joint_replay
 from analyzer.rank.workload import INFERENCE_NOTE
 from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
 
@@ -53,12 +54,6 @@ class Threshold:
 #: The smallest modelled saving worth a finding, shared by the rules that predict a gain.
 MIN_GAIN_FRACTION = Threshold(0.02, "smallest modelled saving, as a fraction of the step time, "
                               "worth a finding", 0.0, 1.0)
-
-
-# How a rule ended, in words (the views say it so): it found a problem; it checked and found
-# nothing; its subject is absent from the job; the traces cannot show it; it was switched off.
-STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not applicable",
-                "not_evaluated": "could not check", "disabled": "disabled"}
 
 
 @dataclass(frozen=True)
@@ -282,7 +277,15 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     result.rules = statuses
     typical = facts.model.typical
     problems = [f for f in findings if not f["title"].startswith("rule ")]
-    result.recoverable = recoverable(typical, problems).to_dict() if typical and problems else None
+    # the joint estimate: every finding's fix at once on the replay of the measured job
+    joint, failed = None, None
+    try:
+        joint = joint_replay(result, problems) if typical and problems else None
+    except Exception as exc:  # a broken replay must not hide the findings: the leaf count stands, and says why
+        failed = f"{type(exc).__name__}: {exc}"
+    result.recoverable = recoverable(typical, problems, joint).to_dict() if typical and problems else None
+    if failed and result.recoverable:
+        result.recoverable["source"] += f"; the replay failed ({failed}): please report it"
     result.verdict = verdict(findings, facts.model, statuses, result.recoverable)
     return findings
 
@@ -368,12 +371,18 @@ def _headline(findings: list[dict[str, Any]], model: JobModel, joint: dict[str, 
     return "No GPU steps in the traces: only structural checks ran, and none found a problem."
 
 
+JOINT_REPLAYED = " (all fixes together, replayed)"
+JOINT_PART_REPLAYED = " (the fixes the replay expresses replayed together, the others' gains added)"
+
+
 def _together(joint: dict[str, Any] | None) -> str:
     """What several findings recover together, counted once where they claim the same time."""
     if not joint or len(joint["findings"]) < 2:
         return ""
     shared = leaf_names({leaf: 0 for f in joint["findings"] for leaf in f["shared_us"]})
     text = f"; together the findings recover about {fmt_us(joint['joint_us'])}"
+    if joint.get("replayed_us") is not None:
+        text += JOINT_REPLAYED if joint.get("replayed_all") else JOINT_PART_REPLAYED
     if shared:
         text += (f", not the {fmt_us(joint['sum_us'])} their gains add up to: they claim the same "
                  + " and ".join(shared))

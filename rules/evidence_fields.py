@@ -148,6 +148,7 @@ FIELDS: dict[str, Field] = {
     "modelled_exposed_us_full_shard": F("modelled exposed, FULL_SHARD", US),
     "modelled_exposed_us_hybrid_shard": F("modelled exposed, HYBRID_SHARD", US),
     "modelled_exposed_us_with_prefetch": F("modelled exposed with prefetch", US),
+    "modelled_gain_us": F("the schedule's modelled gain (the replay's input)", US),
     "modelled_exposed_us_without_prefetch": F("modelled exposed without prefetch", US),
     "serialized_share_median": F("all-gathers serialized with compute (median)", SHARE),
     "by_pass": F("serialized share per rank, step and pass",

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_bytes, fmt_us
-from analyzer.job.attribution import wait_words
-from analyzer.job.model import group_label
+from analyzer.job.model import group_label, wait_words
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from analyzer.base.units import fmt_bytes
-from analyzer.whatif.ddp import ddp_steps, representative
+from analyzer.job.ddp import ddp_steps, representative
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.fsdp import fsdp_steps, unit_links
+from analyzer.job.fsdp import fsdp_steps, unit_links
 from analyzer.whatif.prediction import not_predicted, predicted
 
 LOW_PRECISION = ("bf16", "f16")

@@ -8,8 +8,8 @@ from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.whatif.prediction import what_if_or_own
-from analyzer.whatif.ddp import representative
-from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count
+from analyzer.job.ddp import representative
+from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count
 
 
 @register

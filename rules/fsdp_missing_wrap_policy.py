@@ -9,9 +9,9 @@ from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
-from analyzer.whatif.ddp import representative
-from analyzer.whatif.prediction import WHATIF_MODEL, WhatIf, not_predicted, predicted
+from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
+from analyzer.job.ddp import representative
+from analyzer.whatif.prediction import WhatIf, not_predicted, predicted
 from analyzer.whatif.projection import measured_strategy
 
 
@@ -130,7 +130,7 @@ class FsdpMissingWrapPolicy(Rule):
     def _prediction(ctx, layers: int | None, layers_source: str) -> tuple[float | None, dict]:
         """(gain µs, prediction) of wrapping each block: the what-if projection with ``layers``
         units (FULL_SHARD, or HYBRID_SHARD as measured), else the FSDP unit schedule of
-        analyzer.whatif.fsdp on the median rank-step."""
+        analyzer.job.fsdp on the median rank-step."""
         step_us = ctx.model.step_time_us
         if not step_us:
             return None, not_predicted("no GPU step times: the compute the per-block all-gathers would "
@@ -153,14 +153,14 @@ class FsdpMissingWrapPolicy(Rule):
         }
         fix = WhatIf.of(ctx.result).fix(fsdp_units=layers, strategy=strategy)
         if fix is not None:
-            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {WHATIF_MODEL}"
+            model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {fix.model}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},
-                                          fix.command, changes=fix.changes)
+                                          fix.command, step_after_us=fix.step_after(step_us), changes=fix.changes)
         gain = _schedule_gain(ctx.facts, layers, strategy)
         if gain is None:
             return None, not_predicted("the all-gather's link (α/β) or the unit sizes are unknown: "
                                        "the unit schedule cannot be timed")
-        model = (f"FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the median rank-step: exposed "
+        model = (f"FSDP unit schedule (docs/models.md §5, analyzer.job.fsdp) on the median rank-step: exposed "
                  f"communication with the measured unit less that with {layers} units of equal size")
         return gain, predicted(step_us, gain, model, assumptions)
 

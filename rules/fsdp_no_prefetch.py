@@ -6,9 +6,14 @@ from analyzer.job.memory import fix_memory
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
-from analyzer.whatif.fsdp import fsdp_steps, parameter_count, unit_links
-from analyzer.whatif.ddp import representative
+from analyzer.job.fsdp import fsdp_steps, parameter_count, unit_links
+from analyzer.job.ddp import representative
+from analyzer.whatif.counterfactual import replayed_exposed
 from analyzer.whatif.prediction import predicted
+
+# The gain once the schedule's cut is replayed (analyzer.whatif.counterfactual)
+REPLAYED = ("the gain: that cut taken out of the exposed transfers of each step and the measured job replayed "
+            "(docs/models.md §9)")
 
 
 @register
@@ -83,6 +88,10 @@ class FsdpNoPrefetch(Rule):
         gain = serial - overlapped
         if gain < t["min_gain_fraction"] * step_us:
             return []
+        modelled, replay_input = gain, {}
+        replayed = replayed_exposed(ctx.result, gain)  # the schedule's cut, replayed on the measured job
+        if replayed is not None:
+            gain, replay_input = replayed
         units = len(rep.forward_ag_bytes)
         summary = (f"{100 * share:.0f}% of the FSDP all-gather time is outside compute across {units} units "
                    f"per forward pass: each all-gather waits for the previous unit; prefetching is "
@@ -103,8 +112,10 @@ class FsdpNoPrefetch(Rule):
             "link": links["allgather"].evidence(),
             "collectives": "forward and backward all-gather",
             "memory": self._memory(facts, rep, links["allgather"].n),
-            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.whatif.fsdp) on the "
-                                    "median rank-step: exposed communication without prefetch less with it", {
+            "modelled_gain_us": round(modelled, 1),
+            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.job.fsdp) on the "
+                                    "median rank-step: exposed communication without prefetch less with it"
+                                    + (f"; {REPLAYED}" if replay_input else ""), {**replay_input,
                 "link": {"value": links["allgather"].evidence(), "origin": "measured",
                          "source": links["allgather"].source},
                 "compute": {"value": "measured", "origin": "measured",

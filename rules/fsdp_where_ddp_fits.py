@@ -9,8 +9,8 @@ from analyzer.base.units import fmt_bytes, fmt_params, fmt_pct, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
-from analyzer.whatif.ddp import MAX_GRADIENT_PIECES, representative
-from analyzer.whatif.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
+from analyzer.job.ddp import MAX_GRADIENT_PIECES, representative
+from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
 from analyzer.whatif.prediction import not_predicted, predicted
 
 

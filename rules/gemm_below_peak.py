@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from analyzer.base.units import fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.compute import shape_text
+from analyzer.base.units import shape_text
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, NotEvaluated, Rule, Threshold, register

@@ -5,7 +5,8 @@ from __future__ import annotations
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import HOST_ACTIVITY, HOST_SNIPPET, host_fix, idle_split_note, ranks_phrase
+from analyzer.rules.host import (HOST_ACTIVITY, HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
+                                 replayed_rank_fixes)
 
 
 @register
@@ -128,9 +129,15 @@ class GpuIdleHostBound(Rule):
             evidence["workload"] = ctx.model.workload
         graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
         fix, snippet, requires = host_fix(activity, lead, ctx.model.workload, graphed)
-        # The gain is an upper bound: the host idle of the median firing rank, were the host never late.
-        return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=idle,
-                            model=model, fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
+        gain, recovers = idle, None  # without a replay: an upper bound, the median firing rank's host idle
+        replayed = replayed_rank_fixes(ctx, {r: "host" for r in hit}, len(rows))
+        if replayed is not None:
+            gain, recovers, evidence["prediction"] = replayed
+            model = f"{model}; {REPLAY_GAIN}"
+        return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=gain,
+                            model=model, recovers=recovers,
+                            fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
+
 
 
 # Where the fix for the host's activity does not apply to this job (an inference job's own work)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
-from analyzer.rules.host import idle_split_note, ranks_phrase
+from analyzer.rules.host import REPLAY_GAIN, idle_split_note, ranks_phrase, replayed_rank_fixes
 
 # What the launched work waited on (analyzer.rank.attribution.QUEUED_CAUSES), in words.
 WAITED_ON = {"copy": "a copy", "collective": "a collective", "graph": "the work of a CUDA graph launch",
@@ -124,8 +124,14 @@ class GpuIdleQueued(Rule):
         copies = median(details[r].get("queued_copies_us", 0.0) for r in hit) if lead == "copy" else 0.0
         evidence["waited_copies_exposed_us_median"] = round(copies, 1)
         recovers = {"idle_us": queued, **({"other_gpu_us": copies} if copies else {})}
+        gain = queued + copies  # without a replay: an upper bound
+        # a copy's own time is no stretch of idle the replay can take out: the upper bound stands
+        replayed = None if copies else replayed_rank_fixes(ctx, {r: "queued" for r in hit}, len(rows))
+        if replayed is not None:
+            gain, recovers, evidence["prediction"] = replayed
+            model = f"{model}; {REPLAY_GAIN}"
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence,
-                            estimated_gain_us=queued + copies, model=model, fix_text=fix, fix_snippet=snippet,
+                            estimated_gain_us=gain, model=model, fix_text=fix, fix_snippet=snippet,
                             recovers=recovers)]
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.units import fmt_bytes, fmt_us
-from analyzer.compare.diff import _num as diff_num, cross_node_of
+from analyzer.base.numbers import finite as diff_num
+from analyzer.compare.diff import cross_node_of
 from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample
 from analyzer.job.model import STEADY, TYPICAL, JobModel, group_label
 from analyzer.model import formulas as models

@@ -5,7 +5,8 @@ import pytest
 
 from analyzer.api import diagnose
 from analyzer.base import intervals as iv
-from analyzer.job.attribution import LEAVES, _exposed_set, _exposed_sets, steady_steps
+from analyzer.job.attribution import LEAVES, _exposed_set, _exposed_sets
+from analyzer.job.typical import steady_steps
 from builders import AUTOGRAD, TraceBuilder, two_step_ddp
 from conftest import SAMPLES
 

@@ -120,7 +120,7 @@ def test_stuck_past_its_timeout_by_the_dumps_own_clock(tmp_path):
     """A later entry (another group's, seen completed at the dump) shows the dumps were written
     more than the timeout after the stuck collective: proven."""
     s = fr.stuck()
-    late = fr.Op("7", "ckpt", 3, "barrier", 1, fr.T0 + 700_000 * fr.MS)
+    late = fr.RecordedOp("7", "ckpt", 3, "barrier", 1, fr.T0 + 700_000 * fr.MS)
     s.ranks[1].ops.append(late)
     s.groups["7"] = ("ckpt", [1])
     _write(s, tmp_path)
@@ -224,8 +224,8 @@ def test_culprit_that_was_the_straggler(tmp_path, capsys):
     s = fr.missing_rank()
     world = list(range(8))
     s.groups = {"0": ("default_pg", world)}
-    s.ranks = {r: fr.Rank(fr._dp_ops(6, last_state="started")) for r in world}
-    s.ranks[5] = fr.Rank(fr._dp_ops(5))
+    s.ranks = {r: fr.RecordedRank(fr._dp_ops(6, last_state="started")) for r in world}
+    s.ranks[5] = fr.RecordedRank(fr._dp_ops(5))
     _write(s, tmp_path)
     code, out, _ = run(capsys, "hang", str(tmp_path), "--traces", str(SAMPLES.parent / "synthetic" / "ddp_straggler"))
     first = out.splitlines()[0]
@@ -242,7 +242,7 @@ def test_traces_of_another_job_give_no_history(tmp_path, capsys):
     assert any("not the same job" in w for w in doc["warnings"])
 
 
-def _write(s: fr.Scenario, folder) -> None:
+def _write(s: fr.RecordedScenario, folder) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for rank in s.ranks:
         (folder / f"nccl_trace_rank_{rank}").write_bytes(fr.dump(s, rank, "pickle"))

@@ -54,8 +54,8 @@ def test_profiles_reproduce_the_models_md_figures():
     assert models.crossover_bytes(h100.intra_node_alpha_us, h100.intra_node_gbps) == \
         pytest.approx(360e3)
     assert models.crossover_bytes(nic.alpha_us, nic.achievable_gbps) == pytest.approx(540e3)
-    assert models.roofline_intensity_threshold(h100.peak_bf16_tflops, h100.hbm_gbps) == \
-        pytest.approx(295.22, abs=0.01)
+    # the roofline ridge point of models.md §6: peak FLOP/s over HBM bytes/s
+    assert h100.peak_bf16_tflops * 1e12 / (h100.hbm_gbps * 1e9) == pytest.approx(295.22, abs=0.01)
 
 
 # ---------------------------------------------------------------- matching

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.model import formulas as m
+from analyzer.model.link import cross_node_beta
 
 MIB = 2**20
 NVL_ALPHA, NVL_BETA = 0.8, 450.0   # NVLink 4, models.md §1
@@ -31,14 +32,12 @@ def test_small_message_over_the_nic_is_latency_bound():
     total = m.alpha_beta_time(4e3, NIC_ALPHA, NIC_BETA)
     assert total == pytest.approx(12.0 + 4e3 / 45e9 * 1e6, rel=1e-12)
     assert NIC_ALPHA / total > 0.99
-    assert m.is_latency_bound(4e3, NIC_ALPHA, NIC_BETA)
-    assert not m.is_latency_bound(1e6, NIC_ALPHA, NIC_BETA)
+    assert 4e3 < m.crossover_bytes(NIC_ALPHA, NIC_BETA) < 1e6  # latency-bound below S*, not above
 
 
 def test_at_the_crossover_latency_and_bandwidth_terms_are_equal():
     s_star = m.crossover_bytes(NIC_ALPHA, NIC_BETA)
     assert m.alpha_beta_time(s_star, NIC_ALPHA, NIC_BETA) == pytest.approx(2 * NIC_ALPHA)
-    assert not m.is_latency_bound(s_star, NIC_ALPHA, NIC_BETA)
 
 
 # ---------------------------------------------------------------- §2 ring collectives
@@ -97,12 +96,8 @@ def test_collective_time_cache_keeps_int_and_float_apart():
     assert m.collective_time.cache_info().currsize == 2
 
 
-def test_tree_latency():
-    assert m.tree_allreduce_latency(8, NVL_ALPHA) == pytest.approx(6 * 0.8)
-    assert m.tree_allreduce_latency(1024, 1.0) == pytest.approx(20.0)
-    assert m.tree_allreduce_latency(6, 1.0) == pytest.approx(6.0)  # depth ⌈log2 6⌉ = 3
-    assert m.tree_allreduce_latency(1, 1.0) == 0.0
-    # the ring's latency term grows linearly: 2(N-1)α vs 2·log2(N)·α
+def test_ring_latency_grows_linearly():
+    # the ring's latency term: 2(N-1)α
     assert m.ring_allreduce_time(0, 1024, 1.0, 1.0) == pytest.approx(2046.0)
 
 
@@ -142,33 +137,13 @@ def test_large_ring_allreduce_tends_to_two_s_over_beta(beta, size):
 
 
 # ---------------------------------------------------------------- §2 across nodes
-def test_effective_beta_uses_the_nic_count():
-    assert m.effective_beta_gbps(False, 450, 45, 1) == 450
-    assert m.effective_beta_gbps(True, 450, 45, 8) == pytest.approx(360)    # 8 x ~45
-    assert m.effective_beta_gbps(True, 450, 45, 1) == pytest.approx(45)     # one NIC per node
-    assert m.effective_beta_gbps(True, 450, 90, 8) == pytest.approx(450)    # capped by NVLink
-    assert m.nic_share_gbps(45, 8, 8) == pytest.approx(45)
-    assert m.nic_share_gbps(45, 2, 8) == pytest.approx(11.25)
-
-
-def test_hierarchical_allreduce_hand_worked():
-    s, g, nodes = 25e6, 8, 4
-    intra = 2 * 7 / 8 * s / 450e9 * 1e6 + 2 * 7 * 0.8          # 97.222 + 11.2
-    inter = 2 * 3 / 4 * (s / 8) / 45e9 * 1e6 + 2 * 3 * 12.0    # 104.167 + 72
-    t = m.hierarchical_allreduce_time(s, g, nodes, NVL_ALPHA, NVL_BETA, NIC_ALPHA, NIC_BETA)
-    assert t == pytest.approx(intra + inter, rel=1e-12)
-    assert t == pytest.approx(284.589, abs=1e-3)
-    # one node: no inter-node term, equals the flat ring all-reduce
-    assert m.hierarchical_allreduce_time(s, g, 1, NVL_ALPHA, NVL_BETA, NIC_ALPHA, NIC_BETA) == \
-        pytest.approx(m.ring_allreduce_time(s, g, NVL_ALPHA, NVL_BETA))
-
-
-def test_hierarchical_bandwidth_term_matches_a_flat_ring_on_the_aggregate_nic():
-    # β_nvl → ∞: inter term 2(M-1)/M · S/(g·β_nic), i.e. a ring over M with β = g·β_nic
-    s, g, nodes = 1e9, 8, 16
-    t = m.hierarchical_allreduce_time(s, g, nodes, 0.0, 1e12, 0.0, NIC_BETA)
-    flat = m.ring_allreduce_time(s, nodes, 0.0, m.effective_beta_gbps(True, 1e12, NIC_BETA, g))
-    assert t == pytest.approx(flat, rel=1e-6)
+def test_cross_node_beta_uses_the_nic_count():
+    """The one cross-node rule (analyzer.model.link): the node's NICs shared by the group's
+    members on it, capped by the intra-node link."""
+    assert cross_node_beta(450, 8, 45, 8, 8) == pytest.approx(360)    # 8 x ~45
+    assert cross_node_beta(450, 1, 45, 8, 8) == pytest.approx(45)     # one NIC per node
+    assert cross_node_beta(450, 8, 90, 8, 8) == pytest.approx(450)    # capped by NVLink
+    assert cross_node_beta(450, 2, 45, 1, 8) == pytest.approx(11.25)  # one member of 8 GPUs: its share
 
 
 # ---------------------------------------------------------------- §3 volumes and memory
@@ -195,8 +170,6 @@ def test_communication_volume_7b_on_8_gpus_bf16():
     psi, bpe, n = 7e9, 2, 8
     ddp = m.ddp_volume_bytes(psi, bpe, n)
     assert ddp == pytest.approx(2 * 7 / 8 * 14e9) == 24.5e9
-    assert m.zero1_volume_bytes(psi, bpe, n) == pytest.approx(24.5e9)
-    assert m.zero2_volume_bytes(psi, bpe, n) == pytest.approx(24.5e9)
     assert m.zero3_volume_bytes(psi, bpe, n) == pytest.approx(36.75e9)
     assert m.zero3_volume_bytes(psi, bpe, n) / ddp == pytest.approx(1.5)
 
@@ -207,16 +180,6 @@ def test_fp32_reduce_dtype_doubles_the_reduction_bytes():
     # FSDP: the two all-gathers stay bf16, the reduce-scatter doubles
     assert m.zero3_volume_bytes(psi, 2, n, grad_bytes_per_elem=4) == \
         pytest.approx(2 * 12.25e9 + 24.5e9)
-
-
-def test_hsdp_volume_70b_g8_m8():
-    intra, inter = m.hsdp_volume_bytes(70e9, 2, 8, 8)
-    assert intra == pytest.approx(3 * 7 / 8 * 140e9)            # 367.5 GB over NVLink
-    assert inter == pytest.approx(2 * 7 / 8 * 140e9 / 8)        # 30.625 GB over the NIC
-    assert inter < 2 * 140e9 / 8                                # not 2Ψ_b, shared by g GPUs
-    assert m.dp_volume_bytes("hybrid_shard", 70e9, 2, 64, 8) == pytest.approx(intra + inter)
-    with pytest.raises(ValueError):
-        m.dp_volume_bytes("hsdp", 70e9, 2, 60, 8)
 
 
 # ---------------------------------------------------------------- §4 DDP buckets
@@ -447,11 +410,8 @@ def test_attention_flops_palm():
         m.flops_per_token(7e9, n_layers=32)
 
 
-def test_scaling_efficiency_and_roofline():
+def test_scaling_efficiency():
     assert m.scaling_efficiency(3500, 4200) == pytest.approx(5 / 6)
-    assert m.roofline_intensity_threshold(989, 3350) == pytest.approx(295.22, abs=0.01)
-    nic = m.roofline_intensity_threshold(989, 50)
-    assert nic == pytest.approx(19780) and nic == pytest.approx(20000, rel=0.02)
 
 
 # ---------------------------------------------------------------- validation
@@ -467,7 +427,6 @@ def test_scaling_efficiency_and_roofline():
     lambda: m.collective_time("all_reduce", 1, 2, 1, 1),
     lambda: m.busbw_factor("gather", 2),
     lambda: m.algbw_gbps(1, 0),
-    lambda: m.effective_beta_gbps(True, 450, 45, 0),
     lambda: m.ddp_volume_bytes(-1, 2, 8),
     lambda: m.zero3_memory_bytes(1, 0),
     lambda: m.static_memory_bytes("zero4", 1, 8),
@@ -483,7 +442,6 @@ def test_scaling_efficiency_and_roofline():
     lambda: m.fsdp_unit_schedule([1, 2], [1], lambda s: 1.0, True),
     lambda: m.mfu(1, 1, 1, 0),
     lambda: m.scaling_efficiency(1, 0),
-    lambda: m.roofline_intensity_threshold(989, -1),
 ])
 def test_bad_inputs_raise_value_error(call):
     with pytest.raises(ValueError):

@@ -60,3 +60,30 @@ def test_inline_summary_tables_plot_and_findings(executed):
     gain = diagnose(str(job), report=False).findings[0]["estimated_gain_us"]  # the notebook's job
     assert findings.startswith(f"[warning] ddp-bucket-oversized (TC101): {gain / 1000:.1f} ms per step")
     assert "bucket_cap_mb=100" in findings
+
+
+@pytest.mark.parametrize("job", ["synthetic/megatron_tp4_dp2", "cpu_gloo/memory_ddp", "gpu_h200/fsdp2"])
+def test_tables_keep_ranks_integer_and_name_groups_as_the_views_do(job):
+    """A rank, step or count column is an integer (pandas' nullable Int64) in every table, also
+    where some rows have none (a rank that waited for no peer) or the table is empty; a group
+    is named as the text, the gate's ``busbw_gbps:<group>`` and the diff name it."""
+    from analyzer.compare.metrics import run_metrics
+    from analyzer.job import frames
+    from analyzer.reports.text import TextRenderer
+    from rule_cases_lib import diagnosed
+
+    result = diagnosed(job)
+    for name in ("ranks_df", "steps_df", "breakdown_df", "collectives_df", "groups_df", "compute_df", "memory_df"):
+        df = getattr(result, name)()
+        wrong = {c: str(t) for c, t in df.dtypes.items() if c in frames.INTEGER_COLUMNS and str(t) != "Int64"}
+        assert not wrong, (name, wrong)
+    breakdown = result.breakdown_df()
+    assert all(isinstance(v, int) for v in breakdown["waited_for"].dropna().tolist())
+    groups, collectives = result.groups_df(), result.collectives_df()
+    text = TextRenderer().render(result)
+    for g in result.groups or []:
+        label = g.get("description") or g.get("name")
+        assert label in groups["group"].tolist() and label in text
+    assert set(collectives["group"].dropna()) <= set(groups["group"])
+    busbw = {k.split(":", 1)[1] for k in run_metrics(result) if k.startswith("busbw_gbps:")}
+    assert busbw <= set(groups["group"])

@@ -11,7 +11,7 @@ import pytest
 from analyzer.model import formulas as models
 from analyzer.cli.main import main
 from analyzer.base.config import ConfigError, load_config, rule_settings
-from analyzer.whatif.ddp import DdpStep
+from analyzer.job.ddp import DdpStep
 from analyzer.rules.engine import DOC_SECTIONS, RULES, all_rules, run_rules
 from analyzer.job.facts import Link
 from rule_cases_lib import diagnosed, sample_traces
@@ -214,7 +214,7 @@ def test_ddp_step_model_hand_worked():
     # Backward 0..1000 µs; two buckets of 100 MiB; the first starts on an idle stream at 400 µs
     # (a ready time), the second queues behind it.
     step = DdpStep(0, 1, 0.0, 1000.0, (100 * mib, 100 * mib), (400.0, 2249.0), (2249.0, 4098.0), link, "bf16")
-    # the one gradient-ready estimate (analyzer.whatif.ddp.bucket_ready_times, the what-if's too)
+    # the one gradient-ready estimate (analyzer.job.ddp.bucket_ready_times, the what-if's too)
     assert step.ready_us == [400.0, 1000.0]
     assert step.ready_at([0.0, 50 * mib, 150 * mib]).tolist() == [0.0, 200.0, 700.0]
     t_ar = 14 + 1.75 * 100 * mib / 1e5
@@ -236,7 +236,7 @@ def test_ddp_step_model_hand_worked():
 
 # ---------------------------------------------------------------- the FSDP schedule, by hand
 def test_fsdp_step_model_hand_worked():
-    from analyzer.whatif.fsdp import FsdpStep
+    from analyzer.job.fsdp import FsdpStep
 
     # Forward only: 3 units of 100 µs compute, each all-gather 50 µs.
     step = FsdpStep(0, 1, 300.0, 0.0, (1.0, 1.0, 1.0), (), (), prefetch=False)

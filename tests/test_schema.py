@@ -55,15 +55,15 @@ def _assert_schema_lists_every_key(doc, schema):
     defs = schema["$defs"]
     props = lambda name: set(defs[name]["properties"])  # noqa: E731
     assert set(doc) <= props("ResultDocument")
-    for key, name in (("ranks", "Rank"), ("collectives", "Collective"), ("buckets", "Bucket"),
-                      ("fsdp_units", "FsdpUnit"), ("groups", "Group"), ("findings", "Finding"),
+    for key, name in (("ranks", "RankDoc"), ("collectives", "Collective"), ("buckets", "BucketDoc"),
+                      ("fsdp_units", "FsdpUnit"), ("groups", "GroupDoc"), ("findings", "Finding"),
                       ("collective_summary", "CollectiveSummary"), ("rules", "RuleStatus"), ("inputs", "Input")):
         for row in doc.get(key) or []:
             assert set(row) <= props(name), (key, set(row) - props(name))
     for rank in doc["ranks"]:
         for step in rank["steps"]:
             assert set(step) <= props("Step"), set(step) - props("Step")
-    for key, name in (("job", "Job"), ("topology", "Topology"), ("stragglers", "Stragglers"), ("mfu", "Mfu")):
+    for key, name in (("job", "JobDoc"), ("topology", "TopologyDoc"), ("stragglers", "Stragglers"), ("mfu", "Mfu")):
         if doc.get(key) is not None:
             assert set(doc[key]) <= props(name), (key, set(doc[key]) - props(name))
 

@@ -14,7 +14,7 @@ from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.cli.main import main
 from analyzer.base.errors import ConfigError
 from analyzer.synth import SCENARIOS, simulate, write_job
-from analyzer.whatif.ddp import interpolate_ready
+from analyzer.job.ddp import interpolate_ready
 from analyzer.whatif.projection import (Durations, Measured, Scenario, _DdpBatch, _ddp_step, _Transfers,
                                         measured_config, project, target_config)
 
@@ -135,8 +135,12 @@ def test_fsdp_units_on_the_command_line(tmp_path_factory, capsys):
         main(["whatif", *files, "--fsdp-units", "2", "--strategy", "fsdp-full", "--format", "json"])
     assert code.value.code == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["projected"]["step_time_us"] == pytest.approx(
+    assert doc["projected"]["model_step_time_us"] == pytest.approx(
         project(result, Scenario(fsdp_units=2, strategy="fsdp-full")).projected["step_time_us"], abs=0.01)
+    # the step on the report's scale: the typical step + the change against the model as measured
+    change = doc["projected"]["model_step_time_us"] - project(result).projected["step_time_us"]
+    assert doc["measured"]["step_time_us"] == round(result.model.step_time_us, 1)
+    assert doc["projected"]["step_time_us"] == pytest.approx(result.model.step_time_us + change, abs=0.06)
     with pytest.raises(SystemExit) as code:
         main(["whatif", *files, "--fsdp-units", "2", "--strategy", "ddp"])
     assert code.value.code == 2 and "--fsdp-units applies to FSDP" in capsys.readouterr().err
@@ -315,7 +319,7 @@ def test_bucket_ready_on_arrays_equals_the_loop(buckets, backward_end):
     """The array form gives the loop's ready times bit for bit (signed zeros and NaN included)."""
     starts, durations, sizes, launches = (list(column) for column in zip(*buckets))
     ends = [s + d for s, d in zip(starts, durations)]
-    from analyzer.whatif.ddp import bucket_ready_times
+    from analyzer.job.ddp import bucket_ready_times
     got = bucket_ready_times(starts, ends, sizes, launches, backward_end)
     assert [repr(v) for v in got] == [repr(v) for v in _bucket_ready_per_item(starts, ends, sizes, launches,
                                                                              backward_end)]
@@ -325,7 +329,7 @@ def test_bucket_ready_never_before_its_cpu_launch():
     """Back-to-back all-reduces: only the first start is a ready time, the rest are interpolated
     in bytes up to the end of backward. A bucket whose all-reduce the CPU launched later than
     that interpolation was not ready before its launch; never later than its own start."""
-    from analyzer.whatif.ddp import bucket_ready_times
+    from analyzer.job.ddp import bucket_ready_times
     starts, ends, sizes = [0.0, 200.0, 400.0], [200.0, 400.0, 600.0], [1.0, 1.0, 1.0]
     no_launch = bucket_ready_times(starts, ends, sizes, [None, None, None], backward_end=330.0)
     assert no_launch == [0.0, 165.0, 330.0]

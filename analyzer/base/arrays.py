@@ -3,6 +3,8 @@ worker pays an import once; the job-level code, once per run, uses numpy's own).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -29,3 +31,33 @@ def unique(values: ArrayLike) -> np.ndarray:
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
 
+
+
+def unique_ints(values: np.ndarray, return_index: bool = False, return_inverse: bool = False,
+                return_counts: bool = False) -> Any:
+    """``np.unique(values, return_index=..., return_inverse=..., return_counts=...)`` of a 1-D
+    int array, the same arrays (dtypes included): codes, ranks and steps span a narrow range,
+    where a count per value and a lookup table give them in linear time, without the stable
+    sort of every row np.unique makes (2 million rows at 1,024 ranks: a sort and its
+    temporaries per call, most of the reduce's np.unique time). Other arrays: np.unique."""
+    array = np.asarray(values)
+    wanted = (return_index, return_inverse, return_counts)
+    span = 0
+    if array.ndim == 1 and array.dtype.kind in "iu" and len(array):
+        low, high = int(array.min()), int(array.max())
+        span = high - low + 1 if high < 2**63 else 0
+    if not 0 < span <= 4 * len(array) + 4096:
+        return np.unique(array, *wanted)
+    shifted = array.astype(np.intp) - low  # in the platform int: int8 values minus their least overflow int8
+    counts = np.bincount(shifted, minlength=span)
+    present = counts > 0
+    out: list[np.ndarray] = [(np.flatnonzero(present) + low).astype(array.dtype)]
+    if return_index:
+        first = np.full(span, len(array), dtype=np.intp)
+        np.minimum.at(first, shifted, np.arange(len(array), dtype=np.intp))
+        out.append(first[present])
+    if return_inverse:
+        out.append((np.cumsum(present) - 1).astype(np.intp)[shifted])
+    if return_counts:
+        out.append(counts[present].astype(np.intp, copy=False))
+    return out[0] if len(out) == 1 else tuple(out)

@@ -6,18 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Mapping
+
+from analyzer.base.numbers import is_finite_number as _number
 
 MISSING = "–"
-
-
-def _number(value: Any) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int beyond every float: no quantity a trace can have
-        return False
 
 
 def fmt_us(value: Any) -> str:
@@ -146,3 +139,21 @@ def fmt_value(value: Any, limit: int = 400) -> str:
         return fmt_num(value)
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def shape_text(dims: Mapping[str, Any] | None) -> str:
+    """The sizes an op's FLOPs follow from, as one short text: ``m=4088 n=4096 k=1024`` (a
+    batch ``b=`` first when there is one), ``bh=16 sq=64 sk=64 d=32 causal``, ``n=4 out=[64]
+    weight=[256, 128, 1]``; "several shapes" for merged rows."""
+    if not dims:
+        return "several shapes"
+    if "m" in dims:
+        return (f"b={dims['b']} " if dims.get("b", 1) != 1 else "") + f"m={dims['m']} n={dims['n']} k={dims['k']}"
+    if "sq" in dims:
+        d = f"d={dims['d']}" + (f" dv={dims['dv']}" if dims.get("dv") != dims.get("d") else "")
+        causal = {True: " causal", False: "", None: " causal?"}[dims.get("causal")]
+        return f"bh={dims['bh']} sq={dims['sq']} sk={dims['sk']} {d}{causal}" + (" backward" if dims.get("backward") else "")
+    if "weight" in dims:
+        return (f"n={dims['n']} {'in' if dims.get('transposed') else 'out'}={dims['spatial']} weight={dims['weight']}"
+                + (" backward" if dims.get("backward") else ""))
+    return ", ".join(f"{k}={v}" for k, v in sorted(dims.items()))

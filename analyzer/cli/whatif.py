@@ -41,7 +41,8 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
     traces at PATHS (or a saved JSON result) onto another configuration (no option: its own)."""
     from analyzer.api import load_run
     from analyzer.reports.whatif_text import render_text
-    from analyzer.whatif.projection import Scenario, project
+    from analyzer.whatif.prediction import whatif_doc
+    from analyzer.whatif.projection import Scenario
     result = load_run(list(paths), options, config, report=False)  # no report sections: only the projection
     if fix_ranks is not None:
         from analyzer.api import replay_fix_ranks
@@ -54,7 +55,7 @@ def whatif_command(paths, gpus, nodes, target_gpus_per_node, target_nics_per_nod
                         bucket_mb=bucket_mb, fsdp_units=fsdp_units, model_params=options.model_params,
                         tokens_per_step=options.tokens_per_step, trace_nics_per_node=options.nics_per_node,
                         strong_scaling=strong_scaling)
-    doc = project(result, scenario).to_dict()
+    doc = whatif_doc(result, scenario)
     emit(_rendered(doc, fmt, render_text), output, [i["path"] for i in result.inputs])
 
 

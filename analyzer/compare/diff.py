@@ -21,6 +21,7 @@ from analyzer.compare.predictions import prediction_checks
 from analyzer.job.compute import FAMILIES, bucket_floor
 from analyzer.job.model import LEAF_NAMES
 from analyzer.model import formulas as models
+from analyzer.base.numbers import finite
 
 DIFF_SCHEMA_VERSION = 2  # 2: each run's step_time_us is its typical step's (was mean_step_time_us)
 SAME_PCT = 1.0  # |change| below 1% of the base is "same" (run-to-run noise)
@@ -66,7 +67,7 @@ def run_facts(run: Any, label: str) -> dict[str, Any]:
         "nodes_source": source,
         "step": model.typical.step if model.typical else None,
         "step_time_us": model.step_time_us,  # the typical step's (the verdict's)
-        "tokens_per_step": _num(mfu.get("tokens_per_step")),
+        "tokens_per_step": finite(mfu.get("tokens_per_step")),
         # each GPU's work per step, from the recorded shapes (None: no op gave FLOPs)
         "flops_per_step": model.compute.flops_per_step if model.compute is not None else None,
     }
@@ -475,7 +476,3 @@ def _size_pairs(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[d
     return out
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)

@@ -107,7 +107,7 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
-class Threshold:
+class GateThreshold:
     """How large a worse-direction change of one metric must be to count as a regression: the
     largest of three terms, in percentage points of the step (a share) or in % of the baseline
     figure (every other metric), and which of them it was."""
@@ -166,7 +166,7 @@ class Check:
     base: float | None = None
     change_pct: float | None = None  # relative change, % of the baseline figure
     change_pp: float | None = None  # a share's change, percentage points of the step
-    threshold: Threshold | None = None
+    threshold: GateThreshold | None = None
 
 
 @dataclass
@@ -495,7 +495,7 @@ def regression_pct(base: float, new: float, better: str) -> float:
     return 100.0 * worse / abs(base)
 
 
-def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> Threshold:
+def threshold(name: str, base: Metric, new: Metric, base_value: float, config: GateConfig) -> GateThreshold:
     """The smallest worse-direction change of metric ``name`` that counts (see ``Threshold``):
     the configured relative limit (``max_regression_pct``, per metric or for all), the metric's
     floor (a share's ``max_regression_pp``; a fixed one for the others) and the noise term,
@@ -520,7 +520,7 @@ def threshold(name: str, base: Metric, new: Metric, base_value: float, config: G
         unit, limit, floor, noise = "%", limit_pct, spec.floor * scale, noise * scale
     terms = {"limit": limit, "floor": floor, "noise": noise}
     basis = max(terms, key=lambda k: terms[k])  # on a tie, the first: limit, floor, noise
-    return Threshold(terms[basis], unit, basis, limit, floor, noise, chosen.sigma, chosen.changes, chosen.steps,
+    return GateThreshold(terms[basis], unit, basis, limit, floor, noise, chosen.sigma, chosen.changes, chosen.steps,
                      spread_of)
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.job.model import STEADY, TYPICAL, group_label  # noqa: F401  (group_label: re-exported for the diff)
+from analyzer.base.numbers import finite
 
 # "typical": the job model's figure (the verdict's); the rest over the steady samples.
 AGGREGATIONS = ("typical", "median", "max", "min", "p90")
@@ -184,11 +185,11 @@ def _memory(section: Any, steady: set[tuple[int, int]]) -> dict[str, Metric]:
     out = {}
     relative = " (relative: above what was held when the profiler started)" if section.get("relative") else ""
     for name in ("peak_allocated_bytes", "peak_reserved_bytes"):
-        figure = _num(section.get(name))
+        figure = finite(section.get(name))
         if figure is None:
             continue
         pairs = [(m["rank"], s["step"], s.get(name)) for m in section.get("ranks") or [] for s in m.get("steps") or []
-                 if _num(s.get(name)) is not None]
+                 if finite(s.get(name)) is not None]
         kept = [p for p in pairs if (p[0], p[1]) in steady]  # warm-up, drain and outliers are never a sample
         out[name] = Metric(name, figure, tuple(Sample(r, st, float(v)) for r, st, v in kept),
                            f"highest of any rank in any step{relative}")
@@ -197,18 +198,17 @@ def _memory(section: Any, steady: set[tuple[int, int]]) -> dict[str, Metric]:
 
 def _whole_trace(model: Any) -> dict[str, Metric]:
     """Shares over each rank's whole trace (one sample per rank) when no step breakdown exists."""
-    ranks = [r for r in model.ranks if r.span_us > 0]
-    if not ranks:
+    whole = model.whole_trace  # the one fallback the views quote too (analyzer.job.model.WholeTrace)
+    if whole is None or whole.exposed_share is None:
         return {}
-    basis = f"whole trace, no step breakdown: mean over {len(ranks)} rank(s)"
+    ranks = [r for r in model.ranks if r.span_us > 0]
+    basis = f"whole trace, no step breakdown: mean over {whole.ranks} rank(s)"
     exposed = tuple(Sample(r.rank, None, 100.0 * r.exposed_comm_us / r.span_us) for r in ranks)
-    out = {"exposed_comm_pct": Metric("exposed_comm_pct", float(np.mean([s.value for s in exposed])), exposed, basis,
-                                      "trace")}
+    out = {"exposed_comm_pct": Metric("exposed_comm_pct", 100.0 * whole.exposed_share, exposed, basis, "trace")}
     comm = [r for r in ranks if r.comm_us > 0]
-    if comm:
+    if comm and whole.overlap_share is not None:
         overlap = tuple(Sample(r.rank, None, 100.0 * r.overlap_us / r.comm_us) for r in comm)
-        out["overlap_pct"] = Metric("overlap_pct", 100.0 * sum(r.overlap_us for r in comm) / sum(r.comm_us for r in comm),
-                                    overlap, basis, "trace")
+        out["overlap_pct"] = Metric("overlap_pct", 100.0 * whole.overlap_share, overlap, basis, "trace")
     return out
 
 
@@ -216,12 +216,12 @@ def _mfu(section: Any, typical_step: Any) -> Metric | None:
     """MFU from the ``mfu`` section: the typical step's entry, else the mean it states."""
     if not isinstance(section, dict):
         return None
-    per_step = [e for e in section.get("per_step") or [] if isinstance(e, dict) and _num(e.get("mfu")) is not None]
+    per_step = [e for e in section.get("per_step") or [] if isinstance(e, dict) and finite(e.get("mfu")) is not None]
     samples = tuple(Sample(None, e.get("step"), float(e["mfu"])) for e in per_step)
     at_typical = next((s.value for s in samples if s.step == typical_step), None)
     if at_typical is not None:
         return Metric("mfu", at_typical, samples, f"typical step {typical_step}")
-    mean = _num(section.get("mfu_mean"))
+    mean = finite(section.get("mfu_mean"))
     return None if mean is None else Metric("mfu", mean, samples, "mean over steps")
 
 
@@ -329,7 +329,9 @@ def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:
     rank of ``run`` does not hold (every rank: the traces do not have it)."""
     if not steps:
         return {}
-    held = {r.rank: {s.step for s in r.steps} for r in run.model.ranks}
+    # the ranks' own steps, not the job model: diagnose asks before the job analysis, and the
+    # model is built once, after it
+    held = {r.rank: {s.get("step") for s in r.steps} for r in run.ranks}
     missing = {int(step): sorted(rank for rank, have in held.items() if step not in have) for step in steps}
     return {step: ranks for step, ranks in missing.items() if ranks}
 
@@ -337,7 +339,7 @@ def requested_steps_missing(run: Any, steps: Any) -> dict[int, list[int]]:
 def selected_nothing(run: Any, steps: Any) -> bool:
     """Whether ``--steps`` selected no step at all: none of the requested steps is in any rank."""
     missing = requested_steps_missing(run, steps)
-    ranks = len(run.model.ranks)
+    ranks = len(run.ranks)
     return bool(steps) and len(missing) == len(set(steps)) and all(len(r) == ranks for r in missing.values())
 
 
@@ -413,7 +415,7 @@ def busbw_ceiling(run: Any, label: str) -> tuple[float | None, str]:
     each way, where a ring's busbw counts it twice), never above the intra-node link; times
     PEAK_MARGIN. None when the profile does not know the link (an unknown GPU, CPU-only)."""
     hardware = run.model.hardware
-    intra = _num(hardware.intra_node_gbps.value)
+    intra = finite(hardware.intra_node_gbps.value)
     if intra is None:
         return None, "link peak unknown (no hardware profile for this GPU)"
     group = next((g for g in run.model.groups if g.label == label), None)
@@ -421,8 +423,8 @@ def busbw_ceiling(run: Any, label: str) -> tuple[float | None, str]:
     if group is None or group.cross_node is not True:
         peak, how = intra, f"{link} {intra:g} GB/s one-way"
     else:
-        nics = _num(hardware.nics_per_node.value) or 1.0
-        per_nic = max(_num(hardware.nic_line_rate_gbit.value) or 0.0, 8 * (_num(hardware.nic_gbps.value) or 0.0)) / 8
+        nics = finite(hardware.nics_per_node.value) or 1.0
+        per_nic = max(finite(hardware.nic_line_rate_gbit.value) or 0.0, 8 * (finite(hardware.nic_gbps.value) or 0.0)) / 8
         network = 2 * nics * per_nic
         peak = min(intra, network) if network else intra
         how = (f"2 x {nics:g} NIC(s) x {per_nic:g} GB/s per node" if network and network < intra
@@ -458,10 +460,6 @@ def implausible(run: Any, name: str, value: float) -> str | None:
     return None
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 # ---------------------------------------------------------------- runs

@@ -10,10 +10,10 @@ changed between the runs: a prediction is checked by it when the finding's fix i
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from analyzer.job.model import LEAVES
+from analyzer.base.numbers import finite
 
 
 def prediction_checks(base: Any, new: Any) -> dict[str, Any]:
@@ -43,12 +43,12 @@ def _check(finding: dict[str, Any], step_b: float, step_a: float, measured_leave
            persisting: bool) -> dict[str, Any]:
     evidence = finding.get("evidence") if isinstance(finding.get("evidence"), dict) else {}
     prediction = evidence.get("prediction") if isinstance(evidence.get("prediction"), dict) else {}
-    gain = _num(finding.get("estimated_gain_us"))
-    predicted_step = _num(prediction.get("predicted_step_time_us"))
+    gain = finite(finding.get("estimated_gain_us"))
+    predicted_step = finite(prediction.get("predicted_step_time_us"))
     if predicted_step is None and gain is not None:  # a result written before predictions
         predicted_step = step_b - gain
     recovers = finding.get("recovers") if isinstance(finding.get("recovers"), dict) else {}
-    leaves = {leaf: {"predicted_us": _num(value), "measured_us": measured_leaves[leaf]}
+    leaves = {leaf: {"predicted_us": finite(value), "measured_us": measured_leaves[leaf]}
               for leaf, value in recovers.items() if leaf in measured_leaves}
     measured_gain = step_b - step_a
     row: dict[str, Any] = {
@@ -66,7 +66,3 @@ def _check(finding: dict[str, Any], step_b: float, step_a: float, measured_leave
     return row
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)

@@ -15,7 +15,7 @@ from typing import Any
 from analyzer.base.errors import InputError
 from analyzer.hang.analyze import Hang, Job, entry_dict, find_hangs
 from analyzer.hang.history import span, straggler_history
-from analyzer.hang.read import Entry, Found, Frame, RankDump, discover, discover_dumps, read_dump
+from analyzer.hang.read import DumpEntry, Found, Frame, RankDump, discover, discover_dumps, read_dump
 
 __all__ = ["HangReport", "find_inputs", "triage"]
 SCHEMA_VERSION = 1
@@ -138,12 +138,12 @@ def compare_dumps(a: RankDump, b: RankDump) -> dict[str, Any]:
             "only_in_one": len(mine.keys() ^ theirs.keys())}
 
 
-def _identity(e: Entry) -> tuple:
+def _identity(e: DumpEntry) -> tuple:
     return (e.group, e.pg_id, e.collective_seq, e.p2p_seq, e.is_p2p, e.op, e.peer, e.input_sizes, e.output_sizes,
             e.input_dtypes, e.output_dtypes, e.time_created_ns)
 
 
-def _progress(e: Entry) -> tuple:
+def _progress(e: DumpEntry) -> tuple:
     return (e.state, e.retired, e.time_started_ns, e.time_completed_ns)
 
 
@@ -309,5 +309,5 @@ def _list(ranks: list[int]) -> str:
 
 
 # Re-exported for renderers and tests.
-__all__ += ["Entry", "Frame", "call_text", "clock", "discover_dumps", "evidence_lines", "group_label", "op_text",
+__all__ += ["DumpEntry", "Frame", "call_text", "clock", "discover_dumps", "evidence_lines", "group_label", "op_text",
             "user_frame"]

@@ -32,7 +32,7 @@ from typing import Any
 
 from analyzer.base.errors import InputError
 from analyzer.base.limits import MAX_WORLD
-from analyzer.hang.read import Entry, GroupStatus, RankDump
+from analyzer.hang.read import DumpEntry, GroupStatus, RankDump
 from analyzer.ingest.p2p import direction, in_posting_order, peer_in_title
 
 DEFAULT_GROUP = "0"  # torch names the default process group "0" (desc "default_pg")
@@ -81,10 +81,10 @@ class Op:
     """One operation of one rank: a collective (or a coalesced group of them: the entries that
     share one sequence id, the end marker last) or one p2p entry."""
     rank: int
-    entries: tuple[Entry, ...]
+    entries: tuple[DumpEntry, ...]
 
     @property
-    def main(self) -> Entry:
+    def main(self) -> DumpEntry:
         return self.entries[-1]  # a coalesced group's end marker carries the work's events
 
     @property
@@ -144,7 +144,7 @@ class Progress:
         return {"done": self.done, "proof": self.strong, "failed": self.failed, "how": self.how}
 
 
-def entry_dict(e: Entry | None, completed: bool | None = None) -> dict[str, Any] | None:
+def entry_dict(e: DumpEntry | None, completed: bool | None = None) -> dict[str, Any] | None:
     if e is None:
         return None
     out = {"group": e.group, "description": e.description, "seq": e.seq, "p2p": e.is_p2p, "op": e.op,
@@ -165,7 +165,7 @@ class Job:
         self.groups = self._groups()
         self.progress: dict[tuple[int, str, int], Progress] = {}  # (rank, group, seq), set by find_hangs
         self._next: dict[tuple[int, str], dict[int, tuple[Op | None, Op | None]]] = {}
-        self._markers: dict[int, dict[tuple[str, int], Entry]] = {}
+        self._markers: dict[int, dict[tuple[str, int], DumpEntry]] = {}
 
     # --- world and groups ------------------------------------------------------------------
 
@@ -210,7 +210,7 @@ class Job:
         per rank pair; a batch's end marker is looked up by ``p2p_marker``)."""
         out: dict[tuple[int, str, bool], list[Op]] = {}
         for rank, dump in self.dumps.items():
-            runs: dict[tuple[str, int], list[Entry]] = {}
+            runs: dict[tuple[str, int], list[DumpEntry]] = {}
             for e in sorted(dump.entries, key=lambda e: e.record_id):
                 if e.is_p2p:
                     out.setdefault((rank, e.group, True), []).append(Op(rank, (e,)))
@@ -255,10 +255,10 @@ class Job:
 
     # --- lookups ------------------------------------------------------------------------------
 
-    def status(self, rank: int, e: Entry) -> GroupStatus | None:
+    def status(self, rank: int, e: DumpEntry) -> GroupStatus | None:
         return self.dumps[rank].pg_status.get(e.pg_id)
 
-    def entries(self, rank: int, group: str, p2p: bool) -> list[Entry]:
+    def entries(self, rank: int, group: str, p2p: bool) -> list[DumpEntry]:
         if rank not in self.dumps:
             return []
         return sorted((e for e in self.dumps[rank].entries if e.group == group and e.is_p2p == p2p),
@@ -285,7 +285,7 @@ class Job:
             self._next[(op.rank, group)] = following
         return self._next[(op.rank, group)].get(id(op), (None, None))
 
-    def p2p_marker(self, rank: int, e: Entry) -> Entry | None:
+    def p2p_marker(self, rank: int, e: DumpEntry) -> DumpEntry | None:
         """The end marker of the p2p batch ``e`` belongs to (same p2p id, profiling name
         ``coalesced``), which carries the batch's events."""
         if rank not in self.dumps:
@@ -296,7 +296,7 @@ class Job:
         m = self._markers[rank].get((e.group, e.p2p_seq))
         return m if m is not None and m is not e and m.record_id > e.record_id else None
 
-    def completed(self, rank: int, e: Entry) -> bool | None:
+    def completed(self, rank: int, e: DumpEntry) -> bool | None:
         """Whether rank's operation holding ``e`` is done (the weighed evidence; None: unknown)."""
         if e.is_p2p:
             return _p2p_done(self, rank, e)
@@ -308,7 +308,7 @@ def _group_order(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def _signature(e: Entry) -> tuple:
+def _signature(e: DumpEntry) -> tuple:
     sizes = () if e.op in UNEVEN_SIZES else (repr(e.input_sizes), repr(e.output_sizes))
     return (e.op, *sizes, tuple(e.input_dtypes), tuple(e.output_dtypes))
 
@@ -664,7 +664,7 @@ def _culprit_detail(job: Job, group: Group, ranks: list[int], seq: int | None) -
 
 # --- point to point -----------------------------------------------------------------------
 
-def _p2p_done(job: Job, rank: int, e: Entry) -> bool | None:
+def _p2p_done(job: Job, rank: int, e: DumpEntry) -> bool | None:
     """A send / recv is done when it, or the end marker of its batch, completed (gloo, which
     logs no p2p in torch 2.13, when it retired)."""
     marker = job.p2p_marker(rank, e)
@@ -700,7 +700,7 @@ def _p2p_by_pair(job: Job, group: Group) -> tuple[dict, dict]:
                             if e.op in ("send", "recv") and (pair := _peer_pair(e, members)))
 
 
-def _peer_pair(e: Entry, members: list[int]) -> tuple[int, int] | None:
+def _peer_pair(e: DumpEntry, members: list[int]) -> tuple[int, int] | None:
     """``send 0->1`` / ``recv 1<-0`` name group-local ranks; map them to global ones."""
     ends = peer_in_title(e.op, e.peer)
     if ends is None or max(ends) >= len(members):
@@ -709,8 +709,8 @@ def _peer_pair(e: Entry, members: list[int]) -> tuple[int, int] | None:
     return members[src], members[dst]
 
 
-def _p2p_problem(job: Job, group: Group, src: int, dst: int, send: Entry | None,
-                 recv: Entry | None) -> Hang | None:
+def _p2p_problem(job: Job, group: Group, src: int, dst: int, send: DumpEntry | None,
+                 recv: DumpEntry | None) -> Hang | None:
     if send and recv:
         if send.input_sizes == recv.output_sizes or job.completed(src, send):
             return None

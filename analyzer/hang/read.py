@@ -67,7 +67,7 @@ class Frame:
 
 
 @dataclass(frozen=True)
-class Entry:
+class DumpEntry:
     """One Flight Recorder entry: a collective or p2p operation as one rank issued it."""
     record_id: int
     pg_id: int
@@ -118,7 +118,7 @@ class RankDump:
     comm_lib_version: str
     pg_config: dict[str, dict[str, Any]]  # group name -> {"desc": str, "ranks": [int] | None}
     pg_status: dict[int, GroupStatus]     # pg_id -> status
-    entries: list[Entry]
+    entries: list[DumpEntry]
     warnings: list[str] = field(default_factory=list)
     format: str = "json"                  # "json" | "pickle"
 
@@ -460,7 +460,7 @@ def _pg_status(value: Any) -> dict[int, GroupStatus]:
     return out
 
 
-def _entry(e: Any, index: int, frames: dict[tuple, Frame]) -> Entry:
+def _entry(e: Any, index: int, frames: dict[tuple, Frame]) -> DumpEntry:
     where = f"entries[{index}]"
     if not isinstance(e, dict):
         raise _Bad(f"{where}: expected a mapping, got {_show(e)}")
@@ -472,7 +472,7 @@ def _entry(e: Any, index: int, frames: dict[tuple, Frame]) -> Entry:
     is_p2p = e.get("is_p2p", op in ("send", "recv"))
     if not isinstance(is_p2p, bool):
         raise _Bad(f"{where}.is_p2p: expected true/false, got {_show(is_p2p)}")
-    return Entry(
+    return DumpEntry(
         record_id=_int(e.get("record_id", 0), f"{where}.record_id"),
         pg_id=_int(e.get("pg_id", 0), f"{where}.pg_id"),
         group=group, description=desc,

@@ -268,7 +268,9 @@ class ArrayFinder:
         self.state = (False, False, 0)
 
     def feed(self, buf: bytes) -> int | None:
-        """:func:`events_array_start` of ``buf``, which extends the previous call's buffer."""
+        """Offset just after the ``[`` that opens the traceEvents array (or a bare top-level
+        array) in ``buf``, which extends the previous call's buffer; None: not in it yet; -1:
+        this document cannot hold one."""
         if self.first is None:
             self.first = next((i for i, c in enumerate(buf[:4096]) if c not in _WS), None)
             if self.first is None:
@@ -422,12 +424,6 @@ def decode_final(state: Decoding, data: bytes, head: bytes, offset: int, on_even
         state.events_seen += len(doc.traceEvents)
     doc.traceEvents = None
     return doc
-
-
-def events_array_start(buf: bytes) -> int | None:
-    """Offset just after the ``[`` that opens the traceEvents array (or a bare top-level array);
-    None: not in ``buf`` yet; -1: this document cannot hold one."""
-    return ArrayFinder().feed(buf + b" " * ArrayFinder._MARGIN)
 
 
 def _skip_blanks(buf, at: int) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import Coded, Numbers
 from analyzer.job import commfit
 from analyzer.job import crossrank
@@ -30,8 +31,15 @@ from analyzer.job.topology import Topology, build_topology
 
 
 def analyze_job(result: Any, options: Any) -> None:
-    result.job_model = None  # the model is read from what follows (analyzer.job.model)
-    result.collective_digest = None  # and so is the digest of the rows (analyzer.job.digest)
+    """The job's sections, once, in the order they read each other: the job model
+    (analyzer.job.model) and the digest of the rows are read from them, so neither may exist
+    before (they would hold figures of a job not yet analysed) and each section is final
+    before the first figure of the model that reads it is asked for: the typical step and each
+    rank's facts once ``attribute_job`` has run (the bus bandwidth reads them), the compute
+    figures (``model.compute``, read by no step here) once ``mfu`` is set."""
+    if result.job_model is not None or result.collective_digest is not None:
+        raise ValueError("analyze_job runs once, on a Result fresh from build_result: its job model or digest "
+                         "was already read from sections not yet analysed")
     topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))
     hardware = resolve_job_hardware(result.ranks, topology, options)
     world = result.job.get("world_size")
@@ -45,8 +53,7 @@ def analyze_job(result: Any, options: Any) -> None:
     result.stragglers = stragglers
     result.groups = groups
     result.collective_summary = commfit.summarize(result.collectives, view)
-    attribute_job(result)
-    result.job_model = None  # the typical step is chosen: the compute figures and busbw read it
+    attribute_job(result)  # the typical step: what the memory, bus bandwidth and compute figures are of
     if any(r.memory is not None for r in result.ranks) or result.memory is None:  # a saved result keeps its own
         typical_step = (result.attribution or {}).get("step")
         result.memory = job_memory(result.ranks, typical_step)
@@ -57,8 +64,6 @@ def analyze_job(result: Any, options: Any) -> None:
     result.mfu = compute_mfu(job_step_times(result.ranks), getattr(options, "model_params", None),
                              getattr(options, "tokens_per_step", None), n_gpus,
                              job_peak(result.ranks, hardware), from_shapes)
-    if result.job_model is not None:  # the typical step and each rank's facts stand (80,000 rank-steps
-        result.job_model.forget("compute")  # at 1,024 ranks); the compute figures read the new sections
 
 
 def write_group_busbw(result: Any) -> None:
@@ -114,7 +119,7 @@ def fit_groups(rows: list[dict[str, Any]], topology: Topology, hardware: Hardwar
         fallback = hardware_link(hardware, bool(label["cross_node"]), label["ranks_per_node"])
         cols = commfit.GroupColumns([], view, index, measured[index])
         gpu = cols.on_gpu & (cols.sizes > 0)  # GPU collectives of a known, non-zero size
-        given = len(np.unique(view.rank[index]))  # members whose traces hold the group's rows
+        given = len(unique_ints(view.rank[index]))  # members whose traces hold the group's rows
         if n and given < n:
             # A member's trace is missing: a kernel's duration is its transfer plus the wait for
             # members not seen, which cannot be told apart; a fit on them learns the waiting.

@@ -32,7 +32,8 @@ from analyzer.base import intervals as iv
 from analyzer.base.rowtable import Numbers
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.facts import POINT_TO_POINT, JobFacts
-from analyzer.job.model import DRAIN, LEAVES, OUTLIER, WARM_UP, Leaves, group_label
+from analyzer.job.model import ESTIMATED_PEER, LEAVES, Leaves, group_label
+from analyzer.job.typical import choose_typical
 from analyzer.model.formulas import COLLECTIVE_KINDS
 from analyzer.rank.timeline import ns_to_us
 
@@ -45,8 +46,6 @@ IDLE_FIGURES = ("idle_host_us", "idle_queued_us", "idle_queued_in_sync_us", "idl
 # (row's position among its rank's, exposed ns it owns, of which waiting) of the rows with
 # exposed time in a step
 _Split = list[tuple[int, int, int]]
-# A steady step's time lies within this fraction of the median step (real jobs jitter ~10%).
-OUTLIER_FRACTION = 0.3
 
 
 def attribute_job(result: Any) -> None:
@@ -76,9 +75,6 @@ def attribute_job(result: Any) -> None:
             tb["wait_by_peer"] = _wait_by_peer(split, rows)
             per_rank[rank.rank][entry["step"]] = _step_figures(entry, split, rows.index)
     result.attribution = _job_section(result, per_rank, source, view)
-
-
-ESTIMATED_PEER = "estimated (α-β)"  # wait_by_peer key of waiting estimated from the α-β model
 
 
 def _estimate_waits(result: Any) -> bool:
@@ -247,16 +243,6 @@ def _exposed_set(flat: list[int], origin_ns: int) -> iv.IntervalSet:
     return array[:, 0], array[:, 1]
 
 
-def wait_words(source: str | None) -> str:
-    """What the waiting leaf holds, in words, by its ``wait_source``: with members' traces
-    missing, the time beyond the link model's transfer is waiting or contention (a link slower
-    than the model's), not only late peers."""
-    text = str(source or "")
-    if text.startswith("estimated") and "ranks' traces given" in text:
-        return "waiting or contention beyond the link model's transfer"
-    return "waiting for late peers"
-
-
 def _wait_source(result: Any, estimated: bool) -> str:
     stragglers = result.stragglers or {}
     world = result.job.get("world_size")
@@ -359,26 +345,6 @@ def _wait_by_peer(split: _Split, rows: _RowIntervals) -> dict[str, float]:
     return {peer: ns_to_us(ns) for peer, ns in sorted(peers.items())}
 
 
-def steady_steps(times: dict[Any, float], last_step: Any) -> tuple[list[Any], list[dict[str, Any]]]:
-    """(steady step numbers, excluded [{step, reason}]) from each step's time."""
-    steps = sorted(times)
-    excluded = []
-    kept = list(steps)
-    if len(kept) > 1 and last_step in kept:
-        kept.remove(last_step)
-        excluded.append({"step": last_step, "role": DRAIN,
-                         "reason": "drain: the last step of the trace (no next step closes it: its time is its GPU span)"})
-    if len(kept) > 2:
-        middle = statistics.median(times[s] for s in kept)
-        for s in list(kept):
-            ratio = times[s] / middle if middle else 1.0
-            if abs(ratio - 1.0) > OUTLIER_FRACTION and len(kept) > 1:
-                kept.remove(s)
-                what = WARM_UP if s == steps[0] else OUTLIER
-                excluded.append({"step": s, "role": what, "reason": f"{what}: {ratio:.2f}x the median step time"})
-    return kept, sorted(excluded, key=lambda e: e["step"])
-
-
 def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str,
                  view: CollectiveColumns) -> dict[str, Any] | None:
     """The job's section: the typical step from every step's time (mean over ranks), and each
@@ -392,10 +358,7 @@ def _job_section(result: Any, per_rank: dict[int, dict[Any, _Step]], source: str
             rank.time_breakdown = None
         return None
     means = {s: statistics.fmean(v) for s, v in times.items()}
-    last = max(means)
-    kept, excluded = steady_steps(means, last)
-    middle = statistics.median(means[s] for s in kept)
-    typical = min(kept, key=lambda s: (abs(means[s] - middle), s))
+    typical, kept, excluded = choose_typical(means)  # the one choice (analyzer.job.typical)
     chosen = []
     labels: dict[int, str] = {}
     for rank in result.ranks:

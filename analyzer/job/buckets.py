@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import Coded, Column, ColumnSequence, Numbers, column
 from analyzer.job.columns import CollectiveColumns, distinct_rows, round_array
 from analyzer.job.parallelism import data_parallel_mask
@@ -157,7 +158,7 @@ def gradient_buckets(view: CollectiveColumns, keep: np.ndarray,
 def _group_names(view: CollectiveColumns, rows: np.ndarray) -> Column:
     """``row["group"]["name"]`` of the rows, read once per group object."""
     codes = view.group.codes[rows]
-    used = set(np.unique(codes).tolist())
+    used = set(unique_ints(codes).tolist())
     names = [group["name"] if k in used else None for k, group in enumerate(view.group.names)]
     return Coded(codes, names, False)
 

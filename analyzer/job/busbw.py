@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.commfit import P2P, busbw_factor, group_size, has_bus_model, modelled, transfer_measured, waits
 from analyzer.job.crossrank import group_key, matched_ranks
@@ -108,7 +109,7 @@ def _sums(view: CollectiveColumns, hit: np.ndarray, bus_bytes: np.ndarray, trans
     """The sums over the measured rows ``hit`` of one label: the typical step's, else the
     steady steps', else the whole trace's (no step breakdown); the samples per rank and step."""
     found = {"members": int(matched_ranks(view)[hit].max()),
-             "groups": len(np.unique(view.group_keys(group_key)[0][hit]))}  # by name: a loaded Result's rows share no dicts
+             "groups": len(unique_ints(view.group_keys(group_key)[0][hit]))}  # by name: a loaded Result's rows share no dicts
     if typical_step is None:  # one sample per rank, its whole trace
         return {"sums": _over("trace", np.flatnonzero(hit), bus_bytes, transfer) | found,
                 "samples": _samples(view, hit, bus_bytes, transfer)}
@@ -146,9 +147,9 @@ def _samples(view: CollectiveColumns, rows: np.ndarray, bus_bytes: np.ndarray,
     index = np.flatnonzero(rows)
     if not len(index):
         return []
-    ranks, rank_of = np.unique(view.rank[index], return_inverse=True)
+    ranks, rank_of = unique_ints(view.rank[index], return_inverse=True)
     n_steps = len(view.step.names)
-    keys, inverse = np.unique(rank_of.reshape(-1) * n_steps + view.step.codes[index], return_inverse=True)
+    keys, inverse = unique_ints(rank_of.reshape(-1) * n_steps + view.step.codes[index], return_inverse=True)
     inverse = inverse.reshape(-1)
     bus = np.bincount(inverse, weights=bus_bytes[index], minlength=len(keys))
     time = np.bincount(inverse, weights=transfer[index], minlength=len(keys))
@@ -187,8 +188,8 @@ def _why(view: CollectiveColumns, rows: np.ndarray) -> str:
     sized = gpu & (view.size > 0)
     if not sized.any():
         return "no GPU collective of a known size"
-    kinds = {view.kind.names[c] for c in np.unique(view.kind.codes[sized]).tolist()}
-    sizes = {group_size(view.group.names[c]) for c in np.unique(view.group.codes[sized]).tolist()}
+    kinds = {view.kind.names[c] for c in unique_ints(view.kind.codes[sized]).tolist()}
+    sizes = {group_size(view.group.names[c]) for c in unique_ints(view.group.codes[sized]).tolist()}
     if kinds <= set(P2P):
         return ("send/recv only: a point-to-point kernel's time includes waiting for its peer, and even a "
                 "paired send may end before its data lands, so no transfer time is measured")
@@ -196,7 +197,7 @@ def _why(view: CollectiveColumns, rows: np.ndarray) -> str:
         return f"no collective kind with a bus-bandwidth factor ({', '.join(sorted(kinds))})"
     if 0 in sizes and len(sizes) == 1:
         return "the group's size is unknown: no bus-bandwidth factor"
-    ranks = len(np.unique(view.rank[sized]))
+    ranks = len(unique_ints(view.rank[sized]))
     size = max(sizes)
     if ranks < size:
         return (f"{ranks} of the group's {size} members' traces given: each collective's wait for the members "

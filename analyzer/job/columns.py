@@ -7,10 +7,11 @@ from __future__ import annotations
 from functools import cached_property
 from itertools import repeat
 from operator import is_not
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import Coded, Column, Numbers, RowTable
 
 # Beyond 2**50 a scaled value's fraction is no longer exact in a float: round it in Python.
@@ -95,7 +96,7 @@ def table_categorical(table: RowTable, key: str) -> Categorical:
 
 def _int_categorical(col: Numbers) -> Categorical:
     """``categorical`` of a column of ints (None allowed): equal ints are one value."""
-    distinct, inverse = np.unique(col.data, return_inverse=True)
+    distinct, inverse = unique_ints(col.data, return_inverse=True)
     inverse = inverse.reshape(-1).astype(np.int64)
     names: list[Any] = distinct.tolist()
     if col.none is not None:
@@ -234,7 +235,7 @@ class CollectiveColumns:
             return Categorical(renumber[col.codes], [col.table[code] for code in used.tolist()])
         groups = self.rows.values("group")
         codes, _ = categorical(map(id, groups), self.n)  # the objects are held: ids stay unique
-        first = np.unique(codes, return_index=True)[1]
+        first = unique_ints(codes, return_index=True)[1]
         return Categorical(codes, [groups[i] for i in first.tolist()])
 
     @classmethod
@@ -289,7 +290,7 @@ class CollectiveColumns:
         """(first row of each distinct (group, kind) pair, each row's pair number): one sort
         serves every ``group_keys`` (several analyses ask, each with its own key)."""
         pair = self.group.codes * len(self.kind.names) + self.kind.codes
-        _, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        _, first, inverse = unique_ints(pair, return_index=True, return_inverse=True)
         return first, inverse.reshape(-1)
 
 
@@ -313,7 +314,7 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np
     combined = tuple_numbers(columns)
     if not len(combined):
         return combined, combined.copy(), combined.copy()
-    _, first, inverse, counts = np.unique(combined, return_index=True, return_inverse=True, return_counts=True)
+    _, first, inverse, counts = unique_ints(combined, return_index=True, return_inverse=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     renumber = np.empty(len(order), dtype=np.int64)
     renumber[order] = np.arange(len(order))
@@ -347,7 +348,7 @@ def _digit(column: np.ndarray) -> np.ndarray:
 
 
 def _dense_codes(values: np.ndarray) -> np.ndarray:
-    return np.unique(values, return_inverse=True)[1].reshape(-1)
+    return unique_ints(values, return_inverse=True)[1].reshape(-1)
 
 
 def sequential_sums(values: np.ndarray, segment: np.ndarray, segments: int) -> list[float | int]:
@@ -364,3 +365,12 @@ def sequential_sums(values: np.ndarray, segment: np.ndarray, segments: int) -> l
         live = np.flatnonzero(counts > k)
         totals[live] += ordered[starts[live] + k]
     return [total if count else 0 for total, count in zip(totals.tolist(), counts.tolist())]
+
+
+def group_label(group: Mapping[str, Any] | None) -> str | None:
+    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
+    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
+    if not group:
+        return None
+    label = group.get("description") or group.get("name")
+    return str(label) if label not in (None, "") else None

@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 from analyzer.model import formulas as models
 from analyzer.model.hardware import HardwareAssumptions, for_device
+from analyzer.job.typical import median_step
+from analyzer.base.units import shape_text
 
 FAMILIES = ("gemm", "attention", "conv", "other")
 TOP_SHAPES = 24  # the shapes ``ranks[].compute`` lists (most GPU time first)
@@ -80,8 +82,8 @@ def step_of(compute_steps: Mapping[str, Any] | None, typical_step: Any) -> tuple
     if typical_step is not None:
         return (str(typical_step) if str(typical_step) in steps else None), "typical step"
     numbered = sorted(int(k) for k in steps if k != "none")
-    if numbered:
-        return str(numbered[(len(numbered) - 1) // 2]), "median recorded ProfilerStep (no typical step)"
+    if numbered:  # no step times (CPU-only ProfilerSteps): the middle step by its number
+        return str(median_step({n: float(n) for n in numbered})), "median recorded ProfilerStep (no typical step)"
     return ("none" if "none" in steps else None), "the whole trace (no ProfilerStep markers)"
 
 
@@ -201,24 +203,6 @@ def _peak_sources(dtypes: Mapping[str, float], peaks: _Peaks) -> str:
         peak = peaks.hardware.peak_of(dtype)
         parts.append(f"{dtype} {peak.value:g} TFLOPS ({peak.source})" if peak.value else f"{dtype}: {peak.source}")
     return "; ".join(parts)
-
-
-def shape_text(dims: Mapping[str, Any] | None) -> str:
-    """The sizes an op's FLOPs follow from, as one short text: ``m=4088 n=4096 k=1024`` (a
-    batch ``b=`` first when there is one), ``bh=16 sq=64 sk=64 d=32 causal``, ``n=4 out=[64]
-    weight=[256, 128, 1]``; "several shapes" for merged rows."""
-    if not dims:
-        return "several shapes"
-    if "m" in dims:
-        return (f"b={dims['b']} " if dims.get("b", 1) != 1 else "") + f"m={dims['m']} n={dims['n']} k={dims['k']}"
-    if "sq" in dims:
-        d = f"d={dims['d']}" + (f" dv={dims['dv']}" if dims.get("dv") != dims.get("d") else "")
-        causal = {True: " causal", False: "", None: " causal?"}[dims.get("causal")]
-        return f"bh={dims['bh']} sq={dims['sq']} sk={dims['sk']} {d}{causal}" + (" backward" if dims.get("backward") else "")
-    if "weight" in dims:
-        return (f"n={dims['n']} {'in' if dims.get('transposed') else 'out'}={dims['spatial']} weight={dims['weight']}"
-                + (" backward" if dims.get("backward") else ""))
-    return ", ".join(f"{k}={v}" for k, v in sorted(dims.items()))
 
 
 def shape_rows(result: Any) -> list[dict[str, Any]]:

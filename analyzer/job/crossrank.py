@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import Numbers, nones
 from analyzer.job.columns import CollectiveColumns, round_array, tuple_numbers
 from analyzer.job.p2p import pair_codes
@@ -88,7 +89,7 @@ def _tuple_codes(columns: list[np.ndarray], matched: np.ndarray | None = None) -
 def _first_seen(codes: np.ndarray) -> np.ndarray:
     """The codes (-1 kept) renumbered in order of first appearance."""
     used = codes >= 0
-    _, first, inverse = np.unique(codes[used], return_index=True, return_inverse=True)
+    _, first, inverse = unique_ints(codes[used], return_index=True, return_inverse=True)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
     out = np.full(len(codes), -1, dtype=np.int64)
@@ -97,7 +98,7 @@ def _first_seen(codes: np.ndarray) -> np.ndarray:
 
 
 def _dense(values: np.ndarray) -> np.ndarray:
-    return np.unique(values, return_inverse=True)[1].astype(np.int64, copy=False)
+    return unique_ints(values, return_inverse=True)[1].astype(np.int64, copy=False)
 
 
 def _key_codes(rows: list[dict[str, Any]], method: str, groups: np.ndarray, view: CollectiveColumns) -> np.ndarray | None:
@@ -213,7 +214,7 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
     own where unknown), the median of its ranks' end times minus their sets' medians; 0 for
     all when every rank reads one clock."""
     diffs = ends - np.repeat(_set_medians(ends, bounds), np.diff(bounds))
-    ranks = np.unique(members).tolist()
+    ranks = unique_ints(members).tolist()
     clocks = {rank: ("rank", rank) if clock_of is None or rank not in clock_of else ("host", clock_of[rank])
               for rank in ranks}
     if len(set(clocks.values())) == 1:
@@ -223,7 +224,7 @@ def _flat_clock_offsets(members: np.ndarray, ends: np.ndarray, bounds: np.ndarra
     rank_clock = np.array([clock_code.setdefault(clocks[rank], len(clock_code)) for rank in ranks], dtype=np.int64)
     codes = rank_clock[np.searchsorted(np.array(ranks, dtype=np.int64), members)]
     order = np.argsort(codes, kind="stable")
-    found, first = np.unique(codes[order], return_index=True)
+    found, first = unique_ints(codes[order], return_index=True)
     by_clock = {int(code): float(np.median(part)) for code, part in zip(found.tolist(), np.split(diffs[order], first[1:]))}
     code_of_rank = dict(zip(members.tolist(), codes.tolist()))
     return {rank: by_clock[code_of_rank[rank]] for rank in ranks}
@@ -239,7 +240,7 @@ def _clock_sets(view: CollectiveColumns, flat: np.ndarray, bounds: np.ndarray,
         return members, ends[flat], bounds
     sizes = np.diff(bounds)
     keep = np.repeat(~p2p, sizes)
-    if len(np.unique(members[keep])) < len(np.unique(members)):  # a rank in pairs only: its offset from them
+    if len(unique_ints(members[keep])) < len(unique_ints(members)):  # a rank in pairs only: its offset from them
         return members, ends[flat], bounds
     return members[keep], ends[flat[keep]], np.r_[0, np.cumsum(sizes[~p2p])]
 
@@ -252,7 +253,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     ``view``: the rows' columns when the caller has them; ``clock_of``: each rank's host (ranks
     of one host share its clock offset)."""
     view = view if view is not None else CollectiveColumns(rows)
-    ranks = np.unique(view.rank).tolist()
+    ranks = unique_ints(view.rank).tolist()
     view.set("wait_us", np.full(view.n, np.nan))
     view.set("arrival_lag_us", np.full(view.n, np.nan))
     view.set("waited_for", np.full(view.n, -1, dtype=np.int64))  # the member waited for; -1: none
@@ -278,7 +279,7 @@ def analyze(rows: list[dict[str, Any]], world_size: int | None = None,
     waits = flat_durations - np.repeat(transfer, np.diff(bounds))
     view.extra["wait_us"][flat] = round_array(waits)
     view.set("matched_ranks", _set_sizes(view.n, flat, bounds))
-    member_ranks, member_of = np.unique(members, return_inverse=True)
+    member_ranks, member_of = unique_ints(members, return_inverse=True)
     incurred = dict(zip(member_ranks.tolist(), np.bincount(member_of, weights=waits).tolist()))
     caused: dict[int, float] = defaultdict(float)
     last_count: dict[int, int] = defaultdict(int)
@@ -320,7 +321,7 @@ def matched_ranks(view: CollectiveColumns) -> np.ndarray:
     rows keep their waits but not their sets). A collective whose set holds every member of
     its group has its transfer measured: its last arrival's kernel waited for nobody."""
     if "matched_ranks" not in view.extra:
-        codes = _match(view)[1] if len(np.unique(view.rank)) >= 2 else None
+        codes = _match(view)[1] if len(unique_ints(view.rank)) >= 2 else None
         if codes is None:
             view.set("matched_ranks", np.zeros(view.n, dtype=np.int64))
         else:
@@ -347,7 +348,7 @@ def _sets_by_size(bounds: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]
     size as the rows of one 2-D array, where numpy's argmax, argmin, median, max and min of a
     row are those of the set's 1-D slice."""
     sizes = np.diff(bounds)
-    for size in np.unique(sizes).tolist():
+    for size in unique_ints(sizes).tolist():
         which = np.flatnonzero(sizes == size)
         yield which, bounds[which][:, None] + np.arange(size)
 

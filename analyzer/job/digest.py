@@ -23,9 +23,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
-from analyzer.job.columns import CollectiveColumns, categorical, table_categorical
+from analyzer.job.columns import CollectiveColumns, categorical, group_label, table_categorical
 from analyzer.job.commfit import BOUNDS, hops
 from analyzer.model import formulas as models
 
@@ -116,14 +117,6 @@ def _bound_names(view: CollectiveColumns) -> tuple[np.ndarray, list[Any]]:
     return found.codes, found.names
 
 
-def group_label(group: Any) -> str | None:
-    """analyzer.job.model.group_label of a row's ``group``."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
-
-
 # ---------------------------------------------------------------- the HTML report's tables
 def _html_name(group: Any) -> str:
     name = group.get("name") if isinstance(group, dict) else None
@@ -201,7 +194,7 @@ def _scatter_geometry(view: CollectiveColumns, wait_column: np.ndarray) -> _Geom
     sizes = [g.get("size") if isinstance(g, dict) else None for g in view.group.names]
     # per (kind, group) pair: whether the fit can place it, its busbw factor, hops and N
     pair = view.group.codes * len(kinds) + view.kind.codes
-    distinct, inverse = np.unique(pair, return_inverse=True)
+    distinct, inverse = unique_ints(pair, return_inverse=True)
     inverse = inverse.reshape(-1)
     ok, factor, steps, group_n = (np.zeros(len(distinct), dtype=bool), np.ones(len(distinct)),
                                   np.ones(len(distinct)), np.ones(len(distinct)))
@@ -293,20 +286,20 @@ def host_side(view: CollectiveColumns, rows: list[dict[str, Any]]) -> dict[str, 
     index = np.flatnonzero(~view.on_gpu)
     if not len(index):
         return None
-    libraries = sorted({str(view.library.names[c] or "unknown") for c in np.unique(view.library.codes[index]).tolist()})
+    libraries = sorted({str(view.library.names[c] or "unknown") for c in unique_ints(view.library.codes[index]).tolist()})
     step_known = np.array([s is not None for s in view.step.names], dtype=bool)
     stepped = index[step_known[view.step.codes[index]]]
-    windows = len(np.unique(view.rank[stepped] * len(view.step.names) + view.step.codes[stepped]))
+    windows = len(unique_ints(view.rank[stepped] * len(view.step.names) + view.step.codes[stepped]))
     size = view.size[index]
     kinds = []
     kind_codes = view.kind.codes[index]
-    first = np.unique(kind_codes, return_index=True)[1]
+    first = unique_ints(kind_codes, return_index=True)[1]
     for code in kind_codes[np.sort(first)].tolist():
         mine = kind_codes == code
         sizes = np.where(np.isnan(size[mine]), 0.0, size[mine])
         kinds.append([view.kind.names[code], float(mine.sum()), ordered_sum(sizes, 0.0)])
     longest = _top(rows, index, view.dur, lambda c: (-c["dur_us"], c["rank"], c["start_us"]))
-    return {"count": len(index), "libraries": libraries, "ranks": len(np.unique(view.rank[index])),
+    return {"count": len(index), "libraries": libraries, "ranks": len(unique_ints(view.rank[index])),
             "windows": windows, "kinds": kinds, "longest": longest}
 
 
@@ -323,7 +316,7 @@ def window_totals(view: CollectiveColumns, windows: set[tuple[int, Any]], given_
     bytes (and how many rows have no size), time, exposed time and the exposed part spent
     waiting, summed in row order; with the number of windows and what a window is
     (analyzer.compare.diff)."""
-    ranks = np.unique(view.rank)
+    ranks = unique_ints(view.rank)
     rank_code = np.searchsorted(ranks, view.rank)  # each row's rank, numbered
     if not windows:
         given = set(given_ranks)
@@ -351,7 +344,7 @@ def window_totals(view: CollectiveColumns, windows: set[tuple[int, Any]], given_
     exposed = view.written("exposed_us")[rows]
     wait = view.written("wait_us")[rows]
     cells = []
-    first = np.unique(cell, return_index=True)[1]
+    first = unique_ints(cell, return_index=True)[1]
     for c in cell[np.sort(first)].tolist():
         mine = cell == c
         sizes, durs, exp, waits = size[mine], dur[mine], exposed[mine], wait[mine]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from functools import cached_property
 from itertools import groupby
 from operator import attrgetter, itemgetter
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.base.rowtable import RowSubset, RowTable
 from analyzer.job.buckets import BucketTable
 from analyzer.job.columns import CollectiveColumns, distinct_rows, sequential_sums
@@ -79,7 +81,7 @@ class JobFacts:
         pair, keys = self._step_pairs
         view = CollectiveColumns.of(self.result)
         rows = np.flatnonzero(view.kind.isin(("allreduce",)) & view.phase.isin(("backward",)))
-        pairs, first = np.unique(pair[rows], return_index=True)
+        pairs, first = unique_ints(pair[rows], return_index=True)
         groups = self._table.values("group")
         return {keys[p]: groups[row] for p, row in zip(pairs.tolist(), rows[first].tolist())}
 
@@ -171,7 +173,7 @@ class JobFacts:
             return None
         return f"needs every member's trace ({len(self.result.ranks)} of {self.world_size} given)"
 
-    def transfer_bound(self, rows: list[dict[str, Any]]) -> tuple[bool, str | None]:
+    def transfer_bound(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, str | None]:
         """(whether the transfer time of these collective rows is bounded, what bounds it or
         why nothing does) on a job whose traces are a subset: a kernel's duration is its
         transfer plus waiting for the members not given, and only the link model (hardware
@@ -214,10 +216,11 @@ class JobFacts:
         chosen = index[view.kind.isin((kind,))[index] & view.phase.isin((phase,))[index]]
         return RowSubset(self._table, chosen)
 
-    def rows_of_kinds(self, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
-        """The rows of these collective kinds, in row order (chosen from the kinds' column)."""
+    def rows_of_kinds(self, kinds: tuple[str, ...]) -> RowSubset:
+        """The rows of these collective kinds, in row order (chosen from the kinds' column; the
+        dicts made as they are read)."""
         view = CollectiveColumns.of(self.result)
-        return self._table.dicts(np.flatnonzero(view.kind.isin(kinds)))
+        return RowSubset(self._table, np.flatnonzero(view.kind.isin(kinds)))
 
     def all_gather_dtypes(self) -> list[Any]:
         """The ``dtype`` of every all-gather row, in row order (read from its column)."""
@@ -360,7 +363,7 @@ class JobFacts:
         if not len(index):
             return False
         rows = index[view.kind.isin(("allreduce", "reduce_scatter"))[index] & view.phase.isin(("backward",))[index]]
-        sizes = {code: self.group_size(view.group.names[code]) for code in np.unique(view.group.codes[rows]).tolist()}
+        sizes = {code: self.group_size(view.group.names[code]) for code in unique_ints(view.group.codes[rows]).tolist()}
         return any(size >= 2 for size in sizes.values())
 
     def _no_gpu_steps(self) -> str:

@@ -24,18 +24,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 from analyzer.base.units import fmt_us
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
-from analyzer.job.columns import CollectiveColumns
+from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
 from analyzer.job.compute import JobCompute
 from analyzer.job.topology import Topology, build_topology
+from analyzer.job.typical import DRAIN, OUTLIER, STEADY, TYPICAL, UNMEASURED, WARM_UP  # noqa: F401  (re-exported)
+from analyzer.rank.workload import WORKLOAD_TEXT
 from analyzer.model.hardware import HardwareAssumptions, resolve_hardware
 from analyzer.model.link import Link, group_link
 
-if TYPE_CHECKING:
-    from analyzer.job.result import Result
+
+
+class JobSections(Protocol):
+    """What the model reads of a ``analyzer.job.result.Result``: its sections. Typed by shape,
+    not by importing the Result, which builds its model lazily (``Result.model``): result.py
+    imports this module, never the other way round, so the two form no import circle."""
+
+    @property
+    def job(self) -> dict[str, Any]: ...
+    @property
+    def ranks(self) -> Any: ...
+    @property
+    def attribution(self) -> dict[str, Any] | None: ...
+    @property
+    def mfu(self) -> dict[str, Any] | None: ...
+    @property
+    def stragglers(self) -> dict[str, Any] | None: ...
+    @property
+    def topology(self) -> dict[str, Any] | None: ...
+    @property
+    def hardware(self) -> dict[str, Any] | None: ...
+    @property
+    def groups(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def model(self) -> JobModel: ...
 
 # The five leaves of a step; they add up to its time (analyzer.job.attribution).
 LEAVES = ("compute_only_us", "exposed_wait_us", "exposed_transfer_us", "other_gpu_us", "idle_us")
@@ -43,9 +68,21 @@ LEAF_NAMES = {"compute_only_us": "compute only", "exposed_wait_us": "waiting for
               "exposed_transfer_us": "exposed transfer", "other_gpu_us": "other GPU work", "idle_us": "GPU idle"}
 # The leaves where the GPU does no useful work: what findings can give back.
 LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
+# The ``wait_by_peer`` key of waiting estimated from the α-β model (analyzer.job.attribution).
+ESTIMATED_PEER = "estimated (α-β)"
 
-# A step's role in the job (analyzer.job.attribution.steady_steps).
-TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED = "typical", "steady", "warm-up", "drain", "outlier", "unmeasured"
+
+def wait_words(source: str | None) -> str:
+    """What the waiting leaf holds, in words, by the typical step's ``wait_source``: with
+    members' traces missing, the time beyond the link model's transfer is waiting or contention
+    (a link slower than the model's), not only late peers."""
+    text = str(source or "")
+    if text.startswith("estimated") and "ranks' traces given" in text:
+        return "waiting or contention beyond the link model's transfer"
+    return "waiting for late peers"
+
+# A step's role in the job: TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED (chosen in
+# analyzer.job.typical, imported above).
 STEP_ROLES = (TYPICAL, STEADY, WARM_UP, DRAIN, OUTLIER, UNMEASURED)
 # A rank last at this share of the matched collectives or more is consistently last.
 CONSISTENTLY_LAST = 0.5
@@ -245,9 +282,52 @@ class RankFacts:
     comm_us: float
     overlap_us: float
     exposed_comm_us: float
+    busy_us: float = 0.0  # whole trace, as the four above
+    compute_us: float = 0.0
 
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
+
+
+@dataclass(frozen=True)
+class WholeTrace:
+    """The job's figures when it has no typical step (no step breakdown): each rank's whole GPU
+    span, mean over the ranks with GPU activity; the shares are the figures' ratios, as the
+    typical step's (mean exposed / mean span = Σ exposed / Σ span). The one fallback every
+    view and the gate quote (``JobModel.whole_trace``)."""
+
+    ranks: int
+    span_us: float
+    exposed_us: float
+    busy_us: float
+    comm_us: float
+    overlap_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return max(self.span_us - self.busy_us, 0.0)
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.exposed_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def idle_share(self) -> float | None:
+        return self.idle_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """Communication hidden under compute over the whole trace (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
+    @classmethod
+    def of(cls, ranks: tuple[RankFacts, ...]) -> WholeTrace | None:
+        active = [r for r in ranks if r.span_us > 0]
+        if not active:
+            return None
+        n = len(active)
+        return cls(n, *(sum(getattr(r, key) for r in active) / n
+                        for key in ("span_us", "exposed_comm_us", "busy_us", "comm_us", "overlap_us")))
 
 
 @dataclass(frozen=True)
@@ -292,7 +372,7 @@ class JobModel:
     """The typed facts of one diagnosed job (see the module docstring). Build it with
     ``JobModel.of(result)``: once per Result, after the job analyses."""
 
-    def __init__(self, result: Result):
+    def __init__(self, result: JobSections):
         self._result = result
         job = result.job
         self.world_size: int = int(job.get("world_size") or len(result.ranks) or 1)
@@ -322,16 +402,20 @@ class JobModel:
     def lateness(self) -> tuple[RankLateness, ...]:
         return _lateness(self._result.stragglers)
 
-    def forget(self, *names: str) -> None:
-        """Read these figures again from the Result on their next use (the job analysis sets a
-        section some of them read after they were first read)."""
-        for name in names:
-            self.__dict__.pop(name, None)
-
     @classmethod
-    def of(cls, result: Result) -> JobModel:
+    def of(cls, result: JobSections) -> JobModel:
         """The Result's model, built on first use and kept with it (``Result.model``)."""
         return result.model
+
+    @property
+    def workload_text(self) -> str:
+        """The workload in words, with what tells it (analyzer.rank.workload)."""
+        return WORKLOAD_TEXT.get(self.workload or "", "unknown (the trace cannot tell)")
+
+    @cached_property
+    def whole_trace(self) -> WholeTrace | None:
+        """The figures without a typical step (``WholeTrace``); None: no rank has GPU activity."""
+        return WholeTrace.of(self.ranks)
 
     # ---------------------------------------------------------------- the typical step's figures
     @property
@@ -478,15 +562,6 @@ def leaf_names(leaves: Any) -> list[str]:
     return [LEAF_NAMES[leaf] for leaf in LEAVES if leaf in (leaves or {})]
 
 
-def group_label(group: Mapping[str, Any] | None) -> str | None:
-    """The name a group goes by in breakdowns, metric names and diffs: its description, else its
-    name (descriptions such as ``default_pg`` stay the same when the job is rerun at another scale)."""
-    if not group:
-        return None
-    label = group.get("description") or group.get("name")
-    return str(label) if label not in (None, "") else None
-
-
 def _typical(section: Mapping[str, Any] | None) -> TypicalStep | None:
     if not section or not section.get("step_time_us"):
         return None
@@ -511,7 +586,8 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
     return RankFacts(rank.rank, rank.host, rank.path, steps, Leaves.of(tb) if tb else None,
                      Details.of(tb.get("details")) if tb else None, float(metrics.get("span_us") or 0.0),
                      float(metrics.get("comm_us") or 0.0), float(metrics.get("overlap_us") or 0.0),
-                     float(metrics.get("exposed_comm_us") or 0.0))
+                     float(metrics.get("exposed_comm_us") or 0.0), float(metrics.get("busy_us") or 0.0),
+                     float(metrics.get("compute_us") or 0.0))
 
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
@@ -557,11 +633,19 @@ class Recoverable:
     split over the leaves it recovers (``Finding.recovers``), a leaf's time counted once however
     many findings claim it (in gain order), and the lost time never beyond what the typical step
     loses (exposed communication + idle, ``lost_bound_us``); compute a finding would save
-    (a slow rank's kernels) is counted apart, against the compute-only leaf."""
+    (a slow rank's kernels) is counted apart, against the compute-only leaf.
+
+    ``replayed_us``: what every finding's fix applied at once saves on the replay of the
+    measured job (analyzer.whatif.counterfactual; the findings in ``replayed``) plus what the
+    leaves count of the findings the replay cannot express; the joint estimate is that, as far
+    as the typical step's leaves hold it (the leaf count above). None: the job cannot be
+    replayed, and the joint estimate is the leaf count."""
 
     step_time_us: float
     claims: tuple[Claim, ...]
     lost_bound_us: float
+    replayed_us: float | None = None
+    replayed: tuple[str, ...] = ()
 
     @property
     def sum_us(self) -> float:
@@ -572,17 +656,44 @@ class Recoverable:
         return sum(v for c in self.claims for leaf, v in c.counted_us.items() if leaf in leaves)
 
     @property
-    def lost_us(self) -> float:
-        """Exposed communication and idle the findings together recover (≤ ``lost_bound_us``)."""
+    def _leaf_lost_us(self) -> float:
         return min(self.counted(LOST_LEAVES), self.lost_bound_us)
 
     @property
+    def _scale(self) -> float:
+        """The replayed joint estimate over the leaf count (1 without a replay, never above 1)."""
+        leaf = self._leaf_lost_us + self.counted(("compute_only_us", "other_gpu_us"))
+        if self.replayed_us is None or leaf <= 0.0:
+            return 1.0
+        return max(0.0, min(1.0, self.replayed_us / leaf))
+
+    @property
+    def lost_us(self) -> float:
+        """Exposed communication and idle the findings together recover (≤ ``lost_bound_us``)."""
+        return self._leaf_lost_us * self._scale
+
+    @property
     def compute_us(self) -> float:
-        return self.counted(("compute_only_us", "other_gpu_us"))
+        return self.counted(("compute_only_us", "other_gpu_us")) * self._scale
 
     @property
     def joint_us(self) -> float:
         return self.lost_us + self.compute_us
+
+    @property
+    def replayed_all(self) -> bool:
+        """Whether the replay applied every finding's fix that has a gain."""
+        return self.replayed_us is not None and set(self.replayed) >= {c.rule for c in self.claims if c.gain_us > 0}
+
+    @property
+    def source(self) -> str:
+        if self.replayed_us is None:
+            return "the findings' gains over the typical step's leaves, each leaf counted once (the job cannot be replayed)"
+        if self.replayed_all:
+            return "all fixes together, replayed (as far as the typical step's leaves hold it)"
+        return ("all fixes together, replayed where the replay expresses the fix ("
+                + ", ".join(self.replayed) + "), the others' gains counted over the typical step's leaves "
+                "(as far as the leaves hold it)")
 
     @property
     def shared(self) -> list[tuple[str, str, float]]:
@@ -591,7 +702,9 @@ class Recoverable:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_us": round(self.step_time_us, 3), "sum_us": round(self.sum_us, 1),
-                "joint_us": round(self.joint_us, 1), "lost_us": round(self.lost_us, 1),
+                "joint_us": round(self.joint_us, 1), "source": self.source,
+                "replayed_us": None if self.replayed_us is None else round(self.replayed_us, 1),
+                "replayed_rules": list(self.replayed), "replayed_all": self.replayed_all, "lost_us": round(self.lost_us, 1),
                 "compute_us": round(self.compute_us, 1), "lost_bound_us": round(self.lost_bound_us, 3),
                 "findings": [{"rule": c.rule, "gain_us": round(c.gain_us, 1),
                               "counted_us": {k: round(v, 1) for k, v in sorted(c.counted_us.items())},
@@ -624,9 +737,12 @@ def split_gain(gain_us: float, leaves: Mapping[str, float] | tuple[str, ...] | s
     return out
 
 
-def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]]) -> Recoverable:
+def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]],
+                replay: tuple[float, tuple[str, ...]] | None = None) -> Recoverable:
     """The joint estimate of ``findings`` (in the order given: largest gain first) on the
-    typical step: each takes what is left of the leaves it recovers."""
+    typical step: each takes what is left of the leaves it recovers; ``replay``: (what the
+    fixes of the findings it names save replayed at once, those findings' rules), to which the
+    others' counted leaves are added (``Recoverable.replayed_us``)."""
     left = {leaf: typical.leaves.leaf(leaf) for leaf in LEAVES}
     claims = []
     for f in findings:
@@ -639,4 +755,8 @@ def recoverable(typical: TypicalStep, findings: list[Mapping[str, Any]]) -> Reco
             left[leaf] = left.get(leaf, 0.0) - take
             counted[leaf], shared[leaf] = take, float(want) - take
         claims.append(Claim(str(f.get("rule")), float(gain), counted, shared))
-    return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us)
+    if replay is None:
+        return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us)
+    together, rules = replay
+    rest = sum(sum(c.counted_us.values()) for c in claims if c.rule not in rules)
+    return Recoverable(typical.step_time_us, tuple(claims), typical.leaves.lost_us, together + rest, rules)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.arrays import unique_ints
 from analyzer.job.columns import CollectiveColumns, distinct_rows
 
 DIMS = ("dp", "dp_shard", "dp_replicate", "tp", "pp", "ep", "cp")
@@ -170,7 +171,7 @@ def infer_parallelism(ranks: list[Any], collectives: list[dict[str, Any]], dp_st
         for row, count in zip(first.tolist(), counts.tolist()):
             combos[keys[key_code[row]], view.kind.at(row), view.library.at(row),
                    view.phase.at(row), bool(view.module_known[row])] = count
-        for key, row in zip(keys, np.unique(key_code, return_index=True)[1].tolist()):
+        for key, row in zip(keys, unique_ints(key_code, return_index=True)[1].tolist()):
             groups.setdefault(key, _Group(key, collectives[row].get("group") or {}))
     for (key, kind, library, phase, fsdp), count in combos.items():
         groups[key].add(kind, library, phase, fsdp, count)

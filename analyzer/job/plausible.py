@@ -24,7 +24,7 @@ Duration = Annotated[float, msgspec.Meta(ge=0, le=2.0**53)]  # µs
 Time = Annotated[float, msgspec.Meta(ge=-2.0**53, le=2.0**53)]  # µs from the job's origin
 
 
-class _Group(msgspec.Struct):
+class _GroupBounds(msgspec.Struct):
     size: World | None = None
     ranks: list[Rank] | None = None
 
@@ -38,7 +38,7 @@ class _Collective(msgspec.Struct):
     start_us: Time | None = None
     launch_us: Time | None = None
     step: Step | None = None
-    group: _Group | None = None
+    group: _GroupBounds | None = None
 
 
 class _Bucket(msgspec.Struct):
@@ -63,7 +63,7 @@ class _Leaves(msgspec.Struct):
     idle_us: Duration | None = None
 
 
-class _Step(msgspec.Struct):
+class _StepBounds(msgspec.Struct):
     step: Step | None = None
     step_time_us: Duration | None = None
     time_breakdown: _Leaves | None = None
@@ -72,7 +72,7 @@ class _Step(msgspec.Struct):
 class _Rank(msgspec.Struct):
     rank: Rank
     world_size: World | None = None
-    steps: list[_Step] = []
+    steps: list[_StepBounds] = []
     time_breakdown: _Leaves | None = None
 
 

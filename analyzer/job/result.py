@@ -35,6 +35,11 @@ SCHEMA_VERSION = 1  # a result with every collective row in its JSON
 SCHEMA_VERSIONS = (SCHEMA_VERSION, LARGE_SCHEMA_VERSION)  # the ones this tracecliff reads
 _R = TypeVar("_R", bound="Result")
 Severity = Literal["error", "warning", "info"]
+# How a rule ended (``Result.rules[].status``), in words (the views say it so): it found a
+# problem; it checked and found nothing; its subject is absent from the job; the traces cannot
+# show it; it was switched off.
+STATUS_WORDS = {"fired": "fired", "passed": "passed", "not_applicable": "not applicable",
+                "not_evaluated": "could not check", "disabled": "disabled"}
 
 
 class _ReadsLikeADict:
@@ -501,3 +506,29 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         return _clean(value.item())  # numpy scalar
     return value
+
+
+# ---------------------------------------------------------------- read by the report sections and views
+def unavailable(why: str) -> dict[str, Any]:
+    """A report section (``timeline``, a view's) that could not be drawn, and why."""
+    return {"available": False, "why": why}
+
+
+STRAGGLER_RULE = "straggler-rank"
+
+
+def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
+    """rank -> why it is called a straggler: the ranks a straggler-rank finding names, and only
+    those (the report says only what the analysis concluded: a rank that is merely last at some
+    collectives of a healthy job is no straggler)."""
+    found: dict[int, str] = {}
+    for finding in doc.get("findings") or []:
+        if not isinstance(finding, dict) or finding.get("rule") != STRAGGLER_RULE:
+            continue
+        causes = (finding.get("evidence") or {}).get("causes") or {}
+        for rank in finding.get("ranks") or []:
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                cause = (causes.get(str(rank)) or {}).get("cause") if isinstance(causes, dict) else None
+                found.setdefault(rank, f"{finding.get('code') or STRAGGLER_RULE}: late at the collectives"
+                                 + (f" (cause: {cause})" if cause else ""))
+    return dict(sorted(found.items()))

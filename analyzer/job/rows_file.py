@@ -43,7 +43,7 @@ GROUP_FIELDS = (("group", "name"), ("group_size", "size"), ("group_description",
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
 
-class Column(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+class ParquetColumn(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     key: str  # the rows' key
     encoding: str  # int64 | uint64 | int_text | float | bool | str | null | json | group
     column: str  # the Parquet column holding it
@@ -53,7 +53,7 @@ class Column(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
 class Description(msgspec.Struct, forbid_unknown_fields=True):
     format: int
     rows: int
-    columns: list[Column]
+    columns: list[ParquetColumn]
     groups: list[Any]  # the distinct process-group values, by code
 
 
@@ -139,7 +139,7 @@ def _encode_and_write(table: Any, path: str | Path) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
-def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[Any]]:
+def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[ParquetColumn], list[Any]]:
     """The Arrow arrays of the rows' keys, their description and the distinct groups. A key the
     job's columns (``view``, analyzer.job.columns) already hold is taken from them; the others
     from the rows' table (analyzer.base.rowtable: a 1,024-rank job has 2 million rows), a
@@ -147,7 +147,7 @@ def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[A
     each key of a later row with more keys that is not among them yet."""
     table = as_table(rows)
     arrays: dict[str, Any] = {}
-    columns: list[Column] = []
+    columns: list[ParquetColumn] = []
     groups: list[Any] = []
     for n, key in enumerate(_key_order(table)):
         taken = _from_view(view, key)
@@ -169,13 +169,13 @@ def _columns(rows: Any, view: Any) -> tuple[dict[str, Any], list[Column], list[A
             arrays["group_code"] = _buffers("int32", codes)
             for name, field in GROUP_FIELDS:
                 arrays[name] = _array([g.get(field) if isinstance(g, dict) else None for g in groups], codes)
-            columns.append(Column(key, "group", "group_code", present))
+            columns.append(ParquetColumn(key, "group", "group_code", present))
         else:
             if taken is None:
                 encoding, array = _encoded(values)
             name = key if not key.startswith(("present.", "group", "column.")) else f"column.{n}"
             arrays[name] = array
-            columns.append(Column(key, encoding, name, present))
+            columns.append(ParquetColumn(key, encoding, name, present))
     return arrays, columns, groups
 
 
@@ -566,7 +566,7 @@ def _check_schema(table: Any, description: Description, count: int, path: Path) 
             raise InputError(path, f"column {column.present!r} is not bool")
 
 
-def _values(table: Any, column: Column, description: Description, path: Path) -> list[Any]:
+def _values(table: Any, column: ParquetColumn, description: Description, path: Path) -> list[Any]:
     """One key's values as Python objects (None where null)."""
     data = table.column(column.column).combine_chunks()
     n = len(data)

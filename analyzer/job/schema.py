@@ -57,7 +57,7 @@ class ActivationCheckpointing(msgspec.Struct):
     evidence: dict[str, Any] = {}
 
 
-class Job(msgspec.Struct):
+class JobDoc(msgspec.Struct):
     world_size: int | None
     strategy: str  # the combination, e.g. "ddp", "fsdp2+tp", "megatron tp", "expert parallel"
     dp_strategy: str | None = None  # the data-parallel part: ddp, fsdp1, fsdp2, fsdp, unknown
@@ -101,7 +101,7 @@ class Step(msgspec.Struct):
     step_source: str | None = None  # how the step was found where it is no ProfilerStep (analyzer.rank.timeline)
 
 
-class ProcessGroup(msgspec.Struct):
+class ProcessGroupDoc(msgspec.Struct):
     name: str
     ranks: list[int] | None = None
     size: int | None = None
@@ -127,7 +127,7 @@ class TimeBreakdown(msgspec.Struct):
     wait_source: str | None = None
 
 
-class ExcludedStep(msgspec.Struct):
+class ExcludedStepDoc(msgspec.Struct):
     """A step left out of the typical step's choice, with its role and why."""
 
     step: int
@@ -135,13 +135,13 @@ class ExcludedStep(msgspec.Struct):
     role: Literal["warm-up", "drain", "outlier"] | None = None  # None: a result written before roles
 
 
-class Attribution(TimeBreakdown):
+class AttributionDoc(TimeBreakdown):
     """The job's typical step: the leaves averaged over ranks, with the steady steps it was
     chosen from and the steps left out (warm-up, drain, outliers) with the reason."""
 
     ranks: int | None = None
     steady_steps: list[int] = []
-    excluded_steps: list[ExcludedStep] = []
+    excluded_steps: list[ExcludedStepDoc] = []
     exposed_share: float | None = None
     idle_share: float | None = None
     # How the steps were found where they are no ProfilerSteps (a repeating annotation, the
@@ -166,7 +166,7 @@ class FamilyCompute(msgspec.Struct):
     bucket: str | None = None
 
 
-class RankCompute(msgspec.Struct):
+class RankComputeDoc(msgspec.Struct):
     """``ranks[].compute``: the typical step's FLOPs from recorded shapes (analyzer.job.compute);
     ``mfu`` / ``compute_mfu`` are fractions, ``pct_of_peak`` percent."""
 
@@ -193,7 +193,7 @@ class RankCompute(msgspec.Struct):
     note: str | None = None
 
 
-class Rank(msgspec.Struct):
+class RankDoc(msgspec.Struct):
     """One rank's whole-trace metrics (µs) and what its trace says about the job."""
 
     rank: int
@@ -215,14 +215,14 @@ class Rank(msgspec.Struct):
     step_time_us: float | None
     steps: list[Step]
     phases: dict[str, float]
-    process_groups: list[ProcessGroup]
+    process_groups: list[ProcessGroupDoc]
     devices: list[dict[str, Any]]
     markers_seen: dict[str, int]
     gpu_event_count: int
     event_count: int
     rank_warnings: list[str]
     time_breakdown: TimeBreakdown | None = None  # the rank's typical step
-    compute: RankCompute | None = None  # the typical step's FLOPs (absent: no op with FLOPs in the trace)
+    compute: RankComputeDoc | None = None  # the typical step's FLOPs (absent: no op with FLOPs in the trace)
     compute_steps: dict[str, Any] | None = None  # the map's FLOPs and GPU time per step (analyzer.rank.flops)
 
 
@@ -273,7 +273,7 @@ class Collective(msgspec.Struct):
     peers: list[list[str | int | None]] | None = None
 
 
-class Bucket(msgspec.Struct):
+class BucketDoc(msgspec.Struct):
     """A DDP gradient all-reduce (bucket ``index`` of a step)."""
 
     rank: int
@@ -303,7 +303,7 @@ class FsdpUnit(msgspec.Struct):
     module: str | None = None
 
 
-class Group(msgspec.Struct):
+class GroupDoc(msgspec.Struct):
     """A process group with its α-β fit (α µs, β GB/s one-way, S* = α·β bytes). A trace that
     does not name its groups gives one entry whose name, size and layout are None."""
 
@@ -343,7 +343,7 @@ class CollectiveSummary(msgspec.Struct):
     bound: Bound | None
 
 
-class Sourced(msgspec.Struct):
+class SourcedDoc(msgspec.Struct):
     """A hardware or model value and where it came from (measured / profile / user / default)."""
 
     value: str | int | float | None
@@ -351,7 +351,7 @@ class Sourced(msgspec.Struct):
     source: str
 
 
-class Topology(msgspec.Struct):
+class TopologyDoc(msgspec.Struct):
     gpus_per_node: int | None
     gpus_per_node_source: str
     n_nodes: int | None
@@ -402,7 +402,7 @@ class Mfu(msgspec.Struct):
     per_step: list[dict[str, Any]]
     model_params: float | None = None
     tokens_per_step: float | None = None
-    peak_tflops: Sourced | None = None
+    peak_tflops: SourcedDoc | None = None
     source: str | None = None
     note: str | None = None
     label: str | None = None
@@ -429,7 +429,7 @@ class RecoveredBy(msgspec.Struct):
     shared_us: dict[str, float] = {}
 
 
-class Recoverable(msgspec.Struct):
+class RecoverableDoc(msgspec.Struct):
     """What the findings together recover per typical step (µs; analyzer.job.model.Recoverable):
     a leaf's time counted once however many findings claim it; ``lost_us`` (exposed communication
     and idle) never beyond ``lost_bound_us``; ``compute_us`` (a slow rank's kernels) apart."""
@@ -441,6 +441,10 @@ class Recoverable(msgspec.Struct):
     compute_us: float
     lost_bound_us: float
     findings: list[RecoveredBy]
+    source: str | None = None  # how the joint estimate was made (a result saved before: the leaf count)
+    replayed_us: float | None = None
+    replayed_rules: list[str] = []
+    replayed_all: bool = False
 
 
 class MemoryStep(msgspec.Struct):
@@ -490,20 +494,20 @@ class _Document(msgspec.Struct, tag_field="schema_version"):
 
     tool: Tool
     inputs: list[Input]
-    job: Job
+    job: JobDoc
     collectives: list[Collective]
     findings: list[Finding]
     warnings: list[str]
-    topology: Topology | None = None
-    hardware: dict[str, Sourced] | None = None
-    groups: list[Group] | None = None
+    topology: TopologyDoc | None = None
+    hardware: dict[str, SourcedDoc] | None = None
+    groups: list[GroupDoc] | None = None
     stragglers: Stragglers | None = None
     collective_summary: list[CollectiveSummary] | None = None
     mfu: Mfu | None = None
-    attribution: Attribution | None = None
+    attribution: AttributionDoc | None = None
     rules: list[RuleStatus] | None = None
     verdict: str | None = None
-    recoverable: Recoverable | None = None
+    recoverable: RecoverableDoc | None = None
     timeline: Section | None = None
     scaling: Section | None = None
     hta: Section | None = None
@@ -513,8 +517,8 @@ class _Document(msgspec.Struct, tag_field="schema_version"):
 class ResultDocument(_Document, tag=SCHEMA_VERSION, kw_only=True):
     """``diagnose --format json``: one diagnosed job, every collective row in it."""
 
-    ranks: list[Rank]
-    buckets: list[Bucket]
+    ranks: list[RankDoc]
+    buckets: list[BucketDoc]
     fsdp_units: list[FsdpUnit]
 
 
@@ -528,7 +532,7 @@ class StepColumns(msgspec.Struct, forbid_unknown_fields=True):
     absent: dict[str, list[Annotated[int, msgspec.Meta(ge=0)]]] = {}
 
 
-class LargeRank(Rank, kw_only=True):
+class LargeRank(RankDoc, kw_only=True):
     """A rank of a large result: its steps by column (``step_columns``; ``steps`` when a step
     has a key the columns cannot name)."""
 

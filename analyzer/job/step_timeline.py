@@ -24,6 +24,8 @@ import numpy as np
 from analyzer.base import intervals as iv
 from analyzer.base.errors import TracecliffError
 from analyzer.rank.analysis import RankOptions, kernels_timeline, step_timeline_file
+from analyzer.job.typical import median_step
+from analyzer.job.result import straggler_ranks, unavailable
 
 PLOT_WIDTH_PX = 1000
 MAX_MARKS_PER_LANE = 800
@@ -32,30 +34,6 @@ MAX_RANKS = 3
 COMPUTE, COMM, MEMORY, SYNC = range(4)
 LANE_KIND = {COMPUTE: "compute", COMM: "NCCL", MEMORY: "memory", SYNC: "sync"}
 LANE_ORDER = {"compute": 0, "NCCL": 1, "memory": 2, "sync": 3}
-
-
-def unavailable(why: str) -> dict[str, Any]:
-    return {"available": False, "why": why}
-
-
-STRAGGLER_RULE = "straggler-rank"
-
-
-def straggler_ranks(doc: dict[str, Any]) -> dict[int, str]:
-    """rank -> why it is called a straggler: the ranks a straggler-rank finding names, and only
-    those (the report says only what the analysis concluded: a rank that is merely last at some
-    collectives of a healthy job is no straggler)."""
-    found: dict[int, str] = {}
-    for finding in doc.get("findings") or []:
-        if not isinstance(finding, dict) or finding.get("rule") != STRAGGLER_RULE:
-            continue
-        causes = (finding.get("evidence") or {}).get("causes") or {}
-        for rank in finding.get("ranks") or []:
-            if isinstance(rank, int) and not isinstance(rank, bool):
-                cause = (causes.get(str(rank)) or {}).get("cause") if isinstance(causes, dict) else None
-                found.setdefault(rank, f"{finding.get('code') or STRAGGLER_RULE}: late at the collectives"
-                                 + (f" (cause: {cause})" if cause else ""))
-    return dict(sorted(found.items()))
 
 
 @dataclass(frozen=True)
@@ -125,9 +103,8 @@ def _choose_step(summaries: Sequence[dict[str, Any]], step: int | None,
     if not times:
         return None, "no ProfilerStep markers: the whole trace is shown"
     default, why = typical.get("step"), "the typical step, the one the report's figures quote"
-    if default not in times:  # no step breakdown: the median step, said as such
-        by_time = sorted(times, key=lambda n: (mean(times[n]), n))
-        default = by_time[(len(by_time) - 1) // 2]
+    if default not in times:  # no step breakdown: the median step (analyzer.job.typical), said as such
+        default = median_step({n: mean(times[n]) for n in times})
         why = f"median step by step time (mean over ranks) of {len(times)} step(s); no typical step was chosen"
     if step is None:
         return default, why

@@ -26,13 +26,11 @@ import numpy as np
 __all__ = [
     "BYTES_PER_KB", "BYTES_PER_GB", "MIB", "DEFAULT_BUCKET_CAP_BYTES", "FIRST_BUCKET_BYTES",
     "COLLECTIVE_KINDS", "STRATEGIES",
-    "alpha_beta_time", "crossover_bytes", "is_latency_bound",
+    "alpha_beta_time", "crossover_bytes",
     "ring_allreduce_time", "ring_allgather_time", "ring_reduce_scatter_time",
-    "ring_alltoall_time", "pipelined_time", "point_to_point_time", "tree_allreduce_latency",
+    "ring_alltoall_time", "pipelined_time", "point_to_point_time",
     "collective_time", "busbw_factor", "algbw_gbps", "busbw_gbps",
-    "effective_beta_gbps", "nic_share_gbps", "hierarchical_allreduce_time",
-    "ddp_volume_bytes", "zero1_volume_bytes", "zero2_volume_bytes", "zero3_volume_bytes",
-    "hsdp_volume_bytes", "dp_volume_bytes",
+    "ddp_volume_bytes", "zero3_volume_bytes",
     "ddp_memory_bytes", "zero1_memory_bytes", "zero2_memory_bytes", "zero3_memory_bytes",
     "hsdp_memory_bytes", "static_memory_bytes", "canonical_strategy",
     "activation_bytes_per_layer", "recompute_activation_bytes_per_layer", "fits_device",
@@ -43,7 +41,7 @@ __all__ = [
     "best_bucket_cap", "DEFAULT_CANDIDATE_CAPS_BYTES",
     "FsdpSchedule", "fsdp_unit_schedule",
     "flops_per_token", "hardware_flops_per_token", "achieved_tflops_per_gpu", "mfu", "hfu",
-    "scaling_efficiency", "roofline_intensity_threshold",
+    "scaling_efficiency",
     "gemm_flops", "attention_flops", "causal_visible_fraction", "window_visible_fraction",
     "conv_output_size", "conv_flops", "ATTENTION_BACKWARD_FACTOR", "achieved_tflops", "time_at_peak_us",
     "flops_utilization", "expected_compute_us",
@@ -117,12 +115,6 @@ def crossover_bytes(alpha_us: float, beta_gbps: float) -> float:
     return alpha * beta / _US_PER_BYTE_AT_1_GBPS
 
 
-def is_latency_bound(size_bytes: float, alpha_us: float, beta_gbps: float) -> bool:
-    """True when ``S < S* = α·β``: α dominates, more bandwidth would not help. §1."""
-    size = _nonneg("size_bytes", size_bytes)
-    return size < crossover_bytes(alpha_us, beta_gbps)
-
-
 # ---------------------------------------------------------------- §2 ring collectives
 def _ring_time(steps_per_peer: int, size_bytes: float, n: int, alpha_us: float,
                beta_gbps: float) -> float:
@@ -172,17 +164,6 @@ def pipelined_time(size_bytes: float, n: int, alpha_us: float, beta_gbps: float)
 def point_to_point_time(size_bytes: float, alpha_us: float, beta_gbps: float) -> float:
     """send / recv / sendrecv of S bytes each way: ``α + S/β`` (µs); β is one-way. §1."""
     return alpha_beta_time(size_bytes, alpha_us, beta_gbps)
-
-
-def tree_allreduce_latency(n: int, alpha_us: float) -> float:
-    """Latency term of a (double binary) tree all-reduce: ``2·⌈log2 N⌉·α`` (µs). §2.
-
-    Up the tree and back down, one α per level; the depth of a tree over N ranks is
-    ⌈log2 N⌉, so this equals models.md's ``2·log2(N)·α`` when N is a power of two.
-    """
-    ranks = _count("n", n)
-    alpha = _nonneg("alpha_us", alpha_us)
-    return 2 * math.ceil(math.log2(ranks)) * alpha
 
 
 _RING_TIME = {
@@ -247,48 +228,8 @@ def busbw_gbps(kind: str, size_bytes: float, time_us: float, n: int) -> float:
 
 
 # ---------------------------------------------------------------- §2 across nodes
-def effective_beta_gbps(cross_node: bool, nvlink_gbps: float, nic_gbps: float,
-                        nics_per_node: int) -> float:
-    """β (GB/s) that limits a ring collective's busbw. §2 "Across nodes".
-
-    Inside a node: the intra-node link (NVLink) β. Across nodes NCCL runs one ring per NIC,
-    so the node's *aggregate* NIC bandwidth limits busbw:
-    ``min(β_nvlink, nics_per_node × β_nic)``. ``nic_gbps`` is one NIC's achievable one-way
-    GB/s (e.g. ~45 for 400 Gb/s), not its line rate in Gb/s.
-    """
-    nvlink = _positive("nvlink_gbps", nvlink_gbps)
-    nic = _positive("nic_gbps", nic_gbps)
-    nics = _count("nics_per_node", nics_per_node)
-    return min(nvlink, nics * nic) if cross_node else nvlink
-
-
-def nic_share_gbps(nic_gbps: float, nics_per_node: int, gpus_per_node: int) -> float:
-    """NIC bandwidth (GB/s) available to each GPU when g GPUs share k NICs: ``k·β_nic / g``.
-
-    This is the ``β_nic`` of :func:`hierarchical_allreduce_time`. §2.
-    """
-    nic = _positive("nic_gbps", nic_gbps)
-    return _count("nics_per_node", nics_per_node) * nic / _count("gpus_per_node", gpus_per_node)
-
-
-def hierarchical_allreduce_time(size_bytes: float, g: int, m: int, alpha_nvl_us: float,
-                                beta_nvl_gbps: float, alpha_nic_us: float,
-                                beta_nic_gbps: float) -> float:
-    """Hierarchical all-reduce of S bytes, g GPUs per node, M nodes (µs). §2.
-
-    Intra-node ring reduce-scatter + all-gather over NVLink, then an inter-node ring
-    all-reduce of each GPU's S/g shard across the M nodes:
-    ``T = 2(g-1)/g · S/β_nvl + 2(M-1)/M · (S/g)/β_nic + 2(g-1)·α_nvl + 2(M-1)·α_nic``.
-    β_nic is the NIC bandwidth per GPU (one NIC's β with one NIC per GPU; see
-    :func:`nic_share_gbps` otherwise). The latency terms are those of the three ring phases.
-    """
-    size = _nonneg("size_bytes", size_bytes)
-    gpus = _count("g", g)
-    nodes = _count("m", m)
-    intra = (ring_reduce_scatter_time(size, gpus, alpha_nvl_us, beta_nvl_gbps)
-             + ring_allgather_time(size, gpus, alpha_nvl_us, beta_nvl_gbps))
-    inter = ring_allreduce_time(size / gpus, nodes, alpha_nic_us, beta_nic_gbps)
-    return intra + inter
+# The cross-node link (the node's NICs shared by its GPUs, capped by the intra-node link) is
+# analyzer.model.link.cross_node_beta: one rule, which every group's link and the what-if use.
 
 
 # ---------------------------------------------------------------- §3 data-parallel volumes
@@ -315,22 +256,6 @@ def ddp_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
     return 2 * _shard_fraction(n) * _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
 
 
-def zero1_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
-                       grad_bytes_per_elem: float | None = None) -> float:
-    """ZeRO-1: reduce-scatter of gradients + all-gather of parameters,
-    ``(N-1)/N · Ψ_grad_b + (N-1)/N · Ψ_b`` = ``2(N-1)/N · Ψ_b`` for one dtype. §3; ZeRO."""
-    fraction = _shard_fraction(n)
-    grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
-    return fraction * grads + fraction * _bytes_of(psi, bytes_per_elem)
-
-
-def zero2_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
-                       grad_bytes_per_elem: float | None = None) -> float:
-    """ZeRO-2 / FSDP ``SHARD_GRAD_OP``: same collectives and volume as ZeRO-1,
-    ``2(N-1)/N · Ψ_b``. §3; ZeRO; Zhao et al. 2023."""
-    return zero1_volume_bytes(psi, bytes_per_elem, n, grad_bytes_per_elem=grad_bytes_per_elem)
-
-
 def zero3_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
                        grad_bytes_per_elem: float | None = None) -> float:
     """ZeRO-3 / FSDP ``FULL_SHARD``: all-gather (forward) + all-gather (backward) of the
@@ -339,19 +264,6 @@ def zero3_volume_bytes(psi: float, bytes_per_elem: float, n: int, *,
     fraction = _shard_fraction(n)
     grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem)
     return 2 * fraction * _bytes_of(psi, bytes_per_elem) + fraction * grads
-
-
-def hsdp_volume_bytes(psi: float, bytes_per_elem: float, g: int, m: int, *,
-                      grad_bytes_per_elem: float | None = None) -> tuple[float, float]:
-    """FSDP ``HYBRID_SHARD`` (shard within g GPUs, replicate across M nodes) bytes per GPU
-    per step as ``(intra, inter)``: intra ``3(g-1)/g · Ψ_b`` over NVLink (FULL_SHARD in the
-    node); inter ``2(M-1)/M · Ψ_b/g`` over the NIC (all-reduce of each GPU's 1/g shard). §3.
-    """
-    gpus = _count("g", g)
-    intra = zero3_volume_bytes(psi, bytes_per_elem, gpus, grad_bytes_per_elem=grad_bytes_per_elem)
-    shard_grads = _grad_bytes_of(psi, bytes_per_elem, grad_bytes_per_elem) / gpus
-    inter = 2 * _shard_fraction(m) * shard_grads
-    return intra, inter
 
 
 _STRATEGY_ALIASES = {
@@ -371,27 +283,6 @@ def canonical_strategy(strategy: str) -> str:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of "
                          f"{sorted(_STRATEGY_ALIASES)}")
     return _STRATEGY_ALIASES[key]
-
-
-def dp_volume_bytes(strategy: str, psi: float, bytes_per_elem: float, n: int,
-                    gpus_per_node: int | None = None, *,
-                    grad_bytes_per_elem: float | None = None) -> float:
-    """Total bytes each GPU sends per step for a strategy (name or alias) on N GPUs. §3.
-
-    HSDP needs ``gpus_per_node`` (= g, the shard group) dividing N and returns intra + inter;
-    use :func:`hsdp_volume_bytes` for the split.
-    """
-    name = canonical_strategy(strategy)
-    ranks = _count("n", n)
-    if name == "hsdp":
-        if gpus_per_node is None or ranks % _count("gpus_per_node", gpus_per_node):
-            raise ValueError(f"hsdp needs gpus_per_node dividing n={ranks}, "
-                             f"got {gpus_per_node!r}")
-        return sum(hsdp_volume_bytes(psi, bytes_per_elem, gpus_per_node, ranks // gpus_per_node,
-                                     grad_bytes_per_elem=grad_bytes_per_elem))
-    volume_fn = {"ddp": ddp_volume_bytes, "zero1": zero1_volume_bytes,
-                 "zero2": zero2_volume_bytes, "zero3": zero3_volume_bytes}[name]
-    return volume_fn(psi, bytes_per_elem, ranks, grad_bytes_per_elem=grad_bytes_per_elem)
 
 
 # Static memory, bf16 params and grads + AdamW with fp32 master weights, m and v:
@@ -813,12 +704,6 @@ def scaling_efficiency(throughput_per_gpu_n: float, throughput_per_gpu_ref: floa
     reference size (1.0 = perfect). §6."""
     return _nonneg("throughput_per_gpu_n", throughput_per_gpu_n) / _positive(
         "throughput_per_gpu_ref", throughput_per_gpu_ref)
-
-
-def roofline_intensity_threshold(peak_tflops: float, bw_gbps: float) -> float:
-    """Roofline ridge point in FLOPs per byte: ``peak / bandwidth`` (TFLOPS·1e12 ÷ GB/s·1e9);
-    an operation with a lower arithmetic intensity is bandwidth-bound. §6."""
-    return _positive("peak_tflops", peak_tflops) * 1e12 / (_positive("bw_gbps", bw_gbps) * 1e9)
 
 
 # --- §6 FLOPs from recorded shapes (issue 29) ---------------------------------------------

@@ -52,7 +52,7 @@ USER_FRAMES = [{"name": "train_step", "filename": "/job/train.py", "line": 88},
 
 
 @dataclass
-class Op:
+class RecordedOp:
     """One entry as the NCCL backend records it."""
     group: str
     desc: str
@@ -78,22 +78,22 @@ class Op:
 
 
 @dataclass
-class Rank:
-    ops: list[Op]
+class RecordedRank:
+    ops: list[RecordedOp]
     status: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # pg_id -> enqueued, started, completed
 
 
 @dataclass
-class Scenario:
+class RecordedScenario:
     description: str
     version: str
     groups: dict[str, tuple[str, list[int]]]  # name -> (desc, ranks), as pg_config records them
-    ranks: dict[int, Rank]
+    ranks: dict[int, RecordedRank]
     truth: dict[str, Any]
     pg_config: bool = True                    # False: the dumps carry no pg_config
 
 
-def entry(op: Op, record_id: int, version: str, fmt: str, thread: int) -> dict[str, Any]:
+def entry(op: RecordedOp, record_id: int, version: str, fmt: str, thread: int) -> dict[str, Any]:
     name = f"nccl:{op.op}" + (f" {op.peer}" if op.peer else "")
     state = op.state if op.events else "scheduled"
     retired = op.retired if op.retired is not None else (op.state == "completed" and op.events)
@@ -118,7 +118,7 @@ def entry(op: Op, record_id: int, version: str, fmt: str, thread: int) -> dict[s
     return out
 
 
-def dump(s: Scenario, rank: int, fmt: str) -> bytes:
+def dump(s: RecordedScenario, rank: int, fmt: str) -> bytes:
     """One rank's dump, as torch's pickle writer (``fmt="pickle"``) or JSON writer writes it."""
     if fmt == "json" and s.version not in JSON_VERSIONS:
         raise ValueError(f"format {s.version} has no JSON writer")
@@ -137,7 +137,7 @@ def dump(s: Scenario, rank: int, fmt: str) -> bytes:
     return pickle.dumps(doc, protocol=2)
 
 
-def _pg_config(s: Scenario, fmt: str) -> dict[Any, Any]:
+def _pg_config(s: RecordedScenario, fmt: str) -> dict[Any, Any]:
     if not s.pg_config:
         return {}
     if s.version == "1.4":  # pg_id -> ranks (the pg_id the entries carry)
@@ -172,7 +172,7 @@ def write_scenario(name: str, out: str | Path, version: str | None = None, forma
     return {"description": s.description, "version": s.version, **s.truth}
 
 
-def at_version(s: Scenario, version: str) -> Scenario:
+def at_version(s: RecordedScenario, version: str) -> RecordedScenario:
     """The same job written in another format version (1.4 has one seq_id for everything, so
     only jobs without p2p ops can be written in it)."""
     if version == "1.4" and any(op.p2p for r in s.ranks.values() for op in r.ops):
@@ -192,66 +192,66 @@ def _step(t: int) -> int:
     return T0 + t * 100 * MS
 
 
-def _dp_ops(n: int, *, last_state: str = "completed", t: int = 0) -> list[Op]:
+def _dp_ops(n: int, *, last_state: str = "completed", t: int = 0) -> list[RecordedOp]:
     """DP all-reduces #1..#n of the default group, one per 100 ms step from step ``t``."""
-    return [Op(*DP, op="all_reduce", seq=k, created_ns=_step(t + k), state="completed" if k < n else last_state)
+    return [RecordedOp(*DP, op="all_reduce", seq=k, created_ns=_step(t + k), state="completed" if k < n else last_state)
             for k in range(1, n + 1)]
 
 
-def missing_rank() -> Scenario:
+def missing_rank() -> RecordedScenario:
     """Rank 3's host stalls before the 6th DP all-reduce: the others launched it and wait inside
     it. Rank 0's pg_status lags (the watchdog last saw #3 complete; the dump saw #4 and #5)."""
     world = list(range(4))
-    ranks = {r: Rank(_dp_ops(6, last_state="started"), {0: (6, 6, 5)}) for r in (0, 1, 2)}
+    ranks = {r: RecordedRank(_dp_ops(6, last_state="started"), {0: (6, 6, 5)}) for r in (0, 1, 2)}
     ranks[0].status = {0: (6, 6, 3)}
-    ranks[3] = Rank(_dp_ops(5), {0: (5, 5, 5)})
+    ranks[3] = RecordedRank(_dp_ops(5), {0: (5, 5, 5)})
     ranks[3].ops[-1].frames = [{"name": "__next__", "filename": "/job/data.py", "line": 41}, *USER_FRAMES]
-    return Scenario("rank 3 never enters DP all_reduce #6 (its host stalls in the data loader); the others are "
+    return RecordedScenario("rank 3 never enters DP all_reduce #6 (its host stalls in the data loader); the others are "
                     "inside it; rank 0's pg_status lags at #3", "2.10", {"0": ("default_pg", world)}, ranks,
                     {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "0", "seq": 6, "op": "all_reduce",
                                            "ranks": [3], "waiting_ranks": [0, 1, 2]}], "in_flight": []})
 
 
-def desync() -> Scenario:
+def desync() -> RecordedScenario:
     """At DP #4 rank 2 issues a reduce-scatter where the others all-reduce."""
     world = list(range(4))
-    ranks = {r: Rank(_dp_ops(4, last_state="started"), {0: (4, 4, 3)}) for r in world}
+    ranks = {r: RecordedRank(_dp_ops(4, last_state="started"), {0: (4, 4, 3)}) for r in world}
     bad = ranks[2].ops[-1]
     ranks[2].ops[-1] = replace(bad, op="_reduce_scatter_base", sizes=((4096,),), state="started")
-    return Scenario("rank 2 issues _reduce_scatter_base where the others issue all_reduce (#4)", "2.4",
+    return RecordedScenario("rank 2 issues _reduce_scatter_base where the others issue all_reduce (#4)", "2.4",
                     {"0": ("default_pg", world)}, ranks,
                     {"exit": 1, "hangs": [{"kind": "desync", "group": "0", "seq": 4, "op": "all_reduce", "ranks": [2],
                                            "waiting_ranks": [0, 1, 3], "differs_in": ["collective"]}], "in_flight": []})
 
 
-def stuck() -> Scenario:
+def stuck() -> RecordedScenario:
     """Every rank entered DP #5 and its kernel started everywhere; none completed (a network
     hang). Nothing in the dumps says when they were written: the verdict says so."""
     world = list(range(4))
-    ranks = {r: Rank(_dp_ops(5, last_state="started"), {0: (5, 5, 4)}) for r in world}
-    return Scenario("every rank is inside DP all_reduce #5 and none completes (network); the dumps do not "
+    ranks = {r: RecordedRank(_dp_ops(5, last_state="started"), {0: (5, 5, 4)}) for r in world}
+    return RecordedScenario("every rank is inside DP all_reduce #5 and none completes (network); the dumps do not "
                     "prove how long it has been pending", "2.7", {"0": ("default_pg", world)}, ranks,
                     {"exit": 1, "hangs": [{"kind": "stuck", "group": "0", "seq": 5, "op": "all_reduce",
                                            "ranks": [0, 1, 2, 3], "waiting_ranks": []}], "in_flight": [],
                      "proven": False})
 
 
-def stuck_kernel() -> Scenario:
+def stuck_kernel() -> RecordedScenario:
     """DP #5: every rank entered it; its kernel started on ranks 0, 1, 3 but never on rank 2
     (a compute kernel before it never finished there); rank 0's watchdog already retired it
     without completion (timed out)."""
     world = list(range(4))
-    ranks = {r: Rank(_dp_ops(5, last_state="started"), {0: (5, 5, 4)}) for r in world}
+    ranks = {r: RecordedRank(_dp_ops(5, last_state="started"), {0: (5, 5, 4)}) for r in world}
     ranks[2].ops[-1].state = "scheduled"
     ranks[0].ops[-1].retired = True
-    return Scenario("DP all_reduce #5 never starts on rank 2 (its stream is busy); the others are inside it and "
+    return RecordedScenario("DP all_reduce #5 never starts on rank 2 (its stream is busy); the others are inside it and "
                     "rank 0's watchdog timed it out", "2.10", {"0": ("default_pg", world)}, ranks,
                     {"exit": 1, "hangs": [{"kind": "stuck", "group": "0", "seq": 5, "op": "all_reduce",
                                            "ranks": [2], "waiting_ranks": [0, 1, 3]}], "in_flight": [],
                      "proven": True})
 
 
-def in_flight() -> Scenario:
+def in_flight() -> RecordedScenario:
     """TP groups [0, 1] and [2, 3]. Rank 3 never enters TP #9 of its group (rank 2 waits); 30 s
     later ranks 0 and 1 enter TP #9 of theirs: started on both, running when the job hung in
     the other group."""
@@ -260,21 +260,21 @@ def in_flight() -> Scenario:
     ranks = {}
     for r in world:
         name = "1" if r < 2 else "2"
-        ops = [Op(name, "tp", 1, "all_reduce", k, _step(k)) for k in range(1, 9)]
-        ranks[r] = Rank(ops, {0: (0, -1, -1), 1: (8, 8, 8)})
+        ops = [RecordedOp(name, "tp", 1, "all_reduce", k, _step(k)) for k in range(1, 9)]
+        ranks[r] = RecordedRank(ops, {0: (0, -1, -1), 1: (8, 8, 8)})
     for r in (0, 1):
-        ranks[r].ops.append(Op("1", "tp", 1, "all_reduce", 9, _step(9) + 30_000 * MS, state="started"))
+        ranks[r].ops.append(RecordedOp("1", "tp", 1, "all_reduce", 9, _step(9) + 30_000 * MS, state="started"))
         ranks[r].status[1] = (9, 9, 8)
-    ranks[2].ops.append(Op("2", "tp", 1, "all_reduce", 9, _step(9), state="started"))
+    ranks[2].ops.append(RecordedOp("2", "tp", 1, "all_reduce", 9, _step(9), state="started"))
     ranks[2].status[1] = (9, 9, 8)
-    return Scenario("rank 3 never enters TP all_reduce #9 of group 2; group 1's #9 was launched 30 s later and is "
+    return RecordedScenario("rank 3 never enters TP all_reduce #9 of group 2; group 1's #9 was launched 30 s later and is "
                     "in flight", "2.10", groups, ranks,
                     {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "2", "seq": 9, "op": "all_reduce",
                                            "ranks": [3], "waiting_ranks": [2]}],
                      "in_flight": [{"group": "1", "seq": 9, "op": "all_reduce", "ranks": [0, 1]}]})
 
 
-def two_groups_in_flight() -> Scenario:
+def two_groups_in_flight() -> RecordedScenario:
     """Data-parallel subgroups [0-3] and [4-7] (8 ranks). Rank 5 never enters all_reduce #7 of
     its group (4, 6, 7 wait inside it, from 2 ms after ranks 0-3 entered theirs); ranks 0-3 are
     inside their #7, started everywhere, pending 2 ms longer than the others' (far under the
@@ -284,37 +284,37 @@ def two_groups_in_flight() -> Scenario:
     ranks = {}
     for r in world:
         name, pg = ("1", 1) if r < 4 else ("2", 2)
-        ops = [Op(name, groups[name][0], pg, "all_reduce", k, _step(k)) for k in range(1, 7)]
+        ops = [RecordedOp(name, groups[name][0], pg, "all_reduce", k, _step(k)) for k in range(1, 7)]
         if r != 5:
             delay = 0 if r < 4 else 2 * MS
-            ops.append(Op(name, groups[name][0], pg, "all_reduce", 7, _step(7) + delay, state="started"))
-        ranks[r] = Rank(ops, {0: (0, -1, -1), pg: (7, 7, 6) if r != 5 else (6, 6, 6)})
-    return Scenario("rank 5 never enters all_reduce #7 of dp_b; dp_a's #7 (ranks 0-3), entered 2 ms before, is "
+            ops.append(RecordedOp(name, groups[name][0], pg, "all_reduce", 7, _step(7) + delay, state="started"))
+        ranks[r] = RecordedRank(ops, {0: (0, -1, -1), pg: (7, 7, 6) if r != 5 else (6, 6, 6)})
+    return RecordedScenario("rank 5 never enters all_reduce #7 of dp_b; dp_a's #7 (ranks 0-3), entered 2 ms before, is "
                     "still in flight when the dumps are taken", "2.10", groups, ranks,
                     {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "2", "seq": 7, "op": "all_reduce",
                                            "ranks": [5], "waiting_ranks": [4, 6, 7]}],
                      "in_flight": [{"group": "1", "seq": 7, "op": "all_reduce", "ranks": [0, 1, 2, 3]}]})
 
 
-def consequence() -> Scenario:
+def consequence() -> RecordedScenario:
     """DP group [0, 2] and TP group [0, 1] (4 ranks): rank 2 never enters DP all_reduce #5, so
     rank 0, inside it, never enters TP all_reduce #5, where rank 1 waits: the TP hang follows
     from the DP one (its culprit waits there)."""
     world = list(range(4))
     groups = {"0": ("default_pg", world), "1": ("dp", [0, 2]), "2": ("tp", [0, 1])}
-    ranks = {r: Rank([], {0: (0, -1, -1)}) for r in world}
+    ranks = {r: RecordedRank([], {0: (0, -1, -1)}) for r in world}
     for r in (0, 2):
-        ranks[r].ops += [Op("1", "dp", 1, "all_reduce", k, _step(k)) for k in range(1, 5)]
+        ranks[r].ops += [RecordedOp("1", "dp", 1, "all_reduce", k, _step(k)) for k in range(1, 5)]
         ranks[r].status[1] = (4, 4, 4)
-    ranks[0].ops.append(Op("1", "dp", 1, "all_reduce", 5, _step(5), state="started"))
+    ranks[0].ops.append(RecordedOp("1", "dp", 1, "all_reduce", 5, _step(5), state="started"))
     ranks[0].status[1] = (5, 5, 4)
     for r in (0, 1):
-        ranks[r].ops += [Op("2", "tp", 2, "all_reduce", k, _step(k) + 10 * MS) for k in range(1, 5)]
+        ranks[r].ops += [RecordedOp("2", "tp", 2, "all_reduce", k, _step(k) + 10 * MS) for k in range(1, 5)]
         ranks[r].status[2] = (4, 4, 4)
-    ranks[1].ops.append(Op("2", "tp", 2, "all_reduce", 5, _step(5) + 10 * MS, state="started"))
+    ranks[1].ops.append(RecordedOp("2", "tp", 2, "all_reduce", 5, _step(5) + 10 * MS, state="started"))
     ranks[1].status[2] = (5, 5, 4)
-    ranks[3] = Rank([], {0: (0, -1, -1)})
-    return Scenario("rank 2 never enters DP all_reduce #5; rank 0, inside it, never enters TP all_reduce #5 where "
+    ranks[3] = RecordedRank([], {0: (0, -1, -1)})
+    return RecordedScenario("rank 2 never enters DP all_reduce #5; rank 0, inside it, never enters TP all_reduce #5 where "
                     "rank 1 waits: a consequence", "2.10", groups, ranks,
                     {"exit": 1, "hangs": [{"kind": "missing-rank", "group": "1", "seq": 5, "op": "all_reduce",
                                            "ranks": [2], "waiting_ranks": [0]},
@@ -322,7 +322,7 @@ def consequence() -> Scenario:
                                            "ranks": [0], "waiting_ranks": [1]}], "in_flight": []})
 
 
-def coalesced_p2p() -> Scenario:
+def coalesced_p2p() -> RecordedScenario:
     """DP #3 is a coalescing block of three all-reduces (one entry each, then the "coalesced"
     marker with the events), the same on every rank; then pipeline sends in group 3 ([0, 1]):
     batch #1 (send / recv + marker) matches, rank 0's send #2 has no receive on rank 1."""
@@ -331,32 +331,32 @@ def coalesced_p2p() -> Scenario:
     ranks = {}
     for r in world:
         ops = _dp_ops(2)
-        block = [Op(*DP, op="all_reduce", seq=3, created_ns=_step(3) + k * MS, sizes=((256 * (k + 1),),),
+        block = [RecordedOp(*DP, op="all_reduce", seq=3, created_ns=_step(3) + k * MS, sizes=((256 * (k + 1),),),
                     events=False) for k in range(3)]
-        ops += block + [Op(*DP, op="coalesced", seq=3, created_ns=_step(3) + 4 * MS, sizes=())]
+        ops += block + [RecordedOp(*DP, op="coalesced", seq=3, created_ns=_step(3) + 4 * MS, sizes=())]
         mine, peer = ("send", "0->1") if r == 0 else ("recv", "1<-0")
-        ops += [Op("3", "pp", 1, mine, 1, _step(4), p2p=True, peer=peer, events=False),
-                Op("3", "pp", 1, "coalesced", 1, _step(4) + MS, p2p=True, sizes=())]
-        ranks[r] = Rank(ops, {0: (3, 3, 3), 1: (0, -1, -1)})
-    ranks[0].ops.append(Op("3", "pp", 1, "send", 2, _step(5), state="started", p2p=True, peer="0->1"))
-    return Scenario("a coalesced block of three all-reduces that matches; pipeline batch #1 matches; rank 0's "
+        ops += [RecordedOp("3", "pp", 1, mine, 1, _step(4), p2p=True, peer=peer, events=False),
+                RecordedOp("3", "pp", 1, "coalesced", 1, _step(4) + MS, p2p=True, sizes=())]
+        ranks[r] = RecordedRank(ops, {0: (3, 3, 3), 1: (0, -1, -1)})
+    ranks[0].ops.append(RecordedOp("3", "pp", 1, "send", 2, _step(5), state="started", p2p=True, peer="0->1"))
+    return RecordedScenario("a coalesced block of three all-reduces that matches; pipeline batch #1 matches; rank 0's "
                     "send #2 to rank 1 has no receive", "2.10", groups, ranks,
                     {"exit": 1, "hangs": [{"kind": "p2p-unmatched", "group": "3", "seq": 2, "op": "send",
                                            "ranks": [1], "waiting_ranks": [0]}], "in_flight": []})
 
 
-def silent_highest() -> Scenario:
+def silent_highest() -> RecordedScenario:
     """8 ranks, format 1.4: rank 7 (the highest) left no dump; the others are inside DP #3.
     pg_config names every member, so rank 7 is not-reporting."""
     world = list(range(8))
-    ranks = {r: Rank(_dp_ops(3, last_state="started")) for r in range(7)}
-    return Scenario("rank 7, the highest, wrote no dump; ranks 0-6 are inside DP all_reduce #3 (format 1.4)",
+    ranks = {r: RecordedRank(_dp_ops(3, last_state="started")) for r in range(7)}
+    return RecordedScenario("rank 7, the highest, wrote no dump; ranks 0-6 are inside DP all_reduce #3 (format 1.4)",
                     "1.4", {"0": ("default_pg", world)}, ranks,
                     {"exit": 1, "hangs": [{"kind": "not-reporting", "group": "0", "seq": 3, "op": "all_reduce",
                                            "ranks": [7], "waiting_ranks": [0, 1, 2, 3, 4, 5, 6]}], "in_flight": []})
 
 
-SCENARIOS: dict[str, Callable[[], Scenario]] = {
+SCENARIOS: dict[str, Callable[[], RecordedScenario]] = {
     "nccl_missing_rank": missing_rank, "nccl_desync": desync, "nccl_stuck": stuck,
     "nccl_stuck_kernel": stuck_kernel, "nccl_in_flight": in_flight, "nccl_coalesced_p2p": coalesced_p2p,
     "nccl_silent_highest": silent_highest, "nccl_two_groups_in_flight": two_groups_in_flight,

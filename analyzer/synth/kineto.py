@@ -11,7 +11,7 @@ import hashlib
 import math
 
 from .engine import CollectiveCall, GpuEvent
-from .layout import ProcessGroup
+from .layout import LayoutProcessGroup
 from .memory import allocator_events
 from .programs import Program
 from .spec import TORCH_DTYPE_NAME
@@ -234,13 +234,13 @@ def _rank_stride(ranks: list[int]) -> tuple[int, int]:
     return (ranks[0], stride) if even and stride > 0 else (-1, -1)
 
 
-def _comms_id(group: ProcessGroup, seq: int, start: int, stride: int) -> int:
+def _comms_id(group: LayoutProcessGroup, seq: int, start: int, stride: int) -> int:
     """Same on every member: a hash of (group name, seq, isP2P, rank start, stride, size)."""
     key = f"{group.name}|{seq}|0|{start}|{stride}|{group.size}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
 
 
-def _pg_config(group: ProcessGroup) -> dict:
+def _pg_config(group: LayoutProcessGroup) -> dict:
     return {"pg_name": group.name, "pg_desc": group.desc, "backend_config": "cuda:nccl", "pg_size": group.size,
             "ranks": list(group.ranks)}
 

@@ -20,7 +20,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Bucket:
+class LayoutBucket:
     index: int  # launch order (0 = first, holds the last layers' gradients)
     params: tuple[str, ...]
     numel: int
@@ -42,7 +42,7 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class ProcessGroup:
+class LayoutProcessGroup:
     name: str
     desc: str
     ranks: tuple[int, ...]
@@ -91,22 +91,22 @@ def model_params(spec: JobSpec) -> list[Param]:
     return params + head_params(spec)
 
 
-def ddp_buckets(spec: JobSpec) -> list[Bucket]:
+def ddp_buckets(spec: JobSpec) -> list[LayoutBucket]:
     """torch's compute_bucket_assignment_by_size over the reversed parameter list: fill a bucket
     until it reaches its cap (first bucket: first_bucket_mb, then bucket_cap_mb; MiB), then close."""
     elem = DTYPE_BYTES[spec.grad_dtype]
     caps = (int(spec.first_bucket_mb * 2**20), int(spec.bucket_cap_mb * 2**20))
-    buckets: list[Bucket] = []
+    buckets: list[LayoutBucket] = []
     names: list[str] = []
     numel = 0
     for param in reversed(model_params(spec)):
         names.append(param.name)
         numel += param.numel
         if numel * elem >= caps[min(len(buckets), 1)]:
-            buckets.append(Bucket(len(buckets), tuple(names), numel, numel * elem))
+            buckets.append(LayoutBucket(len(buckets), tuple(names), numel, numel * elem))
             names, numel = [], 0
     if names:
-        buckets.append(Bucket(len(buckets), tuple(names), numel, numel * elem))
+        buckets.append(LayoutBucket(len(buckets), tuple(names), numel, numel * elem))
     return buckets
 
 
@@ -134,12 +134,12 @@ def _padded_numel(spec: JobSpec, params: list[Param], n: int) -> int:
 class Groups:
     """The process groups each rank belongs to, by role, plus torch's pg_count."""
 
-    world: ProcessGroup
-    shard: list[ProcessGroup]  # FSDP shard groups (the world group unless hybrid)
-    replicate: list[ProcessGroup]  # HSDP replicate groups (empty otherwise)
+    world: LayoutProcessGroup
+    shard: list[LayoutProcessGroup]  # FSDP shard groups (the world group unless hybrid)
+    replicate: list[LayoutProcessGroup]  # HSDP replicate groups (empty otherwise)
     pg_count: int
 
-    def of(self, role: str, rank: int) -> ProcessGroup:
+    def of(self, role: str, rank: int) -> LayoutProcessGroup:
         if role == "world":
             return self.world
         return next(g for g in getattr(self, role) if rank in g.ranks)
@@ -151,7 +151,7 @@ class Groups:
         groups = getattr(self, role)
         return [next(k for k, g in enumerate(groups) if r in g.ranks) for r in range(world_size)]
 
-    def member_groups(self, rank: int) -> list[ProcessGroup]:
+    def member_groups(self, rank: int) -> list[LayoutProcessGroup]:
         found = [self.world] + [g for g in self.shard + self.replicate if rank in g.ranks]
         unique = {g.name: g for g in found}
         return sorted(unique.values(), key=lambda g: int(g.name))
@@ -176,6 +176,6 @@ def process_groups(spec: JobSpec) -> Groups:
     return Groups(world, shard, replicate, 1 + g + nodes)
 
 
-def _group(spec: JobSpec, name: str, desc: str, ranks) -> ProcessGroup:
+def _group(spec: JobSpec, name: str, desc: str, ranks) -> LayoutProcessGroup:
     ranks = tuple(ranks)
-    return ProcessGroup(name, desc, ranks, group_link(spec, list(ranks)))
+    return LayoutProcessGroup(name, desc, ranks, group_link(spec, list(ranks)))

@@ -43,7 +43,7 @@ DEVICES = {"H100": "NVIDIA H100 80GB HBM3", "MI300X": "AMD Instinct MI300X"}
 
 
 @dataclass(frozen=True)
-class Group:
+class ParallelGroup:
     name: str
     desc: str
     ranks: tuple[int, ...]
@@ -89,7 +89,7 @@ _LATER_KNOBS = {"forward_us": 200, "backward_us": 400, "transfer_us": 20, "comm_
 
 
 @dataclass
-class Op:
+class ParallelOp:
     stream: int
     start: int  # µs from the step start
     dur: int
@@ -97,7 +97,7 @@ class Op:
     kind: str  # compute | comm
     thread: str = "main"  # launching thread: main | autograd
     coll: str | None = None  # NCCL collective (record_param_comms); None: no CPU-side metadata
-    group: Group | None = None
+    group: ParallelGroup | None = None
     nelems: int = 0
     marker: str | None = None  # CPU range around the launch (FSDP2 / Megatron / pipeline / MoE)
     library: str = "nccl"
@@ -106,26 +106,26 @@ class Op:
 
 @dataclass
 class StepPlan:
-    ops: list[Op] = field(default_factory=list)
+    ops: list[ParallelOp] = field(default_factory=list)
     length: int = 0  # µs: the next step starts this much later
 
 
 # ---- layouts: one step of one rank --------------------------------------------------------------
-def _groups(spec: ParallelSpec, rank: int) -> tuple[Group, dict[str, Group]]:
+def _groups(spec: ParallelSpec, rank: int) -> tuple[ParallelGroup, dict[str, ParallelGroup]]:
     """The world group and this rank's groups by role (torch numbers groups in creation order)."""
-    world = Group("0", "default_pg", tuple(range(spec.world_size)), "world")
+    world = ParallelGroup("0", "default_pg", tuple(range(spec.world_size)), "world")
     n, tp = spec.world_size, spec.tp
-    own: dict[str, Group] = {}
+    own: dict[str, ParallelGroup] = {}
     if spec.layout in ("fsdp2_tp", "megatron_tp") and tp > 1:
         dp_desc, tp_desc = (("mesh_dp_shard", "mesh_tp") if spec.layout == "fsdp2_tp"
                             else ("DATA_PARALLEL_GROUP", "TENSOR_MODEL_PARALLEL_GROUP"))
         dp_role = "dp_shard" if spec.layout == "fsdp2_tp" else "dp"
         tp_index, dp_index = rank // tp, rank % tp
-        own["tp"] = Group(str(1 + tp_index), tp_desc, tuple(range(tp_index * tp, tp_index * tp + tp)), "tp")
+        own["tp"] = ParallelGroup(str(1 + tp_index), tp_desc, tuple(range(tp_index * tp, tp_index * tp + tp)), "tp")
         if n > tp:
-            own[dp_role] = Group(str(1 + n // tp + dp_index), dp_desc, tuple(range(dp_index, n, tp)), dp_role)
+            own[dp_role] = ParallelGroup(str(1 + n // tp + dp_index), dp_desc, tuple(range(dp_index, n, tp)), dp_role)
     if not spec.descriptions:
-        own = {k: Group(g.name, "undefined", g.ranks, g.role) for k, g in own.items()}
+        own = {k: ParallelGroup(g.name, "undefined", g.ranks, g.role) for k, g in own.items()}
     return world, own
 
 
@@ -143,29 +143,29 @@ def _fsdp2_tp(spec: ParallelSpec, rank: int) -> StepPlan:
     plan, t = StepPlan(), 0
     ops = plan.ops
     k = spec.comm_slowdown
-    ops.append(Op(DP_STREAM, 0, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
+    ops.append(ParallelOp(DP_STREAM, 0, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
                   nelems=1 << 20, marker="FSDP::all_gather (layers.0)"))
     t = 40 * k
     for i in range(spec.layers):
-        ops.append(Op(COMPUTE_STREAM, t, 300, GEMM, "compute", marker=f"FSDP::pre_forward (layers.{i})"))
+        ops.append(ParallelOp(COMPUTE_STREAM, t, 300, GEMM, "compute", marker=f"FSDP::pre_forward (layers.{i})"))
         if i + 1 < spec.layers:
-            ops.append(Op(DP_STREAM, t + 10, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
+            ops.append(ParallelOp(DP_STREAM, t + 10, 40 * k, NCCL["allgather"], "comm", coll="allgather", group=g["dp_shard"],
                           nelems=1 << 20, marker=f"FSDP::all_gather (layers.{i + 1})"))
         t += 300
-        ops.append(Op(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"],
+        ops.append(ParallelOp(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"],
                       nelems=1 << 18))
         t += 30 * k
     for i in reversed(range(spec.layers)):
-        ops.append(Op(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
+        ops.append(ParallelOp(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
                       marker="autograd::engine::evaluate_function: MmBackward0"))
         t += 600
-        ops.append(Op(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
+        ops.append(ParallelOp(TP_STREAM, t, 30 * k, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
                       group=g["tp"], nelems=1 << 18))
         t += 30 * k
-        ops.append(Op(DP_STREAM, t, 50 * k, NCCL["reduce_scatter"], "comm", thread="autograd", coll="reduce_scatter",
+        ops.append(ParallelOp(DP_STREAM, t, 50 * k, NCCL["reduce_scatter"], "comm", thread="autograd", coll="reduce_scatter",
                       group=g["dp_shard"], nelems=1 << 20, marker=f"FSDP::post_backward_reduce (layers.{i})"))
     t += 50 * k  # the last reduce-scatter has no compute after it
-    ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
+    ops.append(ParallelOp(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 100 + 20
     return plan
 
@@ -182,25 +182,25 @@ def _megatron_tp(spec: ParallelSpec, rank: int) -> StepPlan:
     bucket = 80 * spec.comm_slowdown
     for _ in range(spec.layers):
         for _half in range(2):
-            plan.ops.append(Op(COMPUTE_STREAM, t, 150, GEMM, "compute"))
+            plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 150, GEMM, "compute"))
             t += 150
-            plan.ops.append(Op(TP_STREAM, t, ar, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"],
+            plan.ops.append(ParallelOp(TP_STREAM, t, ar, NCCL["allreduce"], "comm", coll="allreduce", group=g["tp"],
                                nelems=1 << 18, marker="_ReduceFromModelParallelRegion"))
             t += ar
     for _ in range(spec.layers):
-        plan.ops.append(Op(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: LinearWithGradAccumulationAndAsyncCommunicationBackward"))
         t += 600
-        plan.ops.append(Op(TP_STREAM, t, ar, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
+        plan.ops.append(ParallelOp(TP_STREAM, t, ar, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
                            group=g["tp"], nelems=1 << 18,
                            marker="autograd::engine::evaluate_function: _CopyToModelParallelRegionBackward"))
         t += ar
         if "dp" in g:  # overlap_grad_reduce: the layer's gradient bucket under the next layer
-            plan.ops.append(Op(DP_STREAM, t, bucket, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
+            plan.ops.append(ParallelOp(DP_STREAM, t, bucket, NCCL["allreduce"], "comm", thread="autograd", coll="allreduce",
                                group=g["dp"], nelems=1 << 22, marker="autograd::engine::evaluate_function: AccumulateGrad"))
     if "dp" in g:
         t += bucket  # the last bucket has no compute after it
-    plan.ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
+    plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 120
     return plan
 
@@ -232,14 +232,14 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
 
     def p2p(kind, start, end, thread, marker, peer):
         stream = RECV_STREAM if kind == "recv" else SEND_STREAM
-        plan.ops.append(Op(stream, start, end - start, NCCL[kind], "comm", thread=thread, coll=kind, group=world,
+        plan.ops.append(ParallelOp(stream, start, end - start, NCCL[kind], "comm", thread=thread, coll=kind, group=world,
                            nelems=1 << 16, marker=marker, peer=peer))
 
     for j in range(m):
         if s > 0 and j > 0:  # posted when the previous recv finished; the data lands at tF(s, j)
             p2p("recv", recv_free, tf[s][j], "main", f"Forward {j}", s - 1)
         recv_free = tf[s][j]
-        plan.ops.append(Op(COMPUTE_STREAM, tf[s][j], f, GEMM, "compute", marker=f"Forward {j}"))
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, tf[s][j], f, GEMM, "compute", marker=f"Forward {j}"))
         if s < p - 1:
             p2p("send", tf[s][j] + f, tf[s][j] + f + c, "main", f"Forward {j}", s + 1)
     # the host posts the backward recvs from the main thread once every forward is queued
@@ -248,12 +248,12 @@ def _pipeline(spec: ParallelSpec, rank: int) -> StepPlan:
         if s < p - 1:
             p2p("recv", recv_free, tb[s][j], "main", f"Backward {j}", s + 1)
             recv_free = tb[s][j]
-        plan.ops.append(Op(COMPUTE_STREAM, tb[s][j], b, GEMM, "compute", thread="autograd",
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, tb[s][j], b, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: MmBackward0"))
         if s > 0:
             p2p("send", tb[s][j] + b, tb[s][j] + b + c, "main", f"Backward {j}", s - 1)
     done = tb[s][m - 1] + b + 3  # the host queues the optimizer after the last send
-    plan.ops.append(Op(COMPUTE_STREAM, done, 50, "multi_tensor_apply_kernel", "compute",
+    plan.ops.append(ParallelOp(COMPUTE_STREAM, done, 50, "multi_tensor_apply_kernel", "compute",
                        marker="Optimizer.step#AdamW.step"))
     plan.length = tb[0][m - 1] + b + 3 + 50  # stage 0 finishes last
     if s > 0:  # the next step's first recv, posted now, lands at tF(s, 0) of the next step
@@ -272,24 +272,24 @@ def _expert(spec: ParallelSpec, rank: int) -> StepPlan:
     for phase, thread, scale in (("forward", "main", 1), ("backward", "autograd", 2)):
         bwd = "autograd::engine::evaluate_function: " if phase == "backward" else ""
         for _ in range(spec.layers):
-            plan.ops.append(Op(COMPUTE_STREAM, t, 200 * scale, GEMM, "compute", thread=thread, marker=f"{bwd}MmBackward0" if bwd else None))
+            plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 200 * scale, GEMM, "compute", thread=thread, marker=f"{bwd}MmBackward0" if bwd else None))
             if spec.ep_overlapped:
-                plan.ops.append(Op(stream, t + 20, 60, DEEPEP_DISPATCH, "comm", thread=thread, marker="dispatch", library="deepep"))
+                plan.ops.append(ParallelOp(stream, t + 20, 60, DEEPEP_DISPATCH, "comm", thread=thread, marker="dispatch", library="deepep"))
                 t += 200 * scale
             else:
                 t += 200 * scale
-                plan.ops.append(Op(stream, t, 60, DEEPEP_DISPATCH, "comm", thread=thread, marker="dispatch", library="deepep"))
+                plan.ops.append(ParallelOp(stream, t, 60, DEEPEP_DISPATCH, "comm", thread=thread, marker="dispatch", library="deepep"))
                 t += 60
-            plan.ops.append(Op(COMPUTE_STREAM, t, 300 * scale, "fused_moe_kernel", "compute", thread=thread))
+            plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 300 * scale, "fused_moe_kernel", "compute", thread=thread))
             t += 300 * scale
             if spec.ep_overlapped:
-                plan.ops.append(Op(COMPUTE_STREAM, t, 50, "shared_expert_gemm", "compute", thread=thread))
-                plan.ops.append(Op(stream, t, 60, DEEPEP_COMBINE, "comm", thread=thread, marker="combine", library="deepep"))
+                plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 50, "shared_expert_gemm", "compute", thread=thread))
+                plan.ops.append(ParallelOp(stream, t, 60, DEEPEP_COMBINE, "comm", thread=thread, marker="combine", library="deepep"))
                 t += 60
             else:
-                plan.ops.append(Op(stream, t, 60, DEEPEP_COMBINE, "comm", thread=thread, marker="combine", library="deepep"))
+                plan.ops.append(ParallelOp(stream, t, 60, DEEPEP_COMBINE, "comm", thread=thread, marker="combine", library="deepep"))
                 t += 60
-    plan.ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
+    plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 120
     return plan
 
@@ -299,8 +299,8 @@ def _custom_allreduce(spec: ParallelSpec, rank: int) -> StepPlan:
     one-stage kernel on the compute stream: each 300 µs layer is followed by a 25 µs reduce."""
     plan, t = StepPlan(), 0
     for _ in range(spec.layers):
-        plan.ops.append(Op(COMPUTE_STREAM, t, 300, GEMM, "compute"))
-        plan.ops.append(Op(COMPUTE_STREAM, t + 300, 25, CUSTOM_AR, "comm", library="custom_allreduce"))
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 300, GEMM, "compute"))
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, t + 300, 25, CUSTOM_AR, "comm", library="custom_allreduce"))
         t += 325
     plan.length = t + 50
     return plan
@@ -311,16 +311,16 @@ def _rccl_ddp(spec: ParallelSpec, rank: int) -> StepPlan:
     bucket all-reduce (80 µs) runs under the next layer's backward (the last one exposed)."""
     world, _ = _groups(spec, rank)
     plan, t = StepPlan(), 0
-    plan.ops.append(Op(COMPUTE_STREAM, 0, 300 * spec.layers, GEMM, "compute", marker="DistributedDataParallel.forward"))
+    plan.ops.append(ParallelOp(COMPUTE_STREAM, 0, 300 * spec.layers, GEMM, "compute", marker="DistributedDataParallel.forward"))
     t = 300 * spec.layers
     for _ in range(spec.layers):
-        plan.ops.append(Op(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
+        plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 600, GEMM, "compute", thread="autograd",
                            marker="autograd::engine::evaluate_function: MmBackward0"))
         t += 600
-        plan.ops.append(Op(DP_STREAM, t, 80 * spec.comm_slowdown, RCCL_GENERIC, "comm", thread="autograd",
+        plan.ops.append(ParallelOp(DP_STREAM, t, 80 * spec.comm_slowdown, RCCL_GENERIC, "comm", thread="autograd",
                            coll="allreduce", group=world, nelems=1 << 22, library="rccl"))
     t += 80 * spec.comm_slowdown
-    plan.ops.append(Op(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
+    plan.ops.append(ParallelOp(COMPUTE_STREAM, t, 100, "multi_tensor_apply_kernel", "compute", marker="Optimizer.step#AdamW.step"))
     plan.length = t + 120
     return plan
 
@@ -337,7 +337,7 @@ class _Writer:
         self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": self.tids[thread],
                             "ts": us(start_ns), "dur": us(dur_ns), "args": args})
 
-    def _peer_args(self, op: Op) -> dict[str, int]:
+    def _peer_args(self, op: ParallelOp) -> dict[str, int]:
         """A send's / recv's peer by global rank, when the spec records it (``peer_fields``), as
         torch's profiler writes it: ``Dst Rank`` on a send, ``Src Rank`` on a recv (the peer's
         global rank, from the group's ranks and record_param_comms' ``Rank``)."""
@@ -345,7 +345,7 @@ class _Writer:
             return {}
         return {"Dst Rank": op.peer} if op.coll == "send" else {"Src Rank": op.peer}
 
-    def op(self, op: Op, step_ns: int) -> None:
+    def op(self, op: ParallelOp, step_ns: int) -> None:
         start = step_ns + op.start * NS
         # launched 9 µs before it runs, and at least 2 µs after the thread's previous launch
         # (each launch's CPU ranges then enclose it alone)
@@ -384,7 +384,7 @@ def render(spec: ParallelSpec, rank: int) -> tuple[dict, list[tuple[int, int, st
     plan = plan_step(spec, rank)
     if spec.layout == "pipeline" and rank > 0:  # the first recv, posted in the unrecorded step before
         first = plan.ops[-1]
-        w.op(Op(first.stream, first.start - plan.length, first.dur, first.name, "comm", coll="recv",
+        w.op(ParallelOp(first.stream, first.start - plan.length, first.dur, first.name, "comm", coll="recv",
                 group=first.group, nelems=first.nelems, marker="Forward 0", peer=first.peer), step_ns)
         intervals.append((step_ns + (first.start - plan.length) * NS,
                           step_ns + (first.start - plan.length + first.dur) * NS, "comm"))

@@ -19,8 +19,8 @@ from typing import Any
 
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
-from analyzer.whatif.ddp import ddp_steps, representative
-from analyzer.whatif.fsdp import parameter_count
+from analyzer.job.ddp import ddp_steps, representative
+from analyzer.job.fsdp import parameter_count
 from analyzer.whatif.projection import measured_strategy
 
 

@@ -5,8 +5,10 @@ makes it, and, where the finding weighs several fixes, each alternative with its
 or, when a finding has no gain, why.
 
 A prediction from the what-if projection is the change it projects for the fix against its own
-projection of the job as measured (so that the model's residual on this job cancels), applied to
-the typical step: ``tracecliff whatif TRACES <options>`` minus ``tracecliff whatif TRACES``.
+projection of the job as measured (so that the model's residual on this job cancels), turned into
+the step's change by the replay of the measured job (analyzer.whatif.counterfactual) and applied to
+the typical step: the projected step ``tracecliff whatif TRACES <options>`` prints (``whatif_doc``).
+The verdict's joint estimate replays every finding's fix at once (``joint_replay``).
 ``tracecliff diff BEFORE AFTER`` puts each prediction of BEFORE beside the change measured.
 """
 
@@ -17,6 +19,8 @@ from typing import Any
 
 from analyzer.base.errors import TracecliffError
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
+from analyzer.base.errors import ConfigError
+from analyzer.whatif.counterfactual import EXPOSED_CUT, replayed_change
 
 NO_MODEL = "no model for this fix"
 # The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
@@ -72,6 +76,8 @@ class Projected:
     changes: dict[str, Any]
     change_us: float
     projection: Projection
+    engine: str | None = None  # the replay's counterfactual that turned the projection into the change
+    replay_fix: Any = None  # that counterfactual (analyzer.whatif.replay.Fix), for the joint estimate
 
     @property
     def gain_us(self) -> float:
@@ -80,6 +86,16 @@ class Projected:
     @property
     def command(self) -> str:
         return whatif_command(self.changes)
+
+    @property
+    def model(self) -> str:
+        """The prediction's model: the projection, and the replay that turned it into the step."""
+        return WHATIF_MODEL + (f"; the step from the {self.engine}" if self.engine else "")
+
+    def step_after(self, step_us: float) -> float:
+        """The typical step with this fix: ``step_us`` + the projected change (a slower step
+        where the model projects one): the projected step ``tracecliff whatif`` prints."""
+        return step_us + self.change_us
 
     def assumptions(self) -> dict[str, Any]:
         """The assumptions of the projection this fix rests on: the options it sets, then the
@@ -97,6 +113,7 @@ class WhatIf:
         self.result = result
         self._measured = Measured.of(result)
         self._base: Projection | None | bool = False  # not yet projected
+        self._fixes: dict[tuple, Projected | None] = {}
 
     @classmethod
     def of(cls, result: Any) -> WhatIf:
@@ -131,11 +148,19 @@ class WhatIf:
         base_step = None if base is None else base.projected.get("step_time_us")
         if base_step is None:
             return None
-        projection = self._project(Scenario(**changes))
+        key = tuple(sorted(changes.items()))
+        if key not in self._fixes:
+            self._fixes[key] = self._fix(changes, float(base_step))
+        return self._fixes[key]
+
+    def _fix(self, changes: dict[str, Any], base_step: float) -> Projected | None:
+        scenario = Scenario(**changes)
+        projection = self._project(scenario)
         step = None if projection is None else projection.projected.get("step_time_us")
         if step is None:
             return None
-        return Projected(dict(changes), float(step) - float(base_step), projection)  # type: ignore[arg-type]
+        change, engine, fix = replayed_change(self.result, scenario, float(step) - base_step)
+        return Projected(dict(changes), change, projection, engine, fix)  # type: ignore[arg-type]
 
     def _project(self, scenario: Scenario) -> Projection | None:
         try:
@@ -149,7 +174,7 @@ def alternative(label: str, step_us: float, fix: Projected | None, reason: str |
     if fix is None:
         return {"fix": label, "projected_step_time_us": None, "gain_us": None, "whatif": None,
                 "why_no_gain": reason or "the what-if projection cannot make this change on this trace"}
-    return {"fix": label, "projected_step_time_us": round(step_us - fix.gain_us, 1), "gain_us": round(fix.gain_us, 1),
+    return {"fix": label, "projected_step_time_us": round(fix.step_after(step_us), 1), "gain_us": round(fix.gain_us, 1),
             "whatif": fix.command, "changes": dict(fix.changes)}
 
 
@@ -161,11 +186,98 @@ def what_if_or_own(result: Any, step_us: float, own_gain_us: float, own_model: s
                    own_assumptions: dict[str, Any] | None = None, **changes: Any) -> tuple[float, str, dict[str, Any]]:
     """(gain µs, where from, prediction) of a fix the what-if projection expresses as ``changes``:
     its projection when it can project the trace (the gain ``tracecliff whatif`` reproduces),
-    else the rule's own estimate ``own_gain_us`` from ``own_model``. The first two are what
-    ``analyzer.whatif.projection.projected_gain`` returns."""
+    else the rule's own estimate ``own_gain_us`` from ``own_model``."""
     fix = WhatIf.of(result).fix(**changes)
     if fix is None:
         return own_gain_us, OWN_SCHEDULE, predicted(step_us, own_gain_us, own_model, own_assumptions)
-    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, WHATIF_MODEL,
+    return fix.gain_us, WHATIF_SOURCE, predicted(step_us, fix.gain_us, fix.model,
                                                  {**(own_assumptions or {}), **fix.assumptions()}, fix.command,
-                                                 changes=fix.changes)
+                                                 step_after_us=fix.step_after(step_us), changes=fix.changes)
+
+
+TYPICAL_STEP = "the report's typical step (diagnose's step_time_us)"
+
+
+def whatif_doc(result: Any, scenario: Scenario, projection: Projection | None = None,
+               base: Projection | None = None) -> dict[str, Any]:
+    """``tracecliff whatif``'s document: the projection of ``scenario``, its step times on the
+    report's scale, the one computation a finding's prediction makes (``WhatIf.fix``): the
+    measured step is the report's typical step and the projected one that step + the change
+    the model projects against its own projection of the job as measured (``scenario`` less
+    its target fields), so the command a finding prints gives the finding's predicted step. The
+    model's own figures stay, labelled ``model_step_time_us``. ``projection`` / ``base``: those
+    two projections when made already (the report's scaling curve)."""
+    measured = Measured.of(result)
+    projection = projection or project(result, scenario, measured)
+    base_scenario = Scenario(model_params=scenario.model_params, tokens_per_step=scenario.tokens_per_step,
+                             trace_nics_per_node=scenario.trace_nics_per_node)
+    base = base or (projection if scenario == base_scenario else project(result, base_scenario, measured))
+    doc = projection.to_dict()
+    typical = result.model.step_time_us
+    m, p = doc["measured"], doc["projected"]
+    if typical is None or p.get("step_time_us") is None or base.projected.get("step_time_us") is None:
+        raise ConfigError("no typical step to project from (no GPU step times)")
+    m["model_step_time_us"], p["model_step_time_us"] = m["step_time_us"], p["step_time_us"]
+    change, engine, _ = replayed_change(result, scenario, float(p["step_time_us"]) - float(base.projected["step_time_us"]))
+    m["step_time_us"], p["step_time_us"] = round(typical, 1), round(typical + change, 1)
+    m["step_time_source"] = TYPICAL_STEP
+    p["step_time_source"] = ("the typical step + the change: " + engine if engine else
+                             "the typical step + the projected change (this projection less the projection of the job "
+                             "as measured)")
+    p["scaling_efficiency"] = round(typical / (typical + change), 4) if typical + change > 0 else None
+    doc["notes"].insert(0, f"step time: measured = the report's typical step; projected = it {change:+,.1f} µs, "
+                           f"{'by the ' + engine if engine else 'the change the projection makes'} (the projection's own steps: "
+                           f"{m['model_step_time_us']:,.1f} µs as measured, "
+                           f"{base.projected['step_time_us']:,.1f} µs projected as measured, "
+                           f"{p['model_step_time_us']:,.1f} µs projected); exposed comm and compute are the "
+                           "projection's means over every rank-step")
+    for side, model_step in ((m, m["model_step_time_us"]), (p, p["model_step_time_us"])):
+        if side.get("mfu") is not None and model_step and side["step_time_us"]:  # MFU ∝ 1 / step time
+            side["mfu"] = round(side["mfu"] * model_step / side["step_time_us"], 6)
+    return doc
+
+
+def joint_replay(result: Any, findings: list[dict[str, Any]]) -> tuple[float, tuple[str, ...]] | None:
+    """(what the findings' fixes save applied at once on the replay, the rules whose fix it
+    applies): a finding's fix as its prediction states it, in plain data: the what-if fields it
+    projects (``changes``: ``WhatIf.fix``'s counterfactual) or the ranks it fixes by cause
+    (``assumptions.fixed``: straggler-rank, gpu-idle-host-bound). None: the job cannot be
+    replayed or no finding's fix is a counterfactual of it."""
+    from analyzer.whatif.counterfactual import Replayer, union
+    gained = [f for f in findings if f.get("estimated_gain_us") and _is_counterfactual(f)]
+    if not gained:  # no chains to build: nothing to replay (the heavy job's one own-model finding)
+        return None
+    replayer = Replayer.of(result)
+    if not replayer.ok or replayer.chains is None:
+        return None
+    fixes, rules = [], []
+    for f in gained:
+        found = _finding_fixes(result, replayer, (f.get("evidence") or {}).get("prediction") or {})
+        if found:
+            fixes += found
+            rules.append(str(f["rule"]))
+    if not fixes:
+        return None
+    return replayer.saving(union(replayer.chains, fixes)), tuple(rules)
+
+
+def _is_counterfactual(finding: dict[str, Any]) -> bool:
+    """Whether the finding's prediction states its fix as one the replay can apply."""
+    prediction = (finding.get("evidence") or {}).get("prediction") or {}
+    assumptions = prediction.get("assumptions") or {}
+    return bool(prediction.get("changes")) or EXPOSED_CUT in assumptions or isinstance(assumptions.get("fixed"), dict)
+
+
+def _finding_fixes(result: Any, replayer: Any, prediction: dict[str, Any]) -> list[Any]:
+    changes = prediction.get("changes")
+    if isinstance(changes, dict) and changes:
+        fix = WhatIf.of(result).fix(**changes)
+        return [fix.replay_fix] if fix is not None and fix.replay_fix is not None else []
+    assumptions = prediction.get("assumptions") or {}
+    cut = (assumptions.get(EXPOSED_CUT) or {}).get("value")
+    if isinstance(cut, (int, float)) and cut > 0:
+        return [replayer.exposed_fix(float(cut))]
+    fixed = assumptions.get("fixed")
+    if isinstance(fixed, dict):
+        return [fix for rank, cause in sorted(fixed.items()) if (fix := replayer.cause_fix(int(rank), str(cause)))]
+    return []

@@ -54,7 +54,7 @@ from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif import compute as compute_scaling
 from analyzer.whatif.ddp import bucket_ready_array, gradient_pieces, interpolate_ready, rebucket
-from analyzer.base.errors import ConfigError, TracecliffError
+from analyzer.base.errors import ConfigError
 from analyzer.base.limits import MAX_FSDP_UNITS
 
 STRATEGY_CHOICES = ("ddp", "fsdp-full", "fsdp-grad-op", "hsdp")
@@ -311,14 +311,21 @@ class _Transfers:
         """``of`` the rows at ``index`` of ``columns``, their ratio keys told apart by column:
         the group's name (once per group object), the kind, the bytes, on GPU."""
         rows = _rows_at(columns.rows, index)
-        names = categorical([None if (name := (group or _NO_GROUP).get("name")) is None else str(name)
-                             for group in columns.group.names], len(columns.group.names)).codes
-        size = np.unique(columns.size[index], return_inverse=True)[1].reshape(-1)  # bytes: ints or None (NaN)
-        _, _, keys = distinct_rows([names[columns.group.codes[index]], columns.kind.codes[index], size,
-                                    columns.on_gpu[index].astype(np.int64)])
-        first = np.unique(keys, return_index=True)[1]
+        keys, first = ratio_keys(columns, index)
         duration = columns.dur[index]
-        return cls(duration, duration - _waits(rows), keys.astype(np.intp), tuple(rows[i] for i in first.tolist()))
+        return cls(duration, duration - _waits(rows), keys, tuple(rows[i] for i in first.tolist()))
+
+
+def ratio_keys(columns: CollectiveColumns, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's ratio key among the distinct ones, the first row of each key) of the rows at
+    ``index``: told apart by column (the group's name, once per group object; the kind, the
+    bytes, on GPU), as ``Durations.ratio`` depends on them."""
+    names = categorical([None if (name := (group or _NO_GROUP).get("name")) is None else str(name)
+                         for group in columns.group.names], len(columns.group.names)).codes
+    size = np.unique(columns.size[index], return_inverse=True)[1].reshape(-1)  # bytes: ints or None (NaN)
+    _, _, keys = distinct_rows([names[columns.group.codes[index]], columns.kind.codes[index], size,
+                                columns.on_gpu[index].astype(np.int64)])
+    return keys.astype(np.intp), np.unique(keys, return_index=True)[1]
 
 
 def _waits(rows: list[dict[str, Any]]) -> np.ndarray:
@@ -1339,26 +1346,15 @@ def _groups_note(target: Config) -> list[str]:
     return out
 
 
-def projected_change_us(result: Any, **changes: Any) -> float | None:
-    """The step-time change (µs, negative = faster) this model projects for ``changes`` (Scenario
-    fields), against its own projection of the configuration as measured, so that the model's
-    residual on this job cancels. None when it cannot project this trace. The rules take their
-    estimated gain from it, so a finding's projection is the one ``tracecliff whatif`` makes."""
-    try:
-        measured = Measured.of(result)
-        base = project(result, Scenario(), measured).projected.get("step_time_us")
-        changed = project(result, Scenario(**changes), measured).projected.get("step_time_us")
-    except (TracecliffError, ValueError):
-        return None
-    if base is None or changed is None:
-        return None
-    return float(changed) - float(base)
-
-
-def projected_gain(result: Any, fallback_us: float, **changes: Any) -> tuple[float, str]:
-    """(estimated gain µs, where from) of a finding's fix: this model's projection when it can
-    project the trace, else the rule's own estimate ``fallback_us``, and the evidence says which."""
-    change = projected_change_us(result, **changes)
-    if change is None:
-        return fallback_us, "the rule's own schedule (the what-if model cannot project this trace)"
-    return max(0.0, -change), "the what-if model (tracecliff whatif), measured configuration as reference"
+def link_ratios(result: Any, scenario: Scenario) -> np.ndarray:
+    """Per collective row (the Result's columns' order): its transfer on ``scenario``'s links over
+    its measured one, T_model(target) / T_model(measured) by α-β (``Durations.ratio``, models.md
+    §2); 1 where it cannot be modelled (its size, kind or link unknown): the slow-link input the
+    replay's link counterfactual applies (analyzer.whatif.counterfactual)."""
+    base, assumptions = measured_config(result, scenario, [])
+    durations = Durations(result, base, target_config(base, scenario, assumptions))
+    columns = CollectiveColumns.of(result)
+    keys, first = ratio_keys(columns, np.arange(columns.n))  # one row dict per distinct key, not per row
+    ratios = np.array([np.nan if r is None else r for r in map(durations.ratio, _rows_at(columns.rows, first))],
+                      dtype=float)
+    return np.nan_to_num(ratios[keys], nan=1.0)

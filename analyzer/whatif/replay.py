@@ -59,6 +59,7 @@ class Chains:
     steps: dict[Any, dict[int, float]]  # measured {step: {rank: step time µs}}
     floors: list[tuple[int, Any, float]]  # (rank, step, its compute's own time after the window start)
     floor_of: np.ndarray  # per row: the floor it cannot arrive before (-1: none)
+    exposed: np.ndarray | None = None  # per row: its exposed time (µs; 0 where unknown)
 
     @cached_property
     def plain(self) -> tuple[list[int], list[int], list[float]]:
@@ -133,7 +134,7 @@ def chains(result: Any) -> Chains | None:
     if not windows:
         return None
     return Chains(set_of, step, rank, arrival, anchor, offset, transfer, end, order, members, windows, window_end,
-                  steps, floors, floor_of)
+                  steps, floors, floor_of, exposed)
 
 
 def _first_window_us(result: Any, offsets: dict[int, float]) -> float | None:
@@ -258,6 +259,8 @@ def replay(chains: Chains, fix: "Fix | None" = None) -> Replayed:
     offset = (chains.offset - cut).tolist()
     end = chains.end.tolist()
     anchor, floor_of, transfer = chains.plain
+    if fix is not None and fix.transfer_cut is not None:  # a faster link, a shorter tail: never below 0
+        transfer = np.maximum(chains.transfer - fix.transfer_cut, 0.0).tolist()
     starts = {(r, step): (a, o) for r, windows in chains.windows.items() for step, a, o in windows}
     floor_at = [(starts[(r, step)], own - window_cut.get((r, step), 0.0) - floor_cut.get((r, step), 0.0))
                 for r, step, own in chains.floors]
@@ -304,14 +307,20 @@ def saving(measured: Replayed, fixed: Replayed, steps: list[Any]) -> float:
 
 @dataclass(frozen=True)
 class Fix:
-    """A counterfactual as cuts: µs out of rows' offsets and out of window starts' offsets."""
+    """A counterfactual as cuts: µs out of rows' offsets (a rank's own work), out of window
+    starts' offsets and compute floors, and out of sets' transfers (a link's, a tail's: None
+    is none; a negative cut lengthens a transfer)."""
 
     cut: np.ndarray
     window_cut: dict[tuple[int, Any], float]
     floor_cut: dict[tuple[int, Any], float]
+    transfer_cut: np.ndarray | None = None
 
     def __add__(self, other: "Fix") -> "Fix":
-        return Fix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut))
+        transfer = other.transfer_cut if self.transfer_cut is None else self.transfer_cut if other.transfer_cut is None \
+            else self.transfer_cut + other.transfer_cut
+        return Fix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut),
+                   transfer)
 
 
 def _added(a: dict[Any, float], b: dict[Any, float]) -> dict[Any, float]:

@@ -7,11 +7,12 @@ import dataclasses
 from typing import Any
 
 from analyzer.whatif import projection as whatif
+from analyzer.whatif.prediction import whatif_doc
 
 
 def scaling_data(result: Any) -> dict[str, Any]:
-    """Weak-scaling efficiency (measured step time ÷ projected step time, so the measured point is
-    100%) at 1/2×..8× the measured GPU count: as configured, and with the top finding's fix when the
+    """Weak-scaling efficiency (the typical step ÷ the projected step, the typical step + the change
+    ``tracecliff whatif --gpus N`` prints, so the measured point is 100%) at 1/2×..8× the measured GPU count: as configured, and with the top finding's fix when the
     what-if model can express it."""
     measured_gpus = int(result.job.get("world_size") or len(result.ranks))
     measured = whatif.Measured.of(result)  # the measured schedules, shared by every projection of it
@@ -37,7 +38,12 @@ def scaling_data(result: Any) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 - an unsupported point is skipped, and said
                 notes.append(f"{label} at {gpus} GPUs: {exc}")
                 continue
-            projected = projection.projected
+            # on the report's scale, as `tracecliff whatif --gpus N` prints it (whatif_doc)
+            try:
+                projected = whatif_doc(result, scenario, projection, at_own_size)["projected"]
+            except Exception as exc:  # noqa: BLE001 - no typical step: the point is skipped, and said
+                notes.append(f"{label} at {gpus} GPUs: {exc}")
+                continue
             if projected.get("scaling_efficiency") is not None:
                 points.append({"gpus": gpus, "efficiency": projected["scaling_efficiency"],
                                "step_time_us": projected.get("step_time_us")})
