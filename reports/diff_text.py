@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.reports.text import _wrap as wrap
+from analyzer.reports.wrap import wrap
 from analyzer.base.units import fmt_change, fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}

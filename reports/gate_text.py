@@ -8,7 +8,7 @@ from analyzer.base.sanitize import markdown
 from analyzer.base.units import fmt_change, fmt_us
 from analyzer.compare.gate import Check, GateReport, _fmt
 from analyzer.reports.diff_text import table
-from analyzer.reports.text import WIDTH, _wrap as wrap
+from analyzer.reports.wrap import WIDTH, wrap
 
 
 def render_text(report: GateReport) -> str:

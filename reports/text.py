@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import textwrap
 from typing import Any
 
 
@@ -12,27 +10,12 @@ from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
 from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
+from analyzer.reports.wrap import WIDTH, wrap
 from analyzer.rules.gpu_idle_queued import WAITED_ON
 from analyzer.rules.host import HOST_ACTIVITY
 
-WIDTH = 100
 # The peer a wait is keyed by, in words: an α-β estimate names no rank (members' traces missing).
 _PEER_WORDS = {ESTIMATED_PEER: "unseen members (beyond the link model)"}
-# A figure and its unit stay on one line ("179.7 ms", "34.2 GB/s"): the space between them is
-# held as a private-use character while the text is wrapped.
-_GLUE = "\ue000"
-_FIGURE_UNIT = re.compile(r"(?<=\d) (?=(?:µs|ms|s|MB|KB|GB|TB|GB/s|TFLOP/s|[kMGT]?FLOP|pp|%)(?![\w/]))")
-
-
-def _wrap(text: str, width: int = WIDTH, **options: Any) -> list[str]:
-    """``textwrap.wrap`` that never breaks a line between a figure and its unit, nor inside a
-    word (a file path stays whole, on a line of its own when longer than the page)."""
-    options.setdefault("break_long_words", False)
-    options.setdefault("break_on_hyphens", False)
-    if _GLUE in text:  # the trace itself holds the character: wrap as it is
-        return textwrap.wrap(text, width, **options)
-    glued = _FIGURE_UNIT.sub(_GLUE, text)
-    return [line.replace(_GLUE, " ") for line in textwrap.wrap(glued, width, **options)]
 # Whole-trace columns, for ranks without a typical step (no ProfilerStep markers).
 COLUMNS = (("step time", "step_time_us"), ("compute", "compute_us"), ("comm", "comm_us"),
            ("overlapped", "overlap_us"), ("exposed", "exposed_comm_us"), ("idle", "idle_us"))
@@ -74,7 +57,7 @@ def _fitted(lines: list[str]) -> list[str]:
             out.append(line)
             continue
         indent = len(line) - len(line.lstrip())
-        out += _wrap(line, WIDTH, subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
+        out += wrap(line, WIDTH, subsequent_indent=" " * (indent + 2), break_on_hyphens=False)
     return out
 
 
@@ -96,7 +79,7 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines.append("parallelism: " + ", ".join(f"{dim}={dims[dim]['size']}" for dim in sorted(dims)))
     verdict = doc.get("verdict")
     if verdict:
-        lines[0:0] = _wrap(verdict, WIDTH, break_on_hyphens=False)
+        lines[0:0] = wrap(verdict, WIDTH, break_on_hyphens=False)
     typical = model.typical
     headline = _compute_headline(doc, model)
     if typical is not None:
@@ -104,7 +87,7 @@ def _header(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines.append(f"typical step {typical.step}: {fmt_us(leaves.step_time_us)} (mean over ranks); exposed "
                      f"communication {_share(leaves.exposed_us, leaves)}, GPU idle {_share(leaves.idle_us, leaves)}")
         if model.step_source:
-            lines += _wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
+            lines += wrap(f"steps: {model.step_source}", WIDTH, subsequent_indent="  ",
                                    break_on_hyphens=False)
         return lines + headline + [""]
     whole = model.whole_trace  # no typical step: the whole trace, labelled as such
@@ -169,7 +152,7 @@ def _compute(doc: dict[str, Any], model: JobModel) -> list[str]:
                      "(not in the figures above)")
     sizes = [(bucket, f) for bucket, f in compute.buckets("gemm") if f.tflops_per_s is not None]
     if len(sizes) > 1:
-        lines += _wrap("GEMMs by FLOPs per op: " + ", ".join(
+        lines += wrap("GEMMs by FLOPs per op: " + ", ".join(
             f"{bucket} {_rate(f.tflops_per_s)} TFLOP/s ({fmt_pct(f.pct_of_peak)})" for bucket, f in sizes), WIDTH,
             initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
@@ -191,9 +174,9 @@ def _memory(doc: dict[str, Any]) -> list[str]:
             + (f", {fmt_bytes(memory['peak_reserved_bytes'])} reserved" if memory.get("peak_reserved_bytes") else "")
             + (f", of a {fmt_bytes(memory['device_bytes'])} GPU" if memory.get("device_bytes") and not relative else "")
             + "):")
-    lines = _wrap(head)
+    lines = wrap(head)
     if relative:
-        lines += _wrap("relative figures: " + "; ".join(sorted({m["basis"] for m in memory["ranks"] if m["relative"]})),
+        lines += wrap("relative figures: " + "; ".join(sorted({m["basis"] for m in memory["ranks"] if m["relative"]})),
                        initial_indent="  ", subsequent_indent="    ")
     lines.append(f"  {'rank':>4} {'device':<7} {'peak alloc':>10} {'reserved':>10} {'start':>10} {'end':>10} "
                  f"{'cached':>9} {'headroom':>10}  peak at")
@@ -213,7 +196,7 @@ def _memory(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  ... {len(rows) - MEMORY_ROWS} more rank(s) in memory.ranks[] (JSON) and memory_df()")
     at = (rows[0][1].get("peak_at") or {}) if rows else {}
     if at.get("op") or at.get("fsdp_unit"):
-        lines += _wrap(f"rank {rows[0][0]['rank']}'s peak is inside {at.get('op') or ''}"
+        lines += wrap(f"rank {rows[0][0]['rank']}'s peak is inside {at.get('op') or ''}"
                        + (f" (FSDP unit {at['fsdp_unit']})" if at.get("fsdp_unit") else ""),
                        initial_indent="  ", subsequent_indent="    ")
     return lines + [""]
@@ -234,37 +217,37 @@ def _findings(doc: dict[str, Any], step_us: float | None = None) -> list[str]:
         gain = f.get("estimated_gain_us")
         gain_text = f"  ~{gain / 1000:,.1f} ms/step" if isinstance(gain, (int, float)) else ""
         lines.append(f"  [{f.get('severity', '?')}] {f.get('code', '')} {f.get('rule')}{gain_text}")
-        wrap = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
-        lines += _wrap(f.get("summary", ""), **wrap)
+        layout = dict(width=WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+        lines += wrap(f.get("summary", ""), **layout)
         recovers = leaf_names(f.get("recovers"))
         if recovers and isinstance(gain, (int, float)) and gain > 0:
-            lines += _wrap(f"recovers: {' and '.join(recovers)} of the typical step", **wrap)
-        lines += _prediction(f, step_us, wrap)
+            lines += wrap(f"recovers: {' and '.join(recovers)} of the typical step", **layout)
+        lines += _prediction(f, step_us, layout)
         fix = (f.get("fix") or {}).get("text")
         if fix:
-            lines += _wrap(f"fix: {fix}", **wrap)
-        lines += [line for text in withheld_fixes(f) for line in _wrap(text, **wrap)]
+            lines += wrap(f"fix: {fix}", **layout)
+        lines += [line for text in withheld_fixes(f) for line in wrap(text, **layout)]
     return lines + ["  (tracecliff explain RULE: what a rule checks, the model, the fix)", ""]
 
 
-def _prediction(f: dict[str, Any], step_us: float | None, wrap: dict[str, Any]) -> list[str]:
+def _prediction(f: dict[str, Any], step_us: float | None, layout: dict[str, Any]) -> list[str]:
     """What the fix is worth: the predicted typical step, the model, its assumptions, the what-if
     command and the alternatives weighed; or why there is no gain."""
     view = prediction_view((f.get("evidence") or {}).get("prediction"), step_us)
     if view is None:
         return []
     if view["after"] is None:
-        return _wrap(f"no gain: {view['why']}", **wrap) if view["why"] else []
+        return wrap(f"no gain: {view['why']}", **layout) if view["why"] else []
     head = f"predicted: typical step {view['step']} → {view['after']}" if view["step"] else \
         f"predicted: typical step {view['after']}"
-    lines = _wrap(f"{head} ({view['model']})", **wrap)
+    lines = wrap(f"{head} ({view['model']})", **layout)
     if view["assumptions"]:
-        lines += _wrap("assumes: " + "; ".join(view["assumptions"]), **wrap)
+        lines += wrap("assumes: " + "; ".join(view["assumptions"]), **layout)
     if view["whatif"]:
-        lines += _wrap(f"reproduce: {view['whatif']} (prints this predicted step)", **wrap)
+        lines += wrap(f"reproduce: {view['whatif']} (prints this predicted step)", **layout)
     for a in view["alternatives"]:
         outcome = f"{a['after']} ({a['whatif']})" if a["after"] else f"not projected: {a['why']}"
-        lines += _wrap(f"alternative: {a['fix']}: {outcome}", **wrap)
+        lines += wrap(f"alternative: {a['fix']}: {outcome}", **layout)
     return lines
 
 
@@ -283,7 +266,7 @@ def _rule_statuses(doc: dict[str, Any]) -> list[str]:
         for s in rows:
             by_reason.setdefault(str(s.get("reason") or "no reason given"), []).append(str(s.get("rule")))
         text = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items())
-        lines += _wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
+        lines += wrap(f"{words}: {text}", WIDTH, initial_indent="  ", subsequent_indent="    ",
                                break_on_hyphens=False)
     return lines + [""]
 
@@ -356,7 +339,7 @@ def _tree(model: JobModel) -> list[str]:
         lines.append(f"  {prefix + name:<34} {fmt_us(value):>10} {100 * (leaves.share(value) or 0.0):5.1f}%  {note}".rstrip())
         if name == "exposed communication":  # the splits divide all of it, waiting and transfer alike
             lines += [f"  │     {text}" for text in splits]
-    wrap = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
+    layout = dict(width=WIDTH, initial_indent=" " * 11, subsequent_indent=" " * 13, break_on_hyphens=False)
     own = sorted(((k, v) for k, v in d.idle_unknown_by_phase.items() if v), key=lambda kv: (-kv[1], kv[0]))
     where = f" (in {', '.join(f'{k} {fmt_us(v)}' for k, v in own)})" if own else ""
     host_text = "host meanwhile: " + ", ".join(f"{k} {fmt_us(v)}" + (where if k == HOST_ACTIVITY["unknown"] else "")
@@ -364,15 +347,15 @@ def _tree(model: JobModel) -> list[str]:
     if d.idle_host_us is not None and (d.idle_queued_us or 0.0) >= 0.005 * (leaves.idle_us or 1.0):
         # the two parts of idle, each split as the findings say it (analyzer.rules.host, gpu_idle_queued)
         waited = sorted(((WAITED_ON.get(k, k), v) for k, v in d.idle_queued_by.items() if v), key=lambda kv: -kv[1])
-        lines += _wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
-                               **wrap)
-        lines += _wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
-                               + ", ".join(f"{k} {fmt_us(v)}" for k, v in waited), **wrap)
+        lines += wrap(f"nothing launched {fmt_us(d.idle_host_us)}" + (f"; {host_text}" if idle else ""),
+                               **layout)
+        lines += wrap(f"work launched and waiting {fmt_us(d.idle_queued_us or 0.0)}: on "
+                               + ", ".join(f"{k} {fmt_us(v)}" for k, v in waited), **layout)
     elif idle:
-        lines += _wrap(host_text, **wrap)  # the findings' words for the same leaves (analyzer.rules.host)
+        lines += wrap(host_text, **layout)  # the findings' words for the same leaves (analyzer.rules.host)
     if model.idle_split_note:
-        lines += _wrap(f"({model.idle_split_note})", **wrap)
-    lines += _wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
+        lines += wrap(f"({model.idle_split_note})", **layout)
+    lines += wrap(f"waiting measured by: {typical.wait_source}", WIDTH, initial_indent="  ",
                            subsequent_indent="    ", break_on_hyphens=False)
     return lines + [""]
 
@@ -417,12 +400,12 @@ def _host_side_collectives(host: dict[str, Any], matched: bool) -> list[str]:
     basis = "rank and step" if host["windows"] else "rank (whole trace)"
     parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
                       for kind, count, size in sorted(host["kinds"], key=lambda k: -k[1]))
-    lines = _wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
+    lines = wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
                           f"{host['ranks']} rank(s), per {basis}: {parts}.", WIDTH, subsequent_indent="  ",
                           break_on_hyphens=False)
     last = ("which rank reached each last" if matched else
             "not which rank reached each last (the collectives could not be matched across ranks)")
-    lines += _wrap("measured: their count, message sizes, how long each took on the host (the "
+    lines += wrap("measured: their count, message sizes, how long each took on the host (the "
                            f"backend's own work range where the trace has one); {last}; not measured: GPU time, "
                            "exposed communication and what compute hid (no GPU work recorded for them)", WIDTH,
                            initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False)
@@ -464,7 +447,7 @@ def _groups(doc: dict[str, Any], model: JobModel) -> list[str]:
                      f"{fmt_bytes(round(g['s_star_bytes'])) if g.get('s_star_bytes') is not None else '?':>10} "
                      f"{_formatted(facts.busbw_gbps, '{:.1f}', '-'):>10} {g.get('fit_source', '')}")
     for label, basis in notes.items():
-        lines += _wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
+        lines += wrap(f"busbw {label}: {basis}", WIDTH, subsequent_indent="  ")
     return lines + [""]
 
 
@@ -490,7 +473,7 @@ def _stragglers(doc: dict[str, Any]) -> list[str]:
     offsets = [b.get("clock_offset_us") or 0.0 for b in s.get("by_rank") or []]
     lines[0] += ("; one clock (ranks on one host)" if not any(offsets)
                  else "; clocks aligned per host by collective end times")
-    return _wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
+    return wrap(lines[0], WIDTH, subsequent_indent="  ", break_on_hyphens=False) + [""]
 
 
 def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
@@ -500,5 +483,5 @@ def _warnings(doc: dict[str, Any], longest: int = 600) -> list[str]:
     for w in doc.get("warnings") or []:
         text = f"warning: {w}"
         text = text if len(text) <= longest else text[:longest - 1] + "…"
-        lines += _wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+        lines += wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     return lines

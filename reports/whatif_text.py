@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 from analyzer.base.units import fmt_us
 from analyzer.reports.evidence import fmt_field, label, unit_of
+from analyzer.reports.wrap import WIDTH, wrap
 
 
 def figure_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -54,8 +54,7 @@ def render_text(doc: dict[str, Any]) -> str:
                   f"at the efficiency measured per shape {model['projected_us']:,.0f} µs"]
     lines += ["", "Assumptions (values; origin: source, said once for the values that share it):"]
     for values, why in assumption_lines(doc["assumptions"]):
-        lines += textwrap.wrap(f"{values} ({why})", 100, initial_indent="  ", subsequent_indent="    ",
-                               break_long_words=False, break_on_hyphens=False)
+        lines += wrap(f"{values} ({why})", WIDTH, initial_indent="  ", subsequent_indent="    ")
     lines += [f"note: {n}" for n in doc["notes"]]
     lines += [f"warning: {w}" for w in doc.get("warnings") or []]
     return "\n".join(lines) + "\n"

@@ -293,6 +293,7 @@ FIELDS.update({
     "gradient_bytes_scale": F("gradient bytes, × the measured"),
     "fixed": F("ranks fixed (their cause)", "text", keys="rank"),
     "steps_replayed": F("steps replayed"),
+    "exposed_cut_us": F("exposed communication the model cuts", US),
     # a what-if projection's measured and target configuration
     "measured_gpus": F("measured GPUs"),
     "measured_gpus_per_node": F("measured GPUs per node"),

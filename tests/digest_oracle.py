@@ -25,7 +25,7 @@ from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample
 from analyzer.job.model import STEADY, TYPICAL, JobModel, group_label
 from analyzer.model import formulas as models
 from analyzer.reports.html import OPEN_GROUPS, _fit_view, _short_list, _sourced, unavailable
-from analyzer.reports.text import WIDTH, _wrap as wrap  # the view's line breaking, not a figure
+from analyzer.reports.wrap import WIDTH, wrap  # the views' line breaking, not a figure
 
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
 MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000

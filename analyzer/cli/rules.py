@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 import click
+
+from analyzer.reports.wrap import WIDTH, wrap
 
 
 EXIT_OK, EXIT_FINDINGS = 0, 1
@@ -39,7 +40,7 @@ def rules_command(fmt: str) -> None:
     click.echo(f"{'code':<6} {'name':<{width}}  {'severity':<8} detects")
     indent = " " * (6 + 1 + width + 2 + 8 + 1)
     for r in rules:
-        lines = textwrap.wrap(r.failure_title, 100 - len(indent), break_long_words=False, break_on_hyphens=False) or [""]
+        lines = wrap(r.failure_title, WIDTH - len(indent)) or [""]
         click.echo(f"{r.code:<6} {r.name:<{width}}  {r.severity:<8} {lines[0]}")
         for line in lines[1:]:  # fits 100 columns, the rest of the phrase under it
             click.echo(indent + line)
