@@ -26,7 +26,7 @@ def render_text(report: GateReport) -> str:
     compared = [c for c in report.checks if c.kind == "baseline"]
     if compared:
         lines += ["", f"Baseline {report.baseline or ''}:".replace(" :", ":")]
-        lines += _baseline_rows(compared)
+        lines += _baseline_rows(compared, report.notes)
     if not any(c.kind != "run" for c in report.checks):
         lines.append("no assertion applied and no baseline given")
     lines += _why(report)
@@ -55,14 +55,13 @@ def _rows(header: list[str], rows: list[tuple[list[str], str]], detail: str = "d
     return out
 
 
-def _baseline_rows(compared: list[Check]) -> list[str]:
+def _baseline_rows(compared: list[Check], notes: list[str]) -> list[str]:
     """The comparisons: each threshold with the term that set it (limit, floor, noise); what
     every row shares (the aggregate, the unknown noise, what the terms are) said once below."""
     aggregates = {c.aggregate for c in compared}
     shared_aggregate = len(aggregates) == 1
     header = ["status", "metric"] + ([] if shared_aggregate else ["aggregate"]) + ["baseline", "new", "change",
                                                                                     "threshold"]
-    notes = {c.threshold.note for c in compared if c.threshold is not None and c.threshold.sigma is None}
     rows = []
     for c in compared:
         cells = [c.status.upper(), c.name] + ([] if shared_aggregate else [c.aggregate or ""])
@@ -76,7 +75,7 @@ def _baseline_rows(compared: list[Check]) -> list[str]:
     lines += _wrap(f" ({aggregate}change: a share's in points of the step, any other metric's in % of the baseline; "
                    "threshold: the largest of the limit (max_regression_pct of the baseline's figure), the floor "
                    "(max_regression_pp for a share, the metric's own for the others) and the runs' noise"
-                   + "".join(f"; {note}" for note in sorted(notes)) + ")", "  ")
+                   + "".join(f"; {note}" for note in notes) + ")", "  ")
     return lines
 
 
@@ -142,6 +141,7 @@ def render_markdown(report: GateReport) -> str:
             # name (a process group's) would close it
             lines.append(f"| {_md_cell(cells[0])} | <code>{_md_cell(name)}</code> | "
                          + " | ".join(_md_cell(x) for x in cells[1:]) + " |")
+    lines += [f"\n_{markdown(note)}_" for note in report.notes]  # shared by the rows: said once
     why = _why(report)
     if why:  # the same reasons as the text view, as a list under the table
         lines += ["", f"**{markdown(why[1].strip())}**"] + [f"- {markdown(line.strip())}" for line in

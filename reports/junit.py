@@ -33,6 +33,8 @@ def render_junit(report: dict[str, Any]) -> str:
             outcome = _add_case(suite, suite_name, check)
             if outcome in counts:
                 counts[outcome] += 1
+        if kind == "baseline" and report.get("notes"):  # what every comparison shares, said once
+            ET.SubElement(suite, "system-out").text = "; ".join(report["notes"])
         for key, value in counts.items():
             suite.set(key, str(value))
             totals[key] += value

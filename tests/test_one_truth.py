@@ -459,6 +459,22 @@ def test_a_failing_gate_fits_100_columns_says_a_shared_note_once_and_says_why():
     assert not same.failed and same.findings_since == []
 
 
+def test_the_gate_json_says_the_shared_noise_note_once():
+    """The gate's JSON repeated "noise unknown: …" in every comparison's ``bound`` (and message):
+    each row keeps its own bound (the threshold and its term), the shared note is said once, in
+    the top-level ``notes``; the GitHub summary says it once too."""
+    import json
+
+    from analyzer.reports.gate_text import render_markdown
+    report = _gate_against("synthetic/ddp_straggler", "synthetic/ddp_healthy_8r")
+    doc = json.loads(json.dumps(report.to_dict()))
+    compared = [c for c in doc["checks"] if c["kind"] == "baseline" and c["threshold"]]
+    assert compared and all(c["bound"].startswith("Δ ≤ ") for c in compared)
+    assert json.dumps(doc).count("noise unknown") == 1 and doc["notes"][0].startswith("noise unknown: ")
+    assert {c["bound"] for c in compared} >= {f"Δ ≤ {c.threshold.own}" for c in report.checks if c.threshold}
+    assert " ".join(render_markdown(report).split()).count("noise unknown") == 1
+
+
 def test_a_persisting_finding_that_grew_is_named():
     """A finding in both runs whose count or estimated gain grew is what a failing gate names."""
     from analyzer.compare.diff import grown_findings

@@ -142,9 +142,17 @@ class GateThreshold:
 
     @property
     def text(self) -> str:
+        """The threshold, the term that set it and, with the noise unknown, that too."""
+        return self._said(f"; {self.note}" if self.sigma is None else "")
+
+    @property
+    def own(self) -> str:
+        """``text`` less the unknown noise: a note every comparison of the gate shares, said once
+        (``GateReport.notes``), not on each check's ``bound``."""
+        return self._said("")
+
+    def _said(self, unknown: str) -> str:
         amount = _change_text(self.value, self.unit)
-        unknown = (f"; noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
-                   if self.sigma is None else "")
         if self.basis == "limit":
             return f"{amount} (max_regression_pct{unknown})"
         if self.basis == "floor":
@@ -189,13 +197,18 @@ class GateReport:
     def exit_code(self) -> int:
         return EXIT_FAIL if self.failed else EXIT_PASS
 
+    @property
+    def notes(self) -> list[str]:
+        """What the comparisons share, said once: the unknown noise (too few steady steps)."""
+        return sorted({c.threshold.note for c in self.checks if c.threshold is not None and c.threshold.sigma is None})
+
     def counts(self) -> dict[str, int]:
         return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks], "warnings": self.warnings,
+                "checks": [asdict(c) for c in self.checks], "notes": self.notes, "warnings": self.warnings,
                 "findings_since_baseline": self.findings_since, "diff_command": self.diff_command}
 
 
@@ -588,14 +601,14 @@ def _compared(name: str, base: Metric, new: Metric, base_value: float, new_value
     else:
         worse = regression_pct(base_value, new_value, spec.better)
     if worse > limit.value:
-        status, verdict = "fail", f"regressed {_change_text(worse, limit.unit)} (threshold {limit.text})"
+        status, verdict = "fail", f"regressed {_change_text(worse, limit.unit)} (threshold {limit.own})"
     elif worse < -limit.value:
-        status, verdict = "improved", f"improved {_change_text(-worse, limit.unit)} (threshold {limit.text})"
+        status, verdict = "improved", f"improved {_change_text(-worse, limit.unit)} (threshold {limit.own})"
     else:
-        status, verdict = "pass", f"within {limit.text}"
+        status, verdict = "pass", f"within {limit.own}"
     change = 100.0 * (new_value - base_value) / abs(base_value) if base_value else \
         (0.0 if new_value == base_value else math.inf)
-    return Check("baseline", name, "error", status, new_value, f"Δ ≤ {limit.text}", how, verdict, base=base_value,
+    return Check("baseline", name, "error", status, new_value, f"Δ ≤ {limit.own}", how, verdict, base=base_value,
                  change_pct=change, change_pp=(new_value - base_value) if spec.compare == "share" else None,
                  threshold=limit)
 
