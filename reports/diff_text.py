@@ -23,7 +23,7 @@ class DiffTextRenderer:
                           ["metric", "base", "new", "change", ""],
                           [[m["metric"], fmt(m["base"], m["unit"]), fmt(m["new"], m["unit"]),
                             fmt_change(m.get("delta_pp"), m["delta_pct"]), m["verdict"]] for m in doc["metrics"]])
-        lines += [f" {m['metric']}: {m['note']}" for m in doc["metrics"] if m.get("note")]
+        lines += [line for m in doc["metrics"] if m.get("note") for line in _prose(f"{m['metric']}: {m['note']}", " ")]
         per = {c["per"] for c in doc["collectives"]}
         lines += _section(f"Collectives per {' and '.join(sorted(per)) or 'rank-step'} (count, bytes, time, exposed)",
                           ["group", "collective", "scope", "count", "bytes", "time µs", "exposed µs"],
@@ -42,21 +42,26 @@ def _header(doc: dict[str, Any]) -> list[str]:
     lines = ["tracecliff diff"]
     for side in ("base", "new"):
         f = doc[side]
-        lines.append(f" {side:<4} {f['label']}: {f['world_size'] or '?'} rank(s) on {f['nodes'] or '?'} node(s)"
-                     f"{' (' + f['nodes_source'] + ')' if f['nodes_source'] else ''}, {f['strategy'] or '?'}, "
-                     f"{f['ranks_given']} rank trace(s), typical step {f['step'] if f['step'] is not None else '?'}: "
-                     f"{fmt(f['step_time_us'], 'µs')} µs")
+        lines += _prose(f"{side:<4} {f['label']}: {f['world_size'] or '?'} rank(s) on {f['nodes'] or '?'} node(s)"
+                        f"{' (' + f['nodes_source'] + ')' if f['nodes_source'] else ''}, {f['strategy'] or '?'}, "
+                        f"{f['ranks_given']} rank trace(s), typical step {f['step'] if f['step'] is not None else '?'}: "
+                        f"{fmt(f['step_time_us'], 'µs')} µs", " ")
     return lines
+
+
+def _prose(text: str, indent: str = "") -> list[str]:
+    """A sentence of the view, wrapped to the page (its continuation indented under it)."""
+    return wrap(text, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 def _scaling(doc: dict[str, Any]) -> list[str]:
     s = doc["scaling"]
     if s.get("efficiency") is None:
-        return ["", f"Scaling: {s.get('basis')}"]
+        return ["", *_prose(f"Scaling: {s.get('basis')}")]
     name = scaling_title(s["kind"])
     per_gpu = f"{s['base_throughput_per_gpu']:.4g} → {s['new_throughput_per_gpu']:.4g}"
-    return ["", f"{name}: {100 * s['efficiency']:.1f}% ({s['base_gpus']} → {s['new_gpus']} GPUs; "
-                f"per-GPU {s['throughput_unit']} {per_gpu}; basis: {s['basis']})"]
+    return ["", *_prose(f"{name}: {100 * s['efficiency']:.1f}% ({s['base_gpus']} → {s['new_gpus']} GPUs; "
+                        f"per-GPU {s['throughput_unit']} {per_gpu}; basis: {s['basis']})")]
 
 
 def scaling_title(kind: str) -> str:
@@ -67,7 +72,7 @@ def scaling_title(kind: str) -> str:
 def _compute(c: dict[str, Any]) -> list[str]:
     """Each run's compute of its typical step (recorded shapes) and the compute cliff, if any."""
     if not c.get("available"):
-        return ["", f"Compute: unavailable ({c.get('reason') or 'no FLOPs from recorded shapes'})"] if c else []
+        return ["", *_prose(f"Compute: unavailable ({c.get('reason') or 'no FLOPs from recorded shapes'})")] if c else []
     lines = ["", "Compute per GPU, typical step (FLOPs from recorded shapes):"]
     rows = []
     for side in ("base", "new"):
@@ -77,26 +82,26 @@ def _compute(c: dict[str, Any]) -> list[str]:
     lines += table(["run", "GPUs", "FLOP/step", "FLOP kernels", "all compute", "GEMM TFLOP/s", "of peak"], rows)
     sizes = (c.get("finding") or {}).get("evidence", {}).get("gemm_tflops_by_size") or []
     if sizes:
-        lines.append(" GEMM TFLOP/s by FLOPs per op (base → new): " + "; ".join(
+        lines += _prose("GEMM TFLOP/s by FLOPs per op (base → new): " + "; ".join(
             f"{row['bucket']} {fmt_tflops(row['base_tflops_per_s'])} → {fmt_tflops(row['new_tflops_per_s'])}"
-            for row in sizes))
+            for row in sizes), " ")
     finding = c.get("finding")
     if finding:
-        lines.append(f" [{finding['severity']}] {finding['code']}: {finding['summary']}")
-        lines.append(f"   model: {finding['model']}")
-        lines.append(f"   fix: {finding['fix']}")
+        lines += _prose(f"[{finding['severity']}] {finding['code']}: {finding['summary']}", " ")
+        lines += _prose(f"model: {finding['model']}", "   ")
+        lines += _prose(f"fix: {finding['fix']}", "   ")
     elif c.get("work_ratio") is not None and c["work_ratio"] < 1:
-        lines.append(f" Each GPU's work fell {1 / c['work_ratio']:.1f}×; its FLOP kernels' time changed "
-                     f"{c['counted_ratio']:.2f}× (GEMM TFLOP/s {100 * (c['gemm_tflops_change'] or 0):+.1f}%): "
-                     "compute scales with the per-GPU batch.")
+        lines += _prose(f"Each GPU's work fell {1 / c['work_ratio']:.1f}×; its FLOP kernels' time changed "
+                        f"{c['counted_ratio']:.2f}× (GEMM TFLOP/s {100 * (c['gemm_tflops_change'] or 0):+.1f}%): "
+                        "compute scales with the per-GPU batch.", " ")
     return lines
 
 
 def _decomposition(step: dict[str, Any]) -> list[str]:
     if not step.get("available"):
-        return ["", f"Step-time change: unavailable ({step.get('reason')})"]
-    lines = ["", f"Step-time change: {fmt(step['base_step_time_us'], 'µs')} → {fmt(step['new_step_time_us'], 'µs')} "
-                 f"({signed(step['delta_us'])} µs), {step['per']}:"]
+        return ["", *_prose(f"Step-time change: unavailable ({step.get('reason')})")]
+    lines = ["", *_prose(f"Step-time change: {fmt(step['base_step_time_us'], 'µs')} → "
+                         f"{fmt(step['new_step_time_us'], 'µs')} ({signed(step['delta_us'])} µs), {step['per']}:")]
     rows = []
     for c in step["components"]:
         rows.append([c["component"], fmt(c["base_us"], "µs"), fmt(c["new_us"], "µs"), signed(c["delta_us"]),
@@ -110,7 +115,7 @@ def _decomposition(step: dict[str, Any]) -> list[str]:
             rows.append([f"  = {scope} collectives", "", "", signed(delta), "", ""])
     lines += table(["component", "base µs", "new µs", "Δ µs", "share", "eff. pts"], rows)
     if not step["straggler_wait_measured"]:
-        lines.append(" (waiting for late peers not measured: no cross-rank matching; it stays in exposed transfer)")
+        lines += _prose("(waiting for late peers not measured: no cross-rank matching; it stays in exposed transfer)", " ")
     return lines
 
 
@@ -140,7 +145,7 @@ def _predictions(section: dict[str, Any] | None) -> list[str]:
     if not section:
         return []
     if not section.get("available"):
-        return ["", f"Predicted vs measured: unavailable ({section.get('reason')})"]
+        return ["", *_prose(f"Predicted vs measured: unavailable ({section.get('reason')})")]
     rows = [[p["rule"] or "?", p["status"], fmt(p["predicted_gain_us"], "µs"), fmt(p["predicted_step_time_us"], "µs"),
              fmt(p["measured_step_time_us"], "µs"), fmt(p["measured_recovered_us"], "µs"), pct(p["error_pct"]),
              p["whatif"] or (f"no gain: {p['why_no_gain']}" if p["why_no_gain"] else "")]
@@ -149,11 +154,11 @@ def _predictions(section: dict[str, Any] | None) -> list[str]:
              f"of the {section['per']})")
     lines = _section(title, ["rule", "status", "predicted gain µs", "predicted step µs", "measured step µs",
                              "measured in its leaves µs", "error", "what-if"], rows)
-    return lines + [f" ({section['note']})"] if rows else lines
+    return lines + _prose(f"({section['note']})", " ") if rows else lines
 
 
 def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["", f"{title}:"] + (table(header, rows) if rows else [" (none)"])
+    return ["", *_prose(f"{title}:")] + (table(header, rows) if rows else [" (none)"])
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:

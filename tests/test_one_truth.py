@@ -739,3 +739,18 @@ def test_a_data_key_named_like_a_field_keeps_its_fields_unit():
     causes = next(r for r in card["evidence"] if r["key"] == "cause per late rank")["table"]
     cell = causes["rows"][0][causes["head"].index("against the median rank")]
     assert re.search(r"compute: [\d.,]+ ms", cell), cell
+
+
+@pytest.mark.parametrize("other", ["synthetic/ddp_straggler", "synthetic/fsdp_hybrid_2node", "gpu_h200/ddp",
+                                   "cpu_gloo/memory_ddp"])
+def test_the_diff_header_and_its_sentences_fit_100_columns(other):
+    """The diff's header, scaling, compute and step-time lines ran to 150 columns ("Throughput
+    ratio (new / base): … basis: FLOPs per GPU per step …"): every sentence of the view (a line
+    that is no table row: no column gap in it) fits 100 columns, both ways round."""
+    from analyzer.reports.diff_text import DiffTextRenderer
+    base = diagnosed("synthetic/ddp_healthy_8r")
+    for a, b in ((base, diagnosed(other)), (diagnosed(other), base)):
+        text = DiffTextRenderer().render(diff_runs(a, b))
+        prose = [line for line in text.splitlines() if "  " not in line.strip()]
+        assert prose and max(map(len, prose)) <= 100, max(prose, key=len)
+        assert text.splitlines()[1].startswith(" base ") and "Step-time change: " in text
