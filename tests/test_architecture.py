@@ -276,7 +276,8 @@ def _summary(path: Path) -> str:
     text = " ".join(doc.split()) or ("(the package)" if path.name == "__init__.py" else "(no docstring)")
     cut = next((i + 1 for i, c in enumerate(text) if c == "." and (i + 1 == len(text) or text[i + 1] == " ")), len(text))
     text = text[:cut]
-    return (text if len(text) <= 160 else text[:157].rstrip() + "…").replace("|", "\\|")
+    # cut at a space: a name cut mid-way (``analyzer.whatif.predi``) reads as a module that is not there
+    return (text if len(text) <= 160 else text[:157].rsplit(" ", 1)[0].rstrip(",;:") + " …").replace("|", "\\|")
 
 
 def module_table() -> str:
