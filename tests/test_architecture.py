@@ -125,12 +125,7 @@ def classes_by_name() -> dict[str, list[str]]:
 
 
 # Left for now, each with why: a ratchet (an entry no longer defined twice fails too).
-DEFINED_TWICE_FOR_NOW = {
-    # rules.engine.Fix (a finding's fix) and whatif.replay.Fix (a counterfactual's cuts): the
-    # replay's is being reworked on the replay-engine branch (issue 38), whose new code names
-    # it; it becomes ``ReplayFix`` once that lands rather than collide with it.
-    "Fix": {"analyzer.rules.engine", "analyzer.whatif.replay"},
-}
+DEFINED_TWICE_FOR_NOW: dict[str, set[str]] = {}
 
 
 def test_no_class_name_defined_in_two_modules():
