@@ -169,8 +169,11 @@ FIELDS: dict[str, Field] = {
     "lateness_us": F("lateness", US),
     "vs_median_rank_us": F("against the median rank", US, keys="part"),
     "host_activity": F("host activity", "text"),
-    "caused_wait_us": F("waiting caused (mean over the steady steps)", US, keys="rank"),
-    "caused_wait_share": F("share of the waiting caused", SHARE, keys="rank"),
+    # waiting a rank causes directly (the others wait for it at the collectives, it arriving last);
+    # a late rank behind a later one causes none directly, yet sets the pace once that one is fixed:
+    # what fixing each gives is the replay's (per_rank: saving fixed alone, in order)
+    "caused_wait_direct_us": F("waiting caused directly (mean over the steady steps)", US, keys="rank"),
+    "caused_wait_share_direct": F("share of the waiting caused directly", SHARE, keys="rank"),
     "caused_wait_in_step_us": F("waiting for the late ranks in the typical step", US),
     "caused_wait_by_step": F("waiting caused per steady step", US, keys="step", inner="rank"),
     "lateness_by_step": F("lateness per steady step", US, keys="step", inner="rank"),

@@ -176,8 +176,8 @@ class StragglerRank(Rule):
             "late_ranks": late, "pattern": pattern, "main_late_rank": top,
             "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
             "causes": {str(r): c for r, c in causes.items()},
-            "caused_wait_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
-            "caused_wait_share": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
+            "caused_wait_direct_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
+            "caused_wait_share_direct": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
             "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "caused_wait_in_step_us": round(waited, 1), "all_waiting_per_step_us": round(total, 1),
             "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
             "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]

@@ -754,3 +754,23 @@ def test_the_diff_header_and_its_sentences_fit_100_columns(other):
         prose = [line for line in text.splitlines() if "  " not in line.strip()]
         assert prose and max(map(len, prose)) <= 100, max(prose, key=len)
         assert text.splitlines()[1].startswith(" base ") and "Step-time change: " in text
+
+
+def test_the_straggler_evidence_says_which_waiting_is_direct():
+    """On the DLRM job the replay names ranks 6, 2 and 0 (each sets the pace once rank 7 is fixed)
+    while their share of the waiting read 0.0 under "caused_wait_share": the evidence names the
+    figure (waiting caused directly) apart from what fixing each gives (the replay's per rank)."""
+    job = "real/param_dlrm_ddp_8rank"
+    if job not in JOBS:
+        pytest.skip("real traces not found")
+    result = diagnosed(job)
+    f = next(f for f in result.findings if f["rule"] == "straggler-rank")
+    e = f["evidence"]
+    assert "caused_wait_share" not in e and "caused_wait_us" not in e
+    direct = e["caused_wait_share_direct"]
+    none_direct = [r for r in f["ranks"] if direct[str(r)] == 0.0]
+    assert none_direct and all(p["named"] for p in e["per_rank"] if p["rank"] in none_direct)
+    card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "straggler-rank")
+    keys = {r["key"] for r in card["evidence"]}
+    assert {"share of the waiting caused directly", "waiting caused directly (mean over the steady steps)",
+            "replay per rank"} <= keys

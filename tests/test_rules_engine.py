@@ -109,7 +109,7 @@ def test_threshold_changes_the_verdict():
     result = _fresh("synthetic/ddp_straggler")
     evidence = run_rules(result)[0]["evidence"]
     # the waiting the late ranks cause per step (mean over the ranks), as a share of the step
-    share = sum(evidence["caused_wait_us"][str(r)] for r in evidence["late_ranks"]) / evidence["step_time_us"]
+    share = sum(evidence["caused_wait_direct_us"][str(r)] for r in evidence["late_ranks"]) / evidence["step_time_us"]
     above = {"rules": {"straggler-rank": {"wait_fraction": share * 1.1}}}
     below = {"rules": {"straggler-rank": {"wait_fraction": share * 0.9}}}
     # Above: the straggler no longer fires, so its wait is exposed communication nothing explains.

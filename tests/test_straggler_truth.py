@@ -94,8 +94,8 @@ def test_late_ranks_ordered_by_the_waiting_they_cause():
     caused = _truth_caused("ddp_two_late_ranks")
     total = sum(caused.values())
     for rank in (1, 3):
-        assert e["caused_wait_share"][str(rank)] == pytest.approx(caused[rank] / total, abs=0.1)
-    assert list(e["caused_wait_us"])[:2] == ["1", "3"]
+        assert e["caused_wait_share_direct"][str(rank)] == pytest.approx(caused[rank] / total, abs=0.1)
+    assert list(e["caused_wait_direct_us"])[:2] == ["1", "3"]
     assert not e["entry_skew"] and e["next_after_named"]["2"] == pytest.approx(5000, rel=0.1)
     assert "then rank 2 would set the pace" in f["summary"]
     # the gain: the others' wait for them in the typical step, split into the waiting for them
@@ -119,7 +119,7 @@ def test_dlrm_names_the_rank_that_causes_the_waiting(real_traces):
     f = finding("real/param_dlrm_ddp_8rank", "straggler-rank")
     e = f["evidence"]
     assert e["late_ranks"][0] == 7 and {2, 6} <= set(e["late_ranks"]) and f["ranks"] == sorted(e["late_ranks"])
-    assert 0.7 < e["caused_wait_share"]["7"] < 0.85
+    assert 0.7 < e["caused_wait_share_direct"]["7"] < 0.85
     first = e["per_rank"][0]
     assert first["rank"] == 7 and first["gain_alone_us"] < 0.5 * e["prediction"]["gain_us"]
     assert not set(e["entry_skew"]) & set(map(str, e["late_ranks"]))
