@@ -240,3 +240,12 @@ def test_peak_of_a_dtype():
     assert hw.peak_of("fp8").origin == "unknown" and "no fp8" in hw.peak_of("fp8").source
     saved = {k: v for k, v in hw.to_dict().items() if k not in ("peak_fp32_tflops", "peak_tf32_tflops", "peak_fp8_tflops")}
     assert HardwareAssumptions.from_dict(saved).peak_of("fp32").value is None  # a result saved before them
+
+
+def test_a_device_without_a_name_is_dropped_with_its_memory():
+    """deviceProperties may hold a device whose name is missing or blank: it is left out, and so is
+    its memory, so the next device's memory is not read as its (a fuzzer's draw once had the
+    resolver refuse the job over the two lists' lengths)."""
+    hw = resolve_hardware([None, "NVIDIA H100 80GB HBM3", " "], [1, 85_000_000_000, 2])  # type: ignore[list-item]
+    assert hw.gpu_name.value == "NVIDIA H100 80GB HBM3"
+    assert hw.memory_bytes.value == 85_000_000_000

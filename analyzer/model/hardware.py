@@ -350,8 +350,10 @@ def resolve_hardware(device_names: Sequence[str] = (),
     per GPU (``nics_per_node = gpus_per_node``), marked ``default``.
     """
     user = _check_overrides(overrides or {})
-    names = [n for n in device_names if isinstance(n, str) and n.strip()]
-    memories = _aligned_memory(names, total_mem) if names else []
+    memories = _aligned_memory(device_names, total_mem)
+    # a device without a usable name is dropped with its memory (the two lists stay aligned)
+    kept = [(n, m) for n, m in zip(device_names, memories) if isinstance(n, str) and n.strip()]
+    names, memories = [n for n, _ in kept], [m for _, m in kept]
     defaults = load_profiles().defaults
     result: dict[str, Sourced] = {}
 
