@@ -125,12 +125,7 @@ def classes_by_name() -> dict[str, list[str]]:
 
 
 # Left for now, each with why: a ratchet (an entry no longer defined twice fails too).
-DEFINED_TWICE_FOR_NOW = {
-    # rules.engine.Fix (a finding's fix) and whatif.replay.Fix (a counterfactual's cuts): the
-    # replay's is being reworked on the replay-engine branch (issue 38), whose new code names
-    # it; it becomes ``ReplayFix`` once that lands rather than collide with it.
-    "Fix": {"analyzer.rules.engine", "analyzer.whatif.replay"},
-}
+DEFINED_TWICE_FOR_NOW: dict[str, set[str]] = {}
 
 
 def test_no_class_name_defined_in_two_modules():
@@ -276,7 +271,8 @@ def _summary(path: Path) -> str:
     text = " ".join(doc.split()) or ("(the package)" if path.name == "__init__.py" else "(no docstring)")
     cut = next((i + 1 for i, c in enumerate(text) if c == "." and (i + 1 == len(text) or text[i + 1] == " ")), len(text))
     text = text[:cut]
-    return (text if len(text) <= 160 else text[:157].rstrip() + "…").replace("|", "\\|")
+    # cut at a space: a name cut mid-way (``analyzer.whatif.predi``) reads as a module that is not there
+    return (text if len(text) <= 160 else text[:157].rsplit(" ", 1)[0].rstrip(",;:") + " …").replace("|", "\\|")
 
 
 def module_table() -> str:

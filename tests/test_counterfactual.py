@@ -60,8 +60,8 @@ def test_fixes_together_cut_each_time_once():
     result = diagnosed("synthetic/ddp_host_sync_stall")
     replayer = Replayer.of(result)
     chains = replayer.chains
-    a = rp.Fix(np.full(len(chains.rank), 2.0), {(3, 5): 1.0}, {}, np.full(len(chains.transfer), 3.0))
-    b = rp.Fix(np.full(len(chains.rank), 5.0), {(3, 5): 4.0}, {(3, 5): 1.0}, None)
+    a = rp.ReplayFix(np.full(len(chains.rank), 2.0), {(3, 5): 1.0}, {}, np.full(len(chains.transfer), 3.0))
+    b = rp.ReplayFix(np.full(len(chains.rank), 5.0), {(3, 5): 4.0}, {(3, 5): 1.0}, None)
     joint = union(chains, [a, b])
     assert (joint.cut == 5.0).all() and (joint.transfer_cut == 3.0).all()
     assert joint.window_cut == {(3, 5): 4.0} and joint.floor_cut == {(3, 5): 1.0}

@@ -60,11 +60,11 @@ class Replayer:
             result._replayer = held
         return held
 
-    def saving(self, fix: rp.Fix) -> float:
+    def saving(self, fix: rp.ReplayFix) -> float:
         assert self.ok and self.chains is not None and self.base is not None
         return rp.saving(self.base, rp.replay(self.chains, fix), self.steps)
 
-    def link_fix(self, scenario: Scenario) -> rp.Fix:
+    def link_fix(self, scenario: Scenario) -> rp.ReplayFix:
         """Every set's transfer at the target link's: its measured transfer × the α-β ratio."""
         chains = self.chains
         assert chains is not None
@@ -72,7 +72,7 @@ class Replayer:
         per_set[chains.set_of] = link_ratios(self.result, scenario)
         return _transfer_fix(chains, chains.transfer * (1.0 - per_set))
 
-    def exposed_fix(self, us: float) -> rp.Fix:
+    def exposed_fix(self, us: float) -> rp.ReplayFix:
         """``us`` per step out of the step's exposed transfers, each set's share in proportion to
         its exposed transfer (the median member's: min(its exposed time, the set's transfer))."""
         chains = self.chains
@@ -92,13 +92,13 @@ class Replayer:
                 cut[sets] = weight[sets] * min(1.0, us / total)
         return _transfer_fix(chains, cut)
 
-    def cause_fix(self, rank: int, cause: str) -> rp.Fix | None:
+    def cause_fix(self, rank: int, cause: str) -> rp.ReplayFix | None:
         assert self.chains is not None
         if self._excess is None:
             self._excess = self.chains.gap_excess()
         return rp.cause_fix(self.chains, self.every, rank, cause, self._excess)
 
-    def scenario(self, scenario: Scenario, projected_change_us: float) -> tuple[rp.Fix, str] | None:
+    def scenario(self, scenario: Scenario, projected_change_us: float) -> tuple[rp.ReplayFix, str] | None:
         """The counterfactual of a what-if (``scenario``, the projection's change of the step):
         the link's, else the projection's faster exposed communication; None where the job
         cannot be replayed or the projection makes the step slower."""
@@ -113,7 +113,7 @@ class Replayer:
 
 
 def replayed_change(result: Any, scenario: Scenario, projected_change_us: float) -> tuple[float, str | None,
-                                                                                   rp.Fix | None]:
+                                                                                   rp.ReplayFix | None]:
     """(the step's change µs, the engine's words, the counterfactual) of a what-if the projection
     changes the step by ``projected_change_us``: the replay's saving of its counterfactual, the
     projection's change where there is none (slower, or the job cannot be replayed). The one
@@ -157,11 +157,11 @@ def _set_medians(chains: rp.Chains, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _transfer_fix(chains: rp.Chains, cut: np.ndarray) -> rp.Fix:
-    return rp.Fix(np.zeros(len(chains.rank)), {}, {}, cut)
+def _transfer_fix(chains: rp.Chains, cut: np.ndarray) -> rp.ReplayFix:
+    return rp.ReplayFix(np.zeros(len(chains.rank)), {}, {}, cut)
 
 
-def union(chains: rp.Chains, fixes: list[rp.Fix]) -> rp.Fix:
+def union(chains: rp.Chains, fixes: list[rp.ReplayFix]) -> rp.ReplayFix:
     """Every fix at once, each cut once: where two fixes take time out of the same offset or
     transfer (a rank's stall named by two findings), the larger cut, never their sum."""
     out = rp.no_fix(chains)
@@ -175,4 +175,4 @@ def union(chains: rp.Chains, fixes: list[rp.Fix]) -> rp.Fix:
         for held, given in ((window, fix.window_cut), (floor, fix.floor_cut)):
             for key, us in given.items():
                 held[key] = max(held.get(key, 0.0), us)
-    return rp.Fix(cut, window, floor, transfer)
+    return rp.ReplayFix(cut, window, floor, transfer)

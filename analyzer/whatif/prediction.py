@@ -77,7 +77,7 @@ class Projected:
     change_us: float
     projection: Projection
     engine: str | None = None  # the replay's counterfactual that turned the projection into the change
-    replay_fix: Any = None  # that counterfactual (analyzer.whatif.replay.Fix), for the joint estimate
+    replay_fix: Any = None  # that counterfactual (analyzer.whatif.replay.ReplayFix), for the joint estimate
 
     @property
     def gain_us(self) -> float:

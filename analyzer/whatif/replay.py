@@ -248,7 +248,7 @@ class Replayed:
     steps: dict[Any, dict[int, float]]  # {step: {rank: step time µs}}
 
 
-def replay(chains: Chains, fix: "Fix | None" = None) -> Replayed:
+def replay(chains: Chains, fix: "ReplayFix | None" = None) -> Replayed:
     """The job replayed with ``fix`` (its cuts: µs out of rows' offsets, window starts' and
     compute floors'); none: the measured job. A row arrives at its anchor's replayed end + its
     offset, and never before its compute floor (the window start's replayed time + the floor)."""
@@ -306,7 +306,7 @@ def saving(measured: Replayed, fixed: Replayed, steps: list[Any]) -> float:
 
 
 @dataclass(frozen=True)
-class Fix:
+class ReplayFix:
     """A counterfactual as cuts: µs out of rows' offsets (a rank's own work), out of window
     starts' offsets and compute floors, and out of sets' transfers (a link's, a tail's: None
     is none; a negative cut lengthens a transfer)."""
@@ -316,10 +316,10 @@ class Fix:
     floor_cut: dict[tuple[int, Any], float]
     transfer_cut: np.ndarray | None = None
 
-    def __add__(self, other: "Fix") -> "Fix":
+    def __add__(self, other: "ReplayFix") -> "ReplayFix":
         transfer = other.transfer_cut if self.transfer_cut is None else self.transfer_cut if other.transfer_cut is None \
             else self.transfer_cut + other.transfer_cut
-        return Fix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut),
+        return ReplayFix(self.cut + other.cut, _added(self.window_cut, other.window_cut), _added(self.floor_cut, other.floor_cut),
                    transfer)
 
 
@@ -330,12 +330,12 @@ def _added(a: dict[Any, float], b: dict[Any, float]) -> dict[Any, float]:
     return out
 
 
-def no_fix(chains: Chains) -> Fix:
-    return Fix(np.zeros(len(chains.rank)), {}, {})
+def no_fix(chains: Chains) -> ReplayFix:
+    return ReplayFix(np.zeros(len(chains.rank)), {}, {})
 
 
 def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
-             excess: np.ndarray | None = None) -> Fix:
+             excess: np.ndarray | None = None) -> ReplayFix:
     """The rank's own extra time taken out: per step, ``budget[step]`` µs (its excess in the leaf
     of its cause against the median other rank) out of the offsets of its arrivals in that step
     where they exceed the other members' (``Chains.gap_excess``): out of the one that exceeds
@@ -364,7 +364,7 @@ def rank_fix(chains: Chains, rank: int, budget: dict[Any, float], spread: bool,
                     window_cut[(rank, step)] = window_cut.get((rank, step), 0.0) + min(take, ahead)
     floor_cut = {(rank, step): min(us, ahead) for step, us in budget.items()
                  if (ahead := floor_excess(chains, rank, step)) > 0.0 and us > 0.0}
-    return Fix(cut, window_cut, floor_cut)
+    return ReplayFix(cut, window_cut, floor_cut)
 
 
 def floor_excess(chains: Chains, rank: int, step: Any) -> float:
@@ -385,7 +385,7 @@ def window_excess(chains: Chains, rank: int, step: Any) -> float:
     return offsets[rank] - float(np.median([o for r, o in offsets.items() if r != rank]))
 
 
-def replay_fix(chains: Chains, fix: Fix) -> Replayed:
+def replay_fix(chains: Chains, fix: ReplayFix) -> Replayed:
     return replay(chains, fix)
 
 
@@ -402,7 +402,7 @@ class Counterfactuals:
     beyond: dict[int, float]  # each candidate not named: its saving once the named ones are fixed
 
 
-def greedy(chains: Chains, fixes: dict[Any, Fix], steps: list[Any], share: float,
+def greedy(chains: Chains, fixes: dict[Any, ReplayFix], steps: list[Any], share: float,
            floor_share: float = 0.0) -> Counterfactuals:
     """Fix the candidate whose fix saves most, replay, pick the next, until the named ones save
     ``share`` of what fixing every candidate saves. When no one fix adds anything (equal ranks
@@ -436,7 +436,7 @@ def greedy(chains: Chains, fixes: dict[Any, Fix], steps: list[Any], share: float
     return Counterfactuals(order, alone, in_order, together, recoverable, beyond)
 
 
-def _sum(chains: Chains, fixes: list[Fix]) -> Fix:
+def _sum(chains: Chains, fixes: list[ReplayFix]) -> ReplayFix:
     out = no_fix(chains)
     for fix in fixes:
         out = out + fix
@@ -471,7 +471,7 @@ def excess_over_others(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: 
 
 
 def cause_fix(chains: Chains, every: dict[Any, dict[int, dict[str, Any]]], rank: int, cause: str,
-              excess: np.ndarray | None = None) -> Fix | None:
+              excess: np.ndarray | None = None) -> ReplayFix | None:
     """The cuts that fix the rank's cause (``every``: ``step_breakdowns``): its extra compute
     spread over its work, else (a host stall, a queue, a late entry) its extra idle — in its
     window or the one before: a stall before the step's first kernel lies there — or entry in
