@@ -371,10 +371,14 @@ def test_rank_steps_grouped_by_column_equal_row_by_row(job, request):
         rows_by.setdefault((row["rank"], row["step"]), []).append(row)
     steps = Measured(result).steps
     expected = [rows_by.get((rank.rank, step["step"]), []) for rank in result.ranks for step in rank.steps]
-    assert [s.rows for s in steps] == expected  # the rows' dicts (made from the rows' table), in order
+    assert [len(s.rows) for s in steps] == [len(rows) for rows in expected]  # counted before they are made
+    assert [list(s.rows) for s in steps] == expected  # the rows' dicts (made from the rows' table), in order
     reductions = [sorted([r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward"
                           and r.get("on_gpu")], key=lambda r: (r["start_us"], r["rank"])) for rows in expected]
-    assert [s.backward_allreduces for s in steps] == reductions
+    assert [list(s.backward_allreduces) for s in steps] == reductions
+    # each step's waits summed by column, bit for bit as the rows one by one (from 0, in row order)
+    assert [s.waits for s in steps] == [sum([r.get("wait_us") or 0.0 for r in rows]) for rows in expected]
+    assert any(s.waits for s in steps)
 
 
 @pytest.mark.parametrize("job", ["ddp_two_nodes", "ddp_one_nic"])

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from itertools import repeat
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
-from analyzer.base.rowtable import RowTable
+from analyzer.base.rowtable import Numbers, RowTable
 from analyzer.model import formulas as models
 from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
@@ -299,7 +300,7 @@ class _Transfers:
     representatives: tuple[dict[str, Any], ...]
 
     @classmethod
-    def of(cls, rows: list[dict[str, Any]]) -> _Transfers:
+    def of(cls, rows: Sequence[dict[str, Any]]) -> _Transfers:
         index: dict[tuple, int] = {}
         keys = np.array([index.setdefault(key, len(index)) for key in _ratio_keys(rows, None)], dtype=np.intp)
         first = np.unique(keys, return_index=True)[1]  # keys are numbered in order of first use
@@ -310,10 +311,9 @@ class _Transfers:
     def of_columns(cls, columns: CollectiveColumns, index: np.ndarray) -> _Transfers:
         """``of`` the rows at ``index`` of ``columns``, their ratio keys told apart by column:
         the group's name (once per group object), the kind, the bytes, on GPU."""
-        rows = _rows_at(columns.rows, index)
         keys, first = ratio_keys(columns, index)
-        duration = columns.dur[index]
-        return cls(duration, duration - _waits(rows), keys, tuple(rows[i] for i in first.tolist()))
+        duration = columns.dur[index]  # only the representatives made as dicts
+        return cls(duration, duration - _waits_at(columns, index), keys, tuple(_rows_at(columns.rows, index[first])))
 
 
 def ratio_keys(columns: CollectiveColumns, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -331,6 +331,22 @@ def ratio_keys(columns: CollectiveColumns, index: np.ndarray) -> tuple[np.ndarra
 def _waits(rows: list[dict[str, Any]]) -> np.ndarray:
     """Each row's ``wait_us``, 0 where none."""
     return np.array([wait or 0.0 for wait in map(dict.get, rows, repeat("wait_us"))], dtype=float)
+
+
+def _waits_at(columns: CollectiveColumns, index: np.ndarray) -> np.ndarray:
+    """``_waits`` of the rows at ``index``, read by column: 0 where a row has none (None, absent,
+    0 or -0.0, as ``wait or 0.0``)."""
+    col = columns.rows.column("wait_us")
+    if not isinstance(col, Numbers) or col.data.dtype.kind not in "fiu":
+        values = columns.rows.values("wait_us")
+        return np.array([values[i] or 0.0 for i in index.tolist()], dtype=float)
+    out = col.data[index].astype(np.float64)
+    out[out == 0.0] = 0.0  # -0.0 too
+    if col.none is not None:
+        out[col.none[index]] = 0.0
+    if "wait_us" in columns.rows.absent:
+        out[columns.rows.absent["wait_us"][index]] = 0.0
+    return out
 
 
 class Durations:
@@ -423,7 +439,7 @@ class _DdpSchedule:
     """One rank-step of DDP: its backward all-reduces (launch order), their estimated
     gradient-ready times, the end of backward compute and the measured exposed tail (µs)."""
 
-    buckets: list[dict[str, Any]]
+    buckets: Sequence[dict[str, Any]]
     sizes: list[float]
     ready: list[float]
     backward_end: float
@@ -437,7 +453,7 @@ class _DdpSchedule:
         return _Transfers.of(self.buckets)
 
 
-def _ddp_schedule(buckets: list[dict[str, Any]], step: dict[str, Any], origin_ns: int,
+def _ddp_schedule(buckets: Sequence[dict[str, Any]], step: dict[str, Any], origin_ns: int,
                   at: tuple[CollectiveColumns, np.ndarray] | None = None) -> _DdpSchedule | None:
     """The schedule of one rank-step's backward all-reduces on the GPU (``buckets``, in start
     order); ``at``: the Result's columns and the buckets' rows there, to read them by column."""
@@ -502,12 +518,12 @@ class _DdpBatch:
     @classmethod
     def of(cls, schedules: list[_DdpSchedule | None], columns: CollectiveColumns | None = None) -> _DdpBatch:
         """``columns``: the Result's, when every schedule knows its buckets' rows there."""
-        buckets: list[dict[str, Any]] = []
         by_count: dict[int, list[tuple[int, int, _DdpSchedule]]] = {}  # (position, first row, schedule)
+        total = 0
         for position, ddp in enumerate(schedules):
             if ddp is not None:
-                by_count.setdefault(len(ddp.buckets), []).append((position, len(buckets), ddp))
-                buckets.extend(ddp.buckets)
+                by_count.setdefault(len(ddp.buckets), []).append((position, total, ddp))
+                total += len(ddp.buckets)
         groups = []
         for count, members in by_count.items():
             rows = np.array([first for _, first, _ in members], dtype=np.intp)[:, None] + np.arange(count)
@@ -518,7 +534,7 @@ class _DdpBatch:
         if columns is not None and all(index is not None for index in indexed):
             transfers = _Transfers.of_columns(columns, np.concatenate(indexed) if indexed else np.zeros(0, np.intp))
         else:
-            transfers = _Transfers.of(buckets)
+            transfers = _Transfers.of([row for ddp in schedules if ddp is not None for row in ddp.buckets])
         return cls([None if ddp is None else ddp.measured_tail for ddp in schedules], transfers, tuple(groups))
 
     def changes(self, durations: Durations) -> list[tuple[float, float] | None] | None:
@@ -724,7 +740,7 @@ class _FsdpSchedule:
     depends: list[int | None]
 
 
-def _fsdp_schedule(rows: list[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _FsdpSchedule | None:
+def _fsdp_schedule(rows: Sequence[dict[str, Any]], step: dict[str, Any], origin_ns: int) -> _FsdpSchedule | None:
     comm = sorted((r for r in rows if r.get("on_gpu")), key=lambda r: (r["start_us"], str(r["stream"])))
     if not comm:
         return None
@@ -1032,13 +1048,13 @@ class _RankStep:
     """One measured rank-step as every projection reads it: its collective rows and, built on
     first use, its DDP schedule or FSDP replay inputs (they do not depend on the scenario)."""
 
-    def __init__(self, rank: int, step: dict[str, Any], rows: list[dict[str, Any]],
-                 backward_allreduces: list[dict[str, Any]] | None = None, reduction_index: np.ndarray | None = None,
-                 *, origin_ns: int, columns: CollectiveColumns | None = None):
+    def __init__(self, rank: int, step: dict[str, Any], rows: Sequence[dict[str, Any]],
+                 backward_allreduces: Sequence[dict[str, Any]] | None = None, reduction_index: np.ndarray | None = None,
+                 *, origin_ns: int, columns: CollectiveColumns | None = None, waits: float | None = None):
         self.rank, self.step, self.rows, self.origin_ns = rank, step, rows, origin_ns
         self.columns = columns  # the Result's, which reduction_index indexes
         self.reduction_index = reduction_index  # the all-reduces' rows in the Result's collectives
-        self.waits = sum([w or 0.0 for w in map(dict.get, rows, repeat("wait_us"))])
+        self.waits = sum([w or 0.0 for w in map(dict.get, rows, repeat("wait_us"))]) if waits is None else waits
         # in start order (sorted stably, as by start and rank: one rank)
         self.backward_allreduces = backward_allreduces if backward_allreduces is not None else sorted(
             [r for r in rows if r["collective"] == "allreduce" and r["phase"] == "backward" and r.get("on_gpu")],
@@ -1102,10 +1118,11 @@ class Measured:
     def steps(self) -> list[_RankStep]:  # on first use: project() checks the result first
         origin = self.result.job["time_origin_ns"]
         rows_by = _rows_by_rank_step(self.result)
-        none: tuple[list[dict[str, Any]], list[dict[str, Any]], np.ndarray] = ([], [], np.zeros(0, np.intp))
+        none: tuple[list[dict[str, Any]], list[dict[str, Any]], np.ndarray, float] = ([], [], np.zeros(0, np.intp), 0)
         columns = CollectiveColumns.of(self.result) if self.result.collectives else None
-        return [_RankStep(rank.rank, step, *rows_by.get((rank.rank, step["step"]), none), origin_ns=origin,
-                          columns=columns) for rank in self.result.ranks for step in rank.steps]
+        return [_RankStep(rank.rank, step, *entry[:3], waits=entry[3], origin_ns=origin, columns=columns)
+                for rank in self.result.ranks for step in rank.steps
+                for entry in (rows_by.get((rank.rank, step["step"]), none),)]
 
     @cached_property
     def ddp_batch(self) -> _DdpBatch:
@@ -1113,10 +1130,11 @@ class Measured:
                             CollectiveColumns.of(self.result) if self.result.collectives else None)
 
 
-def _rows_by_rank_step(result: Any) -> dict[tuple, tuple[list[dict[str, Any]], list[dict[str, Any]], np.ndarray]]:
-    """(rows, backward all-reduces on the GPU) of each (rank, step) of the collective rows, rows
-    in their order, all-reduces in start order: grouped and sorted by column
-    (``CollectiveColumns``), not row by row."""
+def _rows_by_rank_step(result: Any) -> dict[tuple, tuple[_LazyRows, _LazyRows, np.ndarray, float]]:
+    """(rows, backward all-reduces on the GPU, their index, the rows' summed waits) of each
+    (rank, step) of the collective rows, rows in their order, all-reduces in start order: grouped
+    and sorted by column (``CollectiveColumns``), the rows made as dicts only where read (the
+    scaling curve reads none but the representatives of the DDP buckets' ratio keys)."""
     rows = result.collectives
     if not rows:
         return {}
@@ -1124,13 +1142,38 @@ def _rows_by_rank_step(result: Any) -> dict[tuple, tuple[list[dict[str, Any]], l
     first, counts, number = distinct_rows([columns.rank - int(columns.rank.min()), columns.step.codes])
     order = np.argsort(number, kind="stable")
     backward = columns.kind.isin(("allreduce",)) & columns.phase.isin(("backward",)) & columns.on_gpu
+    waits = _waits_at(columns, order).tolist()  # in group order
+    ranks, steps = columns.rank[first].tolist(), [columns.step.names[code] for code in columns.step.codes[first].tolist()]
     out = {}
-    for start, count, row in zip(np.cumsum(counts) - counts, counts.tolist(), first.tolist()):
+    for start, count, rank, step in zip((np.cumsum(counts) - counts).tolist(), counts.tolist(), ranks, steps):
         index = order[start:start + count]
         reductions = index[backward[index]]
         reductions = reductions[np.argsort(columns.start[reductions], kind="stable")]
-        out[(rows[row]["rank"], rows[row]["step"])] = (_rows_at(rows, index), _rows_at(rows, reductions), reductions)
+        # summed in row order from 0, as sum() of the rows' waits
+        out[(rank, step)] = (_LazyRows(rows, index), _LazyRows(rows, reductions), reductions,
+                             sum(waits[start:start + count]))
     return out
+
+
+class _LazyRows(Sequence):
+    """The collective rows at ``index`` of a Result's rows, made as dicts on first read; their
+    count without making them."""
+
+    def __init__(self, rows: Any, index: np.ndarray) -> None:
+        self._source, self._index = rows, index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @cached_property
+    def _rows(self) -> list[dict[str, Any]]:
+        return _rows_at(self._source, self._index)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._rows[item]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._rows)
 
 
 def _rows_at(rows: Any, index: np.ndarray) -> list[dict[str, Any]]:
