@@ -1,7 +1,8 @@
 """Library API: everything the CLI does, callable from Python.
 
-``diagnose(paths, **options)`` = find files -> analyze each rank in a worker (map) -> combine the
-ranks into one job Result (reduce) -> job analyses -> rules -> report sections. The options are
+``diagnose(paths, **options)`` = find files -> analyze each rank in a worker (map) ->
+``build_report``: combine the ranks into one job Result (reduce) -> job analyses -> rules ->
+report sections, then frozen: nothing writes into a Result once it is built. The options are
 the command line's, by the same names (``--nic-gbps 50`` is ``nic_gbps=50``, ``--steps 3-5`` is
 ``steps="3-5"``, ``--config FILE`` is ``config="FILE"``), or one ``DiagnoseOptions``.
 ``load_result(path)`` reads a saved ``diagnose --format json`` result back into a Result (checked
@@ -164,6 +165,20 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
     # The map keeps each rank's kernels for the report's step timeline (unless the ranks keep
     # whole timelines), so that it need not decode the shown ranks again.
     ranks = analyze_files(files, options, progress, keep_kernels=report and not options.keep_timeline)
+    return build_report(ranks, options, config, report=report, step=html_step, hta=hta, skipped=skipped,
+                        empty_selection=empty_selection)
+
+
+def build_report(ranks: list[RankAnalysis], options: DiagnoseOptions, config: dict[str, Any] | None = None, *,
+                 report: bool = True, step: int | None = None, hta: bool = False, skipped: list[Path] | None = None,
+                 empty_selection: bool = False) -> Result:
+    """The finished Result of the ranks' summaries (the map's), built once and frozen
+    (``Result.freeze``): the reduce, the check of the step selection, the job analyses, the
+    memory models, the rules (``config``: the checked ``[tool.tracecliff]`` table), the report
+    sections (``report``; ``step``: the timeline's step) and HTA's deep dive (``hta``), in that
+    order; nothing writes into the Result after. ``skipped``: the JSON files that were not
+    traces (said in the first warning). The ranks become the Result's (their collective rows
+    move into its table): build from a fresh map's."""
     with paused_gc():
         result = build_result(ranks, options)
         if not empty_selection:
@@ -176,11 +191,11 @@ def diagnose(paths: list[str] | tuple[str, ...] | str, options: DiagnoseOptions 
             result.memory["models"] = memory_models(result)
         run_rules(result, config)
         if report:
-            add_report_sections(result, options, html_step)
+            add_report_sections(result, options, step)
     if hta:
         from analyzer.job.hta import deep_dive
         result.hta = deep_dive({r.rank: r.path for r in result.ranks})
-    return result
+    return result.freeze()
 
 
 def hang_trace_link(paths: list[str] | tuple[str, ...], options: DiagnoseOptions = DiagnoseOptions()) -> dict[str, Any]:

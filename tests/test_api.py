@@ -126,9 +126,10 @@ def test_repr_is_short_and_html_repr_is_the_escaped_summary(result):
     html = result._repr_html_()
     assert len(html) < 20_000 and "<script" not in html
     assert "ddp-bucket-oversized" in html and "exposed communication" in html
-    hostile = tc.Result.from_dict(json.loads(result.to_json()))
-    hostile.verdict = "<script>alert(1)</script>"
-    hostile.findings[0]["summary"] = "<img src=x onerror=alert(2)>"
+    doc = json.loads(result.to_json())
+    doc["verdict"] = "<script>alert(1)</script>"
+    doc["findings"][0]["summary"] = "<img src=x onerror=alert(2)>"
+    hostile = tc.Result.from_dict(doc)
     out = hostile._repr_html_()
     assert "<script>alert" not in out and "<img" not in out and "&lt;img src=x" in out
 

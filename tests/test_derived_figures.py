@@ -23,7 +23,7 @@ def untyped() -> Result:
     """A diagnosed job with its step breakdown taken away (as a result saved before it)."""
     result = diagnosed("synthetic/ddp_straggler")
     ranks = [dataclasses.replace(r, time_breakdown=None) for r in result.ranks]
-    return dataclasses.replace(result, ranks=ranks, attribution=None, job_model=None, rules=None, verdict=None,
+    return dataclasses.replace(result, ranks=ranks, attribution=None, rules=None, verdict=None,
                                findings=[])
 
 

@@ -9,7 +9,7 @@ typical step's, step 1, as the verdict's.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import re
 
@@ -114,9 +114,8 @@ def test_scaling_cliff_is_measured_and_attributed(cliff):
 
 
 def test_efficiency_from_tokens_per_step(cliff):
-    base, new = (copy.copy(d) for d in cliff)
-    base.mfu = {"tokens_per_step": 2 * 1000}
-    new.mfu = {"tokens_per_step": 4 * 1200}  # 20% more tokens per GPU per step
+    base = dataclasses.replace(cliff[0], mfu={"tokens_per_step": 2 * 1000})
+    new = dataclasses.replace(cliff[1], mfu={"tokens_per_step": 4 * 1200})  # 20% more tokens per GPU per step
     scaling = diff_runs(base, new)["scaling"]
     assert scaling["throughput_unit"] == "tokens/s"
     assert scaling["efficiency"] == pytest.approx(1.2 * 95 / 125)
@@ -124,12 +123,13 @@ def test_efficiency_from_tokens_per_step(cliff):
 
 
 def test_findings_appeared_resolved_persisting(cliff):
-    base, new = (copy.copy(d) for d in cliff)
-    base.findings = [{"rule": "ddp-bucket-oversized", "severity": "warning", "summary": "late"},
-                        {"rule": "straggler-rank", "severity": "warning", "summary": "rank 1"}]
-    new.findings = [{"rule": "straggler-rank", "severity": "error", "summary": "rank 3"},
-                       {"rule": "straggler-rank", "severity": "warning", "summary": "rank 2"},
-                       {"rule": "fsdp-fullshard-cross-node", "severity": "error", "summary": "x"}]
+    base = dataclasses.replace(cliff[0], findings=[
+        {"rule": "ddp-bucket-oversized", "severity": "warning", "summary": "late"},
+        {"rule": "straggler-rank", "severity": "warning", "summary": "rank 1"}])
+    new = dataclasses.replace(cliff[1], findings=[
+        {"rule": "straggler-rank", "severity": "error", "summary": "rank 3"},
+        {"rule": "straggler-rank", "severity": "warning", "summary": "rank 2"},
+        {"rule": "fsdp-fullshard-cross-node", "severity": "error", "summary": "x"}])
     changes = diff_runs(base, new)["findings"]
     assert [f["rule"] for f in changes["appeared"]] == ["fsdp-fullshard-cross-node"]
     assert [f["rule"] for f in changes["resolved"]] == ["ddp-bucket-oversized"]
@@ -237,9 +237,10 @@ def test_predicted_vs_measured_in_text_json_and_html(bucket_fix, capsys):
 
 def test_a_result_without_predictions_checks_the_gain(cliff):
     """Saved results written before predictions: the predicted step is the typical step less the gain."""
-    base, new = (copy.copy(d) for d in cliff)
-    base.findings = [{"rule": "comm-bound-step", "severity": "warning", "title": "t", "summary": "s",
-                      "estimated_gain_us": 10.0, "recovers": {"exposed_transfer_us": 10.0}, "evidence": {}}]
+    base = dataclasses.replace(cliff[0], findings=[
+        {"rule": "comm-bound-step", "severity": "warning", "title": "t", "summary": "s",
+         "estimated_gain_us": 10.0, "recovers": {"exposed_transfer_us": 10.0}, "evidence": {}}])
+    new = cliff[1]
     check = diff_runs(base, new)["predictions"]["findings"][0]
     assert check["predicted_step_time_us"] == pytest.approx(base.model.step_time_us - 10.0)
     assert check["whatif"] is None and check["error_pct"] is not None

@@ -227,7 +227,7 @@ def test_straggler_lateness_equals_the_per_row_code(seed):
             continue
         by_rank = expected.setdefault(row["step"], {})
         by_rank[row["rank"]] = max(by_rank.get(row["rank"], 0.0), float(lag))
-    got = _lateness(SimpleNamespace(collectives=rows, collective_columns=None))
+    got = _lateness(SimpleNamespace(collectives=rows))
     assert got == expected and [list(v) for v in got.values()] == [list(v) for v in expected.values()]
     assert list(got) == list(expected)
 
@@ -385,7 +385,7 @@ def test_data_parallel_of_equals_the_row_filter(seed, kind, phase):
 
     from analyzer.job.facts import JobFacts
     rows = _random_rows(seed)
-    result = SimpleNamespace(collectives=rows, collective_columns=None,
+    result = SimpleNamespace(collectives=rows,
                              job={"group_roles": {"0": "dp", "7": "tp", "ranks:1,2": "dp_shard"}})
     facts = JobFacts(result)
     expected = [c for c in facts.data_parallel_collectives if c["collective"] == kind and c["phase"] == phase]
@@ -401,8 +401,9 @@ def test_summarize_reads_the_fits_bounds_as_the_rows_give_them():
     root = Path(__file__).resolve().parents[1] / "sample_traces"
     for job in (root / "synthetic" / "ddp_straggler", root / "cpu_gloo" / "fsdp2_tp"):
         result = diagnose([str(job)], DiagnoseOptions(workers=1))
-        assert "bound" in result.collective_columns.extra
-        assert commfit.summarize(result.collectives, result.collective_columns) == result.collective_summary
+        view = CollectiveColumns.of(result)
+        assert "bound" in view.extra
+        assert commfit.summarize(result.collectives, view) == result.collective_summary
         assert commfit.summarize(result.collectives) == result.collective_summary
 
 
@@ -427,7 +428,7 @@ def test_bucket_table_by_step_groups_as_buckets_by_step(seed):
     made = table.tolist()
     assert made == list(table) and table == made and len(table) == len(made)
     assert [table[i] for i in range(len(table))] == made and table[1:4] == made[1:4]
-    expected = JobFacts(SimpleNamespace(buckets=made, collectives=rows, collective_columns=None,
+    expected = JobFacts(SimpleNamespace(buckets=made, collectives=rows,
                                         job={})).buckets_by_step()
     got = table.by_step()
     assert list(got) == list(expected)

@@ -88,8 +88,10 @@ def test_missing_config_file(tmp_path):
 
 # ---------------------------------------------------------------- engine behaviour
 def _fresh(trace):
+    """A copy of the diagnosed (frozen) Result to run the rules on again: a new, unfrozen one."""
     import copy
-    return copy.deepcopy(diagnosed(trace))
+    import dataclasses
+    return dataclasses.replace(copy.deepcopy(diagnosed(trace)))
 
 
 def test_disabled_rule_and_severity_override():

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.arrays import unique_ints
+from analyzer.base.memo import held
 from analyzer.base.rowtable import Coded, Numbers
 from analyzer.job import commfit
 from analyzer.job import crossrank
@@ -37,7 +38,7 @@ def analyze_job(result: Any, options: Any) -> None:
     before the first figure of the model that reads it is asked for: the typical step and each
     rank's facts once ``attribute_job`` has run (the bus bandwidth reads them), the compute
     figures (``model.compute``, read by no step here) once ``mfu`` is set."""
-    if result.job_model is not None or result.collective_digest is not None:
+    if held(result, "job_model") or held(result, "collective_digest") or result.collective_digest is not None:
         raise ValueError("analyze_job runs once, on a Result fresh from build_result: its job model or digest "
                          "was already read from sections not yet analysed")
     topology = build_topology(result.ranks, getattr(options, "gpus_per_node", None))

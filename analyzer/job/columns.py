@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 import numpy as np
 
 from analyzer.base.arrays import unique_ints
+from analyzer.base.memo import memo
 from analyzer.base.rowtable import Coded, Column, Numbers, RowTable
 
 # Beyond 2**50 a scaled value's fraction is no longer exact in a float: round it in Python.
@@ -240,12 +241,10 @@ class CollectiveColumns:
 
     @classmethod
     def of(cls, result: Any) -> "CollectiveColumns":
-        """The view of ``result.collectives``, built on first use and kept on the Result."""
-        view = result.collective_columns
-        source = None if view is None else view.rows if view.dicts is None else view.dicts
-        if view is None or source is not result.collectives or view.n != len(result.collectives):
-            view = result.collective_columns = cls(result.collectives)
-        return view
+        """The view of ``result.collectives``, built on first use (or by the reduce) and kept
+        with the Result (analyzer.base.memo); made again when its rows are replaced or resized."""
+        rows = result.collectives
+        return memo(result, "collective_columns", lambda: cls(rows), rows, valid=lambda view: view.n == len(rows))
 
     def set(self, name: str, values: np.ndarray) -> None:
         """A column the analyses computed, in its array form (``write`` puts it in the rows)."""

@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 
 from analyzer.base.arrays import unique_ints
+from analyzer.base.memo import memo
 from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
 from analyzer.job.columns import CollectiveColumns, categorical, group_label, table_categorical
@@ -42,10 +43,12 @@ UNKNOWN_GROUP = "(unknown group)"  # the diff's label of a row without a group l
 
 
 def collective_digest(result: Any) -> dict[str, Any]:
-    """The Result's digest: the saved one, else computed from its rows (and kept)."""
-    if result.collective_digest is None:
-        result.collective_digest = plain(compute(result))
-    return result.collective_digest
+    """The Result's digest: the saved one, else computed from its rows on first use and kept
+    with the Result (analyzer.base.memo)."""
+    saved = getattr(result, "collective_digest", None)
+    if saved is not None:
+        return saved
+    return memo(result, "collective_digest", lambda: plain(compute(result)))
 
 
 def plain(value: Any) -> Any:

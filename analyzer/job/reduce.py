@@ -13,6 +13,7 @@ import numpy as np
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
+from analyzer.base.memo import seed
 from analyzer.base.rowtable import Coded, Numbers, RowSubset, RowTable, as_table, code_type, column
 from analyzer.job.columns import CollectiveColumns, round_array, round_list
 from analyzer.rank.comms import shared_groups
@@ -116,8 +117,9 @@ def build_result(ranks: list[RankAnalysis], options: Any) -> Result:
         ranks=ranks, job=job, collectives=collectives, buckets=[],
         fsdp_units=fsdp_units(collectives.dicts(np.flatnonzero(data_parallel)))
         if job["dp_strategy"].startswith("fsdp") else [],
-        warnings=warnings, collective_columns=view,
+        warnings=warnings,
     )
+    seed(result, "collective_columns", view, collectives)  # CollectiveColumns.of(result) is this one
     if job["dp_strategy"] in ("ddp", "unknown"):
         result.buckets = gradient_buckets(view, data_parallel, backward_starts(ranks, origin))
     return result

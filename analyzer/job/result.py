@@ -19,6 +19,7 @@ import msgspec
 
 from analyzer import __version__
 from analyzer.base.errors import InputError
+from analyzer.base.memo import memo
 from analyzer.base.rowtable import RowTable
 from analyzer.base.sanitize import shown
 from analyzer.job.buckets import Bucket, BucketTable
@@ -95,6 +96,10 @@ class Finding(_ReadsLikeADict):
         return msgspec.convert(doc, cls)
 
 
+class FrozenResultError(TypeError):
+    """A public attribute of a frozen Result set or deleted (``Result.freeze``)."""
+
+
 @dataclass
 class Result:
     """Everything ``diagnose`` knows about one job. Sections are plain data (JSON types)."""
@@ -130,28 +135,47 @@ class Result:
     # measured memory per rank and step from the allocator's events, and the job's figures
     # (analyzer.job.memory; ``recorded`` false with the reason when the trace has none)
     memory: dict[str, Any] | None = None
-    # the collectives as columns, shared by the job analyses and rules (analyzer.job.columns;
-    # built on first use, never serialized: the rows above are the contract)
-    collective_columns: Any = field(default=None, repr=False, compare=False)
-    # the job's typed facts (analyzer.job.model.JobModel), built on first use after the job
-    # analyses, never serialized: the sections above are what it is read from
-    job_model: Any = field(default=None, repr=False, compare=False)
-    # what the views quote from every collective row (analyzer.job.digest), computed on first use
-    # after the job analyses and rules; serialized with a large result only (it then has only its
-    # most exposed rows in the JSON)
+    # What is derived from the sections is never a field: computed on first use and kept in the
+    # private memo slot (analyzer.base.memo), never serialized: the collectives as columns
+    # (analyzer.job.columns.CollectiveColumns.of), the job's typed facts (``model``), the digest
+    # of the rows (analyzer.job.digest.collective_digest), the what-if replayer and projections.
+    # A saved large result's digest (it has only its most exposed rows in the JSON): the one its
+    # JSON holds; None for any other Result (collective_digest(result) computes it)
     collective_digest: Any = field(default=None, repr=False, compare=False)
     # a saved large result (analyzer.job.large): where its rows are (read on first use of
     # ``collectives``, ``buckets`` or ``fsdp_units``), and the rows its JSON holds
     rows_source: RowsSource | None = field(default=None, repr=False, compare=False)
     shown_collectives: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
 
+    # ---------------------------------------------------------------- built once, then frozen
+    def freeze(self: _R) -> _R:
+        """No public attribute is set or deleted from now on (``FrozenResultError``): the Result
+        is finished (``analyzer.api.build_report``, or read back from a saved result). What is
+        derived from it is kept in its private memo slot (analyzer.base.memo). Returns itself."""
+        self.__dict__["_frozen"] = True
+        return self
+
+    @property
+    def frozen(self) -> bool:
+        return bool(self.__dict__.get("_frozen"))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen") and not name.startswith("_"):
+            raise FrozenResultError(f"Result.{name}: the Result is frozen (built once by analyzer.api.build_report, "
+                                    "or read back from a saved result); build a new one "
+                                    "(dataclasses.replace(result, ...)) instead of patching it")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self.__dict__.get("_frozen") and not name.startswith("_"):
+            raise FrozenResultError(f"Result.{name}: the Result is frozen; its attributes cannot be deleted")
+        object.__delattr__(self, name)
+
     @property
     def model(self) -> "JobModel":
-        """The job model every view reads (analyzer.job.model)."""
-        if self.job_model is None:
-            from analyzer.job.model import JobModel
-            self.job_model = JobModel(self)
-        return self.job_model
+        """The job model every view reads (analyzer.job.model), built on first use and kept."""
+        from analyzer.job.model import JobModel
+        return memo(self, "job_model", lambda: JobModel(self))
 
     def to_dict(self) -> dict[str, Any]:
         return result_to_dict(self)
@@ -353,8 +377,9 @@ def saved_document(result: Result, rows: RowsWritten | None = None) -> dict[str,
 
 
 def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> Result:
-    """The Result a ``result_to_dict`` document holds (its rank entries carry every field); a
-    large result's rows stay in its rows file (beside ``source``) until they are asked for."""
+    """The Result a ``result_to_dict`` document holds (its rank entries carry every field),
+    frozen (``Result.freeze``); a large result's rows stay in its rows file (beside ``source``)
+    until they are asked for."""
     common: dict[str, Any] = {key: doc.get(key) for key in _SECTIONS}
     common.update(inputs=list(doc.get("inputs") or []), job=dict(doc.get("job") or {}),
                   findings=list(doc.get("findings") or []), warnings=list(doc.get("warnings") or []))
@@ -364,13 +389,13 @@ def result_from_dict(doc: dict[str, Any], source: str | Path | None = None) -> R
         return Result(ranks=ranks, collectives=None, buckets=None, fsdp_units=None,  # type: ignore[arg-type]
                       collective_digest=doc["collective_digest"], shown_collectives=list(doc["collectives"]),
                       rows_source=RowsSource(dict(doc["collective_rows"]), folder, str(source or "the result")),
-                      **common)
+                      **common).freeze()
     rows_by_rank: dict[int, list[dict[str, Any]]] = {}
     for row in doc.get("collectives") or []:
         rows_by_rank.setdefault(row["rank"], []).append(row)
     ranks = [rank_from_entry(entry, rows_by_rank.get(entry["rank"], [])) for entry in doc.get("ranks") or []]
     return Result(ranks=ranks, collectives=RowTable.from_dicts(list(doc.get("collectives") or [])), buckets=list(doc.get("buckets") or []),
-                  fsdp_units=list(doc.get("fsdp_units") or []), **common)
+                  fsdp_units=list(doc.get("fsdp_units") or []), **common).freeze()
 
 
 class _FromRows:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.base.memo import memo
 from analyzer.whatif import replay as rp
 from analyzer.whatif.projection import Scenario, link_ratios
 
@@ -40,7 +41,7 @@ class Replayer:
 
     def __init__(self, result: Any):
         self.result = result
-        self.rows = result.collectives  # the rows it was made from (``of`` remakes it when they change)
+        self.rows = result.collectives  # the rows it was made from
         # every rank's chain, or the replay misses the ranks not given (one of them may set the pace)
         complete = len(result.ranks) >= max(2, int(result.job.get("world_size") or 0))
         self.chains = rp.chains(result) if complete else None
@@ -53,12 +54,9 @@ class Replayer:
 
     @classmethod
     def of(cls, result: Any) -> Replayer:
-        """The Replayer kept on ``result`` for the run (remade when its collective rows change)."""
-        held = getattr(result, "_replayer", None)
-        if held is None or held.rows is not result.collectives:
-            held = cls(result)
-            result._replayer = held
-        return held
+        """The Replayer kept with ``result`` (analyzer.base.memo; remade when its collective rows
+        are replaced)."""
+        return memo(result, "replayer", lambda: cls(result), result.collectives)
 
     def saving(self, fix: rp.ReplayFix) -> float:
         assert self.ok and self.chains is not None and self.base is not None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from analyzer.base.errors import TracecliffError
+from analyzer.base.memo import memo
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
 from analyzer.base.errors import ConfigError
 from analyzer.whatif.counterfactual import EXPOSED_CUT, replayed_change
@@ -119,11 +120,7 @@ class WhatIf:
     def of(cls, result: Any) -> WhatIf:
         """The WhatIf kept on ``result`` for the run: every finding's fix is projected against
         one projection of the job as measured, from one set of measured schedules."""
-        held = getattr(result, "_whatif", None)
-        if held is None or held._measured is not Measured.of(result):
-            held = cls(result)
-            result._whatif = held
-        return held
+        return memo(result, "whatif", lambda: cls(result), Measured.of(result))
 
     @property
     def as_measured(self) -> Projection | None:

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base import intervals as iv
+from analyzer.base.memo import memo
 from analyzer.base.rowtable import Numbers, RowTable
 from analyzer.model import formulas as models
 from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
@@ -1107,12 +1108,9 @@ class Measured:
 
     @classmethod
     def of(cls, result: Any) -> Measured:
-        """The Measured kept on ``result`` (made on first use)."""
-        held = getattr(result, "_whatif_measured", None)
-        if held is None or held.rows is not result.collectives:
-            held = cls(result)
-            result._whatif_measured = held
-        return held
+        """The Measured kept with ``result`` (analyzer.base.memo: made on first use, and again
+        when its collective rows are replaced)."""
+        return memo(result, "whatif_measured", lambda: cls(result), result.collectives)
 
     @cached_property
     def steps(self) -> list[_RankStep]:  # on first use: project() checks the result first
