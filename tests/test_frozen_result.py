@@ -78,7 +78,9 @@ def test_the_memo_is_remade_when_what_it_derives_from_is_replaced():
     assert memo.memo(owner, "other", lambda: "built", rows_a, valid=lambda value: value != "given") == "built"
 
 
-def test_the_views_render_a_frozen_result_without_changing_it(result):
+@pytest.mark.parametrize("job", [JOB, "cpu_gloo/memory_ddp"])  # the second: the memory section and its models
+def test_the_views_render_a_frozen_result_without_changing_it(job):
+    result = diagnosed(job)
     before = result.to_json()
     texts = {fmt: render(result, fmt) for fmt in ("text", "json", "html")}
     again = {fmt: render(result, fmt) for fmt in ("text", "json", "html")}
