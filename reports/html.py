@@ -24,13 +24,11 @@ from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
 from analyzer.base.numbers import finite
 from analyzer.job.digest import SIZE_EDGES
-from analyzer.job.model import JobModel, leaf_names, wait_words
+from analyzer.job.model import HOST_ACTIVITY, WAITED_ON, JobModel, leaf_names, wait_words
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict, straggler_ranks, unavailable
-from analyzer.rules.gpu_idle_queued import WAITED_ON
-from analyzer.rules.host import HOST_ACTIVITY
 
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))

@@ -150,14 +150,9 @@ VIEW_IMPORTS_LEFT = {
     "analyzer.reports.gate_text": {"analyzer.compare.gate"},  # the GateReport it renders, and its number format
     "analyzer.reports.hang_text": {"analyzer.hang"},  # the hang report's own label helpers
     "analyzer.reports.hang_html": {"analyzer.hang"},
-    # the words of the host activities (rules.host.HOST_ACTIVITY) and of what queued work waits
-    # on (rules.gpu_idle_queued.WAITED_ON), which the findings say too: they move to the model's
-    # types once the replay-engine branch (issue 38), which edits those two modules, has landed
-    "analyzer.reports.text": {"analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
-    # the same words; the size buckets' edges of the digest's tables (digest.SIZE_EDGES); the
-    # α-β formula its scatter draws and the worked examples of the models appendix
-    "analyzer.reports.html": {"analyzer.job.digest", "analyzer.model.formulas",
-                              "analyzer.rules.gpu_idle_queued", "analyzer.rules.host"},
+    # the size buckets' edges of the digest's tables (digest.SIZE_EDGES); the α-β formula its
+    # scatter draws and the worked examples of the models appendix
+    "analyzer.reports.html": {"analyzer.job.digest", "analyzer.model.formulas"},
 }
 
 

@@ -71,6 +71,17 @@ LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
 # The ``wait_by_peer`` key of waiting estimated from the α-β model (analyzer.job.attribution).
 ESTIMATED_PEER = "estimated (α-β)"
 
+# What the host was doing while its GPU idled, nothing launched (analyzer.rank.attribution).
+HOST_ACTIVITY = {"input": "the data loader", "device_sync": "a blocking device sync",
+                 "allocator": "the device allocator (cudaFree / hipFree / cudaMalloc ..., each free a device sync)",
+                 "contention": "host ops running far beyond their usual length (CPU contention)",
+                 "fsdp": "FSDP's own hooks", "launch": "launching kernels one by one",
+                 "unknown": "Python or other host work"}
+# What the launched work waited on (analyzer.rank.attribution.QUEUED_CAUSES), in words: the
+# findings' and the views' (rules.gpu_idle_queued, rules.host; reports.text, reports.html).
+WAITED_ON = {"copy": "a copy", "collective": "a collective", "graph": "the work of a CUDA graph launch",
+             "event": "an event (another stream's, another GPU's or the host's work)"}
+
 
 def wait_words(source: str | None) -> str:
     """What the waiting leaf holds, in words, by the typical step's ``wait_source``: with
