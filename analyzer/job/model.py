@@ -529,6 +529,29 @@ class JobModel:
         from analyzer.job.digest import collective_digest
         return collective_digest(self._result)
 
+    @property
+    def size_edges(self) -> tuple[float, ...]:
+        """The edges (bytes) of the size buckets the digest's collective tables count by
+        (analyzer.job.digest.SIZE_EDGES): bucket i is [edge i-1, edge i), the last one past the
+        edges, one more "size unknown"."""
+        from analyzer.job.digest import SIZE_EDGES
+        return SIZE_EDGES
+
+    @cached_property
+    def scatter_frames(self) -> dict[str, dict[str, Any] | None]:
+        """Per group name of the digest, its α-β scatter's frame: the axes' decades, the fit's
+        line and S* (analyzer.job.digest.scatter_frame; None: fewer than two points)."""
+        from analyzer.job.digest import scatter_frame
+        fits = {str(g.get("name")): g for g in self._result.groups or [] if isinstance(g, dict)}
+        return {entry["name"]: scatter_frame(entry["scatter"], fits.get(entry["name"])) for entry in self.digest["groups"]}
+
+    @property
+    def worked_examples(self) -> dict[str, float]:
+        """The models appendix's worked figures (analyzer.model.formulas.worked_examples): the
+        same for every job, computed by the formulas the analyses use."""
+        from analyzer.model.formulas import worked_examples
+        return worked_examples()
+
     @cached_property
     def group_busbw(self) -> dict[str, GroupBusbw]:
         """Each group label's bus bandwidth (analyzer.job.busbw): the typical step's, over the
