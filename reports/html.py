@@ -156,17 +156,21 @@ def _pct_of(share: float | None) -> str:
 
 
 def _hardware_rows(hardware: Any) -> list[dict[str, str]]:
-    """Each hardware value with where it came from (measured from the trace, profile, assumed)."""
+    """Each hardware value with where it came from (measured from the trace, profile, assumed),
+    headed by its declared label (analyzer.rules.evidence_fields), its value in its unit; the
+    key stays as the heading's tooltip."""
     if not isinstance(hardware, dict):
         return []
     rows = []
     for key, item in sorted(hardware.items()):
         if isinstance(item, dict) and "value" in item:
-            rows.append({"key": key, "value": structured.fmt_field(item["value"], structured.unit_of(key)),
+            rows.append({"key": key, "label": structured.label(key),
+                         "value": structured.fmt_field(item["value"], structured.unit_of(key)),
                          "origin": str(item.get("origin") or ""),
                          "source": str(item.get("source") or "")})
         elif not isinstance(item, (dict, list)):
-            rows.append({"key": key, "value": structured.fmt_field(item, structured.unit_of(key)),
+            rows.append({"key": key, "label": structured.label(key),
+                         "value": structured.fmt_field(item, structured.unit_of(key)),
                          "origin": "", "source": ""})
     return rows
 
