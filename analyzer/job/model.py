@@ -299,6 +299,17 @@ class RankFacts:
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
 
+    @property
+    def exposed_share(self) -> float | None:
+        """Its exposed communication over its whole GPU span, as ``WholeTrace``'s of one rank
+        (None: no GPU span): the gate's per-rank samples of the whole-trace fallback."""
+        return self.exposed_comm_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """Its communication hidden under compute over the whole trace (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
+
 
 @dataclass(frozen=True)
 class WholeTrace:
