@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from analyzer.reports.wrap import wrap
+from analyzer.reports.wrap import WIDTH, wrap
 from analyzer.base.units import fmt_change, fmt_flops, fmt_pct, fmt_tflops, fmt_unit, fmt_us
 
 SCOPE = {True: "cross", False: "intra", None: "?"}
@@ -137,7 +137,7 @@ def _findings(findings: dict[str, list[dict[str, Any]]]) -> list[str]:
             if f.get("summary"):
                 summaries += wrap(f"{f['rule']} ({'base' if status == 'resolved' else 'new'}): {f['summary']}",
                                   initial_indent=" ", subsequent_indent="   ")
-    return _section("Findings", ["status", "rule", "severity", "count", "title"], rows) + summaries
+    return _section("Findings", ["status", "rule", "severity", "count", "title"], rows, WIDTH) + summaries
 
 
 def _predictions(section: dict[str, Any] | None) -> list[str]:
@@ -152,20 +152,44 @@ def _predictions(section: dict[str, Any] | None) -> list[str]:
             for p in section["findings"]]
     title = (f"Predicted vs measured (base's findings; measured change {signed(section['measured_gain_us'] * -1)} µs "
              f"of the {section['per']})")
-    lines = _section(title, ["rule", "status", "predicted gain µs", "predicted step µs", "measured step µs",
-                             "measured in its leaves µs", "error", "what-if"], rows)
-    return lines + _prose(f"({section['note']})", " ") if rows else lines
+    lines = _section(title, ["rule", "status", "gain µs", "predicted µs", "measured µs", "in leaves µs", "error",
+                             "what-if"], rows, WIDTH)
+    legend = ("(gain: the fix's predicted gain per step; predicted, measured: the step time; in leaves: the change "
+              "measured in the leaves the fix recovers; error: predicted vs measured step)")
+    return lines + _prose(legend, " ") + _prose(f"({section['note']})", " ") if rows else lines
 
 
-def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["", *_prose(f"{title}:")] + (table(header, rows) if rows else [" (none)"])
+def _section(title: str, header: list[str], rows: list[list[str]], width: int | None = None) -> list[str]:
+    return ["", *_prose(f"{title}:")] + (table(header, rows, width) if rows else [" (none)"])
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Left-aligned columns, one leading space (shared by the gate's table)."""
+# A last column narrower than this is not wrapped in place: its cells go below their rows.
+MIN_LAST_COLUMN = 24
+
+
+def table(header: list[str], rows: list[list[str]], width: int | None = None) -> list[str]:
+    """Left-aligned columns, one leading space (shared by the gate's table). ``width``: the page
+    (reports.wrap.WIDTH); a wider table has its last column (free text: a title, a command)
+    wrapped at words within the page, or, with less than ``MIN_LAST_COLUMN`` left for it, each
+    of its cells below its row, wrapped, after the column's name."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    fmt_row = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [" " + fmt_row.format(*map(str, r)).rstrip() for r in [header, *rows]]
+    lead = 1 + sum(widths[:-1]) + 2 * (len(widths) - 1)
+    if width is None or lead + widths[-1] <= width:
+        fmt_row = "  ".join(f"{{:<{w}}}" for w in widths)
+        return [" " + fmt_row.format(*map(str, r)).rstrip() for r in [header, *rows]]
+    fmt_lead = "  ".join(f"{{:<{w}}}" for w in widths[:-1])
+    out = []
+    if width - lead >= MIN_LAST_COLUMN:
+        for r in [header, *rows]:
+            pieces = wrap(str(r[-1]), width - lead) or [""]
+            out.append((" " + fmt_lead.format(*map(str, r[:-1])) + "  " + pieces[0]).rstrip())
+            out += [" " * lead + piece for piece in pieces[1:]]
+        return out
+    for r in [header, *rows]:
+        out.append((" " + fmt_lead.format(*map(str, r[:-1]))).rstrip())
+        if r is not header and str(r[-1]):
+            out += wrap(f"{header[-1]}: {r[-1]}", width, initial_indent="   ", subsequent_indent="     ")
+    return out
 
 
 def _pair(change: dict[str, Any], unit: str) -> str:

@@ -5,8 +5,8 @@ check shows what it was held to: an assertion its bound, a baseline comparison i
 from __future__ import annotations
 
 from analyzer.base.sanitize import markdown
-from analyzer.base.units import fmt_change, fmt_us
-from analyzer.compare.gate import Check, GateReport, _fmt
+from analyzer.base.units import fmt_change, fmt_metric, fmt_us
+from analyzer.compare.gate_report import Check, GateReport
 from analyzer.reports.diff_text import table
 from analyzer.reports.wrap import WIDTH, wrap
 
@@ -65,7 +65,7 @@ def _baseline_rows(compared: list[Check], notes: list[str]) -> list[str]:
     rows = []
     for c in compared:
         cells = [c.status.upper(), c.name] + ([] if shared_aggregate else [c.aggregate or ""])
-        cells += [_fmt(c.base, c.name), _fmt(c.actual, c.name), _change(c),
+        cells += [fmt_metric(c.base, c.unit), fmt_metric(c.actual, c.unit), _change(c),
                   f"≤ {c.threshold.short}" if c.threshold else "-"]
         # a row's own note: a measured noise (its σ), or why it was not compared
         detail = c.message if c.threshold is None else c.threshold.note if c.threshold.sigma is not None else ""
@@ -109,7 +109,7 @@ def _headline(report: GateReport, status: str) -> str:
 def _actual(check: Check) -> str:
     if check.actual is None:
         return "n/a"
-    return str(int(check.actual)) if check.aggregate == "count" else _fmt(check.actual, check.name)
+    return str(int(check.actual)) if check.aggregate == "count" else fmt_metric(check.actual, check.unit)
 
 
 def _change(check: Check) -> str:
@@ -133,7 +133,7 @@ def render_markdown(report: GateReport) -> str:
         lines += ["| status | check | aggregate | actual | baseline (change) | bound / threshold | detail |",
                   "|---|---|---|---|---|---|---|"]
         for c in report.checks:
-            base = f"{_fmt(c.base, c.name)} ({_change(c)})" if c.kind == "baseline" and c.base is not None else ""
+            base = f"{fmt_metric(c.base, c.unit)} ({_change(c)})" if c.kind == "baseline" and c.base is not None else ""
             actual = _actual(c) if c.kind != "run" else ""
             name = f"{c.kind}:{c.name}" if c.kind == "run" else c.name
             cells = [f"{icon[c.status]} {c.status}", c.aggregate or "", actual, base, c.bound or "", _verdict(c)]

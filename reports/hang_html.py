@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.hang import call_text, clock, evidence_lines, group_label
+from analyzer.hang.words import call_text, clock, evidence_lines, group_label
 from analyzer.reports.diff_html import _environment
 from analyzer.reports.templating import stylesheet
 from analyzer.reports.hang_text import COMPLETION, STACK_DEPTH, same_culprits

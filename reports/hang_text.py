@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from analyzer.hang import call_text, clock, evidence_lines, group_label
+from analyzer.hang.words import call_text, clock, evidence_lines, group_label
 
 STACK_DEPTH = 6
 COMPLETION = {True: "completed", False: "pending", None: "completion not recorded"}

@@ -19,18 +19,14 @@ from typing import Any, Callable
 
 from markupsafe import Markup
 
-from analyzer.model import formulas as models
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
 from analyzer.base.numbers import finite
-from analyzer.job.digest import SIZE_EDGES
-from analyzer.job.model import JobModel, leaf_names, wait_words
+from analyzer.job.model import HOST_ACTIVITY, WAITED_ON, JobModel, leaf_names, wait_words
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.templating import TEMPLATES, environment
 from analyzer.job.result import STATUS_WORDS, _clean, result_to_dict, straggler_ranks, unavailable
-from analyzer.rules.gpu_idle_queued import WAITED_ON
-from analyzer.rules.host import HOST_ACTIVITY
 
 BAR_SEGMENTS = (("compute_only", "compute only"), ("overlapped", "overlapped comm"),
                 ("exposed", "exposed comm"), ("other", "other GPU (memcpy, sync)"), ("idle", "idle"))
@@ -160,17 +156,21 @@ def _pct_of(share: float | None) -> str:
 
 
 def _hardware_rows(hardware: Any) -> list[dict[str, str]]:
-    """Each hardware value with where it came from (measured from the trace, profile, assumed)."""
+    """Each hardware value with where it came from (measured from the trace, profile, assumed),
+    headed by its declared label (analyzer.rules.evidence_fields), its value in its unit; the
+    key stays as the heading's tooltip."""
     if not isinstance(hardware, dict):
         return []
     rows = []
     for key, item in sorted(hardware.items()):
         if isinstance(item, dict) and "value" in item:
-            rows.append({"key": key, "value": structured.fmt_field(item["value"], structured.unit_of(key)),
+            rows.append({"key": key, "label": structured.label(key),
+                         "value": structured.fmt_field(item["value"], structured.unit_of(key)),
                          "origin": str(item.get("origin") or ""),
                          "source": str(item.get("source") or "")})
         elif not isinstance(item, (dict, list)):
-            rows.append({"key": key, "value": structured.fmt_field(item, structured.unit_of(key)),
+            rows.append({"key": key, "label": structured.label(key),
+                         "value": structured.fmt_field(item, structured.unit_of(key)),
                          "origin": "", "source": ""})
     return rows
 
@@ -515,7 +515,8 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     if not digest:
         return unavailable("no collective operations in the traces")
     fits = {str(g.get("name")): g for g in doc.get("groups") or [] if isinstance(g, dict)}
-    groups = [_group_view(entry, fits.get(entry["name"]), model.group(entry["name"])) for entry in digest]
+    groups = [_group_view(entry, fits.get(entry["name"]), model.group(entry["name"]), model.size_edges,
+                          model.scatter_frames[entry["name"]]) for entry in digest]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -537,15 +538,18 @@ def _natural(name: str) -> tuple[int, Any]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None, facts: Any = None) -> dict[str, Any]:
-    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth), if known."""
+def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None, facts: Any, edges: tuple[float, ...],
+                frame: dict[str, Any] | None) -> dict[str, Any]:
+    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth), if known;
+    ``edges``: the digest's size buckets; ``frame``: its scatter's axes and α-β line (the job
+    model's scatter_frames)."""
     group = entry["group"]
     size = (fit or {}).get("size") or group.get("size")
     beta = _num((fit or {}).get("beta_gbps"))
-    lines = [_bucket_line(line, beta) for line in entry["lines"]]
+    lines = [_bucket_line(line, beta, edges) for line in entry["lines"]]
     return {"name": entry["name"], "description": str((fit or {}).get("description") or group.get("description") or ""),
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
-            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(entry["scatter"], fit), "count": entry["count"],
+            "fit": _fit_view(fit), "table": lines, "scatter": _scatter(entry["scatter"], frame), "count": entry["count"],
             "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
             "on_gpu": entry["on_gpu"],
             "busbw": None if facts is None or facts.busbw is None else
@@ -567,39 +571,35 @@ def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
             "role": str(fit.get("role") or "")}
 
 
-def _bucket_label(index: int) -> str:
-    if index > len(SIZE_EDGES):
+def _bucket_label(index: int, edges: tuple[float, ...]) -> str:
+    if index > len(edges):
         return "size unknown"
-    lo = SIZE_EDGES[index - 1] if index else 0
-    if index == len(SIZE_EDGES):
+    lo = edges[index - 1] if index else 0
+    if index == len(edges):
         return f"≥ {fmt_bytes(lo)}"
-    return f"{fmt_bytes(lo)} – {fmt_bytes(SIZE_EDGES[index])}" if index else f"< {fmt_bytes(SIZE_EDGES[0])}"
+    return f"{fmt_bytes(lo)} – {fmt_bytes(edges[index])}" if index else f"< {fmt_bytes(edges[0])}"
 
 
-def _bucket_line(line: list[Any], beta: float | None) -> dict[str, Any]:
+def _bucket_line(line: list[Any], beta: float | None, edges: tuple[float, ...]) -> dict[str, Any]:
     # each row's busbw comes from the job analysis (analyzer.job.commfit); none is computed here
     kind, bucket, count, total, exposed, wait, bounds, mid = line
-    return {"collective": kind, "bucket": _bucket_label(bucket), "count": count, "total_us": total,
+    return {"collective": kind, "bucket": _bucket_label(bucket, edges), "count": count, "total_us": total,
             "exposed_us": exposed, "wait_us": wait, "bound": ", ".join(bounds),
             "busbw_gbps": mid, "beta_pct": 100 * mid / beta if mid is not None and beta else None}
 
 
-def _scatter(data: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]:
+def _scatter(data: dict[str, Any], frame: dict[str, Any] | None) -> dict[str, Any]:
     """Collectives in the coordinates of the group's α-β fit (analyzer.job.commfit): bytes per ring
     step x = S·busbw_factor/hops (S/N on a ring) against time per step y = transfer time/hops,
     so every kind of collective lies on the one line y = α + x/β, and S* = α·β is a point on x.
-    The points (thinned to the page's budget) come from the digest (analyzer.job.digest)."""
+    The points (thinned to the page's budget) come from the digest, the axes' decades, the
+    line's points and S* from its frame (analyzer.job.digest.scatter_frame): drawn here only."""
     points = data["points"]
-    if data["total"] < 2:
+    if frame is None:
         return unavailable("fewer than two collectives with a known size, kind and group size")
     w, h, left, bottom, right = 640, 300, 64, 36, 34
-    s_star = _num(fit.get("s_star_bytes")) if fit else None
-    alpha, beta = (_num(fit.get("alpha_us")), _num(fit.get("beta_gbps"))) if fit else (None, None)
-    # The axes reach down to α and S*, so the line's latency floor and its knee are visible.
-    xs = [p[0] for p in points] + ([s_star / 10] if s_star else [])
-    ys = [p[1] for p in points] + ([alpha] if alpha else [])
-    xlo, xhi = _log_bounds(min(xs), max(xs))
-    ylo, yhi = _log_bounds(min(ys), max(ys))
+    xlo, xhi = frame["x_decades"]
+    ylo, yhi = frame["y_decades"]
     fx = lambda v: left + (math.log10(v) - xlo) / (xhi - xlo) * (w - left - right)  # noqa: E731
     fy = lambda v: h - bottom - (math.log10(v) - ylo) / (yhi - ylo) * (h - bottom - 10)  # noqa: E731
     kinds = sorted({p[2] for p in points})
@@ -610,15 +610,9 @@ def _scatter(data: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, Any]
             "xticks": [{"x": round(fx(10 ** e), 1), "label": fmt_bytes(10 ** e)} for e in range(xlo, xhi + 1)],
             "yticks": [{"y": round(fy(10 ** e), 1), "label": fmt_us(10 ** e)} for e in range(ylo, yhi + 1)],
             "line": None, "s_star": None}
-    if alpha is not None and beta:
-        curve = []
-        for i in range(61):
-            size = 10 ** (xlo + (xhi - xlo) * i / 60)
-            t = models.alpha_beta_time(size, alpha, beta)
-            if 10 ** ylo <= t <= 10 ** yhi:
-                curve.append(f"{fx(size):.1f},{fy(t):.1f}")
-        view["line"] = " ".join(curve)
-        s_star = s_star or models.crossover_bytes(alpha, beta)
+    if frame["line"] is not None:
+        view["line"] = " ".join(f"{fx(size):.1f},{fy(t):.1f}" for size, t in frame["line"])
+        s_star = frame["s_star"]
         if s_star and 10 ** xlo <= s_star <= 10 ** xhi:
             view["s_star"] = {"x": round(fx(s_star), 1), "label": f"S* = {fmt_bytes(s_star)}"}
     return view
@@ -629,11 +623,6 @@ def _hop_tip(point: list[Any]) -> str:
     return (f"{kind} of {fmt_bytes(size)} on {n} ranks: transfer {fmt_us(transfer)}"
             + (f" (+{fmt_us(wait)} waiting)" if wait else "")
             + f" = {steps} step(s) of {fmt_bytes(x)} in {fmt_us(y)}")
-
-
-def _log_bounds(lo: float, hi: float) -> tuple[int, int]:
-    a, b = math.floor(math.log10(max(lo, 1e-3))), math.ceil(math.log10(max(hi, 1e-3)))
-    return a, b if b > a else a + 1
 
 
 # ----------------------------------------------------------------------------- scaling what-if
@@ -671,22 +660,9 @@ def _scaling(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- models appendix
 def _appendix(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
-    """The worked examples of docs/models.md, computed by analyzer.model.formulas (so they agree with it)."""
-    ar = models.ring_allreduce_time(25e6, 8, 0.8, 450.0)
-    return {
-        "available": True,
-        "s_star_nvlink": models.crossover_bytes(0.8, 450.0),
-        "s_star_nic": models.crossover_bytes(12.0, 45.0),
-        "ar_latency": 14 * 0.8, "ar_bandwidth": ar - 14 * 0.8, "ar_total": ar,
-        "small_msg": models.alpha_beta_time(4e3, 10.0, 45.0),
-        # 7B, bf16 communication, 8 GPUs: bytes each GPU sends per step, and static memory per GPU.
-        "ddp_vol_7b": models.ddp_volume_bytes(7e9, 2, 8), "zero3_vol_7b": models.zero3_volume_bytes(7e9, 2, 8),
-        "ddp_mem_7b": models.ddp_memory_bytes(7e9), "zero1_mem_7b": models.zero1_memory_bytes(7e9, 8),
-        "zero2_mem_7b": models.zero2_memory_bytes(7e9, 8), "zero3_mem_7b": models.zero3_memory_bytes(7e9, 8),
-        "zero3_mem_70b": models.zero3_memory_bytes(70e9, 64), "hsdp_mem_70b": models.hsdp_memory_bytes(70e9, 8),
-        "tflops_7b": models.achieved_tflops_per_gpu(4200.0, 7e9, 1),
-        "mfu_7b": models.mfu(4200.0, 7e9, 1, 989.0),
-    }
+    """The worked examples of docs/models.md, computed by analyzer.model.formulas (so they agree
+    with it) and handed over by the job model."""
+    return {"available": True, **model.worked_examples}
 
 
 # ----------------------------------------------------------------------------- HTA deep dive

@@ -6,13 +6,11 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.model import ESTIMATED_PEER, JobModel, group_label, leaf_names
+from analyzer.job.model import ESTIMATED_PEER, HOST_ACTIVITY, WAITED_ON, JobModel, group_label, leaf_names
 from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
 from analyzer.reports.wrap import WIDTH, wrap
-from analyzer.rules.gpu_idle_queued import WAITED_ON
-from analyzer.rules.host import HOST_ACTIVITY
 
 # The peer a wait is keyed by, in words: an α-β estimate names no rank (members' traces missing).
 _PEER_WORDS = {ESTIMATED_PEER: "unseen members (beyond the link model)"}

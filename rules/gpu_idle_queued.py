@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
+from analyzer.job.model import WAITED_ON  # the words (the model's, which the views say too)
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.rules.host import REPLAY_GAIN, idle_split_note, ranks_phrase, replayed_rank_fixes
 
-# What the launched work waited on (analyzer.rank.attribution.QUEUED_CAUSES), in words.
-WAITED_ON = {"copy": "a copy", "collective": "a collective", "graph": "the work of a CUDA graph launch",
-             "event": "an event (another stream's, another GPU's or the host's work)"}
 # A copy's name says where its host memory lives (CUPTI: "Memcpy HtoD (Pageable -> Device)").
 PAGEABLE = "Pageable"
 

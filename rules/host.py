@@ -3,15 +3,10 @@ analyzer.rank.attribution), in words, and the fix for each: shared by the rules 
 cause."""
 
 from analyzer.job.model import split_gain
+from analyzer.job.model import HOST_ACTIVITY  # noqa: F401  (the model's words, re-exported to the rules)
 from analyzer.whatif.counterfactual import Replayer, union
 from analyzer.whatif.prediction import predicted
 
-# What the host was doing while its GPU idled, nothing launched (analyzer.rank.attribution).
-HOST_ACTIVITY = {"input": "the data loader", "device_sync": "a blocking device sync",
-                 "allocator": "the device allocator (cudaFree / hipFree / cudaMalloc ..., each free a device sync)",
-                 "contention": "host ops running far beyond their usual length (CPU contention)",
-                 "fsdp": "FSDP's own hooks", "launch": "launching kernels one by one",
-                 "unknown": "Python or other host work"}
 HOST_FIX = {
     "input": ("feed it faster: more DataLoader workers, pin_memory, prefetch; balance the "
               "per-rank input (uneven batches or shards)"),

@@ -18,7 +18,8 @@ import pytest
 from analyzer.cli.main import main
 from analyzer.compare.diff import diff_runs
 from analyzer.reports.diff_html import DiffHtmlRenderer
-from analyzer.reports.diff_text import DiffTextRenderer
+from analyzer.reports.diff_text import DiffTextRenderer, table
+from analyzer.reports.wrap import WIDTH
 from builders import two_step_ddp
 
 
@@ -225,7 +226,8 @@ def test_predicted_vs_measured_in_text_json_and_html(bucket_fix, capsys):
     rc, out, _ = run_cli(["diff", base, folder], capsys)
     assert rc == 0
     assert re.search(r"Predicted vs measured (?:.*\n){2,3} ddp-bucket-oversized\s+resolved\s+[\d,.]+\s+[\d,.]+\s+[\d,.]+"
-                     r"\s+[\d,.]+\s+[-+]\d+\.\d%\s+tracecliff whatif TRACES --bucket-mb", out)
+                     r"\s+[\d,.]+\s+[-+]\d+\.\d%\n\s+what-if: tracecliff whatif TRACES --bucket-mb", out)
+    assert max(len(line) for line in out.splitlines()) <= WIDTH  # the predictions table fits the page
     rc, out, _ = run_cli(["diff", base, folder, "--format", "json"], capsys)
     doc = json.loads(out)
     assert rc == 0 and doc["predictions"]["findings"][0]["rule"] == "ddp-bucket-oversized"
@@ -244,3 +246,18 @@ def test_a_result_without_predictions_checks_the_gain(cliff):
     check = diff_runs(base, new)["predictions"]["findings"][0]
     assert check["predicted_step_time_us"] == pytest.approx(base.model.step_time_us - 10.0)
     assert check["whatif"] is None and check["error_pct"] is not None
+
+
+def test_a_table_wider_than_the_page_wraps_its_last_column():
+    """The diff's findings and predictions tables fit 100 columns: the last column (a title, a
+    what-if command) wraps at words in place, or goes below its row when too little is left."""
+    title = "Late ranks make the others wait at the collectives, " * 3
+    rows = [["persisting", "fsdp-fullshard-cross-node", "warning", "2→3", title.strip()]]
+    lines = table(["status", "rule", "severity", "count", "title"], rows, WIDTH)
+    assert max(map(len, lines)) <= WIDTH and len(lines) > 2
+    lead = lines[1].index("Late")
+    assert all(line[:lead].strip() == "" for line in lines[2:])  # continued under its column
+    assert " ".join(line[lead:] for line in lines[1:]) == title.strip()  # every word, in order
+    narrow = table(["a" * 40, "b" * 40, "what-if"], [["x", "y", "tracecliff whatif TRACES --fix-ranks 5"]], WIDTH)
+    assert narrow[-1] == "   what-if: tracecliff whatif TRACES --fix-ranks 5" and max(map(len, narrow)) <= WIDTH
+    assert table(["a", "b"], [["1", "2"]], WIDTH) == table(["a", "b"], [["1", "2"]])  # a narrow one as it was

@@ -115,7 +115,8 @@ def test_generated_rows_give_the_row_by_row_figures(drawn, matched, data):
                                   "host_side": digest_module.host_side(view, rows), "labels": digest_module.group_labels(view),
                                   "busbw": group_sums(view, group_label, typical and typical.step,
                                                      typical.steady_steps if typical else ())})
-    model = SimpleNamespace(digest=digest, collectives=view, typical=typical, group_busbw=figures(digest["busbw"]))
+    model = SimpleNamespace(digest=digest, collectives=view, typical=typical, group_busbw=figures(digest["busbw"]),
+                            **_scatter_model(digest))
     named = {str(g["name"]): g for g in GROUPS if g.get("name") is not None}
     model.group = lambda name: None if name not in named else SimpleNamespace(
         label=group_label(named[name]), busbw=model.group_busbw.get(group_label(named[name]) or ""))
@@ -162,6 +163,13 @@ def test_generated_rows_give_the_diffs_totals(drawn, steady):
     assert diff.collective_totals(run) == oracle.collective_totals(run)
 
 
+def _scatter_model(digest: dict) -> dict:
+    """What a fake job model gives the HTML collectives of a digest without a groups section:
+    the size buckets' edges and each group's scatter frame (no fit: no line)."""
+    return {"size_edges": digest_module.SIZE_EDGES,
+            "scatter_frames": {g["name"]: digest_module.scatter_frame(g["scatter"], None) for g in digest["groups"]}}
+
+
 def test_the_digest_reads_back_as_it_was_computed():
     """What a fresh run's views read is what a saved result gives: plain JSON data."""
     result = diagnosed("synthetic/ddp_straggler")
@@ -193,7 +201,8 @@ def test_many_rows_thin_the_scatter_as_the_row_by_row_code(seed):
                                   "top_exposed": digest_module.top_exposed(view, rows),
                                   "host_side": digest_module.host_side(view, rows)})
     assert any(g["scatter"]["total"] > len(g["scatter"]["points"]) for g in digest["groups"])  # thinned
-    model = SimpleNamespace(digest=digest, group=lambda name: None)  # no groups section: no bus bandwidth shown
+    # no groups section: no bus bandwidth shown, no fit line
+    model = SimpleNamespace(digest=digest, group=lambda name: None, **_scatter_model(digest))
     doc = {"collectives": rows, "groups": [], "stragglers": {}}
     assert html._collectives(doc, model) == oracle._collectives(doc, model, {})
     assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)

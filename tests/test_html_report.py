@@ -268,6 +268,10 @@ def test_synthetic_straggler_job_marks_the_straggler_and_stays_small(synthetic_s
                                                role="straggler")
     group = view["collectives"]["groups"][0]
     assert group["fit"]["beta_gbps"] and group["scatter"]["line"] and group["scatter"]["s_star"]
+    # the hardware table heads each value with its declared label, the key only as its tooltip
+    table = html[html.index('<table class="hardware">'):html.index("</table>", html.index('<table class="hardware">'))]
+    assert "<th>" not in table and '<th title="hbm_gbps">HBM bandwidth</th>' in table
+    assert '<th title="memory_bytes">GPU memory</th>' in table and ">peak_tflops<" not in table
 
 
 def test_cli_writes_html_alone_and_next_to_the_text_view(ddp_pair, tmp_path, capsys):

@@ -774,3 +774,23 @@ def test_the_straggler_evidence_says_which_waiting_is_direct():
     keys = {r["key"] for r in card["evidence"]}
     assert {"share of the waiting caused directly", "waiting caused directly (mean over the steady steps)",
             "replay per rank"} <= keys
+
+
+def test_the_gates_whole_trace_samples_are_the_models_rank_shares():
+    """Without a step breakdown the gate's per-rank samples are each rank's share as the job
+    model defines it (RankFacts: the whole-trace figure of one rank, as WholeTrace's), not a
+    second formula in analyzer.compare.metrics."""
+    import dataclasses
+
+    from analyzer.job.model import WholeTrace
+    result = diagnosed("synthetic/ddp_straggler")
+    untyped = dataclasses.replace(result, ranks=[dataclasses.replace(r, time_breakdown=None) for r in result.ranks],
+                                  attribution=None, job_model=None, rules=None, verdict=None, findings=[])
+    model = untyped.model
+    assert model.typical is None
+    metrics = run_metrics(untyped)
+    facts = {r.rank: r for r in model.ranks}
+    for name, share in (("exposed_comm_pct", "exposed_share"), ("overlap_pct", "overlap_share")):
+        samples = metrics[name].samples
+        assert samples and all(s.value == 100.0 * getattr(facts[s.rank], share) for s in samples)
+        assert all(getattr(facts[s.rank], share) == getattr(WholeTrace.of((facts[s.rank],)), share) for s in samples)

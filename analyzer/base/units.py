@@ -108,6 +108,12 @@ def fmt_num(value: Any, digits: int = 2) -> str:
     return f"{value:,.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
 
 
+def fmt_metric(value: Any, unit: str) -> str:
+    """A gate metric's figure in its unit (``fmt_unit``), "n/a" when the run has none: the gate's
+    checks and their views (analyzer.compare.gate, analyzer.reports.gate_text) say it so."""
+    return "n/a" if value is None else fmt_unit(value, unit)
+
+
 def fmt_unit(value: Any, unit: str) -> str:
     """``value`` in ``unit`` (µs, B, %, pp, GB/s, fraction, n): tables of mixed metrics."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

@@ -40,13 +40,15 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 from analyzer.base.config import SEVERITIES, SEVERITY_ORDER, closest, config_error, validate
-from analyzer.base.units import fmt_unit
+from analyzer.base.units import fmt_metric
+from analyzer.compare.gate_report import (EXIT_FAIL, EXIT_PASS, STATUSES, Check, GateReport,  # noqa: F401  (re-exported)
+                                          GateThreshold, change_text)
 from analyzer.compare.metrics import (AGGREGATIONS, BASE_METRICS, DEFAULT_AGGREGATE, GROUP_METRIC, METRIC_NAMES,
                                       NOISE_MIN_CHANGES, Metric, has_gpu_activity, implausible, no_gpu_reason, metric_spec,
                                       requested_steps_missing, run_metrics, selected_nothing, spread, steps_text,
@@ -57,8 +59,6 @@ LEVELS = ("off", "warning", "error")
 DEFAULT_MAX_REGRESSION_PCT = 5.0
 DEFAULT_MAX_REGRESSION_PP = 2.0
 DEFAULT_NOISE_SIGMAS = 3.0
-EXIT_PASS, EXIT_FAIL = 0, 1  # 2 (usage, input, config) comes from analyzer.cli.main
-STATUSES = ("pass", "fail", "warn", "skip", "improved", "suspect")
 
 # Presets: defaults a project's own assertions override key by key. Metric entries skip
 # quietly when the run cannot measure them (single GPU: no overlap to speak of).
@@ -104,112 +104,6 @@ class GateConfig:
 
     def regression_limit(self, metric: str) -> float:
         return self.regression_by_metric.get(metric, self.max_regression_pct)
-
-
-@dataclass(frozen=True)
-class GateThreshold:
-    """How large a worse-direction change of one metric must be to count as a regression: the
-    largest of three terms, in percentage points of the step (a share) or in % of the baseline
-    figure (every other metric), and which of them it was."""
-
-    value: float
-    unit: str  # "pp" | "%"
-    basis: str  # "limit" (max_regression_pct) | "floor" | "noise"
-    limit: float
-    floor: float
-    noise: float
-    # σ of the figure from one steady step to the next (analyzer.compare.metrics.spread), in the
-    # metric's unit; None: neither run has enough steady steps to measure it, the noise is
-    # unknown (no noise term)
-    sigma: float | None
-    changes: int  # the step-to-step changes of the figure ``sigma`` was taken from
-    steps: int  # the steady steps of that run (unknown noise: of the run with more)
-    spread_of: str | None  # "baseline" | "new run": whose σ it is (the larger known)
-
-    @property
-    def short(self) -> str:
-        """The threshold and the term that set it, for a table cell ("2.00 pp floor"): the
-        noise's basis and the unknown noise are said once, under the table (``note``)."""
-        return f"{_change_text(self.value, self.unit)} {self.basis}"
-
-    @property
-    def note(self) -> str:
-        """What the noise term rests on: unknown (too few steady steps), or σ from which run."""
-        if self.sigma is None:
-            return f"noise unknown: {self.steps} steady step(s), {NOISE_MIN_CHANGES + 1} needed"
-        return (f"noise: σ {self.sigma:.3g} from the {self.spread_of}'s {self.changes} step-to-step change(s) "
-                f"over {self.steps} steady steps")
-
-    @property
-    def text(self) -> str:
-        """The threshold, the term that set it and, with the noise unknown, that too."""
-        return self._said(f"; {self.note}" if self.sigma is None else "")
-
-    @property
-    def own(self) -> str:
-        """``text`` less the unknown noise: a note every comparison of the gate shares, said once
-        (``GateReport.notes``), not on each check's ``bound``."""
-        return self._said("")
-
-    def _said(self, unknown: str) -> str:
-        amount = _change_text(self.value, self.unit)
-        if self.basis == "limit":
-            return f"{amount} (max_regression_pct{unknown})"
-        if self.basis == "floor":
-            return f"{amount} ({'max_regression_pp' if self.unit == 'pp' else 'floor'}{unknown})"
-        return (f"{amount} (noise: σ {self.sigma:.3g} from the {self.spread_of}'s {self.changes} step-to-step "
-                f"change(s) over {self.steps} steady steps)")
-
-
-@dataclass
-class Check:
-    kind: str  # "run" | "assertion" | "baseline"
-    name: str
-    level: str
-    status: str  # one of STATUSES
-    actual: float | None
-    bound: str  # an assertion's bound; a baseline comparison's threshold, in words
-    aggregate: str | None
-    message: str
-    base: float | None = None
-    change_pct: float | None = None  # relative change, % of the baseline figure
-    change_pp: float | None = None  # a share's change, percentage points of the step
-    threshold: GateThreshold | None = None
-
-
-@dataclass
-class GateReport:
-    checks: list[Check]
-    baseline: str | None = None
-    # What diagnose says of the inputs (a field it could not use, ranks missing...): a gate
-    # never passes in silence over a run it read only in part.
-    warnings: list[str] = field(default_factory=list)
-    # Against a baseline: the findings that appeared or grew since it (analyzer.compare.diff.
-    # grown_findings), and the command that shows the whole difference.
-    findings_since: list[dict[str, Any]] | None = None
-    diff_command: str | None = None
-
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == "fail"]
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_FAIL if self.failed else EXIT_PASS
-
-    @property
-    def notes(self) -> list[str]:
-        """What the comparisons share, said once: the unknown noise (too few steady steps)."""
-        return sorted({c.threshold.note for c in self.checks if c.threshold is not None and c.threshold.sigma is None})
-
-    def counts(self) -> dict[str, int]:
-        return {s: sum(c.status == s for c in self.checks) for s in STATUSES}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": "fail" if self.failed else "pass", "exit_code": self.exit_code,
-                "baseline": self.baseline, "counts": self.counts(),
-                "checks": [asdict(c) for c in self.checks], "notes": self.notes, "warnings": self.warnings,
-                "findings_since_baseline": self.findings_since, "diff_command": self.diff_command}
 
 
 # ---------------------------------------------------------------- configuration
@@ -372,6 +266,8 @@ def evaluate(run: Any, config: GateConfig, baseline: Any = None, baseline_label:
         compared = compare_baseline(run, baseline, config, steps, metrics)
         checks.append(baseline_check(run, baseline, compared))
         checks.extend(compared)
+    for check in checks:
+        check.unit = metric_unit(check.name)
     warnings = list(run.warnings or [])
     warnings += [f"baseline: {w}" for w in (baseline.warnings if baseline is not None else [])]
     if baseline is None:
@@ -601,9 +497,9 @@ def _compared(name: str, base: Metric, new: Metric, base_value: float, new_value
     else:
         worse = regression_pct(base_value, new_value, spec.better)
     if worse > limit.value:
-        status, verdict = "fail", f"regressed {_change_text(worse, limit.unit)} (threshold {limit.own})"
+        status, verdict = "fail", f"regressed {change_text(worse, limit.unit)} (threshold {limit.own})"
     elif worse < -limit.value:
-        status, verdict = "improved", f"improved {_change_text(-worse, limit.unit)} (threshold {limit.own})"
+        status, verdict = "improved", f"improved {change_text(-worse, limit.unit)} (threshold {limit.own})"
     else:
         status, verdict = "pass", f"within {limit.own}"
     change = 100.0 * (new_value - base_value) / abs(base_value) if base_value else \
@@ -702,11 +598,11 @@ def not_comparable(name: str, base: Any, new: Any) -> str | None:
     return None
 
 
-def _fmt(value: float | None, metric: str) -> str:
+def metric_unit(metric: str) -> str:
+    """The unit a metric's figures are in (analyzer.compare.metrics); "" when unknown."""
     spec = metric_spec(metric)
-    return "n/a" if value is None else fmt_unit(value, spec.unit if spec else "")
+    return spec.unit if spec else ""
 
 
-def _change_text(value: float, unit: str) -> str:
-    """A change in percentage points (``pp``) or in % of the baseline (``%``)."""
-    return "from zero" if math.isinf(value) else fmt_unit(value, unit)
+def _fmt(value: float | None, metric: str) -> str:
+    return fmt_metric(value, metric_unit(metric))

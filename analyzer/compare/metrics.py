@@ -203,11 +203,11 @@ def _whole_trace(model: Any) -> dict[str, Metric]:
         return {}
     ranks = [r for r in model.ranks if r.span_us > 0]
     basis = f"whole trace, no step breakdown: mean over {whole.ranks} rank(s)"
-    exposed = tuple(Sample(r.rank, None, 100.0 * r.exposed_comm_us / r.span_us) for r in ranks)
+    exposed = tuple(Sample(r.rank, None, 100.0 * r.exposed_share) for r in ranks)  # the model's share
     out = {"exposed_comm_pct": Metric("exposed_comm_pct", 100.0 * whole.exposed_share, exposed, basis, "trace")}
     comm = [r for r in ranks if r.comm_us > 0]
     if comm and whole.overlap_share is not None:
-        overlap = tuple(Sample(r.rank, None, 100.0 * r.overlap_us / r.comm_us) for r in comm)
+        overlap = tuple(Sample(r.rank, None, 100.0 * r.overlap_share) for r in comm)
         out["overlap_pct"] = Metric("overlap_pct", 100.0 * whole.overlap_share, overlap, basis, "trace")
     return out
 

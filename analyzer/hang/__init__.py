@@ -7,15 +7,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from analyzer.base.errors import InputError
 from analyzer.hang.analyze import Hang, Job, entry_dict, find_hangs
-from analyzer.hang.history import span, straggler_history
+from analyzer.hang.history import straggler_history
 from analyzer.hang.read import DumpEntry, Found, Frame, RankDump, discover, discover_dumps, read_dump
+from analyzer.hang.words import call_text, clock, evidence_lines, group_label, op_text, span
 
 __all__ = ["HangReport", "find_inputs", "triage"]
 SCHEMA_VERSION = 1
@@ -211,20 +211,6 @@ def _in_flight_text(in_flight: list[dict[str, Any]]) -> str:
                      f"{f.get('status') or 'in flight at the dump, not hung'}" for f in in_flight)
 
 
-def op_text(op: str, parts: list[str] | None = None) -> str:
-    """``coalesced[all_reduce x3]`` for a coalesced group, else the op."""
-    if not parts:
-        return op
-    counts: dict[str, int] = {}
-    for name in parts:
-        counts[name] = counts.get(name, 0) + 1
-    return f"{op}[{', '.join(f'{n} x{c}' if c > 1 else n for n, c in sorted(counts.items()))}]"
-
-
-def group_label(g: dict[str, Any]) -> str:
-    return f"group {g['description']} (pg {g['name']})" if g["description"] else f"group {g['name']}"
-
-
 def _sentence(job: Job, h: Hang) -> str:
     who = f"rank {h.ranks[0]}" if len(h.ranks) == 1 else f"ranks {_list(h.ranks)}"
     where = f"{op_text(h.op, h.detail.get('coalesced_ops'))} #{h.seq} of {group_label(h.group.to_dict())}"
@@ -274,20 +260,6 @@ def _last_seen(h: Hang) -> str:
     return "; " + "; ".join(parts) if parts else ""
 
 
-def evidence_lines(evidence: dict[str, dict[str, Any]]) -> list[str]:
-    """"ranks 0-2: its entry is started" per distinct piece of evidence (a report's
-    ``detail.evidence``: rank -> Progress.to_dict()), in rank order of first appearance."""
-    by_how: dict[str, list[int]] = {}
-    for rank, info in sorted(evidence.items(), key=lambda kv: int(kv[0])):
-        by_how.setdefault(str(info.get("how", "")), []).append(int(rank))
-    return [f"{'rank' if len(ranks) == 1 else 'ranks'} {span(ranks)}: {how}" for how, ranks in by_how.items()]
-
-
-def call_text(call: dict[str, Any]) -> str:
-    parts = [c["op"] for c in call.get("coalesced") or []]
-    return f"{op_text(call['op'], parts)}(sizes {call['input_sizes']}, {'/'.join(call['input_dtypes']) or '?'})"
-
-
 def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The innermost frame of the user's code: not torch's, not the interpreter's."""
     for f in frames:
@@ -296,12 +268,6 @@ def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
             continue
         return f
     return None
-
-
-def clock(ns: int | None) -> str:
-    if not ns:
-        return "an unknown time"
-    return time.strftime("%H:%M:%S UTC", time.gmtime(ns / 1e9))
 
 
 def _list(ranks: list[int]) -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from analyzer.hang.words import span
+
 
 def straggler_history(link: dict[str, Any], culprits: list[int]) -> dict[str, Any]:
     """``link``: {"traces", "world_size", "stragglers" (the summary), "rule" ({"status",
@@ -69,13 +71,6 @@ def _statement(out: dict[str, Any], culprits: list[int], compared: list[int], by
             parts.append(f"rank {rank} was not the late rank in the profiled steps (no rank was, by "
                          f"{out['source']})")
     return "; ".join(parts)
-
-
-def span(ranks: list[int]) -> str:
-    """"0-7" for a run of ranks, else "0, 2, 5"."""
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(str(r) for r in ranks)
 
 
 def _is_rank(value: Any) -> bool:

@@ -18,6 +18,7 @@ and ``np.median`` take them, sorts stable with the same keys.
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any
 
 import msgspec
@@ -25,6 +26,7 @@ import numpy as np
 
 from analyzer.base.arrays import unique_ints
 from analyzer.base.memo import memo
+from analyzer.base.numbers import finite
 from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
 from analyzer.job.columns import CollectiveColumns, categorical, group_label, table_categorical
@@ -35,6 +37,8 @@ from analyzer.model import formulas as models
 # many points in each group's α-β scatter (the groups share the total).
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)
 MAX_SCATTER_POINTS, MIN_SCATTER_POINTS, SCATTER_POINTS_TOTAL = 600, 60, 3000
+# The α-β line of a group's fit through its scatter: this many sizes, evenly in log, across the x axis.
+LINE_SIZES = 61
 BUSBW_KINDS = frozenset(models.COLLECTIVE_KINDS)
 POINT_TO_POINT = ("send", "recv", "sendrecv")
 # The text view's "top collectives by exposed time" and "longest host-side collectives".
@@ -237,6 +241,46 @@ def _scatter(index: np.ndarray, g: _Geometry, budget: int) -> dict[str, Any]:
         g.x[rows].tolist(), g.y[rows].tolist(), g.kind_code[rows].tolist(), g.size[rows].tolist(),
         g.transfer[rows].tolist(), g.steps[rows].tolist(), g.n[rows].tolist(), g.wait[rows].tolist())]
     return {"total": total, "points": points}
+
+
+def scatter_frame(scatter: dict[str, Any], fit: Any) -> dict[str, Any] | None:
+    """The frame of a group's α-β scatter (``scatter``: its digest entry; ``fit``: its
+    ``groups[]`` entry, analyzer.job.commfit): the decades its axes span, down to α and S*/10 so
+    the line's latency floor and its knee are visible, and the fit's line y = α + x/β across
+    them: ``LINE_SIZES`` sizes evenly in log between the x decades, each with its α-β time
+    (analyzer.model.formulas.alpha_beta_time), those within the y decades; and S* (the fit's,
+    else α·β). None with fewer than two points."""
+    points = scatter["points"]
+    if scatter["total"] < 2:
+        return None
+    fit = fit if isinstance(fit, dict) else {}
+    s_star = _figure(fit.get("s_star_bytes"))
+    alpha, beta = _figure(fit.get("alpha_us")), _figure(fit.get("beta_gbps"))
+    xs = [p[0] for p in points] + ([s_star / 10] if s_star else [])
+    ys = [p[1] for p in points] + ([alpha] if alpha else [])
+    xlo, xhi = _log_bounds(min(xs), max(xs))
+    ylo, yhi = _log_bounds(min(ys), max(ys))
+    frame: dict[str, Any] = {"x_decades": [xlo, xhi], "y_decades": [ylo, yhi], "line": None, "s_star": None}
+    if alpha is not None and beta:
+        line = []
+        for i in range(LINE_SIZES):
+            size = 10 ** (xlo + (xhi - xlo) * i / (LINE_SIZES - 1))
+            t = models.alpha_beta_time(size, alpha, beta)
+            if 10 ** ylo <= t <= 10 ** yhi:
+                line.append([size, t])
+        frame["line"] = line
+        frame["s_star"] = s_star or models.crossover_bytes(alpha, beta)
+    return frame
+
+
+def _figure(value: Any) -> float | None:
+    """A fit's figure, given plain or as a ``Sourced`` record (value and source): finite or None."""
+    return finite(value.get("value") if isinstance(value, dict) else value)
+
+
+def _log_bounds(lo: float, hi: float) -> tuple[int, int]:
+    a, b = math.floor(math.log10(max(lo, 1e-3))), math.ceil(math.log10(max(hi, 1e-3)))
+    return a, b if b > a else a + 1
 
 
 def _thinned(x: np.ndarray, budget: int) -> np.ndarray:

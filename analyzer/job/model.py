@@ -71,6 +71,17 @@ LOST_LEAVES = ("exposed_wait_us", "exposed_transfer_us", "idle_us")
 # The ``wait_by_peer`` key of waiting estimated from the α-β model (analyzer.job.attribution).
 ESTIMATED_PEER = "estimated (α-β)"
 
+# What the host was doing while its GPU idled, nothing launched (analyzer.rank.attribution).
+HOST_ACTIVITY = {"input": "the data loader", "device_sync": "a blocking device sync",
+                 "allocator": "the device allocator (cudaFree / hipFree / cudaMalloc ..., each free a device sync)",
+                 "contention": "host ops running far beyond their usual length (CPU contention)",
+                 "fsdp": "FSDP's own hooks", "launch": "launching kernels one by one",
+                 "unknown": "Python or other host work"}
+# What the launched work waited on (analyzer.rank.attribution.QUEUED_CAUSES), in words: the
+# findings' and the views' (rules.gpu_idle_queued, rules.host; reports.text, reports.html).
+WAITED_ON = {"copy": "a copy", "collective": "a collective", "graph": "the work of a CUDA graph launch",
+             "event": "an event (another stream's, another GPU's or the host's work)"}
+
 
 def wait_words(source: str | None) -> str:
     """What the waiting leaf holds, in words, by the typical step's ``wait_source``: with
@@ -287,6 +298,17 @@ class RankFacts:
 
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
+
+    @property
+    def exposed_share(self) -> float | None:
+        """Its exposed communication over its whole GPU span, as ``WholeTrace``'s of one rank
+        (None: no GPU span): the gate's per-rank samples of the whole-trace fallback."""
+        return self.exposed_comm_us / self.span_us if self.span_us > 0 else None
+
+    @property
+    def overlap_share(self) -> float | None:
+        """Its communication hidden under compute over the whole trace (None: no communication)."""
+        return self.overlap_us / self.comm_us if self.comm_us > 0 else None
 
 
 @dataclass(frozen=True)
@@ -517,6 +539,29 @@ class JobModel:
         large result, else computed from the rows."""
         from analyzer.job.digest import collective_digest
         return collective_digest(self._result)
+
+    @property
+    def size_edges(self) -> tuple[float, ...]:
+        """The edges (bytes) of the size buckets the digest's collective tables count by
+        (analyzer.job.digest.SIZE_EDGES): bucket i is [edge i-1, edge i), the last one past the
+        edges, one more "size unknown"."""
+        from analyzer.job.digest import SIZE_EDGES
+        return SIZE_EDGES
+
+    @cached_property
+    def scatter_frames(self) -> dict[str, dict[str, Any] | None]:
+        """Per group name of the digest, its α-β scatter's frame: the axes' decades, the fit's
+        line and S* (analyzer.job.digest.scatter_frame; None: fewer than two points)."""
+        from analyzer.job.digest import scatter_frame
+        fits = {str(g.get("name")): g for g in self._result.groups or [] if isinstance(g, dict)}
+        return {entry["name"]: scatter_frame(entry["scatter"], fits.get(entry["name"])) for entry in self.digest["groups"]}
+
+    @property
+    def worked_examples(self) -> dict[str, float]:
+        """The models appendix's worked figures (analyzer.model.formulas.worked_examples): the
+        same for every job, computed by the formulas the analyses use."""
+        from analyzer.model.formulas import worked_examples
+        return worked_examples()
 
     @cached_property
     def group_busbw(self) -> dict[str, GroupBusbw]:

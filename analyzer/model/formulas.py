@@ -823,3 +823,25 @@ def pipeline_time(work_us: float, stages: int, microbatches: int, virtual_stages
     micro-batches: ``work · (v·m + p − 1) / (v·m)`` (transfers between stages left out). §7."""
     bubble = pipeline_bubble_fraction(stages, microbatches, virtual_stages)
     return _nonneg("work_us", work_us) / (1.0 - bubble)
+
+
+def worked_examples() -> dict[str, float]:
+    """The worked examples of docs/models.md (the HTML report's models appendix), computed by
+    the formulas above so that they agree with them: S* on NVLink and on a NIC, a ring
+    all-reduce of 25 MB on 8 GPUs split into its latency and bandwidth terms, a small message;
+    for a 7B model (bf16 communication, 8 GPUs) the bytes each GPU sends per step and the static
+    memory per GPU of DDP and ZeRO-1/2/3, of ZeRO-3 and HSDP at 70B; TFLOP/s and MFU at 4,200
+    tokens/s."""
+    ar = ring_allreduce_time(25e6, 8, 0.8, 450.0)
+    return {
+        "s_star_nvlink": crossover_bytes(0.8, 450.0),
+        "s_star_nic": crossover_bytes(12.0, 45.0),
+        "ar_latency": 14 * 0.8, "ar_bandwidth": ar - 14 * 0.8, "ar_total": ar,
+        "small_msg": alpha_beta_time(4e3, 10.0, 45.0),
+        "ddp_vol_7b": ddp_volume_bytes(7e9, 2, 8), "zero3_vol_7b": zero3_volume_bytes(7e9, 2, 8),
+        "ddp_mem_7b": ddp_memory_bytes(7e9), "zero1_mem_7b": zero1_memory_bytes(7e9, 8),
+        "zero2_mem_7b": zero2_memory_bytes(7e9, 8), "zero3_mem_7b": zero3_memory_bytes(7e9, 8),
+        "zero3_mem_70b": zero3_memory_bytes(70e9, 64), "hsdp_mem_70b": hsdp_memory_bytes(70e9, 8),
+        "tflops_7b": achieved_tflops_per_gpu(4200.0, 7e9, 1),
+        "mfu_7b": mfu(4200.0, 7e9, 1, 989.0),
+    }
