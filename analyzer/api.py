@@ -29,6 +29,7 @@ from analyzer.job.result import Result
 from analyzer import reports  # noqa: F401  (registers the Result's rendered views: to_html, Jupyter's)
 from analyzer.rank.analysis import RankAnalysis, RankOptions, forget_loaded
 from analyzer.rules.engine import run_rules
+from analyzer.whatif.gains import WHATIF_GAINS
 from analyzer.run.executors import map_ranks, map_step_timelines, store_step_timelines
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ def build_report(ranks: list[RankAnalysis], options: DiagnoseOptions, config: di
         analyze_job(result, options)
         if result.memory and result.memory.get("recorded"):  # measured against the models (docs/models.md §9)
             result.memory["models"] = memory_models(result)
-        run_rules(result, config)
+        run_rules(result, config, gains=WHATIF_GAINS)
         if report:
             add_report_sections(result, options, step)
     if hta:

@@ -10,7 +10,7 @@ from analyzer.model import formulas as models
 from analyzer.job.ddp import backward_transfer_us, ddp_steps, representative
 from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
-from analyzer.whatif.prediction import WhatIf, alternative, not_predicted, predicted
+from analyzer.job.prediction_doc import alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
@@ -166,7 +166,7 @@ class CommBoundStep(Rule):
         """(gain, best fix, prediction): every fix the what-if projection can make for this job,
         each with its projected typical step; the gain is the best one's."""
         facts, step_us = ctx.facts, ctx.model.step_time_us
-        whatif = WhatIf.of(ctx.result)
+        whatif = ctx.gains.what_if(ctx.result)
         nodes, g = whatif.measured("measured_nodes"), whatif.measured("measured_gpus_per_node")
         strategy = whatif.measured("measured_strategy")
         if nodes is None:

@@ -7,7 +7,6 @@ import statistics
 from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
-from analyzer.whatif.prediction import what_if_or_own
 from analyzer.job.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
                                  why_no_ddp_steps)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
@@ -86,7 +85,7 @@ class DdpBucketOversized(Rule):
         if gain < ctx.thresholds["min_gain_fraction"] * step_us:
             return []
         cap_mib = choice.cap_bytes / models.MIB
-        gain, projection_source, prediction = what_if_or_own(
+        gain, projection_source, prediction = ctx.gains.what_if_or_own(
             ctx.facts.result, step_us, gain,
             "DDP bucket pipeline (docs/models.md §4) on the median rank-step, re-bucketed at the suggested cap",
             {"link": {"value": rep.link.evidence(), "origin": link_origin(rep.link), "source": rep.link.source}},

@@ -33,9 +33,9 @@ from analyzer.base.config import SEVERITY_ORDER, rule_settings
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import JobFacts
 from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
-from analyzer.whatif.prediction import joint_replay
 from analyzer.rank.workload import INFERENCE_NOTE
-from analyzer.whatif.prediction import NO_MODEL, not_predicted, predicted
+from analyzer.job.gains import GainEngine
+from analyzer.job.prediction_doc import NO_MODEL, not_predicted, predicted
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
 MODELS_DOC = "docs/models.md"
@@ -143,12 +143,15 @@ def all_rules() -> dict[str, type[Rule]]:
 
 
 class RuleContext:
-    """What a rule sees: the Result, shared facts, and its own settings."""
+    """What a rule sees: the Result, shared facts, its own settings, and the gain engine it
+    asks what a fix is worth beyond its own model (``gains``: analyzer.job.gains.GainEngine,
+    handed in by the caller of ``run_rules``: the rules import no what-if model)."""
 
     def __init__(self, rule: type[Rule], facts: JobFacts, settings: dict[str, Any],
                  findings: list[dict[str, Any]] | None = None,
-                 statuses: list[dict[str, Any]] | None = None):
+                 statuses: list[dict[str, Any]] | None = None, *, gains: GainEngine):
         self.rule = rule
+        self.gains = gains
         self.facts = facts
         self.result = facts.result
         self.model = facts.model  # the job's typed facts (analyzer.job.model): what rules read
@@ -165,7 +168,7 @@ class RuleContext:
         """A finding; ``recovers``: the leaves its fix gives back (the rule's by default), or its
         gain split over them in µs when the rule knows the split, each part at most that leaf's
         time in the typical step (analyzer.job.model.split_gain). Its evidence states what the fix
-        is worth (``evidence["prediction"]``, analyzer.whatif.prediction): the rule's own when it
+        is worth (``evidence["prediction"]``, analyzer.job.prediction_doc): the rule's own when it
         gives one, else the typical step less the gain, or "no model for this fix". A rule's own
         estimate beyond what those leaves hold is capped at it, and the model text says so.
         The fix: ``fixes`` (each with its preconditions; their texts joined, the first kept
@@ -238,10 +241,12 @@ class RuleContext:
 
 
 def run_rules(result: Any, config: dict[str, Any] | None = None,
-              source: str = "configuration") -> list[dict[str, Any]]:
+              source: str = "configuration", *, gains: GainEngine) -> list[dict[str, Any]]:
     """Run every enabled rule on ``result``; store and return the findings, sorted by estimated
     gain (largest first; findings without a gain after, by severity), and set
-    ``result.rules`` (each rule's status) and ``result.verdict``."""
+    ``result.rules`` (each rule's status) and ``result.verdict``. ``gains``: the gain engine
+    the rules ask (analyzer.whatif.gains.WHATIF_GAINS, which analyzer.api hands in); required,
+    so that no run drops the gains silently."""
     rules = all_rules()
     settings = rule_settings(config or {}, rules, source)
     facts = JobFacts(result)
@@ -257,7 +262,7 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
             what, reason = missing
             statuses.append({**status, "status": what, "reason": reason})
             continue
-        ctx = RuleContext(rule, facts, settings[name], findings, statuses)
+        ctx = RuleContext(rule, facts, settings[name], findings, statuses, gains=gains)
         try:
             produced = list(rule().check(ctx) or [])
         except NotEvaluated as exc:
@@ -280,7 +285,7 @@ def run_rules(result: Any, config: dict[str, Any] | None = None,
     # the joint estimate: every finding's fix at once on the replay of the measured job
     joint, failed = None, None
     try:
-        joint = joint_replay(result, problems) if typical and problems else None
+        joint = gains.joint_replay(result, problems) if typical and problems else None
     except Exception as exc:  # a broken replay must not hide the findings: the leaf count stands, and says why
         failed = f"{type(exc).__name__}: {exc}"
     result.recoverable = recoverable(typical, problems, joint).to_dict() if typical and problems else None

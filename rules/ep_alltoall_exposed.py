@@ -6,7 +6,7 @@ from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.prediction import not_predicted, predicted
+from analyzer.job.prediction_doc import not_predicted, predicted
 
 
 @register

@@ -9,7 +9,7 @@ from analyzer.job.model import group_label, wait_words
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
-from analyzer.whatif.prediction import predicted
+from analyzer.job.prediction_doc import predicted
 
 # The collective kinds whose exposed transfer a finding of each specific rule explains (None:
 # every kind), and the rules that explain the waiting (a late rank).

@@ -7,7 +7,7 @@ from analyzer.job.ddp import ddp_steps, representative
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, unit_links
-from analyzer.whatif.prediction import not_predicted, predicted
+from analyzer.job.prediction_doc import not_predicted, predicted
 
 LOW_PRECISION = ("bf16", "f16")
 

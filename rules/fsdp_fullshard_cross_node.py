@@ -7,7 +7,6 @@ from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
-from analyzer.whatif.prediction import what_if_or_own
 from analyzer.job.ddp import representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count
 
@@ -107,7 +106,7 @@ class FsdpFullShardCrossNode(Rule):
                          f"static state 16Ψ/g − 16Ψ/N (g = {g}, N = {link.n}; docs/models.md §3)")
         if need is not None and memory and not fits and fit["how"] != "measured":
             return []  # HYBRID_SHARD would not fit by the models: nothing to suggest
-        gain, projection_source, prediction = what_if_or_own(
+        gain, projection_source, prediction = ctx.gains.what_if_or_own(
             facts.result, step_us, gain,
             "FSDP unit schedule (docs/models.md §5) on the median rank-step with the intra-node link and a replicate all-reduce",
             {"intra_node_link": {"value": intra.evidence(), "origin": "profile", "source": intra.source}},

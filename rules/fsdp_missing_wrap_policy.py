@@ -11,8 +11,7 @@ from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
 from analyzer.job.ddp import representative
-from analyzer.whatif.prediction import WhatIf, not_predicted, predicted
-from analyzer.whatif.projection import measured_strategy
+from analyzer.job.prediction_doc import not_predicted, predicted
 
 
 @register
@@ -137,7 +136,7 @@ class FsdpMissingWrapPolicy(Rule):
                                        "overlap is not measured")
         if layers is None or layers < 2:
             return None, not_predicted(f"{NO_UNITS}: {layers_source}")
-        strategy = "hsdp" if measured_strategy(ctx.result) == "hsdp" else "fsdp-full"
+        strategy = "hsdp" if ctx.gains.measured_strategy(ctx.result) == "hsdp" else "fsdp-full"
         assumptions = {
             "units": {"value": layers, "origin": "measured" if layers_source.startswith("measured") else "derived",
                       "source": layers_source},
@@ -151,7 +150,7 @@ class FsdpMissingWrapPolicy(Rule):
                                    "FULL_SHARD (the default) assumed, each unit all-gathered again in backward"
                                    if strategy == "fsdp-full" else "replicate all-reduces in the trace"},
         }
-        fix = WhatIf.of(ctx.result).fix(fsdp_units=layers, strategy=strategy)
+        fix = ctx.gains.what_if(ctx.result).fix(fsdp_units=layers, strategy=strategy)
         if fix is not None:
             model = f"FSDP unit schedule with {layers} units (docs/models.md §5), by the {fix.model}"
             return fix.gain_us, predicted(step_us, fix.gain_us, model, {**assumptions, **fix.assumptions()},

@@ -8,10 +8,9 @@ from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.job.fsdp import fsdp_steps, parameter_count, unit_links
 from analyzer.job.ddp import representative
-from analyzer.whatif.counterfactual import replayed_exposed
-from analyzer.whatif.prediction import predicted
+from analyzer.job.prediction_doc import predicted
 
-# The gain once the schedule's cut is replayed (analyzer.whatif.counterfactual)
+# The gain once the schedule's cut is replayed (the gain engine's replayed_exposed: analyzer.job.gains)
 REPLAYED = ("the gain: that cut taken out of the exposed transfers of each step and the measured job replayed "
             "(docs/models.md §9)")
 
@@ -89,7 +88,7 @@ class FsdpNoPrefetch(Rule):
         if gain < t["min_gain_fraction"] * step_us:
             return []
         modelled, replay_input = gain, {}
-        replayed = replayed_exposed(ctx.result, gain)  # the schedule's cut, replayed on the measured job
+        replayed = ctx.gains.replayed_exposed(ctx.result, gain)  # the schedule's cut, replayed on the measured job
         if replayed is not None:
             gain, replay_input = replayed
         units = len(rep.forward_ag_bytes)

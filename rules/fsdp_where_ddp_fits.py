@@ -11,7 +11,7 @@ from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.ddp import MAX_GRADIENT_PIECES, representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
-from analyzer.whatif.prediction import not_predicted, predicted
+from analyzer.job.prediction_doc import not_predicted, predicted
 
 
 @register

@@ -4,8 +4,7 @@ cause."""
 
 from analyzer.job.model import split_gain
 from analyzer.job.model import HOST_ACTIVITY  # noqa: F401  (the model's words, re-exported to the rules)
-from analyzer.whatif.counterfactual import Replayer, union
-from analyzer.whatif.prediction import predicted
+from analyzer.job.prediction_doc import predicted
 
 HOST_FIX = {
     "input": ("feed it faster: more DataLoader workers, pin_memory, prefetch; balance the "
@@ -126,17 +125,16 @@ def replayed_rank_fixes(ctx, causes: dict[int, str], ranks: int):
     job, the saving split over the typical step's idle then waiting (each at most what that
     leaf holds); None where the job cannot be replayed or every rank fires (no rank to measure
     the extra idle against: the rule's own upper bound stands)."""
-    replayer = Replayer.of(ctx.result)
-    if not replayer.ok or len(causes) >= ranks or replayer.chains is None:
+    if len(causes) >= ranks:
         return None
-    fixes = [f for r, cause in sorted(causes.items()) if (f := replayer.cause_fix(r, cause)) is not None]
-    if not fixes:
+    replayed = ctx.gains.replayed_rank_fixes(ctx.result, causes)
+    if replayed is None:
         return None
-    saved = replayer.saving(union(replayer.chains, fixes))
+    saved, steps_replayed = replayed
     recovers = split_gain(max(0.0, saved), ("idle_us", "exposed_wait_us"), ctx.model.typical)
     gain = sum(recovers.values())
     prediction = predicted(ctx.model.step_time_us, gain, f"replay of the measured job (docs/models.md §9): {REPLAY_GAIN}",
-                           {"fixed": {str(r): c for r, c in sorted(causes.items())}, "steps_replayed": replayer.steps})
+                           {"fixed": {str(r): c for r, c in sorted(causes.items())}, "steps_replayed": steps_replayed})
     if saved > gain + 0.05:
         prediction["replay_gain_beyond_leaves_us"] = round(saved - gain, 1)
     return gain, recovers, prediction

@@ -14,10 +14,10 @@ from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
 from analyzer.rules.gpu_idle_queued import WAITED_ON, dependency_fix
-from analyzer.whatif import replay as rp
-from analyzer.whatif.replay import (caused_in_step as _caused_in_step, excess_over_others as _excess,
-                                    recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
-from analyzer.whatif.prediction import predicted
+from analyzer.job.gains import Counterfactuals, GainEngine
+from analyzer.job.prediction_doc import predicted
+from analyzer.job.waits import (caused_in_step as _caused_in_step, excess_over_others as _excess,
+                                recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
 
 from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, host_fix
 
@@ -141,7 +141,7 @@ class StragglerRank(Rule):
             "persistent" if count >= t["consistency"] * len(steady) else "rotating"
         late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] for r in late}
         causes = {r: _cause(every, r, late_steps[r], lateness, t["cause_fraction"]) for r in sorted(late)}
-        counter, counter_causes = _counterfactuals(ctx.result, every, steady, caused, lateness, t, step_us)
+        counter, counter_causes = _counterfactuals(ctx.gains, ctx.result, every, steady, caused, lateness, t, step_us)
         if counter is not None and counter.order:
             late = counter.order
             late_steps = {r: [n for n in steady if by_step[n].get(r, 0.0) > 0.0] or steady for r in late}
@@ -428,11 +428,11 @@ MAX_CANDIDATES = 8
 REPLAY_ROW_BUDGET = 5_000_000  # collective rows replayed over all the greedy's replays, about
 
 
-def _counterfactuals(result, every, steady, caused, lateness, t,
-                     step_us) -> tuple[rp.Counterfactuals | None, dict[int, str]]:
+def _counterfactuals(gains: GainEngine, result, every, steady, caused, lateness, t,
+                     step_us) -> tuple[Counterfactuals | None, dict[int, str]]:
     """The greedy counterfactual over the candidate ranks (None: the job cannot be replayed),
     and each candidate's cause."""
-    chains = rp.chains(result)
+    chains = gains.chains(result)
     if chains is None:
         return None, {}
     waiting = [r for r in sorted(caused, key=lambda r: (-caused[r], r)) if caused[r] > 0.0][:MAX_CANDIDATES]
@@ -447,15 +447,15 @@ def _counterfactuals(result, every, steady, caused, lateness, t,
     for rank in candidates:
         steps = [n for n in steady if _caused_in_step(every[n]).get(rank, 0.0) > 0.0] or steady
         causes[rank] = _cause(every, rank, steps, lateness, t["cause_fraction"])["cause"]
-        fix = rp.cause_fix(chains, every, rank, causes[rank], excess)
+        fix = gains.cause_fix(chains, every, rank, causes[rank], excess)
         if fix is not None:
             fixes[rank] = fix
     if not fixes:
         return None, causes
-    return rp.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
+    return gains.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
 
 
-def _per_rank(counter: rp.Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
+def _per_rank(counter: Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
     """The named ranks in the greedy order, then every other rank weighed (``named`` false: its
     fix alone, and ``gain_in_order_us`` what it would add after the named ones): the replay's
     savings (mean over the steady steps), as ``tracecliff whatif --fix-ranks R`` gives them."""
@@ -472,7 +472,7 @@ def _fix_command(ranks: list[int]) -> str:
     return f"tracecliff whatif TRACES --fix-ranks {','.join(map(str, sorted(ranks)))}"
 
 
-def _counter_text(counter: rp.Counterfactuals | None, step_us: float, gain: float) -> str:
+def _counter_text(counter: Counterfactuals | None, step_us: float, gain: float) -> str:
     """What fixing each named rank alone saves, which rank hides which, and what the set saves
     (``gain``: the finding's, the replay's saving as far as the typical step's leaves hold it)."""
     if counter is None or not counter.order:

@@ -13,6 +13,7 @@ from analyzer.api import DiagnoseOptions, diagnose
 from analyzer.compare.gate import GateConfig, evaluate, parse_assertion
 from analyzer.reports.html import HtmlRenderer
 from analyzer.reports.text import TextRenderer
+from analyzer.whatif.gains import WHATIF_GAINS
 from analyzer.rules.engine import NotApplicable, Rule, run_rules
 from analyzer.synth import JobSpec, write_job
 from rule_cases_lib import diagnosed
@@ -80,7 +81,7 @@ def test_a_rule_can_say_it_does_not_apply():
     result = dataclasses.replace(copy.deepcopy(diagnosed("synthetic/ddp_healthy_8r")))  # a Result to build again
     engine.RULES["absent-subject"] = Absent
     try:
-        run_rules(result)
+        run_rules(result, gains=WHATIF_GAINS)
     finally:
         del engine.RULES["absent-subject"]
     assert _status(result)["absent-subject"] == ("not_applicable", "nothing of the kind in this job")
@@ -119,7 +120,7 @@ def test_fsdp_units_the_traces_do_not_show_could_not_be_checked():
     """An FSDP job of several processes whose units were not found: the rules apply but could not
     look (not_evaluated), never 'not an FSDP job'."""
     result = dataclasses.replace(copy.deepcopy(diagnosed("synthetic/fsdp1_no_wrap")), fsdp_units=[])
-    run_rules(result)
+    run_rules(result, gains=WHATIF_GAINS)
     status = _status(result)
     for rule in FSDP_RULES:
         assert status[rule][0] == "not_evaluated", rule

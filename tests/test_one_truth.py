@@ -785,7 +785,7 @@ def test_the_gates_whole_trace_samples_are_the_models_rank_shares():
     from analyzer.job.model import WholeTrace
     result = diagnosed("synthetic/ddp_straggler")
     untyped = dataclasses.replace(result, ranks=[dataclasses.replace(r, time_breakdown=None) for r in result.ranks],
-                                  attribution=None, job_model=None, rules=None, verdict=None, findings=[])
+                                  attribution=None, rules=None, verdict=None, findings=[])
     model = untyped.model
     assert model.typical is None
     metrics = run_metrics(untyped)

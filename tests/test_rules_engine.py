@@ -12,6 +12,7 @@ from analyzer.model import formulas as models
 from analyzer.cli.main import main
 from analyzer.base.config import ConfigError, load_config, rule_settings
 from analyzer.job.ddp import DdpStep
+from analyzer.whatif.gains import WHATIF_GAINS
 from analyzer.rules.engine import DOC_SECTIONS, RULES, all_rules, run_rules
 from analyzer.job.facts import Link
 from rule_cases_lib import diagnosed, sample_traces
@@ -97,9 +98,9 @@ def _fresh(trace):
 def test_disabled_rule_and_severity_override():
     result = _fresh("synthetic/ddp_straggler")
     config = {"rules": {"straggler-rank": {"severity": "error"}}}
-    assert [f["severity"] for f in run_rules(result, config)] == ["error"]
+    assert [f["severity"] for f in run_rules(result, config, gains=WHATIF_GAINS)] == ["error"]
     config = {"rules": {"straggler-rank": {"enabled": False}}}
-    produced = run_rules(result, config)
+    produced = run_rules(result, config, gains=WHATIF_GAINS)
     status = {s["rule"]: s["status"] for s in result.rules}
     assert status["straggler-rank"] == "disabled"
     # 19% of the step is exposed (mostly waiting): with straggler-rank off, the general rule covers it
@@ -109,14 +110,32 @@ def test_disabled_rule_and_severity_override():
 
 def test_threshold_changes_the_verdict():
     result = _fresh("synthetic/ddp_straggler")
-    evidence = run_rules(result)[0]["evidence"]
+    evidence = run_rules(result, gains=WHATIF_GAINS)[0]["evidence"]
     # the waiting the late ranks cause per step (mean over the ranks), as a share of the step
     share = sum(evidence["caused_wait_direct_us"][str(r)] for r in evidence["late_ranks"]) / evidence["step_time_us"]
     above = {"rules": {"straggler-rank": {"wait_fraction": share * 1.1}}}
     below = {"rules": {"straggler-rank": {"wait_fraction": share * 0.9}}}
     # Above: the straggler no longer fires, so its wait is exposed communication nothing explains.
-    assert [f["rule"] for f in run_rules(result, above)] == ["exposed-communication"]
-    assert [f["rule"] for f in run_rules(result, below)] == ["straggler-rank"]
+    assert [f["rule"] for f in run_rules(result, above, gains=WHATIF_GAINS)] == ["exposed-communication"]
+    assert [f["rule"] for f in run_rules(result, below, gains=WHATIF_GAINS)] == ["straggler-rank"]
+
+
+def test_the_rules_use_the_gain_engine_they_are_handed():
+    """run_rules takes its gain engine (analyzer.job.gains.GainEngine) as a required keyword: no
+    run drops the gains silently, and the rules and the joint estimate ask the engine handed in."""
+    result = _fresh("synthetic/ddp_straggler")
+    with pytest.raises(TypeError, match="gains"):
+        run_rules(result)  # type: ignore[call-arg]
+    asked = []
+
+    class Recording:
+        def __getattr__(self, name):
+            asked.append(name)
+            return getattr(WHATIF_GAINS, name)
+
+    expected = [f["estimated_gain_us"] for f in run_rules(_fresh("synthetic/ddp_straggler"), gains=WHATIF_GAINS)]
+    assert [f["estimated_gain_us"] for f in run_rules(result, gains=Recording())] == expected
+    assert {"chains", "cause_fix", "greedy", "joint_replay"} <= set(asked)
 
 
 def test_a_rule_that_raises_becomes_an_error_finding(monkeypatch):
@@ -126,7 +145,7 @@ def test_a_rule_that_raises_becomes_an_error_finding(monkeypatch):
         raise ZeroDivisionError("boom")
 
     monkeypatch.setattr(RULES["comm-bound-step"], "check", broken)
-    findings = run_rules(result)
+    findings = run_rules(result, gains=WHATIF_GAINS)
     errors = [f for f in findings if f["rule"] == "comm-bound-step"]
     assert len(errors) == 1 and errors[0]["severity"] == "error"
     assert "ZeroDivisionError: boom" in errors[0]["summary"]
@@ -150,7 +169,7 @@ def test_a_gain_beyond_the_leaves_of_the_typical_step(monkeypatch, own_predictio
                             model="m", fix_text="f", recovers=("idle_us", "exposed_transfer_us"))]
 
     monkeypatch.setattr(RULES["comm-bound-step"], "check", check)
-    f = next(f for f in run_rules(result) if f["rule"] == "comm-bound-step")
+    f = next(f for f in run_rules(result, gains=WHATIF_GAINS) if f["rule"] == "comm-bound-step")
     assert f["recovers"] == {"idle_us": round(leaves.idle_us, 1), "exposed_transfer_us": round(leaves.exposed_transfer_us, 1)}
     if own_prediction:
         assert f["estimated_gain_us"] == round(asked, 1) and f["model"] == "m"
@@ -165,7 +184,7 @@ def test_a_gain_beyond_the_leaves_of_the_typical_step(monkeypatch, own_predictio
 
 def test_findings_sorted_by_gain_then_without_gain():
     result = _fresh("synthetic/ddp_bucket_undersized")
-    rules = [f["rule"] for f in run_rules(result)]
+    rules = [f["rule"] for f in run_rules(result, gains=WHATIF_GAINS)]
     # by gain: comm-bound-step's best projected fix (HYBRID_SHARD) gains more than the bucket cap
     gains = [f["estimated_gain_us"] for f in result.findings]
     assert rules == ["comm-bound-step", "ddp-bucket-undersized"] and gains == sorted(gains, reverse=True)

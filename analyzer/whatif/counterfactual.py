@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.base.memo import memo
+from analyzer.job.waits import step_breakdowns
 from analyzer.whatif import replay as rp
 from analyzer.whatif.projection import Scenario, link_ratios
 
@@ -45,7 +46,7 @@ class Replayer:
         # every rank's chain, or the replay misses the ranks not given (one of them may set the pace)
         complete = len(result.ranks) >= max(2, int(result.job.get("world_size") or 0))
         self.chains = rp.chains(result) if complete else None
-        every = rp.step_breakdowns(result)
+        every = step_breakdowns(result)
         self.every = every
         self.steps = rp.replay_steps(result, every)
         self.ok = self.chains is not None and bool(self.steps)

@@ -19,11 +19,11 @@ from typing import Any
 
 from analyzer.base.errors import TracecliffError
 from analyzer.base.memo import memo
+from analyzer.job.prediction_doc import predicted
 from analyzer.whatif.projection import Measured, Projection, Scenario, project
 from analyzer.base.errors import ConfigError
 from analyzer.whatif.counterfactual import EXPOSED_CUT, replayed_change
 
-NO_MODEL = "no model for this fix"
 # The what-if projection, as a prediction names it (its module docstring and docs/models.md §8 say more).
 WHATIF_MODEL = "what-if projection (measured transfers × α-β link ratio, replayed on the measured compute; docs/models.md §2, §4, §5)"
 # ``tracecliff whatif`` options, by Scenario field (analyzer/cli/whatif.py)
@@ -43,30 +43,6 @@ def whatif_command(changes: dict[str, Any]) -> str:
 
 def _option_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def predicted(step_us: float, gain_us: float, model: str, assumptions: dict[str, Any] | None = None,
-              whatif: str | None = None, alternatives: list[dict[str, Any]] | None = None,
-              step_after_us: float | None = None, changes: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The prediction of a finding with a gain: the typical step after the fix (``step_after_us``
-    when the model predicts a slower step, whose gain is then 0); ``changes``: the what-if
-    scenario fields of the fix when the projection made it (the scaling curve's fix series)."""
-    after = step_us - gain_us if step_after_us is None else step_after_us
-    out: dict[str, Any] = {"predicted_step_time_us": round(after, 1), "gain_us": round(gain_us, 1),
-                           "model": model, "assumptions": assumptions or {}, "whatif": whatif}
-    if alternatives is not None:
-        out["alternatives"] = alternatives
-    if changes is not None:
-        out["changes"] = dict(changes)
-    return out
-
-
-def not_predicted(reason: str, alternatives: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The prediction of a finding without a gain: why there is none."""
-    out: dict[str, Any] = {"predicted_step_time_us": None, "why_no_gain": reason}
-    if alternatives is not None:
-        out["alternatives"] = alternatives
-    return out
 
 
 @dataclass(frozen=True)
@@ -164,15 +140,6 @@ class WhatIf:
             return project(self.result, scenario, self._measured)
         except (TracecliffError, ValueError):
             return None
-
-
-def alternative(label: str, step_us: float, fix: Projected | None, reason: str | None = None) -> dict[str, Any]:
-    """One fix a finding weighs, with its projected typical step (or why it has none)."""
-    if fix is None:
-        return {"fix": label, "projected_step_time_us": None, "gain_us": None, "whatif": None,
-                "why_no_gain": reason or "the what-if projection cannot make this change on this trace"}
-    return {"fix": label, "projected_step_time_us": round(fix.step_after(step_us), 1), "gain_us": round(fix.gain_us, 1),
-            "whatif": fix.command, "changes": dict(fix.changes)}
 
 
 OWN_SCHEDULE = "the rule's own schedule (the what-if model cannot project this trace)"

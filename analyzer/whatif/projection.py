@@ -55,7 +55,7 @@ from analyzer.model import formulas as models
 from analyzer.job.columns import CollectiveColumns, categorical, distinct_rows
 from analyzer.model.link import Link, cross_node_beta, node_nic_gbps
 from analyzer.whatif import compute as compute_scaling
-from analyzer.whatif.ddp import bucket_ready_array, gradient_pieces, interpolate_ready, rebucket
+from analyzer.job.ddp import bucket_ready_array, gradient_pieces, interpolate_ready, rebucket
 from analyzer.base.errors import ConfigError
 from analyzer.base.limits import MAX_FSDP_UNITS
 
@@ -1065,7 +1065,7 @@ class _RankStep:
 
     def rebucketed(self, bucket_mb: float) -> tuple[list[float], list[float]]:
         """(ready time, bytes) of the DDP buckets with cap ``bucket_mb``: the measured buckets
-        as ≤ 1 MiB gradient pieces (analyzer.whatif.ddp, as the bucket rules do) re-bucketed.
+        as ≤ 1 MiB gradient pieces (analyzer.job.ddp, as the bucket rules do) re-bucketed.
         Once per cap: the fix series of the scaling curve has one cap at every GPU count."""
         if bucket_mb not in self._rebucketed:
             ddp = self.ddp

@@ -36,7 +36,8 @@ import numpy as np
 
 from analyzer.job import crossrank
 from analyzer.job.columns import CollectiveColumns
-from analyzer.job.facts import median
+from analyzer.job.gains import Counterfactuals
+from analyzer.job.waits import excess_over_others, step_breakdowns
 
 
 @dataclass(frozen=True, eq=False)
@@ -389,19 +390,6 @@ def replay_fix(chains: Chains, fix: ReplayFix) -> Replayed:
     return replay(chains, fix)
 
 
-@dataclass(frozen=True)
-class Counterfactuals:
-    """What fixing each candidate is worth (µs of the step: ``saving``): alone, in the greedy
-    order (each one's saving once those before it are fixed) and all of the named ones at once."""
-
-    order: list[int]  # the named ones, greedy order
-    alone: dict[int, float]  # every candidate
-    in_order: dict[int, float]  # the named ones
-    together: float  # the named ones fixed at once
-    recoverable: float  # every candidate fixed at once
-    beyond: dict[int, float]  # each candidate not named: its saving once the named ones are fixed
-
-
 def greedy(chains: Chains, fixes: dict[Any, ReplayFix], steps: list[Any], share: float,
            floor_share: float = 0.0) -> Counterfactuals:
     """Fix the candidate whose fix saves most, replay, pick the next, until the named ones save
@@ -444,31 +432,7 @@ def _sum(chains: Chains, fixes: list[ReplayFix]) -> ReplayFix:
 
 
 # ---- fixing ranks by their cause: what straggler-rank names and `tracecliff whatif --fix-ranks` replays
-
-def step_breakdowns(result: Any) -> dict[Any, dict[int, dict[str, Any]]]:
-    """{step: {rank: that step's time breakdown + window start (µs, clock offsets corrected)
-    and compute time}} of the steps whose waiting by peer is measured."""
-    out: dict[Any, dict[int, dict[str, Any]]] = {}
-    offsets = {b["rank"]: b.get("clock_offset_us") or 0.0 for b in (result.stragglers or {}).get("by_rank") or []}
-    origin = result.job.get("time_origin_ns") or 0
-    for rank in result.ranks:
-        for entry in rank.steps:
-            tb = entry.get("time_breakdown")
-            if not tb or "wait_by_peer" not in tb:
-                continue
-            entry_us = (entry["window_ns"][0] - origin) / 1000.0 - offsets.get(rank.rank, 0.0)
-            out.setdefault(entry["step"], {})[rank.rank] = {**tb, "step_time_us": entry["step_time_us"],
-                                                            "entry_us": entry_us,
-                                                            "compute_us": entry.get("compute_us", 0.0)}
-    return out
-
-
-def excess_over_others(rows: dict[int, dict[str, Any]] | None, rank: int, leaf: str) -> float:
-    """The rank's leaf minus the median of the other ranks' (0 when the step is unknown)."""
-    if not rows or rank not in rows:
-        return 0.0
-    return rows[rank][leaf] - (median(tb[leaf] for r, tb in rows.items() if r != rank) or 0.0)
-
+# (each step's breakdown by rank and a rank's excess over the others: analyzer.job.waits)
 
 def cause_fix(chains: Chains, every: dict[Any, dict[int, dict[str, Any]]], rank: int, cause: str,
               excess: np.ndarray | None = None) -> ReplayFix | None:
@@ -536,45 +500,3 @@ def fix_ranks_doc(result: Any, ranks: list[int], source: str = "--fix-ranks") ->
     return {"ranks": sorted(causes), "causes": {str(r): c for r, c in sorted(causes.items())},
             "step_time_us": round(step, 1), "gain_us": round(gain, 1), "predicted_step_time_us": round(step - gain, 1),
             "model": "replay of the measured job (docs/models.md §9)"}
-
-
-def caused_in_step(rows: dict[int, dict[str, Any]]) -> dict[int, float]:
-    """{rank: the exposed waiting the step's ranks spend for it (mean over the ranks)}: its share
-    of the step's "waiting for late peers" leaf (the α-β estimate names no rank)."""
-    out: dict[int, float] = {}
-    for tb in rows.values():
-        for peer, us in (tb.get("wait_by_peer") or {}).items():
-            if peer.isdigit():
-                out[int(peer)] = out.get(int(peer), 0.0) + us / len(rows)
-    return out
-
-
-# Where a late rank's own extra time lies, by its cause: fixing it gives that back too.
-OWN_LEAF = {"host": "idle_us", "queued": "idle_us", "compute": "compute_only_us", "entry-skew": "idle_us",
-             "network": "exposed_transfer_us", "unknown": "exposed_wait_us"}
-
-
-def recovers(waited: float, wait_us: float, cause: str, typical: Any) -> dict[str, float]:
-    """The others' wait for the late ranks (``wait_us``: the median rank not late) over the
-    typical step's leaves, which are means over the ranks: the waiting for the late ranks
-    (``waited``: mean over the ranks, as the leaf), the rest in the leaf that holds the late
-    ranks' own extra time (a slow GPU's compute, a stalled host's idle), each at most what that
-    leaf holds. What no leaf holds is no time of the typical step (an entry-skewed rank's delay
-    lies before its step window) and is not a gain."""
-    room = (lambda leaf: typical.leaves.leaf(leaf)) if typical is not None else (lambda leaf: math.inf)
-    wait = min(wait_us, waited, room("exposed_wait_us"))
-    rest = OWN_LEAF.get(cause, "exposed_wait_us")
-    if rest == "exposed_wait_us":
-        return {"exposed_wait_us": min(wait_us, room("exposed_wait_us"))}
-    own = min(wait_us - wait, room(rest))
-    return {"exposed_wait_us": wait, rest: own} if own > 0.0 else {"exposed_wait_us": wait}
-
-
-
-def waited_for_ranks(every: dict[Any, Any], steady: list[Any], on: Any, ranks: list[int]) -> float:
-    """The waiting the ranks cause (mean over the ranks, as the leaf): in the typical step
-    ``on``, else (None) the mean over the steady steps."""
-    if on is not None:
-        caused = caused_in_step(every[on])
-        return sum(caused.get(r, 0.0) for r in ranks)
-    return sum(caused_in_step(every[n]).get(r, 0.0) for n in steady for r in ranks) / len(steady) if steady else 0.0
