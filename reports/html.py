@@ -310,11 +310,11 @@ def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     rows = []
     for r in model.ranks:  # no typical step: each rank's whole trace (the model's WholeTrace figures)
         parts = {
-            "compute_only": max(r.compute_us - r.overlap_us, 0.0),
+            "compute_only": r.compute_only_us,
             "overlapped": r.overlap_us,
             "exposed": r.exposed_comm_us,
-            "other": max(r.busy_us - r.compute_us - r.exposed_comm_us, 0.0),
-            "idle": max(r.span_us - r.busy_us, 0.0),
+            "other": r.other_gpu_us,
+            "idle": r.idle_us,
         }
         rows.append({"rank": r.rank, "host": r.host, "parts": parts, "total": sum(parts.values()),
                      "straggler": stragglers.get(r.rank)})
@@ -333,6 +333,7 @@ def _leaf_bars(model: JobModel, stragglers: dict[Any, str]) -> dict[str, Any]:
         parts = {"compute_only": leaves.compute_only_us, "wait": leaves.exposed_wait_us,
                  "transfer": leaves.exposed_transfer_us, "other": leaves.other_gpu_us, "idle": leaves.idle_us}
         rows.append({"rank": r.rank, "host": r.host, "parts": parts, "total": sum(parts.values()),
+                     "pcts": {key: leaves.pct(us) or 0.0 for key, us in parts.items()},
                      "straggler": stragglers.get(r.rank)})
     step = model.typical.step if model.typical else None
     return {"available": True, **_bar_geometry(rows, LEAF_SEGMENTS),
@@ -350,7 +351,8 @@ def _bar_geometry(rows: list[dict[str, Any]], kinds=BAR_SEGMENTS) -> dict[str, A
             width = row["parts"][key] * scale
             segments.append({"key": key, "label": label, "x": round(x, 2), "w": round(width, 2),
                              "us": row["parts"][key],
-                             "pct": 100 * row["parts"][key] / row["total"] if row["total"] else 0.0})
+                             "pct": row["pcts"][key] if "pcts" in row  # the rank's leaf of its step (the model's)
+                             else 100 * row["parts"][key] / row["total"] if row["total"] else 0.0})
             x += width
         row.update(y=22 + i * row_h, segments=segments, end_x=round(x, 2))
     return {"rows": rows, "width": label_w + plot_w + 130, "height": 30 + len(rows) * row_h,
@@ -420,8 +422,7 @@ def _findings(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     findings = doc.get("findings") or []
     if not findings and "rules" not in doc and "verdict" not in doc:
         return unavailable("the diagnosis rules did not run on this document")
-    step_time = model.step_time_us
-    cards = [_card(f, step_time) for f in findings if isinstance(f, dict)]
+    cards = [_card(f, model) for f in findings if isinstance(f, dict)]
     cards.sort(key=lambda c: (c["gain_us"] is None, -(c["gain_us"] or 0.0),
                               SEVERITY_ORDER.get(c["severity"], 3), c["rule"]))
     statuses = [{"rule": str(r.get("rule")), "status": str(r.get("status") or ""),
@@ -433,10 +434,10 @@ def _findings(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     for r in statuses:
         r["status"] = STATUS_WORDS.get(r["status"], r["status"])
     return {"available": True, "cards": cards, "rules": statuses, "rules_tally": tally,
-            "joint": _joint(joint, step_time)}
+            "joint": _joint(joint, model)}
 
 
-def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, Any] | None:
+def _joint(joint: dict[str, Any] | None, model: JobModel) -> dict[str, Any] | None:
     """What the findings recover together (the verdict's figure), and the time they share."""
     if not joint or len(joint.get("findings") or []) < 2:
         return None
@@ -445,7 +446,7 @@ def _joint(joint: dict[str, Any] | None, step_time: float | None) -> dict[str, A
               for f in joint["findings"] if f.get("shared_us")]
     return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
             "source": joint.get("source"),
-            "pct": 100 * joint["joint_us"] / step_time if step_time else None, "shared": shared}
+            "pct": model.step_pct(joint["joint_us"]), "shared": shared}
 
 
 MODEL_ANCHORS = (("bucket", "model-buckets"), ("comm-bound", "model-buckets"), ("overlap", "model-buckets"),
@@ -454,7 +455,7 @@ MODEL_ANCHORS = (("bucket", "model-buckets"), ("comm-bound", "model-buckets"), (
                  ("mfu", "model-mfu"), ("latency", "model-alpha-beta"), ("cross-node", "model-cross-node"))
 
 
-def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
+def _card(f: dict[str, Any], model: JobModel) -> dict[str, Any]:
     rule = str(f.get("rule") or "?")
     gain = f.get("estimated_gain_us")
     gain = float(gain) if isinstance(gain, (int, float)) and not isinstance(gain, bool) else None
@@ -466,10 +467,10 @@ def _card(f: dict[str, Any], step_time: float | None) -> dict[str, Any]:
         "ranks": _short_list(f.get("ranks")), "steps": _short_list(f.get("steps")),
         "evidence": structured.rows(_without_prediction(f.get("evidence"))), "model": _model_text(f.get("model")),
         "prediction": prediction_view((f.get("evidence") or {}).get("prediction")
-                                      if isinstance(f.get("evidence"), dict) else None, step_time),
+                                      if isinstance(f.get("evidence"), dict) else None, model.step_time_us),
         "recovers": " and ".join(leaf_names(f.get("recovers"))) if gain else "",
         "fix_text": fix_text, "fix_snippet": fix_snippet, "withheld": structured.withheld_fixes(f), "gain_us": gain,
-        "gain_pct": 100 * gain / step_time if gain is not None and step_time else None,
+        "gain_pct": model.step_pct(gain),
         "references": [fmt_value(r) for r in f.get("references") or []] if isinstance(f.get("references"), list)
         else ([str(f["references"])] if f.get("references") else []),
         "anchor": anchor,

@@ -270,10 +270,14 @@ def _rule_statuses(doc: dict[str, Any]) -> list[str]:
 
 
 def _cell(value: float | None, span: float) -> str:
+    """A whole-trace figure and its share of the rank's GPU span (the document's ranks[])."""
     if value is None:
         return f"{'-':>14}"
-    pct = 100.0 * value / span if span else 0.0
-    return f"{value:>9,.0f}{pct:>4.0f}%"
+    return _figure_cell(value, 100.0 * value / span if span else 0.0)
+
+
+def _figure_cell(value: float, pct: float | None) -> str:
+    return f"{value:>9,.0f}{pct or 0.0:>4.0f}%"
 
 
 def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
@@ -284,8 +288,8 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
         lines = [f"Per rank, typical step {model.typical.step}: each rank's own time of it (µs, % of the step):", head]
         for r in with_tb:
             leaves = r.typical
-            lines.append(f"{r.rank:>5} " + " ".join(_cell(getattr(leaves, key), leaves.step_time_us)
-                                                   for _, key in LEAF_COLUMNS))
+            lines.append(f"{r.rank:>5} " + " ".join(_figure_cell(value, leaves.pct(value))
+                                                   for value in (getattr(leaves, key) for _, key in LEAF_COLUMNS)))
         rest = [r.rank for r in model.ranks if r.typical is None]
         return lines + ([f"  (no step breakdown for rank(s) {', '.join(map(str, rest))})"] if rest else []) + [""]
     if not any(r.get("gpu_event_count") for r in doc["ranks"]):

@@ -794,3 +794,61 @@ def test_the_gates_whole_trace_samples_are_the_models_rank_shares():
         samples = metrics[name].samples
         assert samples and all(s.value == 100.0 * getattr(facts[s.rank], share) for s in samples)
         assert all(getattr(facts[s.rank], share) == getattr(WholeTrace.of((facts[s.rank],)), share) for s in samples)
+
+
+@pytest.mark.parametrize("job", ["synthetic/ddp_bucket_undersized", "synthetic/ddp_two_hosts_stall"])
+def test_a_gain_as_a_share_of_the_step_is_the_models(job):
+    """The HTML card's gain and the findings' joint gain as a percentage of the typical step are
+    JobModel.step_pct's (one formula), the share of the step time the views quote."""
+    result = diagnosed(job)
+    model = result.model
+    findings = build_view(result)["findings"]
+    gains = {f["rule"]: f["estimated_gain_us"] for f in result.findings if f.get("estimated_gain_us")}
+    cards = [c for c in findings["cards"] if c["rule"] in gains]
+    assert cards and model.step_time_us
+    for card in cards:
+        assert card["gain_pct"] == model.step_pct(gains[card["rule"]])
+        assert card["gain_pct"] == pytest.approx(100 * gains[card["rule"]] / model.step_time_us)
+    joint = result.to_dict()["recoverable"]["joint_us"]
+    assert findings["joint"]["pct"] == model.step_pct(joint) and 0 < findings["joint"]["pct"] <= 100
+    assert model.step_pct(None) is None
+
+
+def test_a_ranks_leaf_share_is_one_figure_in_text_and_html():
+    """Each rank's leaf as a percentage of its own typical step: the text per-rank table and the
+    HTML per-rank bars both print Leaves.pct (not a formula each)."""
+    result = diagnosed("synthetic/ddp_straggler")
+    text = TextRenderer().render(result).splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("Per rank, typical step"))
+    end = text.index("", start)
+    rows = {int(line.split()[0]): re.findall(r"(\d+)%", line) for line in text[start + 2:end]}
+    bars = {r["rank"]: {s["key"]: s["pct"] for s in r["segments"]} for r in build_view(result)["bars"]["rows"]}
+    facts = {r.rank: r.typical for r in result.model.ranks}
+    keys = ("compute_only", "wait", "transfer", "other", "idle")
+    assert rows and set(rows) == set(bars)
+    for rank, cells in rows.items():
+        leaves = facts[rank]
+        values = [getattr(leaves, key) for key in ("step_time_us", "compute_only_us", "exposed_wait_us",
+                                                  "exposed_transfer_us", "other_gpu_us", "idle_us")]
+        assert cells == [f"{leaves.pct(v):.0f}" for v in values] and cells[0] == "100"
+        assert [bars[rank][k] for k in keys] == [leaves.pct(v) for v in values[1:]]
+
+
+def test_the_whole_trace_bars_are_the_models_rank_leaves():
+    """Without a typical step the HTML bars split each rank's whole trace with RankFacts'
+    compute-only, other-GPU and idle figures; the parts add up to the rank's GPU span."""
+    import dataclasses
+
+    result = diagnosed("synthetic/ddp_straggler")
+    untyped = dataclasses.replace(result, ranks=[dataclasses.replace(r, time_breakdown=None) for r in result.ranks],
+                                  attribution=None, rules=None, verdict=None, findings=[])
+    model = untyped.model
+    assert model.typical is None and model.whole_trace is not None
+    bars = build_view(untyped)["bars"]
+    assert bars["per"] == "whole trace (no typical step)"
+    facts = {r.rank: r for r in model.ranks}
+    for row in bars["rows"]:
+        r = facts[row["rank"]]
+        assert row["parts"] == {"compute_only": r.compute_only_us, "overlapped": r.overlap_us,
+                                "exposed": r.exposed_comm_us, "other": r.other_gpu_us, "idle": r.idle_us}
+        assert r.idle_us == max(r.span_us - r.busy_us, 0.0) and row["total"] == pytest.approx(r.span_us)

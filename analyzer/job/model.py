@@ -134,6 +134,11 @@ class Leaves:
         """``us`` as a fraction of this step (None for a zero-length step)."""
         return us / self.step_time_us if self.step_time_us else None
 
+    def pct(self, us: float) -> float | None:
+        """``us`` as a percentage of this step (None for a zero-length step): a rank's leaf as
+        the text per-rank table and the HTML per-rank bars quote it."""
+        return 100 * us / self.step_time_us if self.step_time_us else None
+
     @property
     def exposed_share(self) -> float | None:
         return self.share(self.exposed_us)
@@ -299,6 +304,22 @@ class RankFacts:
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
 
+    # its whole trace in leaves, for a job without a typical step (the HTML per-rank bars)
+    @property
+    def compute_only_us(self) -> float:
+        """Its compute not overlapped by communication, over the whole trace."""
+        return max(self.compute_us - self.overlap_us, 0.0)
+
+    @property
+    def other_gpu_us(self) -> float:
+        """Its GPU busy time that is neither compute nor exposed communication (copies, memsets)."""
+        return max(self.busy_us - self.compute_us - self.exposed_comm_us, 0.0)
+
+    @property
+    def idle_us(self) -> float:
+        """Its GPU span with nothing running, over the whole trace."""
+        return max(self.span_us - self.busy_us, 0.0)
+
     @property
     def exposed_share(self) -> float | None:
         """Its exposed communication over its whole GPU span, as ``WholeTrace``'s of one rank
@@ -444,6 +465,12 @@ class JobModel:
     def step_time_us(self) -> float | None:
         """The job's step time: the typical step's, mean over ranks. Every view quotes it."""
         return self.typical.step_time_us if self.typical else None
+
+    def step_pct(self, us: float | None) -> float | None:
+        """``us`` as a percentage of the job's step time (a finding's gain, the findings' joint
+        gain); None: no figure or no typical step. The one formula every view quotes."""
+        step = self.step_time_us
+        return 100 * us / step if us is not None and step else None
 
     @property
     def exposed_share(self) -> float | None:
