@@ -300,6 +300,7 @@ class RankFacts:
     exposed_comm_us: float
     busy_us: float = 0.0  # whole trace, as the four above
     compute_us: float = 0.0
+    idle_us: float = 0.0  # its GPU span with nothing running, whole trace (analyzer.rank.timeline)
 
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
@@ -314,11 +315,6 @@ class RankFacts:
     def other_gpu_us(self) -> float:
         """Its GPU busy time that is neither compute nor exposed communication (copies, memsets)."""
         return max(self.busy_us - self.compute_us - self.exposed_comm_us, 0.0)
-
-    @property
-    def idle_us(self) -> float:
-        """Its GPU span with nothing running, over the whole trace."""
-        return max(self.span_us - self.busy_us, 0.0)
 
     @property
     def exposed_share(self) -> float | None:
@@ -659,7 +655,7 @@ def _rank_facts(rank: Any, typical: TypicalStep | None, origin_ns: int) -> RankF
                      Details.of(tb.get("details")) if tb else None, float(metrics.get("span_us") or 0.0),
                      float(metrics.get("comm_us") or 0.0), float(metrics.get("overlap_us") or 0.0),
                      float(metrics.get("exposed_comm_us") or 0.0), float(metrics.get("busy_us") or 0.0),
-                     float(metrics.get("compute_us") or 0.0))
+                     float(metrics.get("compute_us") or 0.0), float(metrics.get("idle_us") or 0.0))
 
 
 def _rank_step(rank: int, entry: Mapping[str, Any], typical: TypicalStep | None, origin_ns: int) -> RankStep:
