@@ -317,6 +317,7 @@ def _rank_bars(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
             "idle": r.idle_us,
         }
         rows.append({"rank": r.rank, "host": r.host, "parts": parts, "total": sum(parts.values()),
+                     "pcts": {key: r.span_pct(us) or 0.0 for key, us in parts.items()},
                      "straggler": stragglers.get(r.rank)})
     return {"available": True, **_bar_geometry(rows),
             "per": "whole trace (no typical step)",
@@ -351,8 +352,7 @@ def _bar_geometry(rows: list[dict[str, Any]], kinds=BAR_SEGMENTS) -> dict[str, A
             width = row["parts"][key] * scale
             segments.append({"key": key, "label": label, "x": round(x, 2), "w": round(width, 2),
                              "us": row["parts"][key],
-                             "pct": row["pcts"][key] if "pcts" in row  # the rank's leaf of its step (the model's)
-                             else 100 * row["parts"][key] / row["total"] if row["total"] else 0.0})
+                             "pct": row["pcts"][key]})  # of the rank's step or GPU span (the model's)
             x += width
         row.update(y=22 + i * row_h, segments=segments, end_x=round(x, 2))
     return {"rows": rows, "width": label_w + plot_w + 130, "height": 30 + len(rows) * row_h,

@@ -269,13 +269,6 @@ def _rule_statuses(doc: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _cell(value: float | None, span: float) -> str:
-    """A whole-trace figure and its share of the rank's GPU span (the document's ranks[])."""
-    if value is None:
-        return f"{'-':>14}"
-    return _figure_cell(value, 100.0 * value / span if span else 0.0)
-
-
 def _figure_cell(value: float, pct: float | None) -> str:
     return f"{value:>9,.0f}{pct or 0.0:>4.0f}%"
 
@@ -299,9 +292,11 @@ def _rank_table(doc: dict[str, Any], model: JobModel) -> list[str]:
                 "no GPU time to break down", ""]
     head = f"{'rank':>5} " + " ".join(f"{title:>14}" for title, _ in COLUMNS)
     lines = ["Per rank, whole trace (µs, % of GPU span):", head]
+    facts = {r.rank: r for r in model.ranks}
     for r in doc["ranks"]:
-        span = r["span_us"]
-        cells = " ".join(_cell(r.get(key), span) for _, key in COLUMNS)
+        rank = facts[r["rank"]]  # its whole trace: each figure as a share of its GPU span (the model's)
+        cells = " ".join(f"{'-':>14}" if r.get(key) is None else _figure_cell(r[key], rank.span_pct(r[key]))
+                         for _, key in COLUMNS)
         lines.append(f"{r['rank']:>5} {cells}")
     return lines + [""]
 

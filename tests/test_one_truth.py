@@ -855,3 +855,12 @@ def test_the_whole_trace_bars_are_the_models_rank_leaves():
         doc_rank = next(d for d in untyped.to_dict()["ranks"] if d["rank"] == r.rank)
         assert r.idle_us == doc_rank["idle_us"]  # the text per-rank table's idle column
         assert row["total"] == pytest.approx(r.span_us)
+        assert all(s["pct"] == r.span_pct(s["us"]) for s in row["segments"])
+    # the text table's shares of the span are the same figures (overlapped, exposed, idle)
+    text = TextRenderer().render(untyped).splitlines()
+    start = text.index("Per rank, whole trace (µs, % of GPU span):")
+    pcts = {int(line.split()[0]): re.findall(r"(\d+)%", line) for line in text[start + 2:text.index("", start)]}
+    assert set(pcts) == set(facts)
+    for row in bars["rows"]:
+        seg = {s["key"]: s["pct"] for s in row["segments"]}
+        assert pcts[row["rank"]][3:] == [f"{seg[k]:.0f}" for k in ("overlapped", "exposed", "idle")]

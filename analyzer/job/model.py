@@ -305,6 +305,11 @@ class RankFacts:
     def step(self, number: Any) -> RankStep | None:
         return next((s for s in self.steps if s.step == number), None)
 
+    def span_pct(self, us: float) -> float | None:
+        """``us`` as a percentage of its GPU span, whole trace (None: no GPU span): the text
+        per-rank whole-trace table and the HTML per-rank bars of a job without a typical step."""
+        return 100.0 * us / self.span_us if self.span_us else None
+
     # its whole trace in leaves, for a job without a typical step (the HTML per-rank bars)
     @property
     def compute_only_us(self) -> float:
