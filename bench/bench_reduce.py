@@ -33,6 +33,7 @@ from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result
 from analyzer.rank.analysis import RankOptions, analyze_rank_file
 from analyzer.rules.engine import run_rules
+from analyzer.whatif.gains import WHATIF_GAINS
 
 SOURCE = Path(__file__).resolve().parents[1] / "sample_traces" / "synthetic" / "ddp_healthy_8r" / "rank-0.json.gz"
 
@@ -91,7 +92,7 @@ def main() -> None:
         t2 = time.perf_counter(), time.process_time()
         analyze_job(result, options)
         t3 = time.perf_counter(), time.process_time()
-        run_rules(result, {})
+        run_rules(result, {}, gains=WHATIF_GAINS)
         t4 = time.perf_counter(), time.process_time()
         written = result.save(args.output)  # as `diagnose --format json -o FILE` does: the JSON, the rows file
         t5 = time.perf_counter(), time.process_time()

@@ -53,6 +53,7 @@ from analyzer.ingest.schema import TRACE_DECODER
 from analyzer.job.analysis import analyze_job
 from analyzer.job.reduce import build_result
 from analyzer.rules.engine import run_rules
+from analyzer.whatif.gains import WHATIF_GAINS
 marks = [("imports", time.process_time())]
 files = discover_trace_files([sys.argv[1]])
 for f in files:
@@ -67,7 +68,7 @@ with paused_gc():
     marks.append(("combine", time.process_time()))
     analyze_job(result, options)
     marks.append(("job analysis", time.process_time()))
-    run_rules(result, None)
+    run_rules(result, None, gains=WHATIF_GAINS)
     marks.append(("rules", time.process_time()))
     add_report_sections(result, options)
     marks.append(("report sections", time.process_time()))

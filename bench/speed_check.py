@@ -67,20 +67,15 @@ def diagnose_json(target: Path) -> None:
 def reduce_job(ranks: int, collectives: int) -> Callable[[], None]:
     """bench_reduce.py's stages on ``ranks`` clones of its tiled rank (made here, outside the timing)."""
     import bench_reduce
-    from analyzer.api import DiagnoseOptions
+    from analyzer.api import DiagnoseOptions, build_report
     from analyzer.base.gc_pause import paused_gc
-    from analyzer.job.analysis import analyze_job
-    from analyzer.job.reduce import build_result
-    from analyzer.rules.engine import run_rules
     template = bench_reduce.tiled_rank(collectives)
 
     def run() -> None:
         job = [bench_reduce.clone(template, r, ranks) for r in range(ranks)]
         options = DiagnoseOptions()
         with paused_gc():
-            result = build_result(job, options)
-            analyze_job(result, options)
-            run_rules(result, {})
+            result = build_report(job, options, {}, report=False)  # diagnose's build, as --format json
             for _ in result.json_chunks():
                 pass
     return run
