@@ -31,7 +31,7 @@ def memo(owner: Any, name: str, build: Callable[[], _T], *of: Any,
     ``of`` (and ``valid`` holds of it, when given), else ``build()``, kept."""
     entry = vars(owner).get(SLOT, {}).get(name)
     if entry is not None and _same(entry[0], of) and (valid is None or valid(entry[1])):
-        return entry[1]  # type: ignore[no-any-return]
+        return entry[1]
     value = build()
     _slots(owner)[name] = (of, value)
     return value
