@@ -16,7 +16,7 @@ LAYERS = "analyzer|rules|reports|docs|tests|bench|scripts|whatif|job|rank|ingest
 # a repository path (not an absolute one, such as a fake user frame's "/job/train.py")
 PATH = re.compile(rf"(?<![/\w.])((?:{LAYERS})/[A-Za-z0-9_/.-]+\.(?:py|md|toml|json|j2|js|css))")
 SOURCES = sorted([*REPO.glob("analyzer/**/*.py"), *REPO.glob("rules/*.py"), *REPO.glob("reports/**/*.py"),
-                  *REPO.glob("reports/templates/*"), *REPO.glob("docs/*.md"), REPO / "README.md",
+                  *(p for p in REPO.glob("reports/templates/*") if p.is_file()), *REPO.glob("docs/*.md"), REPO / "README.md",
                   *REPO.glob("bench/*.py"), *REPO.glob("scripts/*.py")])
 
 
