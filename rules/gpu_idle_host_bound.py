@@ -5,7 +5,8 @@ from __future__ import annotations
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
-from analyzer.rules.host import (HOST_ACTIVITY, HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
+from analyzer.job.model import HOST_ACTIVITY
+from analyzer.rules.host import (HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
                                  replayed_rank_fixes)
 
 

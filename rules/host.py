@@ -3,7 +3,6 @@ analyzer.rank.attribution), in words, and the fix for each: shared by the rules 
 cause."""
 
 from analyzer.job.model import split_gain
-from analyzer.job.model import HOST_ACTIVITY  # noqa: F401  (the model's words, re-exported to the rules)
 from analyzer.job.prediction_doc import predicted
 
 HOST_FIX = {

@@ -19,7 +19,8 @@ from analyzer.job.prediction_doc import predicted
 from analyzer.job.waits import (caused_in_step as _caused_in_step, excess_over_others as _excess,
                                 recovers as _recovers, step_breakdowns as _steps_by_number, waited_for_ranks)
 
-from analyzer.rules.host import HOST_ACTIVITY, HOST_FIX, host_fix
+from analyzer.job.model import HOST_ACTIVITY
+from analyzer.rules.host import HOST_FIX, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
 
