@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.hang.words import call_text, clock, evidence_lines, group_label
+from analyzer.hang.words import call_text, clock, evidence_lines, pg_label
 from analyzer.reports.diff_html import _environment
 from analyzer.reports.templating import stylesheet
 from analyzer.reports.hang_text import COMPLETION, STACK_DEPTH, same_culprits
@@ -14,6 +14,6 @@ from analyzer.reports.hang_text import COMPLETION, STACK_DEPTH, same_culprits
 
 def render_html(doc: dict[str, Any]) -> str:
     return _environment().get_template("hang.html.j2").render(
-        doc=doc, css=stylesheet(), clock=clock, group_label=group_label, call_text=call_text,
+        doc=doc, css=stylesheet(), clock=clock, pg_label=pg_label, call_text=call_text,
         evidence_lines=evidence_lines, completion=COMPLETION, depth=STACK_DEPTH,
         same_culprits=same_culprits)

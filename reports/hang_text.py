@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from analyzer.hang.words import call_text, clock, evidence_lines, group_label
+from analyzer.hang.words import call_text, clock, evidence_lines, pg_label
 
 STACK_DEPTH = 6
 COMPLETION = {True: "completed", False: "pending", None: "completion not recorded"}
@@ -21,7 +21,7 @@ def render_text(doc: dict[str, Any]) -> str:
     for h in doc["hangs"]:
         lines += _hang(h) + [""]
     for f in doc.get("in_flight") or []:
-        lines += [f"[in flight] {f['op']} #{f['seq']} of {group_label(f['group'])}: members {_ranks_text(f['ranks'])}",
+        lines += [f"[in flight] {f['op']} #{f['seq']} of {pg_label(f['group'])}: members {_ranks_text(f['ranks'])}",
                   f"  {f['reason']}", ""]
     history = doc.get("history")
     if history and history.get("statement"):
@@ -36,7 +36,7 @@ def render_text(doc: dict[str, Any]) -> str:
 
 def _hang(h: dict[str, Any]) -> list[str]:
     g = h["group"]
-    lines = [f"[{h['kind']}] {h['op']} #{h['seq']} of {group_label(g)}: {g['size']} members "
+    lines = [f"[{h['kind']}] {h['op']} #{h['seq']} of {pg_label(g)}: {g['size']} members "
              f"{_ranks_text(g['ranks'])} ({'from pg_config' if g['membership'] == 'pg_config' else 'membership inferred'})",
              f"  culprits: {_ranks_text(h['ranks'])}   waiting: {_ranks_text(h['waiting_ranks']) or '-'}"
              f"{' since ' + clock(h['waiting_since_ns']) if h['waiting_ranks'] else ''}"]

@@ -15,7 +15,7 @@ from analyzer.base.errors import InputError
 from analyzer.hang.analyze import Hang, Job, entry_dict, find_hangs
 from analyzer.hang.history import straggler_history
 from analyzer.hang.read import DumpEntry, Found, Frame, RankDump, discover, discover_dumps, read_dump
-from analyzer.hang.words import call_text, clock, evidence_lines, group_label, op_text, span
+from analyzer.hang.words import call_text, clock, evidence_lines, pg_label, op_text, span
 
 __all__ = ["HangReport", "find_inputs", "triage"]
 SCHEMA_VERSION = 1
@@ -207,13 +207,13 @@ def _consequences(hangs: list[Hang]) -> str:
 
 
 def _in_flight_text(in_flight: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{op_text(f['op'], f.get('coalesced_ops'))} #{f['seq']} of {group_label(f['group'])} was "
+    return "; ".join(f"{op_text(f['op'], f.get('coalesced_ops'))} #{f['seq']} of {pg_label(f['group'])} was "
                      f"{f.get('status') or 'in flight at the dump, not hung'}" for f in in_flight)
 
 
 def _sentence(job: Job, h: Hang) -> str:
     who = f"rank {h.ranks[0]}" if len(h.ranks) == 1 else f"ranks {_list(h.ranks)}"
-    where = f"{op_text(h.op, h.detail.get('coalesced_ops'))} #{h.seq} of {group_label(h.group.to_dict())}"
+    where = f"{op_text(h.op, h.detail.get('coalesced_ops'))} #{h.seq} of {pg_label(h.group.to_dict())}"
     waiting = (f" ({len(h.waiting_ranks)} of {len(h.group.ranks)} members waiting since "
                f"{clock(h.waiting_since_ns)})") if h.waiting_ranks else ""
     if h.kind == "missing-rank":
@@ -221,7 +221,7 @@ def _sentence(job: Job, h: Hang) -> str:
     if h.kind == "desync":
         issued = " / ".join(sorted({call_text(c) for c in h.detail["issued"].values()}))
         return (f"{who} issued {issued} where the others issued {call_text(h.detail['expected'])} at #{h.seq} "
-                f"of {group_label(h.group.to_dict())}: desync in {', '.join(h.detail['differs_in'])}{waiting}{_last_seen(h)}")
+                f"of {pg_label(h.group.to_dict())}: desync in {', '.join(h.detail['differs_in'])}{waiting}{_last_seen(h)}")
     if h.kind == "not-reporting":
         evidence = (h.detail.get("evidence") or {}).values()
         if evidence and all(e.get("done") for e in evidence):  # gloo: returned, perhaps with an error
@@ -275,5 +275,5 @@ def _list(ranks: list[int]) -> str:
 
 
 # Re-exported for renderers and tests.
-__all__ += ["DumpEntry", "Frame", "call_text", "clock", "discover_dumps", "evidence_lines", "group_label", "op_text",
+__all__ += ["DumpEntry", "Frame", "call_text", "clock", "discover_dumps", "evidence_lines", "pg_label", "op_text",
             "user_frame"]

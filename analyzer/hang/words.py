@@ -26,7 +26,9 @@ def op_text(op: str, parts: list[str] | None = None) -> str:
     return f"{op}[{', '.join(f'{n} x{c}' if c > 1 else n for n, c in sorted(counts.items()))}]"
 
 
-def group_label(g: dict[str, Any]) -> str:
+def pg_label(g: dict[str, Any]) -> str:
+    """A process group in words: its description and pg name ("group dp (pg 0)"), else its name
+    (not the job model's ``group_label``, the name a group goes by in the breakdowns)."""
     return f"group {g['description']} (pg {g['name']})" if g["description"] else f"group {g['name']}"
 
 
