@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from analyzer.base.config import SEVERITY_ORDER
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_num, fmt_pct, fmt_tflops, fmt_us, fmt_value, shape_text
-from analyzer.base.numbers import finite
+from analyzer.base.numbers import sourced, sourced_figure
 from analyzer.job.model import HOST_ACTIVITY, WAITED_ON, JobModel, leaf_names, wait_words
 from analyzer.reports import evidence as structured
 from analyzer.reports.prediction import prediction_view
@@ -222,17 +222,13 @@ def _gpu_text(doc, job) -> str:
     gpu = job.get("gpu")
     hardware = doc.get("hardware")
     if not gpu and isinstance(hardware, dict):
-        gpu = _sourced(hardware.get("gpu_name") or hardware.get("gpu"))
+        gpu = sourced(hardware.get("gpu_name") or hardware.get("gpu"))
     if not gpu:
         unread = any((r.get("markers_seen") or {}).get("unread_device_events") for r in doc.get("ranks") or [])
         return f"none seen ({'device-looking events under unknown categories not read' if unread else 'CPU-only trace'})"
     mem = job.get("gpu_mem_bytes")
     smallest = "smallest " if str(gpu).startswith("mixed:") else ""  # the job's gpu_mem_bytes then
     return f"{gpu}" + (f", {smallest}{mem / 2**30:.0f} GiB" if isinstance(mem, (int, float)) and mem else "")
-
-
-def _sourced(value: Any) -> Any:
-    return value.get("value") if isinstance(value, dict) else value
 
 
 def _number_list(numbers: list[Any]) -> str:
@@ -260,9 +256,9 @@ def _mfu_cards(mfu: Any, model: JobModel) -> list[dict[str, str]]:
 
 def _mfu_text(mfu: Any) -> tuple[str, str]:
     if isinstance(mfu, (int, float)) and not isinstance(mfu, bool):
-        return fmt_pct(100 * mfu if mfu <= 1 else mfu), "model FLOPs utilisation"
+        return fmt_pct(100 * mfu), "model FLOPs utilisation"  # a fraction, always (analyzer.job.schema.Mfu)
     if isinstance(mfu, dict):
-        value = _num(mfu.get("mfu_mean", mfu.get("mfu")))
+        value = sourced_figure(mfu.get("mfu_mean", mfu.get("mfu")))
         if value is None:
             return "–", "not available: " + str(mfu.get("note") or mfu.get("why") or "no FLOP count")
         return fmt_pct(100 * value), "6Ψ per token, mean over steps; source: " + str(mfu.get("source") or "job analysis")
@@ -441,9 +437,8 @@ def _joint(joint: dict[str, Any] | None, model: JobModel) -> dict[str, Any] | No
     """What the findings recover together (the verdict's figure), and the time they share."""
     if not joint or len(joint.get("findings") or []) < 2:
         return None
-    shared = [f"{f['rule']}: {fmt_us(sum(f['shared_us'].values()))} of "
-              + " and ".join(leaf_names(f["shared_us"])) + " already counted"
-              for f in joint["findings"] if f.get("shared_us")]
+    shared = [f"{c.rule}: {fmt_us(c.shared_total_us)} of " + " and ".join(leaf_names(c.shared_us)) + " already counted"
+              for c in model.joint_claims if c.shared_us]  # each finding's shared total: the model's
     return {"joint_us": joint["joint_us"], "sum_us": joint["sum_us"], "bound_us": joint["lost_bound_us"],
             "source": joint.get("source"),
             "pct": model.step_pct(joint["joint_us"]), "shared": shared}
@@ -517,7 +512,7 @@ def _collectives(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
         return unavailable("no collective operations in the traces")
     fits = {str(g.get("name")): g for g in doc.get("groups") or [] if isinstance(g, dict)}
     groups = [_group_view(entry, fits.get(entry["name"]), model.group(entry["name"]), model.size_edges,
-                          model.scatter_frames[entry["name"]]) for entry in digest]
+                          model.scatter_frames[entry["name"]], model.group_totals[entry["name"]]) for entry in digest]
     # Many groups (HSDP, TP x DP) would bury the page: the ones with the most exposed time open.
     ranked = sorted(groups, key=lambda g: (-g["exposed_us"], -g["total_us"], _natural(g["name"])))
     for g in groups:
@@ -540,33 +535,29 @@ def _natural(name: str) -> tuple[int, Any]:
 
 
 def _group_view(entry: dict[str, Any], fit: dict[str, Any] | None, facts: Any, edges: tuple[float, ...],
-                frame: dict[str, Any] | None) -> dict[str, Any]:
-    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth), if known;
-    ``edges``: the digest's size buckets; ``frame``: its scatter's axes and α-β line (the job
-    model's scatter_frames)."""
+                frame: dict[str, Any] | None, totals: tuple[float, float]) -> dict[str, Any]:
+    """One group's section; ``facts``: its GroupFacts (the job model's bus bandwidth and its
+    share of β), if known; ``edges``: the digest's size buckets; ``frame``: its scatter's axes
+    and α-β line (the job model's scatter_frames); ``totals``: its time and exposed time (the job
+    model's group_totals)."""
     group = entry["group"]
     size = (fit or {}).get("size") or group.get("size")
-    beta = _num((fit or {}).get("beta_gbps"))
-    lines = [_bucket_line(line, beta, edges) for line in entry["lines"]]
+    lines = [_bucket_line(line, facts, edges) for line in entry["lines"]]
+    total_us, exposed_us = totals
     return {"name": entry["name"], "description": str((fit or {}).get("description") or group.get("description") or ""),
             "size": size, "ranks": _short_list((fit or {}).get("ranks") or group.get("ranks")),
             "fit": _fit_view(fit), "table": lines, "scatter": _scatter(entry["scatter"], frame), "count": entry["count"],
-            "total_us": sum(line["total_us"] for line in lines), "exposed_us": sum(line["exposed_us"] for line in lines),
+            "total_us": total_us, "exposed_us": exposed_us,
             "on_gpu": entry["on_gpu"],
             "busbw": None if facts is None or facts.busbw is None else
             {"gbps": facts.busbw.gbps, "basis": facts.busbw.basis, "label": facts.label}}
 
 
-def _num(value: Any) -> float | None:
-    """A figure the document may give as a ``Sourced`` record (value and source): its value."""
-    return finite(_sourced(value))
-
-
 def _fit_view(fit: dict[str, Any] | None) -> dict[str, Any] | None:
     if not fit:
         return None
-    return {"alpha_us": _num(fit.get("alpha_us")), "beta_gbps": _num(fit.get("beta_gbps")),
-            "s_star_bytes": _num(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
+    return {"alpha_us": sourced_figure(fit.get("alpha_us")), "beta_gbps": sourced_figure(fit.get("beta_gbps")),
+            "s_star_bytes": sourced_figure(fit.get("s_star_bytes")), "how": fmt_value(fit.get("fit") or "unknown"),
             "source": str(fit.get("fit_source") or ""),
             "nodes": fit.get("nodes"), "cross_node": fit.get("cross_node"),
             "role": str(fit.get("role") or "")}
@@ -581,12 +572,13 @@ def _bucket_label(index: int, edges: tuple[float, ...]) -> str:
     return f"{fmt_bytes(lo)} – {fmt_bytes(edges[index])}" if index else f"< {fmt_bytes(edges[0])}"
 
 
-def _bucket_line(line: list[Any], beta: float | None, edges: tuple[float, ...]) -> dict[str, Any]:
-    # each row's busbw comes from the job analysis (analyzer.job.commfit); none is computed here
+def _bucket_line(line: list[Any], facts: Any, edges: tuple[float, ...]) -> dict[str, Any]:
+    # each row's busbw comes from the job analysis (analyzer.job.commfit), its share of the
+    # group's β from the job model (GroupFacts.beta_pct); none is computed here
     kind, bucket, count, total, exposed, wait, bounds, mid = line
     return {"collective": kind, "bucket": _bucket_label(bucket, edges), "count": count, "total_us": total,
             "exposed_us": exposed, "wait_us": wait, "bound": ", ".join(bounds),
-            "busbw_gbps": mid, "beta_pct": 100 * mid / beta if mid is not None and beta else None}
+            "busbw_gbps": mid, "beta_pct": None if facts is None else facts.beta_pct(mid)}
 
 
 def _scatter(data: dict[str, Any], frame: dict[str, Any] | None) -> dict[str, Any]:
@@ -686,7 +678,7 @@ def _deep_dive(doc: dict[str, Any], model: JobModel) -> dict[str, Any]:
     kinds = [{"rank": rank, "cells": [by_rank[rank].get(t, {"us": None, "pct": None}) for t in types]}
              for rank in sorted(by_rank, key=str)]
     return {"available": True, "requested": True, "source": str(data.get("source") or "HolisticTraceAnalysis"),
-            "seconds": _num(data.get("seconds")), "idle": idle, "kernel_types": kinds, "types": types,
+            "seconds": sourced_figure(data.get("seconds")), "idle": idle, "kernel_types": kinds, "types": types,
             "all_ranks": [{k: r.get(k) for k in ("kernel_type", "sum_us", "percentage")}
                           for r in data.get("all_ranks_kernel_types") or [] if isinstance(r, dict)],
             "notes": [str(n) for n in data.get("notes") or []]}

@@ -6,7 +6,8 @@ from typing import Any
 
 
 from analyzer.base.units import fmt_bytes, fmt_flops, fmt_pct, fmt_tflops, fmt_us
-from analyzer.job.model import ESTIMATED_PEER, HOST_ACTIVITY, WAITED_ON, JobModel, group_label, leaf_names
+from analyzer.job.model import (ESTIMATED_PEER, HOST_ACTIVITY, WAITED_ON, HostSidePer, JobModel, cached_at_peak_bytes,
+                                group_label, leaf_names)
 from analyzer.job.result import STATUS_WORDS, result_to_dict
 from analyzer.reports.evidence import withheld_fixes
 from analyzer.reports.prediction import prediction_view
@@ -40,7 +41,7 @@ class TextRenderer:
         lines += _memory(doc)
         lines += _rank_table(doc, model)
         excluded = {e.step: e.role for e in model.typical.excluded} if model.typical else {}
-        lines += _top_collectives(doc, model.digest, excluded)
+        lines += _top_collectives(doc, model, excluded)
         lines += _groups(doc, model)
         lines += _stragglers(doc)
         lines += _warnings(doc)
@@ -181,8 +182,7 @@ def _memory(doc: dict[str, Any]) -> list[str]:
     rows = [(m, next((s for s in m["steps"] if s["step"] == step), None)) for m in memory["ranks"]]
     rows = sorted((r for r in rows if r[1]), key=lambda r: (-(r[1]["peak_allocated_bytes"] or 0), r[0]["rank"]))
     for m, s in rows[:MEMORY_ROWS]:
-        cached = (s.get("reserved_at_peak_bytes") or 0) - (s["peak_allocated_bytes"] or 0) \
-            if s.get("reserved_at_peak_bytes") is not None else None
+        cached = cached_at_peak_bytes(s)  # the memory model's figure (analyzer.job.model)
         at = s.get("peak_at") or {}
         where = f"{at.get('phase')} +{fmt_us(at.get('offset_us'))}" if at else "–"
         lines.append(f"  {m['rank']:>4} {m['device']:<7} {fmt_bytes(s['peak_allocated_bytes']):>10} "
@@ -367,12 +367,13 @@ def _steps_label(rows: list[dict[str, Any]], excluded: dict[int, str]) -> str:
     return f", every step of the trace ({names} included, which the breakdown leaves out)"
 
 
-def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict[int, str] | None = None) -> list[str]:
+def _top_collectives(doc: dict[str, Any], model: JobModel, excluded: dict[int, str] | None = None) -> list[str]:
     """The most exposed GPU collectives and the host-side ones, from the digest of every row
     (analyzer.job.digest: a saved large result has only its most exposed rows in the document)."""
+    digest = model.digest
     top = digest["top_exposed"]
     matched = bool((doc.get("stragglers") or {}).get("method"))
-    host_side = _host_side_collectives(digest["host_side"], matched) if digest["host_side"] else []
+    host_side = _host_side_collectives(digest["host_side"], model.host_side, matched) if model.host_side else []
     shown, rows = top["shown"], top["rows"]
     if not shown:
         if host_side:  # nothing on the GPU to be exposed: say what the host-side ops tell
@@ -389,16 +390,14 @@ def _top_collectives(doc: dict[str, Any], digest: dict[str, Any], excluded: dict
     return lines + [""] + host_side
 
 
-def _host_side_collectives(host: dict[str, Any], matched: bool) -> list[str]:
+def _host_side_collectives(host: dict[str, Any], per: HostSidePer, matched: bool) -> list[str]:
     """The collectives only the host's ops record (gloo, and NCCL ops of a rank with no GPU
-    trace): how many and how large per step, the longest, and what their record can and cannot
-    tell (their host time, not when a GPU transferred or what compute hid)."""
-    per = max(host["windows"], host["ranks"], 1)
-    basis = "rank and step" if host["windows"] else "rank (whole trace)"
-    parts = ", ".join(f"{kind} {count / per:g} ({fmt_bytes(round(size / per)) if size else 'size unknown'})"
-                      for kind, count, size in sorted(host["kinds"], key=lambda k: -k[1]))
+    trace): how many and how large per step (``per``: the job model's), the longest, and what
+    their record can and cannot tell (their host time, not when a GPU transferred or what compute hid)."""
+    parts = ", ".join(f"{kind} {count:g} ({fmt_bytes(round(size)) if size is not None else 'size unknown'})"
+                      for kind, count, size in sorted(per.kinds, key=lambda k: -k[1]))
     lines = wrap(f"Host-side collectives ({', '.join(host['libraries'])}), {host['count']} on "
-                          f"{host['ranks']} rank(s), per {basis}: {parts}.", WIDTH, subsequent_indent="  ",
+                          f"{host['ranks']} rank(s), per {per.basis}: {parts}.", WIDTH, subsequent_indent="  ",
                           break_on_hyphens=False)
     last = ("which rank reached each last" if matched else
             "not which rank reached each last (the collectives could not be matched across ranks)")

@@ -24,7 +24,8 @@ from analyzer.compare.diff import cross_node_of
 from analyzer.compare.metrics import GROUP_METRIC, Metric, Sample
 from analyzer.job.model import STEADY, TYPICAL, JobModel, group_label
 from analyzer.model import formulas as models
-from analyzer.reports.html import OPEN_GROUPS, _fit_view, _short_list, _sourced, unavailable
+from analyzer.base.numbers import sourced as _sourced
+from analyzer.reports.html import OPEN_GROUPS, _fit_view, _short_list, unavailable
 from analyzer.reports.wrap import WIDTH, wrap  # the views' line breaking, not a figure
 
 SIZE_EDGES = (10e3, 100e3, 1e6, 10e6, 100e6)

@@ -20,7 +20,7 @@ from analyzer.job import digest as digest_module
 from analyzer.job.busbw import figures, group_sums
 from analyzer.job.columns import CollectiveColumns
 from analyzer.job.crossrank import matched_ranks
-from analyzer.job.model import group_label
+from analyzer.job.model import HostSidePer, group_label
 from analyzer.job.result import _clean, result_to_dict
 from analyzer.reports import html, text
 from rule_cases_lib import diagnosed
@@ -55,7 +55,7 @@ def test_views_of_a_sample_job_are_the_row_by_row_figures(job):
     busbw = _same_busbw(result, matched_ranks(result.model.collectives).tolist())
     assert html._collectives(doc, result.model) == oracle._collectives(doc, result.model, busbw)
     plain_doc = result_to_dict(result, plain=False)
-    assert text._top_collectives(plain_doc, result.model.digest) == oracle.text_top_collectives(plain_doc)
+    assert text._top_collectives(plain_doc, result.model) == oracle.text_top_collectives(plain_doc)
     assert diff.collective_totals(result) == oracle.collective_totals(result)
 
 
@@ -119,12 +119,13 @@ def test_generated_rows_give_the_row_by_row_figures(drawn, matched, data):
                             **_scatter_model(digest))
     named = {str(g["name"]): g for g in GROUPS if g.get("name") is not None}
     model.group = lambda name: None if name not in named else SimpleNamespace(
-        label=group_label(named[name]), busbw=model.group_busbw.get(group_label(named[name]) or ""))
+        label=group_label(named[name]), busbw=model.group_busbw.get(group_label(named[name]) or ""),
+        beta_pct=lambda gbps: None)  # no groups section: no fit, no β
     doc = {"collectives": rows, "groups": [], "stragglers": {"method": "seq" if matched else None}}
     run = SimpleNamespace(model=model, collectives=rows)
     busbw = _same_busbw(run, sets)
     assert html._collectives(doc, model) == oracle._collectives(doc, model, busbw)
-    assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)
+    assert text._top_collectives(doc, model) == oracle.text_top_collectives(doc)
 
 
 # rows most of which have their transfer measured: GPU ring collectives of a known size, their
@@ -164,10 +165,13 @@ def test_generated_rows_give_the_diffs_totals(drawn, steady):
 
 
 def _scatter_model(digest: dict) -> dict:
-    """What a fake job model gives the HTML collectives of a digest without a groups section:
-    the size buckets' edges and each group's scatter frame (no fit: no line)."""
+    """What a fake job model gives the HTML collectives and the text host-side collectives of a
+    digest without a groups section: the size buckets' edges, each group's scatter frame (no
+    fit: no line) and totals, the host-side figures per basis."""
     return {"size_edges": digest_module.SIZE_EDGES,
-            "scatter_frames": {g["name"]: digest_module.scatter_frame(g["scatter"], None) for g in digest["groups"]}}
+            "scatter_frames": {g["name"]: digest_module.scatter_frame(g["scatter"], None) for g in digest["groups"]},
+            "group_totals": digest_module.group_totals(digest["groups"]),
+            "host_side": HostSidePer.of(digest["host_side"]) if digest["host_side"] else None}
 
 
 def test_the_digest_reads_back_as_it_was_computed():
@@ -205,4 +209,4 @@ def test_many_rows_thin_the_scatter_as_the_row_by_row_code(seed):
     model = SimpleNamespace(digest=digest, group=lambda name: None, **_scatter_model(digest))
     doc = {"collectives": rows, "groups": [], "stragglers": {}}
     assert html._collectives(doc, model) == oracle._collectives(doc, model, {})
-    assert text._top_collectives(doc, digest) == oracle.text_top_collectives(doc)
+    assert text._top_collectives(doc, model) == oracle.text_top_collectives(doc)

@@ -14,7 +14,7 @@ from analyzer.base.units import fmt_pct, fmt_us
 from analyzer.compare.diff import diff_runs
 from analyzer.compare.gate import GateConfig, evaluate, parse_assertion
 from analyzer.compare.metrics import run_metrics
-from analyzer.job.model import LEAVES
+from analyzer.job.model import LEAVES, leaf_names
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
 from rule_cases_lib import SAMPLES as SAMPLES_DIR, diagnosed, sample_traces
@@ -864,3 +864,145 @@ def test_the_whole_trace_bars_are_the_models_rank_leaves():
     for row in bars["rows"]:
         seg = {s["key"]: s["pct"] for s in row["segments"]}
         assert pcts[row["rank"]][3:] == [f"{seg[k]:.0f}" for k in ("overlapped", "exposed", "idle")]
+
+
+# ---------------------------------------------------------------- issue 40: the views compute nothing
+def test_the_joint_notes_shared_time_is_the_models():
+    """The HTML joint note's time each finding shares with larger gains is the job model's
+    (Claim.shared_total_us over the ``recoverable`` section's findings), not a sum in the view;
+    it reads the section as written, so a saved result says the same."""
+    result = diagnosed("synthetic/ddp_host_sync_stall")
+    claims = result.model.joint_claims
+    written = result.to_dict()["recoverable"]["findings"]
+    assert [(c.rule, dict(c.shared_us)) for c in claims] == [(f["rule"], f["shared_us"]) for f in written]
+    sharing = [c for c in claims if c.shared_us]
+    assert sharing, "ddp_host_sync_stall: two findings claim the same lost time"
+    for claim in sharing:
+        assert claim.shared_total_us == pytest.approx(sum(claim.shared_us.values())) and claim.shared_total_us > 0
+    notes = build_view(result)["findings"]["joint"]["shared"]
+    assert notes == [f"{c.rule}: {fmt_us(c.shared_total_us)} of " + " and ".join(leaf_names(c.shared_us))
+                     + " already counted" for c in sharing]
+
+
+@pytest.mark.parametrize("job", ["synthetic/ddp_comm_bound", "synthetic/fsdp_hybrid_2node"])
+def test_a_groups_totals_and_share_of_beta_are_the_models(job):
+    """The HTML collectives: each group's time and exposed time are JobModel.group_totals (the
+    digest's lines summed once; they add up to the group's rows), each line's "% of β" is its
+    GroupFacts.beta_pct (β the fit's, as the groups section writes it)."""
+    result = diagnosed(job)
+    model = result.model
+    groups = build_view(result)["collectives"]["groups"]
+    fits = {str(g["name"]): g for g in result.to_dict()["groups"]}
+    with_beta = 0
+    for g in groups:
+        assert (g["total_us"], g["exposed_us"]) == model.group_totals[g["name"]]
+        rows = [c for c in result.collectives if str((c.get("group") or {}).get("name")) == g["name"]]
+        assert g["total_us"] == pytest.approx(sum(c["dur_us"] for c in rows))
+        assert g["exposed_us"] == pytest.approx(sum(c.get("exposed_us") or 0.0 for c in rows))
+        facts = model.group(g["name"])
+        beta = fits[g["name"]].get("beta_gbps") if g["name"] in fits else None
+        beta = beta.get("value") if isinstance(beta, dict) else beta
+        assert (facts.beta_gbps if facts else None) == beta
+        for line in g["table"]:
+            assert line["beta_pct"] == (facts.beta_pct(line["busbw_gbps"]) if facts else None)
+            if line["beta_pct"] is not None:
+                with_beta += 1
+                assert line["beta_pct"] == pytest.approx(100 * line["busbw_gbps"] / beta)
+    assert with_beta, job
+
+
+def test_mfu_is_rendered_as_the_fraction_it_is():
+    """MFU is a fraction wherever the tool writes it (analyzer.job.schema.Mfu; the shapes' MFU,
+    the what-if's): the HTML card renders it as a percentage always, with no guess from the
+    value (1.5, a fraction above one, is 150%, not taken for 1.5%)."""
+    from analyzer.reports.html import _mfu_text
+    assert _mfu_text(0.42)[0] == fmt_pct(42.0)
+    assert _mfu_text(1.5)[0] == fmt_pct(150.0)
+    assert _mfu_text({"mfu_mean": 0.375, "source": "s"})[0] == fmt_pct(37.5)
+    assert _mfu_text({"mfu_mean": {"value": 0.375, "source": "s"}})[0] == fmt_pct(37.5)
+
+
+def test_memory_cached_is_the_models_in_the_text_and_the_dataframe():
+    """The text memory table's "cached" (reserved at the allocated peak less allocated) and
+    memory_df's cached_at_peak_bytes are the one figure, analyzer.job.model.cached_at_peak_bytes."""
+    import copy
+    import dataclasses
+
+    from analyzer.base.units import fmt_bytes
+    from analyzer.job.model import cached_at_peak_bytes
+    sample = diagnosed("cpu_gloo/memory_ddp")  # the CPU allocator records no reserved bytes: given here
+    memory = copy.deepcopy(sample.memory)
+    for m in memory["ranks"]:
+        for s in m["steps"]:
+            s["reserved_at_peak_bytes"] = s["peak_allocated_bytes"] + 3_000_000 * (m["rank"] + 1)
+            s["peak_reserved_bytes"] = s["reserved_at_peak_bytes"] + 1_000_000
+    result = dataclasses.replace(sample, memory=memory)
+    step = memory["drawn_step"]
+    text = TextRenderer().render(result).splitlines()
+    head = next(i for i, line in enumerate(text) if line.startswith("Memory (allocator events"))
+    header = next(line for line in text[head:] if " cached " in line)
+    rows = {}
+    for line in text[text.index(header) + 1:text.index("", head)]:
+        if line.split()[0].isdigit():
+            rows[int(line.split()[0])] = line
+    frame = result.memory_df()
+    checked = 0
+    for m in memory["ranks"]:
+        s = next((s for s in m["steps"] if s["step"] == step), None)
+        if s is None or m["rank"] not in rows:
+            continue
+        cached = cached_at_peak_bytes(s)
+        cell = rows[m["rank"]][header.index(" cached") - 1:header.index(" cached") + len(" cached")].strip()
+        assert cell == (fmt_bytes(cached) if cached is not None else "–"), rows[m["rank"]]
+        mine = frame[(frame["rank"] == m["rank"]) & (frame["step"] == step)]["cached_at_peak_bytes"].tolist()
+        assert mine == [cached] and cached == 3_000_000 * (m["rank"] + 1)
+        checked += 1
+    assert checked == len(memory["ranks"])
+
+
+def test_the_host_side_collectives_per_step_are_the_models():
+    """The text view's host-side collectives per rank and step (count and bytes per kind) are
+    JobModel.host_side's (the digest's counts over its windows), not a division in the view."""
+    result = diagnosed("cpu_gloo/ddp")
+    host = result.model.host_side
+    digest = result.model.digest["host_side"]
+    assert host is not None and host.per == max(digest["windows"], digest["ranks"], 1)
+    assert [(k, c * host.per) for k, c, _ in host.kinds] == [(k, c) for k, c, _ in digest["kinds"]]
+    text = " ".join(TextRenderer().render(result).split())
+    from analyzer.base.units import fmt_bytes
+    parts = ", ".join(f"{kind} {count:g} ({fmt_bytes(round(size)) if size is not None else 'size unknown'})"
+                      for kind, count, size in sorted(host.kinds, key=lambda k: -k[1]))
+    assert f"per {host.basis}: {parts}." in text
+    assert all(size is None or size == pytest.approx(total / host.per)
+               for (_, _, size), (_, _, total) in zip(host.kinds, digest["kinds"]))
+
+
+def test_the_whole_trace_idle_is_the_mean_of_the_ranks_measured_idle():
+    """One route to idle: WholeTrace.idle_us is the mean of the ranks' measured idle (span - busy
+    in ns, RankFacts.idle_us), which the HTML headline of a job without a typical step quotes."""
+    import dataclasses
+    result = diagnosed("synthetic/ddp_straggler")
+    untyped = dataclasses.replace(result, ranks=[dataclasses.replace(r, time_breakdown=None) for r in result.ranks],
+                                  attribution=None, rules=None, verdict=None, findings=[])
+    model = untyped.model
+    whole = model.whole_trace
+    active = [r for r in model.ranks if r.span_us > 0]
+    assert whole is not None and whole.idle_us == sum(r.idle_us for r in active) / len(active)
+    assert whole.idle_us == pytest.approx(whole.span_us - whole.busy_us, abs=0.01)  # the same definition
+    headline = {h["label"]: h for h in build_view(untyped)["summary"]["headline"]}
+    assert headline["GPU idle"]["value"] == fmt_us(whole.idle_us)
+    assert headline["GPU idle"]["note"].startswith(f"{100 * whole.idle_share:.1f}% of the step")
+
+
+def test_a_sourced_value_is_read_one_way():
+    """The value of a ``Sourced`` record (value and source) is read by analyzer.base.numbers'
+    ``sourced`` / ``sourced_figure`` alone: no view or digest keeps its own copy."""
+    from pathlib import Path
+
+    from analyzer.base.numbers import sourced, sourced_figure
+    assert sourced({"value": 3, "source": "x"}) == 3 and sourced(3) == 3
+    assert sourced_figure({"value": float("nan")}) is None and sourced_figure(True) is None
+    root = Path(__file__).resolve().parent.parent
+    copies = [str(p.relative_to(root)) for folder in ("reports", "analyzer/job") for p in (root / folder).glob("*.py")
+              if 'get("value") if isinstance(' in p.read_text(encoding="utf-8")]
+    assert copies == []

@@ -20,3 +20,14 @@ def is_finite_number(value: Any) -> bool:
 def finite(value: Any) -> float | None:
     """``value`` as a float when it is a finite number, else None."""
     return float(value) if is_finite_number(value) else None
+
+
+def sourced(value: Any) -> Any:
+    """The value of a ``Sourced`` record (a dict with its ``value`` and where it came from), or
+    ``value`` itself when it is given plain: one reading for every view and analysis."""
+    return value.get("value") if isinstance(value, dict) else value
+
+
+def sourced_figure(value: Any) -> float | None:
+    """The value of a figure given plain or as a ``Sourced`` record: a float when finite, else None."""
+    return finite(sourced(value))

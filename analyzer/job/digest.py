@@ -26,7 +26,7 @@ import numpy as np
 
 from analyzer.base.arrays import unique_ints
 from analyzer.base.memo import memo
-from analyzer.base.numbers import finite
+from analyzer.base.numbers import sourced_figure
 from analyzer.base.rowtable import RowTable
 from analyzer.job.busbw import group_sums
 from analyzer.job.columns import CollectiveColumns, categorical, group_label, table_categorical
@@ -178,6 +178,13 @@ def html_groups(view: CollectiveColumns) -> list[dict[str, Any]]:
     return out
 
 
+def group_totals(groups: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per group name of ``html_groups``'s entries, (time, exposed time) of its collectives over
+    every step of the trace: the sums of its (kind, size bucket) lines, in their order."""
+    return {entry["name"]: (sum(line[3] for line in entry["lines"]), sum(line[4] for line in entry["lines"]))
+            for entry in groups}
+
+
 def _first_dict_group(view: CollectiveColumns, index: np.ndarray) -> dict[str, Any] | None:
     for code in view.group.codes[index].tolist():
         if isinstance(view.group.names[code], dict):
@@ -254,8 +261,8 @@ def scatter_frame(scatter: dict[str, Any], fit: Any) -> dict[str, Any] | None:
     if scatter["total"] < 2:
         return None
     fit = fit if isinstance(fit, dict) else {}
-    s_star = _figure(fit.get("s_star_bytes"))
-    alpha, beta = _figure(fit.get("alpha_us")), _figure(fit.get("beta_gbps"))
+    s_star = sourced_figure(fit.get("s_star_bytes"))
+    alpha, beta = sourced_figure(fit.get("alpha_us")), sourced_figure(fit.get("beta_gbps"))
     xs = [p[0] for p in points] + ([s_star / 10] if s_star else [])
     ys = [p[1] for p in points] + ([alpha] if alpha else [])
     xlo, xhi = _log_bounds(min(xs), max(xs))
@@ -271,11 +278,6 @@ def scatter_frame(scatter: dict[str, Any], fit: Any) -> dict[str, Any] | None:
         frame["line"] = line
         frame["s_star"] = s_star or models.crossover_bytes(alpha, beta)
     return frame
-
-
-def _figure(value: Any) -> float | None:
-    """A fit's figure, given plain or as a ``Sourced`` record (value and source): finite or None."""
-    return finite(value.get("value") if isinstance(value, dict) else value)
 
 
 def _log_bounds(lo: float, hi: float) -> tuple[int, int]:

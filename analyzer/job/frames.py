@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from analyzer.job.model import LEAVES, JobSections, group_label
+from analyzer.job.model import LEAVES, JobSections, cached_at_peak_bytes, group_label
 from analyzer.rank.analysis import RANK_METRICS, rank_entry
 from analyzer.rank.attribution import IDLE_CAUSES
 from analyzer.rank.timeline import PHASES
@@ -72,10 +72,9 @@ def memory_df(result: TableSections) -> "pd.DataFrame":
     for m in (result.memory or {}).get("ranks") or []:
         for s in m["steps"]:
             at = s.get("peak_at") or {}
-            reserved = s.get("reserved_at_peak_bytes")
             rows.append({"rank": m["rank"], "device": m["device"], "relative": m["relative"],
                          "device_bytes": m.get("device_bytes"), **s,
-                         "cached_at_peak_bytes": None if reserved is None else reserved - s["peak_allocated_bytes"],
+                         "cached_at_peak_bytes": cached_at_peak_bytes(s),  # the text memory table's too
                          "peak_phase": at.get("phase"), "peak_offset_us": at.get("offset_us"),
                          "peak_op": at.get("op"), "peak_fsdp_unit": at.get("fsdp_unit")})
     return _frame(rows, MEMORY_COLUMNS)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterator, Mapping, Protocol
 
+from analyzer.base.numbers import sourced_figure
 from analyzer.base.units import fmt_us
 from analyzer.job.busbw import GroupBusbw, figures as busbw_figures
 from analyzer.job.columns import CollectiveColumns, group_label  # noqa: F401  (group_label: re-exported)
@@ -59,6 +60,8 @@ class JobSections(Protocol):
     def hardware(self) -> dict[str, Any] | None: ...
     @property
     def groups(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def recoverable(self) -> dict[str, Any] | None: ...
     @property
     def model(self) -> JobModel: ...
 
@@ -346,10 +349,9 @@ class WholeTrace:
     busy_us: float
     comm_us: float
     overlap_us: float
-
-    @property
-    def idle_us(self) -> float:
-        return max(self.span_us - self.busy_us, 0.0)
+    # the mean of the ranks' measured idle (``RankFacts.idle_us``: span - busy, in ns, by the
+    # rank analysis): one route to idle, not mean span - mean busy worked out again here
+    idle_us: float
 
     @property
     def exposed_share(self) -> float | None:
@@ -371,7 +373,7 @@ class WholeTrace:
             return None
         n = len(active)
         return cls(n, *(sum(getattr(r, key) for r in active) / n
-                        for key in ("span_us", "exposed_comm_us", "busy_us", "comm_us", "overlap_us")))
+                        for key in ("span_us", "exposed_comm_us", "busy_us", "comm_us", "overlap_us", "idle_us")))
 
 
 @dataclass(frozen=True)
@@ -394,10 +396,16 @@ class GroupFacts:
     # the bus bandwidth of its label's groups in the typical step, or why there is none
     # (analyzer.job.busbw: the one figure text, HTML, JSON, gate and diff quote)
     busbw: GroupBusbw | None
+    beta_gbps: float | None = None  # its α-β fit's β (``groups[].beta_gbps``), None: no fit
 
     @property
     def busbw_gbps(self) -> float | None:
         return self.busbw.gbps if self.busbw is not None else None
+
+    def beta_pct(self, busbw_gbps: float | None) -> float | None:
+        """A bus bandwidth as a percentage of the group's fitted β (None: no figure or no β): the
+        HTML collective tables' "% of β" of each (kind, size bucket) line."""
+        return 100 * busbw_gbps / self.beta_gbps if busbw_gbps is not None and self.beta_gbps else None
 
 
 @dataclass(frozen=True)
@@ -410,6 +418,31 @@ class RankLateness:
     wait_caused_us: float
     wait_incurred_us: float
     clock_offset_us: float
+
+
+@dataclass(frozen=True)
+class HostSidePer:
+    """The collectives only the host's ops record, per ``basis`` (each rank and step where the
+    rows have steps, else each rank's whole trace): per kind, in order of first appearance,
+    (kind, count per basis, bytes per basis; None: no size known)."""
+
+    basis: str
+    per: int
+    kinds: tuple[tuple[str, float, float | None], ...]
+
+    @classmethod
+    def of(cls, host: Mapping[str, Any]) -> HostSidePer:
+        per = max(host["windows"], host["ranks"], 1)
+        basis = "rank and step" if host["windows"] else "rank (whole trace)"
+        return cls(basis, per, tuple((kind, count / per, size / per if size else None) for kind, count, size in host["kinds"]))
+
+
+def cached_at_peak_bytes(step: Mapping[str, Any]) -> int | None:
+    """A rank-step's memory cached by the allocator but unused at its allocated peak: reserved
+    at the peak less allocated (the ``memory`` section's step, analyzer.rank.memory); None: no
+    reserved figure. The text memory table's and ``memory_df``'s "cached"."""
+    reserved = step.get("reserved_at_peak_bytes")
+    return None if reserved is None else reserved - (step.get("peak_allocated_bytes") or 0)
 
 
 class JobModel:
@@ -584,6 +617,33 @@ class JobModel:
         fits = {str(g.get("name")): g for g in self._result.groups or [] if isinstance(g, dict)}
         return {entry["name"]: scatter_frame(entry["scatter"], fits.get(entry["name"])) for entry in self.digest["groups"]}
 
+    @cached_property
+    def group_totals(self) -> dict[str, tuple[float, float]]:
+        """Per group name of the digest, (time, exposed time) of its collectives over every step
+        of the trace (µs): the sums of its (kind, size bucket) lines, in their order
+        (analyzer.job.digest.group_totals). Not the diff's totals, which count the steady steps."""
+        from analyzer.job.digest import group_totals
+        return group_totals(self.digest["groups"])
+
+    @cached_property
+    def host_side(self) -> HostSidePer | None:
+        """The host-side collectives (the digest's ``host_side``) per rank and step, else per
+        rank (whole trace); None: every collective ran on the GPU."""
+        host = self.digest["host_side"]
+        return None if not host else HostSidePer.of(host)
+
+    @cached_property
+    def joint_claims(self) -> tuple[Claim, ...]:
+        """Each finding's part of the joint estimate as the job analysis wrote it (the
+        ``recoverable`` section's ``findings``: ``Recoverable.to_dict``), in gain order; a saved
+        result reads back the same. Empty: no joint estimate."""
+        section = getattr(self._result, "recoverable", None)
+        if not isinstance(section, dict):
+            return ()
+        return tuple(Claim(str(f.get("rule")), float(f.get("gain_us") or 0.0), dict(f.get("counted_us") or {}),
+                           dict(f.get("shared_us") or {}))
+                     for f in section.get("findings") or [] if isinstance(f, dict))
+
     @property
     def worked_examples(self) -> dict[str, float]:
         """The models appendix's worked figures (analyzer.model.formulas.worked_examples): the
@@ -627,7 +687,7 @@ class JobModel:
         return GroupFacts(g.get("name"), group_label(g), g.get("description"), ranks, size,
                           str(g.get("role") or "unknown"), nodes, g.get("cross_node"), tuple(g.get("kinds") or ()),
                           int(g.get("collectives") or 0), link, str(g.get("fit") or ""), str(g.get("fit_source") or ""),
-                          self.group_busbw.get(group_label(g) or ""))
+                          self.group_busbw.get(group_label(g) or ""), sourced_figure(g.get("beta_gbps")))
 
 
 def leaf_names(leaves: Any) -> list[str]:
@@ -698,6 +758,11 @@ class Claim:
     gain_us: float
     counted_us: Mapping[str, float]
     shared_us: Mapping[str, float]
+
+    @property
+    def shared_total_us(self) -> float:
+        """Its gain other findings already claimed, over every leaf it shares (the HTML joint note)."""
+        return sum(self.shared_us.values())
 
 
 @dataclass(frozen=True)
