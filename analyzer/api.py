@@ -271,7 +271,9 @@ def load_result(path: str | Path) -> Result:
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
     from analyzer.job.plausible import check_result
+    from analyzer.rules.engine import all_rules
     check_result(doc, path)
+    all_rules()  # every rule registered, so the views render its findings' evidence from its type
     return Result.from_dict(doc, path)
 
 

@@ -611,6 +611,68 @@ def _undeclared(data, where: str) -> list[str]:
     return missing
 
 
+# The rules whose evidence has no type yet (analyzer.rules.evidence_types, the rule's ``Evidence``):
+# a ratchet, the set only shrinks (a rule outside it with no type fails, and one inside it with one).
+EVIDENCE_UNTYPED = {
+    "activation-checkpointing-room", "allocator-churn", "comm-bound-step", "ddp-bucket-oversized",
+    "ddp-bucket-undersized", "ep-alltoall-exposed", "exposed-communication", "fp32-gradient-comm",
+    "fsdp-fullshard-cross-node", "fsdp-missing-wrap-policy", "fsdp-no-prefetch", "fsdp-where-ddp-fits",
+    "gemm-below-peak", "gpu-idle-host-bound", "gpu-idle-queued", "memory-growth", "memory-imbalance",
+    "memory-near-oom", "pipeline-bubble", "straggler-rank", "tp-cross-node",
+}
+
+
+def test_every_rule_outside_the_ratchet_declares_its_evidence_type():
+    """Issue 40: a rule's evidence is a Struct (frozen, unknown fields forbidden), every field
+    labelled in its type, every name declared alike wherever the type's records use it."""
+    import msgspec
+
+    from analyzer.rules.engine import all_rules
+    from analyzer.rules.evidence_types import ENGINE_KEYS, Evidence, evidence_spec, evidence_type
+    rules = all_rules()
+    untyped = {name for name, rule in rules.items() if rule.Evidence is None}
+    assert untyped == EVIDENCE_UNTYPED, ("typed now, remove from EVIDENCE_UNTYPED: "
+                                         f"{sorted(EVIDENCE_UNTYPED - untyped)}; no type: {sorted(untyped - EVIDENCE_UNTYPED)}")
+    names = [rule.Evidence.__name__ for rule in rules.values() if rule.Evidence is not None]
+    assert len(names) == len(set(names))
+    for name, rule in rules.items():
+        if rule.Evidence is None:
+            continue
+        assert issubclass(rule.Evidence, Evidence) and evidence_type(name) is rule.Evidence
+        config = rule.Evidence.__struct_config__
+        assert config.frozen and config.forbid_unknown_fields, name
+        assert not set(rule.Evidence.__struct_fields__) & (set(ENGINE_KEYS) - {"prediction"}), name
+        spec = evidence_spec(rule.Evidence)  # raises on a name declared two ways
+        assert all(f.label for f in spec.values()), name
+        assert isinstance(msgspec.json.schema(rule.Evidence), dict)
+
+
+def _typed_errors(finding) -> list[str]:
+    """Why ``finding``'s evidence is not its rule's type (none: it is, or the rule has no type):
+    its own keys convert into the rule's Struct, in the type's order (the JSON stays what the
+    rule wrote), the engine's into FindingEvidence; a key the type does not name fails."""
+    import msgspec
+
+    from analyzer.rules.evidence_types import ENGINE_KEYS, FindingEvidence, evidence_type
+    typed = evidence_type(finding["rule"])
+    if typed is None:
+        return []
+    fields = typed.__struct_fields__
+    evidence = finding.get("evidence") or {}
+    own = {k: v for k, v in evidence.items() if k in fields or k not in ENGINE_KEYS}
+    engine = {k: v for k, v in evidence.items() if k not in own}
+    errors = []
+    if list(own) != [k for k in fields if k in own]:
+        errors.append(f"{finding['rule']}: keys {list(own)} not in the order of {typed.__name__}")
+    for data, kind in ((own, typed), (engine, FindingEvidence)):
+        plain = msgspec.json.decode(msgspec.json.encode(data, enc_hook=lambda v: v.item()))  # as saved
+        try:
+            msgspec.convert(plain, kind)
+        except msgspec.ValidationError as exc:
+            errors.append(f"{finding['rule']}: {kind.__name__}: {exc}")
+    return errors
+
+
 def _world_jobs():
     from conftest import WORLD_TRACES
     return sorted(str(p) for p in WORLD_TRACES.iterdir() if p.is_dir()) if WORLD_TRACES.is_dir() else []
@@ -630,6 +692,7 @@ def test_every_evidence_field_has_a_declared_label_and_unit(job):
     for f in result.findings:
         evidence = {k: v for k, v in (f.get("evidence") or {}).items() if k != "prediction"}
         assert _undeclared(evidence, "") == [], (job, f["rule"])
+        assert _typed_errors(f) == [], job
 
 
 def test_the_html_evidence_is_labelled_tables_with_declared_units():
@@ -712,6 +775,7 @@ def test_every_field_any_rule_writes_is_declared():
     for result in _every_rule_fired():
         for f in result.findings:
             fired.add(f["rule"])
+            missing |= set(_typed_errors(f))
             evidence = dict(f.get("evidence") or {})
             prediction = evidence.pop("prediction", None) or {}
             missing |= {f"{f['rule']}: {k}" for k in _undeclared(evidence, "")}
