@@ -26,7 +26,7 @@ from msgspec import UNSET, Meta, UnsetType
 from analyzer.rules.evidence_fields import Field
 
 __all__ = ["UNSET", "UnsetType", "Meta", "Us", "Bytes", "Gbps", "Pct", "Share", "Mb", "Tflops", "Count",
-           "Flag", "Text", "label", "keys", "inner", "columns", "Evidence", "FixCheck", "FindingEvidence",
+           "Flag", "Text", "label", "keys", "inner", "columns", "Evidence", "FixCheck", "RankStepRef", "AlphaBetaLink", "FixMemory", "FindingEvidence",
            "evidence_spec", "evidence_type", "evidence_dict", "register_evidence", "ENGINE_KEYS"]
 
 
@@ -80,6 +80,41 @@ class FixCheck(Evidence, frozen=True, forbid_unknown_fields=True):
     snippet_requires: Annotated[list[str] | UnsetType, label("snippet requires")] = UNSET
     snippet_failed: Annotated[dict[str, Text] | UnsetType, label("snippet precondition not met"),
                               keys("precondition")] = UNSET
+
+
+class RankStepRef(Evidence, frozen=True, forbid_unknown_fields=True):
+    """The rank and step a figure is taken from (a rule's representative rank-step)."""
+
+    rank: Annotated[Count, label("rank")]
+    step: Annotated[Count, label("step")]
+
+
+class AlphaBetaLink(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A link's α-β fit (analyzer.model.link.Link.evidence, handed on as that dict)."""
+
+    alpha_us: Annotated[Us, label("α (latency)")]
+    beta_gbps: Annotated[Gbps, label("β (bandwidth)")]
+    n: Annotated[Count, label("ranks")]
+    cross_node: Annotated[Flag, label("crosses nodes")]
+    nodes: Annotated[Count, label("nodes")]
+    s_star_bytes: Annotated[Bytes, label("S* = α·β (latency-bandwidth crossover)")]
+    source: Annotated[Text, label("source")]
+
+
+class FixMemory(Evidence, frozen=True, forbid_unknown_fields=True):
+    """``evidence.memory``: whether a fix fits the GPU (analyzer.job.memory.fit / fix_memory). The
+    rules hand on the dict those write (its keys in the order of the path it took); this declares it."""
+
+    added_bytes: Annotated[Bytes | UnsetType, label("bytes the fix adds")] = UNSET
+    added_source: Annotated[Text | UnsetType, label("how the added bytes are known")] = UNSET
+    device_bytes: Annotated[Bytes | UnsetType, label("device memory")] = UNSET
+    measured_peak_bytes: Annotated[Bytes | UnsetType, label("measured peak")] = UNSET
+    fits: Annotated[Flag | UnsetType, label("fits")] = UNSET
+    peak_bytes: Annotated[Bytes | UnsetType, label("peak after the fix")] = UNSET
+    margin: Annotated[Share | UnsetType, label("margin kept free")] = UNSET
+    how: Annotated[Text | UnsetType, label("how")] = UNSET
+    why: Annotated[Text | UnsetType, label("why")] = UNSET
+    text: Annotated[Text | UnsetType, label("in words")] = UNSET
 
 
 class FindingEvidence(Evidence, frozen=True, forbid_unknown_fields=True):

@@ -614,11 +614,9 @@ def _undeclared(data, where: str) -> list[str]:
 # The rules whose evidence has no type yet (analyzer.rules.evidence_types, the rule's ``Evidence``):
 # a ratchet, the set only shrinks (a rule outside it with no type fails, and one inside it with one).
 EVIDENCE_UNTYPED = {
-    "activation-checkpointing-room", "allocator-churn", "comm-bound-step", "ddp-bucket-oversized",
-    "ddp-bucket-undersized", "ep-alltoall-exposed", "exposed-communication", "fp32-gradient-comm",
-    "fsdp-fullshard-cross-node", "fsdp-missing-wrap-policy", "fsdp-no-prefetch", "fsdp-where-ddp-fits",
-    "gemm-below-peak", "gpu-idle-host-bound", "gpu-idle-queued", "memory-growth", "memory-imbalance",
-    "memory-near-oom", "pipeline-bubble", "straggler-rank", "tp-cross-node",
+    "comm-bound-step", "exposed-communication",
+    "fp32-gradient-comm", "fsdp-fullshard-cross-node", "fsdp-missing-wrap-policy", "fsdp-no-prefetch",
+    "fsdp-where-ddp-fits", "gemm-below-peak", "gpu-idle-host-bound", "gpu-idle-queued", "straggler-rank",
 }
 
 
