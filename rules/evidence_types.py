@@ -222,9 +222,10 @@ def _value_unit(hint: Any) -> str | None:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         return next((u for a in typing.get_args(hint) if (u := _value_unit(a))), None)
-    if origin in (dict, list):
-        value = typing.get_args(hint)[-1]
-        return _extras(value).get("unit") or _value_unit(value)
+    if origin in (dict, list, tuple):  # a tuple: its last position's (``[step, {rank: µs}]`` pairs)
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        value = args[-1] if args else None
+        return (_extras(value).get("unit") or _value_unit(value)) if value is not None else None
     return None
 
 
