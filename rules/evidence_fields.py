@@ -7,8 +7,17 @@ step, a collective...; its values in ``unit`` or records of declared fields), a 
 (``columns``: each position's heading and unit), or ``[key, {inner: value}]`` pairs (``keys``
 and ``inner``: a table of, e.g., steps by rank). Units: ``us`` µs, ``bytes``, ``gbps`` GB/s,
 ``pct`` a percentage, ``share`` a fraction shown as %, ``mb`` MB, ``tflops`` TFLOP/s, ``None`` a
-count or plain number, ``text``. ``tests/test_one_truth.py`` checks that every field of every
-finding on the sample, real and world jobs is declared here."""
+count or plain number, ``text``.
+
+Since issue 40 a rule's evidence is declared by its type (analyzer.rules.evidence_types: each
+field's label and unit in its annotation), which the views render from. This table stays what
+declares the prediction's and the what-if's assumptions and the hardware section (the second
+part, and the link's fields in the first), the fallback for a saved finding of a rule that has
+no type (one that no longer exists), and the order of a table's columns (reports/evidence.py
+``_column_order``: the typed rules' tables keep the columns these declarations order, so the
+HTML did not move). Where a rule's type declares a key otherwise (pipeline-bubble's and
+ep-alltoall-exposed's per rank-step columns, which the one ``by_rank_step`` here mislabelled as
+comm-bound-step's), the views follow the type."""
 
 from __future__ import annotations
 
