@@ -7,6 +7,7 @@ step loses (exposed communication + idle)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 import pytest
 
@@ -17,6 +18,7 @@ from analyzer.compare.metrics import run_metrics
 from analyzer.job.model import LEAVES
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
+from analyzer.rules.evidence_types import Evidence, Us, label
 from rule_cases_lib import SAMPLES as SAMPLES_DIR, diagnosed, sample_traces
 
 JOBS = sorted(sample_traces())
@@ -720,6 +722,56 @@ def test_the_html_evidence_is_labelled_tables_with_declared_units():
                 assert "_" not in r["key"] or r["key"].startswith("suggested bucket_cap"), (job, r["key"])
                 if r.get("table"):
                     assert all(r["table"]["head"][1:]), (job, r["key"], r["table"]["head"])
+
+
+def test_the_evidence_is_rendered_from_its_rules_type(tmp_path):
+    """Issue 40: pipeline-bubble's per rank-step rows are [rank, step, step time, compute]; the
+    one global ``by_rank_step`` declaration headed them as comm-bound-step's ("communication",
+    "compute window", "exposed"). Its type declares its own columns, and the card follows it, on
+    a fresh diagnosis and on the saved result read back in a new process (every rule registered)."""
+    import json
+    import subprocess
+    import sys
+
+    from analyzer.reports import render
+    result = diagnosed("synthetic/pp_gpipe_4stage")
+    card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "pipeline-bubble")
+    rows = next(r for r in card["evidence"] if r["key"] == "per rank and step")["table"]
+    assert rows["head"] == ["rank", "step", "step time", "compute"] and len(rows["rows"][0]) == 4
+    saved = tmp_path / "result.json"
+    saved.write_text(render(result, "json"), encoding="utf-8")
+    code = ("import json, sys; from analyzer import load_result; from analyzer.reports.html import build_view; "
+            "c = next(c for c in build_view(load_result(sys.argv[1]))['findings']['cards'] "
+            "if c['rule'] == 'pipeline-bubble'); "
+            "print(json.dumps(next(r for r in c['evidence'] if r['key'] == 'per rank and step')['table']['head']))")
+    out = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == rows["head"]
+
+
+class _SpecInner(Evidence, frozen=True, forbid_unknown_fields=True):
+    wait_us: Annotated[Us, label("waiting")]
+
+
+class _TwiceDeclared(Evidence, frozen=True, forbid_unknown_fields=True):
+    inner: Annotated[_SpecInner, label("inner")]
+    wait_us: Annotated[Us, label("another label")]
+
+
+class _Nested(Evidence, frozen=True, forbid_unknown_fields=True):
+    inner: Annotated[_SpecInner, label("inner")]
+
+
+def test_a_finding_of_a_rule_with_no_type_renders_from_fields():
+    """A saved finding of a rule this tracecliff does not have (renamed, removed) still renders
+    its evidence with the global declarations (FIELDS), and an evidence type's declarations are
+    derived once (cached) and refuse a name declared two ways."""
+    from analyzer.reports.evidence import evidence_rows
+    from analyzer.rules.evidence_types import evidence_spec
+    rows = evidence_rows({"rule": "no-such-rule", "evidence": {"t_comm_us": 1500.0, "prediction": {"x": 1}}})
+    assert [(r["key"], r["value"]) for r in rows] == [("communication time", "1.50 ms")]
+    with pytest.raises(TypeError, match="wait_us"):
+        evidence_spec(_TwiceDeclared)
+    assert evidence_spec(_Nested) is evidence_spec(_Nested) and evidence_spec(_Nested)["wait_us"].unit == "us"
 
 
 def test_the_html_collectives_say_which_steps_they_total():
