@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from analyzer.base.units import MISSING, fmt_bytes, fmt_gbps, fmt_num, fmt_pct, fmt_tflops, fmt_us
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from analyzer.rules.evidence_fields import FIELDS, Field
 from analyzer.rules.evidence_types import evidence_spec, evidence_type
@@ -156,22 +156,22 @@ def _table_of_columns(value: list[list[Any]], columns: tuple[tuple[str, str | No
 def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: str | None = None,
                     spec: Spec | None = None) -> dict[str, Any]:
     """{label: {column: value}}: one row per label, its column headings the fields' labels."""
-    columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order)
+    columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order(spec))
     body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec)
                                     for c in columns]
             for k, cells in sorted(value.items(), key=_by_key)[:ROWS_MAX]]
     return {"head": [kind or ""] + [label(c, spec) for c in columns], "rows": body}
 
 
-def _column_order(column: str) -> tuple[int, int, str]:
-    """A table's columns: rank and step first, then as the fields are declared (in FIELDS'
-    order, which the typed rules' tables kept: their columns are FIELDS' keys too)."""
-    known = list(FIELDS)
-    return (column not in _NAMED_KEYS, known.index(column) if column in FIELDS else len(known), column)
+def _column_order(spec: Spec | None) -> Callable[[str], tuple[int, int, str]]:
+    """A table's columns: rank and step first, then as the fields are declared: in the order of
+    the evidence type (a record's fields as the rule writes them), else of FIELDS."""
+    known = {name: i for i, name in enumerate(FIELDS if spec is None else spec)}
+    return lambda column: (column not in _NAMED_KEYS, known.get(column, len(known)), column)
 
 
 def _table_of_records(value: list[dict[Any, Any]], unit: str | None, spec: Spec | None = None) -> dict[str, Any]:
-    columns = sorted({str(c) for record in value for c in record}, key=_column_order)
+    columns = sorted({str(c) for record in value for c in record}, key=_column_order(spec))
     body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec) for c in columns]
             for record in value[:ROWS_MAX]]
     return {"head": [label(c, spec) for c in columns], "rows": body}
