@@ -1,23 +1,17 @@
-"""What each field of a finding's evidence is: its label and its unit, declared once for every
-view (reports/evidence.py renders the evidence from these, never from a key's spelling: a
-``t_comm_us`` is "communication time" in µs, a bucket cap in MB is not a duration).
+"""The label and unit of each field the views render that no rule's evidence type declares: a
+finding's prediction's assumptions, the what-if's assumptions, the job's hardware section
+(reports/prediction.py, reports/whatif_text.py, the HTML hardware and scaling tables). A rule's
+evidence is declared by its type (analyzer.rules.evidence_types, issue 40: each field's label and
+unit in its annotation), which the views render from; this table is also their fallback for a
+saved finding of a rule this tracecliff no longer has (its other keys then show as words).
 
 A field is a value (``unit``), a mapping keyed by data (``keys``: what its keys are, a rank, a
 step, a collective...; its values in ``unit`` or records of declared fields), a list of rows
 (``columns``: each position's heading and unit), or ``[key, {inner: value}]`` pairs (``keys``
 and ``inner``: a table of, e.g., steps by rank). Units: ``us`` µs, ``bytes``, ``gbps`` GB/s,
 ``pct`` a percentage, ``share`` a fraction shown as %, ``mb`` MB, ``tflops`` TFLOP/s, ``None`` a
-count or plain number, ``text``.
-
-Since issue 40 a rule's evidence is declared by its type (analyzer.rules.evidence_types: each
-field's label and unit in its annotation), which the views render from. This table stays what
-declares the prediction's and the what-if's assumptions and the hardware section (the second
-part, and the link's fields in the first), the fallback for a saved finding of a rule that has
-no type (one that no longer exists), and the order of a table's columns (reports/evidence.py
-``_column_order``: the typed rules' tables keep the columns these declarations order, so the
-HTML did not move). Where a rule's type declares a key otherwise (pipeline-bubble's and
-ep-alltoall-exposed's per rank-step columns, which the one ``by_rank_step`` here mislabelled as
-comm-bound-step's), the views follow the type."""
+count or plain number, ``text``. ``tests/test_one_truth.py`` checks that every assumption and
+hardware field on the sample jobs and the rules' cases is declared here."""
 
 from __future__ import annotations
 
@@ -34,28 +28,11 @@ class Field:
 
 
 F = Field
-US, BYTES, SHARE = "us", "bytes", "share"
+US, BYTES = "us", "bytes"
 
 FIELDS: dict[str, Field] = {
-    # shared by several rules (rules.engine, the link, the memory check, the fix's preconditions)
-    "step_time_us": F("typical step", US),
-    "step_time_us_median_of_those_ranks": F("step time (median of those ranks)", US),
-    "predicted_step_time_us": F("predicted step", US),
-    "projected_step_time_us": F("projected step", US),
-    "projection_source": F("projected by", "text"),
-    "representative": F("representative rank and step"),
-    "rank": F("rank"),
-    "step": F("step"),
-    "ranks": F("ranks"),
-    "steps": F("steps"),
-    "step_numbers": F("steps"),
-    "wait_source": F("waiting measured by", "text"),
-    "collectives": F("collectives", "text"),
-    "collective": F("collective", "text"),
-    "group": F("process group"),
-    "name": F("name", "text"),
-    "description": F("description", "text"),
-    "size": F("ranks in it"),
+    # a link's α-β fit (analyzer.model.link.Link.evidence), in the prediction's and the what-if's
+    # assumptions (a rule's evidence declares it in its type: rules.evidence_types.AlphaBetaLink)
     "nodes": F("nodes"),
     "n": F("ranks"),
     "cross_node": F("crosses nodes"),
@@ -65,225 +42,8 @@ FIELDS: dict[str, Field] = {
     "beta_gbps": F("β (bandwidth)", "gbps"),
     "s_star_bytes": F("S* = α·β (latency-bandwidth crossover)", BYTES),
     "source": F("source", "text"),
+    # the job's hardware and the what-if's configuration
     "gpus_per_node": F("GPUs per node"),
-    "gpu_memory_bytes": F("GPU memory", BYTES),
-    "memory": F("memory after the fix"),
-    "fits": F("fits"),
-    "peak_bytes": F("peak after the fix", BYTES),
-    "added_bytes": F("bytes the fix adds", BYTES),
-    "added_source": F("how the added bytes are known", "text"),
-    "device_bytes": F("device memory", BYTES),
-    "margin": F("margin kept free", SHARE),
-    "how": F("how", "text"),
-    "text": F("in words", "text"),
-    "why": F("why", "text"),
-    "fix_preconditions": F("fixes and what they require"),
-    "fix": F("fix", "text"),
-    "requires": F("requires"),
-    "printed": F("printed"),
-    "failed": F("precondition not met", "text", keys="precondition"),
-    "snippet_requires": F("snippet requires"),
-    "snippet_failed": F("snippet precondition not met", "text", keys="precondition"),
-    "workload": F("workload", "text"),
-    # comm-bound-step, exposed-communication
-    "t_comm_us": F("communication time", US),
-    "t_comm_basis": F("communication time from", "text"),
-    "t_window_us": F("compute window it could hide under", US),
-    "window": F("window", "text"),
-    "exposed_comm_us_median": F("exposed communication (median)", US),
-    "exposed_comm_us": F("exposed communication", US),
-    "min_bubble_us_median": F("least idle between collectives (median)", US),
-    "by_rank_step": F("per rank and step", columns=(("rank", None), ("step", None), ("communication", US),
-                                                    ("compute window", US), ("exposed", US))),
-    "exposed_share": F("exposed share of the step", SHARE),
-    "exposed_transfer_us": F("exposed transfer", US),
-    "exposed_wait_us": F("exposed waiting for late peers", US),
-    "transfer_us": F("transfer", US),
-    "wait_us": F("waiting", US),
-    "by_kind": F("by collective", keys="collective"),
-    "by_phase": F("by phase", keys="phase"),
-    "by_group": F("by process group", keys="group"),
-    "wait_by_peer": F("waiting by the rank waited for", US, keys="rank"),
-    "alpha_beta": F("α-β estimate per collective"),
-    "count": F("count"),
-    "bytes": F("bytes", BYTES),
-    "measured_transfer_us": F("measured transfer", US),
-    "model_us": F("α-β model", US),
-    "link_source": F("link from", "text"),
-    "explained_by": F("explained by"),
-    "unexplained_us": F("not explained by a collective's model", US),
-    "parallelism_own_cost": F("the parallelism's own communication"),
-    "kinds": F("collectives"),
-    "tp_transfer_us": F("tensor-parallel transfer", US),
-    "tp_groups_intra_node": F("tensor-parallel groups inside a node"),
-    "synchronous_allreduces": F("synchronous all-reduces"),
-    "per_step": F("per step", keys="rank", inner="step"),  # a count, or (activation checkpointing) by rank and step
-    "serialized_share": F("serialized share", SHARE),
-    "gradients_wide": F("gradients wider than compute", "text"),
-    # ddp-bucket-oversized / undersized, fp32-gradient-comm
-    "backward_us": F("backward", US),
-    "backward_window_us": F("backward window (start, end)", US),
-    "bucket_bytes": F("bucket sizes", BYTES),
-    "bucket_count": F("buckets"),
-    "exposed_tail_us_by_rank_step": F("exposed tail per rank and step",
-                                      columns=(("rank", None), ("step", None), ("exposed tail", US))),
-    "exposed_tail_us_median": F("exposed tail after backward (median)", US),
-    "first_bucket_wait_us": F("first bucket's wait", US),
-    "modelled_tail_us": F("modelled tail", US),
-    "modelled_tail_us_by_cap_mb": F("modelled tail by bucket cap", columns=(("bucket cap", "mb"),
-                                                                             ("modelled tail", US))),
-    "measured_tail_us": F("measured tail", US),
-    "suggested_bucket_cap_mb": F("suggested bucket_cap_mb", "mb"),
-    "median_bucket_bytes": F("median bucket", BYTES),
-    "allreduce_crossover_bytes": F("all-reduce size where bandwidth takes over", BYTES),
-    "latency_share": F("latency share of the all-reduces", SHARE),
-    "share_latency_bound": F("share of buckets latency-bound", SHARE),
-    "allgather_dtypes": F("all-gather dtypes"),
-    "dtype": F("dtype", "text"),
-    "grad_bytes_per_step": F("gradient bytes per step", BYTES),
-    "low_precision_compute_share": F("compute in bf16/fp16", SHARE),
-    # FSDP rules
-    "allgather_bytes": F("all-gather bytes", BYTES),
-    "exposed_allgather_us": F("exposed all-gather", US),
-    "layers": F("layers"),
-    "layers_source": F("layers from", "text"),
-    "parameter_bytes": F("parameter bytes", BYTES),
-    "parameters": F("parameters"),
-    "parameters_source": F("parameters from", "text"),
-    "unsharded_peak_bytes": F("unsharded peak", BYTES),
-    "units_per_forward_pass": F("FSDP units per forward pass"),
-    "exposed_ag_rs_us_median": F("exposed all-gather and reduce-scatter (median)", US),
-    "hybrid_shard_memory_bytes": F("memory with HYBRID_SHARD", BYTES),
-    "modelled_exposed_us_full_shard": F("modelled exposed, FULL_SHARD", US),
-    "modelled_exposed_us_hybrid_shard": F("modelled exposed, HYBRID_SHARD", US),
-    "modelled_exposed_us_with_prefetch": F("modelled exposed with prefetch", US),
-    "modelled_gain_us": F("the schedule's modelled gain (the replay's input)", US),
-    "modelled_exposed_us_without_prefetch": F("modelled exposed without prefetch", US),
-    "serialized_share_median": F("all-gathers serialized with compute (median)", SHARE),
-    "by_pass": F("serialized share per rank, step and pass",
-                 columns=(("rank", None), ("step", None), ("pass", "text"), ("serialized", SHARE))),
-    "ddp_static_bytes": F("DDP's static memory (16Ψ)", BYTES),
-    "ddp_volume_bytes": F("DDP's communication per step", BYTES),
-    "fsdp_volume_bytes": F("FSDP's communication per step", BYTES),
-    "projected_ddp_step_time_us": F("projected step with DDP", US),
-    "projected_shard_grad_op_step_time_us": F("projected step with SHARD_GRAD_OP", US),
-    # straggler-rank
-    "late_ranks": F("late ranks"),
-    "pattern": F("pattern", "text"),
-    "main_late_rank": F("latest rank most often"),
-    "main_late_steps": F("steps it was the latest"),
-    "steady_steps": F("steady steps"),
-    "cause": F("cause", "text"),
-    "causes": F("cause per late rank", keys="rank"),
-    "lateness_us": F("lateness", US),
-    "vs_median_rank_us": F("against the median rank", US, keys="part"),
-    "host_activity": F("host activity", "text"),
-    # waiting a rank causes directly (the others wait for it at the collectives, it arriving last);
-    # a late rank behind a later one causes none directly, yet sets the pace once that one is fixed:
-    # what fixing each gives is the replay's (per_rank: saving fixed alone, in order)
-    "caused_wait_direct_us": F("waiting caused directly (mean over the steady steps)", US, keys="rank"),
-    "caused_wait_share_direct": F("share of the waiting caused directly", SHARE, keys="rank"),
-    "caused_wait_in_step_us": F("waiting for the late ranks in the typical step", US),
-    "caused_wait_by_step": F("waiting caused per steady step", US, keys="step", inner="rank"),
-    "lateness_by_step": F("lateness per steady step", US, keys="step", inner="rank"),
-    "wait_per_step_us": F("others' wait for them (median rank not late)", US),
-    "wait_measured_in": F("waiting measured in", "text"),
-    "all_waiting_per_step_us": F("all waiting for late peers (mean over the steady steps)", US),
-    "entry_skew": F("late step entry without cost", US, keys="rank"),
-    "per_rank": F("replay per rank"),
-    "named": F("named"),
-    "gain_alone_us": F("saving fixed alone", US),
-    "predicted_step_alone_us": F("step fixed alone", US),
-    "gain_in_order_us": F("saving in order", US),
-    "whatif": F("what-if command", "text"),
-    "recoverable_by_replay_us": F("recoverable by the replay", US),
-    "next_after_named": F("next latest once the named are fixed", US, keys="rank"),
-    "replay_gain_beyond_leaves_us": F("replay's saving beyond the typical step's leaves", US),
-    # gpu-idle-host-bound, gpu-idle-queued
-    "host_idle_us_median": F("GPU idle, nothing launched (median)", US),
-    "idle_us_median": F("GPU idle (median)", US),
-    "idle_by_host_median_us": F("idle by host activity (median)", US, keys="host activity"),
-    "host_idle_share_by_rank": F("idle share per rank", SHARE, keys="rank"),
-    "estimate_beyond_typical_step_us": F("estimate beyond the typical step", US),
-    "idle_split": F("idle split", "text"),
-    "inflated_host_ops": F("host ops far beyond their usual time", keys="op"),
-    "longest_us": F("longest", US),
-    "usual_us": F("usual", US),
-    "late_ranks_idle": F("idle on late ranks", "text"),
-    "allocator_calls": F("allocator calls per rank (by op)", keys="rank", inner="op"),
-    "calls": F("calls"),
-    "host_us": F("host time", US),
-    "own_work_by_phase_us": F("host's own work by phase", US, keys="phase"),
-    "own_work_phase": F("phase of most own work", "text"),
-    "queued_idle_us_median": F("GPU idle with work launched (median)", US),
-    "queued_idle_by_median_us": F("queued idle by what it waits on (median)", US, keys="waited on"),
-    "queued_idle_share_by_rank": F("queued idle share per rank", SHARE, keys="rank"),
-    "host_in_blocking_call_us_median": F("host in a blocking call meanwhile (median)", US),
-    "waited_copies_exposed_us_median": F("exposed copies waited on (median)", US),
-    "waited_on": F("waits on", "text"),
-    "waiting_ops_us": F("waiting ops", US, keys="op"),
-    # tp-cross-node, pipeline-bubble, ep-alltoall-exposed
-    "exposed_tp_us_median": F("exposed tensor-parallel communication (median)", US),
-    "bubble_fraction_median": F("bubble (median)", SHARE),
-    "ideal_bubble_fraction": F("ideal bubble (p-1)/(m+p-1)", SHARE),
-    "compute_us_median": F("compute (median)", US),
-    "microbatches": F("micro-batches"),
-    "stages": F("stages"),
-    "suggested_microbatches": F("suggested micro-batches"),
-    "ep_comm_us_median": F("expert-parallel communication (median)", US),
-    "exposed_ep_us_median": F("exposed expert-parallel communication (median)", US),
-    "min_exposed_us_if_overlapped": F("least exposed if overlapped", US),
-    "libraries": F("libraries"),
-    # gemm-below-peak
-    "gemm_time_us": F("GEMM time", US),
-    "predicted_gemm_time_us": F("predicted GEMM time", US),
-    "gemms": F("GEMMs"),
-    "op": F("op", "text"),
-    "shape": F("shape", "text"),
-    "kind": F("kind", "text"),
-    "gpu_us": F("GPU time", US),
-    "tflops_per_s": F("achieved", "tflops"),
-    "pct_of_peak": F("of peak", "pct"),
-    "reference_efficiency": F("reference efficiency", SHARE),
-    "reference_source": F("reference from", "text"),
-    "target_dtype": F("target dtype", "text"),
-    "target_peak_tflops": F("target peak", "tflops"),
-    # memory-growth
-    "basis": F("basis", "text"),
-    "end_allocated_bytes": F("allocated at each step's end", BYTES),
-    "growth_per_step_bytes": F("growth per step", BYTES),
-    "headroom_bytes": F("headroom", BYTES),
-    "relative": F("relative to the profiler's start"),
-    "steps_to_device_limit": F("steps to the device's limit"),
-    "min_growth_fraction": F("least growth that counts", SHARE),
-    "min_steps": F("least steps"),
-    # memory-near-oom, memory-imbalance, allocator-churn, activation-checkpointing-room
-    "peak_reserved_bytes": F("peak reserved", BYTES),
-    "peak_allocated_bytes": F("peak allocated", BYTES),
-    "cached_bytes": F("cached but unused at the peak", BYTES),
-    "cached_share": F("cached share of reserved", SHARE),
-    "phase": F("phase", "text"),
-    "reserved_fraction": F("reserved share of the GPU that counts as near", SHARE),
-    "cached_fraction": F("cached share that counts as fragmentation", SHARE),
-    "peak_bytes_by_rank": F("peak per rank", BYTES, keys="rank"),
-    "highest": F("highest peak"),
-    "lowest": F("lowest peak"),
-    "ratio": F("highest peak over the lowest"),
-    "churn_steps": F("steps with segments freed and taken again"),
-    "released_bytes_per_step": F("released per step", BYTES),
-    "segment_grows": F("segments taken per step"),
-    "segment_releases": F("segments freed per step"),
-    "reserved_growth_bytes": F("reserved growth", BYTES),
-    "end_reserved_bytes": F("reserved at each step's end", BYTES),
-    "min_step_share": F("least share of the steps that counts", SHARE),
-    "recompute_us": F("recompute", US),
-    "recompute_basis": F("recompute measured as", "text"),
-    "room_fraction": F("peak share of the GPU below which memory is to spare", SHARE),
-    "checkpointing": F("activation checkpointing"),
-    "forward_ops_in_backward": F("forward ops re-run in backward"),
-    "frames": F("checkpoint frames"),
-    "ops": F("ops"),
-    "measured_peak_bytes": F("measured peak", BYTES),
 }
 
 # The assumptions of a finding's prediction (evidence ``prediction.assumptions``) and of a what-if

@@ -762,13 +762,15 @@ class _Nested(Evidence, frozen=True, forbid_unknown_fields=True):
 
 
 def test_a_finding_of_a_rule_with_no_type_renders_from_fields():
-    """A saved finding of a rule this tracecliff does not have (renamed, removed) still renders
-    its evidence with the global declarations (FIELDS), and an evidence type's declarations are
-    derived once (cached) and refuse a name declared two ways."""
+    """A saved finding of a rule this tracecliff does not have (renamed, removed) still renders:
+    the fields FIELDS declares (a link's) with their label and unit, the others as their words
+    (FIELDS no longer holds the rules' fields: their types do). An evidence type's declarations
+    are derived once (cached) and refuse a name declared two ways."""
     from analyzer.reports.evidence import evidence_rows
     from analyzer.rules.evidence_types import evidence_spec
-    rows = evidence_rows({"rule": "no-such-rule", "evidence": {"t_comm_us": 1500.0, "prediction": {"x": 1}}})
-    assert [(r["key"], r["value"]) for r in rows] == [("communication time", "1.50 ms")]
+    rows = evidence_rows({"rule": "no-such-rule", "evidence": {"alpha_us": 1500.0, "t_comm_us": 2.5,
+                                                                "prediction": {"x": 1}}})
+    assert [(r["key"], r["value"]) for r in rows] == [("t comm us", "2.50"), ("α (latency)", "1.50 ms")]
     with pytest.raises(TypeError, match="wait_us"):
         evidence_spec(_TwiceDeclared)
     assert evidence_spec(_Nested) is evidence_spec(_Nested) and evidence_spec(_Nested)["wait_us"].unit == "us"
