@@ -1,18 +1,18 @@
 """Structured data (a finding's evidence, the what-if's assumptions) as rows a page shows: a
 value with its unit, a list, or a table with its column headings; never raw JSON, never
-``null``. An evidence field's label and unit are the ones it is declared with
-by its rule's evidence type (analyzer.rules.evidence_types), or for a rule with no type yet in
-analyzer.rules.evidence_fields; never guessed from its name; a key no declaration names is data
-(a rank, a collective, an op): its own words, in the unit of the field it is in."""
+``null``. An evidence field's label and unit are the ones its rule's evidence type declares
+(analyzer.rules.evidence_types); an assumption's or a hardware figure's, and a saved finding's of a
+rule with no type, are analyzer.rules.evidence_fields'; never guessed from its name; a key no
+declaration names is data (a rank, a collective, an op): its own words, in the unit of the field
+it is in."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from analyzer.base.units import MISSING, fmt_bytes, fmt_gbps, fmt_num, fmt_pct, fmt_tflops, fmt_us
-from collections.abc import Callable, Mapping
-
 from analyzer.rules.evidence_fields import FIELDS, Field
 from analyzer.rules.evidence_types import evidence_spec, evidence_type
 
@@ -33,8 +33,8 @@ def field(key: object, spec: Spec | None = None) -> Field | None:
 
 def evidence_rows(finding: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A finding's evidence, its prediction left out (shown on its own), as rows: labels and units
-    from its rule's evidence type; FIELDS for a rule with none (not typed yet, or a saved
-    result's rule that no longer exists)."""
+    from its rule's evidence type; FIELDS for a rule with none (a saved result's rule that no
+    longer exists)."""
     evidence = finding.get("evidence")
     data = {k: v for k, v in evidence.items() if k != "prediction"} if isinstance(evidence, dict) else evidence
     typed = evidence_type(finding.get("rule"))
