@@ -270,8 +270,16 @@ def load_result(path: str | Path) -> Result:
     doc = read_result_file(Path(path))
     if doc is None:
         raise InputError(path, "not a tracecliff result (a `diagnose --format json` file)")
+    return _saved(doc, path, path)
+
+
+def _saved(doc: dict[str, Any], given: str | Path, path: str | Path) -> Result:
+    """A saved result's document, checked, as a Result; every rule registered first, so that the
+    views render its findings' evidence from their rules' types (analyzer.rules.evidence_types)."""
     from analyzer.job.plausible import check_result
-    check_result(doc, path)
+    from analyzer.rules.engine import all_rules
+    check_result(doc, given)
+    all_rules()
     return Result.from_dict(doc, path)
 
 
@@ -320,9 +328,7 @@ def load_run(paths: list[str] | str, options: DiagnoseOptions | None = None,
         if path.is_file() and (doc := read_result_file(path)) is not None:
             if len(paths) > 1:
                 raise InputError(raw, "a saved result must be given alone, not with trace paths")
-            from analyzer.job.plausible import check_result
-            check_result(doc, raw)
-            return Result.from_dict(doc, path)  # checked against the contract (analyzer.job.saved)
+            return _saved(doc, raw, path)  # checked against the contract (analyzer.job.saved)
     return diagnose(paths, options, progress, config, **keywords)
 
 

@@ -1,16 +1,20 @@
 """Structured data (a finding's evidence, the what-if's assumptions) as rows a page shows: a
 value with its unit, a list, or a table with its column headings; never raw JSON, never
-``null``. An evidence field's label and unit are the ones it is declared with
-(analyzer.rules.evidence_fields), never guessed from its name; a key no declaration names is data
-(a rank, a collective, an op): its own words, in the unit of the field it is in."""
+``null``. An evidence field's label and unit are the ones its rule's evidence type declares
+(analyzer.rules.evidence_types); an assumption's or a hardware figure's, and a saved finding's of a
+rule with no type, are analyzer.rules.evidence_fields'; never guessed from its name; a key no
+declaration names is data (a rank, a collective, an op): its own words, in the unit of the field
+it is in."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from analyzer.base.units import MISSING, fmt_bytes, fmt_gbps, fmt_num, fmt_pct, fmt_tflops, fmt_us
-from analyzer.rules.evidence_fields import FIELDS, Field, field
+from analyzer.rules.evidence_fields import FIELDS, Field
+from analyzer.rules.evidence_types import evidence_spec, evidence_type
 
 ROWS_MAX = 24  # rows of one table, lists of items
 DEPTH_MAX = 3
@@ -18,14 +22,31 @@ NOT_KNOWN = "not known"  # a value the analysis could not give (None in the docu
 # Data keys shown with what they are ("rank 5", "step 7"); other keys (a collective, a phase,
 # an op) are their own name.
 _NAMED_KEYS = ("rank", "step")
+#: What the declarations are looked up in: a rule's evidence type's (evidence_spec), else FIELDS.
+Spec = Mapping[str, Field]
 
 
-def unit_of(key: Any, inherited: str | None = None) -> str | None:
+def field(key: object, spec: Spec | None = None) -> Field | None:
+    """The declaration of field ``key`` in ``spec`` (None: FIELDS); None: not declared (data)."""
+    return (FIELDS if spec is None else spec).get(str(key))
+
+
+def evidence_rows(finding: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A finding's evidence, its prediction left out (shown on its own), as rows: labels and units
+    from its rule's evidence type; FIELDS for a rule with none (a saved result's rule that no
+    longer exists)."""
+    evidence = finding.get("evidence")
+    data = {k: v for k, v in evidence.items() if k != "prediction"} if isinstance(evidence, dict) else evidence
+    typed = evidence_type(finding.get("rule"))
+    return rows(data, spec=evidence_spec(typed) if typed is not None else None)
+
+
+def unit_of(key: Any, inherited: str | None = None, spec: Spec | None = None) -> str | None:
     """The unit of a key: its declaration's (None: a plain number or text), else the enclosing
     field's (a key that is data: a rank, a collective, an op). Never guessed from a key's name:
     tests/test_one_truth.py checks that every field the rules, the what-if and the hardware
     section write is declared."""
-    declared = field(key)
+    declared = field(key, spec)
     if declared is not None:
         return declared.unit if declared.unit != "text" else None
     return inherited
@@ -57,9 +78,9 @@ def fmt_field(value: Any, unit: str | None) -> str:
     return text if len(text) <= 400 else text[:399] + "…"
 
 
-def label(key: Any) -> str:
+def label(key: Any, spec: Spec | None = None) -> str:
     """A key as a heading: its declared label, else its own words (a key that is data)."""
-    declared = field(key)
+    declared = field(key, spec)
     return declared.label if declared is not None else _words(key)
 
 
@@ -73,46 +94,48 @@ def _data_key(key: Any, kind: str | None) -> str:
     return f"{kind} {key}" if kind in _NAMED_KEYS else str(key)
 
 
-def rows(data: Any, unit: str | None = None, depth: int = 0) -> list[dict[str, Any]]:
+def rows(data: Any, unit: str | None = None, depth: int = 0, spec: Spec | None = None) -> list[dict[str, Any]]:
     """``data`` (a dict, list or value) as rows, each ``{key, value, items, table, rows}`` with
-    one of the last four set: a value, a list of items, a table ``{head, rows}``, rows within."""
+    one of the last four set: a value, a list of items, a table ``{head, rows}``, rows within.
+    ``spec``: the declarations (a rule's evidence type's); None: FIELDS."""
     if isinstance(data, dict):
-        items = sorted(data.items(), key=lambda kv: (label(kv[0]), str(kv[0])))  # as the reader finds them
-        out = [_row(label(k), v, unit_of(k, unit), depth, field(k)) for k, v in items[:ROWS_MAX]]
+        items = sorted(data.items(), key=lambda kv: (label(kv[0], spec), str(kv[0])))  # as the reader finds them
+        out = [_row(label(k, spec), v, unit_of(k, unit, spec), depth, field(k, spec), spec) for k, v in items[:ROWS_MAX]]
         if len(items) > ROWS_MAX:
             out.append({"key": "…", "value": f"{len(items) - ROWS_MAX} more"})
     elif isinstance(data, list):
-        out = [_row(str(i + 1), v, unit, depth) for i, v in enumerate(data[:ROWS_MAX])]
+        out = [_row(str(i + 1), v, unit, depth, None, spec) for i, v in enumerate(data[:ROWS_MAX])]
     else:
         out = [{"key": "", "value": fmt_field(data, unit)}] if data is not None else []
     return [{"value": None, "entries": None, "table": None, "nested": None, **row} for row in out]
 
 
-def _row(key: str, value: Any, unit: str | None, depth: int, declared: Field | None = None) -> dict[str, Any]:
+def _row(key: str, value: Any, unit: str | None, depth: int, declared: Field | None = None,
+         spec: Spec | None = None) -> dict[str, Any]:
     kind = declared.keys if declared is not None else None
     if isinstance(value, dict) and value:
         if depth >= DEPTH_MAX:
             return {"key": key, "value": f"{len(value)} entries"}
         if all(isinstance(v, dict) for v in value.values()):
-            return {"key": key, "table": _table_of_dicts(value, unit, kind)}
+            return {"key": key, "table": _table_of_dicts(value, unit, kind, spec)}
         if not any(isinstance(v, (dict, list)) for v in value.values()):
             if kind is not None:  # keyed by data: the key, then its value in the field's unit
                 return {"key": key, "table": {"head": [kind, declared.label if declared else ""], "rows": [
                     [_data_key(k, kind), fmt_field(v, unit)] for k, v in sorted(value.items(), key=_by_key)[:ROWS_MAX]]}}
-            return {"key": key, "entries": [f"{label(k)}: {fmt_field(v, unit_of(k, unit))}"
+            return {"key": key, "entries": [f"{label(k, spec)}: {fmt_field(v, unit_of(k, unit, spec))}"
                                           for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))][:ROWS_MAX]}
-        return {"key": key, "nested": rows(value, unit, depth + 1)}
+        return {"key": key, "nested": rows(value, unit, depth + 1, spec)}
     if isinstance(value, list) and value:
         if declared is not None and declared.columns and all(isinstance(v, list) for v in value):
             return {"key": key, "table": _table_of_columns(value, declared.columns)}
         if all(isinstance(v, dict) for v in value):
-            return {"key": key, "table": _table_of_records(value, unit)}
+            return {"key": key, "table": _table_of_records(value, unit, spec)}
         if all(isinstance(v, list) and v and not isinstance(v[0], (dict, list)) for v in value):
             return {"key": key, "table": _table_of_pairs(value, unit, declared)}
         if not any(isinstance(v, (dict, list)) for v in value):
             return {"key": key, "entries": [fmt_field(v, unit) for v in value[:ROWS_MAX]]
                     + ([f"… {len(value) - ROWS_MAX} more"] if len(value) > ROWS_MAX else [])}
-        return {"key": key, "nested": rows(value, unit, depth + 1)}
+        return {"key": key, "nested": rows(value, unit, depth + 1, spec)}
     if isinstance(value, (dict, list)):
         return {"key": key, "value": "none"}
     return {"key": key, "value": fmt_field(value, unit)}
@@ -130,24 +153,28 @@ def _table_of_columns(value: list[list[Any]], columns: tuple[tuple[str, str | No
     return {"head": [heading for heading, _ in columns], "rows": body + more}
 
 
-def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: str | None = None) -> dict[str, Any]:
+def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: str | None = None,
+                    spec: Spec | None = None) -> dict[str, Any]:
     """{label: {column: value}}: one row per label, its column headings the fields' labels."""
-    columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order)
-    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit), _keyed(c)) for c in columns]
+    columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order(spec))
+    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec)
+                                    for c in columns]
             for k, cells in sorted(value.items(), key=_by_key)[:ROWS_MAX]]
-    return {"head": [kind or ""] + [label(c) for c in columns], "rows": body}
+    return {"head": [kind or ""] + [label(c, spec) for c in columns], "rows": body}
 
 
-def _column_order(column: str) -> tuple[int, int, str]:
-    """A table's columns: rank and step first, then as the fields are declared."""
-    known = list(FIELDS)
-    return (column not in _NAMED_KEYS, known.index(column) if column in FIELDS else len(known), column)
+def _column_order(spec: Spec | None) -> Callable[[str], tuple[int, int, str]]:
+    """A table's columns: rank and step first, then as the fields are declared: in the order of
+    the evidence type (a record's fields as the rule writes them), else of FIELDS."""
+    known = {name: i for i, name in enumerate(FIELDS if spec is None else spec)}
+    return lambda column: (column not in _NAMED_KEYS, known.get(column, len(known)), column)
 
 
-def _table_of_records(value: list[dict[Any, Any]], unit: str | None) -> dict[str, Any]:
-    columns = sorted({str(c) for record in value for c in record}, key=_column_order)
-    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit), _keyed(c)) for c in columns] for record in value[:ROWS_MAX]]
-    return {"head": [label(c) for c in columns], "rows": body}
+def _table_of_records(value: list[dict[Any, Any]], unit: str | None, spec: Spec | None = None) -> dict[str, Any]:
+    columns = sorted({str(c) for record in value for c in record}, key=_column_order(spec))
+    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec) for c in columns]
+            for record in value[:ROWS_MAX]]
+    return {"head": [label(c, spec) for c in columns], "rows": body}
 
 
 def _table_of_pairs(value: list[list[Any]], unit: str | None, declared: Field | None = None) -> dict[str, Any]:
@@ -168,13 +195,13 @@ def _table_of_pairs(value: list[list[Any]], unit: str | None, declared: Field | 
 _ABSENT = object()
 
 
-def _keyed(column: str) -> bool:
+def _keyed(column: str, spec: Spec | None = None) -> bool:
     """Whether field ``column`` is a mapping keyed by data (its keys name no field)."""
-    declared = field(column)
+    declared = field(column, spec)
     return declared is not None and declared.keys is not None
 
 
-def _cell(value: Any, unit: str | None, keyed: bool = False) -> str:
+def _cell(value: Any, unit: str | None, keyed: bool = False, spec: Spec | None = None) -> str:
     """One cell; a mapping as ``key: value`` entries, its keys data (``keyed``: a "compute" part
     of a lateness is the field's unit, not the "compute" field's) or fields."""
     if value is _ABSENT:
@@ -182,8 +209,8 @@ def _cell(value: Any, unit: str | None, keyed: bool = False) -> str:
     if isinstance(value, (dict, list)) and not value:
         return "none"
     if isinstance(value, dict):
-        return "; ".join(f"{_words(k) if keyed else label(k)}: "
-                         f"{fmt_field(v, unit if keyed else unit_of(k, unit)) if not isinstance(v, (dict, list)) else '…'}"
+        return "; ".join(f"{_words(k) if keyed else label(k, spec)}: "
+                         f"{fmt_field(v, unit if keyed else unit_of(k, unit, spec)) if not isinstance(v, (dict, list)) else '…'}"
                          for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))[:8])
     if isinstance(value, list):
         return ", ".join(fmt_field(v, unit) if not isinstance(v, (dict, list)) else "…" for v in value[:8])

@@ -460,7 +460,7 @@ def _card(f: dict[str, Any], model: JobModel) -> dict[str, Any]:
         "rule": rule, "code": str(f.get("code") or ""), "severity": str(f.get("severity") or "info"),
         "title": str(f.get("title") or rule), "summary": str(f.get("summary") or ""),
         "ranks": _short_list(f.get("ranks")), "steps": _short_list(f.get("steps")),
-        "evidence": structured.rows(_without_prediction(f.get("evidence"))), "model": _model_text(f.get("model")),
+        "evidence": structured.evidence_rows(f), "model": _model_text(f.get("model")),
         "prediction": prediction_view((f.get("evidence") or {}).get("prediction")
                                       if isinstance(f.get("evidence"), dict) else None, model.step_time_us),
         "recovers": " and ".join(leaf_names(f.get("recovers"))) if gain else "",
@@ -470,11 +470,6 @@ def _card(f: dict[str, Any], model: JobModel) -> dict[str, Any]:
         else ([str(f["references"])] if f.get("references") else []),
         "anchor": anchor,
     }
-
-
-def _without_prediction(evidence: Any) -> Any:
-    """The evidence the table shows: the prediction has its own lines on the card."""
-    return {k: v for k, v in evidence.items() if k != "prediction"} if isinstance(evidence, dict) else evidence
 
 
 def _short_list(values: Any) -> str:

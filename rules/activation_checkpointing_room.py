@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.memory import fix_memory, measured_peak, not_checked, share_text
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Share, Text, Us, inner, keys, label
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
+
+
+class RecomputeStep(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A rank-step's forward ops re-run in backward (analyzer.rank.recompute)."""
+
+    ops: Annotated[Count, label("ops")]
+    gpu_us: Annotated[Us, label("GPU time")]
+    host_us: Annotated[Us, label("host time")]
+
+
+class CheckpointingFound(Evidence, frozen=True, forbid_unknown_fields=True):
+    """``job.activation_checkpointing.evidence`` where it was detected (analyzer.job.memory), as handed on."""
+
+    ranks: Annotated[list[Count], label("ranks")]
+    forward_ops_in_backward: Annotated[Count, label("forward ops re-run in backward")]
+    frames: Annotated[Count, label("checkpoint frames")]
+    per_step: Annotated[dict[str, dict[str, RecomputeStep]], label("per step"), keys("rank"), inner("step")]
+
+
+class CheckpointingRoomEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    recompute_us: Annotated[Us, label("recompute")]
+    recompute_basis: Annotated[Text, label("recompute measured as")]
+    peak_bytes: Annotated[Bytes, label("peak after the fix")]
+    device_bytes: Annotated[Bytes, label("device memory")]
+    room_fraction: Annotated[Share, label("peak share of the GPU below which memory is to spare")]
+    checkpointing: Annotated[CheckpointingFound, label("activation checkpointing")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
 
 
 @register
@@ -47,6 +77,7 @@ class ActivationCheckpointingRoom(Rule):
     }
     recovers = ("compute_only_us",)
     fix_requires = ("training",)  # activation checkpointing trades backward recompute for memory
+    Evidence = CheckpointingRoomEvidence
     references = ("docs/models.md §9", "Korthikanti et al., Reducing Activation Recomputation, 2022",
                   "Chen et al., Training Deep Nets with Sublinear Memory Cost, 2016")
 
@@ -68,9 +99,9 @@ class ActivationCheckpointingRoom(Rule):
                    f"{share_text(peak, device)}"
                    + (f"; keeping the activations adds about {fmt_bytes(added)}, and {fit['text']}" if added and
                       fit.get("text") else "") + ".")
-        evidence = {"recompute_us": recompute, "recompute_basis": checkpointing.get("basis"),
-                    "peak_bytes": peak, "device_bytes": device, "room_fraction": ctx.thresholds["room_fraction"],
-                    "checkpointing": checkpointing.get("evidence"), "memory": fit}
+        evidence = CheckpointingRoomEvidence(
+            recompute_us=recompute, recompute_basis=checkpointing.get("basis"), peak_bytes=peak, device_bytes=device,
+            room_fraction=ctx.thresholds["room_fraction"], checkpointing=checkpointing.get("evidence"), memory=fit)
         return [ctx.finding(summary=summary, ranks=sorted(checkpointing["evidence"]["ranks"]),
                             steps=[checkpointing["step"]] if checkpointing.get("step") is not None else [],
                             evidence=evidence, estimated_gain_us=recompute,

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import not_checked, recorded_ranks
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, Share, label
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
+
+
+class RankChurn(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A rank whose allocator frees segments and takes them again, or whose reserve creeps up."""
+
+    rank: Annotated[Count, label("rank")]
+    steps: Annotated[Count, label("steps")]
+    churn_steps: Annotated[list[Count], label("steps with segments freed and taken again")]
+    released_bytes_per_step: Annotated[Bytes, label("released per step")]
+    segment_grows: Annotated[list[Count], label("segments taken per step")]
+    segment_releases: Annotated[list[Count], label("segments freed per step")]
+    reserved_growth_bytes: Annotated[Bytes, label("reserved growth")]
+    end_reserved_bytes: Annotated[list[Bytes], label("reserved at each step's end")]
+
+
+class AllocatorChurnEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    ranks: Annotated[list[RankChurn], label("ranks")]
+    min_step_share: Annotated[Share, label("least share of the steps that counts")]
 
 
 @register
@@ -48,6 +69,7 @@ class AllocatorChurn(Rule):
     }
     recovers = ("idle_us",)
     fix_requires = ()  # the caching allocator's settings apply to training and inference alike
+    Evidence = AllocatorChurnEvidence
     references = ("docs/models.md §9", "PyTorch CUDA semantics: memory management (empty_cache, expandable_segments)",
                   "torch.cuda.memory_stats (num_alloc_retries, segment counts)")
 
@@ -58,18 +80,18 @@ class AllocatorChurn(Rule):
         hit = [row for row in (_churn(m, ctx.thresholds["min_step_share"]) for m in ranks) if row]
         if not hit:
             return []
-        worst = max(hit, key=lambda r: (r["released_bytes_per_step"], r["rank"] * -1))
-        if worst["churn_steps"]:
-            summary = (f"Rank {worst['rank']} gives {fmt_bytes(worst['released_bytes_per_step'])} of cached memory back "
-                       f"to the driver and takes new segments again in {len(worst['churn_steps'])} of its "
-                       f"{worst['steps'] - 1} steps after the first ({len(hit)} rank(s)): each cudaFree synchronizes "
+        worst = max(hit, key=lambda r: (r.released_bytes_per_step, r.rank * -1))
+        if worst.churn_steps:
+            summary = (f"Rank {worst.rank} gives {fmt_bytes(worst.released_bytes_per_step)} of cached memory back "
+                       f"to the driver and takes new segments again in {len(worst.churn_steps)} of its "
+                       f"{worst.steps - 1} steps after the first ({len(hit)} rank(s)): each cudaFree synchronizes "
                        "the device")
         else:
-            summary = (f"Rank {worst['rank']}'s reserved memory grows by {fmt_bytes(worst['reserved_growth_bytes'])} "
-                       f"over {worst['steps']} steps while allocated memory does not ({len(hit)} rank(s)): fragmentation")
-        return [ctx.finding(summary=summary + ".", ranks=sorted(r["rank"] for r in hit),
-                            steps=sorted({s for r in hit for s in r["churn_steps"]}),
-                            evidence={"ranks": hit, "min_step_share": ctx.thresholds["min_step_share"]},
+            summary = (f"Rank {worst.rank}'s reserved memory grows by {fmt_bytes(worst.reserved_growth_bytes)} "
+                       f"over {worst.steps} steps while allocated memory does not ({len(hit)} rank(s)): fragmentation")
+        return [ctx.finding(summary=summary + ".", ranks=sorted(r.rank for r in hit),
+                            steps=sorted({s for r in hit for s in r.churn_steps}),
+                            evidence=AllocatorChurnEvidence(hit, ctx.thresholds["min_step_share"]),
                             estimated_gain_us=None,
                             model="per step: reserved drops (segments released) and grows (segments taken) between "
                                   "consecutive allocator events",
@@ -78,7 +100,7 @@ class AllocatorChurn(Rule):
                             fix_snippet="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")]
 
 
-def _churn(rank: dict, min_share: float) -> dict | None:
+def _churn(rank: dict, min_share: float) -> RankChurn | None:
     steps = sorted((s for s in rank["steps"] if s.get("start_reserved_bytes") is not None), key=lambda s: s["step"])
     if len(steps) < 2:
         return None
@@ -93,7 +115,8 @@ def _churn(rank: dict, min_share: float) -> dict | None:
         return None
     churn = churn if churning else []
     released = [s["released_bytes"] for s in churn]
-    return {"rank": rank["rank"], "steps": len(steps), "churn_steps": [s["step"] for s in churn],
-            "released_bytes_per_step": round(sum(released) / len(released)) if released else 0,
-            "segment_grows": [s["segment_grows"] for s in steps], "segment_releases": [s["segment_releases"] for s in steps],
-            "reserved_growth_bytes": ends[-1] - ends[0], "end_reserved_bytes": ends}
+    return RankChurn(rank=rank["rank"], steps=len(steps), churn_steps=[s["step"] for s in churn],
+                     released_bytes_per_step=round(sum(released) / len(released)) if released else 0,
+                     segment_grows=[s["segment_grows"] for s in steps],
+                     segment_releases=[s["segment_releases"] for s in steps],
+                     reserved_growth_bytes=ends[-1] - ends[0], end_reserved_bytes=ends)

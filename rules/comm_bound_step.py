@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
+from typing import Annotated, Any
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
@@ -12,6 +13,8 @@ from analyzer.job.fsdp import layer_count, parameter_count
 from analyzer.job.memory import bucket_cap_memory, fix_memory
 from analyzer.job.prediction_doc import alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
+from analyzer.rules.evidence_types import (UNSET, Count, Evidence, FixMemory, RankStepRef, Text, UnsetType, Us,
+                                           columns, label)
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 
@@ -29,6 +32,24 @@ FIXES = (
     Fix("add compute per step (a larger micro-batch, gradient accumulation with no_sync())", None, ("training",)),
     Fix("or give the group more bandwidth (NICs per node, NCCL settings)"),
 )
+
+
+class CommBoundEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    representative: Annotated[RankStepRef, label("representative rank and step")]
+    t_comm_us: Annotated[Us, label("communication time")]
+    t_window_us: Annotated[Us, label("compute window it could hide under")]
+    window: Annotated[Text, label("window")]
+    first_bucket_wait_us: Annotated[Us, label("first bucket's wait")]
+    min_bubble_us_median: Annotated[Us, label("least idle between collectives (median)")]
+    exposed_comm_us_median: Annotated[Us, label("exposed communication (median)")]
+    step_time_us: Annotated[Us, label("typical step")]
+    by_rank_step: Annotated[list[list[Count]], label("per rank and step"),
+                            columns(("rank", None), ("step", None), ("communication", "us"), ("compute window", "us"),
+                                    ("exposed", "us"))]
+    collectives: Annotated[Text, label("collectives")]
+    t_comm_basis: Annotated[Text, label("communication time from")]
+    prediction: dict[str, Any]
+    memory: Annotated[FixMemory | UnsetType, label("memory after the fix")] = UNSET
 
 
 @register
@@ -87,6 +108,8 @@ class CommBoundStep(Rule):
     references = ("docs/models.md §2-§4", "Li et al., PyTorch Distributed, VLDB 2020",
                   "Thakur, Rabenseifner & Gropp, IJHPCA 2005")
 
+    Evidence = CommBoundEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         step_us = facts.model.step_time_us
@@ -134,20 +157,19 @@ class CommBoundStep(Rule):
         if gain is not None:
             summary += (f" The best fix the what-if projects, {best}, cuts the typical step from "
                         f"{fmt_us(step_us)} to {fmt_us(prediction['predicted_step_time_us'])}.")
-        evidence = {
-            "representative": {"rank": rep["rank"], "step": rep["step"]},
-            "t_comm_us": round(rep["t_comm_us"], 1), "t_window_us": round(rep["t_window_us"], 1),
-            "window": window, "first_bucket_wait_us": round(rep["wait_us"], 1),
-            "min_bubble_us_median": round(bubble, 1), "exposed_comm_us_median": round(exposed, 1),
-            "step_time_us": round(step_us, 1),
-            "by_rank_step": [[r["rank"], r["step"], round(r["t_comm_us"], 1), round(r["t_window_us"], 1),
-                              round(r["exposed_us"], 1)] for r in rows],
-            "collectives": rep["collectives"], "t_comm_basis": bound_by or "measured (every rank's trace given)",
-            "prediction": prediction,
-        }
         memory = _fix_memory(facts, best, rep["kind"])
-        if memory is not None:  # the projected fix changes memory (HYBRID_SHARD, a bucket cap)
-            evidence["memory"] = memory
+        evidence = CommBoundEvidence(
+            representative=RankStepRef(rep["rank"], rep["step"]),
+            t_comm_us=round(rep["t_comm_us"], 1), t_window_us=round(rep["t_window_us"], 1),
+            window=window, first_bucket_wait_us=round(rep["wait_us"], 1),
+            min_bubble_us_median=round(bubble, 1), exposed_comm_us_median=round(exposed, 1),
+            step_time_us=round(step_us, 1),
+            by_rank_step=[[r["rank"], r["step"], round(r["t_comm_us"], 1), round(r["t_window_us"], 1),
+                           round(r["exposed_us"], 1)] for r in rows],
+            collectives=rep["collectives"], t_comm_basis=bound_by or "measured (every rank's trace given)",
+            prediction=prediction,
+            # where the projected fix changes memory (HYBRID_SHARD, a bucket cap)
+            memory=memory if memory is not None else UNSET)
         return [ctx.finding(summary=summary, ranks=[r["rank"] for r in hit], steps=[r["step"] for r in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text="", fixes=self._fixes(best))]

@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import statistics
+from typing import Annotated, Any
 
 from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
                                  why_no_ddp_steps)
+from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Mb, RankStepRef, Text,
+                                           Us, columns, label)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
+
+
+class BucketOversizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    representative: Annotated[RankStepRef, label("representative rank and step")]
+    bucket_count: Annotated[Count, label("buckets")]
+    bucket_bytes: Annotated[list[Bytes], label("bucket sizes")]
+    first_bucket_wait_us: Annotated[Us, label("first bucket's wait")]
+    backward_us: Annotated[Us, label("backward")]
+    t_comm_us: Annotated[Us, label("communication time")]
+    backward_window_us: Annotated[list[Us], label("backward window (start, end)")]
+    exposed_tail_us_median: Annotated[Us, label("exposed tail after backward (median)")]
+    exposed_tail_us_by_rank_step: Annotated[list[list[Count]], label("exposed tail per rank and step"),
+                                            columns(("rank", None), ("step", None), ("exposed tail", "us"))]
+    modelled_tail_us: Annotated[Us, label("modelled tail")]
+    suggested_bucket_cap_mb: Annotated[Mb, label("suggested bucket_cap_mb")]
+    modelled_tail_us_by_cap_mb: Annotated[list[list[Count]], label("modelled tail by bucket cap"),
+                                          columns(("bucket cap", "mb"), ("modelled tail", "us"))]
+    predicted_step_time_us: Annotated[Us, label("predicted step")]
+    projection_source: Annotated[Text, label("projected by")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
+    prediction: dict[str, Any]
+    step_time_us: Annotated[Us, label("typical step")]
+    link: Annotated[AlphaBetaLink, label("link (α-β)")]
+    collectives: Annotated[Text, label("collectives")]
 
 
 @register
@@ -60,6 +87,8 @@ class DdpBucketOversized(Rule):
     references = ("docs/models.md §4", "Li et al., PyTorch Distributed, VLDB 2020",
                   "Hockney, Parallel Computing 1994")
 
+    Evidence = BucketOversizedEvidence
+
     def check(self, ctx):
         steps = ddp_steps(ctx.facts)
         step_us = ctx.model.step_time_us
@@ -103,27 +132,26 @@ class DdpBucketOversized(Rule):
                  f"{current:,.0f} µs with the current {len(rep.bucket_bytes)} buckets, "
                  f"{choice.exposed_tail_us:,.0f} µs with bucket_cap_mb={cap_mib:g}; "
                  + allreduce_equation(rep.link, largest))
-        evidence = {
-            "representative": {"rank": rep.rank, "step": rep.step},
-            "bucket_count": len(rep.bucket_bytes),
-            "bucket_bytes": [int(b) for b in rep.bucket_bytes],
-            "first_bucket_wait_us": round(wait, 1),
-            "backward_us": round(rep.backward_us, 1),
-            "t_comm_us": round(t_comm, 1),
-            "backward_window_us": [round(rep.backward_start_us, 1), round(rep.backward_end_us, 1)],
-            "exposed_tail_us_median": round(tail, 1),
-            "exposed_tail_us_by_rank_step": [[s.rank, s.step, round(s.measured_tail_us, 1)] for s in steps],
-            "modelled_tail_us": round(current, 1),
-            "suggested_bucket_cap_mb": cap_mib,
-            "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
-            "predicted_step_time_us": round(step_us - gain, 1),
-            "projection_source": projection_source,
-            "memory": bucket_cap_memory(ctx.facts, sum(rep.bucket_bytes)),
-            "prediction": prediction,
-            "step_time_us": round(step_us, 1),
-            "link": rep.link.evidence(),
-            "collectives": "backward all-reduce (DDP gradient buckets)",
-        }
+        evidence = BucketOversizedEvidence(
+            representative=RankStepRef(rep.rank, rep.step),
+            bucket_count=len(rep.bucket_bytes),
+            bucket_bytes=[int(b) for b in rep.bucket_bytes],
+            first_bucket_wait_us=round(wait, 1),
+            backward_us=round(rep.backward_us, 1),
+            t_comm_us=round(t_comm, 1),
+            backward_window_us=[round(rep.backward_start_us, 1), round(rep.backward_end_us, 1)],
+            exposed_tail_us_median=round(tail, 1),
+            exposed_tail_us_by_rank_step=[[s.rank, s.step, round(s.measured_tail_us, 1)] for s in steps],
+            modelled_tail_us=round(current, 1),
+            suggested_bucket_cap_mb=cap_mib,
+            modelled_tail_us_by_cap_mb=[[c / models.MIB, round(t, 1)] for c, t in choice.tails_us],
+            predicted_step_time_us=round(step_us - gain, 1),
+            projection_source=projection_source,
+            memory=bucket_cap_memory(ctx.facts, sum(rep.bucket_bytes)),
+            prediction=prediction,
+            step_time_us=round(step_us, 1),
+            link=rep.link.evidence(),
+            collectives="backward all-reduce (DDP gradient buckets)")
         return [ctx.finding(summary=summary, ranks=[s.rank for s in hit], steps=[s.step for s in hit],
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text=(f"Set bucket_cap_mb={cap_mib:g} so the first all-reduce starts "

@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import statistics
+from typing import Annotated, Any
 
 from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
+from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Mb, RankStepRef, Share,
+                                           Text, Us, columns, label)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
+
+
+class BucketUndersizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    representative: Annotated[RankStepRef, label("representative rank and step")]
+    bucket_count: Annotated[Count, label("buckets")]
+    median_bucket_bytes: Annotated[Bytes, label("median bucket")]
+    s_star_bytes: Annotated[Bytes, label("S* = α·β (latency-bandwidth crossover)")]
+    allreduce_crossover_bytes: Annotated[Bytes, label("all-reduce size where bandwidth takes over")]
+    share_latency_bound: Annotated[Share, label("share of buckets latency-bound")]
+    latency_share: Annotated[Share, label("latency share of the all-reduces")]
+    measured_tail_us: Annotated[Us, label("measured tail")]
+    modelled_tail_us: Annotated[Us, label("modelled tail")]
+    suggested_bucket_cap_mb: Annotated[Mb, label("suggested bucket_cap_mb")]
+    modelled_tail_us_by_cap_mb: Annotated[list[list[Count]], label("modelled tail by bucket cap"),
+                                          columns(("bucket cap", "mb"), ("modelled tail", "us"))]
+    predicted_step_time_us: Annotated[Us, label("predicted step")]
+    projection_source: Annotated[Text, label("projected by")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
+    prediction: dict[str, Any]
+    step_time_us: Annotated[Us, label("typical step")]
+    link: Annotated[AlphaBetaLink, label("link (α-β)")]
+    collectives: Annotated[Text, label("collectives")]
 
 
 @register
@@ -60,6 +85,8 @@ class DdpBucketUndersized(Rule):
     references = ("docs/models.md §1, §4", "Hockney, Parallel Computing 1994",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
+    Evidence = BucketUndersizedEvidence
+
     def check(self, ctx):
         steps = ddp_steps(ctx.facts)
         step_us = ctx.model.step_time_us
@@ -101,26 +128,25 @@ class DdpBucketUndersized(Rule):
                  f"= {latency_us:,.0f} µs of {total_us:,.0f} µs modelled all-reduce time; pipeline tail "
                  f"(rank {rep.rank}, step {rep.step}) {current:,.0f} µs now, {choice.exposed_tail_us:,.0f} µs "
                  f"with bucket_cap_mb={cap_mib:g}")
-        evidence = {
-            "representative": {"rank": rep.rank, "step": rep.step},
-            "bucket_count": len(rep.bucket_bytes),
-            "median_bucket_bytes": int(median_bucket),
-            "s_star_bytes": round(s_star),
-            "allreduce_crossover_bytes": round(crossover),
-            "share_latency_bound": round(small, 3),
-            "latency_share": round(latency_share, 3),
-            "measured_tail_us": round(rep.measured_tail_us, 1),
-            "modelled_tail_us": round(current, 1),
-            "suggested_bucket_cap_mb": cap_mib,
-            "modelled_tail_us_by_cap_mb": [[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
-            "predicted_step_time_us": round(step_us - gain, 1),
-            "projection_source": projection_source,
-            "memory": bucket_cap_memory(ctx.facts, sum(rep.bucket_bytes)),
-            "prediction": prediction,
-            "step_time_us": round(step_us, 1),
-            "link": link.evidence(),
-            "collectives": "backward all-reduce (DDP gradient buckets)",
-        }
+        evidence = BucketUndersizedEvidence(
+            representative=RankStepRef(rep.rank, rep.step),
+            bucket_count=len(rep.bucket_bytes),
+            median_bucket_bytes=int(median_bucket),
+            s_star_bytes=round(s_star),
+            allreduce_crossover_bytes=round(crossover),
+            share_latency_bound=round(small, 3),
+            latency_share=round(latency_share, 3),
+            measured_tail_us=round(rep.measured_tail_us, 1),
+            modelled_tail_us=round(current, 1),
+            suggested_bucket_cap_mb=cap_mib,
+            modelled_tail_us_by_cap_mb=[[c / models.MIB, round(x, 1)] for c, x in choice.tails_us],
+            predicted_step_time_us=round(step_us - gain, 1),
+            projection_source=projection_source,
+            memory=bucket_cap_memory(ctx.facts, sum(rep.bucket_bytes)),
+            prediction=prediction,
+            step_time_us=round(step_us, 1),
+            link=link.evidence(),
+            collectives="backward all-reduce (DDP gradient buckets)")
         return [ctx.finding(summary=summary, ranks=sorted({s.rank for s in steps}),
                             steps=sorted({s.step for s in steps}), evidence=evidence,
                             estimated_gain_us=gain, model=model,

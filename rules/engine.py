@@ -36,6 +36,7 @@ from analyzer.job.model import JobModel, leaf_names, recoverable, split_gain
 from analyzer.rank.workload import INFERENCE_NOTE
 from analyzer.job.gains import GainEngine
 from analyzer.job.prediction_doc import NO_MODEL, not_predicted, predicted
+from analyzer.rules.evidence_types import Evidence as EvidenceStruct, evidence_dict, register_evidence
 
 DOC_SECTIONS = ("What it detects", "Why it matters", "Evidence", "Fix", "References")
 MODELS_DOC = "docs/models.md"
@@ -95,6 +96,10 @@ class Rule:
     # What the job must be for the rule's fix to apply (FIX_PRECONDITIONS), where the rule gives
     # one fix text; a rule with several passes each its own ``Fix`` (ctx.finding's ``fixes``).
     fix_requires: ClassVar[tuple[str, ...]] = ()
+    # Its evidence's type (analyzer.rules.evidence_types): the Struct ``check`` hands ctx.finding,
+    # whose annotations give every field's label and unit to the views. None: not typed yet
+    # (tests/test_one_truth.py EVIDENCE_UNTYPED).
+    Evidence: ClassVar[type[EvidenceStruct] | None] = None
 
     def check(self, ctx: "RuleContext") -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -129,6 +134,8 @@ def register(cls: type[Rule]) -> type[Rule]:
     if cls.name in RULES or any(r.code == cls.code for r in RULES.values()):
         raise ValueError(f"duplicate rule {cls.name} / {cls.code}")
     RULES[cls.name] = cls
+    if cls.Evidence is not None:
+        register_evidence(cls.name, cls.Evidence)
     return cls
 
 
@@ -160,7 +167,7 @@ class RuleContext:
         self.findings = list(findings or [])  # the findings of the rules that ran before
         self.statuses = {s["rule"]: s["status"] for s in statuses or []}  # and how each ended
 
-    def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any],
+    def finding(self, *, summary: str, ranks: list[int], steps: list[Any], evidence: dict[str, Any] | EvidenceStruct,
                 estimated_gain_us: float | None, model: str | None, fix_text: str,
                 fix_snippet: str | None = None, severity: str | None = None,
                 recovers: dict[str, float] | tuple[str, ...] | None = None,
@@ -174,7 +181,15 @@ class RuleContext:
         The fix: ``fixes`` (each with its preconditions; their texts joined, the first kept
         snippet), else ``fix_text`` / ``fix_snippet`` under the rule's ``fix_requires``; a fix
         whose precondition fails on this job is not printed, and ``evidence["fix_preconditions"]``
-        records each with what it requires and why it was withheld."""
+        records each with what it requires and why it was withheld. ``evidence``: the rule's
+        ``Evidence`` type (a typed rule hands no other), else a dict (a rule not typed yet)."""
+        if isinstance(evidence, EvidenceStruct):
+            if type(evidence) is not self.rule.Evidence:
+                raise TypeError(f"{self.rule.name} hands {type(evidence).__name__}, its Evidence is "
+                                f"{getattr(self.rule.Evidence, '__name__', None)}")
+            evidence = evidence_dict(evidence)
+        elif self.rule.Evidence is not None:
+            raise TypeError(f"{self.rule.name} declares {self.rule.Evidence.__name__} but hands a {type(evidence).__name__}")
         fix_text, fix_snippet = self._fixes(evidence, fixes if fixes is not None else
                                             [Fix(fix_text, fix_snippet, self.rule.fix_requires)], fixes is not None)
         gain = None if estimated_gain_us is None else round(max(0.0, float(estimated_gain_us)), 1)

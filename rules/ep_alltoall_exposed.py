@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
+from analyzer.rules.evidence_types import Count, Evidence, Text, Us, columns, label
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
+
+
+class ExpertAlltoallEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    exposed_ep_us_median: Annotated[Us, label("exposed expert-parallel communication (median)")]
+    ep_comm_us_median: Annotated[Us, label("expert-parallel communication (median)")]
+    min_exposed_us_if_overlapped: Annotated[Us, label("least exposed if overlapped")]
+    step_time_us: Annotated[Us, label("typical step")]
+    libraries: Annotated[list[Text], label("libraries")]
+    prediction: dict[str, Any]
+    # each steady rank-step: its exposed expert-parallel time, that communication, its compute (not
+    # comm-bound-step's columns of the same name, which the global table gave it)
+    by_rank_step: Annotated[list[list[Count]], label("per rank and step"),
+                            columns(("rank", None), ("step", None), ("exposed", "us"), ("communication", "us"),
+                                    ("compute", "us"))]
 
 
 @register
@@ -58,6 +75,8 @@ class EpAlltoallExposed(Rule):
     references = ("DeepSeek-V3 Technical Report, 2024", "DeepEP", "Lepikhin et al., GShard, ICLR 2021",
                   "docs/models.md §4")
 
+    Evidence = ExpertAlltoallEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         by_step = facts.rows_by_step("ep")
@@ -98,13 +117,11 @@ class EpAlltoallExposed(Rule):
                    f"most {fmt_us(floor)} would stay exposed.")
         model = ("critical overlap: exposed ≥ max(0, T_a2a − T_compute) = "
                  f"max(0, {total:,.0f} − compute) ≈ {floor:,.0f} µs (median); gain = exposed − that bound")
-        evidence = {
-            "exposed_ep_us_median": round(exposed, 1), "ep_comm_us_median": round(total, 1),
-            "min_exposed_us_if_overlapped": round(floor, 1), "step_time_us": round(step_us, 1),
-            "libraries": libraries, "prediction": prediction,
-            "by_rank_step": [[v.rank, v.step, round(e, 1), round(t, 1), round(v.compute_us, 1)]
-                             for v, e, t, _ in rows],
-        }
+        evidence = ExpertAlltoallEvidence(
+            exposed_ep_us_median=round(exposed, 1), ep_comm_us_median=round(total, 1),
+            min_exposed_us_if_overlapped=round(floor, 1), step_time_us=round(step_us, 1),
+            libraries=libraries, prediction=prediction,
+            by_rank_step=[[v.rank, v.step, round(e, 1), round(t, 1), round(v.compute_us, 1)] for v, e, t, _ in rows])
         return [ctx.finding(summary=summary, ranks=[v.rank for v, *_ in rows], steps=[v.step for v, *_ in rows],
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text="Overlap dispatch/combine with compute: a communication stream and two "

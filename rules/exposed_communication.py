@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.model import group_label, wait_words
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
+from analyzer.rules.evidence_types import UNSET, Bytes, Count, Evidence, Share, Text, UnsetType, Us, keys, label
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.prediction_doc import predicted
 
@@ -61,6 +64,61 @@ _FIX_SYNC = Fix("all-reduce gradients in buckets that overlap backward (wrap the
                 "# not: for p in model.parameters(): dist.all_reduce(p.grad)", ("training",))
 _FIX_WAIT = Fix("most of it is waiting for late ranks: find why they arrive late (the straggler-rank "
                 "and gpu-idle-host-bound findings and the per-rank breakdown name them)")
+
+
+class CommCell(Evidence, frozen=True, forbid_unknown_fields=True):
+    """Exposed communication of a collective kind, phase or group (analyzer.job.attribution's cell)."""
+
+    transfer_us: Annotated[Us, label("transfer")]
+    wait_us: Annotated[Us, label("waiting")]
+
+
+class AlphaBetaEstimate(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A collective kind in a group, mean per rank over the typical step: measured against the α-β model."""
+
+    collective: Annotated[Text, label("collective")]
+    group: Annotated[Text, label("process group")]
+    count: Annotated[Count, label("count")]
+    measured_transfer_us: Annotated[Us, label("measured transfer")]
+    why: Annotated[Text | UnsetType, label("why")] = UNSET
+    bytes: Annotated[Bytes | UnsetType, label("bytes")] = UNSET
+    model_us: Annotated[Us | UnsetType, label("α-β model")] = UNSET
+    link_source: Annotated[Text | UnsetType, label("link from")] = UNSET
+
+
+class SyncAllreduces(Evidence, frozen=True, forbid_unknown_fields=True):
+    """Unbucketed synchronous all-reduces: one after another, mostly exposed."""
+
+    per_step: Annotated[Count, label("per step")]
+    serialized_share: Annotated[Share, label("serialized share")]
+    exposed_share: Annotated[Share, label("exposed share of the step")]
+
+
+class ParallelismOwnCost(Evidence, frozen=True, forbid_unknown_fields=True):
+    """Communication a parallelism puts on the critical path by design (judged by its own rule)."""
+
+    kinds: Annotated[list[Text], label("collectives")]
+    wait_us: Annotated[Us, label("waiting")]
+    tp_transfer_us: Annotated[Us, label("tensor-parallel transfer")]
+    tp_groups_intra_node: Annotated[list[Text], label("tensor-parallel groups inside a node")]
+
+
+class ExposedCommEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    step: Annotated[Count, label("step")]
+    step_time_us: Annotated[Us, label("typical step")]
+    exposed_wait_us: Annotated[Us, label("exposed waiting for late peers")]
+    exposed_transfer_us: Annotated[Us, label("exposed transfer")]
+    unexplained_us: Annotated[Us, label("not explained by a collective's model")]
+    explained_by: Annotated[list[Text], label("explained by")]
+    by_kind: Annotated[dict[str, CommCell] | None, label("by collective"), keys("collective")]
+    by_phase: Annotated[dict[str, CommCell] | None, label("by phase"), keys("phase")]
+    by_group: Annotated[dict[str, CommCell] | None, label("by process group"), keys("group")]
+    wait_by_peer: Annotated[dict[str, Us] | None, label("waiting by the rank waited for"), keys("rank")]
+    wait_source: Annotated[Text, label("waiting measured by")]
+    alpha_beta: Annotated[list[AlphaBetaEstimate], label("α-β estimate per collective")]
+    synchronous_allreduces: Annotated[SyncAllreduces | None, label("synchronous all-reduces")]
+    parallelism_own_cost: Annotated[ParallelismOwnCost, label("the parallelism's own communication")]
+    prediction: dict[str, Any]
 
 
 @register
@@ -118,6 +176,8 @@ class ExposedCommunication(Rule):
     references = ("docs/models.md §2", "docs/models.md §4", "Thakur, Rabenseifner & Gropp, IJHPCA 2005",
                   "Holistic Trace Analysis: comm-comp overlap")
 
+    Evidence = ExposedCommEvidence
+
     def check(self, ctx):
         typical = ctx.model.typical
         if typical is None:
@@ -133,9 +193,9 @@ class ExposedCommunication(Rule):
         explained = [EXPLAINS[r] for r in fired if r in EXPLAINS and not (sync and EXPLAINS[r] is not None)]
         by_design = _owned_by_parallelism(ctx, details)
         open_transfer = sum(c["transfer_us"] for kind, c in (details.get("by_kind") or {}).items()
-                            if not any(e is None or kind in e for e in explained) and kind not in by_design["kinds"])
-        open_wait = max(0.0, open_wait - by_design["wait_us"])
-        open_transfer = max(0.0, open_transfer - by_design["tp_transfer_us"])
+                            if not any(e is None or kind in e for e in explained) and kind not in by_design.kinds)
+        open_wait = max(0.0, open_wait - by_design.wait_us)
+        open_transfer = max(0.0, open_transfer - by_design.tp_transfer_us)
         unexplained = open_wait + open_transfer
         if unexplained < ctx.thresholds["exposed_fraction"] * step:
             return []
@@ -149,20 +209,20 @@ class ExposedCommunication(Rule):
                    f"by process group {_list(groups)}; "
                    f"{fmt_us(unexplained)} of it no other finding explains{_wait_caveat(tb)}.")
         if sync:
-            summary += (f" {sync['per_step']:g} all-reduces per step run one at a time, each launched after the "
-                        f"previous one ended ({100 * sync['serialized_share']:.0f}%) and {100 * sync['exposed_share']:.0f}% "
+            summary += (f" {sync.per_step:g} all-reduces per step run one at a time, each launched after the "
+                        f"previous one ended ({100 * sync.serialized_share:.0f}%) and {100 * sync.exposed_share:.0f}% "
                         "exposed: synchronous, unbucketed (per-parameter) gradient all-reduces.")
         fixes = [_FIX_SYNC] if sync else []
         fixes += [_FIX_WAIT] if open_wait > open_transfer else []
         fixes += [fix for kind, _ in kinds[:2] for fix in _fix_for(kind, _ranked(details.get("by_kind_phase") or {}))]
-        evidence = {
-            "step": tb["step"], "step_time_us": step, "exposed_wait_us": wait, "exposed_transfer_us": transfer,
-            "unexplained_us": round(unexplained, 1), "explained_by": sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
-            "by_kind": details.get("by_kind"), "by_phase": details.get("by_phase"),
-            "by_group": details.get("by_group"), "wait_by_peer": details.get("wait_by_peer"),
-            "wait_source": tb.get("wait_source"), "alpha_beta": model, "synchronous_allreduces": sync,
-            "parallelism_own_cost": by_design,
-            "prediction": predicted(step, unexplained, "upper bound: every exposed µs no other finding explains "
+        evidence = ExposedCommEvidence(
+            step=tb["step"], step_time_us=step, exposed_wait_us=wait, exposed_transfer_us=transfer,
+            unexplained_us=round(unexplained, 1), explained_by=sorted(fired & (set(EXPLAINS) | set(WAIT_RULES))),
+            by_kind=details.get("by_kind"), by_phase=details.get("by_phase"),
+            by_group=details.get("by_group"), wait_by_peer=details.get("wait_by_peer"),
+            wait_source=tb.get("wait_source"), alpha_beta=model, synchronous_allreduces=sync,
+            parallelism_own_cost=by_design,
+            prediction=predicted(step, unexplained, "upper bound: every exposed µs no other finding explains "
                                     "hidden under compute or made unnecessary (|comm \\ compute| of the typical step, "
                                     "docs/models.md §4)", {
                                         "overlap": {"value": "full", "origin": "assumed",
@@ -170,13 +230,12 @@ class ExposedCommunication(Rule):
                                                               "pipelining, fewer bytes); the compute is enough to hide it"},
                                         "waiting": {"value": round(open_wait, 1), "origin": _wait_origin(tb),
                                                     "source": "waiting for late peers counted as recoverable: the late "
-                                                              "ranks arrive on time"}}),
-        }
+                                                              "ranks arrive on time"}}))
         model_text = "; ".join(
-            f"{m['collective']} in {m['group']}: {m['count']:g} per rank, {fmt_bytes(m['bytes'])} → α-β "
-            f"{fmt_us(m['model_us'])} ({m['link_source']}) vs measured transfer "
-            f"{fmt_us(m['measured_transfer_us'])}" if m.get("model_us") is not None else
-            f"{m['collective']} in {m['group']}: {m['why']}" for m in model)
+            f"{m.collective} in {m.group}: {m.count:g} per rank, {fmt_bytes(m.bytes)} → α-β "
+            f"{fmt_us(m.model_us)} ({m.link_source}) vs measured transfer "
+            f"{fmt_us(m.measured_transfer_us)}" if m.model_us is not UNSET else
+            f"{m.collective} in {m.group}: {m.why}" for m in model)
         ranks = sorted({r.rank for r in ctx.result.ranks if r.time_breakdown})
         return [ctx.finding(
             summary=summary, ranks=ranks, steps=[tb["step"]], evidence=evidence,
@@ -217,7 +276,7 @@ def _wait_origin(tb: dict[str, Any]) -> str:
     return "estimated" if str(tb.get("wait_source") or "").startswith("estimated") else "measured"
 
 
-def _synchronous_allreduces(ctx, step: Any, minimum: float) -> dict[str, Any] | None:
+def _synchronous_allreduces(ctx, step: Any, minimum: float) -> SyncAllreduces | None:
     """The pattern of unbucketed synchronous all-reduces, recognised without message sizes: many
     all-reduces per step on each rank, each launched only after the previous one ended (the host
     waited for it) and mostly not under compute. None when the typical step does not show it."""
@@ -236,7 +295,7 @@ def _synchronous_allreduces(ctx, step: Any, minimum: float) -> dict[str, Any] | 
     count, serialized, exposed = (median(v[i] for v in per_rank) for i in range(3))
     if serialized < 0.8 or exposed < 0.8:
         return None
-    return {"per_step": count, "serialized_share": round(serialized, 3), "exposed_share": round(exposed, 3)}
+    return SyncAllreduces(per_step=count, serialized_share=round(serialized, 3), exposed_share=round(exposed, 3))
 
 
 def _ranked(cells: dict[str, dict[str, float]]) -> list[tuple[str, float]]:
@@ -244,7 +303,7 @@ def _ranked(cells: dict[str, dict[str, float]]) -> list[tuple[str, float]]:
     return sorted((t for t in totals if t[1] > 0), key=lambda t: (-t[1], t[0]))
 
 
-def _owned_by_parallelism(ctx, details: dict[str, Any]) -> dict[str, Any]:
+def _owned_by_parallelism(ctx, details: dict[str, Any]) -> ParallelismOwnCost:
     """Communication a parallelism puts on the critical path by design, judged by that
     parallelism's own rule rather than counted as unexplained here: a pipeline's send/recv
     (their waits are the fill/drain bubble: pipeline-bubble) and tensor-parallel collectives
@@ -260,15 +319,15 @@ def _owned_by_parallelism(ctx, details: dict[str, Any]) -> dict[str, Any]:
     by_group = details.get("by_group") or {}
     tp_transfer = sum(v.get("transfer_us") or 0.0 for k, v in by_group.items() if k in tp_groups)
     wait += sum(v.get("wait_us") or 0.0 for k, v in by_group.items() if k in tp_groups)
-    return {"kinds": kinds, "wait_us": round(wait, 3), "tp_transfer_us": round(tp_transfer, 3),
-            "tp_groups_intra_node": sorted(g for g in tp_groups if g)}
+    return ParallelismOwnCost(kinds=kinds, wait_us=round(wait, 3), tp_transfer_us=round(tp_transfer, 3),
+                              tp_groups_intra_node=sorted(g for g in tp_groups if g))
 
 
 def _list(ranked: list[tuple[str, float]]) -> str:
     return ", ".join(f"{label} {fmt_us(value)}" for label, value in ranked[:3]) or "none"
 
 
-def _alpha_beta(ctx, step: Any) -> list[dict[str, Any]]:
+def _alpha_beta(ctx, step: Any) -> list[AlphaBetaEstimate]:
     """Per (collective kind, group) of the typical step on the ranks, mean per rank: the bytes,
     the α-β model's time for them on the group's link, and the measured transfer time."""
     facts = ctx.facts
@@ -282,20 +341,20 @@ def _alpha_beta(ctx, step: Any) -> list[dict[str, Any]]:
             cell = cells.setdefault(key, {"rows": [], "group": row.get("group") or {}})
             cell["rows"].append(row)
     out = []
-    for (kind, label), cell in sorted(cells.items()):
+    for (kind, group_name), cell in sorted(cells.items()):
         rows = cell["rows"]
         n = len(ranks)
-        entry = {"collective": kind, "group": label, "count": round(len(rows) / n, 1)}
         measured = sum(facts.transfer_time(r) for r in rows) / n
-        entry["measured_transfer_us"] = round(measured, 1)
+        entry = AlphaBetaEstimate(collective=kind, group=group_name, count=round(len(rows) / n, 1),
+                                  measured_transfer_us=round(measured, 1))
         link = facts.link(cell["group"]) if kind in models.COLLECTIVE_KINDS else None
         if any(r.get("bytes") is None for r in rows):
-            entry["why"] = "message sizes unknown: no α-β estimate"
+            entry = msgspec.structs.replace(entry, why="message sizes unknown: no α-β estimate")
         elif link is None or link.n < 2:
-            entry["why"] = "link or group size unknown: no α-β estimate"
+            entry = msgspec.structs.replace(entry, why="link or group size unknown: no α-β estimate")
         else:
-            entry["bytes"] = round(sum(r["bytes"] for r in rows) / n)
-            entry["model_us"] = round(sum(link.time_us(kind, r["bytes"]) for r in rows) / n, 1)
-            entry["link_source"] = link.source
+            entry = msgspec.structs.replace(
+                entry, bytes=round(sum(r["bytes"] for r in rows) / n),
+                model_us=round(sum(link.time_us(kind, r["bytes"]) for r in rows) / n, 1), link_source=link.source)
         out.append(entry)
     return out

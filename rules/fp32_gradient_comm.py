@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.base.units import fmt_bytes
 from analyzer.job.ddp import ddp_steps, representative
+from analyzer.rules.evidence_types import Bytes, Evidence, Share, Text, Us, label
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, unit_links
 from analyzer.job.prediction_doc import not_predicted, predicted
 
 LOW_PRECISION = ("bf16", "f16")
+
+
+class Fp32GradientEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    collective: Annotated[Text, label("collective")]
+    dtype: Annotated[Text, label("dtype")]
+    grad_bytes_per_step: Annotated[Bytes, label("gradient bytes per step")]
+    low_precision_compute_share: Annotated[Share, label("compute in bf16/fp16")]
+    allgather_dtypes: Annotated[list[Text], label("all-gather dtypes")]
+    step_time_us: Annotated[Us, label("typical step")]
+    predicted_step_time_us: Annotated[Us, label("predicted step")]
+    collectives: Annotated[Text, label("collectives")]
+    prediction: dict[str, Any]
 
 
 @register
@@ -57,6 +72,8 @@ class Fp32GradientComm(Rule):
     references = ("docs/models.md §3", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
+    Evidence = Fp32GradientEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         fsdp = facts.strategy.startswith("fsdp")
@@ -91,16 +108,15 @@ class Fp32GradientComm(Rule):
                  "their sizes are not recorded)")
         summary = (f"{'Reduce-scatters' if fsdp else 'Gradient all-reduces'} {moved} while {why}: half of "
                    f"those bytes are avoidable{saving}.")
-        evidence = {
-            "collective": kind, "dtype": "f32",
-            "grad_bytes_per_step": None if per_step is None else round(per_step),
-            "low_precision_compute_share": None if low_share is None else round(low_share, 3),
-            "allgather_dtypes": sorted(d for d in gathered if d),
-            "step_time_us": round(step_us, 1) if step_us else None,
-            "predicted_step_time_us": round(step_us - gain, 1) if step_us and gain is not None else None,
-            "collectives": f"backward {kind} in f32",
-            "prediction": self._prediction(step_us, gain, model, fsdp, per_step),
-        }
+        evidence = Fp32GradientEvidence(
+            collective=kind, dtype="f32",
+            grad_bytes_per_step=None if per_step is None else round(per_step),
+            low_precision_compute_share=None if low_share is None else round(low_share, 3),
+            allgather_dtypes=sorted(d for d in gathered if d),
+            step_time_us=round(step_us, 1) if step_us else None,
+            predicted_step_time_us=round(step_us - gain, 1) if step_us and gain is not None else None,
+            collectives=f"backward {kind} in f32",
+            prediction=self._prediction(step_us, gain, model, fsdp, per_step))
         fix = ("model.register_comm_hook(None, default_hooks.bf16_compress_hook)" if not fsdp else
                "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP1\n"
                "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)  # FSDP2")

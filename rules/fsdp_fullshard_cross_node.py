@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.job.memory import fit_text, fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
+from analyzer.rules.evidence_types import AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Text, Us, label
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.ddp import representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count
+
+
+class FsdpGroupSpan(Evidence, frozen=True, forbid_unknown_fields=True):
+    """The all-gather group that spans nodes."""
+
+    name: Annotated[Text, label("name")]
+    size: Annotated[Count, label("ranks in it")]
+    nodes: Annotated[Count, label("nodes")]
+
+
+class FullShardCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    group: Annotated[FsdpGroupSpan, label("process group")]
+    link: Annotated[AlphaBetaLink, label("link (α-β)")]
+    intra_node_link: Annotated[AlphaBetaLink, label("link inside a node (α-β)")]
+    exposed_ag_rs_us_median: Annotated[Us, label("exposed all-gather and reduce-scatter (median)")]
+    modelled_exposed_us_full_shard: Annotated[Us, label("modelled exposed, FULL_SHARD")]
+    modelled_exposed_us_hybrid_shard: Annotated[Us, label("modelled exposed, HYBRID_SHARD")]
+    projected_step_time_us: Annotated[Us, label("projected step")]
+    step_time_us: Annotated[Us, label("typical step")]
+    projection_source: Annotated[Text, label("projected by")]
+    prediction: dict[str, Any]
+    parameters: Annotated[Count, label("parameters")]
+    parameters_source: Annotated[Text, label("parameters from")]
+    hybrid_shard_memory_bytes: Annotated[Bytes, label("memory with HYBRID_SHARD")]
+    gpu_memory_bytes: Annotated[Bytes, label("GPU memory")]
+    collectives: Annotated[Text, label("collectives")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
 
 
 @register
@@ -60,6 +90,8 @@ class FsdpFullShardCrossNode(Rule):
     recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §2, §3, §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Rajbhandari et al., ZeRO, SC 2020")
+
+    Evidence = FullShardCrossNodeEvidence
 
     def check(self, ctx):
         facts = ctx.facts
@@ -125,20 +157,19 @@ class FsdpFullShardCrossNode(Rule):
                  f"{projected:,.0f} µs with HYBRID_SHARD: N = {g}, α = {intra.alpha_us:.3g} µs, β = {intra.beta_gbps:.4g} GB/s "
                  f"plus a replicate all-reduce of S/{g} over {nodes} nodes at β = {replicate_beta:.4g} GB/s per GPU"
                  + (f"; memory 16Ψ/g = 16·{psi:,.0f}/{g} = {fmt_bytes(need)}" if need else ""))
-        evidence = {
-            "group": {"name": group.get("name"), "size": link.n, "nodes": nodes},
-            "link": link.evidence(), "intra_node_link": intra.evidence(),
-            "exposed_ag_rs_us_median": round(exposed, 1),
-            "modelled_exposed_us_full_shard": round(now, 1),
-            "modelled_exposed_us_hybrid_shard": round(projected, 1),
-            "projected_step_time_us": round(step_after, 1), "step_time_us": round(step_us, 1),
-            "projection_source": projection_source,
-            "prediction": prediction,
-            "parameters": psi, "parameters_source": psi_source,
-            "hybrid_shard_memory_bytes": need, "gpu_memory_bytes": memory,
-            "collectives": "all-gather, reduce-scatter",
-            "memory": fit,
-        }
+        evidence = FullShardCrossNodeEvidence(
+            group=FsdpGroupSpan(name=group.get("name"), size=link.n, nodes=nodes),
+            link=link.evidence(), intra_node_link=intra.evidence(),
+            exposed_ag_rs_us_median=round(exposed, 1),
+            modelled_exposed_us_full_shard=round(now, 1),
+            modelled_exposed_us_hybrid_shard=round(projected, 1),
+            projected_step_time_us=round(step_after, 1), step_time_us=round(step_us, 1),
+            projection_source=projection_source,
+            prediction=prediction,
+            parameters=psi, parameters_source=psi_source,
+            hybrid_shard_memory_bytes=need, gpu_memory_bytes=memory,
+            collectives="all-gather, reduce-scatter",
+            memory=fit)
         snippet = ("FullyShardedDataParallel(model, ..., sharding_strategy=ShardingStrategy.HYBRID_SHARD)  # FSDP1\n"
                    f"mesh = init_device_mesh(\"cuda\", ({nodes}, {g}), mesh_dim_names=(\"replicate\", \"shard\"))\n"
                    "fully_shard(block, mesh=mesh)  # FSDP2 (HSDP)")

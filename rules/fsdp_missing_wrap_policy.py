@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from dataclasses import replace
 
 from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Text, Us, label
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
 from analyzer.job.ddp import representative
 from analyzer.job.prediction_doc import not_predicted, predicted
+
+
+class MissingWrapEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    units_per_forward_pass: Annotated[Count, label("FSDP units per forward pass")]
+    allgather_bytes: Annotated[Bytes, label("all-gather bytes")]
+    parameter_bytes: Annotated[Bytes, label("parameter bytes")]
+    parameters: Annotated[Count, label("parameters")]
+    parameters_source: Annotated[Text, label("parameters from")]
+    unsharded_peak_bytes: Annotated[Bytes, label("unsharded peak")]
+    exposed_allgather_us: Annotated[Us, label("exposed all-gather")]
+    layers: Annotated[Count, label("layers")]
+    layers_source: Annotated[Text, label("layers from")]
+    collectives: Annotated[Text, label("collectives")]
+    step_time_us: Annotated[Us, label("typical step")]
+    prediction: dict[str, Any]
+    memory: Annotated[FixMemory, label("memory after the fix")]
 
 
 @register
@@ -61,6 +80,8 @@ class FsdpMissingWrapPolicy(Rule):
     references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023",
                   "Rajbhandari et al., ZeRO, SC 2020")
 
+    Evidence = MissingWrapEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         passes = facts.units_by_pass()
@@ -94,18 +115,17 @@ class FsdpMissingWrapPolicy(Rule):
                    f"all-gather" + (f" ({exposed_us:,.0f} µs exposed per pass)" if exposed_us else "") + outcome + ".")
         model = (f"units = {units:g}; unsharded peak ≈ Ψ·bytes = {fmt_bytes(param_bytes)}" if param_bytes else
                  f"units = {units:g}") + f" (Ψ = {psi:,.0f} from {psi_source})" if psi else f"units = {units:g}"
-        evidence = {
-            "units_per_forward_pass": units,
-            "allgather_bytes": ag_bytes, "parameter_bytes": param_bytes,
-            "parameters": psi, "parameters_source": psi_source,
-            "unsharded_peak_bytes": param_bytes or ag_bytes,
-            "exposed_allgather_us": exposed_us,
-            "layers": layers, "layers_source": layers_source,
-            "collectives": "forward all-gather",
-            "step_time_us": None if step_us is None else round(step_us, 1),
-            "prediction": prediction,
-            "memory": self._memory(facts, param_bytes or ag_bytes, layers),
-        }
+        evidence = MissingWrapEvidence(
+            units_per_forward_pass=units,
+            allgather_bytes=ag_bytes, parameter_bytes=param_bytes,
+            parameters=psi, parameters_source=psi_source,
+            unsharded_peak_bytes=param_bytes or ag_bytes,
+            exposed_allgather_us=exposed_us,
+            layers=layers, layers_source=layers_source,
+            collectives="forward all-gather",
+            step_time_us=None if step_us is None else round(step_us, 1),
+            prediction=prediction,
+            memory=self._memory(facts, param_bytes or ag_bytes, layers))
         strategy = facts.strategy
         snippet = ("for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)" if strategy == "fsdp2" else
                    "FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}))")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.job.memory import fix_memory
+from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, FixMemory, Share, Text, Us, columns, label
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
@@ -13,6 +16,22 @@ from analyzer.job.prediction_doc import predicted
 # The gain once the schedule's cut is replayed (the gain engine's replayed_exposed: analyzer.job.gains)
 REPLAYED = ("the gain: that cut taken out of the exposed transfers of each step and the measured job replayed "
             "(docs/models.md §9)")
+
+
+class NoPrefetchEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    units_per_forward_pass: Annotated[Count, label("FSDP units per forward pass")]
+    serialized_share_median: Annotated[Share, label("all-gathers serialized with compute (median)")]
+    by_pass: Annotated[list[list[Any]], label("serialized share per rank, step and pass"),
+                       columns(("rank", None), ("step", None), ("pass", "text"), ("serialized", "share"))]
+    modelled_exposed_us_without_prefetch: Annotated[Us, label("modelled exposed without prefetch")]
+    modelled_exposed_us_with_prefetch: Annotated[Us, label("modelled exposed with prefetch")]
+    predicted_step_time_us: Annotated[Us, label("predicted step")]
+    step_time_us: Annotated[Us, label("typical step")]
+    link: Annotated[AlphaBetaLink, label("link (α-β)")]
+    collectives: Annotated[Text, label("collectives")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
+    modelled_gain_us: Annotated[Us, label("the schedule's modelled gain (the replay's input)")]
+    prediction: dict[str, Any]
 
 
 @register
@@ -60,6 +79,8 @@ class FsdpNoPrefetch(Rule):
     recovers = ("exposed_transfer_us", "exposed_wait_us")
     references = ("docs/models.md §5", "Zhao et al., PyTorch FSDP, VLDB 2023")
 
+    Evidence = NoPrefetchEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         step_us = facts.model.step_time_us
@@ -100,19 +121,19 @@ class FsdpNoPrefetch(Rule):
                  f"ag_start_i = c_(i−1): exposed {overlapped:,.0f} µs; all-gather "
                  f"T = (N−1)α + (N−1)/N·S/β with α = {links['allgather'].alpha_us:.3g} µs, "
                  f"β = {links['allgather'].beta_gbps:.4g} GB/s, N = {links['allgather'].n}")
-        evidence = {
-            "units_per_forward_pass": units,
-            "serialized_share_median": round(share, 3),
-            "by_pass": [[r, s, p, round(x, 3)] for x, r, s, p in sorted(shares, key=lambda v: (v[1], str(v[2]), v[3]))],
-            "modelled_exposed_us_without_prefetch": round(serial, 1),
-            "modelled_exposed_us_with_prefetch": round(overlapped, 1),
-            "predicted_step_time_us": round(step_us - gain, 1),
-            "step_time_us": round(step_us, 1),
-            "link": links["allgather"].evidence(),
-            "collectives": "forward and backward all-gather",
-            "memory": self._memory(facts, rep, links["allgather"].n),
-            "modelled_gain_us": round(modelled, 1),
-            "prediction": predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.job.fsdp) on the "
+        evidence = NoPrefetchEvidence(
+            units_per_forward_pass=units,
+            serialized_share_median=round(share, 3),
+            by_pass=[[r, s, p, round(x, 3)] for x, r, s, p in sorted(shares, key=lambda v: (v[1], str(v[2]), v[3]))],
+            modelled_exposed_us_without_prefetch=round(serial, 1),
+            modelled_exposed_us_with_prefetch=round(overlapped, 1),
+            predicted_step_time_us=round(step_us - gain, 1),
+            step_time_us=round(step_us, 1),
+            link=links["allgather"].evidence(),
+            collectives="forward and backward all-gather",
+            memory=self._memory(facts, rep, links["allgather"].n),
+            modelled_gain_us=round(modelled, 1),
+            prediction=predicted(step_us, gain, "FSDP unit schedule (docs/models.md §5, analyzer.job.fsdp) on the "
                                     "median rank-step: exposed communication without prefetch less with it"
                                     + (f"; {REPLAYED}" if replay_input else ""), {**replay_input,
                 "link": {"value": links["allgather"].evidence(), "origin": "measured",
@@ -120,8 +141,7 @@ class FsdpNoPrefetch(Rule):
                 "compute": {"value": "measured", "origin": "measured",
                             "source": "each pass's measured compute split evenly over its units"},
                 "prefetch": {"value": "one unit ahead", "origin": "assumed",
-                             "source": "BACKWARD_PRE and forward_prefetch=True (FSDP2: its default)"}}),
-        }
+                             "source": "BACKWARD_PRE and forward_prefetch=True (FSDP2: its default)"}}))
         snippet = ("FullyShardedDataParallel(model, auto_wrap_policy=...,\n"
                    "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True)"
                    if facts.strategy != "fsdp2" else

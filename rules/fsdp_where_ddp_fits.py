@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from dataclasses import replace
 
 from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_params, fmt_pct, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Text, Us, label
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.ddp import MAX_GRADIENT_PIECES, representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
 from analyzer.job.prediction_doc import not_predicted, predicted
+
+
+class FsdpWhereDdpFitsEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    parameters: Annotated[Count, label("parameters")]
+    parameters_source: Annotated[Text, label("parameters from")]
+    ddp_static_bytes: Annotated[Bytes, label("DDP's static memory (16Ψ)")]
+    gpu_memory_bytes: Annotated[Bytes, label("GPU memory")]
+    fsdp_volume_bytes: Annotated[Bytes, label("FSDP's communication per step")]
+    ddp_volume_bytes: Annotated[Bytes, label("DDP's communication per step")]
+    exposed_comm_us: Annotated[Us, label("exposed communication")]
+    step_time_us: Annotated[Us, label("typical step")]
+    projected_ddp_step_time_us: Annotated[Us, label("projected step with DDP")]
+    projected_shard_grad_op_step_time_us: Annotated[Us, label("projected step with SHARD_GRAD_OP")]
+    collectives: Annotated[Text, label("collectives")]
+    memory: Annotated[FixMemory, label("memory after the fix")]
+    prediction: dict[str, Any]
 
 
 @register
@@ -63,6 +82,8 @@ class FsdpWhereDdpFits(Rule):
     references = ("docs/models.md §3, §4", "Rajbhandari et al., ZeRO, SC 2020",
                   "Zhao et al., PyTorch FSDP, VLDB 2023")
 
+    Evidence = FsdpWhereDdpFitsEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         step_us = facts.model.step_time_us
@@ -103,25 +124,24 @@ class FsdpWhereDdpFits(Rule):
                     if projection else "")
                  + (f"; SHARD_GRAD_OP: the FSDP unit schedule without backward all-gathers gives "
                     f"{sgo_step:,.0f} µs" if sgo_step is not None else ""))
-        evidence = {
-            "parameters": psi, "parameters_source": psi_source,
-            "ddp_static_bytes": ddp_state, "gpu_memory_bytes": memory,
-            "fsdp_volume_bytes": round(fsdp_volume), "ddp_volume_bytes": round(ddp_volume),
-            "exposed_comm_us": round(exposed, 1), "step_time_us": round(step_us, 1),
-            "projected_ddp_step_time_us": None if ddp_step is None else round(ddp_step, 1),
-            "projected_shard_grad_op_step_time_us": None if sgo_step is None else round(sgo_step, 1),
-            "collectives": "all-gather, reduce-scatter",
-            "memory": self._memory(facts, best or "DDP", psi, n),
-            "prediction": (predicted(step_us, max(0.0, gain or 0.0), f"{best}: "
-                                     + ("DDP bucket pipeline (docs/models.md §4) at the measured backward pace, 25 MiB "
-                                        "buckets, plus the unsharded optimizer" if best == "DDP" else
-                                        "FSDP unit schedule (docs/models.md §5) without the backward all-gathers"),
-                                     {"gradient_bytes": {"value": psi * elem, "origin": "measured",
-                                                         "source": f"Ψ ({psi_source}) × {elem} bytes"}},
-                                     step_after_us=options[best])
-                           if best else not_predicted("the DDP and SHARD_GRAD_OP steps could not be projected "
-                                                      "(link or phase windows unknown)")),
-        }
+        evidence = FsdpWhereDdpFitsEvidence(
+            parameters=psi, parameters_source=psi_source,
+            ddp_static_bytes=ddp_state, gpu_memory_bytes=memory,
+            fsdp_volume_bytes=round(fsdp_volume), ddp_volume_bytes=round(ddp_volume),
+            exposed_comm_us=round(exposed, 1), step_time_us=round(step_us, 1),
+            projected_ddp_step_time_us=None if ddp_step is None else round(ddp_step, 1),
+            projected_shard_grad_op_step_time_us=None if sgo_step is None else round(sgo_step, 1),
+            collectives="all-gather, reduce-scatter",
+            memory=self._memory(facts, best or "DDP", psi, n),
+            prediction=(predicted(step_us, max(0.0, gain or 0.0), f"{best}: "
+                                  + ("DDP bucket pipeline (docs/models.md §4) at the measured backward pace, 25 MiB "
+                                     "buckets, plus the unsharded optimizer" if best == "DDP" else
+                                     "FSDP unit schedule (docs/models.md §5) without the backward all-gathers"),
+                                  {"gradient_bytes": {"value": psi * elem, "origin": "measured",
+                                                      "source": f"Ψ ({psi_source}) × {elem} bytes"}},
+                                  step_after_us=options[best])
+                        if best else not_predicted("the DDP and SHARD_GRAD_OP steps could not be projected "
+                                                   "(link or phase windows unknown)")))
         return [ctx.finding(summary=summary, ranks=sorted({r.rank for r in facts.result.ranks}),
                             steps=sorted({v.step for v in facts.steps}), evidence=evidence,
                             estimated_gain_us=gain, model=model,

@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from analyzer.base.units import fmt_pct, fmt_tflops, fmt_us
 from analyzer.base.units import shape_text
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
+from analyzer.rules.evidence_types import Count, Evidence, Pct, Share, Text, Tflops, Us, label
 from analyzer.rules.engine import MIN_GAIN_FRACTION, NotEvaluated, Rule, Threshold, register
 
 LOW_PRECISION = ("bf16", "fp16")
+
+
+class GemmRow(Evidence, frozen=True, forbid_unknown_fields=True):
+    """One GEMM shape below its peak."""
+
+    op: Annotated[Text, label("op")]
+    shape: Annotated[Text, label("shape")]
+    dtype: Annotated[Text, label("dtype")]
+    count: Annotated[Count, label("count")]
+    gpu_us: Annotated[Us, label("GPU time")]
+    tflops_per_s: Annotated[Tflops, label("achieved")]
+    pct_of_peak: Annotated[Pct, label("of peak")]
+
+
+class GemmBelowPeakEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    kind: Annotated[Text, label("kind")]
+    rank: Annotated[Count, label("rank")]
+    gemms: Annotated[list[GemmRow], label("GEMMs")]
+    target_dtype: Annotated[Text, label("target dtype")]
+    target_peak_tflops: Annotated[Tflops, label("target peak")]
+    reference_efficiency: Annotated[Share, label("reference efficiency")]
+    reference_source: Annotated[Text, label("reference from")]
+    gemm_time_us: Annotated[Us, label("GEMM time")]
+    predicted_gemm_time_us: Annotated[Us, label("predicted GEMM time")]
+    step_time_us: Annotated[Us, label("typical step")]
+    predicted_step_time_us: Annotated[Us, label("predicted step")]
 
 
 @register
@@ -71,6 +98,8 @@ class GemmBelowPeak(Rule):
     recovers = ("compute_only_us",)
     references = ("docs/models.md §6", "NVIDIA, Matrix Multiplication Background User's Guide (tensor-core "
                   "alignment)", "NVIDIA H100 and A100 datasheets")
+
+    Evidence = GemmBelowPeakEvidence
 
     def check(self, ctx):
         compute = ctx.model.compute
@@ -161,14 +190,15 @@ class GemmBelowPeak(Rule):
         summary = (f"{what} {why}; at {fmt_pct(100 * rep['efficiency'])} of the {target} peak they would take "
                    f"{fmt_us(rep['then_us'])} instead of {fmt_us(rep['now_us'])}: about {fmt_us(gain)} of the "
                    f"{fmt_us(step_us)} typical step (median over {len(per_rank)} rank(s)).")
-        rows = [{"op": s.op, "shape": shape_text(s.dims), "dtype": s.dtype, "count": s.count,
-                 "gpu_us": round(s.gpu_us, 1), "tflops_per_s": s.tflops_per_s, "pct_of_peak": s.pct_of_peak}
+        rows = [GemmRow(op=s.op, shape=shape_text(s.dims), dtype=s.dtype, count=s.count, gpu_us=round(s.gpu_us, 1),
+                        tflops_per_s=s.tflops_per_s, pct_of_peak=s.pct_of_peak)
                 for s in sorted(found, key=lambda s: -s.gpu_us)[:8]]
-        evidence = {"kind": rep["kind"], "rank": rep["rank"], "gemms": rows, "target_dtype": target,
-                    "target_peak_tflops": rep["peak"], "reference_efficiency": round(rep["efficiency"], 4),
-                    "reference_source": rep["source"], "gemm_time_us": round(rep["now_us"], 1),
-                    "predicted_gemm_time_us": round(rep["then_us"], 1), "step_time_us": round(step_us, 1),
-                    "predicted_step_time_us": round(step_us - gain, 1)}
+        evidence = GemmBelowPeakEvidence(
+            kind=rep["kind"], rank=rep["rank"], gemms=rows, target_dtype=target,
+            target_peak_tflops=rep["peak"], reference_efficiency=round(rep["efficiency"], 4),
+            reference_source=rep["source"], gemm_time_us=round(rep["now_us"], 1),
+            predicted_gemm_time_us=round(rep["then_us"], 1), step_time_us=round(step_us, 1),
+            predicted_step_time_us=round(step_us - gain, 1))
         model = (f"gain = Σ over these GEMMs (rank {rep['rank']}) of measured time − FLOPs / ({target} peak "
                  f"{rep['peak']:g} TFLOPS × efficiency {rep['efficiency']:.2f}) = {fmt_us(rep['now_us'])} − "
                  f"{fmt_us(rep['then_us'])}; the rest of the step as measured (models.md §6)")

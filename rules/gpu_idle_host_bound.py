@@ -2,12 +2,50 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
 from analyzer.job.model import HOST_ACTIVITY
 from analyzer.rules.host import (HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
                                  replayed_rank_fixes)
+from analyzer.rules.evidence_types import UNSET, Count, Evidence, Share, Text, UnsetType, Us, inner, keys, label
+
+
+class InflatedHostOp(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A host op far beyond its usual length (the rank analysis's, handed on as its dict)."""
+
+    longest_us: Annotated[Us, label("longest")]
+    usual_us: Annotated[Us, label("usual")]
+
+
+class AllocatorCalls(Evidence, frozen=True, forbid_unknown_fields=True):
+    """One allocator call's count and host time in a rank's typical step (handed on as its dict)."""
+
+    calls: Annotated[Count, label("calls")]
+    host_us: Annotated[Us, label("host time")]
+
+
+class HostBoundIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    step: Annotated[Count, label("step")]
+    host_idle_share_by_rank: Annotated[dict[str, Share], label("idle share per rank"), keys("rank")]
+    host_idle_us_median: Annotated[Us, label("GPU idle, nothing launched (median)")]
+    idle_us_median: Annotated[Us, label("GPU idle (median)")]
+    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us_median_of_those_ranks: Annotated[Us, label("step time (median of those ranks)")]
+    idle_by_host_median_us: Annotated[dict[str, Us], label("idle by host activity (median)"), keys("host activity")]
+    host_activity: Annotated[Text, label("host activity")]
+    late_ranks_idle: Annotated[Text, label("idle on late ranks")]
+    idle_split: Annotated[Text | UnsetType, label("idle split")] = UNSET
+    inflated_host_ops: Annotated[dict[str, InflatedHostOp] | UnsetType, label("host ops far beyond their usual time"),
+                                 keys("op")] = UNSET
+    allocator_calls: Annotated[dict[str, dict[str, AllocatorCalls]] | UnsetType,
+                               label("allocator calls per rank (by op)"), keys("rank"), inner("op")] = UNSET
+    own_work_by_phase_us: Annotated[dict[str, Us] | UnsetType, label("host's own work by phase"), keys("phase")] = UNSET
+    own_work_phase: Annotated[Text | UnsetType, label("phase of most own work")] = UNSET
+    workload: Annotated[Text | UnsetType, label("workload")] = UNSET
+    prediction: dict[str, Any] | UnsetType = UNSET
 
 
 @register
@@ -73,6 +111,8 @@ class GpuIdleHostBound(Rule):
     references = ("docs/models.md §6", "Holistic Trace Analysis: idle time breakdown",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
+    Evidence = HostBoundIdleEvidence
+
     def check(self, ctx):
         rows = [(r.rank, r.time_breakdown) for r in ctx.result.ranks if r.time_breakdown]
         if not rows:
@@ -110,31 +150,29 @@ class GpuIdleHostBound(Rule):
                  "a free drained), host ops inflated far past their usual length, "
                  "FSDP hooks, short gaps before late launches, the rest; the gain is an upper bound (all of that "
                  "idle recovered)")
-        evidence = {
-            "step": step, "host_idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
-            "host_idle_us_median": round(idle, 1), "idle_us_median": round(all_idle, 1),
-            "step_time_us": round(ctx.model.step_time_us, 1),
-            "step_time_us_median_of_those_ranks": round(own_step_us, 1),
-            "idle_by_host_median_us": host, "host_activity": activity,
-            "late_ranks_idle": "idle on a late rank is what the others then wait for (straggler-rank)",
-        }
-        if note:
-            evidence["idle_split"] = note
-        evidence.update(_inflated_evidence(ctx, hit, by_rank) if activity == "contention" else {})
-        if calls:
-            evidence["allocator_calls"] = calls
         lead = max(own, key=lambda k: (own[k], k)) if activity == "unknown" and own else None
-        if lead:
-            evidence["own_work_by_phase_us"], evidence["own_work_phase"] = own, lead
-        if ctx.model.workload:
-            evidence["workload"] = ctx.model.workload
         graphed = any((r.markers_seen or {}).get("graph_kernels") for r in ctx.result.ranks if r.rank in hit)
         fix, snippet, requires = host_fix(activity, lead, ctx.model.workload, graphed)
         gain, recovers = idle, None  # without a replay: an upper bound, the median firing rank's host idle
         replayed = replayed_rank_fixes(ctx, {r: "host" for r in hit}, len(rows))
+        prediction = UNSET
         if replayed is not None:
-            gain, recovers, evidence["prediction"] = replayed
+            gain, recovers, prediction = replayed
             model = f"{model}; {REPLAY_GAIN}"
+        inflated = _inflated_ops(hit, by_rank) if activity == "contention" else {}
+        evidence = HostBoundIdleEvidence(
+            step=step, host_idle_share_by_rank={str(r): round(v, 3) for r, v in sorted(shares.items())},
+            host_idle_us_median=round(idle, 1), idle_us_median=round(all_idle, 1),
+            step_time_us=round(ctx.model.step_time_us, 1),
+            step_time_us_median_of_those_ranks=round(own_step_us, 1),
+            idle_by_host_median_us=host, host_activity=activity,
+            late_ranks_idle="idle on a late rank is what the others then wait for (straggler-rank)",
+            idle_split=note if note else UNSET,
+            inflated_host_ops=inflated if inflated else UNSET,
+            allocator_calls=calls if calls else UNSET,
+            own_work_by_phase_us=own if lead else UNSET, own_work_phase=lead if lead else UNSET,
+            workload=ctx.model.workload if ctx.model.workload else UNSET,
+            prediction=prediction)
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence, estimated_gain_us=gain,
                             model=model, recovers=recovers,
                             fix_text="", fixes=[Fix(f"the host sets the pace: {fix}", snippet, requires), _PROFILE_HOST])]
@@ -152,13 +190,13 @@ def host_idle_us(tb) -> float:
     return tb["idle_us"] if value is None else value
 
 
-def _inflated_evidence(ctx, hit, by_rank) -> dict:
+def _inflated_ops(hit, by_rank) -> dict:
     """The inflated host ops of the firing ranks' typical step, as the rank analysis found them."""
     ops = {}
     for r in hit:
         for name, figures in ((by_rank[r]["details"].get("inflated_ops")) or {}).items():
             ops.setdefault(name, figures)
-    return {"inflated_host_ops": ops} if ops else {}
+    return ops
 
 
 def _allocator_evidence(hit, by_rank) -> dict[str, dict[str, dict[str, float]]]:

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
 from analyzer.job.model import WAITED_ON  # the words (the model's, which the views say too)
+from analyzer.rules.evidence_types import UNSET, Count, Evidence, Share, Text, UnsetType, Us, keys, label
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.rules.host import REPLAY_GAIN, idle_split_note, ranks_phrase, replayed_rank_fixes
 
 # A copy's name says where its host memory lives (CUPTI: "Memcpy HtoD (Pageable -> Device)").
 PAGEABLE = "Pageable"
+
+
+class QueuedIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Keyword-only: the fields in the order the rule writes them, ``idle_split`` only sometimes."""
+
+    step: Annotated[Count, label("step")]
+    queued_idle_share_by_rank: Annotated[dict[str, Share], label("queued idle share per rank"), keys("rank")]
+    queued_idle_us_median: Annotated[Us, label("GPU idle with work launched (median)")]
+    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us_median_of_those_ranks: Annotated[Us, label("step time (median of those ranks)")]
+    queued_idle_by_median_us: Annotated[dict[str, Us], label("queued idle by what it waits on (median)"),
+                                        keys("waited on")]
+    waited_on: Annotated[Text, label("waits on")]
+    waiting_ops_us: Annotated[dict[str, Us], label("waiting ops"), keys("op")]
+    host_in_blocking_call_us_median: Annotated[Us, label("host in a blocking call meanwhile (median)")]
+    idle_split: Annotated[Text | UnsetType, label("idle split")] = UNSET
+    waited_copies_exposed_us_median: Annotated[Us, label("exposed copies waited on (median)")]
+    prediction: dict[str, Any] | UnsetType = UNSET
 
 
 @register
@@ -69,6 +90,8 @@ class GpuIdleQueued(Rule):
     references = ("docs/models.md §6", "CUDA C Programming Guide: page-locked host memory, asynchronous "
                   "concurrent execution", "PyTorch docs: CUDA semantics, pinned memory buffers")
 
+    Evidence = QueuedIdleEvidence
+
     def check(self, ctx):
         rows = [(r.rank, r.time_breakdown) for r in ctx.result.ranks if r.time_breakdown]
         if not rows:
@@ -107,27 +130,27 @@ class GpuIdleQueued(Rule):
                  "attributed to what that work is (a copy, a collective, a CUDA graph's work, else an event "
                  "wait); the gain is an upper bound: all of that idle recovered, and for a copy also its own time "
                  "where nothing ran beside it (the fix overlaps it with compute)")
-        evidence = {
-            "step": step, "queued_idle_share_by_rank": {str(r): round(v, 3) for r, v in sorted(shares.items())},
-            "queued_idle_us_median": round(queued, 1), "step_time_us": round(ctx.model.step_time_us, 1),
-            "step_time_us_median_of_those_ranks": round(own_step_us, 1),
-            "queued_idle_by_median_us": causes, "waited_on": lead,
-            "waiting_ops_us": {name: round(us, 1) for name, us in ops.items()},
-            "host_in_blocking_call_us_median": round(in_sync, 1),
-        }
-        if note:
-            evidence["idle_split"] = note
         fix, snippet = dependency_fix(lead, ops, in_sync >= ctx.thresholds["sync_share"] * queued)
         # A copy the fix turns into a DMA under compute gives back its own exposed time as well.
         copies = median(details[r].get("queued_copies_us", 0.0) for r in hit) if lead == "copy" else 0.0
-        evidence["waited_copies_exposed_us_median"] = round(copies, 1)
         recovers = {"idle_us": queued, **({"other_gpu_us": copies} if copies else {})}
         gain = queued + copies  # without a replay: an upper bound
         # a copy's own time is no stretch of idle the replay can take out: the upper bound stands
         replayed = None if copies else replayed_rank_fixes(ctx, {r: "queued" for r in hit}, len(rows))
+        prediction = UNSET
         if replayed is not None:
-            gain, recovers, evidence["prediction"] = replayed
+            gain, recovers, prediction = replayed
             model = f"{model}; {REPLAY_GAIN}"
+        evidence = QueuedIdleEvidence(
+            step=step, queued_idle_share_by_rank={str(r): round(v, 3) for r, v in sorted(shares.items())},
+            queued_idle_us_median=round(queued, 1), step_time_us=round(ctx.model.step_time_us, 1),
+            step_time_us_median_of_those_ranks=round(own_step_us, 1),
+            queued_idle_by_median_us=causes, waited_on=lead,
+            waiting_ops_us={name: round(us, 1) for name, us in ops.items()},
+            host_in_blocking_call_us_median=round(in_sync, 1),
+            idle_split=note if note else UNSET,
+            waited_copies_exposed_us_median=round(copies, 1),
+            prediction=prediction)
         return [ctx.finding(summary=summary, ranks=hit, steps=[step], evidence=evidence,
                             estimated_gain_us=gain, model=model, fix_text=fix, fix_snippet=snippet,
                             recovers=recovers)]

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import NOT_RECORDED, recorded_ranks
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, Flag, Share, Text, label
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
+
+
+class RankGrowth(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A rank whose allocated memory at the step's end grows every step."""
+
+    rank: Annotated[Count, label("rank")]
+    steps: Annotated[Count, label("steps")]
+    step_numbers: Annotated[list[Count], label("steps")]
+    end_allocated_bytes: Annotated[list[Bytes], label("allocated at each step's end")]
+    growth_per_step_bytes: Annotated[Bytes, label("growth per step")]
+    relative: Annotated[Flag, label("relative to the profiler's start")]
+    basis: Annotated[Text, label("basis")]
+    headroom_bytes: Annotated[Bytes, label("headroom")]
+    steps_to_device_limit: Annotated[Count, label("steps to the device's limit")]
+
+
+class MemoryGrowthEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    ranks: Annotated[list[RankGrowth], label("ranks")]
+    min_steps: Annotated[Count, label("least steps")]
+    min_growth_fraction: Annotated[Share, label("least growth that counts")]
 
 
 @register
@@ -48,6 +71,7 @@ class MemoryGrowth(Rule):
     }
     recovers = ("idle_us",)
     fix_requires = ("training",)  # accumulating loss.item() and per-step tensors of a training loop
+    Evidence = MemoryGrowthEvidence
     references = ("docs/models.md §9", "PyTorch FAQ: accumulating history across the training loop")
 
     def check(self, ctx):
@@ -58,16 +82,17 @@ class MemoryGrowth(Rule):
         hit = [row for row in (_growth(m, int(t["min_steps"]), t["min_growth_fraction"]) for m in ranks) if row]
         if not hit:
             return []
-        worst = max(hit, key=lambda r: (r["growth_per_step_bytes"], -r["rank"]))
-        left = worst["steps_to_device_limit"]
-        summary = (f"Allocated memory at the step's end grows by {fmt_bytes(worst['growth_per_step_bytes'])} a step on "
-                   f"rank {worst['rank']} ({len(hit)} rank(s)), in each of {worst['steps']} steps"
+        worst = max(hit, key=lambda r: (r.growth_per_step_bytes, -r.rank))
+        left = worst.steps_to_device_limit
+        summary = (f"Allocated memory at the step's end grows by {fmt_bytes(worst.growth_per_step_bytes)} a step on "
+                   f"rank {worst.rank} ({len(hit)} rank(s)), in each of {worst.steps} steps"
                    + (f": at this pace the peak reaches the GPU's memory in about {left:,} more steps" if left is not None
-                      else (f" (relative figures: {worst['basis']})" if worst["relative"] else ""))
+                      else (f" (relative figures: {worst.basis})" if worst.relative else ""))
                    + ".")
-        return [ctx.finding(summary=summary, ranks=sorted(r["rank"] for r in hit),
-                            steps=sorted({s for r in hit for s in r["step_numbers"]}),
-                            evidence={"ranks": hit, **{k: t[k] for k in t}}, estimated_gain_us=None,
+        return [ctx.finding(summary=summary, ranks=sorted(r.rank for r in hit),
+                            steps=sorted({s for r in hit for s in r.step_numbers}),
+                            evidence=MemoryGrowthEvidence(hit, t["min_steps"], t["min_growth_fraction"]),
+                            estimated_gain_us=None,
                             model="growth per step = (allocated at the last step's end − at the first's) / (steps − 1); "
                                   "steps left = headroom / growth per step",
                             fix_text="Keep no tensor from one step to the next: accumulate loss.item(), "
@@ -75,7 +100,7 @@ class MemoryGrowth(Rule):
                             fix_snippet="running_loss += loss.item()  # not: running_loss += loss")]
 
 
-def _growth(rank: dict, min_steps: int, min_fraction: float) -> dict | None:
+def _growth(rank: dict, min_steps: int, min_fraction: float) -> RankGrowth | None:
     steps = sorted(rank["steps"], key=lambda s: s["step"])
     ends = [s["end_allocated_bytes"] for s in steps]
     if len(steps) < min_steps or None in ends:
@@ -85,8 +110,7 @@ def _growth(rank: dict, min_steps: int, min_fraction: float) -> dict | None:
     if not all(b > a for a, b in zip(ends, ends[1:])) or per_step < min_fraction * max(peak, 1):
         return None
     headroom = steps[-1].get("headroom_bytes")
-    return {"rank": rank["rank"], "steps": len(steps), "step_numbers": [s["step"] for s in steps],
-            "end_allocated_bytes": ends, "growth_per_step_bytes": round(per_step), "relative": rank["relative"],
-            "basis": rank.get("basis"),
-            "headroom_bytes": headroom,
-            "steps_to_device_limit": int(headroom // per_step) if headroom is not None and headroom > 0 else None}
+    return RankGrowth(rank=rank["rank"], steps=len(steps), step_numbers=[s["step"] for s in steps],
+                      end_allocated_bytes=ends, growth_per_step_bytes=round(per_step), relative=rank["relative"],
+                      basis=rank.get("basis"), headroom_bytes=headroom,
+                      steps_to_device_limit=int(headroom // per_step) if headroom is not None and headroom > 0 else None)

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import not_checked, recorded_ranks, share_text
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, keys, label
+
+
+class RankPeak(Evidence, frozen=True, forbid_unknown_fields=True):
+    rank: Annotated[Count, label("rank")]
+    bytes: Annotated[Bytes, label("bytes")]
+
+
+class MemoryImbalanceEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    peak_bytes_by_rank: Annotated[dict[str, Bytes], label("peak per rank"), keys("rank")]
+    highest: Annotated[RankPeak, label("highest peak")]
+    lowest: Annotated[RankPeak, label("lowest peak")]
+    ratio: Annotated[Count, label("highest peak over the lowest")]
+    device_bytes: Annotated[Bytes, label("device memory")]
 
 
 @register
@@ -47,6 +63,7 @@ class MemoryImbalance(Rule):
     recovers = ("idle_us",)
     fix_requires = ()  # balancing what each rank holds applies to training and inference alike
     references = ("docs/models.md §9", "Narayanan et al., Megatron-LM, SC 2021")
+    Evidence = MemoryImbalanceEvidence
 
     def check(self, ctx):
         ranks = recorded_ranks(ctx.result.memory, absolute=True)
@@ -62,10 +79,10 @@ class MemoryImbalance(Rule):
         summary = (f"Rank {high_rank}'s memory peaks at {share_text(high, device)} of its GPU, {high / low:.2f}× "
                    f"rank {low_rank}'s {fmt_bytes(low)}: {len(over)} rank(s) at {t['ratio']:g}× the lowest or more.")
         return [ctx.finding(summary=summary, ranks=sorted(over), steps=[], estimated_gain_us=None,
-                            evidence={"peak_bytes_by_rank": {str(r): p for p, r, _ in sorted(peaks, key=lambda p: p[1])},
-                                      "highest": {"rank": high_rank, "bytes": high},
-                                      "lowest": {"rank": low_rank, "bytes": low}, "ratio": round(high / low, 3),
-                                      "device_bytes": device},
+                            evidence=MemoryImbalanceEvidence(
+                                peak_bytes_by_rank={str(r): p for p, r, _ in sorted(peaks, key=lambda p: p[1])},
+                                highest=RankPeak(high_rank, high), lowest=RankPeak(low_rank, low),
+                                ratio=round(high / low, 3), device_bytes=device),
                             model="ratio = highest rank peak / lowest rank peak (reserved where recorded)",
                             fix_text="Balance what each rank holds: move layers off the fullest pipeline stage, "
                                      "spread embedding tables evenly, checkpoint activations on the fullest stages.",

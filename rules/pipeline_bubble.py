@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Annotated, Any
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
+from analyzer.rules.evidence_types import Count, Evidence, Share, Us, columns, label
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
+
+
+class PipelineBubbleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    stages: Annotated[Count, label("stages")]
+    microbatches: Annotated[Count, label("micro-batches")]
+    ideal_bubble_fraction: Annotated[Share, label("ideal bubble (p-1)/(m+p-1)")]
+    bubble_fraction_median: Annotated[Share, label("bubble (median)")]
+    step_time_us: Annotated[Us, label("typical step")]
+    compute_us_median: Annotated[Us, label("compute (median)")]
+    suggested_microbatches: Annotated[Count, label("suggested micro-batches")]
+    # each steady rank-step: its step time and its compute (not comm-bound-step's columns of the
+    # same name, which the global table gave it: "communication", "compute window", "exposed")
+    by_rank_step: Annotated[list[list[Count]], label("per rank and step"),
+                            columns(("rank", None), ("step", None), ("step time", "us"), ("compute", "us"))]
+    prediction: dict[str, Any]
 
 
 @register
@@ -58,6 +75,7 @@ class PipelineBubble(Rule):
     }
     recovers = ("idle_us", "exposed_wait_us", "exposed_transfer_us")
     references = ("Huang et al., GPipe, NeurIPS 2019", "Narayanan et al., SC 2021", "docs/models.md §7")
+    Evidence = PipelineBubbleEvidence
 
     def check(self, ctx):
         facts = ctx.facts
@@ -107,13 +125,12 @@ class PipelineBubble(Rule):
         model = (f"step ≈ work·(m + p − 1)/m; measured non-compute share {bubble:.3f}"
                  + (f", ideal {ideal:.3f}; m = {m} -> {target}: step × ((m' + p − 1)/m')/((m + p − 1)/m)"
                     if ideal is not None else ""))
-        evidence = {
-            "stages": p, "microbatches": m or None, "ideal_bubble_fraction": None if ideal is None else round(ideal, 4),
-            "bubble_fraction_median": round(bubble, 4), "step_time_us": round(step_us, 1),
-            "compute_us_median": round(work, 1), "suggested_microbatches": target,
-            "by_rank_step": [[v.rank, v.step, round(v.step_time_us, 1), round(v.compute_us, 1)] for v in views],
-            "prediction": prediction,
-        }
+        evidence = PipelineBubbleEvidence(
+            stages=p, microbatches=m or None, ideal_bubble_fraction=None if ideal is None else round(ideal, 4),
+            bubble_fraction_median=round(bubble, 4), step_time_us=round(step_us, 1),
+            compute_us_median=round(work, 1), suggested_microbatches=target,
+            by_rank_step=[[v.rank, v.step, round(v.step_time_us, 1), round(v.compute_us, 1)] for v in views],
+            prediction=prediction)
         return [ctx.finding(summary=summary, ranks=[v.rank for v in views], steps=[v.step for v in views],
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             fix_text=f"Run more micro-batches per step (m ≥ 4(p − 1) = {4 * (p - 1)}) or an "

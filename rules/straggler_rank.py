@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
+from analyzer.rules.evidence_types import (UNSET, Count, Evidence, Flag, Share, Text, UnsetType, Us, inner, keys,
+                                           label)
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
@@ -23,6 +25,62 @@ from analyzer.job.model import HOST_ACTIVITY
 from analyzer.rules.host import HOST_FIX, host_fix
 
 CAUSES = ("host", "queued", "compute", "entry-skew", "network", "unknown")
+
+
+class LateCause(Evidence, frozen=True, forbid_unknown_fields=True):
+    """Why a late rank is late (``_cause``'s dict, handed on: ``waited_on`` or ``host_activity``
+    only for the causes that name one)."""
+
+    lateness_us: Annotated[Us, label("lateness")]
+    vs_median_rank_us: Annotated[dict[str, Us], label("against the median rank"), keys("part")]
+    cause: Annotated[Text, label("cause")]
+    waited_on: Annotated[Text | UnsetType, label("waits on")] = UNSET
+    host_activity: Annotated[Text | UnsetType, label("host activity")] = UNSET
+    text: Annotated[Text | UnsetType, label("in words")] = UNSET
+
+
+class ReplayRank(Evidence, frozen=True, forbid_unknown_fields=True):
+    """A rank's fix replayed: alone, and in the greedy order after the named ones."""
+
+    rank: Annotated[Count, label("rank")]
+    cause: Annotated[Text, label("cause")]
+    named: Annotated[Flag, label("named")]
+    gain_alone_us: Annotated[Us, label("saving fixed alone")]
+    predicted_step_alone_us: Annotated[Us, label("step fixed alone")]
+    gain_in_order_us: Annotated[Us, label("saving in order")]
+    whatif: Annotated[Text, label("what-if command")]
+
+
+class StragglerEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    late_ranks: Annotated[list[Count], label("late ranks")]
+    pattern: Annotated[Text, label("pattern")]
+    main_late_rank: Annotated[Count, label("latest rank most often")]
+    main_late_steps: Annotated[Count, label("steps it was the latest")]
+    steady_steps: Annotated[list[Count], label("steady steps")]
+    cause: Annotated[Text, label("cause")]
+    causes: Annotated[dict[str, LateCause], label("cause per late rank"), keys("rank")]
+    caused_wait_direct_us: Annotated[dict[str, Us], label("waiting caused directly (mean over the steady steps)"),
+                                     keys("rank")]
+    caused_wait_share_direct: Annotated[dict[str, Share], label("share of the waiting caused directly"), keys("rank")]
+    wait_per_step_us: Annotated[Us, label("others' wait for them (median rank not late)")]
+    wait_measured_in: Annotated[Text, label("waiting measured in")]
+    caused_wait_in_step_us: Annotated[Us, label("waiting for the late ranks in the typical step")]
+    all_waiting_per_step_us: Annotated[Us, label("all waiting for late peers (mean over the steady steps)")]
+    # [step, {rank: µs}] pairs
+    caused_wait_by_step: Annotated[list[tuple[Count, dict[str, Us]]], label("waiting caused per steady step"),
+                                   keys("step"), inner("rank")]
+    lateness_by_step: Annotated[list[tuple[Count, dict[str, Us]]], label("lateness per steady step"),
+                                keys("step"), inner("rank")]
+    entry_skew: Annotated[dict[str, Us], label("late step entry without cost"), keys("rank")]
+    step_time_us: Annotated[Us, label("typical step")]
+    wait_source: Annotated[Text, label("waiting measured by")]
+    # the replay of the named ranks' fixes, where it ran and named some
+    per_rank: Annotated[list[ReplayRank] | UnsetType, label("replay per rank")] = UNSET
+    recoverable_by_replay_us: Annotated[Us | UnsetType, label("recoverable by the replay")] = UNSET
+    next_after_named: Annotated[dict[str, Us] | UnsetType, label("next latest once the named are fixed"),
+                                keys("rank")] = UNSET
+    replay_gain_beyond_leaves_us: Annotated[Us | UnsetType, label("replay's saving beyond the typical step's leaves")] = UNSET
+    prediction: dict[str, Any] | UnsetType = UNSET
 
 
 @register
@@ -104,6 +162,8 @@ class StragglerRank(Rule):
     references = ("docs/models.md §2", "docs/models.md §9", "NVIDIA nccl-tests doc/PERFORMANCE.md",
                   "Li et al., PyTorch Distributed, VLDB 2020")
 
+    Evidence = StragglerEvidence
+
     def check(self, ctx):
         job = ctx.result.attribution
         if not job:
@@ -173,31 +233,34 @@ class StragglerRank(Rule):
                  "ranks): their waiting for the late ranks, and the late ranks' own extra time (the leaf of their "
                  "cause), each at most what the step holds; an upper bound, since with them on time the "
                  "next-latest rank sets the pace")
-        evidence = {
-            "late_ranks": late, "pattern": pattern, "main_late_rank": top,
-            "main_late_steps": count, "steady_steps": steady, "cause": lead["cause"],
-            "causes": {str(r): c for r, c in causes.items()},
-            "caused_wait_direct_us": {str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
-            "caused_wait_share_direct": {str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
-            "wait_per_step_us": round(wait_us, 1), "wait_measured_in": where, "caused_wait_in_step_us": round(waited, 1), "all_waiting_per_step_us": round(total, 1),
-            "caused_wait_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
-            "lateness_by_step": [[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
-                                 for n in steady],
-            "entry_skew": {str(r): round(v, 1) for r, v in skewed.items()},
-            "step_time_us": round(step_us, 1),
-            "wait_source": job.get("wait_source"),
-        }
+        replay: dict[str, Any] = {}  # what the replay of the named ranks' fixes gives
         if counter is not None and counter.order:
-            evidence["per_rank"] = _per_rank(counter, counter_causes, step_us)
-            evidence["recoverable_by_replay_us"] = round(counter.recoverable, 1)
-            evidence["next_after_named"] = {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}
-            if gain < counter.together - 0.05:  # e.g. a late entry: its delay lies before the step window
-                evidence["replay_gain_beyond_leaves_us"] = round(counter.together - gain, 1)
+            replay = {"per_rank": _per_rank(counter, counter_causes, step_us),
+                      "recoverable_by_replay_us": round(counter.recoverable, 1),
+                      "next_after_named": {str(r): round(us, 1) for r, us in sorted(counter.beyond.items())}}
+            beyond = gain < counter.together - 0.05  # e.g. a late entry: its delay lies before the step window
+            if beyond:
+                replay["replay_gain_beyond_leaves_us"] = round(counter.together - gain, 1)
             # `tracecliff whatif --fix-ranks` replays the same fixes: it gives this figure where the
             # typical step's leaves hold all of the replay's saving (else the evidence says how much more)
-            evidence["prediction"] = predicted(step_us, gain, REPLAY_MODEL, {
+            replay["prediction"] = predicted(step_us, gain, REPLAY_MODEL, {
                 "fixed": {str(r): counter_causes[r] for r in late}, "steps_replayed": steady},
-                whatif=_fix_command(late) if "replay_gain_beyond_leaves_us" not in evidence else None)
+                whatif=_fix_command(late) if not beyond else None)
+        evidence = StragglerEvidence(
+            late_ranks=late, pattern=pattern, main_late_rank=top,
+            main_late_steps=count, steady_steps=steady, cause=lead["cause"],
+            causes={str(r): c for r, c in causes.items()},
+            caused_wait_direct_us={str(r): round(v, 1) for r, v in sorted(caused.items(), key=lambda kv: (-kv[1], kv[0]))},
+            caused_wait_share_direct={str(r): round(caused.get(r, 0.0) / total, 3) for r in late},
+            wait_per_step_us=round(wait_us, 1), wait_measured_in=where, caused_wait_in_step_us=round(waited, 1),
+            all_waiting_per_step_us=round(total, 1),
+            caused_wait_by_step=[[n, {str(r): round(v, 1) for r, v in sorted(by_step[n].items())}] for n in steady],
+            lateness_by_step=[[n, {str(r): round(v, 1) for r, v in sorted(lateness.get(n, {}).items())}]
+                              for n in steady],
+            entry_skew={str(r): round(v, 1) for r, v in skewed.items()},
+            step_time_us=round(step_us, 1),
+            wait_source=job.get("wait_source"),
+            **replay)
         return [ctx.finding(summary=summary, ranks=late, steps=sorted({n for v in late_steps.values() for n in v}),
                             evidence=evidence, estimated_gain_us=gain, model=model,
                             recovers=recovers,
@@ -456,16 +519,16 @@ def _counterfactuals(gains: GainEngine, result, every, steady, caused, lateness,
     return gains.greedy(chains, fixes, steady, t["wait_share"], t["member_share"]), causes
 
 
-def _per_rank(counter: Counterfactuals, causes: dict[int, str], step_us: float) -> list[dict[str, Any]]:
+def _per_rank(counter: Counterfactuals, causes: dict[int, str], step_us: float) -> list[ReplayRank]:
     """The named ranks in the greedy order, then every other rank weighed (``named`` false: its
     fix alone, and ``gain_in_order_us`` what it would add after the named ones): the replay's
     savings (mean over the steady steps), as ``tracecliff whatif --fix-ranks R`` gives them."""
     rest = sorted((r for r in counter.alone if r not in counter.in_order), key=lambda r: (-counter.alone[r], r))
-    return [{"rank": r, "cause": causes[r], "named": r in counter.in_order,
-             "gain_alone_us": round(counter.alone[r], 1),
-             "predicted_step_alone_us": round(step_us - counter.alone[r], 1),
-             "gain_in_order_us": round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1),
-             "whatif": _fix_command([r])}
+    return [ReplayRank(rank=r, cause=causes[r], named=r in counter.in_order,
+                       gain_alone_us=round(counter.alone[r], 1),
+                       predicted_step_alone_us=round(step_us - counter.alone[r], 1),
+                       gain_in_order_us=round(counter.in_order.get(r, counter.beyond.get(r, 0.0)), 1),
+                       whatif=_fix_command([r]))
             for r in counter.order + rest]
 
 

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from analyzer.base.units import fmt_us
+from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, Share, Text, Us, label
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
+
+
+class TpGroupSpan(Evidence, frozen=True, forbid_unknown_fields=True):
+    """The tensor-parallel group that spans nodes."""
+
+    name: Annotated[Text, label("name")]
+    description: Annotated[Text, label("description")]
+    ranks: Annotated[list[Count], label("ranks")]
+    size: Annotated[Count, label("ranks in it")]
+    nodes: Annotated[Count, label("nodes")]
+
+
+class TpCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
+    group: Annotated[TpGroupSpan, label("process group")]
+    gpus_per_node: Annotated[Count, label("GPUs per node")]
+    exposed_tp_us_median: Annotated[Us, label("exposed tensor-parallel communication (median)")]
+    step_time_us: Annotated[Us, label("typical step")]
+    exposed_share: Annotated[Share, label("exposed share of the step")]
+    intra_node_link: Annotated[AlphaBetaLink | None, label("link inside a node (α-β)")]
+    collectives: Annotated[Text, label("collectives")]
+    prediction: dict[str, Any]
 
 
 @register
@@ -56,6 +80,8 @@ class TpCrossNode(Rule):
     recovers = ("exposed_transfer_us",)
     references = ("Shoeybi et al., Megatron-LM, 2019", "Narayanan et al., SC 2021", "docs/models.md §2")
 
+    Evidence = TpCrossNodeEvidence
+
     def check(self, ctx):
         facts = ctx.facts
         step_us = facts.model.step_time_us
@@ -104,16 +130,15 @@ class TpCrossNode(Rule):
                  + (f"T = α + f(N)·S/β with the intra-node link (α = {intra.alpha_us:.3g} µs, "
                     f"β = {intra.beta_gbps:.4g} GB/s, N = {len(members)}); saving = exposed × (1 − T_intra/T_measured)"
                     if intra is not None else "not modelled: no hardware profile"))
-        evidence = {
-            "group": {"name": group.get("name"), "description": group.get("description"),
-                      "ranks": members, "size": len(members), "nodes": nodes},
-            "gpus_per_node": facts.gpus_per_node,
-            "exposed_tp_us_median": round(exposed, 1), "step_time_us": round(step_us, 1),
-            "exposed_share": round(exposed / step_us, 4),
-            "intra_node_link": intra.evidence() if intra is not None else None,
-            "collectives": ", ".join(sorted({r["collective"] for rows in crossing.values() for r in rows})),
-            "prediction": prediction,
-        }
+        evidence = TpCrossNodeEvidence(
+            group=TpGroupSpan(name=group.get("name"), description=group.get("description"), ranks=members,
+                              size=len(members), nodes=nodes),
+            gpus_per_node=facts.gpus_per_node,
+            exposed_tp_us_median=round(exposed, 1), step_time_us=round(step_us, 1),
+            exposed_share=round(exposed / step_us, 4),
+            intra_node_link=intra.evidence() if intra is not None else None,
+            collectives=", ".join(sorted({r["collective"] for rows in crossing.values() for r in rows})),
+            prediction=prediction)
         snippet = (f"mesh = init_device_mesh(\"cuda\", (world // {facts.gpus_per_node}, {facts.gpus_per_node}), "
                    "mesh_dim_names=(\"dp\", \"tp\"))  # tp innermost, inside a node\n"
                    f"# Megatron-LM: --tensor-model-parallel-size {min(len(members), facts.gpus_per_node)}")

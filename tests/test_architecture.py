@@ -144,6 +144,8 @@ def test_no_class_name_defined_in_two_modules():
 # evidence field: the evidence's type, which the renderer reads rather than guess from a key).
 VIEW_MAY_IMPORT = ("analyzer.base", "analyzer.reports", "analyzer.job.result", "analyzer.job.model",
                    "analyzer.job.schema", "analyzer.rules.evidence_fields",
+                   # each rule's evidence type's declarations (types only; the rules register theirs)
+                   "analyzer.rules.evidence_types",
                    # the gate's report: the checks and their thresholds as data types, which
                    # analyzer.compare.gate fills and reports.gate_text renders (no analysis in it)
                    "analyzer.compare.gate_report",

@@ -7,6 +7,7 @@ step loses (exposed communication + idle)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 import pytest
 
@@ -17,6 +18,7 @@ from analyzer.compare.metrics import run_metrics
 from analyzer.job.model import LEAVES, leaf_names
 from analyzer.reports.html import build_view
 from analyzer.reports.text import TextRenderer
+from analyzer.rules.evidence_types import Evidence, Us, label
 from rule_cases_lib import SAMPLES as SAMPLES_DIR, diagnosed, sample_traces
 
 JOBS = sorted(sample_traces())
@@ -611,6 +613,62 @@ def _undeclared(data, where: str) -> list[str]:
     return missing
 
 
+# The rules whose evidence has no type yet (analyzer.rules.evidence_types, the rule's ``Evidence``):
+# a ratchet, the set only shrinks (a rule outside it with no type fails, and one inside it with one).
+EVIDENCE_UNTYPED: set[str] = set()
+
+
+def test_every_rule_outside_the_ratchet_declares_its_evidence_type():
+    """Issue 40: a rule's evidence is a Struct (frozen, unknown fields forbidden), every field
+    labelled in its type, every name declared alike wherever the type's records use it."""
+    import msgspec
+
+    from analyzer.rules.engine import all_rules
+    from analyzer.rules.evidence_types import ENGINE_KEYS, Evidence, evidence_spec, evidence_type
+    rules = all_rules()
+    untyped = {name for name, rule in rules.items() if rule.Evidence is None}
+    assert untyped == EVIDENCE_UNTYPED, ("typed now, remove from EVIDENCE_UNTYPED: "
+                                         f"{sorted(EVIDENCE_UNTYPED - untyped)}; no type: {sorted(untyped - EVIDENCE_UNTYPED)}")
+    names = [rule.Evidence.__name__ for rule in rules.values() if rule.Evidence is not None]
+    assert len(names) == len(set(names))
+    for name, rule in rules.items():
+        if rule.Evidence is None:
+            continue
+        assert issubclass(rule.Evidence, Evidence) and evidence_type(name) is rule.Evidence
+        config = rule.Evidence.__struct_config__
+        assert config.frozen and config.forbid_unknown_fields, name
+        assert not set(rule.Evidence.__struct_fields__) & (set(ENGINE_KEYS) - {"prediction"}), name
+        spec = evidence_spec(rule.Evidence)  # raises on a name declared two ways
+        assert all(f.label for f in spec.values()), name
+        assert isinstance(msgspec.json.schema(rule.Evidence), dict)
+
+
+def _typed_errors(finding) -> list[str]:
+    """Why ``finding``'s evidence is not its rule's type (none: it is, or the rule has no type):
+    its own keys convert into the rule's Struct, in the type's order (the JSON stays what the
+    rule wrote), the engine's into FindingEvidence; a key the type does not name fails."""
+    import msgspec
+
+    from analyzer.rules.evidence_types import ENGINE_KEYS, FindingEvidence, evidence_type
+    typed = evidence_type(finding["rule"])
+    if typed is None:
+        return []
+    fields = typed.__struct_fields__
+    evidence = finding.get("evidence") or {}
+    own = {k: v for k, v in evidence.items() if k in fields or k not in ENGINE_KEYS}
+    engine = {k: v for k, v in evidence.items() if k not in own}
+    errors = []
+    if list(own) != [k for k in fields if k in own]:
+        errors.append(f"{finding['rule']}: keys {list(own)} not in the order of {typed.__name__}")
+    for data, kind in ((own, typed), (engine, FindingEvidence)):
+        plain = msgspec.json.decode(msgspec.json.encode(data, enc_hook=lambda v: v.item()))  # as saved
+        try:
+            msgspec.convert(plain, kind)
+        except msgspec.ValidationError as exc:
+            errors.append(f"{finding['rule']}: {kind.__name__}: {exc}")
+    return errors
+
+
 def _world_jobs():
     from conftest import WORLD_TRACES
     return sorted(str(p) for p in WORLD_TRACES.iterdir() if p.is_dir()) if WORLD_TRACES.is_dir() else []
@@ -621,7 +679,9 @@ def test_every_evidence_field_has_a_declared_label_and_unit(job):
     """The HTML evidence showed raw names ("t comm", "s star", "exposed tail us by rank step")
     with units guessed from them: every field of every finding's evidence on the sample, real
     and world jobs is declared (analyzer.rules.evidence_fields), so each view labels it and
-    gives its unit from the declaration."""
+    gives its unit from the declaration: its rule's evidence type (issue 40), FIELDS for a rule
+    with none."""
+    from analyzer.rules.evidence_types import evidence_type
     if job.startswith("/"):
         from analyzer.api import DiagnoseOptions, diagnose
         result = diagnose([job], DiagnoseOptions(workers=1))
@@ -629,7 +689,9 @@ def test_every_evidence_field_has_a_declared_label_and_unit(job):
         result = diagnosed(job)
     for f in result.findings:
         evidence = {k: v for k, v in (f.get("evidence") or {}).items() if k != "prediction"}
-        assert _undeclared(evidence, "") == [], (job, f["rule"])
+        if evidence_type(f["rule"]) is None:  # a rule with no evidence type: FIELDS declares its keys
+            assert _undeclared(evidence, "") == [], (job, f["rule"])
+        assert _typed_errors(f) == [], job  # a typed rule's: its type
 
 
 def test_the_html_evidence_is_labelled_tables_with_declared_units():
@@ -660,6 +722,58 @@ def test_the_html_evidence_is_labelled_tables_with_declared_units():
                 assert "_" not in r["key"] or r["key"].startswith("suggested bucket_cap"), (job, r["key"])
                 if r.get("table"):
                     assert all(r["table"]["head"][1:]), (job, r["key"], r["table"]["head"])
+
+
+def test_the_evidence_is_rendered_from_its_rules_type(tmp_path):
+    """Issue 40: pipeline-bubble's per rank-step rows are [rank, step, step time, compute]; the
+    one global ``by_rank_step`` declaration headed them as comm-bound-step's ("communication",
+    "compute window", "exposed"). Its type declares its own columns, and the card follows it, on
+    a fresh diagnosis and on the saved result read back in a new process (every rule registered)."""
+    import json
+    import subprocess
+    import sys
+
+    from analyzer.reports import render
+    result = diagnosed("synthetic/pp_gpipe_4stage")
+    card = next(c for c in build_view(result)["findings"]["cards"] if c["rule"] == "pipeline-bubble")
+    rows = next(r for r in card["evidence"] if r["key"] == "per rank and step")["table"]
+    assert rows["head"] == ["rank", "step", "step time", "compute"] and len(rows["rows"][0]) == 4
+    saved = tmp_path / "result.json"
+    saved.write_text(render(result, "json"), encoding="utf-8")
+    code = ("import json, sys; from analyzer import load_result; from analyzer.reports.html import build_view; "
+            "c = next(c for c in build_view(load_result(sys.argv[1]))['findings']['cards'] "
+            "if c['rule'] == 'pipeline-bubble'); "
+            "print(json.dumps(next(r for r in c['evidence'] if r['key'] == 'per rank and step')['table']['head']))")
+    out = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == rows["head"]
+
+
+class _SpecInner(Evidence, frozen=True, forbid_unknown_fields=True):
+    wait_us: Annotated[Us, label("waiting")]
+
+
+class _TwiceDeclared(Evidence, frozen=True, forbid_unknown_fields=True):
+    inner: Annotated[_SpecInner, label("inner")]
+    wait_us: Annotated[Us, label("another label")]
+
+
+class _Nested(Evidence, frozen=True, forbid_unknown_fields=True):
+    inner: Annotated[_SpecInner, label("inner")]
+
+
+def test_a_finding_of_a_rule_with_no_type_renders_from_fields():
+    """A saved finding of a rule this tracecliff does not have (renamed, removed) still renders:
+    the fields FIELDS declares (a link's) with their label and unit, the others as their words
+    (FIELDS no longer holds the rules' fields: their types do). An evidence type's declarations
+    are derived once (cached) and refuse a name declared two ways."""
+    from analyzer.reports.evidence import evidence_rows
+    from analyzer.rules.evidence_types import evidence_spec
+    rows = evidence_rows({"rule": "no-such-rule", "evidence": {"alpha_us": 1500.0, "t_comm_us": 2.5,
+                                                                "prediction": {"x": 1}}})
+    assert [(r["key"], r["value"]) for r in rows] == [("t comm us", "2.50"), ("α (latency)", "1.50 ms")]
+    with pytest.raises(TypeError, match="wait_us"):
+        evidence_spec(_TwiceDeclared)
+    assert evidence_spec(_Nested) is evidence_spec(_Nested) and evidence_spec(_Nested)["wait_us"].unit == "us"
 
 
 def test_the_html_collectives_say_which_steps_they_total():
@@ -707,14 +821,17 @@ def test_every_field_any_rule_writes_is_declared():
     from analyzer.job.result import result_to_dict
     from analyzer.rules.engine import all_rules
     from analyzer.rules.evidence_fields import field
+    from analyzer.rules.evidence_types import evidence_type
     from analyzer.whatif.projection import Scenario, project
     fired, missing = set(), set()
     for result in _every_rule_fired():
         for f in result.findings:
             fired.add(f["rule"])
+            missing |= set(_typed_errors(f))
             evidence = dict(f.get("evidence") or {})
             prediction = evidence.pop("prediction", None) or {}
-            missing |= {f"{f['rule']}: {k}" for k in _undeclared(evidence, "")}
+            if evidence_type(f["rule"]) is None:  # typed rules: _typed_errors
+                missing |= {f"{f['rule']}: {k}" for k in _undeclared(evidence, "")}
             missing |= {f"{f['rule']}: prediction.{k}" for k in
                         _assumptions_undeclared(prediction.get("assumptions"), "")}
     assert fired == set(all_rules())

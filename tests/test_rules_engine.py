@@ -169,6 +169,7 @@ def test_a_gain_beyond_the_leaves_of_the_typical_step(monkeypatch, own_predictio
                             model="m", fix_text="f", recovers=("idle_us", "exposed_transfer_us"))]
 
     monkeypatch.setattr(RULES["comm-bound-step"], "check", check)
+    monkeypatch.setattr(RULES["comm-bound-step"], "Evidence", None)  # the stand-in's evidence is a plain dict
     f = next(f for f in run_rules(result, gains=WHATIF_GAINS) if f["rule"] == "comm-bound-step")
     assert f["recovers"] == {"idle_us": round(leaves.idle_us, 1), "exposed_transfer_us": round(leaves.exposed_transfer_us, 1)}
     if own_prediction:
@@ -316,3 +317,17 @@ def test_verdict_quotes_the_typical_step_and_a_finding_labels_its_own(real_trace
     own = top["evidence"]["step_time_us_median_of_those_ranks"]
     assert own != round(typical, 1) and f"of its {fmt_us(own)} step" in top["summary"]
     assert "median of those ranks" in top["summary"]
+
+
+def test_a_typed_rule_hands_its_own_evidence_type(monkeypatch):
+    """Issue 40: a rule that declares its evidence type hands ctx.finding that Struct; a plain
+    dict (or another rule's type) is the rule's bug, reported as its error finding."""
+    result = _fresh("synthetic/ddp_straggler")
+
+    def check(self, ctx):
+        return [ctx.finding(summary="s", ranks=[0], steps=[5], evidence={"t_comm_us": 1.0}, estimated_gain_us=None,
+                            model="m", fix_text="f")]
+
+    monkeypatch.setattr(RULES["comm-bound-step"], "check", check)
+    f = next(f for f in run_rules(result, gains=WHATIF_GAINS) if f["rule"] == "comm-bound-step")
+    assert f["severity"] == "error" and "declares CommBoundEvidence but hands a dict" in f["summary"]
