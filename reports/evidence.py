@@ -110,9 +110,18 @@ def rows(data: Any, unit: str | None = None, depth: int = 0, spec: Spec | None =
     return [{"value": None, "entries": None, "table": None, "nested": None, **row} for row in out]
 
 
+def _within(declared: Field | None, spec: Spec | None) -> Spec | None:
+    """The declarations inside a field's value: its record's own first (a record's ``peak_bytes``
+    is its own), then the enclosing ones."""
+    if declared is None or not declared.record or spec is None:
+        return spec
+    return {**declared.record, **{k: v for k, v in spec.items() if k not in declared.record}}
+
+
 def _row(key: str, value: Any, unit: str | None, depth: int, declared: Field | None = None,
          spec: Spec | None = None) -> dict[str, Any]:
     kind = declared.keys if declared is not None else None
+    spec = _within(declared, spec)
     if isinstance(value, dict) and value:
         if depth >= DEPTH_MAX:
             return {"key": key, "value": f"{len(value)} entries"}
@@ -157,7 +166,7 @@ def _table_of_dicts(value: dict[Any, dict[Any, Any]], unit: str | None, kind: st
                     spec: Spec | None = None) -> dict[str, Any]:
     """{label: {column: value}}: one row per label, its column headings the fields' labels."""
     columns = sorted({str(c) for cells in value.values() for c in cells}, key=_column_order(spec))
-    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec)
+    body = [[_data_key(k, kind)] + [_cell(cells.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), _within(field(c, spec), spec))
                                     for c in columns]
             for k, cells in sorted(value.items(), key=_by_key)[:ROWS_MAX]]
     return {"head": [kind or ""] + [label(c, spec) for c in columns], "rows": body}
@@ -172,7 +181,8 @@ def _column_order(spec: Spec | None) -> Callable[[str], tuple[int, int, str]]:
 
 def _table_of_records(value: list[dict[Any, Any]], unit: str | None, spec: Spec | None = None) -> dict[str, Any]:
     columns = sorted({str(c) for record in value for c in record}, key=_column_order(spec))
-    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), spec) for c in columns]
+    body = [[_cell(record.get(c, _ABSENT), unit_of(c, unit, spec), _keyed(c, spec), _within(field(c, spec), spec))
+             for c in columns]
             for record in value[:ROWS_MAX]]
     return {"head": [label(c, spec) for c in columns], "rows": body}
 

@@ -30,7 +30,7 @@ class CheckpointingFound(Evidence, frozen=True, forbid_unknown_fields=True):
 class CheckpointingRoomEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     recompute_us: Annotated[Us, label("recompute")]
     recompute_basis: Annotated[Text, label("recompute measured as")]
-    peak_bytes: Annotated[Bytes, label("peak after the fix")]
+    peak_bytes: Annotated[Bytes, label("measured peak")]
     device_bytes: Annotated[Bytes, label("device memory")]
     room_fraction: Annotated[Share, label("peak share of the GPU below which memory is to spare")]
     checkpointing: Annotated[CheckpointingFound, label("activation checkpointing")]

@@ -15,7 +15,8 @@ hardware field on the sample jobs and the rules' cases is declared here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field as _field
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,10 @@ class Field:
     keys: str | None = None  # a mapping keyed by data: what a key is ("rank", "step", "collective")
     inner: str | None = None  # [key, {inner: value}] pairs: what the inner mapping's keys are
     columns: tuple[tuple[str, str | None], ...] = ()  # rows as lists: each position's heading and unit
+    # a record (a nested evidence type, or the records a mapping or list holds): its own fields'
+    # declarations, which the views read inside it before the enclosing ones (a record's
+    # ``peak_bytes`` is not the enclosing evidence's)
+    record: Mapping[str, "Field"] | None = _field(default=None, compare=False, hash=False, repr=False)
 
 
 F = Field

@@ -166,33 +166,47 @@ def evidence_type(rule: Any) -> type[Evidence] | None:
 
 @functools.lru_cache(maxsize=None)
 def evidence_spec(evidence: type[Evidence]) -> dict[str, Field]:
-    """Every field the type declares, its own, its nested records' and the engine's
-    (FindingEvidence), each with its label, unit and what its keys are: what a view needs to
-    render a finding's evidence. Derived from the annotations once per type. A name declared twice
-    differently in one type's records is an error (the views look a field up by its name)."""
-    out: dict[str, Field] = {}
-    for struct in (evidence, FindingEvidence):
-        _collect(struct, out, set())
+    """Every field the type declares, and the engine's (FindingEvidence), each with its label,
+    unit and what its keys are: what a view needs to render a finding's evidence. A field holding
+    a record (a nested type, or a mapping or list of them) carries that record's own declarations
+    (``Field.record``), which the views read inside it first: one name may mean one thing at the
+    top and another in a record (a measured peak, and the peak after a fix in ``memory``). The
+    nested records' fields are also here, after the type's own, for a view that meets one outside
+    its record (a value handed on as a dict). Derived from the annotations once per type."""
+    out = dict(_own(evidence))
+    for name, declared in _own(FindingEvidence).items():
+        out.setdefault(name, declared)
+    _fallbacks(out, out, set())
     return out
 
 
-def _collect(struct: type, out: dict[str, Field], seen: set[type]) -> None:
-    if struct in seen:
-        return
-    seen.add(struct)
+@functools.lru_cache(maxsize=None)
+def _own(struct: type) -> dict[str, Field]:
+    """``struct``'s own fields' declarations, each record-holding one with its record's."""
     hints = typing.get_type_hints(struct, include_extras=True)
+    out: dict[str, Field] = {}
     for name in struct.__struct_fields__:  # type: ignore[attr-defined]
         hint = hints[name]
         extra = _extras(hint)
-        unit = extra.get("unit") or _value_unit(hint)
-        declared = Field(extra.get("label", name.replace("_", " ")), unit, extra.get("keys"), extra.get("inner"),
-                         tuple(extra.get("columns", ())))
-        if name in out and out[name] != declared:
-            raise TypeError(f"{struct.__name__}.{name} is declared as {declared}, and elsewhere in the same "
-                            f"evidence as {out[name]}")
-        out[name] = declared
+        record: dict[str, Field] | None = None
         for nested in _structs_in(hint):
-            _collect(nested, out, seen)
+            record = dict(record or {})
+            for key, declared in _own(nested).items():
+                record.setdefault(key, declared)
+        out[name] = Field(extra.get("label", name.replace("_", " ")), extra.get("unit") or _value_unit(hint),
+                          extra.get("keys"), extra.get("inner"), tuple(extra.get("columns", ())), record)
+    return out
+
+
+def _fallbacks(spec: dict[str, Field], out: dict[str, Field], seen: set[int]) -> None:
+    """The records' fields under ``spec``, added to ``out`` where it has no field of that name."""
+    for declared in list(spec.values()):
+        if declared.record is None or id(declared.record) in seen:
+            continue
+        seen.add(id(declared.record))
+        for name, inner in declared.record.items():
+            out.setdefault(name, inner)
+        _fallbacks(dict(declared.record), out, seen)
 
 
 def _parts(hint: Any) -> tuple[Any, list[Meta]]:

@@ -638,7 +638,7 @@ def test_every_rule_outside_the_ratchet_declares_its_evidence_type():
         config = rule.Evidence.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, name
         assert not set(rule.Evidence.__struct_fields__) & (set(ENGINE_KEYS) - {"prediction"}), name
-        spec = evidence_spec(rule.Evidence)  # raises on a name declared two ways
+        spec = evidence_spec(rule.Evidence)
         assert all(f.label for f in spec.values()), name
         assert isinstance(msgspec.json.schema(rule.Evidence), dict)
 
@@ -765,14 +765,16 @@ def test_a_finding_of_a_rule_with_no_type_renders_from_fields():
     """A saved finding of a rule this tracecliff does not have (renamed, removed) still renders:
     the fields FIELDS declares (a link's) with their label and unit, the others as their words
     (FIELDS no longer holds the rules' fields: their types do). An evidence type's declarations
-    are derived once (cached) and refuse a name declared two ways."""
-    from analyzer.reports.evidence import evidence_rows
+    are derived once (cached); a name declared two ways means each where it is declared."""
+    from analyzer.reports.evidence import evidence_rows, rows as render_rows
     from analyzer.rules.evidence_types import evidence_spec
     rows = evidence_rows({"rule": "no-such-rule", "evidence": {"alpha_us": 1500.0, "t_comm_us": 2.5,
                                                                 "prediction": {"x": 1}}})
     assert [(r["key"], r["value"]) for r in rows] == [("t comm us", "2.50"), ("α (latency)", "1.50 ms")]
-    with pytest.raises(TypeError, match="wait_us"):
-        evidence_spec(_TwiceDeclared)
+    twice = evidence_spec(_TwiceDeclared)
+    assert twice["wait_us"].label == "another label" and twice["inner"].record["wait_us"].label == "waiting"
+    shown = {r["key"]: r for r in render_rows({"inner": {"wait_us": 2000.0}, "wait_us": 5.0}, spec=twice)}
+    assert shown["another label"]["value"] == "5.0 µs" and shown["inner"]["entries"] == ["waiting: 2.00 ms"]
     assert evidence_spec(_Nested) is evidence_spec(_Nested) and evidence_spec(_Nested)["wait_us"].unit == "us"
 
 
@@ -1123,3 +1125,20 @@ def test_a_sourced_value_is_read_one_way():
     copies = [str(p.relative_to(root)) for folder in ("reports", "analyzer/job") for p in (root / folder).glob("*.py")
               if 'get("value") if isinstance(' in p.read_text(encoding="utf-8")]
     assert copies == []
+
+
+def test_a_record_field_is_labelled_as_its_record_declares_it():
+    """activation-checkpointing-room's ``peak_bytes`` is the measured peak, and its
+    ``memory.peak_bytes`` the peak after the fix: one name, two figures, each labelled where it is
+    (the views read a record's own declarations first)."""
+    from analyzer.reports.evidence import rows as render_rows
+    from analyzer.rules.evidence_types import evidence_spec, evidence_type
+    from analyzer.rules.engine import all_rules
+    all_rules()
+    spec = evidence_spec(evidence_type("activation-checkpointing-room"))
+    assert spec["peak_bytes"].label == "measured peak"
+    assert spec["memory"].record["peak_bytes"].label == "peak after the fix"
+    shown = {r["key"]: r for r in render_rows({"peak_bytes": 2e9, "memory": {"fits": True, "peak_bytes": 3e9}},
+                                              spec=spec)}
+    assert shown["measured peak"]["value"] == "2.00 GB"
+    assert "peak after the fix: 3.00 GB" in shown["memory after the fix"]["entries"]
