@@ -91,6 +91,19 @@ def test_commands_load_lazily_and_help_lists_them_all():
     assert all(f"\n  {name} " in listing for name in COMMANDS) and len(COMMANDS) >= 9
 
 
+def test_a_text_run_imports_only_what_it_uses():
+    """`diagnose --format text --no-cache` of a job to stdout (issue 42, a run's fixed cost)
+    imports neither the HTML stack (jinja2, the templates, the step timeline it alone draws),
+    nor the cache's hashing (hashlib, hmac), nor tempfile (a file written in place), nor the
+    optional pandas, torch and HTA; it does import the rules it runs."""
+    from conftest import SAMPLES
+    job = str(SAMPLES / "cpu_gloo" / "ddp")
+    lazy = ["jinja2", "analyzer.reports.html", "analyzer.reports.templating", "analyzer.job.step_timeline",
+            "hashlib", "hmac", "tempfile", "pandas", "torch", "hta"]
+    assert imported_by(["diagnose", job, "--format", "text", "--no-cache", "--workers", "1"],
+                       ["analyzer.rules.engine", *lazy]) == "['analyzer.rules.engine']"
+
+
 def test_console_exits_fast_with_full_output_exit_code_and_atexit(tmp_path, capsys):
     """``python -m analyzer`` ends without freeing the result (os._exit): the output written to
     a pipe is whole (the same bytes as main() prints), the exit code is main()'s, and atexit

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -36,6 +35,7 @@ def write_atomic(path: str | Path, text: str | bytes | memoryview | Iterable[str
         except OSError as exc:
             raise InputError(target, f"cannot write: {exc.strerror or exc}") from None
         return
+    import tempfile  # only for a file written in place (~2 ms of imports a run to stdout or /dev/null need not pay)
     directory = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -172,17 +170,22 @@ def cache_secret(root: Path) -> bytes | None:
 
 def seal(secret: bytes, name: str, raw: bytes) -> bytes:
     """``raw`` with its HMAC (bound to the entry's own name: an entry moved to another key fails)."""
+    import hashlib  # hashlib, hmac: where a cache is used (~2 ms of a --no-cache run's imports)
+    import hmac
     return hmac.new(secret, name.encode() + b"\0" + raw, hashlib.sha256).digest() + raw
 
 
 def unseal(secret: bytes, name: str, sealed: bytes) -> bytes | None:
     """The entry's bytes when its seal holds, else None (written by someone else, or damaged)."""
+    import hashlib
+    import hmac
     tag, raw = sealed[:_SEAL_BYTES], sealed[_SEAL_BYTES:]
     expected = hmac.new(secret, name.encode() + b"\0" + raw, hashlib.sha256).digest()
     return raw if len(tag) == _SEAL_BYTES and hmac.compare_digest(tag, expected) else None
 
 
 def file_digest(path: str | Path) -> str:
+    import hashlib
     digest = hashlib.sha256()  # hardware-accelerated on x86 and ARM: ~1.3 GB/s here
     with open(path, "rb") as handle:
         while block := handle.read(_HASH_BLOCK):
@@ -196,6 +199,7 @@ def code_fingerprint() -> str:
     code) must not be served summaries computed by the old code. The whole package (this module
     lives in analyzer/run/) with its data files: the communication catalog and the hardware
     table change summaries too."""
+    import hashlib
     digest = hashlib.blake2b(__version__.encode(), digest_size=16)
     package = Path(__file__).resolve().parents[1]
     data = package / "data"
@@ -215,6 +219,7 @@ def content_digest(path: str | Path, cache_dir: str | Path | None = None) -> str
     secret = cache_secret(root) if root else None
     if not (root and secret):
         return file_digest(path)
+    import hashlib
     before = os.stat(path)
     memo = root / "stat" / (hashlib.blake2b(os.fsencode(os.path.abspath(path)),
                                             digest_size=16).hexdigest() + ".json")
@@ -251,6 +256,7 @@ def cache_key(path: str | Path, options: RankOptions, cache_dir: str | Path | No
         "steps": list(options.steps) if options.steps is not None else None,
         "keep_timeline": options.keep_timeline,
     }
+    import hashlib
     return hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=20).hexdigest()
 
 
@@ -315,6 +321,7 @@ def timeline_entry(path: str, options: RankOptions, origin_ns: int, cache_dir: s
     key = key_or_none(path, options, cache_dir) if cache_dir else None
     if not (cache_dir and key):
         return None
+    import hashlib
     key = hashlib.blake2b(f"{key} timeline {origin_ns}".encode(), digest_size=20).hexdigest()
     # Beside the rank entries (the same pruning), named apart from them.
     return entry_path(cache_dir, key).with_suffix(".timeline.json")
