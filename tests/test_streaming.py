@@ -324,3 +324,17 @@ def test_pieces_fix_each_departure_once(monkeypatch):
     batches = _counting(monkeypatch, 200)
     assert decoded() == whole
     assert len(batches) > 10
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4000), st.lists(st.integers(1, 3000), min_size=1, max_size=30))
+def test_random_pieces_and_chunking_equal_whole(piece, sizes):
+    data = tricky_trace()
+    path = Path("rank-0.json")
+    whole = columns(path, [data])
+    default, stream.PIECE_BYTES = stream.PIECE_BYTES, piece
+    try:
+        assert_same(columns(path, split(data, sizes)), whole)
+        assert_same(columns(path, [data]), whole)
+    finally:
+        stream.PIECE_BYTES = default
