@@ -253,3 +253,88 @@ def test_decode_cut_fixes_nonfinite_in_a_copy():
     events = stream.decode_cut(state, store, stream.last_candidate_cut(memoryview(store)[1:])[1])
     assert len(events) == 1 and events[0].ts is None and state.replaced_nonfinite == 1
     assert bytes(store) == before
+
+
+def _counting(monkeypatch, piece: int) -> list[int]:
+    """Pieces of ``piece`` bytes (PIECE_BYTES), and the size of every batch handed on."""
+    monkeypatch.setattr(stream, "PIECE_BYTES", piece)
+    batches: list[int] = []
+    add = ColumnBuilder.add
+    monkeypatch.setattr(ColumnBuilder, "add", lambda self, events: (batches.append(len(events)), add(self, events)))
+    return batches
+
+
+@pytest.mark.parametrize("piece", [16, 333, 5000])
+def test_pieces_decode_like_whole(monkeypatch, piece):
+    """The text before a cut decoded in pieces (issue 42, fifth pass) gives the columns of one
+    decode, also where a piece's cut falls inside a string or a nested object (TRICKY_NAMES:
+    the rest is then decoded as one, as before)."""
+    data = tricky_trace()
+    path = Path("rank-0.json")
+    whole = columns(path, [data])
+    batches = _counting(monkeypatch, piece)
+    assert_same(columns(path, [data]), whole)
+    assert len(batches) > (3 if piece < 5000 else 1)
+    assert_same(columns(path, split(data, [2000] * (len(data) // 2000 + 1))), whole)
+
+
+@pytest.mark.parametrize("bad, problem", [
+    (b'{"ph": "X", "cat": 5}', "$.traceEvents[300].cat"),
+    (b'{"ph": "X"} {"ph": "X"}', "invalid JSON"),
+    (b'{"ph": "X", "name": "unterminated}', "invalid JSON"),
+    (b'{"ph": "X", "name": "a}, {\\"ph\\": 3", "cat": 5}', "$.traceEvents[300].cat"),
+])
+def test_errors_in_a_later_piece_read_as_before(tmp_path, monkeypatch, bad, problem):
+    """Bad data after many good events: the message (the event's index, the byte offset) is the
+    one the whole decode gives, whatever the piece size."""
+    from analyzer.base.errors import InputError
+    text = b'{"traceEvents": [' + b'{"ph": "X", "name": "a"}, ' * 300 + bad + b', {"ph": "X"}' * 300 + b']}'
+    path = tmp_path / "rank-0.json"
+    messages = set()
+    for piece in (1 << 30, 64, 1000):
+        monkeypatch.setattr(stream, "PIECE_BYTES", piece)
+        for size in (50, len(text)):
+            with pytest.raises(InputError) as info:
+                columns(path, split(text, [size] * len(text)))
+            assert problem in str(info.value)
+            messages.add(str(info.value))
+    assert len(messages) == 1, messages
+
+
+def test_pieces_fix_each_departure_once(monkeypatch):
+    """NaN literals, invalid UTF-8 and numbers beyond any field in later pieces: read as in one
+    decode, with the same record of what was replaced (the first huge number's place)."""
+    good = b'{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "args": {"stream": 7}}, '
+    odd = [b'{"ph": "X", "cat": "kernel", "name": "n", "ts": NaN, "dur": 2, "args": {"stream": 7}}, ',
+           b'{"ph": "X", "cat": "kernel", "name": "\xff\xfe", "ts": 5, "dur": 2, "args": {"stream": 7}}, ',
+           b'{"ph": "X", "cat": "kernel", "name": "h", "ts": 5, "dur": 1' + b"0" * 5000 + b', "args": {"stream": 7}}, ']
+    text = b'{"traceEvents": [' + good * 100 + b"".join(odd[k] + good * 50 for k in (0, 1, 2, 0, 2)) + good + \
+        b'{"ph": "X"}]}'
+    path = Path("rank-0.json")
+
+    def decoded():
+        builder = ColumnBuilder(KernelClassifier())
+        _, state = stream.decode_stream(path, iter([text]), builder.add)
+        warnings: list[str] = []
+        gpu = builder.finish(warnings)[0]
+        return (bool(state.replaced_utf8), bool(state.replaced_nonfinite), state.replaced_huge[:1], warnings,
+                builder.event_count, gpu.ts.tolist(), gpu.end.tolist())
+    whole = decoded()
+    assert whole[:3] == (True, True, ["$.traceEvents[202].dur"]) and whole[3]
+    batches = _counting(monkeypatch, 200)
+    assert decoded() == whole
+    assert len(batches) > 10
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4000), st.lists(st.integers(1, 3000), min_size=1, max_size=30))
+def test_random_pieces_and_chunking_equal_whole(piece, sizes):
+    data = tricky_trace()
+    path = Path("rank-0.json")
+    whole = columns(path, [data])
+    default, stream.PIECE_BYTES = stream.PIECE_BYTES, piece
+    try:
+        assert_same(columns(path, split(data, sizes)), whole)
+        assert_same(columns(path, [data]), whole)
+    finally:
+        stream.PIECE_BYTES = default

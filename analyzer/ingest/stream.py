@@ -36,6 +36,10 @@ TAIL_LIMIT = 64 << 20  # what follows the events array (metadata after the event
 # No real event, nor any one string in a trace, is this long (Kineto's longest: a few KB of
 # shapes); past it, text with no event boundary is refused (and costs at most 8 chunk joins).
 MAX_EVENT_BYTES = 32 << 20
+# The events before a cut are decoded and handed on in pieces of about this many bytes (a piece's
+# events, a few thousand, stay in the cache while the columns are read from them; decoded 4 MB
+# at a time they did not: docs/scale.md, issue 42's fifth pass).
+PIECE_BYTES = 1 << 20
 # A "}" then a comma then "{": how events are separated. A nested object inside an event is
 # mostly followed by another key (`}, "key"`), so this rarely cuts inside an event (a bare `},`
 # did in ~5 % of cuts on FSDP2 traces, each costing an exact scan of the buffer).
@@ -323,26 +327,69 @@ class ArrayFinder:
 def _decode_batches(state: Decoding, store: bytearray, offset: int, on_events: OnEvents) -> int:
     """Decode the whole events at the start of the text ``store[1:]`` (``store[0]`` is a ``[``
     of :func:`bracketed`); return how many bytes of the text were consumed (0: no whole event
-    yet, wait for more text)."""
+    yet, wait for more text). The text up to the last cut goes to ``on_events`` in pieces of
+    about ``PIECE_BYTES`` (:func:`_decode_pieces`); what they leave (all of it when a piece
+    fails) is decoded as one, as before."""
     if state.array_closed:
         return 0
     buf = memoryview(store)[1:]
     cut = last_candidate_cut(buf)
-    if cut is not None:
-        brace, after_comma = cut
-        try:
-            events = decode_cut(state, store, after_comma)
-        except msgspec.MsgspecError as exc:
-            events, after_comma = _decode_exact(state, store, offset, exc, brace)
-    elif len(buf) > MAX_EVENT_BYTES:
+    if cut is None:
+        if len(buf) <= MAX_EVENT_BYTES:
+            return 0
         events, after_comma = _decode_exact(state, store, offset, None, -1)
-    else:
-        return 0
+        if events is None:
+            return 0
+        on_events(events)
+        state.events_seen += len(events)
+        return after_comma
+    brace, after_comma = cut
+    start = _decode_pieces(state, store, brace, on_events)
+    # The rest, text[start:]: the comma before it (store[start]) read as the "[" it needs.
+    rest = store if start == 0 else memoryview(store)[start:]
+    rest[0] = 0x5B
+    try:
+        try:
+            events = decode_cut(state, rest, after_comma - start)
+        except msgspec.MsgspecError as exc:
+            events, after_comma = _decode_exact(state, rest, offset + start, exc, brace - start)
+            after_comma += start
+    finally:
+        if start:
+            store[start] = 0x2C
     if events is None:
-        return 0
+        return start
     on_events(events)
     state.events_seen += len(events)
     return after_comma
+
+
+def _decode_pieces(state: Decoding, store: bytearray, brace: int, on_events: OnEvents) -> int:
+    """Decode the text ``store[1:]`` before its last cut's ``brace`` in pieces of about
+    ``PIECE_BYTES``, each ending at a candidate cut, each piece's events handed on before the
+    next is decoded (its objects still in cache, and freed before the next is made); return
+    the text offset where the undecoded rest begins (0: none decoded). The first piece that
+    does not decode (a cut inside a string, or bad data) stops it: the rest is decoded as one
+    by the caller, with its care (a true boundary found, the error reported)."""
+    start = 0
+    while brace - start > PIECE_BYTES + PIECE_BYTES // 2:
+        cut = _CANDIDATE_CUT.search(store, 1 + start + PIECE_BYTES, 1 + brace)
+        if cut is None:
+            return start
+        end = cut.end() - 1  # the cut's comma (store[end]), read as the piece's "]"
+        piece = store if start == 0 else memoryview(store)[start:]
+        piece[0] = 0x5B
+        try:
+            events = decode_cut(state, piece, end - start)
+        except msgspec.MsgspecError:
+            return start
+        finally:
+            if start:
+                store[start] = 0x2C
+        on_events(events)
+        state.events_seen += len(events)
+        start = end  # the text after the comma
+    return start
 
 
 def decode_cut(state: Decoding, store: bytearray, after_comma: int) -> list[Event]:
