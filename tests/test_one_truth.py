@@ -692,6 +692,7 @@ def test_every_evidence_field_has_a_declared_label_and_unit(job):
         if evidence_type(f["rule"]) is None:  # a rule with no evidence type: FIELDS declares its keys
             assert _undeclared(evidence, "") == [], (job, f["rule"])
         assert _typed_errors(f) == [], job  # a typed rule's: its type
+        assert _misshapen_columns(f) == [], job
 
 
 def test_the_html_evidence_is_labelled_tables_with_declared_units():
@@ -795,6 +796,33 @@ def _assumptions_undeclared(assumptions, where: str) -> list[str]:
     return out
 
 
+def _misshapen_columns(finding) -> list[str]:
+    """Each list-of-rows field its type heads with ``columns``: every row exactly as long as its
+    headings (pipeline-bubble's four values once sat under comm-bound-step's five headings, the
+    last drawn "–"; ep-alltoall's under headings in another order)."""
+    from analyzer.rules.evidence_types import evidence_spec, evidence_type
+    typed = evidence_type(finding["rule"])
+    if typed is None:
+        return []
+    out: list[str] = []
+
+    def walk(data, spec, where):
+        for key, value in (data.items() if isinstance(data, dict) else ()):
+            declared = spec.get(key)
+            if declared is None:
+                continue
+            inner = {**(declared.record or {}), **{k: v for k, v in spec.items() if k not in (declared.record or {})}}
+            if declared.columns and isinstance(value, list):
+                out.extend(f"{finding['rule']}: {where}{key} row of {len(row)} under {len(declared.columns)} headings"
+                           for row in value if isinstance(row, list) and len(row) != len(declared.columns))
+            for item in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()):
+                walk(item, inner, f"{where}{key}.")
+            walk(value, inner, f"{where}{key}.")
+
+    walk(finding.get("evidence") or {}, evidence_spec(typed), "")
+    return out
+
+
 def _every_rule_fired():
     """Each rule's own cases (tests/rule_cases: the traces it fires on, the generated job of a
     rule no sample shows): every rule fires at least once."""
@@ -829,7 +857,7 @@ def test_every_field_any_rule_writes_is_declared():
     for result in _every_rule_fired():
         for f in result.findings:
             fired.add(f["rule"])
-            missing |= set(_typed_errors(f))
+            missing |= set(_typed_errors(f)) | set(_misshapen_columns(f))
             evidence = dict(f.get("evidence") or {})
             prediction = evidence.pop("prediction", None) or {}
             if evidence_type(f["rule"]) is None:  # typed rules: _typed_errors
