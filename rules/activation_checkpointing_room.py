@@ -6,7 +6,8 @@ from typing import Annotated
 
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.job.memory import fix_memory, measured_peak, not_checked, share_text
-from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Share, Text, Us, inner, keys, label
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, Share, Text, Us, inner, keys, label
+from analyzer.rules.evidence_shared import DeviceMemory, MemoryAfterFix
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 
 
@@ -31,10 +32,10 @@ class CheckpointingRoomEvidence(Evidence, frozen=True, forbid_unknown_fields=Tru
     recompute_us: Annotated[Us, label("recompute")]
     recompute_basis: Annotated[Text, label("recompute measured as")]
     peak_bytes: Annotated[Bytes, label("measured peak")]
-    device_bytes: Annotated[Bytes, label("device memory")]
+    device_bytes: DeviceMemory
     room_fraction: Annotated[Share, label("peak share of the GPU below which memory is to spare")]
     checkpointing: Annotated[CheckpointingFound, label("activation checkpointing")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    memory: MemoryAfterFix
 
 
 @register

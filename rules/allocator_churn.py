@@ -7,13 +7,14 @@ from typing import Annotated
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import not_checked, recorded_ranks
 from analyzer.rules.evidence_types import Bytes, Count, Evidence, Share, label
+from analyzer.rules.evidence_shared import RankNumber
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 
 
 class RankChurn(Evidence, frozen=True, forbid_unknown_fields=True):
     """A rank whose allocator frees segments and takes them again, or whose reserve creeps up."""
 
-    rank: Annotated[Count, label("rank")]
+    rank: RankNumber
     steps: Annotated[Count, label("steps")]
     churn_steps: Annotated[list[Count], label("steps with segments freed and taken again")]
     released_bytes_per_step: Annotated[Bytes, label("released per step")]

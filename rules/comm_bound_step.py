@@ -15,6 +15,7 @@ from analyzer.job.prediction_doc import alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.evidence_types import (UNSET, Count, Evidence, FixMemory, RankStepRef, Text, UnsetType, Us,
                                            columns, label)
+from analyzer.rules.evidence_shared import Collectives, CommTime, FirstBucketWait, Representative, TypicalStep
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 
@@ -35,18 +36,18 @@ FIXES = (
 
 
 class CommBoundEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    representative: Annotated[RankStepRef, label("representative rank and step")]
-    t_comm_us: Annotated[Us, label("communication time")]
+    representative: Representative
+    t_comm_us: CommTime
     t_window_us: Annotated[Us, label("compute window it could hide under")]
     window: Annotated[Text, label("window")]
-    first_bucket_wait_us: Annotated[Us, label("first bucket's wait")]
+    first_bucket_wait_us: FirstBucketWait
     min_bubble_us_median: Annotated[Us, label("least idle between collectives (median)")]
     exposed_comm_us_median: Annotated[Us, label("exposed communication (median)")]
-    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us: TypicalStep
     by_rank_step: Annotated[list[list[Count]], label("per rank and step"),
                             columns(("rank", None), ("step", None), ("communication", "us"), ("compute window", "us"),
                                     ("exposed", "us"))]
-    collectives: Annotated[Text, label("collectives")]
+    collectives: Collectives
     t_comm_basis: Annotated[Text, label("communication time from")]
     prediction: dict[str, Any]
     memory: Annotated[FixMemory | UnsetType, label("memory after the fix")] = UNSET

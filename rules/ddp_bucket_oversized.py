@@ -10,33 +10,34 @@ from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
                                  why_no_ddp_steps)
-from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Mb, RankStepRef, Text,
-                                           Us, columns, label)
+from analyzer.rules.evidence_types import (Bytes, Count, Evidence, RankStepRef, Us, columns, label)
+from analyzer.rules.evidence_shared import (BucketCount, Collectives, CommTime, FirstBucketWait, Link,
+                                            MemoryAfterFix, ModelledTail, PredictedStep, ProjectedBy, Representative,
+                                            SuggestedCapMb, TailByCapMb, TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
 class BucketOversizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    representative: Annotated[RankStepRef, label("representative rank and step")]
-    bucket_count: Annotated[Count, label("buckets")]
+    representative: Representative
+    bucket_count: BucketCount
     bucket_bytes: Annotated[list[Bytes], label("bucket sizes")]
-    first_bucket_wait_us: Annotated[Us, label("first bucket's wait")]
+    first_bucket_wait_us: FirstBucketWait
     backward_us: Annotated[Us, label("backward")]
-    t_comm_us: Annotated[Us, label("communication time")]
+    t_comm_us: CommTime
     backward_window_us: Annotated[list[Us], label("backward window (start, end)")]
     exposed_tail_us_median: Annotated[Us, label("exposed tail after backward (median)")]
     exposed_tail_us_by_rank_step: Annotated[list[list[Count]], label("exposed tail per rank and step"),
                                             columns(("rank", None), ("step", None), ("exposed tail", "us"))]
-    modelled_tail_us: Annotated[Us, label("modelled tail")]
-    suggested_bucket_cap_mb: Annotated[Mb, label("suggested bucket_cap_mb")]
-    modelled_tail_us_by_cap_mb: Annotated[list[list[Count]], label("modelled tail by bucket cap"),
-                                          columns(("bucket cap", "mb"), ("modelled tail", "us"))]
-    predicted_step_time_us: Annotated[Us, label("predicted step")]
-    projection_source: Annotated[Text, label("projected by")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    modelled_tail_us: ModelledTail
+    suggested_bucket_cap_mb: SuggestedCapMb
+    modelled_tail_us_by_cap_mb: TailByCapMb
+    predicted_step_time_us: PredictedStep
+    projection_source: ProjectedBy
+    memory: MemoryAfterFix
     prediction: dict[str, Any]
-    step_time_us: Annotated[Us, label("typical step")]
-    link: Annotated[AlphaBetaLink, label("link (α-β)")]
-    collectives: Annotated[Text, label("collectives")]
+    step_time_us: TypicalStep
+    link: Link
+    collectives: Collectives
 
 
 @register

@@ -9,31 +9,33 @@ from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
 from analyzer.model import formulas as models
 from analyzer.job.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
-from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Mb, RankStepRef, Share,
-                                           Text, Us, columns, label)
+from analyzer.rules.evidence_types import (Bytes, Evidence, RankStepRef, Share,
+                                           Us, label)
+from analyzer.rules.evidence_shared import (BucketCount, Collectives, Link, MemoryAfterFix, ModelledTail,
+                                            PredictedStep, ProjectedBy, Representative, SStar, SuggestedCapMb,
+                                            TailByCapMb, TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
 class BucketUndersizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    representative: Annotated[RankStepRef, label("representative rank and step")]
-    bucket_count: Annotated[Count, label("buckets")]
+    representative: Representative
+    bucket_count: BucketCount
     median_bucket_bytes: Annotated[Bytes, label("median bucket")]
-    s_star_bytes: Annotated[Bytes, label("S* = α·β (latency-bandwidth crossover)")]
+    s_star_bytes: SStar
     allreduce_crossover_bytes: Annotated[Bytes, label("all-reduce size where bandwidth takes over")]
     share_latency_bound: Annotated[Share, label("share of buckets latency-bound")]
     latency_share: Annotated[Share, label("latency share of the all-reduces")]
     measured_tail_us: Annotated[Us, label("measured tail")]
-    modelled_tail_us: Annotated[Us, label("modelled tail")]
-    suggested_bucket_cap_mb: Annotated[Mb, label("suggested bucket_cap_mb")]
-    modelled_tail_us_by_cap_mb: Annotated[list[list[Count]], label("modelled tail by bucket cap"),
-                                          columns(("bucket cap", "mb"), ("modelled tail", "us"))]
-    predicted_step_time_us: Annotated[Us, label("predicted step")]
-    projection_source: Annotated[Text, label("projected by")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    modelled_tail_us: ModelledTail
+    suggested_bucket_cap_mb: SuggestedCapMb
+    modelled_tail_us_by_cap_mb: TailByCapMb
+    predicted_step_time_us: PredictedStep
+    projection_source: ProjectedBy
+    memory: MemoryAfterFix
     prediction: dict[str, Any]
-    step_time_us: Annotated[Us, label("typical step")]
-    link: Annotated[AlphaBetaLink, label("link (α-β)")]
-    collectives: Annotated[Text, label("collectives")]
+    step_time_us: TypicalStep
+    link: Link
+    collectives: Collectives
 
 
 @register

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import Count, Evidence, Text, Us, columns, label
+from analyzer.rules.evidence_shared import TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -16,7 +17,7 @@ class ExpertAlltoallEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     exposed_ep_us_median: Annotated[Us, label("exposed expert-parallel communication (median)")]
     ep_comm_us_median: Annotated[Us, label("expert-parallel communication (median)")]
     min_exposed_us_if_overlapped: Annotated[Us, label("least exposed if overlapped")]
-    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us: TypicalStep
     libraries: Annotated[list[Text], label("libraries")]
     prediction: dict[str, Any]
     # each steady rank-step: its exposed expert-parallel time, that communication, its compute (not

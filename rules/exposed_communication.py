@@ -11,6 +11,7 @@ from analyzer.job.model import group_label, wait_words
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import UNSET, Bytes, Count, Evidence, Share, Text, UnsetType, Us, keys, label
+from analyzer.rules.evidence_shared import ExposedShare, StepNumber, TypicalStep, WaitSource
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.prediction_doc import predicted
 
@@ -91,7 +92,7 @@ class SyncAllreduces(Evidence, frozen=True, forbid_unknown_fields=True):
 
     per_step: Annotated[Count, label("per step")]
     serialized_share: Annotated[Share, label("serialized share")]
-    exposed_share: Annotated[Share, label("exposed share of the step")]
+    exposed_share: ExposedShare
 
 
 class ParallelismOwnCost(Evidence, frozen=True, forbid_unknown_fields=True):
@@ -104,8 +105,8 @@ class ParallelismOwnCost(Evidence, frozen=True, forbid_unknown_fields=True):
 
 
 class ExposedCommEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    step: Annotated[Count, label("step")]
-    step_time_us: Annotated[Us, label("typical step")]
+    step: StepNumber
+    step_time_us: TypicalStep
     exposed_wait_us: Annotated[Us, label("exposed waiting for late peers")]
     exposed_transfer_us: Annotated[Us, label("exposed transfer")]
     unexplained_us: Annotated[Us, label("not explained by a collective's model")]
@@ -114,7 +115,7 @@ class ExposedCommEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     by_phase: Annotated[dict[str, CommCell] | None, label("by phase"), keys("phase")]
     by_group: Annotated[dict[str, CommCell] | None, label("by process group"), keys("group")]
     wait_by_peer: Annotated[dict[str, Us] | None, label("waiting by the rank waited for"), keys("rank")]
-    wait_source: Annotated[Text, label("waiting measured by")]
+    wait_source: WaitSource
     alpha_beta: Annotated[list[AlphaBetaEstimate], label("α-β estimate per collective")]
     synchronous_allreduces: Annotated[SyncAllreduces | None, label("synchronous all-reduces")]
     parallelism_own_cost: Annotated[ParallelismOwnCost, label("the parallelism's own communication")]

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 from analyzer.base.units import fmt_bytes
 from analyzer.job.ddp import ddp_steps, representative
-from analyzer.rules.evidence_types import Bytes, Evidence, Share, Text, Us, label
+from analyzer.rules.evidence_types import Bytes, Evidence, Share, Text, label
+from analyzer.rules.evidence_shared import Collectives, PredictedStep, TypicalStep
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, unit_links
@@ -21,9 +22,9 @@ class Fp32GradientEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     grad_bytes_per_step: Annotated[Bytes, label("gradient bytes per step")]
     low_precision_compute_share: Annotated[Share, label("compute in bf16/fp16")]
     allgather_dtypes: Annotated[list[Text], label("all-gather dtypes")]
-    step_time_us: Annotated[Us, label("typical step")]
-    predicted_step_time_us: Annotated[Us, label("predicted step")]
-    collectives: Annotated[Text, label("collectives")]
+    step_time_us: TypicalStep
+    predicted_step_time_us: PredictedStep
+    collectives: Collectives
     prediction: dict[str, Any]
 
 

@@ -7,7 +7,9 @@ from typing import Annotated, Any
 from analyzer.job.memory import fit_text, fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
-from analyzer.rules.evidence_types import AlphaBetaLink, Bytes, Count, Evidence, FixMemory, Text, Us, label
+from analyzer.rules.evidence_types import AlphaBetaLink, Bytes, Count, Evidence, Text, Us, label
+from analyzer.rules.evidence_shared import (Collectives, GpuMemory, Link, MemoryAfterFix, Nodes, Parameters,
+                                            ParametersFrom, ProjectedBy, TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.ddp import representative
@@ -19,26 +21,26 @@ class FsdpGroupSpan(Evidence, frozen=True, forbid_unknown_fields=True):
 
     name: Annotated[Text, label("name")]
     size: Annotated[Count, label("ranks in it")]
-    nodes: Annotated[Count, label("nodes")]
+    nodes: Nodes
 
 
 class FullShardCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     group: Annotated[FsdpGroupSpan, label("process group")]
-    link: Annotated[AlphaBetaLink, label("link (α-β)")]
+    link: Link
     intra_node_link: Annotated[AlphaBetaLink, label("link inside a node (α-β)")]
     exposed_ag_rs_us_median: Annotated[Us, label("exposed all-gather and reduce-scatter (median)")]
     modelled_exposed_us_full_shard: Annotated[Us, label("modelled exposed, FULL_SHARD")]
     modelled_exposed_us_hybrid_shard: Annotated[Us, label("modelled exposed, HYBRID_SHARD")]
     projected_step_time_us: Annotated[Us, label("projected step")]
-    step_time_us: Annotated[Us, label("typical step")]
-    projection_source: Annotated[Text, label("projected by")]
+    step_time_us: TypicalStep
+    projection_source: ProjectedBy
     prediction: dict[str, Any]
-    parameters: Annotated[Count, label("parameters")]
-    parameters_source: Annotated[Text, label("parameters from")]
+    parameters: Parameters
+    parameters_source: ParametersFrom
     hybrid_shard_memory_bytes: Annotated[Bytes, label("memory with HYBRID_SHARD")]
-    gpu_memory_bytes: Annotated[Bytes, label("GPU memory")]
-    collectives: Annotated[Text, label("collectives")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    gpu_memory_bytes: GpuMemory
+    collectives: Collectives
+    memory: MemoryAfterFix
 
 
 @register

@@ -9,7 +9,9 @@ from dataclasses import replace
 from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
-from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Text, Us, label
+from analyzer.rules.evidence_types import Bytes, Count, Evidence, Text, Us, label
+from analyzer.rules.evidence_shared import (Collectives, MemoryAfterFix, Parameters, ParametersFrom, TypicalStep,
+                                            UnitsPerForward)
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
@@ -18,19 +20,19 @@ from analyzer.job.prediction_doc import not_predicted, predicted
 
 
 class MissingWrapEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    units_per_forward_pass: Annotated[Count, label("FSDP units per forward pass")]
+    units_per_forward_pass: UnitsPerForward
     allgather_bytes: Annotated[Bytes, label("all-gather bytes")]
     parameter_bytes: Annotated[Bytes, label("parameter bytes")]
-    parameters: Annotated[Count, label("parameters")]
-    parameters_source: Annotated[Text, label("parameters from")]
+    parameters: Parameters
+    parameters_source: ParametersFrom
     unsharded_peak_bytes: Annotated[Bytes, label("unsharded peak")]
     exposed_allgather_us: Annotated[Us, label("exposed all-gather")]
     layers: Annotated[Count, label("layers")]
     layers_source: Annotated[Text, label("layers from")]
-    collectives: Annotated[Text, label("collectives")]
-    step_time_us: Annotated[Us, label("typical step")]
+    collectives: Collectives
+    step_time_us: TypicalStep
     prediction: dict[str, Any]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    memory: MemoryAfterFix
 
 
 @register

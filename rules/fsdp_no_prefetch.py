@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from analyzer.job.memory import fix_memory
-from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, FixMemory, Share, Text, Us, columns, label
+from analyzer.rules.evidence_types import Evidence, Share, Us, columns, label
+from analyzer.rules.evidence_shared import (Collectives, Link, MemoryAfterFix, PredictedStep, TypicalStep,
+                                            UnitsPerForward)
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
@@ -19,17 +21,17 @@ REPLAYED = ("the gain: that cut taken out of the exposed transfers of each step 
 
 
 class NoPrefetchEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    units_per_forward_pass: Annotated[Count, label("FSDP units per forward pass")]
+    units_per_forward_pass: UnitsPerForward
     serialized_share_median: Annotated[Share, label("all-gathers serialized with compute (median)")]
     by_pass: Annotated[list[list[Any]], label("serialized share per rank, step and pass"),
                        columns(("rank", None), ("step", None), ("pass", "text"), ("serialized", "share"))]
     modelled_exposed_us_without_prefetch: Annotated[Us, label("modelled exposed without prefetch")]
     modelled_exposed_us_with_prefetch: Annotated[Us, label("modelled exposed with prefetch")]
-    predicted_step_time_us: Annotated[Us, label("predicted step")]
-    step_time_us: Annotated[Us, label("typical step")]
-    link: Annotated[AlphaBetaLink, label("link (α-β)")]
-    collectives: Annotated[Text, label("collectives")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    predicted_step_time_us: PredictedStep
+    step_time_us: TypicalStep
+    link: Link
+    collectives: Collectives
+    memory: MemoryAfterFix
     modelled_gain_us: Annotated[Us, label("the schedule's modelled gain (the replay's input)")]
     prediction: dict[str, Any]
 

@@ -10,7 +10,9 @@ from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_params, fmt_pct, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
-from analyzer.rules.evidence_types import Bytes, Count, Evidence, FixMemory, Text, Us, label
+from analyzer.rules.evidence_types import Bytes, Evidence, Us, label
+from analyzer.rules.evidence_shared import (Collectives, GpuMemory, MemoryAfterFix, Parameters, ParametersFrom,
+                                            TypicalStep)
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.ddp import MAX_GRADIENT_PIECES, representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
@@ -18,18 +20,18 @@ from analyzer.job.prediction_doc import not_predicted, predicted
 
 
 class FsdpWhereDdpFitsEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    parameters: Annotated[Count, label("parameters")]
-    parameters_source: Annotated[Text, label("parameters from")]
+    parameters: Parameters
+    parameters_source: ParametersFrom
     ddp_static_bytes: Annotated[Bytes, label("DDP's static memory (16Ψ)")]
-    gpu_memory_bytes: Annotated[Bytes, label("GPU memory")]
+    gpu_memory_bytes: GpuMemory
     fsdp_volume_bytes: Annotated[Bytes, label("FSDP's communication per step")]
     ddp_volume_bytes: Annotated[Bytes, label("DDP's communication per step")]
     exposed_comm_us: Annotated[Us, label("exposed communication")]
-    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us: TypicalStep
     projected_ddp_step_time_us: Annotated[Us, label("projected step with DDP")]
     projected_shard_grad_op_step_time_us: Annotated[Us, label("projected step with SHARD_GRAD_OP")]
-    collectives: Annotated[Text, label("collectives")]
-    memory: Annotated[FixMemory, label("memory after the fix")]
+    collectives: Collectives
+    memory: MemoryAfterFix
     prediction: dict[str, Any]
 
 

@@ -9,6 +9,7 @@ from analyzer.base.units import shape_text
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import Count, Evidence, Pct, Share, Text, Tflops, Us, label
+from analyzer.rules.evidence_shared import PredictedStep, RankNumber, TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, NotEvaluated, Rule, Threshold, register
 
 LOW_PRECISION = ("bf16", "fp16")
@@ -28,7 +29,7 @@ class GemmRow(Evidence, frozen=True, forbid_unknown_fields=True):
 
 class GemmBelowPeakEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     kind: Annotated[Text, label("kind")]
-    rank: Annotated[Count, label("rank")]
+    rank: RankNumber
     gemms: Annotated[list[GemmRow], label("GEMMs")]
     target_dtype: Annotated[Text, label("target dtype")]
     target_peak_tflops: Annotated[Tflops, label("target peak")]
@@ -36,8 +37,8 @@ class GemmBelowPeakEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     reference_source: Annotated[Text, label("reference from")]
     gemm_time_us: Annotated[Us, label("GEMM time")]
     predicted_gemm_time_us: Annotated[Us, label("predicted GEMM time")]
-    step_time_us: Annotated[Us, label("typical step")]
-    predicted_step_time_us: Annotated[Us, label("predicted step")]
+    step_time_us: TypicalStep
+    predicted_step_time_us: PredictedStep
 
 
 @register

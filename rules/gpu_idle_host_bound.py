@@ -11,6 +11,7 @@ from analyzer.job.model import HOST_ACTIVITY
 from analyzer.rules.host import (HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
                                  replayed_rank_fixes)
 from analyzer.rules.evidence_types import UNSET, Count, Evidence, Share, Text, UnsetType, Us, inner, keys, label
+from analyzer.rules.evidence_shared import StepNumber, StepTimeOfThoseRanks, TypicalStep
 
 
 class InflatedHostOp(Evidence, frozen=True, forbid_unknown_fields=True):
@@ -28,12 +29,12 @@ class AllocatorCalls(Evidence, frozen=True, forbid_unknown_fields=True):
 
 
 class HostBoundIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
-    step: Annotated[Count, label("step")]
+    step: StepNumber
     host_idle_share_by_rank: Annotated[dict[str, Share], label("idle share per rank"), keys("rank")]
     host_idle_us_median: Annotated[Us, label("GPU idle, nothing launched (median)")]
     idle_us_median: Annotated[Us, label("GPU idle (median)")]
-    step_time_us: Annotated[Us, label("typical step")]
-    step_time_us_median_of_those_ranks: Annotated[Us, label("step time (median of those ranks)")]
+    step_time_us: TypicalStep
+    step_time_us_median_of_those_ranks: StepTimeOfThoseRanks
     idle_by_host_median_us: Annotated[dict[str, Us], label("idle by host activity (median)"), keys("host activity")]
     host_activity: Annotated[Text, label("host activity")]
     late_ranks_idle: Annotated[Text, label("idle on late ranks")]

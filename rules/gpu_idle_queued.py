@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
 from analyzer.job.model import WAITED_ON  # the words (the model's, which the views say too)
-from analyzer.rules.evidence_types import UNSET, Count, Evidence, Share, Text, UnsetType, Us, keys, label
+from analyzer.rules.evidence_types import UNSET, Evidence, Share, Text, UnsetType, Us, keys, label
+from analyzer.rules.evidence_shared import StepNumber, StepTimeOfThoseRanks, TypicalStep
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.rules.host import REPLAY_GAIN, idle_split_note, ranks_phrase, replayed_rank_fixes
 
@@ -18,11 +19,11 @@ PAGEABLE = "Pageable"
 class QueuedIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Keyword-only: the fields in the order the rule writes them, ``idle_split`` only sometimes."""
 
-    step: Annotated[Count, label("step")]
+    step: StepNumber
     queued_idle_share_by_rank: Annotated[dict[str, Share], label("queued idle share per rank"), keys("rank")]
     queued_idle_us_median: Annotated[Us, label("GPU idle with work launched (median)")]
-    step_time_us: Annotated[Us, label("typical step")]
-    step_time_us_median_of_those_ranks: Annotated[Us, label("step time (median of those ranks)")]
+    step_time_us: TypicalStep
+    step_time_us_median_of_those_ranks: StepTimeOfThoseRanks
     queued_idle_by_median_us: Annotated[dict[str, Us], label("queued idle by what it waits on (median)"),
                                         keys("waited on")]
     waited_on: Annotated[Text, label("waits on")]

@@ -7,13 +7,14 @@ from typing import Annotated
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import NOT_RECORDED, recorded_ranks
 from analyzer.rules.evidence_types import Bytes, Count, Evidence, Flag, Share, Text, label
+from analyzer.rules.evidence_shared import RankNumber
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 
 
 class RankGrowth(Evidence, frozen=True, forbid_unknown_fields=True):
     """A rank whose allocated memory at the step's end grows every step."""
 
-    rank: Annotated[Count, label("rank")]
+    rank: RankNumber
     steps: Annotated[Count, label("steps")]
     step_numbers: Annotated[list[Count], label("steps")]
     end_allocated_bytes: Annotated[list[Bytes], label("allocated at each step's end")]

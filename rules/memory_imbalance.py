@@ -8,10 +8,11 @@ from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import not_checked, recorded_ranks, share_text
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 from analyzer.rules.evidence_types import Bytes, Count, Evidence, keys, label
+from analyzer.rules.evidence_shared import DeviceMemory, RankNumber
 
 
 class RankPeak(Evidence, frozen=True, forbid_unknown_fields=True):
-    rank: Annotated[Count, label("rank")]
+    rank: RankNumber
     bytes: Annotated[Bytes, label("bytes")]
 
 
@@ -20,7 +21,7 @@ class MemoryImbalanceEvidence(Evidence, frozen=True, forbid_unknown_fields=True)
     highest: Annotated[RankPeak, label("highest peak")]
     lowest: Annotated[RankPeak, label("lowest peak")]
     ratio: Annotated[Count, label("highest peak over the lowest")]
-    device_bytes: Annotated[Bytes, label("device memory")]
+    device_bytes: DeviceMemory
 
 
 @register

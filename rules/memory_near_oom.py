@@ -6,7 +6,8 @@ from typing import Annotated
 
 from analyzer.base.units import fmt_bytes
 from analyzer.job.memory import not_checked, recorded_ranks, share_text
-from analyzer.rules.evidence_types import Bytes, Count, Evidence, Share, Text, label
+from analyzer.rules.evidence_types import Bytes, Evidence, Share, Text, label
+from analyzer.rules.evidence_shared import DeviceMemory, RankNumber, StepNumber
 from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 
 
@@ -14,11 +15,11 @@ from analyzer.rules.engine import NotApplicable, Rule, Threshold, register
 class NearOomPeak(Evidence, frozen=True, forbid_unknown_fields=True):
     """A rank's step of highest reserved memory, with the cache at its allocated peak."""
 
-    rank: Annotated[Count, label("rank")]
-    step: Annotated[Count, label("step")]
+    rank: RankNumber
+    step: StepNumber
     peak_reserved_bytes: Annotated[Bytes, label("peak reserved")]
     peak_allocated_bytes: Annotated[Bytes, label("peak allocated")]
-    device_bytes: Annotated[Bytes, label("device memory")]
+    device_bytes: DeviceMemory
     cached_bytes: Annotated[Bytes, label("cached but unused at the peak")]
     cached_share: Annotated[Share, label("cached share of reserved")]
     phase: Annotated[Text, label("phase")]

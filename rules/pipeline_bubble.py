@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import Count, Evidence, Share, Us, columns, label
+from analyzer.rules.evidence_shared import TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -18,7 +19,7 @@ class PipelineBubbleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     microbatches: Annotated[Count, label("micro-batches")]
     ideal_bubble_fraction: Annotated[Share, label("ideal bubble (p-1)/(m+p-1)")]
     bubble_fraction_median: Annotated[Share, label("bubble (median)")]
-    step_time_us: Annotated[Us, label("typical step")]
+    step_time_us: TypicalStep
     compute_us_median: Annotated[Us, label("compute (median)")]
     suggested_microbatches: Annotated[Count, label("suggested micro-batches")]
     # each steady rank-step: its step time and its compute (not comm-bound-step's columns of the

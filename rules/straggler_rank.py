@@ -12,6 +12,7 @@ from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
 from analyzer.rules.evidence_types import (UNSET, Count, Evidence, Flag, Share, Text, UnsetType, Us, inner, keys,
                                            label)
+from analyzer.rules.evidence_shared import Cause, RankNumber, TypicalStep, WaitSource
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
@@ -33,7 +34,7 @@ class LateCause(Evidence, frozen=True, forbid_unknown_fields=True):
 
     lateness_us: Annotated[Us, label("lateness")]
     vs_median_rank_us: Annotated[dict[str, Us], label("against the median rank"), keys("part")]
-    cause: Annotated[Text, label("cause")]
+    cause: Cause
     waited_on: Annotated[Text | UnsetType, label("waits on")] = UNSET
     host_activity: Annotated[Text | UnsetType, label("host activity")] = UNSET
     text: Annotated[Text | UnsetType, label("in words")] = UNSET
@@ -42,8 +43,8 @@ class LateCause(Evidence, frozen=True, forbid_unknown_fields=True):
 class ReplayRank(Evidence, frozen=True, forbid_unknown_fields=True):
     """A rank's fix replayed: alone, and in the greedy order after the named ones."""
 
-    rank: Annotated[Count, label("rank")]
-    cause: Annotated[Text, label("cause")]
+    rank: RankNumber
+    cause: Cause
     named: Annotated[Flag, label("named")]
     gain_alone_us: Annotated[Us, label("saving fixed alone")]
     predicted_step_alone_us: Annotated[Us, label("step fixed alone")]
@@ -57,7 +58,7 @@ class StragglerEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     main_late_rank: Annotated[Count, label("latest rank most often")]
     main_late_steps: Annotated[Count, label("steps it was the latest")]
     steady_steps: Annotated[list[Count], label("steady steps")]
-    cause: Annotated[Text, label("cause")]
+    cause: Cause
     causes: Annotated[dict[str, LateCause], label("cause per late rank"), keys("rank")]
     caused_wait_direct_us: Annotated[dict[str, Us], label("waiting caused directly (mean over the steady steps)"),
                                      keys("rank")]
@@ -72,8 +73,8 @@ class StragglerEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     lateness_by_step: Annotated[list[tuple[Count, dict[str, Us]]], label("lateness per steady step"),
                                 keys("step"), inner("rank")]
     entry_skew: Annotated[dict[str, Us], label("late step entry without cost"), keys("rank")]
-    step_time_us: Annotated[Us, label("typical step")]
-    wait_source: Annotated[Text, label("waiting measured by")]
+    step_time_us: TypicalStep
+    wait_source: WaitSource
     # the replay of the named ranks' fixes, where it ran and named some
     per_rank: Annotated[list[ReplayRank] | UnsetType, label("replay per rank")] = UNSET
     recoverable_by_replay_us: Annotated[Us | UnsetType, label("recoverable by the replay")] = UNSET

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from analyzer.base.units import fmt_us
-from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, Share, Text, Us, label
+from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, Text, Us, label
+from analyzer.rules.evidence_shared import Collectives, ExposedShare, Nodes, TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -18,17 +19,17 @@ class TpGroupSpan(Evidence, frozen=True, forbid_unknown_fields=True):
     description: Annotated[Text, label("description")]
     ranks: Annotated[list[Count], label("ranks")]
     size: Annotated[Count, label("ranks in it")]
-    nodes: Annotated[Count, label("nodes")]
+    nodes: Nodes
 
 
 class TpCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     group: Annotated[TpGroupSpan, label("process group")]
     gpus_per_node: Annotated[Count, label("GPUs per node")]
     exposed_tp_us_median: Annotated[Us, label("exposed tensor-parallel communication (median)")]
-    step_time_us: Annotated[Us, label("typical step")]
-    exposed_share: Annotated[Share, label("exposed share of the step")]
+    step_time_us: TypicalStep
+    exposed_share: ExposedShare
     intra_node_link: Annotated[AlphaBetaLink | None, label("link inside a node (α-β)")]
-    collectives: Annotated[Text, label("collectives")]
+    collectives: Collectives
     prediction: dict[str, Any]
 
 
