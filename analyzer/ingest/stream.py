@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import msgspec
@@ -345,18 +346,12 @@ def _decode_batches(state: Decoding, store: bytearray, offset: int, on_events: O
         return after_comma
     brace, after_comma = cut
     start = _decode_pieces(state, store, brace, on_events)
-    # The rest, text[start:]: the comma before it (store[start]) read as the "[" it needs.
-    rest = store if start == 0 else memoryview(store)[start:]
-    rest[0] = 0x5B
-    try:
+    with _bracketed_from(store, start) as rest:
         try:
             events = decode_cut(state, rest, after_comma - start)
         except msgspec.MsgspecError as exc:
             events, after_comma = _decode_exact(state, rest, offset + start, exc, brace - start)
             after_comma += start
-    finally:
-        if start:
-            store[start] = 0x2C
     if events is None:
         return start
     on_events(events)
@@ -377,19 +372,29 @@ def _decode_pieces(state: Decoding, store: bytearray, brace: int, on_events: OnE
         if cut is None:
             return start
         end = cut.end() - 1  # the cut's comma (store[end]), read as the piece's "]"
-        piece = store if start == 0 else memoryview(store)[start:]
-        piece[0] = 0x5B
-        try:
-            events = decode_cut(state, piece, end - start)
-        except msgspec.MsgspecError:
-            return start
-        finally:
-            if start:
-                store[start] = 0x2C
+        with _bracketed_from(store, start) as piece:
+            try:
+                events = decode_cut(state, piece, end - start)
+            except msgspec.MsgspecError:
+                return start
         on_events(events)
         state.events_seen += len(events)
         start = end  # the text after the comma
     return start
+
+
+@contextmanager
+def _bracketed_from(store: bytearray, start: int) -> Iterator[bytearray | memoryview]:
+    """The text from ``start`` (``store[start]``: the comma before it, or the ``[`` of
+    :func:`bracketed` at 0) as an array's opening: that comma read as the "[" it needs while
+    the caller decodes, put back after, so the buffer stays the file's text."""
+    view = store if start == 0 else memoryview(store)[start:]
+    view[0] = 0x5B  # "["
+    try:
+        yield view
+    finally:
+        if start:
+            store[start] = 0x2C  # ","
 
 
 def decode_cut(state: Decoding, store: bytearray, after_comma: int) -> list[Event]:
