@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
@@ -15,7 +15,8 @@ from analyzer.job.prediction_doc import alternative, not_predicted, predicted
 from analyzer.job.columns import CollectiveColumns
 from analyzer.rules.evidence_types import (UNSET, Count, Evidence, FixMemory, RankStepRef, Text, UnsetType, Us,
                                            columns, label)
-from analyzer.rules.evidence_shared import Collectives, CommTime, FirstBucketWait, Representative, TypicalStep
+from analyzer.rules.evidence_shared import (Collectives, CommTime, FirstBucketWait, Prediction, Representative,
+                                            TypicalStep)
 from analyzer.rules.engine import Fix, NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 
@@ -49,7 +50,7 @@ class CommBoundEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
                                     ("exposed", "us"))]
     collectives: Collectives
     t_comm_basis: Annotated[Text, label("communication time from")]
-    prediction: dict[str, Any]
+    prediction: Prediction
     memory: Annotated[FixMemory | UnsetType, label("memory after the fix")] = UNSET
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
@@ -11,8 +11,8 @@ from analyzer.model import formulas as models
 from analyzer.job.ddp import (allreduce_equation, backward_transfer_us, ddp_steps, link_origin, typical_step,
                                  why_no_ddp_steps)
 from analyzer.rules.evidence_types import (Bytes, Count, Evidence, RankStepRef, Us, columns, label)
-from analyzer.rules.evidence_shared import (BucketCount, Collectives, CommTime, FirstBucketWait, Link,
-                                            MemoryAfterFix, ModelledTail, PredictedStep, ProjectedBy, Representative,
+from analyzer.rules.evidence_shared import (BucketCount, Collectives, CommTime, FirstBucketWait, Link, MemoryAfterFix,
+                                            ModelledTail, PredictedStep, Prediction, ProjectedBy, Representative,
                                             SuggestedCapMb, TailByCapMb, TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
@@ -34,7 +34,7 @@ class BucketOversizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True)
     predicted_step_time_us: PredictedStep
     projection_source: ProjectedBy
     memory: MemoryAfterFix
-    prediction: dict[str, Any]
+    prediction: Prediction
     step_time_us: TypicalStep
     link: Link
     collectives: Collectives

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.job.memory import bucket_cap_memory
 from analyzer.base.units import fmt_bytes
@@ -11,9 +11,9 @@ from analyzer.model import formulas as models
 from analyzer.job.ddp import ddp_steps, link_origin, why_no_ddp_steps, typical_step
 from analyzer.rules.evidence_types import (Bytes, Evidence, RankStepRef, Share,
                                            Us, label)
-from analyzer.rules.evidence_shared import (BucketCount, Collectives, Link, MemoryAfterFix, ModelledTail,
-                                            PredictedStep, ProjectedBy, Representative, SStar, SuggestedCapMb,
-                                            TailByCapMb, TypicalStep)
+from analyzer.rules.evidence_shared import (BucketCount, Collectives, Link, MemoryAfterFix, ModelledTail, PredictedStep,
+                                            Prediction, ProjectedBy, Representative, SStar, SuggestedCapMb, TailByCapMb,
+                                            TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 
 
@@ -32,7 +32,7 @@ class BucketUndersizedEvidence(Evidence, frozen=True, forbid_unknown_fields=True
     predicted_step_time_us: PredictedStep
     projection_source: ProjectedBy
     memory: MemoryAfterFix
-    prediction: dict[str, Any]
+    prediction: Prediction
     step_time_us: TypicalStep
     link: Link
     collectives: Collectives

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import Count, Evidence, Text, Us, columns, label
-from analyzer.rules.evidence_shared import TypicalStep
+from analyzer.rules.evidence_shared import Prediction, TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -19,7 +19,7 @@ class ExpertAlltoallEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     min_exposed_us_if_overlapped: Annotated[Us, label("least exposed if overlapped")]
     step_time_us: TypicalStep
     libraries: Annotated[list[Text], label("libraries")]
-    prediction: dict[str, Any]
+    prediction: Prediction
     # each steady rank-step: its exposed expert-parallel time, that communication, its compute (not
     # comm-bound-step's columns of the same name, which the global table gave it)
     by_rank_step: Annotated[list[list[Count]], label("per rank and step"),

@@ -5,7 +5,7 @@ is declared in that rule's own type. Types only: no analysis."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, FixMemory, Mb, RankStepRef, Share, Text, Us,
                                            columns, label)
@@ -14,6 +14,8 @@ from analyzer.rules.evidence_types import (AlphaBetaLink, Bytes, Count, FixMemor
 TypicalStep = Annotated[Us, label("typical step")]
 PredictedStep = Annotated[Us, label("predicted step")]
 ProjectedBy = Annotated[Text, label("projected by")]
+# a rule's own prediction (analyzer.job.prediction_doc's document; reports/prediction.py draws it)
+Prediction = dict[str, Any]
 StepTimeOfThoseRanks = Annotated[Us, label("step time (median of those ranks)")]
 MemoryAfterFix = Annotated[FixMemory, label("memory after the fix")]
 # where a figure is taken from

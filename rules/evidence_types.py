@@ -26,7 +26,8 @@ from msgspec import UNSET, Meta, UnsetType
 from analyzer.rules.evidence_fields import Field
 
 __all__ = ["UNSET", "UnsetType", "Meta", "Us", "Bytes", "Gbps", "Pct", "Share", "Mb", "Tflops", "Count",
-           "Flag", "Text", "label", "keys", "inner", "columns", "Evidence", "FixCheck", "RankStepRef", "AlphaBetaLink", "FixMemory", "FindingEvidence",
+           "Flag", "Text", "label", "keys", "inner", "columns", "Evidence", "FixCheck", "RankStepRef", "AlphaBetaLink",
+           "FixMemory", "FindingEvidence",
            "evidence_spec", "evidence_type", "evidence_dict", "register_evidence", "ENGINE_KEYS"]
 
 

@@ -11,7 +11,7 @@ from analyzer.job.model import group_label, wait_words
 from analyzer.job.facts import median
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import UNSET, Bytes, Count, Evidence, Share, Text, UnsetType, Us, keys, label
-from analyzer.rules.evidence_shared import ExposedShare, StepNumber, TypicalStep, WaitSource
+from analyzer.rules.evidence_shared import ExposedShare, Prediction, StepNumber, TypicalStep, WaitSource
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.prediction_doc import predicted
 
@@ -119,7 +119,7 @@ class ExposedCommEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     alpha_beta: Annotated[list[AlphaBetaEstimate], label("α-β estimate per collective")]
     synchronous_allreduces: Annotated[SyncAllreduces | None, label("synchronous all-reduces")]
     parallelism_own_cost: Annotated[ParallelismOwnCost, label("the parallelism's own communication")]
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register

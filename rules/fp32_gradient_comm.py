@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_bytes
 from analyzer.job.ddp import ddp_steps, representative
 from analyzer.rules.evidence_types import Bytes, Evidence, Share, Text, label
-from analyzer.rules.evidence_shared import Collectives, PredictedStep, TypicalStep
+from analyzer.rules.evidence_shared import Collectives, PredictedStep, Prediction, TypicalStep
 from analyzer.rules.engine import NotApplicable, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, unit_links
@@ -25,7 +25,7 @@ class Fp32GradientEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     step_time_us: TypicalStep
     predicted_step_time_us: PredictedStep
     collectives: Collectives
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register

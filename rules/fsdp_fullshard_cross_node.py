@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.job.memory import fit_text, fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import AlphaBetaLink, Bytes, Count, Evidence, Text, Us, label
 from analyzer.rules.evidence_shared import (Collectives, GpuMemory, Link, MemoryAfterFix, Nodes, Parameters,
-                                            ParametersFrom, ProjectedBy, TypicalStep)
+                                            ParametersFrom, Prediction, ProjectedBy, TypicalStep)
 from analyzer.rules.engine import NotEvaluated, MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.ddp import representative
@@ -34,7 +34,7 @@ class FullShardCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=Tr
     projected_step_time_us: Annotated[Us, label("projected step")]
     step_time_us: TypicalStep
     projection_source: ProjectedBy
-    prediction: dict[str, Any]
+    prediction: Prediction
     parameters: Parameters
     parameters_source: ParametersFrom
     hybrid_shard_memory_bytes: Annotated[Bytes, label("memory with HYBRID_SHARD")]

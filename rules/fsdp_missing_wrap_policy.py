@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from dataclasses import replace
 
@@ -10,8 +10,8 @@ from analyzer.job.memory import fix_memory
 from analyzer.base.units import fmt_bytes, fmt_us
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.evidence_types import Bytes, Count, Evidence, Text, Us, label
-from analyzer.rules.evidence_shared import (Collectives, MemoryAfterFix, Parameters, ParametersFrom, TypicalStep,
-                                            UnitsPerForward)
+from analyzer.rules.evidence_shared import (Collectives, MemoryAfterFix, Parameters, ParametersFrom, Prediction,
+                                            TypicalStep, UnitsPerForward)
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.fsdp import fsdp_steps, layer_count, parameter_count, unit_links
@@ -31,7 +31,7 @@ class MissingWrapEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     layers_source: Annotated[Text, label("layers from")]
     collectives: Collectives
     step_time_us: TypicalStep
-    prediction: dict[str, Any]
+    prediction: Prediction
     memory: MemoryAfterFix
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from analyzer.job.memory import fix_memory
 from analyzer.rules.evidence_types import Evidence, Share, Us, columns, label
-from analyzer.rules.evidence_shared import (Collectives, Link, MemoryAfterFix, PredictedStep, TypicalStep,
+from analyzer.rules.evidence_shared import (Collectives, Link, MemoryAfterFix, PredictedStep, Prediction, TypicalStep,
                                             UnitsPerForward)
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
@@ -33,7 +33,7 @@ class NoPrefetchEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     collectives: Collectives
     memory: MemoryAfterFix
     modelled_gain_us: Annotated[Us, label("the schedule's modelled gain (the replay's input)")]
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from dataclasses import replace
 
@@ -12,7 +12,7 @@ from analyzer.model import formulas as models
 from analyzer.rank.comms import DTYPE_BYTES
 from analyzer.rules.evidence_types import Bytes, Evidence, Us, label
 from analyzer.rules.evidence_shared import (Collectives, GpuMemory, MemoryAfterFix, Parameters, ParametersFrom,
-                                            TypicalStep)
+                                            Prediction, TypicalStep)
 from analyzer.rules.engine import Rule, Threshold, register
 from analyzer.job.ddp import MAX_GRADIENT_PIECES, representative
 from analyzer.job.fsdp import fsdp_steps, group_of_kind, parameter_count, unit_links
@@ -32,7 +32,7 @@ class FsdpWhereDdpFitsEvidence(Evidence, frozen=True, forbid_unknown_fields=True
     projected_shard_grad_op_step_time_us: Annotated[Us, label("projected step with SHARD_GRAD_OP")]
     collectives: Collectives
     memory: MemoryAfterFix
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.base.units import fmt_us
@@ -11,7 +11,7 @@ from analyzer.job.model import HOST_ACTIVITY
 from analyzer.rules.host import (HOST_SNIPPET, REPLAY_GAIN, host_fix, idle_split_note, ranks_phrase,
                                  replayed_rank_fixes)
 from analyzer.rules.evidence_types import UNSET, Count, Evidence, Share, Text, UnsetType, Us, inner, keys, label
-from analyzer.rules.evidence_shared import StepNumber, StepTimeOfThoseRanks, TypicalStep
+from analyzer.rules.evidence_shared import Prediction, StepNumber, StepTimeOfThoseRanks, TypicalStep
 
 
 class InflatedHostOp(Evidence, frozen=True, forbid_unknown_fields=True):
@@ -46,7 +46,7 @@ class HostBoundIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     own_work_by_phase_us: Annotated[dict[str, Us] | UnsetType, label("host's own work by phase"), keys("phase")] = UNSET
     own_work_phase: Annotated[Text | UnsetType, label("phase of most own work")] = UNSET
     workload: Annotated[Text | UnsetType, label("workload")] = UNSET
-    prediction: dict[str, Any] | UnsetType = UNSET
+    prediction: Prediction | UnsetType = UNSET
 
 
 @register

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_us
 from analyzer.job.facts import median
 from analyzer.job.model import WAITED_ON  # the words (the model's, which the views say too)
 from analyzer.rules.evidence_types import UNSET, Evidence, Share, Text, UnsetType, Us, keys, label
-from analyzer.rules.evidence_shared import StepNumber, StepTimeOfThoseRanks, TypicalStep
+from analyzer.rules.evidence_shared import Prediction, StepNumber, StepTimeOfThoseRanks, TypicalStep
 from analyzer.rules.engine import NotEvaluated, Rule, Threshold, register
 from analyzer.rules.host import REPLAY_GAIN, idle_split_note, ranks_phrase, replayed_rank_fixes
 
@@ -31,7 +31,7 @@ class QueuedIdleEvidence(Evidence, frozen=True, forbid_unknown_fields=True, kw_o
     host_in_blocking_call_us_median: Annotated[Us, label("host in a blocking call meanwhile (median)")]
     idle_split: Annotated[Text | UnsetType, label("idle split")] = UNSET
     waited_copies_exposed_us_median: Annotated[Us, label("exposed copies waited on (median)")]
-    prediction: dict[str, Any] | UnsetType = UNSET
+    prediction: Prediction | UnsetType = UNSET
 
 
 @register

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_us
 from analyzer.model import formulas as models
 from analyzer.rules.evidence_types import Count, Evidence, Share, Us, columns, label
-from analyzer.rules.evidence_shared import TypicalStep
+from analyzer.rules.evidence_shared import Prediction, TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -26,7 +26,7 @@ class PipelineBubbleEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     # same name, which the global table gave it: "communication", "compute window", "exposed")
     by_rank_step: Annotated[list[list[Count]], label("per rank and step"),
                             columns(("rank", None), ("step", None), ("step time", "us"), ("compute", "us"))]
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register

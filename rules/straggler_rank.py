@@ -12,7 +12,7 @@ from analyzer.base.units import fmt_us
 from analyzer.job.columns import CollectiveColumns, distinct_rows
 from analyzer.rules.evidence_types import (UNSET, Count, Evidence, Flag, Share, Text, UnsetType, Us, inner, keys,
                                            label)
-from analyzer.rules.evidence_shared import Cause, RankNumber, TypicalStep, WaitSource
+from analyzer.rules.evidence_shared import Cause, Prediction, RankNumber, TypicalStep, WaitSource
 from analyzer.rules.engine import Fix, NotEvaluated, Rule, Threshold, register
 from analyzer.job.facts import POINT_TO_POINT, median
 from analyzer.job.model import LEAF_NAMES
@@ -81,7 +81,7 @@ class StragglerEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     next_after_named: Annotated[dict[str, Us] | UnsetType, label("next latest once the named are fixed"),
                                 keys("rank")] = UNSET
     replay_gain_beyond_leaves_us: Annotated[Us | UnsetType, label("replay's saving beyond the typical step's leaves")] = UNSET
-    prediction: dict[str, Any] | UnsetType = UNSET
+    prediction: Prediction | UnsetType = UNSET
 
 
 @register

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from analyzer.base.units import fmt_us
 from analyzer.rules.evidence_types import AlphaBetaLink, Count, Evidence, Text, Us, label
-from analyzer.rules.evidence_shared import Collectives, ExposedShare, Nodes, TypicalStep
+from analyzer.rules.evidence_shared import Collectives, ExposedShare, Nodes, Prediction, TypicalStep
 from analyzer.rules.engine import MIN_GAIN_FRACTION, Rule, Threshold, register
 from analyzer.job.facts import median
 from analyzer.job.prediction_doc import not_predicted, predicted
@@ -30,7 +30,7 @@ class TpCrossNodeEvidence(Evidence, frozen=True, forbid_unknown_fields=True):
     exposed_share: ExposedShare
     intra_node_link: Annotated[AlphaBetaLink | None, label("link inside a node (α-β)")]
     collectives: Collectives
-    prediction: dict[str, Any]
+    prediction: Prediction
 
 
 @register
